@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs every system dependency hyperion needs from Debian 12 packages.
+# Non-interactive and idempotent: packages already present are skipped.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git ccache
+  libdnnl-dev        # oneDNN: GEMM (f32, bf16, int8), OpenMP runtime
+  libhwy-dev         # Highway: portable SIMD with run-time dispatch
+  libfmt-dev         # formatting
+  nlohmann-json3-dev # JSON
+  libyaml-cpp-dev    # YAML configs
+  libgtest-dev libgmock-dev  # tests
+  libbenchmark-dev   # microbenchmarks
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#PACKAGES[@]} packages already installed"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,49 @@
+// Aligned allocation. Kernels assume 64-byte (one cache line, one AVX-512 register)
+// alignment for buffers they own, so every hyperion allocation uses it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace hyperion {
+
+inline constexpr size_t kAlignment = 64;
+
+// Allocates `bytes` (rounded up to the alignment) aligned to `alignment`; throws
+// hyperion::Error on failure. Free with aligned_free.
+void* aligned_malloc(size_t bytes, size_t alignment = kAlignment);
+void aligned_free(void* ptr);
+
+inline bool is_aligned(const void* ptr, size_t alignment = kAlignment) {
+  return (reinterpret_cast<uintptr_t>(ptr) % alignment) == 0;
+}
+
+struct AlignedDeleter {
+  void operator()(void* p) const { aligned_free(p); }
+};
+
+// Owning, aligned, uninitialised array of trivially-copyable T.
+template <typename T>
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  explicit AlignedBuffer(size_t count)
+      : data_(static_cast<T*>(aligned_malloc(count * sizeof(T) == 0 ? 1 : count * sizeof(T)))),
+        size_(count) {}
+  T* data() { return data_.get(); }
+  const T* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  T& operator[](size_t i) { return data_.get()[i]; }
+  const T& operator[](size_t i) const { return data_.get()[i]; }
+  T* begin() { return data(); }
+  T* end() { return data() + size_; }
+  const T* begin() const { return data(); }
+  const T* end() const { return data() + size_; }
+
+ private:
+  std::unique_ptr<T, AlignedDeleter> data_;
+  size_t size_ = 0;
+};
+
+}  // namespace hyperion

@@ -1,0 +1,58 @@
+// The one threading model of a hyperion process: OpenMP. oneDNN (the GEMM library)
+// is built on the same OpenMP runtime, so kernels, GEMM and everything else share one
+// pool of `num_threads()` workers and never oversubscribe the cores.
+//
+// Thread count: --threads on the CLI, else HYPERION_THREADS, else the number of cores.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace hyperion {
+
+// Reads HYPERION_THREADS (or uses the core count) and configures the pool. Idempotent;
+// called by the CLI at start-up and lazily by num_threads().
+void init_threads();
+void set_num_threads(int n);
+int num_threads();
+int hardware_cores();
+
+// Runs fn(begin, end) over [0, n) split into contiguous chunks of at least `grain`
+// items, one chunk per worker. Runs inline when there is one chunk or we are already
+// inside a parallel region (no nested pools).
+template <typename Fn>
+void parallel_chunks(int64_t n, int64_t grain, Fn&& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  int64_t max_chunks = (n + grain - 1) / grain;
+  int threads = static_cast<int>(std::min<int64_t>(num_threads(), max_chunks));
+  if (threads <= 1 || omp_in_parallel()) {
+    fn(int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    int t = omp_get_thread_num();
+    int64_t begin = n * t / threads;
+    int64_t end = n * (t + 1) / threads;
+    if (begin < end) fn(begin, end);
+  }
+}
+
+// Runs fn(i) for each i in [0, n), dynamically scheduled: for uneven work items
+// (attention rows of different causal length, experts of different size).
+template <typename Fn>
+void parallel_for_dynamic(int64_t n, Fn&& fn) {
+  if (n <= 0) return;
+  int threads = static_cast<int>(std::min<int64_t>(num_threads(), n));
+  if (threads <= 1 || omp_in_parallel()) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t i = 0; i < n; ++i) fn(i);
+}
+
+}  // namespace hyperion

@@ -1,0 +1,17 @@
+#include "base/error.h"
+#include "cli/commands.h"
+
+namespace hyperion::cli {
+
+int cmd_bench_peak(const Args& args);
+int cmd_bench_kernels(const Args& args);
+
+int cmd_bench(const Args& args) {
+  HYP_CHECK(!args.empty(), "bench: expected a benchmark name: peak or kernels");
+  Args rest(args.begin() + 1, args.end());
+  if (args[0] == "peak") return cmd_bench_peak(rest);
+  if (args[0] == "kernels") return cmd_bench_kernels(rest);
+  fail("bench: unknown benchmark '{}' (expected peak or kernels)", args[0]);
+}
+
+}  // namespace hyperion::cli

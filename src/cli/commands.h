@@ -1,0 +1,15 @@
+// CLI subcommands. Each takes the arguments after its own name and returns the exit
+// code; errors are thrown as hyperion::Error and reported by main.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace hyperion::cli {
+
+using Args = std::vector<std::string>;
+
+int cmd_bench(const Args& args);
+int cmd_info(const Args& args);
+
+}  // namespace hyperion::cli

@@ -1,0 +1,70 @@
+// hyperion <command> [options]: the single entry point of the CLI.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "base/threads.h"
+#include "cli/commands.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: hyperion [--threads N] <command> [args...]
+
+commands:
+  bench peak [--json]        measure this machine's peak FLOP/s and memory bandwidth
+  bench kernels [--json]     measure every kernel against the peak
+  info [--json]              CPU features, threads and library versions
+
+global options:
+  --threads N                worker threads (default: HYPERION_THREADS or all cores)
+  -h, --help                 show this help
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace hyperion;
+  try {
+    int i = 1;
+    int threads = 0;
+    for (; i < argc; ++i) {
+      std::string a = argv[i];
+      if (a == "-h" || a == "--help") {
+        std::fputs(kUsage, stdout);
+        return 0;
+      } else if (a == "--threads" || a.rfind("--threads=", 0) == 0) {
+        std::string v = a == "--threads" ? (i + 1 < argc ? argv[++i] : "") : a.substr(10);
+        char* end = nullptr;
+        long n = std::strtol(v.c_str(), &end, 10);
+        HYP_CHECK(!v.empty() && *end == '\0' && n >= 1 && n <= 4096,
+                  "--threads: expected an integer between 1 and 4096, got '{}'", v);
+        threads = static_cast<int>(n);
+      } else {
+        break;
+      }
+    }
+    if (threads > 0) {
+      set_num_threads(threads);
+    } else {
+      init_threads();
+    }
+    if (i >= argc) {
+      std::fputs(kUsage, stderr);
+      return 2;
+    }
+    std::string command = argv[i];
+    cli::Args rest(argv + i + 1, argv + argc);
+    if (command == "bench") return cli::cmd_bench(rest);
+    if (command == "info") return cli::cmd_info(rest);
+    std::fprintf(stderr, "hyperion: unknown command '%s'\n\n%s", command.c_str(), kUsage);
+    return 2;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "hyperion: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hyperion: internal error: %s\n", e.what());
+    return 1;
+  }
+}

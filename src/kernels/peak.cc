@@ -1,0 +1,298 @@
+#include "kernels/peak.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "base/aligned.h"
+#include "base/cpu.h"
+#include "base/threads.h"
+#include "base/timer.h"
+
+namespace hyperion {
+namespace {
+
+// Each loop body keeps enough independent accumulators in registers to cover the FMA
+// latency on both FMA ports; nothing touches memory, so this is the compute ceiling.
+__attribute__((target("avx512f"))) double fma_f32_avx512(int64_t iters) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < 16; ++i) s = _mm512_add_ps(s, acc[i]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  volatile float sink = lanes[0];
+  (void)sink;
+  return double(iters) * 16 * 16 * 2;
+}
+
+__attribute__((target("avx2,fma"))) double fma_f32_avx2(int64_t iters) {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(0.001f * i);
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  __m256 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
+  float out[8];
+  _mm256_storeu_ps(out, s);
+  volatile float sink = out[0];
+  (void)sink;
+  return double(iters) * 12 * 8 * 2;
+}
+
+__attribute__((target("avx512f,avx512bf16"))) double dot_bf16_avx512(int64_t iters) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x0001);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < 16; ++i) s = _mm512_add_ps(s, acc[i]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  volatile float sink = lanes[0];
+  (void)sink;
+  return double(iters) * 16 * 32 * 2;  // 16 lanes x 2 pairs x (mul + add)
+}
+
+__attribute__((target("avx512f,avx512vnni"))) double dot_int8_vnni(int64_t iters) {
+  __m512i acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_si512();
+  const __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(1);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+  }
+  __m512i s = acc[0];
+  for (int i = 1; i < 16; ++i) s = _mm512_add_epi32(s, acc[i]);
+  alignas(64) int32_t lanes[16];
+  _mm512_store_si512(lanes, s);
+  volatile int32_t sink = lanes[0];
+  (void)sink;
+  return double(iters) * 16 * 64 * 2;  // 16 lanes x 4 pairs x (mul + add)
+}
+
+// AMX: four accumulator tiles (16x16 f32 / int32), two A and two B tiles, all register
+// resident. Tile shapes are the maximum: 16 rows x 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+__attribute__((target("amx-tile"))) void amx_configure() {
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof(cfg));
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+__attribute__((target("amx-tile,amx-bf16"))) double amx_bf16(int64_t iters) {
+  amx_configure();
+  alignas(64) static thread_local uint16_t buf[16 * 32];
+  for (auto& v : buf) v = 0x3c00;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, buf, 64);
+  _tile_loadd(5, buf, 64);
+  _tile_loadd(6, buf, 64);
+  _tile_loadd(7, buf, 64);
+  for (int64_t it = 0; it < iters; ++it) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) static thread_local float out[16 * 16];
+  _tile_stored(0, out, 64);
+  _tile_release();
+  volatile float sink = out[0];
+  (void)sink;
+  return double(iters) * 4 * 16 * 16 * 32 * 2;
+}
+
+__attribute__((target("amx-tile,amx-int8"))) double amx_int8(int64_t iters) {
+  amx_configure();
+  alignas(64) static thread_local int8_t buf[16 * 64];
+  for (auto& v : buf) v = 1;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, buf, 64);
+  _tile_loadd(5, buf, 64);
+  _tile_loadd(6, buf, 64);
+  _tile_loadd(7, buf, 64);
+  for (int64_t it = 0; it < iters; ++it) {
+    _tile_dpbusd(0, 4, 6);
+    _tile_dpbusd(1, 4, 7);
+    _tile_dpbusd(2, 5, 6);
+    _tile_dpbusd(3, 5, 7);
+  }
+  alignas(64) static thread_local int32_t out[16 * 16];
+  _tile_stored(0, out, 64);
+  _tile_release();
+  volatile int32_t sink = out[0];
+  (void)sink;
+  return double(iters) * 4 * 16 * 16 * 64 * 2;
+}
+
+// Runs `kernel(iters)` on every thread at once, growing iters until one run takes
+// `seconds`, and returns the best aggregate rate (ops/s) over a few repetitions.
+template <typename Kernel>
+double measure_rate(Kernel kernel, double seconds) {
+  const int threads = num_threads();
+  int64_t iters = 1024;
+  double elapsed = 0;
+  for (;;) {
+    Timer t;
+#pragma omp parallel num_threads(threads)
+    kernel(iters);
+    elapsed = t.seconds();
+    if (elapsed > seconds / 16 || iters > (int64_t(1) << 40)) break;
+    iters *= 4;
+  }
+  // Scale so that one repetition takes about `seconds / 3`.
+  iters =
+      std::max<int64_t>(iters, int64_t(double(iters) * (seconds / 3) / std::max(elapsed, 1e-9)));
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    double ops_total = 0;
+    Timer t;
+#pragma omp parallel num_threads(threads) reduction(+ : ops_total)
+    ops_total += kernel(iters);
+    best = std::max(best, ops_total / t.seconds());
+  }
+  return best;
+}
+
+struct Bandwidth {
+  double copy, triad, read;
+};
+
+Bandwidth measure_bandwidth(double seconds) {
+  // Arrays well beyond any last-level cache.
+  const size_t n = size_t(64) << 20;  // 64 Mi doubles = 512 MiB each
+  AlignedBuffer<double> a(n), b(n), c(n);
+  parallel_chunks(int64_t(n), 1 << 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      a[i] = 1.0;
+      b[i] = 2.0;
+      c[i] = 0.5;
+    }
+  });
+  auto time_best = [&](auto&& body, double bytes) {
+    double best = 0;
+    double spent = 0;
+    for (int rep = 0; rep < 10 && (rep < 3 || spent < seconds); ++rep) {
+      Timer t;
+      parallel_chunks(int64_t(n), 1 << 16, body);
+      double s = t.seconds();
+      spent += s;
+      best = std::max(best, bytes / s / 1e9);
+    }
+    return best;
+  };
+  Bandwidth bw{};
+  bw.copy = time_best(
+      [&](int64_t lo, int64_t hi) {
+#pragma omp simd
+        for (int64_t i = lo; i < hi; ++i) c[i] = a[i];
+      },
+      2.0 * 8 * double(n));
+  bw.triad = time_best(
+      [&](int64_t lo, int64_t hi) {
+        const double s = 3.0;
+#pragma omp simd
+        for (int64_t i = lo; i < hi; ++i) a[i] = b[i] + s * c[i];
+      },
+      3.0 * 8 * double(n));
+  double sink = 0;
+  bw.read = time_best(
+      [&](int64_t lo, int64_t hi) {
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int64_t i = lo; i + 4 <= hi; i += 4) {
+          s0 += a[i];
+          s1 += a[i + 1];
+          s2 += a[i + 2];
+          s3 += a[i + 3];
+        }
+#pragma omp atomic
+        sink += s0 + s1 + s2 + s3;
+      },
+      8.0 * double(n));
+  volatile double keep = sink;
+  (void)keep;
+  return bw;
+}
+
+}  // namespace
+
+PeakResult measure_peak(double seconds) {
+  const CpuFeatures& f = cpu_features();
+  PeakResult r;
+  r.threads = num_threads();
+  if (f.avx512f) {
+    r.f32_gflops = measure_rate(fma_f32_avx512, seconds) / 1e9;
+  } else if (f.avx2 && f.fma) {
+    r.f32_gflops = measure_rate(fma_f32_avx2, seconds) / 1e9;
+  }
+  r.bf16_gflops = r.f32_gflops;
+  r.bf16_isa = f.avx512f ? "avx512f (f32 fma)" : "avx2 (f32 fma)";
+  if (f.avx512_bf16) {
+    r.bf16_avx512_gflops = measure_rate(dot_bf16_avx512, seconds) / 1e9;
+    if (r.bf16_avx512_gflops > r.bf16_gflops) {
+      r.bf16_gflops = r.bf16_avx512_gflops;
+      r.bf16_isa = "avx512_bf16";
+    }
+  }
+  if (f.avx512_vnni) {
+    r.int8_vnni_gops = measure_rate(dot_int8_vnni, seconds) / 1e9;
+    r.int8_gops = r.int8_vnni_gops;
+    r.int8_isa = "avx512_vnni";
+  }
+  if (f.amx_bf16 && request_amx()) {
+    double amx = measure_rate(amx_bf16, seconds) / 1e9;
+    if (amx > r.bf16_gflops) {
+      r.bf16_gflops = amx;
+      r.bf16_isa = "amx_bf16";
+    }
+  }
+  if (f.amx_int8 && request_amx()) {
+    double amx = measure_rate(amx_int8, seconds) / 1e9;
+    if (amx > r.int8_gops) {
+      r.int8_gops = amx;
+      r.int8_isa = "amx_int8";
+    }
+  }
+  Bandwidth bw = measure_bandwidth(seconds);
+  r.copy_gbps = bw.copy;
+  r.triad_gbps = bw.triad;
+  r.read_gbps = bw.read;
+  r.mem_gbps = bw.triad;
+  return r;
+}
+
+const PeakResult& cached_peak() {
+  static const PeakResult r = measure_peak();
+  return r;
+}
+
+}  // namespace hyperion

@@ -1,0 +1,31 @@
+// Machine peak measurement: sustained multiply-accumulate rate per dtype on the best
+// instruction set this CPU has, and STREAM-style memory bandwidth. These are the
+// denominators of every MFU and bandwidth ratio hyperion prints.
+#pragma once
+
+#include <string>
+
+namespace hyperion {
+
+struct PeakResult {
+  int threads = 0;
+  double f32_gflops = 0;   // AVX-512 (or AVX2) FMA
+  double bf16_gflops = 0;  // best of AMX / AVX512-BF16 / f32 FMA
+  std::string bf16_isa;
+  double bf16_avx512_gflops = 0;  // AVX512-BF16 dot product rate (0 if absent)
+  double int8_gops = 0;           // best of AMX / VNNI
+  std::string int8_isa;
+  double int8_vnni_gops = 0;  // AVX512-VNNI rate (0 if absent)
+  double copy_gbps = 0;       // STREAM copy (2 x 8 bytes counted per element)
+  double triad_gbps = 0;      // STREAM triad (3 x 8 bytes)
+  double read_gbps = 0;       // read-only sum (8 bytes)
+  double mem_gbps = 0;        // = triad: the bandwidth figure ratios use
+};
+
+// Runs every measurement with the current thread count; `seconds` per measurement.
+PeakResult measure_peak(double seconds = 0.25);
+
+// Cached result of measure_peak for ratio reporting within one process.
+const PeakResult& cached_peak();
+
+}  // namespace hyperion
