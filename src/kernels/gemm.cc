@@ -1,0 +1,339 @@
+#include "kernels/gemm.h"
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "base/cpu.h"
+#include "base/error.h"
+#include "base/threads.h"
+#include "tensor/convert.h"
+
+namespace hyperion {
+namespace {
+
+using dt = dnnl::memory::data_type;
+
+dt to_dnnl(DType d) {
+  switch (d) {
+    case DType::kF32:
+      return dt::f32;
+    case DType::kBF16:
+      return dt::bf16;
+    case DType::kF16:
+      return dt::f16;
+    case DType::kI8:
+      return dt::s8;
+    case DType::kU8:
+      return dt::u8;
+    case DType::kI32:
+      return dt::s32;
+    default:
+      fail("gemm: dtype {} is not supported by the GEMM backend", dtype_name(d));
+  }
+}
+
+// Everything that determines the primitive. Pointers, alpha and the scale values are
+// run-time arguments, so they are not part of the key.
+struct Key {
+  Trans ta, tb;
+  int64_t m, n, k, lda, ldb, ldc, batch, sa, sb, sc;
+  DType ad, bd, cd;
+  float beta;
+  bool bias, a_scale, b_scale;
+  bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
+};
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    const unsigned char* p = reinterpret_cast<const unsigned char*>(&k);
+    size_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof(Key); ++i) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+  }
+};
+
+struct Entry {
+  dnnl::matmul prim;
+  dnnl::memory::desc a_md, b_md, c_md, bias_md, ascale_md;
+  bool uses_output_scales;
+};
+
+struct Backend {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  std::mutex mutex;
+  std::unordered_map<Key, Entry, KeyHash> cache;
+  int64_t hits = 0;
+  Backend() {
+    // AMX needs per-process permission from the kernel before any tile instruction.
+    request_amx();
+  }
+};
+
+Backend& backend() {
+  static Backend b;
+  return b;
+}
+
+dnnl::memory::desc matrix_desc(dt type, int64_t batch, int64_t rows, int64_t cols, Trans t,
+                               int64_t ld, int64_t batch_stride) {
+  // Logical [batch, rows, cols]; physical row-major (kN) or column-major (kT) per matrix.
+  dnnl::memory::dims dims = {batch, rows, cols};
+  dnnl::memory::dims strides = t == Trans::kN ? dnnl::memory::dims{batch_stride, ld, 1}
+                                              : dnnl::memory::dims{batch_stride, 1, ld};
+  return dnnl::memory::desc(dims, type, strides);
+}
+
+Entry create(const Key& key) {
+  Backend& be = backend();
+  Entry e;
+  const int64_t sa = key.batch > 1 ? key.sa : key.m * key.k;
+  const int64_t sb = key.batch > 1 ? key.sb : key.k * key.n;
+  const int64_t sc = key.batch > 1 ? key.sc : key.m * key.ldc;
+  // A batch stride of 0 shares one operand across the batch (oneDNN broadcasts batch 1).
+  const int64_t batch_a = key.batch > 1 && key.sa == 0 ? 1 : key.batch;
+  const int64_t batch_b = key.batch > 1 && key.sb == 0 ? 1 : key.batch;
+  e.a_md = matrix_desc(to_dnnl(key.ad), batch_a, key.m, key.k, key.ta, key.lda,
+                       std::max<int64_t>(sa, 1));
+  e.b_md = matrix_desc(to_dnnl(key.bd), batch_b, key.k, key.n, key.tb, key.ldb,
+                       std::max<int64_t>(sb, 1));
+  e.c_md = matrix_desc(to_dnnl(key.cd), key.batch, key.m, key.n, Trans::kN, key.ldc,
+                       std::max<int64_t>(sc, 1));
+  dnnl::primitive_attr attr;
+  // Scales are applied by us as run-time output scales: alpha * b_scale[n].
+  e.uses_output_scales = key.cd != DType::kI32;
+  if (e.uses_output_scales) {
+    attr.set_output_scales(key.b_scale ? (1 << 2) : 0, {DNNL_RUNTIME_F32_VAL});
+  }
+  dnnl::post_ops ops;
+  if (key.a_scale) {
+    e.ascale_md = dnnl::memory::desc({1, key.m, 1}, dt::f32, dnnl::memory::format_tag::abc);
+    ops.append_binary(dnnl::algorithm::binary_mul, e.ascale_md);
+  }
+  if (key.bias) {
+    e.bias_md = dnnl::memory::desc({1, 1, key.n}, dt::f32, dnnl::memory::format_tag::abc);
+    ops.append_binary(dnnl::algorithm::binary_add, e.bias_md);
+  }
+  if (key.beta != 0.0f) ops.append_sum(key.beta);
+  attr.set_post_ops(ops);
+  try {
+    auto desc = dnnl::matmul::desc(e.a_md, e.b_md, e.c_md);
+    auto pd = dnnl::matmul::primitive_desc(desc, attr, be.engine);
+    e.prim = dnnl::matmul(pd);
+  } catch (const dnnl::error& err) {
+    fail("gemm: oneDNN cannot create a matmul for {}x{}x{} ({} x {} -> {}): {}", key.m, key.n,
+         key.k, dtype_name(key.ad), dtype_name(key.bd), dtype_name(key.cd), err.what());
+  }
+  return e;
+}
+
+void validate(const GemmArgs& g) {
+  HYP_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 1,
+            "gemm: invalid sizes m={} n={} k={} batch={}", g.m, g.n, g.k, g.batch);
+  const int64_t a_cols = g.trans_a == Trans::kN ? g.k : g.m;
+  const int64_t b_cols = g.trans_b == Trans::kN ? g.n : g.k;
+  HYP_CHECK(g.lda >= std::max<int64_t>(a_cols, 1),
+            "gemm: lda={} is smaller than the {} columns of A ({}x{}, {})", g.lda, a_cols, g.m, g.k,
+            g.trans_a == Trans::kN ? "N" : "T");
+  HYP_CHECK(g.ldb >= std::max<int64_t>(b_cols, 1),
+            "gemm: ldb={} is smaller than the {} columns of B ({}x{}, {})", g.ldb, b_cols, g.k, g.n,
+            g.trans_b == Trans::kN ? "N" : "T");
+  HYP_CHECK(g.ldc >= std::max<int64_t>(g.n, 1), "gemm: ldc={} is smaller than N={}", g.ldc, g.n);
+  const bool f32 = g.a_dtype == DType::kF32 && g.b_dtype == DType::kF32 && g.c_dtype == DType::kF32;
+  const bool bf16 = g.a_dtype == DType::kBF16 && g.b_dtype == DType::kBF16 &&
+                    (g.c_dtype == DType::kF32 || g.c_dtype == DType::kBF16);
+  const bool int8 =
+      (g.a_dtype == DType::kI8 || g.a_dtype == DType::kU8) && g.b_dtype == DType::kI8 &&
+      (g.c_dtype == DType::kF32 || g.c_dtype == DType::kBF16 || g.c_dtype == DType::kI32);
+  HYP_CHECK(f32 || bf16 || int8,
+            "gemm: unsupported dtypes A {} x B {} -> C {} (supported: f32 x f32 -> f32, bf16 x "
+            "bf16 -> f32|bf16, "
+            "int8|uint8 x int8 -> f32|bf16|int32)",
+            dtype_name(g.a_dtype), dtype_name(g.b_dtype), dtype_name(g.c_dtype));
+  if (g.c_dtype == DType::kI32) {
+    HYP_CHECK(g.alpha == 1.0f && g.beta == 0.0f && !g.bias && !g.a_scale && !g.b_scale,
+              "gemm: int32 output takes raw sums: alpha, beta, bias and scales are not allowed");
+  }
+  HYP_CHECK(g.m * g.n == 0 || (g.a && g.b && g.c) || g.k == 0,
+            "gemm: null operand pointer for {}x{}x{}", g.m, g.n, g.k);
+  HYP_CHECK(g.c != nullptr || g.m * g.n == 0, "gemm: null output pointer for {}x{}", g.m, g.n);
+}
+
+// C = beta * C (+ bias), used when K == 0 (oneDNN rejects empty reductions).
+void empty_k(const GemmArgs& g) {
+  for (int64_t bi = 0; bi < g.batch; ++bi) {
+    for (int64_t i = 0; i < g.m; ++i) {
+      for (int64_t j = 0; j < g.n; ++j) {
+        const size_t idx = size_t(bi * g.stride_c + i * g.ldc + j);
+        float old = g.beta != 0.0f ? load_as_f32(g.c, g.c_dtype, idx) : 0.0f;
+        float v = g.beta * old + (g.bias ? g.bias[j] : 0.0f);
+        convert_any(&v, DType::kF32, static_cast<unsigned char*>(g.c) + idx * dtype_size(g.c_dtype),
+                    g.c_dtype, 1);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void gemm(const GemmArgs& g) {
+  validate(g);
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0) {
+    empty_k(g);
+    return;
+  }
+  Key key{};
+  std::memset(&key, 0, sizeof(key));  // padding bytes take part in hashing and comparison
+  key.ta = g.trans_a;
+  key.tb = g.trans_b;
+  key.m = g.m;
+  key.n = g.n;
+  key.k = g.k;
+  key.lda = g.lda;
+  key.ldb = g.ldb;
+  key.ldc = g.ldc;
+  key.batch = g.batch;
+  key.sa = g.batch > 1 ? g.stride_a : 0;
+  key.sb = g.batch > 1 ? g.stride_b : 0;
+  key.sc = g.batch > 1 ? g.stride_c : 0;
+  key.ad = g.a_dtype;
+  key.bd = g.b_dtype;
+  key.cd = g.c_dtype;
+  key.beta = g.beta;
+  key.bias = g.bias != nullptr;
+  key.a_scale = g.a_scale != nullptr;
+  key.b_scale = g.b_scale != nullptr;
+
+  Backend& be = backend();
+  const Entry* entry;
+  {
+    std::lock_guard<std::mutex> lock(be.mutex);
+    auto it = be.cache.find(key);
+    if (it == be.cache.end()) {
+      if (be.cache.size() >= 4096) be.cache.clear();  // bound memory on shape churn
+      it = be.cache.emplace(key, create(key)).first;
+    } else {
+      ++be.hits;
+    }
+    entry = &it->second;
+  }
+  // The stream is per thread; execution of one primitive from several threads is safe.
+  thread_local dnnl::stream stream(be.engine);
+  std::unordered_map<int, dnnl::memory> margs;
+  margs.reserve(6);
+  margs.emplace(DNNL_ARG_SRC, dnnl::memory(entry->a_md, be.engine, const_cast<void*>(g.a)));
+  margs.emplace(DNNL_ARG_WEIGHTS, dnnl::memory(entry->b_md, be.engine, const_cast<void*>(g.b)));
+  margs.emplace(DNNL_ARG_DST, dnnl::memory(entry->c_md, be.engine, g.c));
+  thread_local std::vector<float> scales;
+  if (entry->uses_output_scales) {
+    const int64_t count = g.b_scale ? g.n : 1;
+    scales.resize(size_t(count));
+    for (int64_t j = 0; j < count; ++j)
+      scales[size_t(j)] = g.alpha * (g.b_scale ? g.b_scale[j] : 1.0f);
+    dnnl::memory::desc smd({count}, dt::f32, dnnl::memory::format_tag::a);
+    margs.emplace(DNNL_ARG_ATTR_OUTPUT_SCALES, dnnl::memory(smd, be.engine, scales.data()));
+  }
+  int post = 0;
+  if (g.a_scale) {
+    margs.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(post) | DNNL_ARG_SRC_1,
+                  dnnl::memory(entry->ascale_md, be.engine, const_cast<float*>(g.a_scale)));
+    ++post;
+  }
+  if (g.bias) {
+    margs.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(post) | DNNL_ARG_SRC_1,
+                  dnnl::memory(entry->bias_md, be.engine, const_cast<float*>(g.bias)));
+  }
+  entry->prim.execute(stream, margs);
+  stream.wait();
+}
+
+void gemm(const TensorView& a, Trans ta, const TensorView& b, Trans tb, const TensorView& c,
+          float alpha, float beta, const float* bias) {
+  HYP_CHECK(a.rank() == 2 && b.rank() == 2 && c.rank() == 2,
+            "gemm: operands must be 2-D, got A {} B {} C {}", a.str(), b.str(), c.str());
+  HYP_CHECK(a.strides[1] == 1 && b.strides[1] == 1 && c.strides[1] == 1,
+            "gemm: operands need unit stride in the last dimension: A {} B {} C {}", a.str(),
+            b.str(), c.str());
+  const int64_t m = ta == Trans::kN ? a.shape[0] : a.shape[1];
+  const int64_t k = ta == Trans::kN ? a.shape[1] : a.shape[0];
+  const int64_t kb = tb == Trans::kN ? b.shape[0] : b.shape[1];
+  const int64_t n = tb == Trans::kN ? b.shape[1] : b.shape[0];
+  HYP_CHECK(k == kb && c.shape[0] == m && c.shape[1] == n,
+            "gemm: shape mismatch: op(A) {}x{} from A {}{}, op(B) {}x{} from B {}{}, C {}", m, k,
+            a.str(), ta == Trans::kT ? "^T" : "", kb, n, b.str(), tb == Trans::kT ? "^T" : "",
+            c.str());
+  GemmArgs g;
+  g.trans_a = ta;
+  g.trans_b = tb;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a.data;
+  g.a_dtype = a.dtype;
+  g.lda = std::max<int64_t>(a.strides[0], a.shape[1]);
+  g.b = b.data;
+  g.b_dtype = b.dtype;
+  g.ldb = std::max<int64_t>(b.strides[0], b.shape[1]);
+  g.c = c.data;
+  g.c_dtype = c.dtype;
+  g.ldc = std::max<int64_t>(c.strides[0], c.shape[1]);
+  g.alpha = alpha;
+  g.beta = beta;
+  g.bias = bias;
+  gemm(g);
+}
+
+GemmCacheStats gemm_cache_stats() {
+  Backend& be = backend();
+  std::lock_guard<std::mutex> lock(be.mutex);
+  return {int64_t(be.cache.size()), be.hits};
+}
+
+void gemm_cache_clear() {
+  Backend& be = backend();
+  std::lock_guard<std::mutex> lock(be.mutex);
+  be.cache.clear();
+  be.hits = 0;
+}
+
+namespace ref {
+
+void gemm(const GemmArgs& g) {
+  validate(g);
+  auto at = [&](const void* p, DType d, int64_t idx) {
+    return double(load_as_f32(p, d, size_t(idx)));
+  };
+  for (int64_t bi = 0; bi < g.batch; ++bi) {
+    for (int64_t i = 0; i < g.m; ++i) {
+      for (int64_t j = 0; j < g.n; ++j) {
+        double acc = 0;
+        for (int64_t p = 0; p < g.k; ++p) {
+          int64_t ia = bi * g.stride_a + (g.trans_a == Trans::kN ? i * g.lda + p : p * g.lda + i);
+          int64_t ib = bi * g.stride_b + (g.trans_b == Trans::kN ? p * g.ldb + j : j * g.ldb + p);
+          acc += at(g.a, g.a_dtype, ia) * at(g.b, g.b_dtype, ib);
+        }
+        const int64_t ic = bi * g.stride_c + i * g.ldc + j;
+        unsigned char* cp = static_cast<unsigned char*>(g.c) + ic * int64_t(dtype_size(g.c_dtype));
+        if (g.c_dtype == DType::kI32) {
+          *reinterpret_cast<int32_t*>(cp) = static_cast<int32_t>(acc);
+          continue;
+        }
+        double v =
+            acc * g.alpha * (g.a_scale ? g.a_scale[i] : 1.0) * (g.b_scale ? g.b_scale[j] : 1.0);
+        if (g.bias) v += g.bias[j];
+        if (g.beta != 0.0f) v += double(g.beta) * at(g.c, g.c_dtype, ic);
+        float f = static_cast<float>(v);
+        convert_any(&f, DType::kF32, cp, g.c_dtype, 1);
+      }
+    }
+  }
+}
+
+}  // namespace ref
+}  // namespace hyperion
