@@ -26,7 +26,8 @@ template <typename Fn>
 void parallel_chunks(int64_t n, int64_t grain, Fn&& fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
-  int64_t max_chunks = (n + grain - 1) / grain;
+  // floor(n / grain) chunks, so each chunk holds at least `grain` items.
+  int64_t max_chunks = std::max<int64_t>(n / grain, 1);
   int threads = static_cast<int>(std::min<int64_t>(num_threads(), max_chunks));
   if (threads <= 1 || omp_in_parallel()) {
     fn(int64_t{0}, n);
@@ -34,9 +35,12 @@ void parallel_chunks(int64_t n, int64_t grain, Fn&& fn) {
   }
 #pragma omp parallel num_threads(threads)
   {
-    int t = omp_get_thread_num();
-    int64_t begin = n * t / threads;
-    int64_t end = n * (t + 1) / threads;
+    // Split by the team OpenMP actually granted (it may give fewer threads than asked,
+    // e.g. under OMP_THREAD_LIMIT or OMP_DYNAMIC), so no range is ever skipped.
+    const int64_t team = omp_get_num_threads();
+    const int64_t t = omp_get_thread_num();
+    int64_t begin = n * t / team;
+    int64_t end = n * (t + 1) / team;
     if (begin < end) fn(begin, end);
   }
 }

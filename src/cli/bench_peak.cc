@@ -53,8 +53,5 @@ int cmd_bench_peak(const Args& args) {
   return 0;
 }
 
-int cmd_bench_kernels(const Args& args) {
-  fail("bench kernels: not yet available");
-}
 
 }  // namespace hyperion::cli

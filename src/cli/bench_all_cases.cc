@@ -1,0 +1,14 @@
+#include "cli/bench_registry.h"
+
+namespace hyperion::cli {
+
+std::vector<KernelBench> all_kernel_benches() {
+  std::vector<KernelBench> all;
+  for (auto* group : {&gemm_benches}) {
+    auto cases = (*group)();
+    all.insert(all.end(), std::make_move_iterator(cases.begin()), std::make_move_iterator(cases.end()));
+  }
+  return all;
+}
+
+}  // namespace hyperion::cli

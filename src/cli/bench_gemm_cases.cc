@@ -1,0 +1,113 @@
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "base/aligned.h"
+#include "cli/bench_registry.h"
+#include "kernels/gemm.h"
+#include "tensor/convert.h"
+
+namespace hyperion::cli {
+namespace {
+
+// Random values in [-1, 1) (int8: [-127, 127]); large buffers repeat a 1 Mi-element
+// random block so that setting up a 512 MiB case stays fast.
+template <typename T>
+std::shared_ptr<AlignedBuffer<T>> filled(size_t n, unsigned seed) {
+  auto b = std::make_shared<AlignedBuffer<T>>(n);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const size_t block = std::min<size_t>(n, size_t(1) << 20);
+  for (size_t i = 0; i < block; ++i) {
+    float v = u(rng);
+    if constexpr (std::is_same_v<T, float>) (*b)[i] = v;
+    if constexpr (std::is_same_v<T, bf16>) (*b)[i] = f32_to_bf16(v);
+    if constexpr (std::is_same_v<T, int8_t>) (*b)[i] = int8_t(v * 127);
+  }
+  for (size_t i = block; i < n; i += block) std::memcpy(b->data() + i, b->data(), std::min(block, n - i) * sizeof(T));
+  return b;
+}
+
+template <typename T>
+DType dtype_of() {
+  return DTypeOf<T>::value;
+}
+
+// Square GEMM C[n, n] = A[n, n] @ B[n, n]^T (the training forward form), C in f32.
+template <typename T>
+KernelBench square(int64_t n, Bound bound, const char* tag) {
+  KernelBench kb;
+  kb.name = std::string("gemm_") + tag + "_" + std::to_string(n) + "^3";
+  kb.bound = bound;
+  kb.flops = 2.0 * double(n) * n * n;
+  kb.setup = [n] {
+    auto a = filled<T>(size_t(n * n), 1), b = filled<T>(size_t(n * n), 2);
+    auto c = std::make_shared<AlignedBuffer<float>>(size_t(n * n));
+    auto as = std::make_shared<std::vector<float>>(size_t(n), 0.01f);
+    auto bs = std::make_shared<std::vector<float>>(size_t(n), 0.02f);
+    return make_state([=] {
+      GemmArgs g;
+      g.trans_b = Trans::kT;
+      g.m = g.n = g.k = n;
+      g.lda = g.ldb = g.ldc = n;
+      g.a = a->data(), g.a_dtype = dtype_of<T>();
+      g.b = b->data(), g.b_dtype = dtype_of<T>();
+      g.c = c->data(), g.c_dtype = DType::kF32;
+      if (std::is_same_v<T, int8_t>) g.a_scale = as->data(), g.b_scale = bs->data();
+      gemm(g);
+    });
+  };
+  return kb;
+}
+
+// Decode-shaped GEMM: y[m, n] = x[m, k] @ W[n, k]^T with the weights read from memory
+// every call: the case rotates over enough weight copies to exceed the last-level cache.
+template <typename T>
+KernelBench decode(int64_t m, int64_t n, int64_t k, const char* tag) {
+  KernelBench kb;
+  kb.name = std::string("gemm_decode_") + tag + "_m" + std::to_string(m) + "_" + std::to_string(n) + "x" +
+            std::to_string(k);
+  kb.bound = Bound::kMemory;
+  kb.bytes = double(n) * k * sizeof(T) + double(m) * k * sizeof(T) + double(m) * n * 4;
+  kb.flops = 2.0 * m * n * k;
+  kb.setup = [m, n, k] {
+    const size_t copies = std::max<size_t>(2, size_t((512ull << 20) / (size_t(n * k) * sizeof(T))));
+    auto w = filled<T>(copies * size_t(n * k), 3);
+    auto x = filled<T>(size_t(m * k), 4);
+    auto y = std::make_shared<AlignedBuffer<float>>(size_t(m * n));
+    auto bs = std::make_shared<std::vector<float>>(size_t(n), 0.02f);
+    auto as = std::make_shared<std::vector<float>>(size_t(m), 0.01f);
+    auto next = std::make_shared<size_t>(0);
+    return make_state([=] {
+      GemmArgs g;
+      g.trans_b = Trans::kT;
+      g.m = m, g.n = n, g.k = k;
+      g.lda = k, g.ldb = k, g.ldc = n;
+      g.a = x->data(), g.a_dtype = dtype_of<T>();
+      g.b = w->data() + (*next) * size_t(n * k), g.b_dtype = dtype_of<T>();
+      *next = (*next + 1) % copies;
+      g.c = y->data();
+      if (std::is_same_v<T, int8_t>) g.a_scale = as->data(), g.b_scale = bs->data();
+      gemm(g);
+    });
+  };
+  return kb;
+}
+
+}  // namespace
+
+std::vector<KernelBench> gemm_benches() {
+  return {
+      square<float>(2048, Bound::kF32, "f32"),
+      square<bf16>(2048, Bound::kBF16, "bf16"),
+      square<int8_t>(2048, Bound::kInt8, "int8"),
+      decode<bf16>(1, 2048, 2048, "bf16"),
+      decode<bf16>(8, 2048, 2048, "bf16"),
+      decode<int8_t>(1, 2048, 2048, "int8"),
+      decode<float>(1, 2048, 2048, "f32"),
+  };
+}
+
+}  // namespace hyperion::cli

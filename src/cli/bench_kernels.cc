@@ -1,0 +1,123 @@
+// hyperion bench kernels: achieved FLOP/s or GB/s of every kernel, as a ratio to the
+// machine peak measured in the same process (`bench peak`).
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "base/timer.h"
+#include "cli/bench_registry.h"
+#include "cli/commands.h"
+#include "kernels/peak.h"
+
+namespace hyperion::cli {
+
+double time_median(const std::function<void()>& fn, double min_seconds) {
+  fn();  // warm-up: primitive creation, page faults, caches
+  std::vector<double> times;
+  Timer total;
+  while (times.size() < 3 || (total.seconds() < min_seconds && times.size() < 1000)) {
+    Timer t;
+    fn();
+    times.push_back(t.seconds());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+int cmd_bench_kernels(const Args& args) {
+  bool json = false;
+  std::string filter;
+  double seconds = 0.3;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--json") {
+      json = true;
+    } else if (args[i] == "--filter" && i + 1 < args.size()) {
+      filter = args[++i];
+    } else if (args[i] == "--seconds" && i + 1 < args.size()) {
+      seconds = std::stod(args[++i]);
+      HYP_CHECK(seconds > 0 && seconds < 60, "bench kernels: --seconds must be in (0, 60)");
+    } else {
+      fail("bench kernels: unknown argument '{}' (expected --json, --filter SUBSTRING, --seconds S)", args[i]);
+    }
+  }
+  const PeakResult peak = measure_peak(std::min(seconds, 0.25));
+  std::vector<KernelBench> cases = all_kernel_benches();
+  nlohmann::json out = nlohmann::json::array();
+  if (!json) {
+    std::printf("peak: f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s (%s), int8 %.1f GOP/s (%s), memory %.1f GB/s, %d threads\n",
+                peak.f32_gflops, peak.bf16_gflops, peak.bf16_isa.c_str(), peak.int8_gops, peak.int8_isa.c_str(),
+                peak.mem_gbps, peak.threads);
+    std::printf("%-34s %12s %12s %8s %10s\n", "kernel", "achieved", "peak", "ratio", "time");
+  }
+  int ran = 0;
+  for (auto& c : cases) {
+    if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
+    ++ran;
+    auto state = c.setup();
+    double t = time_median([&] { state->run(); }, seconds);
+    double achieved, denom;
+    const char* unit;
+    switch (c.bound) {
+      case Bound::kMemory:
+        achieved = c.bytes / t / 1e9;
+        denom = peak.mem_gbps;
+        unit = "GB/s";
+        break;
+      case Bound::kF32:
+        achieved = c.flops / t / 1e9;
+        denom = peak.f32_gflops;
+        unit = "GFLOP/s";
+        break;
+      case Bound::kBF16:
+        achieved = c.flops / t / 1e9;
+        denom = peak.bf16_gflops;
+        unit = "GFLOP/s";
+        break;
+      case Bound::kInt8:
+      default:
+        achieved = c.flops / t / 1e9;
+        denom = peak.int8_gops;
+        unit = "GOP/s";
+        break;
+    }
+    double ratio = denom > 0 ? achieved / denom : 0;
+    if (json) {
+      out.push_back({{"name", c.name},
+                     {"bound", bound_name(c.bound)},
+                     {"unit", unit},
+                     {"achieved", achieved},
+                     {"peak", denom},
+                     {"ratio", ratio},
+                     {"seconds", t},
+                     {"flops", c.flops},
+                     {"bytes", c.bytes}});
+    } else {
+      std::printf("%-34s %8.1f %-7s %8.1f %8.1f%% %8.3f ms\n", c.name.c_str(), achieved, unit, denom, 100 * ratio,
+                  t * 1e3);
+      std::fflush(stdout);
+    }
+  }
+  HYP_CHECK(ran > 0, "bench kernels: no benchmark matches --filter '{}'", filter);
+  if (json) {
+    nlohmann::json j = {{"peak",
+                         {{"threads", peak.threads},
+                          {"f32_gflops", peak.f32_gflops},
+                          {"bf16_gflops", peak.bf16_gflops},
+                          {"bf16_isa", peak.bf16_isa},
+                          {"int8_gops", peak.int8_gops},
+                          {"int8_isa", peak.int8_isa},
+                          {"mem_gbps", peak.mem_gbps}}},
+                        {"kernels", out}};
+    std::printf("%s\n", j.dump().c_str());
+  }
+  return 0;
+}
+
+}  // namespace hyperion::cli

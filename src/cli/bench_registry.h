@@ -1,0 +1,55 @@
+// The kernel benchmark cases behind `hyperion bench kernels`. Each case allocates its
+// inputs once (setup) and then times run(); flops or bytes give the achieved rate.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace hyperion::cli {
+
+enum class Bound { kF32, kBF16, kInt8, kMemory };
+inline const char* bound_name(Bound b) {
+  switch (b) {
+    case Bound::kF32:
+      return "f32";
+    case Bound::kBF16:
+      return "bf16";
+    case Bound::kInt8:
+      return "int8";
+    case Bound::kMemory:
+      return "memory";
+  }
+  return "?";
+}
+
+struct BenchState {
+  virtual ~BenchState() = default;
+  virtual void run() = 0;
+};
+
+// Adapts a lambda that owns its buffers into a BenchState.
+template <typename Fn>
+struct LambdaState : BenchState {
+  explicit LambdaState(Fn f) : fn(std::move(f)) {}
+  void run() override { fn(); }
+  Fn fn;
+};
+template <typename Fn>
+std::unique_ptr<BenchState> make_state(Fn f) {
+  return std::make_unique<LambdaState<Fn>>(std::move(f));
+}
+
+struct KernelBench {
+  std::string name;
+  Bound bound;
+  double flops = 0;  // per run, for compute-bound cases
+  double bytes = 0;  // per run, for memory-bound cases (compulsory traffic)
+  std::function<std::unique_ptr<BenchState>()> setup;
+};
+
+std::vector<KernelBench> gemm_benches();
+std::vector<KernelBench> all_kernel_benches();
+
+}  // namespace hyperion::cli

@@ -1,0 +1,349 @@
+// Fused softmax cross-entropy with Highway dynamic dispatch (AVX-512, AVX2, SSE4, scalar).
+//
+// Per row, pass 1 keeps a running max and a running sum of exp(x - max) per lane (the
+// "online softmax"): a block of 4 vectors is exponentiated against the new max and the
+// old sum is rescaled once per block, so pass 1 costs ~1.25 exp per element and reads
+// the logits once. Pass 2 (fused call only) writes (p - onehot) * scale over the
+// logits, one exp per element. No probability buffer is ever materialised.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cross_entropy.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "kernels/cross_entropy.h"
+#include "tensor/convert.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace hyperion {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// The load/store/exp helpers are the same as in softmax.cc (kept local so each kernel
+// file is self-contained under foreach_target).
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+constexpr size_t kMaxLanes = HWY_MAX_BYTES / sizeof(float);
+
+HWY_INLINE float ToF32(float v) {
+  return v;
+}
+HWY_INLINE float ToF32(bf16 v) {
+  return bf16_to_f32(v);
+}
+template <typename T>
+HWY_INLINE T FromF32(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    return f32_to_bf16(v);
+  }
+}
+
+HWY_INLINE VF LoadF(DF d, const float* p) {
+  return hn::LoadU(d, p);
+}
+HWY_INLINE VF LoadF(DF d, const bf16* p) {
+  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
+  return hn::PromoteTo(d, hn::LoadU(dbf, reinterpret_cast<const hwy::bfloat16_t*>(p)));
+}
+HWY_INLINE void StoreF(DF d, VF v, float* p) {
+  hn::StoreU(v, d, p);
+}
+// Round to nearest even, NaN stays quiet NaN (DemoteTo itself truncates in Highway 1.0.3).
+HWY_INLINE void StoreF(DF d, VF v, bf16* p) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
+  const auto bits = hn::BitCast(du, v);
+  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  const auto rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb));
+  const auto quiet = hn::Or(bits, hn::Set(du, 0x00400000u));
+  const auto r = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
+  hn::StoreU(hn::DemoteTo(dbf, hn::BitCast(d, r)), dbf, reinterpret_cast<hwy::bfloat16_t*>(p));
+}
+
+template <typename T>
+HWY_INLINE VF LoadTail(DF d, const T* p, size_t count, float pad) {
+  HWY_ALIGN float buf[kMaxLanes];
+  const size_t lanes = hn::Lanes(d);
+  for (size_t i = 0; i < lanes; ++i) buf[i] = i < count ? ToF32(p[i]) : pad;
+  return hn::Load(d, buf);
+}
+template <typename T>
+HWY_INLINE void StoreTail(DF d, VF v, T* p, size_t count) {
+  HWY_ALIGN float buf[kMaxLanes];
+  hn::Store(v, d, buf);
+  for (size_t i = 0; i < count; ++i) p[i] = FromF32<T>(buf[i]);
+}
+
+// exp(x) for the softmax arguments x - max (<= 0; valid up to +88). Cody-Waite
+// reduction x = n ln2 + r with |r| <= ln2/2 and Highway's degree-7 polynomial (~1 ulp),
+// but n is rounded with the 1.5 * 2^23 shifter whose low bits are then the exponent
+// of 2^n: ~16 simple ops against ~35 for hn::Exp (no conversions, no range fix-ups).
+// x < -86 gives 0 (the true value is < 5e-38; this also avoids slow denormal results),
+// -inf gives 0, NaN stays NaN (so a diverging model shows up as NaN, not as zeros).
+HWY_INLINE VF FastExp(DF d, VF x) {
+  const hn::RebindToUnsigned<DF> du;
+  const VF shifter = hn::Set(d, 12582912.0f + 127.0f);  // 1.5 * 2^23 + exponent bias
+  const VF t = hn::MulAdd(x, hn::Set(d, 1.44269504088896341f), shifter);
+  const VF n = hn::Sub(t, shifter);  // round(x / ln2), exact
+  VF r = hn::MulAdd(n, hn::Set(d, -0.693145751953125f), x);
+  r = hn::MulAdd(n, hn::Set(d, -1.428606765330187045e-6f), r);
+  VF q = hn::MulAdd(hn::Set(d, 0.000198527617612853646278381f), r,
+                    hn::Set(d, 0.00139304355252534151077271f));
+  q = hn::MulAdd(q, r, hn::Set(d, 0.00833336077630519866943359f));
+  q = hn::MulAdd(q, r, hn::Set(d, 0.0416664853692054748535156f));
+  q = hn::MulAdd(q, r, hn::Set(d, 0.166666671633720397949219f));
+  q = hn::MulAdd(q, r, hn::Set(d, 0.5f));
+  const VF p = hn::Add(hn::MulAdd(q, hn::Mul(r, r), r), hn::Set(d, 1.0f));
+  // The mantissa of t holds 2^22 + 127 + n; shifting by 23 keeps (127 + n) << 23 = 2^n.
+  const VF pow2n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, t)));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -86.0f)), hn::Mul(p, pow2n));
+}
+
+// One online-softmax step for a single vector.
+HWY_INLINE void OnlineStep(DF d, VF x, VF& vmax, VF& vsum) {
+  const VF m_new = hn::Max(vmax, x);
+  vsum = hn::MulAdd(vsum, FastExp(d, hn::Sub(vmax, m_new)), FastExp(d, hn::Sub(x, m_new)));
+  vmax = m_new;
+}
+
+template <typename T>
+void CrossEntropyT(const T* x, const int32_t* targets, int32_t ignore_index, size_t rows,
+                   size_t cols, T* grad, float scale, double* row_loss) {
+  const DF d;
+  const size_t n = hn::Lanes(d);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (size_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    T* gr = grad ? grad + r * cols : nullptr;
+    const int32_t t = targets[r];
+    if (t == ignore_index) {
+      row_loss[r] = 0;
+      if (gr) std::memset(static_cast<void*>(gr), 0, cols * sizeof(T));
+      continue;
+    }
+    // Read before pass 2 overwrites it when the gradient aliases the logits.
+    const float xt = ToF32(xr[t]);
+
+    // Pass 1. -FLT_MAX (not -inf) as the start keeps max - max at 0, never NaN.
+    VF vmax = hn::Set(d, -FLT_MAX), vsum = hn::Zero(d);
+    size_t i = 0;
+    for (; i + 4 * n <= cols; i += 4 * n) {
+      const VF x0 = LoadF(d, xr + i), x1 = LoadF(d, xr + i + n);
+      const VF x2 = LoadF(d, xr + i + 2 * n), x3 = LoadF(d, xr + i + 3 * n);
+      const VF m_new = hn::Max(vmax, hn::Max(hn::Max(x0, x1), hn::Max(x2, x3)));
+      const VF e01 = hn::Add(FastExp(d, hn::Sub(x0, m_new)), FastExp(d, hn::Sub(x1, m_new)));
+      const VF e23 = hn::Add(FastExp(d, hn::Sub(x2, m_new)), FastExp(d, hn::Sub(x3, m_new)));
+      vsum = hn::MulAdd(vsum, FastExp(d, hn::Sub(vmax, m_new)), hn::Add(e01, e23));
+      vmax = m_new;
+    }
+    for (; i + n <= cols; i += n) OnlineStep(d, LoadF(d, xr + i), vmax, vsum);
+    if (i < cols) OnlineStep(d, LoadTail(d, xr + i, cols - i, neg_inf), vmax, vsum);
+    const float m = hn::GetLane(hn::MaxOfLanes(d, vmax));
+    const VF vm = hn::Set(d, m);
+    const float s = hn::GetLane(hn::SumOfLanes(d, hn::Mul(vsum, FastExp(d, hn::Sub(vmax, vm)))));
+
+    // s == 0 only when every logit is -inf.
+    row_loss[r] = s == 0.0f ? std::numeric_limits<double>::infinity()
+                            : (double(m) - double(xt)) + std::log(double(s));
+    if (!gr) continue;
+
+    // Pass 2: p * scale everywhere, then the target entry is fixed up.
+    const VF vinv = hn::Set(d, s == 0.0f ? 0.0f : scale / s);
+    for (i = 0; i + 2 * n <= cols; i += 2 * n) {
+      const VF g0 = hn::Mul(FastExp(d, hn::Sub(LoadF(d, xr + i), vm)), vinv);
+      const VF g1 = hn::Mul(FastExp(d, hn::Sub(LoadF(d, xr + i + n), vm)), vinv);
+      StoreF(d, g0, gr + i);
+      StoreF(d, g1, gr + i + n);
+    }
+    for (; i + n <= cols; i += n)
+      StoreF(d, hn::Mul(FastExp(d, hn::Sub(LoadF(d, xr + i), vm)), vinv), gr + i);
+    if (i < cols) {
+      const VF xv = LoadTail(d, xr + i, cols - i, neg_inf);
+      StoreTail(d, hn::Mul(FastExp(d, hn::Sub(xv, vm)), vinv), gr + i, cols - i);
+    }
+    // (p_t - 1) * scale rounded once, computed in double to limit the cancellation.
+    const double pt = s == 0.0f ? 0.0 : std::exp(double(xt) - double(m)) / double(s);
+    gr[t] = FromF32<T>(static_cast<float>((pt - 1.0) * double(scale)));
+  }
+}
+
+// Exported entry point: `grad` may be null (forward only); `grad` may equal `logits`.
+void CrossEntropyRows(const void* logits, DType dtype, const int32_t* targets, int32_t ignore_index,
+                      size_t rows, size_t cols, void* grad, float scale, double* row_loss) {
+  if (dtype == DType::kF32) {
+    CrossEntropyT(static_cast<const float*>(logits), targets, ignore_index, rows, cols,
+                  static_cast<float*>(grad), scale, row_loss);
+  } else {
+    CrossEntropyT(static_cast<const bf16*>(logits), targets, ignore_index, rows, cols,
+                  static_cast<bf16*>(grad), scale, row_loss);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace hyperion
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <algorithm>
+#include <vector>
+
+#include "base/error.h"
+#include "base/threads.h"
+
+namespace hyperion {
+
+HWY_EXPORT(CrossEntropyRows);
+
+namespace {
+
+// Validates the arguments and the targets; returns the number of non-ignored rows.
+int64_t check_arguments(const char* op, const TensorView& logits, const TensorView& targets,
+                        const TensorView& row_loss, int32_t ignore_index) {
+  HYP_CHECK(logits.dtype == DType::kF32 || logits.dtype == DType::kBF16,
+            "{}: logits must be f32 or bf16, got {}", op, logits.str());
+  check_rank(op, "logits", logits, 2);
+  check_contiguous(op, "logits", logits);
+  targets.check_dtype(DType::kI32, op);
+  check_rank(op, "targets", targets, 1);
+  check_contiguous(op, "targets", targets);
+  HYP_CHECK(targets.shape[0] == logits.shape[0],
+            "{}: logits {} and targets {} disagree on the number of rows", op, logits.str(),
+            targets.str());
+  if (row_loss.data != nullptr) {
+    HYP_CHECK(row_loss.dtype == DType::kF32 && row_loss.shape == Shape{logits.shape[0]},
+              "{}: row_loss must be f32[{}], got {}", op, logits.shape[0], row_loss.str());
+    check_contiguous(op, "row_loss", row_loss);
+  }
+  const int64_t rows = logits.shape[0], cols = logits.shape[1];
+  const int32_t* t = static_cast<const int32_t*>(targets.data);
+  int64_t count = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (t[r] == ignore_index) continue;
+    HYP_CHECK(t[r] >= 0 && t[r] < cols,
+              "{}: target {} at row {} is out of range for logits {} (ignore_index is {})", op,
+              t[r], r, logits.str(), ignore_index);
+    ++count;
+  }
+  return count;
+}
+
+CrossEntropyResult run(const TensorView& logits, const TensorView& targets, void* grad, float dloss,
+                       const TensorView& row_loss, int32_t ignore_index, int64_t count) {
+  const int64_t rows = logits.shape[0], cols = logits.shape[1];
+  CrossEntropyResult result;
+  result.count = count;
+  if (rows == 0) return result;
+  const float scale = count > 0 ? static_cast<float>(double(dloss) / double(count)) : 0.0f;
+  std::vector<double> losses(static_cast<size_t>(rows));
+  const size_t es = dtype_size(logits.dtype);
+  const int32_t* t = static_cast<const int32_t*>(targets.data);
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
+  parallel_chunks(rows, grain, [&](int64_t begin, int64_t end) {
+    const int64_t off = begin * cols;
+    HWY_DYNAMIC_DISPATCH(CrossEntropyRows)
+    (static_cast<const unsigned char*>(logits.data) + off * es, logits.dtype, t + begin,
+     ignore_index, size_t(end - begin), size_t(cols),
+     grad ? static_cast<unsigned char*>(grad) + off * es : nullptr, scale, losses.data() + begin);
+  });
+  // Row order, one thread: the sum is the same for any thread count.
+  double total = 0;
+  for (double l : losses) total += l;
+  if (row_loss.data != nullptr) {
+    float* out = static_cast<float*>(row_loss.data);
+    for (int64_t r = 0; r < rows; ++r) out[r] = static_cast<float>(losses[r]);
+  }
+  result.loss = count > 0 ? total / double(count) : 0.0;
+  return result;
+}
+
+void check_gradient(const char* op, const TensorView& logits, const TensorView& dlogits) {
+  HYP_CHECK(dlogits.dtype == logits.dtype && dlogits.shape == logits.shape,
+            "{}: dlogits {} must match logits {} in dtype and shape", op, dlogits.str(),
+            logits.str());
+  check_contiguous(op, "dlogits", dlogits);
+  const auto* a = static_cast<const unsigned char*>(logits.data);
+  const auto* b = static_cast<const unsigned char*>(dlogits.data);
+  HYP_CHECK(a == b || a + logits.nbytes() <= b || b + dlogits.nbytes() <= a || logits.numel() == 0,
+            "{}: dlogits {} partially overlaps logits {} (only exact in-place aliasing is "
+            "supported)",
+            op, dlogits.str(), logits.str());
+}
+
+}  // namespace
+
+CrossEntropyResult cross_entropy_forward(const TensorView& logits, const TensorView& targets,
+                                         const TensorView& row_loss, int32_t ignore_index) {
+  const char* op = "cross_entropy_forward";
+  const int64_t count = check_arguments(op, logits, targets, row_loss, ignore_index);
+  return run(logits, targets, nullptr, 0.0f, row_loss, ignore_index, count);
+}
+
+CrossEntropyResult cross_entropy_fused(const TensorView& logits, const TensorView& targets,
+                                       const TensorView& dlogits, float dloss,
+                                       const TensorView& row_loss, int32_t ignore_index) {
+  const char* op = "cross_entropy_fused";
+  const int64_t count = check_arguments(op, logits, targets, row_loss, ignore_index);
+  check_gradient(op, logits, dlogits);
+  return run(logits, targets, dlogits.data, dloss, row_loss, ignore_index, count);
+}
+
+namespace ref {
+
+CrossEntropyResult cross_entropy(const TensorView& logits, const TensorView& targets,
+                                 const TensorView& dlogits, float dloss, const TensorView& row_loss,
+                                 int32_t ignore_index) {
+  const char* op = "ref::cross_entropy";
+  const int64_t count = check_arguments(op, logits, targets, row_loss, ignore_index);
+  const bool want_grad = dlogits.data != nullptr;
+  if (want_grad) check_gradient(op, logits, dlogits);
+  const int64_t rows = logits.shape[0], cols = logits.shape[1];
+  const int32_t* t = static_cast<const int32_t*>(targets.data);
+  const double inf = std::numeric_limits<double>::infinity();
+  const double scale = count > 0 ? double(dloss) / double(count) : 0.0;
+  std::vector<double> x(static_cast<size_t>(cols));
+  double total = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const size_t base = static_cast<size_t>(r * cols);
+    double loss = 0;
+    std::vector<double> g(static_cast<size_t>(cols), 0.0);
+    if (t[r] != ignore_index) {
+      double m = -inf;
+      for (int64_t j = 0; j < cols; ++j) {
+        x[j] = load_as_f32(logits.data, logits.dtype, base + j);
+        m = std::max(m, x[j]);
+      }
+      double sum = 0;
+      if (m != -inf)
+        for (int64_t j = 0; j < cols; ++j) sum += std::exp(x[j] - m);
+      const double lse = m + std::log(sum);
+      loss = sum == 0 ? inf : lse - x[t[r]];
+      for (int64_t j = 0; j < cols; ++j) {
+        const double p = sum == 0 ? 0.0 : std::exp(x[j] - lse);
+        g[j] = (p - (j == t[r] ? 1.0 : 0.0)) * scale;
+      }
+      total += loss;
+    }
+    if (row_loss.data != nullptr) static_cast<float*>(row_loss.data)[r] = static_cast<float>(loss);
+    if (want_grad) {
+      for (int64_t j = 0; j < cols; ++j) {
+        if (dlogits.dtype == DType::kF32) {
+          static_cast<float*>(dlogits.data)[base + j] = static_cast<float>(g[j]);
+        } else {
+          static_cast<bf16*>(dlogits.data)[base + j] = f32_to_bf16(static_cast<float>(g[j]));
+        }
+      }
+    }
+  }
+  return CrossEntropyResult{count > 0 ? total / double(count) : 0.0, count};
+}
+
+}  // namespace ref
+}  // namespace hyperion
+#endif  // HWY_ONCE

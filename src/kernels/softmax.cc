@@ -1,0 +1,389 @@
+// Softmax forward/backward with Highway dynamic dispatch (AVX-512, AVX2, SSE4, scalar).
+//
+// Forward per row: pass 1 finds the max, pass 2 writes e = exp(x - max) into the f32
+// output row (or a per-chunk f32 scratch row when the output is bf16, so bf16 is
+// rounded once) while summing it, pass 3 scales by 1 / sum. One exp per element (the
+// compute cost, hence the lean FastExp below); the row is read from memory once,
+// passes 2-3 hit L1/L2 for any realistic vocabulary.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/softmax.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "kernels/softmax.h"
+#include "tensor/convert.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace hyperion {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+// Upper bound on the lanes of any target (tails go through a stack buffer this big).
+constexpr size_t kMaxLanes = HWY_MAX_BYTES / sizeof(float);
+
+HWY_INLINE float ToF32(float v) {
+  return v;
+}
+HWY_INLINE float ToF32(bf16 v) {
+  return bf16_to_f32(v);
+}
+template <typename T>
+HWY_INLINE T FromF32(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    return f32_to_bf16(v);
+  }
+}
+
+HWY_INLINE VF LoadF(DF d, const float* p) {
+  return hn::LoadU(d, p);
+}
+HWY_INLINE VF LoadF(DF d, const bf16* p) {
+  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
+  return hn::PromoteTo(d, hn::LoadU(dbf, reinterpret_cast<const hwy::bfloat16_t*>(p)));
+}
+HWY_INLINE void StoreF(DF d, VF v, float* p) {
+  hn::StoreU(v, d, p);
+}
+// Round to nearest even, NaN stays quiet NaN (DemoteTo itself truncates in Highway 1.0.3).
+HWY_INLINE void StoreF(DF d, VF v, bf16* p) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
+  const auto bits = hn::BitCast(du, v);
+  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  const auto rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb));
+  const auto quiet = hn::Or(bits, hn::Set(du, 0x00400000u));
+  const auto r = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
+  hn::StoreU(hn::DemoteTo(dbf, hn::BitCast(d, r)), dbf, reinterpret_cast<hwy::bfloat16_t*>(p));
+}
+
+// Partial vectors: `count` < Lanes(d) elements, the rest of the lanes set to `pad`.
+template <typename T>
+HWY_INLINE VF LoadTail(DF d, const T* p, size_t count, float pad) {
+  HWY_ALIGN float buf[kMaxLanes];
+  const size_t lanes = hn::Lanes(d);
+  for (size_t i = 0; i < lanes; ++i) buf[i] = i < count ? ToF32(p[i]) : pad;
+  return hn::Load(d, buf);
+}
+template <typename T>
+HWY_INLINE void StoreTail(DF d, VF v, T* p, size_t count) {
+  HWY_ALIGN float buf[kMaxLanes];
+  hn::Store(v, d, buf);
+  for (size_t i = 0; i < count; ++i) p[i] = FromF32<T>(buf[i]);
+}
+
+// exp(x) for the softmax arguments x - max (<= 0; valid up to +88). Cody-Waite
+// reduction x = n ln2 + r with |r| <= ln2/2 and Highway's degree-7 polynomial (~1 ulp),
+// but n is rounded with the 1.5 * 2^23 shifter whose low bits are then the exponent
+// of 2^n: ~16 simple ops against ~35 for hn::Exp (no conversions, no range fix-ups).
+// x < -86 gives 0 (the true value is < 5e-38; this also avoids slow denormal results),
+// -inf gives 0, NaN stays NaN (so a diverging model shows up as NaN, not as zeros).
+HWY_INLINE VF FastExp(DF d, VF x) {
+  const hn::RebindToUnsigned<DF> du;
+  const VF shifter = hn::Set(d, 12582912.0f + 127.0f);  // 1.5 * 2^23 + exponent bias
+  const VF t = hn::MulAdd(x, hn::Set(d, 1.44269504088896341f), shifter);
+  const VF n = hn::Sub(t, shifter);  // round(x / ln2), exact
+  VF r = hn::MulAdd(n, hn::Set(d, -0.693145751953125f), x);
+  r = hn::MulAdd(n, hn::Set(d, -1.428606765330187045e-6f), r);
+  VF q = hn::MulAdd(hn::Set(d, 0.000198527617612853646278381f), r,
+                    hn::Set(d, 0.00139304355252534151077271f));
+  q = hn::MulAdd(q, r, hn::Set(d, 0.00833336077630519866943359f));
+  q = hn::MulAdd(q, r, hn::Set(d, 0.0416664853692054748535156f));
+  q = hn::MulAdd(q, r, hn::Set(d, 0.166666671633720397949219f));
+  q = hn::MulAdd(q, r, hn::Set(d, 0.5f));
+  const VF p = hn::Add(hn::MulAdd(q, hn::Mul(r, r), r), hn::Set(d, 1.0f));
+  // The mantissa of t holds 2^22 + 127 + n; shifting by 23 keeps (127 + n) << 23 = 2^n.
+  const VF pow2n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, t)));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -86.0f)), hn::Mul(p, pow2n));
+}
+
+template <typename TX, typename TY>
+void SoftmaxForwardT(const TX* x, TY* y, size_t rows, size_t cols, float* scratch) {
+  const DF d;
+  const size_t n = hn::Lanes(d);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (size_t r = 0; r < rows; ++r) {
+    const TX* xr = x + r * cols;
+    TY* yr = y + r * cols;
+    float* e;
+    if constexpr (std::is_same_v<TY, float>) {
+      e = yr;  // may alias xr: every pass reads index i before writing it
+    } else {
+      e = scratch;
+    }
+
+    // Starting at -FLT_MAX (not -inf) keeps x - max finite or -inf for an all -inf row.
+    VF m0 = hn::Set(d, -FLT_MAX), m1 = m0;
+    size_t i = 0;
+    for (; i + 2 * n <= cols; i += 2 * n) {
+      m0 = hn::Max(m0, LoadF(d, xr + i));
+      m1 = hn::Max(m1, LoadF(d, xr + i + n));
+    }
+    for (; i + n <= cols; i += n) m0 = hn::Max(m0, LoadF(d, xr + i));
+    if (i < cols) m0 = hn::Max(m0, LoadTail(d, xr + i, cols - i, neg_inf));
+    const VF vmax = hn::Set(d, hn::GetLane(hn::MaxOfLanes(d, hn::Max(m0, m1))));
+
+    VF s0 = hn::Zero(d), s1 = hn::Zero(d);
+    for (i = 0; i + 2 * n <= cols; i += 2 * n) {
+      const VF e0 = FastExp(d, hn::Sub(LoadF(d, xr + i), vmax));
+      const VF e1 = FastExp(d, hn::Sub(LoadF(d, xr + i + n), vmax));
+      hn::StoreU(e0, d, e + i);
+      hn::StoreU(e1, d, e + i + n);
+      s0 = hn::Add(s0, e0);
+      s1 = hn::Add(s1, e1);
+    }
+    for (; i + n <= cols; i += n) {
+      const VF e0 = FastExp(d, hn::Sub(LoadF(d, xr + i), vmax));
+      hn::StoreU(e0, d, e + i);
+      s0 = hn::Add(s0, e0);
+    }
+    if (i < cols) {
+      const VF e0 = FastExp(d, hn::Sub(LoadTail(d, xr + i, cols - i, neg_inf), vmax));
+      StoreTail(d, e0, e + i, cols - i);
+      s0 = hn::Add(s0, e0);
+    }
+    const float sum = hn::GetLane(hn::SumOfLanes(d, hn::Add(s0, s1)));
+    // sum == 0 only for an all -inf row: output zeros. A NaN sum stays NaN.
+    const VF vinv = hn::Set(d, sum == 0.0f ? 0.0f : 1.0f / sum);
+
+    for (i = 0; i + n <= cols; i += n) StoreF(d, hn::Mul(hn::LoadU(d, e + i), vinv), yr + i);
+    if (i < cols) StoreTail(d, hn::Mul(LoadTail(d, e + i, cols - i, 0.0f), vinv), yr + i, cols - i);
+  }
+}
+
+template <typename TY, typename TG, typename TO>
+void SoftmaxBackwardT(const TY* y, const TG* dy, TO* dx, size_t rows, size_t cols) {
+  const DF d;
+  const size_t n = hn::Lanes(d);
+  for (size_t r = 0; r < rows; ++r) {
+    const TY* yr = y + r * cols;
+    const TG* gr = dy + r * cols;
+    TO* outr = dx + r * cols;
+    VF a0 = hn::Zero(d), a1 = hn::Zero(d);
+    size_t i = 0;
+    for (; i + 2 * n <= cols; i += 2 * n) {
+      a0 = hn::MulAdd(LoadF(d, yr + i), LoadF(d, gr + i), a0);
+      a1 = hn::MulAdd(LoadF(d, yr + i + n), LoadF(d, gr + i + n), a1);
+    }
+    for (; i + n <= cols; i += n) a0 = hn::MulAdd(LoadF(d, yr + i), LoadF(d, gr + i), a0);
+    if (i < cols) {
+      a0 = hn::MulAdd(LoadTail(d, yr + i, cols - i, 0.0f), LoadTail(d, gr + i, cols - i, 0.0f), a0);
+    }
+    const VF dot = hn::Set(d, hn::GetLane(hn::SumOfLanes(d, hn::Add(a0, a1))));
+    // dx may alias y or dy: each index is read before it is written.
+    for (i = 0; i + n <= cols; i += n)
+      StoreF(d, hn::Mul(LoadF(d, yr + i), hn::Sub(LoadF(d, gr + i), dot)), outr + i);
+    if (i < cols) {
+      const VF yv = LoadTail(d, yr + i, cols - i, 0.0f);
+      const VF gv = LoadTail(d, gr + i, cols - i, 0.0f);
+      StoreTail(d, hn::Mul(yv, hn::Sub(gv, dot)), outr + i, cols - i);
+    }
+  }
+}
+
+// Exported entry points: one per target, dtype switch outside the row loops.
+void SoftmaxForwardRows(const void* x, DType xt, void* y, DType yt, size_t rows, size_t cols,
+                        float* scratch) {
+  if (xt == DType::kF32) {
+    if (yt == DType::kF32) {
+      SoftmaxForwardT(static_cast<const float*>(x), static_cast<float*>(y), rows, cols, scratch);
+    } else {
+      SoftmaxForwardT(static_cast<const float*>(x), static_cast<bf16*>(y), rows, cols, scratch);
+    }
+  } else {
+    if (yt == DType::kF32) {
+      SoftmaxForwardT(static_cast<const bf16*>(x), static_cast<float*>(y), rows, cols, scratch);
+    } else {
+      SoftmaxForwardT(static_cast<const bf16*>(x), static_cast<bf16*>(y), rows, cols, scratch);
+    }
+  }
+}
+
+template <typename TY, typename TG>
+void BackwardOut(const TY* y, const TG* dy, void* dx, DType dxt, size_t rows, size_t cols) {
+  if (dxt == DType::kF32) {
+    SoftmaxBackwardT(y, dy, static_cast<float*>(dx), rows, cols);
+  } else {
+    SoftmaxBackwardT(y, dy, static_cast<bf16*>(dx), rows, cols);
+  }
+}
+template <typename TY>
+void BackwardGrad(const TY* y, const void* dy, DType dyt, void* dx, DType dxt, size_t rows,
+                  size_t cols) {
+  if (dyt == DType::kF32) {
+    BackwardOut(y, static_cast<const float*>(dy), dx, dxt, rows, cols);
+  } else {
+    BackwardOut(y, static_cast<const bf16*>(dy), dx, dxt, rows, cols);
+  }
+}
+void SoftmaxBackwardRows(const void* y, DType yt, const void* dy, DType dyt, void* dx, DType dxt,
+                         size_t rows, size_t cols) {
+  if (yt == DType::kF32) {
+    BackwardGrad(static_cast<const float*>(y), dy, dyt, dx, dxt, rows, cols);
+  } else {
+    BackwardGrad(static_cast<const bf16*>(y), dy, dyt, dx, dxt, rows, cols);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace hyperion
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "base/aligned.h"
+#include "base/error.h"
+#include "base/threads.h"
+
+namespace hyperion {
+
+HWY_EXPORT(SoftmaxForwardRows);
+HWY_EXPORT(SoftmaxBackwardRows);
+
+namespace {
+
+void check_activation(const char* op, const char* name, const TensorView& t) {
+  HYP_CHECK(t.dtype == DType::kF32 || t.dtype == DType::kBF16, "{}: {} must be f32 or bf16, got {}",
+            op, name, t.str());
+  HYP_CHECK(t.rank() >= 1, "{}: {} must have rank >= 1, got {}", op, name, t.str());
+  check_contiguous(op, name, t);
+}
+
+// Exact aliasing (in place) is fine; a partial overlap would read already-written values.
+void check_overlap(const char* op, const char* na, const TensorView& a, const char* nb,
+                   const TensorView& b) {
+  const auto* pa = static_cast<const unsigned char*>(a.data);
+  const auto* pb = static_cast<const unsigned char*>(b.data);
+  if (a.numel() == 0 || b.numel() == 0) return;
+  if (pa == pb) {
+    HYP_CHECK(a.dtype == b.dtype, "{}: {} {} and {} {} share memory but differ in dtype", op, na,
+              a.str(), nb, b.str());
+    return;
+  }
+  HYP_CHECK(pa + a.nbytes() <= pb || pb + b.nbytes() <= pa,
+            "{}: {} {} partially overlaps {} {} (only exact in-place aliasing is supported)", op,
+            na, a.str(), nb, b.str());
+}
+
+// Rows per parallel chunk: enough elements that the fork/join is amortised.
+int64_t row_grain(int64_t cols) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
+}
+
+}  // namespace
+
+void softmax_forward(const TensorView& x, const TensorView& y) {
+  const char* op = "softmax_forward";
+  check_activation(op, "x", x);
+  check_activation(op, "y", y);
+  HYP_CHECK(x.shape == y.shape, "{}: x {} and y {} differ in shape", op, x.str(), y.str());
+  check_overlap(op, "x", x, "y", y);
+  const int64_t cols = x.shape.dim(-1);
+  if (x.numel() == 0) return;
+  const int64_t rows = x.numel() / cols;
+  const size_t xs = dtype_size(x.dtype), ys = dtype_size(y.dtype);
+  parallel_chunks(rows, row_grain(cols), [&](int64_t begin, int64_t end) {
+    AlignedBuffer<float> scratch(y.dtype == DType::kF32 ? 0 : static_cast<size_t>(cols));
+    HWY_DYNAMIC_DISPATCH(SoftmaxForwardRows)
+    (static_cast<const unsigned char*>(x.data) + begin * cols * xs, x.dtype,
+     static_cast<unsigned char*>(y.data) + begin * cols * ys, y.dtype, size_t(end - begin),
+     size_t(cols), scratch.data());
+  });
+}
+
+void softmax_backward(const TensorView& y, const TensorView& dy, const TensorView& dx) {
+  const char* op = "softmax_backward";
+  check_activation(op, "y", y);
+  check_activation(op, "dy", dy);
+  check_activation(op, "dx", dx);
+  HYP_CHECK(y.shape == dy.shape && y.shape == dx.shape, "{}: y {}, dy {} and dx {} differ in shape",
+            op, y.str(), dy.str(), dx.str());
+  check_overlap(op, "dx", dx, "y", y);
+  check_overlap(op, "dx", dx, "dy", dy);
+  const int64_t cols = y.shape.dim(-1);
+  if (y.numel() == 0) return;
+  const int64_t rows = y.numel() / cols;
+  const size_t ys = dtype_size(y.dtype), gs = dtype_size(dy.dtype), os = dtype_size(dx.dtype);
+  parallel_chunks(rows, row_grain(cols), [&](int64_t begin, int64_t end) {
+    const int64_t off = begin * cols;
+    HWY_DYNAMIC_DISPATCH(SoftmaxBackwardRows)
+    (static_cast<const unsigned char*>(y.data) + off * ys, y.dtype,
+     static_cast<const unsigned char*>(dy.data) + off * gs, dy.dtype,
+     static_cast<unsigned char*>(dx.data) + off * os, dx.dtype, size_t(end - begin), size_t(cols));
+  });
+}
+
+namespace ref {
+
+namespace {
+void store_f32(const TensorView& t, size_t i, double v) {
+  if (t.dtype == DType::kF32) {
+    static_cast<float*>(t.data)[i] = static_cast<float>(v);
+  } else {
+    static_cast<bf16*>(t.data)[i] = f32_to_bf16(static_cast<float>(v));
+  }
+}
+}  // namespace
+
+void softmax_forward(const TensorView& x, const TensorView& y) {
+  const char* op = "ref::softmax_forward";
+  check_activation(op, "x", x);
+  check_activation(op, "y", y);
+  HYP_CHECK(x.shape == y.shape, "{}: x {} and y {} differ in shape", op, x.str(), y.str());
+  const int64_t cols = x.shape.dim(-1);
+  if (x.numel() == 0) return;
+  const int64_t rows = x.numel() / cols;
+  std::vector<double> e(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const size_t base = static_cast<size_t>(r * cols);
+    double m = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < cols; ++j)
+      m = std::max<double>(m, load_as_f32(x.data, x.dtype, base + j));
+    double sum = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      const double v = load_as_f32(x.data, x.dtype, base + j);
+      e[j] = v == -std::numeric_limits<double>::infinity() ? 0.0 : std::exp(v - m);
+      sum += e[j];
+    }
+    for (int64_t j = 0; j < cols; ++j) store_f32(y, base + j, sum == 0 ? 0.0 : e[j] / sum);
+  }
+}
+
+void softmax_backward(const TensorView& y, const TensorView& dy, const TensorView& dx) {
+  const char* op = "ref::softmax_backward";
+  check_activation(op, "y", y);
+  check_activation(op, "dy", dy);
+  check_activation(op, "dx", dx);
+  HYP_CHECK(y.shape == dy.shape && y.shape == dx.shape, "{}: y {}, dy {} and dx {} differ in shape",
+            op, y.str(), dy.str(), dx.str());
+  const int64_t cols = y.shape.dim(-1);
+  if (y.numel() == 0) return;
+  const int64_t rows = y.numel() / cols;
+  for (int64_t r = 0; r < rows; ++r) {
+    const size_t base = static_cast<size_t>(r * cols);
+    double dot = 0;
+    for (int64_t j = 0; j < cols; ++j)
+      dot +=
+          double(load_as_f32(y.data, y.dtype, base + j)) * load_as_f32(dy.data, dy.dtype, base + j);
+    for (int64_t j = 0; j < cols; ++j) {
+      const double yv = load_as_f32(y.data, y.dtype, base + j);
+      const double gv = load_as_f32(dy.data, dy.dtype, base + j);
+      store_f32(dx, base + j, yv * (gv - dot));
+    }
+  }
+}
+
+}  // namespace ref
+}  // namespace hyperion
+#endif  // HWY_ONCE
