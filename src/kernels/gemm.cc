@@ -80,18 +80,24 @@ Backend& backend() {
   return b;
 }
 
-dnnl::memory::desc matrix_desc(dt type, int64_t batch, int64_t rows, int64_t cols, Trans t,
-                               int64_t ld, int64_t batch_stride) {
+dnnl::memory::desc matrix_desc(dt type, int64_t batch, int64_t rows, int64_t cols, Trans t, int64_t ld,
+                               int64_t batch_stride, bool batched) {
   // Logical [batch, rows, cols]; physical row-major (kN) or column-major (kT) per matrix.
+  // Unbatched calls use 2-D descriptors: oneDNN only picks its brgemm (AMX) kernels for
+  // those, and falls back to a slower generic GEMM for a 3-D problem of batch 1.
+  if (!batched) {
+    return dnnl::memory::desc({rows, cols}, type, t == Trans::kN ? dnnl::memory::dims{ld, 1} : dnnl::memory::dims{1, ld});
+  }
   dnnl::memory::dims dims = {batch, rows, cols};
-  dnnl::memory::dims strides = t == Trans::kN ? dnnl::memory::dims{batch_stride, ld, 1}
-                                              : dnnl::memory::dims{batch_stride, 1, ld};
+  dnnl::memory::dims strides =
+      t == Trans::kN ? dnnl::memory::dims{batch_stride, ld, 1} : dnnl::memory::dims{batch_stride, 1, ld};
   return dnnl::memory::desc(dims, type, strides);
 }
 
 Entry create(const Key& key) {
   Backend& be = backend();
   Entry e;
+  const bool batched = key.batch > 1;
   const int64_t sa = key.batch > 1 ? key.sa : key.m * key.k;
   const int64_t sb = key.batch > 1 ? key.sb : key.k * key.n;
   const int64_t sc = key.batch > 1 ? key.sc : key.m * key.ldc;
@@ -99,24 +105,26 @@ Entry create(const Key& key) {
   const int64_t batch_a = key.batch > 1 && key.sa == 0 ? 1 : key.batch;
   const int64_t batch_b = key.batch > 1 && key.sb == 0 ? 1 : key.batch;
   e.a_md = matrix_desc(to_dnnl(key.ad), batch_a, key.m, key.k, key.ta, key.lda,
-                       std::max<int64_t>(sa, 1));
+                       std::max<int64_t>(sa, 1), batched);
   e.b_md = matrix_desc(to_dnnl(key.bd), batch_b, key.k, key.n, key.tb, key.ldb,
-                       std::max<int64_t>(sb, 1));
+                       std::max<int64_t>(sb, 1), batched);
   e.c_md = matrix_desc(to_dnnl(key.cd), key.batch, key.m, key.n, Trans::kN, key.ldc,
-                       std::max<int64_t>(sc, 1));
+                       std::max<int64_t>(sc, 1), batched);
   dnnl::primitive_attr attr;
   // Scales are applied by us as run-time output scales: alpha * b_scale[n].
   e.uses_output_scales = key.cd != DType::kI32;
   if (e.uses_output_scales) {
-    attr.set_output_scales(key.b_scale ? (1 << 2) : 0, {DNNL_RUNTIME_F32_VAL});
+    attr.set_output_scales(key.b_scale ? (1 << (batched ? 2 : 1)) : 0, {DNNL_RUNTIME_F32_VAL});
   }
   dnnl::post_ops ops;
   if (key.a_scale) {
-    e.ascale_md = dnnl::memory::desc({1, key.m, 1}, dt::f32, dnnl::memory::format_tag::abc);
+    e.ascale_md = batched ? dnnl::memory::desc({1, key.m, 1}, dt::f32, dnnl::memory::format_tag::abc)
+                         : dnnl::memory::desc({key.m, 1}, dt::f32, dnnl::memory::format_tag::ab);
     ops.append_binary(dnnl::algorithm::binary_mul, e.ascale_md);
   }
   if (key.bias) {
-    e.bias_md = dnnl::memory::desc({1, 1, key.n}, dt::f32, dnnl::memory::format_tag::abc);
+    e.bias_md = batched ? dnnl::memory::desc({1, 1, key.n}, dt::f32, dnnl::memory::format_tag::abc)
+                       : dnnl::memory::desc({1, key.n}, dt::f32, dnnl::memory::format_tag::ab);
     ops.append_binary(dnnl::algorithm::binary_add, e.bias_md);
   }
   if (key.beta != 0.0f) ops.append_sum(key.beta);
