@@ -1,0 +1,354 @@
+// RMSNorm forward and backward with Highway dynamic dispatch. One row of x is the unit
+// of work: the forward pass reads it twice (sum of squares, then scale) while it is hot
+// in L1/L2, so memory is streamed once.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/rmsnorm.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/rmsnorm.h"
+#include "tensor/convert.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace hyperion {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// Loads/stores of f32 vectors from f32 or bf16 memory; bf16 stores round to nearest
+// even (DemoteTo in Highway 1.0.3 truncates, so the rounding is done here).
+HWY_INLINE VF LoadF(DF df, const float* p) {
+  return hn::LoadU(df, p);
+}
+HWY_INLINE VF LoadF(DF df, const bf16* p) {
+  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
+  return hn::PromoteTo(df, hn::LoadU(dbf, reinterpret_cast<const hwy::bfloat16_t*>(p)));
+}
+HWY_INLINE void StoreF(DF df, VF v, float* p) {
+  hn::StoreU(v, df, p);
+}
+HWY_INLINE void StoreF(DF df, VF v, bf16* p) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
+  const auto bits = hn::BitCast(du, v);
+  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  const auto rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb));
+  const auto quiet = hn::Or(bits, hn::Set(du, 0x00400000u));
+  const auto r = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
+  hn::StoreU(hn::DemoteTo(dbf, hn::BitCast(df, r)), dbf, reinterpret_cast<hwy::bfloat16_t*>(p));
+}
+HWY_INLINE float ToF32(float v) {
+  return v;
+}
+HWY_INLINE float ToF32(bf16 v) {
+  return bf16_to_f32(v);
+}
+HWY_INLINE void FromF32(float v, float* p) {
+  *p = v;
+}
+HWY_INLINE void FromF32(float v, bf16* p) {
+  *p = f32_to_bf16(v);
+}
+
+template <typename T>
+void ForwardRows(const T* x, const float* w, T* y, float* rstd, int64_t rows, int64_t h,
+                 float eps) {
+  const DF df;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * h;
+    T* yr = y + r * h;
+    // Four accumulators hide the FMA latency.
+    VF a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+    int64_t i = 0;
+    for (; i + 4 * n <= h; i += 4 * n) {
+      const VF v0 = LoadF(df, xr + i), v1 = LoadF(df, xr + i + n);
+      const VF v2 = LoadF(df, xr + i + 2 * n), v3 = LoadF(df, xr + i + 3 * n);
+      a0 = hn::MulAdd(v0, v0, a0);
+      a1 = hn::MulAdd(v1, v1, a1);
+      a2 = hn::MulAdd(v2, v2, a2);
+      a3 = hn::MulAdd(v3, v3, a3);
+    }
+    for (; i + n <= h; i += n) {
+      const VF v = LoadF(df, xr + i);
+      a0 = hn::MulAdd(v, v, a0);
+    }
+    float ss = hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
+    for (; i < h; ++i) {
+      const float v = ToF32(xr[i]);
+      ss += v * v;
+    }
+    const float rs = 1.0f / std::sqrt(ss / static_cast<float>(h) + eps);
+    rstd[r] = rs;
+    const VF vr = hn::Set(df, rs);
+    i = 0;
+    for (; i + n <= h; i += n)
+      StoreF(df, hn::Mul(hn::Mul(LoadF(df, xr + i), vr), hn::LoadU(df, w + i)), yr + i);
+    for (; i < h; ++i) FromF32(ToF32(xr[i]) * rs * w[i], yr + i);
+  }
+}
+
+// dx[j] = r*w[j]*dy[j] - x[j] * r^3/H * sum_k dy[k]*w[k]*x[k];  dw[j] += dy[j]*x[j]*r.
+template <typename T>
+void BackwardRows(const T* dy, const T* x, const float* w, const float* rstd, T* dx,
+                  float* dw_partial, int64_t rows, int64_t h) {
+  const DF df;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* dyr = dy + r * h;
+    const T* xr = x + r * h;
+    T* dxr = dx + r * h;
+    const float rs = rstd[r];
+    VF a0 = hn::Zero(df), a1 = hn::Zero(df);
+    int64_t i = 0;
+    for (; i + 2 * n <= h; i += 2 * n) {
+      a0 = hn::MulAdd(hn::Mul(LoadF(df, dyr + i), hn::LoadU(df, w + i)), LoadF(df, xr + i), a0);
+      a1 = hn::MulAdd(hn::Mul(LoadF(df, dyr + i + n), hn::LoadU(df, w + i + n)),
+                      LoadF(df, xr + i + n), a1);
+    }
+    for (; i + n <= h; i += n)
+      a0 = hn::MulAdd(hn::Mul(LoadF(df, dyr + i), hn::LoadU(df, w + i)), LoadF(df, xr + i), a0);
+    float dot = hn::GetLane(hn::SumOfLanes(df, hn::Add(a0, a1)));
+    for (; i < h; ++i) dot += ToF32(dyr[i]) * w[i] * ToF32(xr[i]);
+    const float c = rs * rs * rs * dot / static_cast<float>(h);
+    const VF vr = hn::Set(df, rs), vnc = hn::Set(df, -c);
+    i = 0;
+    for (; i + n <= h; i += n) {
+      const VF g = LoadF(df, dyr + i), xv = LoadF(df, xr + i);
+      // dw before dx: dx may alias dy.
+      const VF gr = hn::Mul(g, vr);
+      hn::StoreU(hn::MulAdd(gr, xv, hn::LoadU(df, dw_partial + i)), df, dw_partial + i);
+      StoreF(df, hn::MulAdd(vnc, xv, hn::Mul(gr, hn::LoadU(df, w + i))), dxr + i);
+    }
+    for (; i < h; ++i) {
+      const float g = ToF32(dyr[i]), xv = ToF32(xr[i]);
+      dw_partial[i] += g * rs * xv;
+      FromF32(g * rs * w[i] - c * xv, dxr + i);
+    }
+  }
+}
+
+void ForwardF32(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t h,
+                float eps) {
+  ForwardRows(x, w, y, rstd, rows, h, eps);
+}
+void ForwardBF16(const bf16* x, const float* w, bf16* y, float* rstd, int64_t rows, int64_t h,
+                 float eps) {
+  ForwardRows(x, w, y, rstd, rows, h, eps);
+}
+void BackwardF32(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                 float* dw_partial, int64_t rows, int64_t h) {
+  BackwardRows(dy, x, w, rstd, dx, dw_partial, rows, h);
+}
+void BackwardBF16(const bf16* dy, const bf16* x, const float* w, const float* rstd, bf16* dx,
+                  float* dw_partial, int64_t rows, int64_t h) {
+  BackwardRows(dy, x, w, rstd, dx, dw_partial, rows, h);
+}
+
+// dweight[j] += sum_g partials[g][j] for j in [begin, end), g in a fixed order.
+void SumPartials(const float* partials, int64_t groups, int64_t h, float* dweight, int64_t begin,
+                 int64_t end) {
+  const DF df;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  int64_t j = begin;
+  for (; j + n <= end; j += n) {
+    VF s = hn::LoadU(df, partials + j);
+    for (int64_t g = 1; g < groups; ++g) s = hn::Add(s, hn::LoadU(df, partials + g * h + j));
+    hn::StoreU(hn::Add(hn::LoadU(df, dweight + j), s), df, dweight + j);
+  }
+  for (; j < end; ++j) {
+    float s = partials[j];
+    for (int64_t g = 1; g < groups; ++g) s += partials[g * h + j];
+    dweight[j] += s;
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace hyperion
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "base/aligned.h"
+#include "base/error.h"
+#include "base/threads.h"
+
+namespace hyperion {
+
+HWY_EXPORT(ForwardF32);
+HWY_EXPORT(ForwardBF16);
+HWY_EXPORT(BackwardF32);
+HWY_EXPORT(BackwardBF16);
+HWY_EXPORT(SumPartials);
+
+namespace {
+
+// Rows per parallel chunk: enough elements that a chunk amortises the fork.
+int64_t row_grain(int64_t h) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(h, 1));
+}
+
+void check_activation(const char* op, const char* name, const TensorView& t) {
+  check_rank(op, name, t, 2);
+  HYP_CHECK(t.dtype == DType::kF32 || t.dtype == DType::kBF16, "{}: {} must be f32 or bf16, got {}",
+            op, name, t.str());
+  check_contiguous(op, name, t);
+}
+
+void check_weight(const char* op, const char* name, const TensorView& x, const TensorView& w) {
+  check_rank(op, name, w, 1);
+  w.check_dtype(DType::kF32, op);
+  check_contiguous(op, name, w);
+  HYP_CHECK(w.shape[0] == x.shape[1], "{}: x {} and {} {} disagree on the hidden size", op, x.str(),
+            name, w.str());
+}
+
+void check_rstd(const char* op, const TensorView& x, const TensorView& rstd) {
+  check_rank(op, "rstd", rstd, 1);
+  rstd.check_dtype(DType::kF32, op);
+  check_contiguous(op, "rstd", rstd);
+  HYP_CHECK(rstd.shape[0] == x.shape[0], "{}: x {} and rstd {} disagree on the row count", op,
+            x.str(), rstd.str());
+}
+
+void check_like_x(const char* op, const char* name, const TensorView& x, const TensorView& t) {
+  check_contiguous(op, name, t);
+  HYP_CHECK(t.shape == x.shape && t.dtype == x.dtype, "{}: {} {} must match x {}", op, name,
+            t.str(), x.str());
+}
+
+void check_forward(const TensorView& x, const TensorView& weight, float eps, const TensorView& y,
+                   const TensorView& rstd) {
+  const char* op = "rmsnorm_forward";
+  check_activation(op, "x", x);
+  check_weight(op, "weight", x, weight);
+  check_like_x(op, "y", x, y);
+  check_rstd(op, x, rstd);
+  HYP_CHECK(eps >= 0.0f && std::isfinite(eps), "{}: eps must be finite and >= 0, got {}", op, eps);
+}
+
+void check_backward(const TensorView& dy, const TensorView& x, const TensorView& weight,
+                    const TensorView& rstd, const TensorView& dx, const TensorView& dweight) {
+  const char* op = "rmsnorm_backward";
+  check_activation(op, "x", x);
+  check_like_x(op, "dy", x, dy);
+  check_like_x(op, "dx", x, dx);
+  check_weight(op, "weight", x, weight);
+  check_weight(op, "dweight", x, dweight);
+  check_rstd(op, x, rstd);
+}
+
+double load(const TensorView& t, int64_t i) {
+  return load_as_f32(t.data, t.dtype, static_cast<size_t>(i));
+}
+void store(const TensorView& t, int64_t i, double v) {
+  if (t.dtype == DType::kF32)
+    static_cast<float*>(t.data)[i] = static_cast<float>(v);
+  else
+    static_cast<bf16*>(t.data)[i] = f32_to_bf16(static_cast<float>(v));
+}
+
+}  // namespace
+
+void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps, const TensorView& y,
+                     const TensorView& rstd) {
+  check_forward(x, weight, eps, y, rstd);
+  const int64_t rows = x.shape[0], h = x.shape[1];
+  if (rows == 0) return;
+  const float* w = weight.as<float>();
+  float* rs = rstd.as<float>();
+  if (h == 0) {  // mean of nothing: define rstd as 1/sqrt(eps), y is empty
+    std::fill(rs, rs + rows, 1.0f / std::sqrt(eps));
+    return;
+  }
+  parallel_chunks(rows, row_grain(h), [&](int64_t begin, int64_t end) {
+    if (x.dtype == DType::kF32) {
+      HWY_DYNAMIC_DISPATCH(ForwardF32)
+      (x.as<float>() + begin * h, w, y.as<float>() + begin * h, rs + begin, end - begin, h, eps);
+    } else {
+      HWY_DYNAMIC_DISPATCH(ForwardBF16)
+      (x.as<bf16>() + begin * h, w, y.as<bf16>() + begin * h, rs + begin, end - begin, h, eps);
+    }
+  });
+}
+
+void rmsnorm_backward(const TensorView& dy, const TensorView& x, const TensorView& weight,
+                      const TensorView& rstd, const TensorView& dx, const TensorView& dweight) {
+  check_backward(dy, x, weight, rstd, dx, dweight);
+  const int64_t rows = x.shape[0], h = x.shape[1];
+  if (rows == 0 || h == 0) return;
+  // The row groups depend only on the shape (not on the thread count), each group sums
+  // its rows in order into its own partial, and the partials are added in group order:
+  // dweight is reproducible bit for bit on any number of threads.
+  constexpr int64_t kMaxGroups = 64;
+  const int64_t groups = std::clamp<int64_t>(rows * h / 16384, 1, std::min(rows, kMaxGroups));
+  AlignedBuffer<float> partials(static_cast<size_t>(groups * h));
+  const float* w = weight.as<float>();
+  const float* rs = rstd.as<float>();
+  parallel_for_dynamic(groups, [&](int64_t g) {
+    const int64_t begin = rows * g / groups, end = rows * (g + 1) / groups;
+    float* part = partials.data() + g * h;
+    std::memset(part, 0, static_cast<size_t>(h) * sizeof(float));
+    if (x.dtype == DType::kF32) {
+      HWY_DYNAMIC_DISPATCH(BackwardF32)
+      (dy.as<float>() + begin * h, x.as<float>() + begin * h, w, rs + begin,
+       dx.as<float>() + begin * h, part, end - begin, h);
+    } else {
+      HWY_DYNAMIC_DISPATCH(BackwardBF16)
+      (dy.as<bf16>() + begin * h, x.as<bf16>() + begin * h, w, rs + begin,
+       dx.as<bf16>() + begin * h, part, end - begin, h);
+    }
+  });
+  parallel_chunks(h, 4096, [&](int64_t begin, int64_t end) {
+    HWY_DYNAMIC_DISPATCH(SumPartials)
+    (partials.data(), groups, h, dweight.as<float>(), begin, end);
+  });
+}
+
+namespace ref {
+
+void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps, const TensorView& y,
+                     const TensorView& rstd) {
+  check_forward(x, weight, eps, y, rstd);
+  const int64_t rows = x.shape[0], h = x.shape[1];
+  const float* w = weight.as<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t j = 0; j < h; ++j) ss += load(x, r * h + j) * load(x, r * h + j);
+    const double rs = 1.0 / std::sqrt((h > 0 ? ss / double(h) : 0.0) + double(eps));
+    rstd.as<float>()[r] = static_cast<float>(rs);
+    for (int64_t j = 0; j < h; ++j) store(y, r * h + j, load(x, r * h + j) * rs * w[j]);
+  }
+}
+
+void rmsnorm_backward(const TensorView& dy, const TensorView& x, const TensorView& weight,
+                      const TensorView& rstd, const TensorView& dx, const TensorView& dweight) {
+  check_backward(dy, x, weight, rstd, dx, dweight);
+  const int64_t rows = x.shape[0], h = x.shape[1];
+  const float* w = weight.as<float>();
+  std::vector<double> dw(static_cast<size_t>(h), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double rs = rstd.as<float>()[r];
+    double dot = 0;
+    for (int64_t j = 0; j < h; ++j) dot += load(dy, r * h + j) * w[j] * load(x, r * h + j);
+    const double c = rs * rs * rs * dot / double(h);
+    for (int64_t j = 0; j < h; ++j) {
+      const double g = load(dy, r * h + j), xv = load(x, r * h + j);
+      dw[j] += g * xv * rs;
+      store(dx, r * h + j, g * rs * w[j] - c * xv);
+    }
+  }
+  for (int64_t j = 0; j < h; ++j)
+    dweight.as<float>()[j] = static_cast<float>(dweight.as<float>()[j] + dw[j]);
+}
+
+}  // namespace ref
+}  // namespace hyperion
+#endif  // HWY_ONCE

@@ -1,0 +1,198 @@
+#include "kernels/swiglu.h"
+
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/error.h"
+#include "tensor/convert.h"
+
+namespace hyperion {
+namespace {
+
+Tensor random_tensor(DType dtype, Shape shape, std::mt19937& rng, float stddev = 1.0f) {
+  Tensor t(dtype, shape);
+  std::normal_distribution<float> dist(0.0f, stddev);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (dtype == DType::kF32)
+      t.as<float>()[i] = dist(rng);
+    else
+      t.as<bf16>()[i] = f32_to_bf16(dist(rng));
+  }
+  return t;
+}
+
+Tensor from_values(DType dtype, Shape shape, const std::vector<float>& v) {
+  Tensor t(dtype, shape);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dtype == DType::kF32)
+      t.as<float>()[i] = v[i];
+    else
+      t.as<bf16>()[i] = f32_to_bf16(v[i]);
+  }
+  return t;
+}
+
+double at(const Tensor& t, int64_t i) {
+  return load_as_f32(t.data(), t.dtype(), static_cast<size_t>(i));
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+// Runs fn once per SIMD target compiled in and supported here, so every dispatch path
+// (AVX-512, AVX2, SSE4, ..., scalar) is checked on this machine.
+template <typename Fn>
+void for_each_target(Fn&& fn) {
+  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  for (int64_t target : targets) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    fn();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+const std::vector<std::pair<int64_t, int64_t>> kShapes = {{1, 1},   {3, 7},  {2, 17},  {4, 63},
+                                                          {1, 100}, {5, 33}, {3, 1000}};
+
+// f32: within a few ulp of the f64 reference, relative to the size of the terms (dg has
+// cancellation in 1 + g*(1 - s) near g = -1.28). bf16: one rounding of that, so within
+// one bf16 ulp (relative 2^-8).
+double tolerance(DType dtype, double ref, double scale) {
+  return (dtype == DType::kF32 ? 1e-5 * std::fabs(ref) : std::fabs(ref) / 128) + 1e-6 * scale +
+         1e-7;
+}
+
+TEST(SwiGLU, ForwardAndBackwardMatchReference) {
+  std::mt19937 rng(21);
+  for_each_target([&] {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      for (auto [n, f] : kShapes) {
+        SCOPED_TRACE(testing::Message() << dtype_name(dt) << " N=" << n << " F=" << f);
+        Tensor g = random_tensor(dt, {n, f}, rng, 3.0f);
+        Tensor u = random_tensor(dt, {n, f}, rng);
+        Tensor dh = random_tensor(dt, {n, f}, rng);
+        Tensor h(dt, {n, f}), h_ref(dt, {n, f});
+        swiglu_forward(g, u, h);
+        ref::swiglu_forward(g, u, h_ref);
+        for (int64_t i = 0; i < n * f; ++i) {
+          const double scale = std::fabs(at(g, i) * at(u, i));
+          ASSERT_NEAR(at(h, i), at(h_ref, i), tolerance(dt, at(h_ref, i), scale)) << i;
+        }
+        Tensor dg(dt, {n, f}), du(dt, {n, f}), dg_ref(dt, {n, f}), du_ref(dt, {n, f});
+        swiglu_backward(dh, g, u, dg, du);
+        ref::swiglu_backward(dh, g, u, dg_ref, du_ref);
+        for (int64_t i = 0; i < n * f; ++i) {
+          const double scale =
+              std::fabs(at(dh, i)) * (std::fabs(at(u, i)) + 1) * (1 + std::fabs(at(g, i)));
+          ASSERT_NEAR(at(dg, i), at(dg_ref, i), tolerance(dt, at(dg_ref, i), scale)) << i;
+          ASSERT_NEAR(at(du, i), at(du_ref, i), tolerance(dt, at(du_ref, i), scale)) << i;
+        }
+      }
+    }
+  });
+}
+
+TEST(SwiGLU, LargeInputsSaturateWithoutNaN) {
+  const std::vector<float> gv = {-200, -104, -100, -88,  -20, -1e-30f, 0,  1e-30f, 20,
+                                 88,   100,  200,  -150, 150, -90,     90, 3};
+  const int64_t n = static_cast<int64_t>(gv.size());
+  for_each_target([&] {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      Tensor g = from_values(dt, {n}, gv);
+      Tensor ones = from_values(dt, {n}, std::vector<float>(gv.size(), 1.0f));
+      Tensor h(dt, {n}), dg(dt, {n}), du(dt, {n});
+      swiglu_forward(g, ones, h);
+      swiglu_backward(ones, g, ones, dg, du);
+      for (int64_t i = 0; i < n; ++i) {
+        const double x = at(g, i);
+        const double s = 1.0 / (1.0 + std::exp(-x));
+        ASSERT_TRUE(std::isfinite(at(h, i)) && std::isfinite(at(dg, i))) << x;
+        EXPECT_NEAR(at(h, i), x * s, 1e-2 * std::fabs(x * s) + 1e-30) << x;
+        EXPECT_NEAR(at(dg, i), s * (1 + x * (1 - s)), 1e-2) << x;
+        EXPECT_NEAR(at(du, i), x * s, 1e-2 * std::fabs(x * s) + 1e-30) << x;
+      }
+    }
+  });
+}
+
+TEST(SwiGLU, BackwardMatchesFiniteDifferences) {
+  std::mt19937 rng(22);
+  const int64_t n = 3, f = 19;
+  Tensor g = random_tensor(DType::kF32, {n, f}, rng, 2.0f);
+  Tensor u = random_tensor(DType::kF32, {n, f}, rng);
+  Tensor r = random_tensor(DType::kF32, {n, f}, rng);
+  Tensor dg(DType::kF32, {n, f}), du(DType::kF32, {n, f});
+  swiglu_backward(r, g, u, dg, du);
+  // L = sum(silu(g) * u * r) in f64; each element only depends on its own g and u.
+  auto term = [](double gi, double ui, double ri) { return gi / (1 + std::exp(-gi)) * ui * ri; };
+  const double step = 1e-6;
+  for (int64_t i = 0; i < n * f; ++i) {
+    const double gi = at(g, i), ui = at(u, i), ri = at(r, i);
+    const double fd_g = (term(gi + step, ui, ri) - term(gi - step, ui, ri)) / (2 * step);
+    const double fd_u = (term(gi, ui + step, ri) - term(gi, ui - step, ri)) / (2 * step);
+    EXPECT_NEAR(at(dg, i), fd_g, 1e-5 * (1 + std::fabs(fd_g))) << i;
+    EXPECT_NEAR(at(du, i), fd_u, 1e-5 * (1 + std::fabs(fd_u))) << i;
+  }
+}
+
+TEST(SwiGLU, OutputsMayAliasInputs) {
+  std::mt19937 rng(23);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Tensor g = random_tensor(dt, {7, 41}, rng, 2.0f);
+    Tensor u = random_tensor(dt, {7, 41}, rng);
+    Tensor dh = random_tensor(dt, {7, 41}, rng);
+    Tensor h(dt, g.shape()), dg(dt, g.shape()), du(dt, g.shape());
+    swiglu_forward(g, u, h);
+    swiglu_backward(dh, g, u, dg, du);
+    Tensor g2 = g.clone(), u2 = u.clone();
+    swiglu_backward(dh, g2, u2, g2, u2);  // gradients overwrite the saved activations
+    EXPECT_TRUE(bitwise_equal(g2, dg));
+    EXPECT_TRUE(bitwise_equal(u2, du));
+    Tensor g3 = g.clone(), u3 = u.clone();
+    swiglu_backward(dh, g3, u3, u3, g3);  // crossed
+    EXPECT_TRUE(bitwise_equal(u3, dg));
+    EXPECT_TRUE(bitwise_equal(g3, du));
+    swiglu_forward(g, u, g);
+    EXPECT_TRUE(bitwise_equal(g, h));
+  }
+}
+
+template <typename Fn>
+void expect_error(Fn&& fn, const std::vector<std::string>& needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected hyperion::Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const auto& s : needles) EXPECT_NE(msg.find(s), std::string::npos) << msg;
+  }
+}
+
+TEST(SwiGLU, ErrorsNameTheOpAndShapes) {
+  Tensor g = Tensor::zeros(DType::kF32, {4, 8});
+  Tensor u_bad = Tensor::zeros(DType::kF32, {4, 9});
+  Tensor u_bf16 = Tensor::zeros(DType::kBF16, {4, 8});
+  Tensor h = Tensor::zeros(DType::kF32, {4, 8});
+  Tensor g_i32 = Tensor::zeros(DType::kI32, {4, 8});
+  expect_error([&] { swiglu_forward(g, u_bad, h); }, {"swiglu_forward", "f32[4, 9]", "f32[4, 8]"});
+  expect_error([&] { swiglu_forward(g, u_bf16, h); }, {"swiglu_forward", "bf16[4, 8]"});
+  expect_error([&] { swiglu_forward(g_i32, g_i32, g_i32); }, {"swiglu_forward", "int32"});
+  expect_error([&] { swiglu_backward(u_bad, g, h, h, h); }, {"swiglu_backward", "f32[4, 9]"});
+  expect_error([&] { swiglu_backward(h, g, h, u_bf16, h); }, {"swiglu_backward", "dg"});
+  Tensor strided(DType::kF32, {4, 8});
+  TensorView view(strided.data(), DType::kF32, {4, 4}, {8, 1});
+  expect_error([&] { swiglu_forward(view, view, view); }, {"swiglu_forward", "contiguous"});
+  EXPECT_THROW(ref::swiglu_forward(g, u_bad, h), Error);
+}
+
+}  // namespace
+}  // namespace hyperion
