@@ -12,6 +12,7 @@ PACKAGES=(
   libyaml-cpp-dev    # YAML configs
   libgtest-dev libgmock-dev  # tests
   libbenchmark-dev   # microbenchmarks
+  libopenblas-dev    # GEMM comparison benchmark only (never linked into libhyperion)
 )
 
 missing=()

@@ -53,3 +53,18 @@ std::vector<KernelBench> gemm_benches();
 std::vector<KernelBench> all_kernel_benches();
 
 }  // namespace hyperion::cli
+
+// Shared helpers for the cases.
+#include "tensor/tensor.h"
+
+namespace hyperion::cli {
+
+// A tensor of uniform random values in [lo, hi) (any float dtype; integer dtypes get
+// integers in [lo, hi)). Large tensors repeat a random block so set-up stays fast.
+std::shared_ptr<Tensor> random_tensor(DType dtype, Shape shape, unsigned seed, float lo = -1.0f, float hi = 1.0f);
+
+std::vector<KernelBench> loss_benches();       // softmax, cross-entropy, embedding
+std::vector<KernelBench> layer_benches();      // rmsnorm, rope, swiglu, adamw, global norm
+std::vector<KernelBench> attention_benches();  // flash attention
+
+}  // namespace hyperion::cli

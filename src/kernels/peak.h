@@ -19,7 +19,7 @@ struct PeakResult {
   double copy_gbps = 0;       // STREAM copy (2 x 8 bytes counted per element)
   double triad_gbps = 0;      // STREAM triad (3 x 8 bytes)
   double read_gbps = 0;       // read-only sum (8 bytes)
-  double mem_gbps = 0;        // = triad: the bandwidth figure ratios use
+  double mem_gbps = 0;        // best of copy / triad / read: the figure ratios use
 };
 
 // Runs every measurement with the current thread count; `seconds` per measurement.
