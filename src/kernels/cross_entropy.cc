@@ -76,7 +76,7 @@ HWY_INLINE VF LoadTail(DF d, const T* p, size_t count, float pad) {
 }
 template <typename T>
 HWY_INLINE void StoreTail(DF d, VF v, T* p, size_t count) {
-  HWY_ALIGN float buf[kMaxLanes];
+  HWY_ALIGN float buf[kMaxLanes] = {};  // zero-init: GCC 12 -O3 warns falsely otherwise
   hn::Store(v, d, buf);
   for (size_t i = 0; i < count; ++i) p[i] = FromF32<T>(buf[i]);
 }
