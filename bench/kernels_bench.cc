@@ -11,15 +11,20 @@ int register_all() {
   static std::vector<hyperion::cli::KernelBench> cases = hyperion::cli::all_kernel_benches();
   for (const auto& c : cases) {
     if (c.name.rfind("gemm_", 0) == 0) continue;  // covered with more shapes in gemm_bench.cc
-    benchmark::RegisterBenchmark(("kernel/" + c.name).c_str(), [&c](benchmark::State& state) {
-      auto s = c.setup();
-      for (auto _ : state) s->run();
-      if (c.bound == Bound::kMemory) {
-        state.counters["bytes/s"] = benchmark::Counter(c.bytes, benchmark::Counter::kIsIterationInvariantRate);
-      } else {
-        state.counters["FLOP/s"] = benchmark::Counter(c.flops, benchmark::Counter::kIsIterationInvariantRate);
-      }
-    })->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("kernel/" + c.name).c_str(),
+                                 [&c](benchmark::State& state) {
+                                   auto s = c.setup();
+                                   for (auto _ : state) s->run();
+                                   if (c.bound == Bound::kMemory) {
+                                     state.counters["bytes/s"] = benchmark::Counter(
+                                         c.bytes, benchmark::Counter::kIsIterationInvariantRate);
+                                   } else {
+                                     state.counters["FLOP/s"] = benchmark::Counter(
+                                         c.flops, benchmark::Counter::kIsIterationInvariantRate);
+                                   }
+                                 })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
   }
   return 0;
 }

@@ -42,9 +42,11 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--threads") == 0) threads = std::atoi(argv[i + 1]);
   hyperion::set_num_threads(threads);
   openblas_set_num_threads(threads);
-  std::printf("%-28s %14s %14s %8s\n", "shape (M x N x K, f32, NT)", "oneDNN GFLOP/s", "OpenBLAS", "ratio");
-  const int64_t shapes[][3] = {{256, 256, 256}, {1024, 1024, 1024}, {2048, 2048, 2048}, {4096, 4096, 4096},
-                               {1, 2048, 2048}, {8, 2048, 2048},    {64, 2048, 2048}};
+  std::printf("%-28s %14s %14s %8s\n", "shape (M x N x K, f32, NT)", "oneDNN GFLOP/s", "OpenBLAS",
+              "ratio");
+  const int64_t shapes[][3] = {{256, 256, 256},    {1024, 1024, 1024}, {2048, 2048, 2048},
+                               {4096, 4096, 4096}, {1, 2048, 2048},    {8, 2048, 2048},
+                               {64, 2048, 2048}};
   for (const auto& s : shapes) {
     const int64_t m = s[0], n = s[1], k = s[2];
     hyperion::AlignedBuffer<float> a(size_t(m * k)), b(size_t(n * k)), c(size_t(m * n));
@@ -58,13 +60,14 @@ int main(int argc, char** argv) {
     g.a = a.data(), g.b = b.data(), g.c = c.data();
     double t_dnnl = median_seconds([&] { hyperion::gemm(g); });
     double t_blas = median_seconds([&] {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.0f, a.data(), int(k),
-                  b.data(), int(k), 0.0f, c.data(), int(n));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.0f, a.data(),
+                  int(k), b.data(), int(k), 0.0f, c.data(), int(n));
     });
     const double flops = 2.0 * double(m) * n * k;
     char label[64];
     std::snprintf(label, sizeof(label), "%ld x %ld x %ld", long(m), long(n), long(k));
-    std::printf("%-28s %14.1f %14.1f %8.2f\n", label, flops / t_dnnl / 1e9, flops / t_blas / 1e9, t_blas / t_dnnl);
+    std::printf("%-28s %14.1f %14.1f %8.2f\n", label, flops / t_dnnl / 1e9, flops / t_blas / 1e9,
+                t_blas / t_dnnl);
   }
   return 0;
 }

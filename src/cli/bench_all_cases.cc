@@ -6,7 +6,8 @@ std::vector<KernelBench> all_kernel_benches() {
   std::vector<KernelBench> all;
   for (auto* group : {&gemm_benches, &loss_benches, &layer_benches, &attention_benches}) {
     auto cases = (*group)();
-    all.insert(all.end(), std::make_move_iterator(cases.begin()), std::make_move_iterator(cases.end()));
+    all.insert(all.end(), std::make_move_iterator(cases.begin()),
+               std::make_move_iterator(cases.end()));
   }
   return all;
 }

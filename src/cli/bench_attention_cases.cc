@@ -29,7 +29,8 @@ std::vector<KernelBench> attention_benches() {
       };
     };
     v.push_back({"attention_fwd_" + tag + "_T1024_H8_D64", bound, 4.0 * d * pairs, 0, make(false)});
-    v.push_back({"attention_fwd_bwd_" + tag + "_T1024_H8_D64", bound, 14.0 * d * pairs, 0, make(true)});
+    v.push_back(
+        {"attention_fwd_bwd_" + tag + "_T1024_H8_D64", bound, 14.0 * d * pairs, 0, make(true)});
   }
   return v;
 }

@@ -26,7 +26,8 @@ std::shared_ptr<AlignedBuffer<T>> filled(size_t n, unsigned seed) {
     if constexpr (std::is_same_v<T, bf16>) (*b)[i] = f32_to_bf16(v);
     if constexpr (std::is_same_v<T, int8_t>) (*b)[i] = int8_t(v * 127);
   }
-  for (size_t i = block; i < n; i += block) std::memcpy(b->data() + i, b->data(), std::min(block, n - i) * sizeof(T));
+  for (size_t i = block; i < n; i += block)
+    std::memcpy(b->data() + i, b->data(), std::min(block, n - i) * sizeof(T));
   return b;
 }
 
@@ -67,8 +68,8 @@ KernelBench square(int64_t n, Bound bound, const char* tag) {
 template <typename T>
 KernelBench decode(int64_t m, int64_t n, int64_t k, const char* tag) {
   KernelBench kb;
-  kb.name = std::string("gemm_decode_") + tag + "_m" + std::to_string(m) + "_" + std::to_string(n) + "x" +
-            std::to_string(k);
+  kb.name = std::string("gemm_decode_") + tag + "_m" + std::to_string(m) + "_" + std::to_string(n) +
+            "x" + std::to_string(k);
   kb.bound = Bound::kMemory;
   kb.bytes = double(n) * k * sizeof(T) + double(m) * k * sizeof(T) + double(m) * n * 4;
   kb.flops = 2.0 * m * n * k;
@@ -100,12 +101,9 @@ KernelBench decode(int64_t m, int64_t n, int64_t k, const char* tag) {
 
 std::vector<KernelBench> gemm_benches() {
   return {
-      square<float>(2048, Bound::kF32, "f32"),
-      square<bf16>(2048, Bound::kBF16, "bf16"),
-      square<int8_t>(2048, Bound::kInt8, "int8"),
-      decode<bf16>(1, 2048, 2048, "bf16"),
-      decode<bf16>(8, 2048, 2048, "bf16"),
-      decode<int8_t>(1, 2048, 2048, "int8"),
+      square<float>(2048, Bound::kF32, "f32"),    square<bf16>(2048, Bound::kBF16, "bf16"),
+      square<int8_t>(2048, Bound::kInt8, "int8"), decode<bf16>(1, 2048, 2048, "bf16"),
+      decode<bf16>(8, 2048, 2048, "bf16"),        decode<int8_t>(1, 2048, 2048, "int8"),
       decode<float>(1, 2048, 2048, "f32"),
   };
 }

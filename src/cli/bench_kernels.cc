@@ -44,16 +44,20 @@ int cmd_bench_kernels(const Args& args) {
       seconds = std::stod(args[++i]);
       HYP_CHECK(seconds > 0 && seconds < 60, "bench kernels: --seconds must be in (0, 60)");
     } else {
-      fail("bench kernels: unknown argument '{}' (expected --json, --filter SUBSTRING, --seconds S)", args[i]);
+      fail(
+          "bench kernels: unknown argument '{}' (expected --json, --filter SUBSTRING, --seconds S)",
+          args[i]);
     }
   }
   const PeakResult peak = measure_peak(std::min(seconds, 0.25));
   std::vector<KernelBench> cases = all_kernel_benches();
   nlohmann::json out = nlohmann::json::array();
   if (!json) {
-    std::printf("peak: f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s (%s), int8 %.1f GOP/s (%s), memory %.1f GB/s, %d threads\n",
-                peak.f32_gflops, peak.bf16_gflops, peak.bf16_isa.c_str(), peak.int8_gops, peak.int8_isa.c_str(),
-                peak.mem_gbps, peak.threads);
+    std::printf(
+        "peak: f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s (%s), int8 %.1f GOP/s (%s), memory %.1f GB/s, "
+        "%d threads\n",
+        peak.f32_gflops, peak.bf16_gflops, peak.bf16_isa.c_str(), peak.int8_gops,
+        peak.int8_isa.c_str(), peak.mem_gbps, peak.threads);
     std::printf("%-34s %12s %12s %8s %10s\n", "kernel", "achieved", "peak", "ratio", "time");
   }
   int ran = 0;
@@ -99,8 +103,8 @@ int cmd_bench_kernels(const Args& args) {
                      {"flops", c.flops},
                      {"bytes", c.bytes}});
     } else {
-      std::printf("%-34s %8.1f %-7s %8.1f %8.1f%% %8.3f ms\n", c.name.c_str(), achieved, unit, denom, 100 * ratio,
-                  t * 1e3);
+      std::printf("%-34s %8.1f %-7s %8.1f %8.1f%% %8.3f ms\n", c.name.c_str(), achieved, unit,
+                  denom, 100 * ratio, t * 1e3);
       std::fflush(stdout);
     }
   }

@@ -70,17 +70,18 @@ std::vector<KernelBench> layer_benches() {
                    adamw_step(*p, *g, *m, *vv, hp);
                  });
                }});
-  v.push_back({"adamw_bf16grad_bf16copy_64M", Bound::kMemory, 0, double(params) * (4 * 6 + 2 + 2), [=] {
-                 auto p = random_tensor(DType::kF32, {params}, 9);
-                 auto g = random_tensor(DType::kBF16, {params}, 10);
-                 auto m = std::make_shared<Tensor>(Tensor::zeros(DType::kF32, {params}));
-                 auto vv = std::make_shared<Tensor>(Tensor::zeros(DType::kF32, {params}));
-                 auto pb = std::make_shared<Tensor>(DType::kBF16, Shape{params});
-                 return make_state([=] {
-                   AdamWParams hp;
-                   adamw_step(*p, *g, *m, *vv, hp, *pb);
-                 });
-               }});
+  v.push_back(
+      {"adamw_bf16grad_bf16copy_64M", Bound::kMemory, 0, double(params) * (4 * 6 + 2 + 2), [=] {
+         auto p = random_tensor(DType::kF32, {params}, 9);
+         auto g = random_tensor(DType::kBF16, {params}, 10);
+         auto m = std::make_shared<Tensor>(Tensor::zeros(DType::kF32, {params}));
+         auto vv = std::make_shared<Tensor>(Tensor::zeros(DType::kF32, {params}));
+         auto pb = std::make_shared<Tensor>(DType::kBF16, Shape{params});
+         return make_state([=] {
+           AdamWParams hp;
+           adamw_step(*p, *g, *m, *vv, hp, *pb);
+         });
+       }});
   v.push_back({"global_l2_norm_f32_64M", Bound::kMemory, 0, double(params) * 4, [=] {
                  auto g = random_tensor(DType::kF32, {params}, 11);
                  return make_state([=] {

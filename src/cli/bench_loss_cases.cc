@@ -29,20 +29,22 @@ std::vector<KernelBench> loss_benches() {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     const std::string tag(dtype_name(dt));
     const double row_bytes = double(hidden) * dtype_size(dt);
-    v.push_back({"embedding_fwd_" + tag + "_16384x2048", Bound::kMemory, 0, 2 * tokens * row_bytes, [=] {
-                   auto table = random_tensor(dt, {table_rows, hidden}, 4);
-                   auto ids = random_tensor(DType::kI32, {tokens}, 5, 0, float(table_rows));
-                   auto out = std::make_shared<Tensor>(dt, Shape{tokens, hidden});
-                   return make_state([=] { embedding_forward(*table, *ids, *out); });
-                 }});
+    v.push_back(
+        {"embedding_fwd_" + tag + "_16384x2048", Bound::kMemory, 0, 2 * tokens * row_bytes, [=] {
+           auto table = random_tensor(dt, {table_rows, hidden}, 4);
+           auto ids = random_tensor(DType::kI32, {tokens}, 5, 0, float(table_rows));
+           auto out = std::make_shared<Tensor>(dt, Shape{tokens, hidden});
+           return make_state([=] { embedding_forward(*table, *ids, *out); });
+         }});
   }
   // Backward: read dout (f32), read-modify-write one f32 gradient row per token.
-  v.push_back({"embedding_bwd_f32_16384x2048", Bound::kMemory, 0, 3.0 * tokens * hidden * 4, [=] {
-                 auto dout = random_tensor(DType::kF32, {tokens, hidden}, 6);
-                 auto ids = random_tensor(DType::kI32, {tokens}, 7, 0, float(table_rows));
-                 auto dtable = std::make_shared<Tensor>(Tensor::zeros(DType::kF32, {table_rows, hidden}));
-                 return make_state([=] { embedding_backward(*ids, *dout, *dtable); });
-               }});
+  v.push_back(
+      {"embedding_bwd_f32_16384x2048", Bound::kMemory, 0, 3.0 * tokens * hidden * 4, [=] {
+         auto dout = random_tensor(DType::kF32, {tokens, hidden}, 6);
+         auto ids = random_tensor(DType::kI32, {tokens}, 7, 0, float(table_rows));
+         auto dtable = std::make_shared<Tensor>(Tensor::zeros(DType::kF32, {table_rows, hidden}));
+         return make_state([=] { embedding_backward(*ids, *dout, *dtable); });
+       }});
   return v;
 }
 

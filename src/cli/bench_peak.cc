@@ -53,5 +53,4 @@ int cmd_bench_peak(const Args& args) {
   return 0;
 }
 
-
 }  // namespace hyperion::cli

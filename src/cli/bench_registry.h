@@ -61,7 +61,8 @@ namespace hyperion::cli {
 
 // A tensor of uniform random values in [lo, hi) (any float dtype; integer dtypes get
 // integers in [lo, hi)). Large tensors repeat a random block so set-up stays fast.
-std::shared_ptr<Tensor> random_tensor(DType dtype, Shape shape, unsigned seed, float lo = -1.0f, float hi = 1.0f);
+std::shared_ptr<Tensor> random_tensor(DType dtype, Shape shape, unsigned seed, float lo = -1.0f,
+                                      float hi = 1.0f);
 
 std::vector<KernelBench> loss_benches();       // softmax, cross-entropy, embedding
 std::vector<KernelBench> layer_benches();      // rmsnorm, rope, swiglu, adamw, global norm

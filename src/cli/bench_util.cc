@@ -18,7 +18,8 @@ std::shared_ptr<Tensor> random_tensor(DType dtype, Shape shape, unsigned seed, f
   for (auto& v : vals) v = is_floating(dtype) ? u(rng) : std::floor(u(rng));
   convert_any(vals.data(), DType::kF32, t->data(), dtype, block);
   auto* bytes = static_cast<unsigned char*>(t->data());
-  for (size_t i = block; i < n; i += block) std::memcpy(bytes + i * es, bytes, std::min(block, n - i) * es);
+  for (size_t i = block; i < n; i += block)
+    std::memcpy(bytes + i * es, bytes, std::min(block, n - i) * es);
   return t;
 }
 

@@ -80,17 +80,18 @@ Backend& backend() {
   return b;
 }
 
-dnnl::memory::desc matrix_desc(dt type, int64_t batch, int64_t rows, int64_t cols, Trans t, int64_t ld,
-                               int64_t batch_stride, bool batched) {
+dnnl::memory::desc matrix_desc(dt type, int64_t batch, int64_t rows, int64_t cols, Trans t,
+                               int64_t ld, int64_t batch_stride, bool batched) {
   // Logical [batch, rows, cols]; physical row-major (kN) or column-major (kT) per matrix.
   // Unbatched calls use 2-D descriptors: oneDNN only picks its brgemm (AMX) kernels for
   // those, and falls back to a slower generic GEMM for a 3-D problem of batch 1.
   if (!batched) {
-    return dnnl::memory::desc({rows, cols}, type, t == Trans::kN ? dnnl::memory::dims{ld, 1} : dnnl::memory::dims{1, ld});
+    return dnnl::memory::desc(
+        {rows, cols}, type, t == Trans::kN ? dnnl::memory::dims{ld, 1} : dnnl::memory::dims{1, ld});
   }
   dnnl::memory::dims dims = {batch, rows, cols};
-  dnnl::memory::dims strides =
-      t == Trans::kN ? dnnl::memory::dims{batch_stride, ld, 1} : dnnl::memory::dims{batch_stride, 1, ld};
+  dnnl::memory::dims strides = t == Trans::kN ? dnnl::memory::dims{batch_stride, ld, 1}
+                                              : dnnl::memory::dims{batch_stride, 1, ld};
   return dnnl::memory::desc(dims, type, strides);
 }
 
@@ -118,13 +119,14 @@ Entry create(const Key& key) {
   }
   dnnl::post_ops ops;
   if (key.a_scale) {
-    e.ascale_md = batched ? dnnl::memory::desc({1, key.m, 1}, dt::f32, dnnl::memory::format_tag::abc)
-                         : dnnl::memory::desc({key.m, 1}, dt::f32, dnnl::memory::format_tag::ab);
+    e.ascale_md = batched
+                      ? dnnl::memory::desc({1, key.m, 1}, dt::f32, dnnl::memory::format_tag::abc)
+                      : dnnl::memory::desc({key.m, 1}, dt::f32, dnnl::memory::format_tag::ab);
     ops.append_binary(dnnl::algorithm::binary_mul, e.ascale_md);
   }
   if (key.bias) {
     e.bias_md = batched ? dnnl::memory::desc({1, 1, key.n}, dt::f32, dnnl::memory::format_tag::abc)
-                       : dnnl::memory::desc({1, key.n}, dt::f32, dnnl::memory::format_tag::ab);
+                        : dnnl::memory::desc({1, key.n}, dt::f32, dnnl::memory::format_tag::ab);
     ops.append_binary(dnnl::algorithm::binary_add, e.bias_md);
   }
   if (key.beta != 0.0f) ops.append_sum(key.beta);

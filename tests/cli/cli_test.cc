@@ -1,0 +1,84 @@
+// End-to-end tests of the hyperion binary: exit codes, error messages and --json output.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+Result run(const std::string& args, const std::string& env = "") {
+  std::string cmd = env + " " + HYPERION_CLI_PATH + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  EXPECT_NE(p, nullptr);
+  Result r{-1, ""};
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(Cli, HelpAndUnknownCommand) {
+  Result help = run("--help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("bench peak"), std::string::npos);
+  Result bad = run("frobnicate");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("unknown command 'frobnicate'"), std::string::npos) << bad.out;
+}
+
+TEST(Cli, ThreadsFlagAndEnvironment) {
+  auto info = run("--threads 1 info --json");
+  ASSERT_EQ(info.code, 0) << info.out;
+  EXPECT_EQ(nlohmann::json::parse(info.out)["threads"], 1);
+  auto env = run("info --json", "HYPERION_THREADS=2");
+  ASSERT_EQ(env.code, 0) << env.out;
+  EXPECT_EQ(nlohmann::json::parse(env.out)["threads"], 2);
+  auto bad = run("--threads 0 info");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("--threads"), std::string::npos) << bad.out;
+  auto bad_env = run("info", "HYPERION_THREADS=lots");
+  EXPECT_EQ(bad_env.code, 1);
+  EXPECT_NE(bad_env.out.find("HYPERION_THREADS"), std::string::npos) << bad_env.out;
+}
+
+TEST(Cli, BenchPeakJsonHasStableKeys) {
+  auto r = run("bench peak --json --seconds 0.02");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  for (const char* key : {"f32_gflops", "bf16_gflops", "int8_gops", "mem_gbps", "threads"}) {
+    ASSERT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_GT(j["f32_gflops"].get<double>(), 0.0);
+  EXPECT_GT(j["mem_gbps"].get<double>(), 0.0);
+  EXPECT_GE(j["bf16_gflops"].get<double>(), j["f32_gflops"].get<double>());
+}
+
+TEST(Cli, BenchKernelsFilterAndJson) {
+  auto r = run("bench kernels --json --filter rmsnorm_fwd_f32 --seconds 0.01");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["kernels"].size(), 1u);
+  auto k = j["kernels"][0];
+  EXPECT_EQ(k["name"], "rmsnorm_fwd_f32_8192x4096");
+  EXPECT_EQ(k["bound"], "memory");
+  EXPECT_GT(k["achieved"].get<double>(), 0.0);
+  EXPECT_GT(k["ratio"].get<double>(), 0.0);
+  auto none = run("bench kernels --filter no_such_kernel --seconds 0.01");
+  EXPECT_EQ(none.code, 1);
+  EXPECT_NE(none.out.find("no_such_kernel"), std::string::npos) << none.out;
+  auto bad = run("bench kernels --bogus");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("--bogus"), std::string::npos) << bad.out;
+}
+
+}  // namespace
