@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/aligned.h"
 #include "base/cpu.h"
 #include "base/error.h"
 #include "base/threads.h"
@@ -44,8 +45,10 @@ struct Key {
   Trans ta, tb;
   int64_t m, n, k, lda, ldb, ldc, batch, sa, sb, sc;
   DType ad, bd, cd;
-  float beta;
-  bool bias, a_scale, b_scale;
+  float beta;       // only when !scaled (then oneDNN applies it as a sum post-op)
+  bool bias;        // only when !scaled (then oneDNN adds it as a binary post-op)
+  bool scaled;      // alpha / a_scale / b_scale present: raw f32 sums, our epilogue
+  bool to_scratch;  // scaled and (beta != 0 or C not f32): sums go to f32 scratch
   bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
 };
 
@@ -60,8 +63,7 @@ struct KeyHash {
 
 struct Entry {
   dnnl::matmul prim;
-  dnnl::memory::desc a_md, b_md, c_md, bias_md, ascale_md;
-  bool uses_output_scales;
+  dnnl::memory::desc a_md, b_md, c_md, bias_md, scratch_md;
 };
 
 struct Backend {
@@ -109,21 +111,18 @@ Entry create(const Key& key) {
                        std::max<int64_t>(sa, 1), batched);
   e.b_md = matrix_desc(to_dnnl(key.bd), batch_b, key.k, key.n, key.tb, key.ldb,
                        std::max<int64_t>(sb, 1), batched);
-  e.c_md = matrix_desc(to_dnnl(key.cd), key.batch, key.m, key.n, Trans::kN, key.ldc,
-                       std::max<int64_t>(sc, 1), batched);
+  if (key.to_scratch) {
+    e.c_md =
+        matrix_desc(dt::f32, key.batch, key.m, key.n, Trans::kN, key.n, key.m * key.n, batched);
+  } else {
+    e.c_md = matrix_desc(key.scaled ? dt::f32 : to_dnnl(key.cd), key.batch, key.m, key.n, Trans::kN,
+                         key.ldc, std::max<int64_t>(sc, 1), batched);
+  }
+  // No output-scale attribute: with one, oneDNN 2.6 leaves its brgemm (AMX) kernels for
+  // the generic gemm:jit path at half the speed or less. Scales are applied by our own
+  // epilogue instead; plain bias and beta stay oneDNN post-ops, which brgemm supports.
   dnnl::primitive_attr attr;
-  // Scales are applied by us as run-time output scales: alpha * b_scale[n].
-  e.uses_output_scales = key.cd != DType::kI32;
-  if (e.uses_output_scales) {
-    attr.set_output_scales(key.b_scale ? (1 << (batched ? 2 : 1)) : 0, {DNNL_RUNTIME_F32_VAL});
-  }
   dnnl::post_ops ops;
-  if (key.a_scale) {
-    e.ascale_md = batched
-                      ? dnnl::memory::desc({1, key.m, 1}, dt::f32, dnnl::memory::format_tag::abc)
-                      : dnnl::memory::desc({key.m, 1}, dt::f32, dnnl::memory::format_tag::ab);
-    ops.append_binary(dnnl::algorithm::binary_mul, e.ascale_md);
-  }
   if (key.bias) {
     e.bias_md = batched ? dnnl::memory::desc({1, 1, key.n}, dt::f32, dnnl::memory::format_tag::abc)
                         : dnnl::memory::desc({1, key.n}, dt::f32, dnnl::memory::format_tag::ab);
@@ -131,10 +130,15 @@ Entry create(const Key& key) {
   }
   if (key.beta != 0.0f) ops.append_sum(key.beta);
   attr.set_post_ops(ops);
+  // Our own scratchpad, kept per thread across calls: in oneDNN's default mode every
+  // execution allocates (and the kernel page-faults in) a fresh buffer for packed B,
+  // which cost more than the AMX GEMM itself.
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   try {
     auto desc = dnnl::matmul::desc(e.a_md, e.b_md, e.c_md);
     auto pd = dnnl::matmul::primitive_desc(desc, attr, be.engine);
     e.prim = dnnl::matmul(pd);
+    e.scratch_md = pd.scratchpad_desc();
   } catch (const dnnl::error& err) {
     fail("gemm: oneDNN cannot create a matmul for {}x{}x{} ({} x {} -> {}): {}", key.m, key.n,
          key.k, dtype_name(key.ad), dtype_name(key.bd), dtype_name(key.cd), err.what());
@@ -189,6 +193,53 @@ void empty_k(const GemmArgs& g) {
   }
 }
 
+// C = alpha * a_scale[m] * b_scale[n] * sums + bias[n] + beta * C, converted to C's dtype.
+// `sums` may be C itself (f32, beta == 0): each element is read before it is written.
+// The per-column factors are materialised once so the row loops are branch-free and
+// vectorise.
+void scale_epilogue(const GemmArgs& g, const float* sums, int64_t sums_ld, int64_t sums_stride) {
+  thread_local std::vector<float> col_scale, col_bias;
+  col_scale.assign(size_t(g.n), 1.0f);
+  col_bias.assign(size_t(g.n), 0.0f);
+  if (g.b_scale) std::copy(g.b_scale, g.b_scale + g.n, col_scale.begin());
+  if (g.bias) std::copy(g.bias, g.bias + g.n, col_bias.begin());
+  const float* cs = col_scale.data();
+  const float* cb = col_bias.data();
+  const int64_t rows = g.batch * g.m, n = g.n;
+  const float beta = g.beta;
+  parallel_chunks(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)),
+                  [&](int64_t r0, int64_t r1) {
+                    thread_local std::vector<float> tmp;
+                    tmp.resize(size_t(n));
+                    for (int64_t r = r0; r < r1; ++r) {
+                      const int64_t bi = r / g.m, i = r % g.m;
+                      const float rs = g.alpha * (g.a_scale ? g.a_scale[i] : 1.0f);
+                      const float* src = sums + bi * sums_stride + i * sums_ld;
+                      const int64_t c_off = bi * g.stride_c + i * g.ldc;
+                      if (g.c_dtype == DType::kF32) {
+                        float* dst = static_cast<float*>(g.c) + c_off;
+                        if (beta == 0.0f) {
+                          for (int64_t j = 0; j < n; ++j) dst[j] = src[j] * rs * cs[j] + cb[j];
+                        } else {
+                          for (int64_t j = 0; j < n; ++j)
+                            dst[j] = src[j] * rs * cs[j] + cb[j] + beta * dst[j];
+                        }
+                      } else {  // bf16
+                        bf16* dst = static_cast<bf16*>(g.c) + c_off;
+                        float* t = tmp.data();
+                        if (beta != 0.0f) {
+                          convert_bf16_to_f32(dst, t, size_t(n));
+                        } else {
+                          std::fill(t, t + n, 0.0f);
+                        }
+                        for (int64_t j = 0; j < n; ++j)
+                          t[j] = src[j] * rs * cs[j] + cb[j] + beta * t[j];
+                        convert_f32_to_bf16(t, dst, size_t(n));
+                      }
+                    }
+                  });
+}
+
 }  // namespace
 
 void gemm(const GemmArgs& g) {
@@ -215,10 +266,10 @@ void gemm(const GemmArgs& g) {
   key.ad = g.a_dtype;
   key.bd = g.b_dtype;
   key.cd = g.c_dtype;
-  key.beta = g.beta;
-  key.bias = g.bias != nullptr;
-  key.a_scale = g.a_scale != nullptr;
-  key.b_scale = g.b_scale != nullptr;
+  key.scaled = g.alpha != 1.0f || g.a_scale != nullptr || g.b_scale != nullptr;
+  key.to_scratch = key.scaled && (g.beta != 0.0f || g.c_dtype != DType::kF32);
+  key.beta = key.scaled ? 0.0f : g.beta;
+  key.bias = !key.scaled && g.bias != nullptr;
 
   Backend& be = backend();
   const Entry* entry;
@@ -239,28 +290,31 @@ void gemm(const GemmArgs& g) {
   margs.reserve(6);
   margs.emplace(DNNL_ARG_SRC, dnnl::memory(entry->a_md, be.engine, const_cast<void*>(g.a)));
   margs.emplace(DNNL_ARG_WEIGHTS, dnnl::memory(entry->b_md, be.engine, const_cast<void*>(g.b)));
-  margs.emplace(DNNL_ARG_DST, dnnl::memory(entry->c_md, be.engine, g.c));
-  thread_local std::vector<float> scales;
-  if (entry->uses_output_scales) {
-    const int64_t count = g.b_scale ? g.n : 1;
-    scales.resize(size_t(count));
-    for (int64_t j = 0; j < count; ++j)
-      scales[size_t(j)] = g.alpha * (g.b_scale ? g.b_scale[j] : 1.0f);
-    dnnl::memory::desc smd({count}, dt::f32, dnnl::memory::format_tag::a);
-    margs.emplace(DNNL_ARG_ATTR_OUTPUT_SCALES, dnnl::memory(smd, be.engine, scales.data()));
+  float* sums = static_cast<float*>(g.c);
+  if (key.to_scratch) {
+    thread_local AlignedBuffer<float> scratch;
+    const size_t need = size_t(g.batch * g.m * g.n);
+    if (scratch.size() < need) scratch = AlignedBuffer<float>(need);
+    sums = scratch.data();
   }
-  int post = 0;
-  if (g.a_scale) {
-    margs.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(post) | DNNL_ARG_SRC_1,
-                  dnnl::memory(entry->ascale_md, be.engine, const_cast<float*>(g.a_scale)));
-    ++post;
-  }
-  if (g.bias) {
-    margs.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(post) | DNNL_ARG_SRC_1,
+  margs.emplace(DNNL_ARG_DST, dnnl::memory(entry->c_md, be.engine, sums));
+  if (key.bias) {
+    margs.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
                   dnnl::memory(entry->bias_md, be.engine, const_cast<float*>(g.bias)));
+  }
+  if (size_t bytes = entry->scratch_md.get_size(); bytes > 0) {
+    thread_local AlignedBuffer<unsigned char> scratchpad;
+    if (scratchpad.size() < bytes) scratchpad = AlignedBuffer<unsigned char>(bytes);
+    margs.emplace(DNNL_ARG_SCRATCHPAD,
+                  dnnl::memory(entry->scratch_md, be.engine, scratchpad.data()));
   }
   entry->prim.execute(stream, margs);
   stream.wait();
+  if (key.scaled) {
+    const int64_t sums_ld = key.to_scratch ? g.n : g.ldc;
+    const int64_t sums_stride = key.to_scratch ? g.m * g.n : g.stride_c;
+    scale_epilogue(g, sums, sums_ld, sums_stride);
+  }
 }
 
 void gemm(const TensorView& a, Trans ta, const TensorView& b, Trans tb, const TensorView& c,

@@ -193,10 +193,13 @@ TEST(Gemm, PrimitivesAreCachedByShape) {
   GemmCacheStats s = gemm_cache_stats();
   EXPECT_EQ(s.primitives, 1);
   EXPECT_EQ(s.hits, 4);
-  // alpha is a run-time argument: no new primitive.
+  // Scaled calls (alpha != 1 or scales) run raw sums plus our epilogue: one more
+  // primitive, shared by every alpha value.
   gemm(av, Trans::kN, bv, Trans::kT, cv, 0.5f);
   EXPECT_EQ(c[0], 32.0f);
-  EXPECT_EQ(gemm_cache_stats().primitives, 1);
+  gemm(av, Trans::kN, bv, Trans::kT, cv, 0.25f);
+  EXPECT_EQ(c[0], 16.0f);
+  EXPECT_EQ(gemm_cache_stats().primitives, 2);
 }
 
 TEST(Gemm, ErrorsNameTheOpAndShapes) {
