@@ -36,7 +36,8 @@ int cmd_bench_peak(const Args& args) {
                         {"mem_gbps", r.mem_gbps},
                         {"copy_gbps", r.copy_gbps},
                         {"triad_gbps", r.triad_gbps},
-                        {"read_gbps", r.read_gbps}};
+                        {"read_gbps", r.read_gbps},
+                        {"update_gbps", r.update_gbps}};
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
@@ -48,8 +49,9 @@ int cmd_bench_peak(const Args& args) {
   std::printf("\nint8  %-12s %10.1f GOP/s", r.int8_isa.c_str(), r.int8_gops);
   if (r.int8_vnni_gops > 0 && r.int8_isa != "avx512_vnni")
     std::printf("   (avx512_vnni: %.1f)", r.int8_vnni_gops);
-  std::printf("\nmemory triad       %10.1f GB/s   (copy %.1f, read %.1f)\n", r.triad_gbps,
-              r.copy_gbps, r.read_gbps);
+  std::printf(
+      "\nmemory             %10.1f GB/s   (copy %.1f, triad %.1f, read %.1f, update %.1f)\n",
+      r.mem_gbps, r.copy_gbps, r.triad_gbps, r.read_gbps, r.update_gbps);
   return 0;
 }
 

@@ -19,7 +19,8 @@ struct PeakResult {
   double copy_gbps = 0;       // STREAM copy (2 x 8 bytes counted per element)
   double triad_gbps = 0;      // STREAM triad (3 x 8 bytes)
   double read_gbps = 0;       // read-only sum (8 bytes)
-  double mem_gbps = 0;        // best of copy / triad / read: the figure ratios use
+  double update_gbps = 0;     // in-place a = s*a + b (3 x 8 bytes, no write-allocate)
+  double mem_gbps = 0;        // best of copy / triad / read / update: ratios use it
 };
 
 // Runs every measurement with the current thread count; `seconds` per measurement.
