@@ -13,6 +13,7 @@
 #include "base/cpu.h"
 #include "base/error.h"
 #include "base/threads.h"
+#include "kernels/gemv.h"
 #include "tensor/convert.h"
 
 namespace hyperion {
@@ -247,6 +248,12 @@ void gemm(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
   if (g.k == 0) {
     empty_k(g);
+    return;
+  }
+  // Decode shapes (a few rows times a big [N, K] weight) stream W at memory bandwidth
+  // in our own kernel; oneDNN reaches about half of that for them.
+  if (detail::gemv_applies(g)) {
+    detail::gemv(g);
     return;
   }
   Key key{};

@@ -1,0 +1,536 @@
+#include "kernels/gemv.h"
+
+// GCC 12's AVX-512 intrinsic headers fill "don't care" operands from self-initialised
+// _mm*_undefined_*() values, which -Wuninitialized flags once inlined here.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "base/aligned.h"
+#include "base/cpu.h"
+#include "base/threads.h"
+#include "tensor/convert.h"
+
+namespace hyperion::detail {
+namespace {
+
+#define HYP_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define HYP_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define HYP_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+
+GemvIsa g_isa = GemvIsa::kAuto;
+
+// Software prefetch distance in row groups: while a thread dots one group of W rows it
+// prefetches the same offsets of the group this many groups ahead (within its block).
+constexpr int64_t kPrefetchGroups = 1;
+
+// Everything a row-group kernel needs. x is the activation block packed once per call
+// (layout per kernel, rows `kpad` elements apart, zero-padded); w points at W row 0.
+struct Ctx {
+  const GemmArgs* g;
+  int m;
+  int64_t k, kpad;
+  const void* x;
+  const unsigned char* w;
+  int64_t ldb_bytes;
+  float row_scale[kGemvMaxM];  // alpha * a_scale[m]
+};
+
+inline const unsigned char* wrow(const Ctx& c, int64_t n) {
+  return c.w + n * c.ldb_bytes;
+}
+
+// Epilogue of one output element (per element, not per K step, so plain scalar code).
+inline void store_f(const Ctx& c, int i, int64_t j, float sum) {
+  const GemmArgs& g = *c.g;
+  if (i >= g.m) return;  // a duplicated activation row (see gemv())
+  float v = sum * c.row_scale[i];
+  if (g.b_scale) v *= g.b_scale[j];
+  if (g.bias) v += g.bias[j];
+  const int64_t idx = i * g.ldc + j;
+  if (g.c_dtype == DType::kF32) {
+    float* dst = static_cast<float*>(g.c) + idx;
+    if (g.beta != 0.0f) v += g.beta * *dst;
+    *dst = v;
+  } else {  // bf16
+    bf16* dst = static_cast<bf16*>(g.c) + idx;
+    if (g.beta != 0.0f) v += g.beta * bf16_to_f32(*dst);
+    *dst = f32_to_bf16(v);
+  }
+}
+
+inline void store_i(const Ctx& c, int i, int64_t j, int32_t sum) {
+  if (i >= c.g->m) return;
+  if (c.g->c_dtype == DType::kI32) {
+    static_cast<int32_t*>(c.g->c)[i * c.g->ldc + j] = sum;
+  } else {
+    store_f(c, i, j, float(sum));
+  }
+}
+
+// Horizontal sums in a fixed order, independent of the compiler's reduce_add expansion.
+HYP_AVX512 inline float hsum(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));
+  return _mm512_cvtss_f32(v);
+}
+
+HYP_AVX512 inline int32_t hsum(__m512i v) {
+  v = _mm512_add_epi32(v, _mm512_shuffle_i32x4(v, v, 0x4E));
+  v = _mm512_add_epi32(v, _mm512_shuffle_i32x4(v, v, 0xB1));
+  v = _mm512_add_epi32(v, _mm512_shuffle_epi32(v, _MM_PERM_BADC));
+  v = _mm512_add_epi32(v, _mm512_shuffle_epi32(v, _MM_PERM_CDAB));
+  return _mm512_cvtsi512_si32(v);
+}
+
+// Each kernel dots R consecutive W rows with the M packed activation rows. Every
+// (row, activation) pair has A accumulators that take K steps round-robin, so short
+// dependency chains do not limit a small M; A depends only on M (never on R), which keeps
+// a row's sum order the same whether it runs in a group or as an N tail.
+HYP_AVX512 inline __m512 tree_sum_add(__m512 u, __m512 v) {
+  return _mm512_add_ps(u, v);
+}
+HYP_AVX512 inline __m512i tree_sum_add(__m512i u, __m512i v) {
+  return _mm512_add_epi32(u, v);
+}
+
+template <int A, typename V>
+HYP_AVX512 inline V tree_sum(V* acc) {
+  for (int s = 1; s < A; s *= 2)
+    for (int a = 0; a + s < A; a += 2 * s) acc[a] = tree_sum_add(acc[a], acc[a + s]);
+  return acc[0];
+}
+
+// ---- AVX512-BF16: x packed as bf16 [M][kpad], kpad a multiple of 32. ----
+template <int M, int R, int A>
+HYP_AVX512_BF16 void bf16_dp_rows(const Ctx& c, int64_t n0, int64_t pf0) {
+  const bf16* x = static_cast<const bf16*>(c.x);
+  const bf16* w[R];
+  const char* pf[R];
+  for (int r = 0; r < R; ++r) {
+    w[r] = reinterpret_cast<const bf16*>(wrow(c, n0 + r));
+    pf[r] = reinterpret_cast<const char*>(wrow(c, pf0 + r));
+  }
+  __m512 acc[R][M][A];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < M; ++i)
+      for (int a = 0; a < A; ++a) acc[r][i][a] = _mm512_setzero_ps();
+  const int64_t k = c.k;
+  auto step = [&](int a, const __m512i* wv, int64_t p) HYP_AVX512_BF16 {
+    for (int i = 0; i < M; ++i) {
+      const __m512i xv = _mm512_load_si512(x + i * c.kpad + p);
+      for (int r = 0; r < R; ++r)
+        acc[r][i][a] = _mm512_dpbf16_ps(acc[r][i][a], (__m512bh)xv, (__m512bh)wv[r]);
+    }
+  };
+  int64_t p = 0;
+  for (; p + A * 32 <= k; p += A * 32) {
+    for (int a = 0; a < A; ++a) {
+      __m512i wv[R];
+      for (int r = 0; r < R; ++r) {
+        wv[r] = _mm512_loadu_si512(w[r] + p + a * 32);
+        _mm_prefetch(pf[r] + 2 * (p + a * 32), _MM_HINT_T1);
+      }
+      step(a, wv, p + a * 32);
+    }
+  }
+  for (int a = 0; a < A && p < k; ++a, p += 32) {
+    const int64_t left = k - p;
+    const __mmask32 mask = left >= 32 ? ~__mmask32(0) : __mmask32((uint64_t(1) << left) - 1);
+    __m512i wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(mask, w[r] + p);
+    step(a, wv, p);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < M; ++i) store_f(c, i, n0 + r, hsum(tree_sum<A>(acc[r][i])));
+}
+
+// ---- AVX-512F for bf16 without AVX512-BF16: x packed as f32, each 32-element chunk
+// stored as its 16 even then its 16 odd elements, matching how a 32 x bf16 load of W
+// widens (even = low halves shifted up, odd = high halves masked). ----
+template <int M, int R, int A>
+HYP_AVX512 void bf16_widen_rows(const Ctx& c, int64_t n0, int64_t pf0) {
+  const float* x = static_cast<const float*>(c.x);
+  const bf16* w[R];
+  const char* pf[R];
+  for (int r = 0; r < R; ++r) {
+    w[r] = reinterpret_cast<const bf16*>(wrow(c, n0 + r));
+    pf[r] = reinterpret_cast<const char*>(wrow(c, pf0 + r));
+  }
+  __m512 acc[R][M][A];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < M; ++i)
+      for (int a = 0; a < A; ++a) acc[r][i][a] = _mm512_setzero_ps();
+  const __m512i hi = _mm512_set1_epi32(int32_t(0xFFFF0000u));
+  const int64_t k = c.k;
+  auto step = [&](int a, const __m512i* wv, int64_t p) HYP_AVX512 {
+    __m512 we[R], wo[R];
+    for (int r = 0; r < R; ++r) {
+      we[r] = _mm512_castsi512_ps(_mm512_slli_epi32(wv[r], 16));
+      wo[r] = _mm512_castsi512_ps(_mm512_and_si512(wv[r], hi));
+    }
+    for (int i = 0; i < M; ++i) {
+      const __m512 xe = _mm512_load_ps(x + i * c.kpad + p);
+      const __m512 xo = _mm512_load_ps(x + i * c.kpad + p + 16);
+      for (int r = 0; r < R; ++r) {
+        acc[r][i][a] = _mm512_fmadd_ps(xe, we[r], acc[r][i][a]);
+        acc[r][i][a] = _mm512_fmadd_ps(xo, wo[r], acc[r][i][a]);
+      }
+    }
+  };
+  int64_t p = 0;
+  for (; p + A * 32 <= k; p += A * 32) {
+    for (int a = 0; a < A; ++a) {
+      __m512i wv[R];
+      for (int r = 0; r < R; ++r) {
+        wv[r] = _mm512_loadu_si512(w[r] + p + a * 32);
+        _mm_prefetch(pf[r] + 2 * (p + a * 32), _MM_HINT_T1);
+      }
+      step(a, wv, p + a * 32);
+    }
+  }
+  for (int a = 0; a < A && p < k; ++a, p += 32) {
+    const int64_t left = k - p;
+    const __mmask32 mask = left >= 32 ? ~__mmask32(0) : __mmask32((uint64_t(1) << left) - 1);
+    __m512i wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(mask, w[r] + p);
+    step(a, wv, p);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < M; ++i) store_f(c, i, n0 + r, hsum(tree_sum<A>(acc[r][i])));
+}
+
+// ---- AVX-512F f32: x packed as f32 [M][kpad], kpad a multiple of 16. ----
+template <int M, int R, int A>
+HYP_AVX512 void f32_rows(const Ctx& c, int64_t n0, int64_t pf0) {
+  const float* x = static_cast<const float*>(c.x);
+  const float* w[R];
+  const char* pf[R];
+  for (int r = 0; r < R; ++r) {
+    w[r] = reinterpret_cast<const float*>(wrow(c, n0 + r));
+    pf[r] = reinterpret_cast<const char*>(wrow(c, pf0 + r));
+  }
+  __m512 acc[R][M][A];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < M; ++i)
+      for (int a = 0; a < A; ++a) acc[r][i][a] = _mm512_setzero_ps();
+  const int64_t k = c.k;
+  auto step = [&](int a, const __m512* wv, int64_t p) HYP_AVX512 {
+    for (int i = 0; i < M; ++i) {
+      const __m512 xv = _mm512_load_ps(x + i * c.kpad + p);
+      for (int r = 0; r < R; ++r) acc[r][i][a] = _mm512_fmadd_ps(xv, wv[r], acc[r][i][a]);
+    }
+  };
+  int64_t p = 0;
+  for (; p + A * 16 <= k; p += A * 16) {
+    for (int a = 0; a < A; ++a) {
+      __m512 wv[R];
+      for (int r = 0; r < R; ++r) {
+        wv[r] = _mm512_loadu_ps(w[r] + p + a * 16);
+        _mm_prefetch(pf[r] + 4 * (p + a * 16), _MM_HINT_T1);
+      }
+      step(a, wv, p + a * 16);
+    }
+  }
+  for (int a = 0; a < A && p < k; ++a, p += 16) {
+    const int64_t left = k - p;
+    const __mmask16 mask = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_ps(mask, w[r] + p);
+    step(a, wv, p);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < M; ++i) store_f(c, i, n0 + r, hsum(tree_sum<A>(acc[r][i])));
+}
+
+// ---- AVX512-VNNI int8: dpbusd multiplies unsigned x signed bytes, so x is packed as
+// uint8 [M][kpad] (kpad a multiple of 64); signed activations are stored as x + 128 and
+// the excess 128 * sum(W row) is removed at the end, with the row sums taken in the same
+// pass (dpbusd against ones). All int32 arithmetic wraps, like oneDNN's. ----
+template <int M, int R, int A, bool kSignedA>
+HYP_AVX512_VNNI void i8_vnni_rows(const Ctx& c, int64_t n0, int64_t pf0) {
+  const uint8_t* x = static_cast<const uint8_t*>(c.x);
+  const int8_t* w[R];
+  const char* pf[R];
+  for (int r = 0; r < R; ++r) {
+    w[r] = reinterpret_cast<const int8_t*>(wrow(c, n0 + r));
+    pf[r] = reinterpret_cast<const char*>(wrow(c, pf0 + r));
+  }
+  __m512i acc[R][M][A], rsum[R][A];
+  for (int r = 0; r < R; ++r)
+    for (int a = 0; a < A; ++a) {
+      rsum[r][a] = _mm512_setzero_si512();
+      for (int i = 0; i < M; ++i) acc[r][i][a] = _mm512_setzero_si512();
+    }
+  const __m512i ones = _mm512_set1_epi8(1);
+  const int64_t k = c.k;
+  auto step = [&](int a, const __m512i* wv, int64_t p) HYP_AVX512_VNNI {
+    if constexpr (kSignedA) {
+      for (int r = 0; r < R; ++r) rsum[r][a] = _mm512_dpbusd_epi32(rsum[r][a], ones, wv[r]);
+    }
+    for (int i = 0; i < M; ++i) {
+      const __m512i xv = _mm512_load_si512(x + i * c.kpad + p);
+      for (int r = 0; r < R; ++r) acc[r][i][a] = _mm512_dpbusd_epi32(acc[r][i][a], xv, wv[r]);
+    }
+  };
+  int64_t p = 0;
+  for (; p + A * 64 <= k; p += A * 64) {
+    for (int a = 0; a < A; ++a) {
+      __m512i wv[R];
+      for (int r = 0; r < R; ++r) {
+        wv[r] = _mm512_loadu_si512(w[r] + p + a * 64);
+        _mm_prefetch(pf[r] + p + a * 64, _MM_HINT_T1);
+      }
+      step(a, wv, p + a * 64);
+    }
+  }
+  for (int a = 0; a < A && p < k; ++a, p += 64) {
+    const int64_t left = k - p;
+    const __mmask64 mask = left >= 64 ? ~__mmask64(0) : (__mmask64(1) << left) - 1;
+    __m512i wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi8(mask, w[r] + p);
+    step(a, wv, p);
+  }
+  for (int r = 0; r < R; ++r) {
+    const uint32_t corr = kSignedA ? uint32_t(hsum(tree_sum<A>(rsum[r]))) * 128u : 0u;
+    for (int i = 0; i < M; ++i) {
+      const uint32_t s = uint32_t(hsum(tree_sum<A>(acc[r][i]))) - corr;
+      store_i(c, i, n0 + r, int32_t(s));
+    }
+  }
+}
+
+// ---- Portable scalar path: one W row at a time, x read in place (lda). ----
+void portable_row(const Ctx& c, int64_t n0, int64_t /*pf0*/) {
+  const GemmArgs& g = *c.g;
+  const int64_t k = c.k;
+  const unsigned char* wr = wrow(c, n0);
+  for (int i = 0; i < c.m; ++i) {
+    if (g.b_dtype == DType::kI8) {
+      const int8_t* w = reinterpret_cast<const int8_t*>(wr);
+      uint32_t acc = 0;  // wrapping int32 accumulation
+      if (g.a_dtype == DType::kI8) {
+        const int8_t* x = static_cast<const int8_t*>(g.a) + i * g.lda;
+        for (int64_t p = 0; p < k; ++p) acc += uint32_t(int32_t(x[p]) * int32_t(w[p]));
+      } else {
+        const uint8_t* x = static_cast<const uint8_t*>(g.a) + i * g.lda;
+        for (int64_t p = 0; p < k; ++p) acc += uint32_t(int32_t(x[p]) * int32_t(w[p]));
+      }
+      store_i(c, i, n0, int32_t(acc));
+    } else if (g.b_dtype == DType::kBF16) {
+      const bf16* w = reinterpret_cast<const bf16*>(wr);
+      const bf16* x = static_cast<const bf16*>(g.a) + i * g.lda;
+      float acc = 0.0f;
+      for (int64_t p = 0; p < k; ++p) acc += bf16_to_f32(x[p]) * bf16_to_f32(w[p]);
+      store_f(c, i, n0, acc);
+    } else {
+      const float* w = reinterpret_cast<const float*>(wr);
+      const float* x = static_cast<const float*>(g.a) + i * g.lda;
+      float acc = 0.0f;
+      for (int64_t p = 0; p < k; ++p) acc += x[p] * w[p];
+      store_f(c, i, n0, acc);
+    }
+  }
+}
+
+// ---- Selection and packing. ----
+enum class Kind { kBf16Dp, kBf16Widen, kF32, kI8Signed, kI8Unsigned, kPortable };
+
+using RowsFn = void (*)(const Ctx&, int64_t n0, int64_t pf0);
+struct Kernels {
+  RowsFn group = nullptr;   // `rows` consecutive W rows
+  RowsFn single = nullptr;  // one W row (the tail of N); same per-row arithmetic
+  int64_t rows = 1;
+};
+
+// Rows per group: R * M * A accumulators must stay in registers next to the W and x
+// vectors.
+constexpr int rows_for(int m) {
+  return m <= 4 ? 4 : 2;
+}
+// Accumulators per (row, activation) pair: at least 4 independent chains in all.
+constexpr int accs_for(int m) {
+  return std::max(1, 4 / (m * rows_for(m)));
+}
+
+template <int M>
+Kernels pick_m(Kind kind) {
+  constexpr int R = rows_for(M), A = accs_for(M);
+  switch (kind) {
+    case Kind::kBf16Dp:
+      return {&bf16_dp_rows<M, R, A>, &bf16_dp_rows<M, 1, A>, R};
+    case Kind::kBf16Widen:
+      return {&bf16_widen_rows<M, R, A>, &bf16_widen_rows<M, 1, A>, R};
+    case Kind::kF32:
+      return {&f32_rows<M, R, A>, &f32_rows<M, 1, A>, R};
+    case Kind::kI8Signed:
+      return {&i8_vnni_rows<M, R, A, true>, &i8_vnni_rows<M, 1, A, true>, R};
+    case Kind::kI8Unsigned:
+      return {&i8_vnni_rows<M, R, A, false>, &i8_vnni_rows<M, 1, A, false>, R};
+    case Kind::kPortable:
+      break;
+  }
+  return {&portable_row, &portable_row, 1};
+}
+
+Kernels pick(Kind kind, int m) {
+  switch (m) {
+    case 1:
+      return pick_m<1>(kind);
+    case 2:
+      return pick_m<2>(kind);
+    case 3:
+      return pick_m<3>(kind);
+    case 4:
+      return pick_m<4>(kind);
+    case 5:
+      return pick_m<5>(kind);
+    case 6:
+      return pick_m<6>(kind);
+    case 7:
+      return pick_m<7>(kind);
+    default:
+      return pick_m<8>(kind);
+  }
+}
+
+Kind select_kind(const GemmArgs& g) {
+  const CpuFeatures& f = cpu_features();
+  if (g_isa == GemvIsa::kPortable || !f.avx512f || !f.avx512bw || !f.avx512vl)
+    return Kind::kPortable;
+  const bool ext = g_isa == GemvIsa::kAuto;
+  switch (g.b_dtype) {
+    case DType::kBF16:
+      return ext && f.avx512_bf16 ? Kind::kBf16Dp : Kind::kBf16Widen;
+    case DType::kF32:
+      return Kind::kF32;
+    default:
+      if (!ext || !f.avx512_vnni) return Kind::kPortable;
+      return g.a_dtype == DType::kI8 ? Kind::kI8Signed : Kind::kI8Unsigned;
+  }
+}
+
+int64_t round_up(int64_t v, int64_t to) {
+  return (v + to - 1) / to * to;
+}
+
+// Packs x [m, k] (row stride lda) into the zero-padded layout the kernel expects.
+// Returns the packed row stride in elements; fills `buf`.
+int64_t pack_x(const GemmArgs& g, Kind kind, int64_t m, AlignedBuffer<unsigned char>& buf) {
+  const int64_t k = g.k;
+  if (kind == Kind::kPortable) return k;  // reads x in place
+  const int64_t kpad = round_up(k, kind == Kind::kF32                                  ? 16
+                                   : kind == Kind::kBf16Dp || kind == Kind::kBf16Widen ? 32
+                                                                                       : 64);
+  const size_t esize = kind == Kind::kBf16Dp                            ? 2
+                       : kind == Kind::kF32 || kind == Kind::kBf16Widen ? 4
+                                                                        : 1;
+  const size_t bytes = size_t(m * kpad) * esize;
+  if (buf.size() < bytes) buf = AlignedBuffer<unsigned char>(bytes);
+  std::memset(buf.data(), 0, bytes);
+  for (int64_t i = 0; i < m; ++i) {
+    unsigned char* dst = buf.data() + size_t(i * kpad) * esize;
+    const unsigned char* src = static_cast<const unsigned char*>(g.a) +
+                               size_t(std::min(i, g.m - 1) * g.lda) * dtype_size(g.a_dtype);
+    switch (kind) {
+      case Kind::kBf16Dp:
+      case Kind::kF32:
+        std::memcpy(dst, src, size_t(k) * esize);
+        break;
+      case Kind::kBf16Widen: {
+        const bf16* s = reinterpret_cast<const bf16*>(src);
+        float* d = reinterpret_cast<float*>(dst);
+        for (int64_t p = 0; p < k; ++p) {
+          const int64_t chunk = p / 32 * 32, e = p % 32;
+          d[chunk + (e % 2) * 16 + e / 2] = bf16_to_f32(s[p]);
+        }
+        break;
+      }
+      case Kind::kI8Signed:
+        for (int64_t p = 0; p < k; ++p) dst[p] = uint8_t(src[p] ^ 0x80u);
+        break;
+      case Kind::kI8Unsigned:
+        std::memcpy(dst, src, size_t(k));
+        break;
+      case Kind::kPortable:
+        break;
+    }
+  }
+  return kpad;
+}
+
+bool env_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("HYPERION_GEMV");
+    return !(env && std::strcmp(env, "0") == 0);
+  }();
+  return enabled;
+}
+
+}  // namespace
+
+void set_gemv_isa_for_testing(GemvIsa isa) {
+  g_isa = isa;
+}
+
+bool gemv_applies(const GemmArgs& g) {
+  if (g.batch != 1 || g.trans_a != Trans::kN || g.trans_b != Trans::kT) return false;
+  if (g.m < 1 || g.n < 1 || g.k < 1) return false;
+  const bool f32 = g.a_dtype == DType::kF32 && g.b_dtype == DType::kF32 && g.c_dtype == DType::kF32;
+  const bool bf16 = g.a_dtype == DType::kBF16 && g.b_dtype == DType::kBF16 &&
+                    (g.c_dtype == DType::kF32 || g.c_dtype == DType::kBF16);
+  const bool int8 =
+      (g.a_dtype == DType::kI8 || g.a_dtype == DType::kU8) && g.b_dtype == DType::kI8 &&
+      (g.c_dtype == DType::kF32 || g.c_dtype == DType::kBF16 || g.c_dtype == DType::kI32);
+  // bf16 does M dot products per W element with one dpbf16ps each: from M = 5 on it
+  // measured no faster than oneDNN's AMX kernels, which then take over.
+  if (g.m > (bf16 ? kGemvMaxMBf16 : kGemvMaxM)) return false;
+  return (f32 || bf16 || int8) && env_enabled();
+}
+
+void gemv(const GemmArgs& g) {
+  const Kind kind = select_kind(g);
+  Ctx c;
+  c.g = &g;
+  // int8 with one activation row measured at half the bandwidth of two rows (for any
+  // grouping and prefetch tried), so it runs the two-row kernel on a duplicated row.
+  const bool dup = g.m == 1 && (kind == Kind::kI8Signed || kind == Kind::kI8Unsigned);
+  c.m = dup ? 2 : int(g.m);
+  c.k = g.k;
+  c.w = static_cast<const unsigned char*>(g.b);
+  c.ldb_bytes = g.ldb * int64_t(dtype_size(g.b_dtype));
+  for (int i = 0; i < c.m; ++i)
+    c.row_scale[i] = g.alpha * (g.a_scale ? g.a_scale[std::min<int64_t>(i, g.m - 1)] : 1.0f);
+  thread_local AlignedBuffer<unsigned char> xbuf;
+  c.kpad = pack_x(g, kind, c.m, xbuf);
+  c.x = xbuf.data();
+  const Kernels kern = pick(kind, c.m);
+  const int64_t rows = kern.rows, n = g.n;
+  const int64_t groups = (n + rows - 1) / rows;
+  // At least ~64 KiB of W per chunk, so small GEMMs do not pay for a parallel region.
+  const int64_t group_bytes = rows * g.k * int64_t(dtype_size(g.b_dtype));
+  const int64_t grain =
+      std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(group_bytes, 1));
+  parallel_chunks(groups, grain, [&](int64_t g0, int64_t g1) {
+    const int64_t row_end = std::min(n, g1 * rows);
+    for (int64_t gi = g0; gi < g1; ++gi) {
+      const int64_t n0 = gi * rows;
+      if (n0 + rows <= n) {
+        int64_t pf0 = n0 + kPrefetchGroups * rows;
+        // Nothing ahead in this block: re-touch our own rows instead.
+        if (pf0 + rows > row_end) pf0 = n0;
+        kern.group(c, n0, pf0);
+      } else {
+        for (int64_t r = n0; r < n; ++r) kern.single(c, r, r);
+      }
+    }
+  });
+}
+
+}  // namespace hyperion::detail
