@@ -1,10 +1,10 @@
 // Fused softmax cross-entropy with Highway dynamic dispatch (AVX-512, AVX2, SSE4, scalar).
 //
-// Per row, pass 1 keeps a running max and a running sum of exp(x - max) per lane (the
-// "online softmax"): a block of 4 vectors is exponentiated against the new max and the
-// old sum is rescaled once per block, so pass 1 costs ~1.25 exp per element and reads
-// the logits once. Pass 2 (fused call only) writes (p - onehot) * scale over the
-// logits, one exp per element. No probability buffer is ever materialised.
+// Per row: pass 1 finds the max, pass 2 sums exp(x - max) (keeping it in f32 for the
+// gradient), pass 3 (fused call only) writes (p - onehot) * scale over the gradient
+// row. One exp per element, the compute cost; the row comes from DRAM once (passes 2-3
+// hit L1/L2) and pass 2 prefetches the next row so memory and exp work overlap. No
+// full probability buffer is ever materialised (one f32 row per thread for bf16).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cross_entropy.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -67,6 +67,44 @@ HWY_INLINE void StoreF(DF d, VF v, bf16* p) {
   hn::StoreU(hn::DemoteTo(dbf, hn::BitCast(d, r)), dbf, reinterpret_cast<hwy::bfloat16_t*>(p));
 }
 
+// bf16 rows use pair order in their main loops: a u32 lane holds elements 2k (low half)
+// and 2k+1 (high half), so two f32 vectors are the lanes << 16 (even) and the lanes with
+// the low half cleared (odd). Max and sum do not care about the order, and the f32
+// scratch row is written and read back in that same order, so this only drops the
+// widening loads and the narrowing pack + lane permute of per-vector bf16 loads/stores.
+using DU = hn::RebindToUnsigned<DF>;
+using VU = hn::Vec<DU>;
+HWY_INLINE void LoadPairs(DF d, const bf16* p, VF& even, VF& odd) {
+  const DU du;
+  const VU v = hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
+  even = hn::BitCast(d, hn::ShiftLeft<16>(v));
+  odd = hn::BitCast(d, hn::And(v, hn::Set(du, 0xffff0000u)));
+}
+// f32 bits rounded to nearest even at bit 16 (the bf16 is the high half); NaN quieted.
+HWY_INLINE VU RoundBits(VF v) {
+  const DU du;
+  const VU bits = hn::BitCast(du, v);
+  const VU lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  const VU rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb));
+  const VU quiet = hn::Or(bits, hn::Set(du, 0x00400000u));
+  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
+}
+HWY_INLINE void StorePairs(VF even, VF odd, bf16* p) {
+  const DU du;
+  const VU lo = hn::ShiftRight<16>(RoundBits(even));
+  const VU hi = hn::And(RoundBits(odd), hn::Set(du, 0xffff0000u));
+  hn::StoreU(hn::Or(lo, hi), du, reinterpret_cast<uint32_t*>(p));
+}
+template <typename T>
+HWY_INLINE void Load2(DF d, const T* p, VF& a, VF& b) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    LoadPairs(d, p, a, b);
+  } else {
+    a = LoadF(d, p);
+    b = LoadF(d, p + hn::Lanes(d));
+  }
+}
+
 template <typename T>
 HWY_INLINE VF LoadTail(DF d, const T* p, size_t count, float pad) {
   HWY_ALIGN float buf[kMaxLanes];
@@ -106,16 +144,15 @@ HWY_INLINE VF FastExp(DF d, VF x) {
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -86.0f)), hn::Mul(p, pow2n));
 }
 
-// One online-softmax step for a single vector.
-HWY_INLINE void OnlineStep(DF d, VF x, VF& vmax, VF& vsum) {
-  const VF m_new = hn::Max(vmax, x);
-  vsum = hn::MulAdd(vsum, FastExp(d, hn::Sub(vmax, m_new)), FastExp(d, hn::Sub(x, m_new)));
-  vmax = m_new;
-}
-
+// Per row: pass 1 finds the max (memory-bound, one DRAM read of the row), pass 2 sums
+// e = exp(x - max) and, for the gradient, keeps e in f32 (in the f32 gradient row itself,
+// else in a per-chunk scratch row: bf16 is then rounded once), pass 3 writes e * scale /
+// sum. One exp per element, the compute cost; passes 2-3 hit L1/L2 for any realistic
+// vocabulary. Pass 2 also prefetches the next row so its DRAM traffic overlaps the exp
+// work rather than stalling the next pass 1.
 template <typename T>
 void CrossEntropyT(const T* x, const int32_t* targets, int32_t ignore_index, size_t rows,
-                   size_t cols, T* grad, float scale, double* row_loss) {
+                   size_t cols, T* grad, float scale, double* row_loss, float* scratch) {
   const DF d;
   const size_t n = hn::Lanes(d);
   const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -131,43 +168,77 @@ void CrossEntropyT(const T* x, const int32_t* targets, int32_t ignore_index, siz
     // Read before pass 2 overwrites it when the gradient aliases the logits.
     const float xt = ToF32(xr[t]);
 
-    // Pass 1. -FLT_MAX (not -inf) as the start keeps max - max at 0, never NaN.
-    VF vmax = hn::Set(d, -FLT_MAX), vsum = hn::Zero(d);
+    // Pass 1. -FLT_MAX (not -inf) as the start keeps x - max finite or -inf, never NaN.
+    VF m0 = hn::Set(d, -FLT_MAX), m1 = m0;
     size_t i = 0;
-    for (; i + 4 * n <= cols; i += 4 * n) {
-      const VF x0 = LoadF(d, xr + i), x1 = LoadF(d, xr + i + n);
-      const VF x2 = LoadF(d, xr + i + 2 * n), x3 = LoadF(d, xr + i + 3 * n);
-      const VF m_new = hn::Max(vmax, hn::Max(hn::Max(x0, x1), hn::Max(x2, x3)));
-      const VF e01 = hn::Add(FastExp(d, hn::Sub(x0, m_new)), FastExp(d, hn::Sub(x1, m_new)));
-      const VF e23 = hn::Add(FastExp(d, hn::Sub(x2, m_new)), FastExp(d, hn::Sub(x3, m_new)));
-      vsum = hn::MulAdd(vsum, FastExp(d, hn::Sub(vmax, m_new)), hn::Add(e01, e23));
-      vmax = m_new;
+    for (; i + 2 * n <= cols; i += 2 * n) {
+      VF v0, v1;
+      Load2(d, xr + i, v0, v1);
+      m0 = hn::Max(m0, v0);
+      m1 = hn::Max(m1, v1);
     }
-    for (; i + n <= cols; i += n) OnlineStep(d, LoadF(d, xr + i), vmax, vsum);
-    if (i < cols) OnlineStep(d, LoadTail(d, xr + i, cols - i, neg_inf), vmax, vsum);
-    const float m = hn::GetLane(hn::MaxOfLanes(d, vmax));
+    for (; i + n <= cols; i += n) m0 = hn::Max(m0, LoadF(d, xr + i));
+    if (i < cols) m0 = hn::Max(m0, LoadTail(d, xr + i, cols - i, neg_inf));
+    const float m = hn::GetLane(hn::MaxOfLanes(d, hn::Max(m0, m1)));
     const VF vm = hn::Set(d, m);
-    const float s = hn::GetLane(hn::SumOfLanes(d, hn::Mul(vsum, FastExp(d, hn::Sub(vmax, vm)))));
+
+    // Pass 2. e may alias xr (f32 in place): index i is read before it is written.
+    float* e = nullptr;
+    if (gr) {
+      if constexpr (std::is_same_v<T, float>) {
+        e = gr;
+      } else {
+        e = scratch;
+      }
+    }
+    const bool more = r + 1 < rows;
+    const char* xn = reinterpret_cast<const char*>(more ? xr + cols : xr);
+    const char* gn = gr ? reinterpret_cast<const char*>(more ? gr + cols : gr) : nullptr;
+    VF s0 = hn::Zero(d), s1 = hn::Zero(d);
+    for (i = 0; i + 2 * n <= cols; i += 2 * n) {
+      for (size_t b = 0; b < 2 * n * sizeof(T); b += 64) {
+        __builtin_prefetch(xn + i * sizeof(T) + b);
+        if (gn && gn != xn) __builtin_prefetch(gn + i * sizeof(T) + b, 1);
+      }
+      VF v0, v1;
+      Load2(d, xr + i, v0, v1);
+      const VF e0 = FastExp(d, hn::Sub(v0, vm));
+      const VF e1 = FastExp(d, hn::Sub(v1, vm));
+      if (e) {
+        hn::StoreU(e0, d, e + i);
+        hn::StoreU(e1, d, e + i + n);
+      }
+      s0 = hn::Add(s0, e0);
+      s1 = hn::Add(s1, e1);
+    }
+    for (; i + n <= cols; i += n) {
+      const VF e0 = FastExp(d, hn::Sub(LoadF(d, xr + i), vm));
+      if (e) hn::StoreU(e0, d, e + i);
+      s0 = hn::Add(s0, e0);
+    }
+    if (i < cols) {
+      const VF e0 = FastExp(d, hn::Sub(LoadTail(d, xr + i, cols - i, neg_inf), vm));
+      if (e) StoreTail(d, e0, e + i, cols - i);
+      s0 = hn::Add(s0, e0);
+    }
+    const float s = hn::GetLane(hn::SumOfLanes(d, hn::Add(s0, s1)));
 
     // s == 0 only when every logit is -inf.
     row_loss[r] = s == 0.0f ? std::numeric_limits<double>::infinity()
                             : (double(m) - double(xt)) + std::log(double(s));
     if (!gr) continue;
 
-    // Pass 2: p * scale everywhere, then the target entry is fixed up.
+    // Pass 3: p * scale everywhere, then the target entry is fixed up.
     const VF vinv = hn::Set(d, s == 0.0f ? 0.0f : scale / s);
-    for (i = 0; i + 2 * n <= cols; i += 2 * n) {
-      const VF g0 = hn::Mul(FastExp(d, hn::Sub(LoadF(d, xr + i), vm)), vinv);
-      const VF g1 = hn::Mul(FastExp(d, hn::Sub(LoadF(d, xr + i + n), vm)), vinv);
-      StoreF(d, g0, gr + i);
-      StoreF(d, g1, gr + i + n);
+    i = 0;
+    if constexpr (std::is_same_v<T, bf16>) {
+      // Same 2n blocks as pass 2, so the pair order in e matches.
+      for (; i + 2 * n <= cols; i += 2 * n)
+        StorePairs(hn::Mul(hn::LoadU(d, e + i), vinv), hn::Mul(hn::LoadU(d, e + i + n), vinv),
+                   gr + i);
     }
-    for (; i + n <= cols; i += n)
-      StoreF(d, hn::Mul(FastExp(d, hn::Sub(LoadF(d, xr + i), vm)), vinv), gr + i);
-    if (i < cols) {
-      const VF xv = LoadTail(d, xr + i, cols - i, neg_inf);
-      StoreTail(d, hn::Mul(FastExp(d, hn::Sub(xv, vm)), vinv), gr + i, cols - i);
-    }
+    for (; i + n <= cols; i += n) StoreF(d, hn::Mul(hn::LoadU(d, e + i), vinv), gr + i);
+    if (i < cols) StoreTail(d, hn::Mul(LoadTail(d, e + i, cols - i, 0.0f), vinv), gr + i, cols - i);
     // (p_t - 1) * scale rounded once, computed in double to limit the cancellation.
     const double pt = s == 0.0f ? 0.0 : std::exp(double(xt) - double(m)) / double(s);
     gr[t] = FromF32<T>(static_cast<float>((pt - 1.0) * double(scale)));
@@ -176,13 +247,14 @@ void CrossEntropyT(const T* x, const int32_t* targets, int32_t ignore_index, siz
 
 // Exported entry point: `grad` may be null (forward only); `grad` may equal `logits`.
 void CrossEntropyRows(const void* logits, DType dtype, const int32_t* targets, int32_t ignore_index,
-                      size_t rows, size_t cols, void* grad, float scale, double* row_loss) {
+                      size_t rows, size_t cols, void* grad, float scale, double* row_loss,
+                      float* scratch) {
   if (dtype == DType::kF32) {
     CrossEntropyT(static_cast<const float*>(logits), targets, ignore_index, rows, cols,
-                  static_cast<float*>(grad), scale, row_loss);
+                  static_cast<float*>(grad), scale, row_loss, scratch);
   } else {
     CrossEntropyT(static_cast<const bf16*>(logits), targets, ignore_index, rows, cols,
-                  static_cast<bf16*>(grad), scale, row_loss);
+                  static_cast<bf16*>(grad), scale, row_loss, scratch);
   }
 }
 
@@ -194,6 +266,7 @@ HWY_AFTER_NAMESPACE();
 #include <algorithm>
 #include <vector>
 
+#include "base/aligned.h"
 #include "base/error.h"
 #include "base/threads.h"
 
@@ -247,10 +320,13 @@ CrossEntropyResult run(const TensorView& logits, const TensorView& targets, void
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
   parallel_chunks(rows, grain, [&](int64_t begin, int64_t end) {
     const int64_t off = begin * cols;
+    // f32 staging of exp(x - max) for a bf16 gradient row (see CrossEntropyT).
+    AlignedBuffer<float> scratch(grad && logits.dtype == DType::kBF16 ? size_t(cols) : 0);
     HWY_DYNAMIC_DISPATCH(CrossEntropyRows)
     (static_cast<const unsigned char*>(logits.data) + off * es, logits.dtype, t + begin,
      ignore_index, size_t(end - begin), size_t(cols),
-     grad ? static_cast<unsigned char*>(grad) + off * es : nullptr, scale, losses.data() + begin);
+     grad ? static_cast<unsigned char*>(grad) + off * es : nullptr, scale, losses.data() + begin,
+     scratch.data());
   });
   // Row order, one thread: the sum is the same for any thread count.
   double total = 0;

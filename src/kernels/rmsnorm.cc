@@ -85,9 +85,19 @@ void ForwardRows(const T* x, const float* w, T* y, float* rstd, int64_t rows, in
     const float rs = 1.0f / std::sqrt(ss / static_cast<float>(h) + eps);
     rstd[r] = rs;
     const VF vr = hn::Set(df, rs);
+    // The first pass waits on DRAM and this one on the stores, so this one prefetches
+    // the next row of x (and of y, for writing): the next row's reads then overlap this
+    // row's work instead of stalling. The last row prefetches itself (harmless).
+    const char* xn = reinterpret_cast<const char*>(r + 1 < rows ? xr + h : xr);
+    const char* yn = reinterpret_cast<const char*>(r + 1 < rows ? yr + h : yr);
     i = 0;
-    for (; i + n <= h; i += n)
+    for (; i + n <= h; i += n) {
+      if ((i * sizeof(T)) % 64 < n * sizeof(T)) {
+        __builtin_prefetch(xn + i * sizeof(T));
+        __builtin_prefetch(yn + i * sizeof(T), 1);
+      }
       StoreF(df, hn::Mul(hn::Mul(LoadF(df, xr + i), vr), hn::LoadU(df, w + i)), yr + i);
+    }
     for (; i < h; ++i) FromF32(ToF32(xr[i]) * rs * w[i], yr + i);
   }
 }
@@ -116,8 +126,18 @@ void BackwardRows(const T* dy, const T* x, const float* w, const float* rstd, T*
     for (; i < h; ++i) dot += ToF32(dyr[i]) * w[i] * ToF32(xr[i]);
     const float c = rs * rs * rs * dot / static_cast<float>(h);
     const VF vr = hn::Set(df, rs), vnc = hn::Set(df, -c);
+    // Prefetch the next row (as in the forward pass) so its DRAM reads overlap this pass.
+    const bool more = r + 1 < rows;
+    const char* dyn = reinterpret_cast<const char*>(more ? dyr + h : dyr);
+    const char* xn = reinterpret_cast<const char*>(more ? xr + h : xr);
+    const char* dxn = reinterpret_cast<const char*>(more ? dxr + h : dxr);
     i = 0;
     for (; i + n <= h; i += n) {
+      if ((i * sizeof(T)) % 64 < n * sizeof(T)) {
+        __builtin_prefetch(dyn + i * sizeof(T));
+        __builtin_prefetch(xn + i * sizeof(T));
+        __builtin_prefetch(dxn + i * sizeof(T), 1);
+      }
       const VF g = LoadF(df, dyr + i), xv = LoadF(df, xr + i);
       // dw before dx: dx may alias dy.
       const VF gr = hn::Mul(g, vr);

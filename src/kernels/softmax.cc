@@ -65,6 +65,45 @@ HWY_INLINE void StoreF(DF d, VF v, bf16* p) {
   hn::StoreU(hn::DemoteTo(dbf, hn::BitCast(d, r)), dbf, reinterpret_cast<hwy::bfloat16_t*>(p));
 }
 
+// bf16 -> bf16 rows use pair order in their main loops: a u32 lane holds elements 2k
+// (low half) and 2k+1 (high half), so two f32 vectors are the lanes << 16 (even) and
+// the lanes with the low half cleared (odd). Max and sum do not care about the order,
+// and the f32 scratch row is written and read back in that same order, so this only
+// drops the widening loads and the narrowing pack + lane permute of per-vector bf16
+// loads/stores (passes 2-3 are compute-bound).
+using DU = hn::RebindToUnsigned<DF>;
+using VU = hn::Vec<DU>;
+HWY_INLINE void LoadPairs(DF d, const bf16* p, VF& even, VF& odd) {
+  const DU du;
+  const VU v = hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
+  even = hn::BitCast(d, hn::ShiftLeft<16>(v));
+  odd = hn::BitCast(d, hn::And(v, hn::Set(du, 0xffff0000u)));
+}
+// f32 bits rounded to nearest even at bit 16 (the bf16 is the high half); NaN quieted.
+HWY_INLINE VU RoundBits(VF v) {
+  const DU du;
+  const VU bits = hn::BitCast(du, v);
+  const VU lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  const VU rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb));
+  const VU quiet = hn::Or(bits, hn::Set(du, 0x00400000u));
+  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
+}
+HWY_INLINE void StorePairs(VF even, VF odd, bf16* p) {
+  const DU du;
+  const VU lo = hn::ShiftRight<16>(RoundBits(even));
+  const VU hi = hn::And(RoundBits(odd), hn::Set(du, 0xffff0000u));
+  hn::StoreU(hn::Or(lo, hi), du, reinterpret_cast<uint32_t*>(p));
+}
+template <bool kPairs, typename T>
+HWY_INLINE void Load2(DF d, const T* p, VF& a, VF& b) {
+  if constexpr (kPairs) {
+    LoadPairs(d, p, a, b);
+  } else {
+    a = LoadF(d, p);
+    b = LoadF(d, p + hn::Lanes(d));
+  }
+}
+
 // Partial vectors: `count` < Lanes(d) elements, the rest of the lanes set to `pad`.
 template <typename T>
 HWY_INLINE VF LoadTail(DF d, const T* p, size_t count, float pad) {
@@ -110,6 +149,7 @@ void SoftmaxForwardT(const TX* x, TY* y, size_t rows, size_t cols, float* scratc
   const DF d;
   const size_t n = hn::Lanes(d);
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  constexpr bool kPairs = std::is_same_v<TX, bf16> && std::is_same_v<TY, bf16>;
   for (size_t r = 0; r < rows; ++r) {
     const TX* xr = x + r * cols;
     TY* yr = y + r * cols;
@@ -124,17 +164,32 @@ void SoftmaxForwardT(const TX* x, TY* y, size_t rows, size_t cols, float* scratc
     VF m0 = hn::Set(d, -FLT_MAX), m1 = m0;
     size_t i = 0;
     for (; i + 2 * n <= cols; i += 2 * n) {
-      m0 = hn::Max(m0, LoadF(d, xr + i));
-      m1 = hn::Max(m1, LoadF(d, xr + i + n));
+      VF v0, v1;
+      Load2<kPairs>(d, xr + i, v0, v1);
+      m0 = hn::Max(m0, v0);
+      m1 = hn::Max(m1, v1);
     }
     for (; i + n <= cols; i += n) m0 = hn::Max(m0, LoadF(d, xr + i));
     if (i < cols) m0 = hn::Max(m0, LoadTail(d, xr + i, cols - i, neg_inf));
     const VF vmax = hn::Set(d, hn::GetLane(hn::MaxOfLanes(d, hn::Max(m0, m1))));
 
+    // Pass 2 is compute-bound (the exp) while passes 1 and 3 wait on memory, so pass 2
+    // prefetches the next row of x (and of y, for writing) at the same offset: the
+    // DRAM traffic then overlaps the exp work instead of stalling pass 1 of the next
+    // row. The last row prefetches itself (harmless, already cached).
+    const bool more = r + 1 < rows;
+    const char* xn = reinterpret_cast<const char*>(more ? xr + cols : xr);
+    const char* yn = reinterpret_cast<const char*>(more ? yr + cols : yr);
     VF s0 = hn::Zero(d), s1 = hn::Zero(d);
     for (i = 0; i + 2 * n <= cols; i += 2 * n) {
-      const VF e0 = FastExp(d, hn::Sub(LoadF(d, xr + i), vmax));
-      const VF e1 = FastExp(d, hn::Sub(LoadF(d, xr + i + n), vmax));
+      for (size_t b = 0; b < 2 * n * sizeof(TX); b += 64)
+        __builtin_prefetch(xn + i * sizeof(TX) + b);
+      for (size_t b = 0; b < 2 * n * sizeof(TY); b += 64)
+        __builtin_prefetch(yn + i * sizeof(TY) + b, 1);
+      VF v0, v1;
+      Load2<kPairs>(d, xr + i, v0, v1);
+      const VF e0 = FastExp(d, hn::Sub(v0, vmax));
+      const VF e1 = FastExp(d, hn::Sub(v1, vmax));
       hn::StoreU(e0, d, e + i);
       hn::StoreU(e1, d, e + i + n);
       s0 = hn::Add(s0, e0);
@@ -154,7 +209,14 @@ void SoftmaxForwardT(const TX* x, TY* y, size_t rows, size_t cols, float* scratc
     // sum == 0 only for an all -inf row: output zeros. A NaN sum stays NaN.
     const VF vinv = hn::Set(d, sum == 0.0f ? 0.0f : 1.0f / sum);
 
-    for (i = 0; i + n <= cols; i += n) StoreF(d, hn::Mul(hn::LoadU(d, e + i), vinv), yr + i);
+    i = 0;
+    if constexpr (kPairs) {
+      // Same 2n blocks as pass 2, so the pair order in e matches.
+      for (; i + 2 * n <= cols; i += 2 * n)
+        StorePairs(hn::Mul(hn::LoadU(d, e + i), vinv), hn::Mul(hn::LoadU(d, e + i + n), vinv),
+                   yr + i);
+    }
+    for (; i + n <= cols; i += n) StoreF(d, hn::Mul(hn::LoadU(d, e + i), vinv), yr + i);
     if (i < cols) StoreTail(d, hn::Mul(LoadTail(d, e + i, cols - i, 0.0f), vinv), yr + i, cols - i);
   }
 }

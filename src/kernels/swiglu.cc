@@ -1,14 +1,15 @@
-// SwiGLU forward and backward with Highway dynamic dispatch; exp is Highway's
-// vectorised hn::Exp (contrib/math, max error 1 ulp).
+// SwiGLU forward and backward with Highway dynamic dispatch; exp is a local vectorised
+// exp for non-positive arguments, see ExpNonPositive. The kernel is compute-bound on
+// this machine class (~50 vector ops per 16 elements), so the bf16 paths trim work the
+// bf16 rounding makes invisible (shorter polynomial, no Newton step, no lane shuffles).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/swiglu.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
-#include <hwy/contrib/math/math-inl.h>
-
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/swiglu.h"
 #include "tensor/convert.h"
@@ -55,17 +56,71 @@ HWY_INLINE void FromF32(float v, bf16* p) {
   *p = f32_to_bf16(v);
 }
 
-// sigmoid(g) from e = exp(-|g|) in (0, 1]: 1/(1+e) for g >= 0, e/(1+e) otherwise. Never
-// overflows, and keeps full relative precision for very negative g. 1/(1+e) is the
-// hardware reciprocal estimate refined by one Newton step (~1 ulp on [1, 2]), cheaper
-// than a vector divide, whose throughput is low on x86.
-HWY_INLINE VF Sigmoid(DF df, VF g) {
+// exp(x) for x <= 0 (the sigmoid only needs exp(-|g|)). Cody-Waite reduction
+// x = n ln2 + r, |r| <= ln2/2, with n rounded by the 1.5 * 2^23 shifter whose low
+// mantissa bits then are the exponent field of 2^n: ~15 simple ops against ~35 for
+// hn::Exp, which made the kernel compute-bound (it handles the full range with
+// conversions and a two-step exponent fix-up we do not need). f32 results use a
+// degree-7 polynomial (~1 ulp); kShort (for the bf16 forward pass, see Sigmoid) a
+// degree-4 Taylor polynomial, relative error < 5e-5.
+// x is clamped at -87 (2^n stays a normal number): exp(x < -87) gives exp(-87) ~ 1.6e-38
+// instead of something smaller, and -inf or NaN as well (a NaN g still gives NaN
+// outputs through the factor g).
+template <bool kShort>
+HWY_INLINE VF ExpNonPositive(DF df, VF x) {
+  const hn::RebindToUnsigned<DF> du;
+  x = hn::Max(x, hn::Set(df, -87.0f));
+  const VF shifter = hn::Set(df, 12582912.0f + 127.0f);  // 1.5 * 2^23 + exponent bias
+  const VF t = hn::MulAdd(x, hn::Set(df, 1.44269504088896341f), shifter);
+  const VF n = hn::Sub(t, shifter);  // round(x / ln2), exact
+  VF r = hn::MulAdd(n, hn::Set(df, -0.693145751953125f), x);
+  r = hn::MulAdd(n, hn::Set(df, -1.428606765330187045e-6f), r);
+  VF p;
+  if constexpr (kShort) {
+    VF q = hn::MulAdd(hn::Set(df, 1.0f / 24), r, hn::Set(df, 1.0f / 6));
+    q = hn::MulAdd(q, r, hn::Set(df, 0.5f));
+    q = hn::MulAdd(q, r, hn::Set(df, 1.0f));
+    p = hn::MulAdd(q, r, hn::Set(df, 1.0f));
+  } else {
+    VF q = hn::MulAdd(hn::Set(df, 0.000198527617612853646278381f), r,
+                      hn::Set(df, 0.00139304355252534151077271f));
+    q = hn::MulAdd(q, r, hn::Set(df, 0.00833336077630519866943359f));
+    q = hn::MulAdd(q, r, hn::Set(df, 0.0416664853692054748535156f));
+    q = hn::MulAdd(q, r, hn::Set(df, 0.166666671633720397949219f));
+    q = hn::MulAdd(q, r, hn::Set(df, 0.5f));
+    p = hn::Add(hn::MulAdd(q, hn::Mul(r, r), r), hn::Set(df, 1.0f));
+  }
+  // The mantissa of t holds 2^22 + 127 + n; shifting by 23 keeps (127 + n) << 23 = 2^n.
+  return hn::Mul(p, hn::BitCast(df, hn::ShiftLeft<23>(hn::BitCast(du, t))));
+}
+
+// sigmoid(g) from e = exp(-|g|) in (0, 1]: 1/(1+e) for g >= 0, e/(1+e) otherwise, and
+// its complement 1 - sigmoid(g) = sigmoid(-g) the same way (so the backward pass gets
+// 1 - s without cancellation: the error of 1/(1+e) stays relative). Never overflows,
+// and keeps full relative precision for negative g. 1/(1+e) is the hardware reciprocal
+// estimate (relative error <= 2^-14 on AVX-512, 1.5 * 2^-12 on AVX2/SSE4), refined by
+// one Newton step (~1 ulp on [1, 2]) unless kRough; both are cheaper than a vector
+// divide, whose throughput is low on x86. kRough (also the short exp polynomial) suits
+// only the bf16 forward pass (relative error ~1e-4 against a 2^-9 rounding step): the
+// backward pass has cancellation in 1 + g * (1 - s) near g = -1.28 that would amplify
+// those errors beyond the bf16 tolerance, so it stays at f32 accuracy.
+template <bool kRough>
+HWY_INLINE void Sigmoid(DF df, VF g, VF& s, VF& sc) {
   const VF one = hn::Set(df, 1.0f);
-  const VF e = hn::Exp(df, hn::Neg(hn::Abs(g)));
+  const VF e = ExpNonPositive<kRough>(df, hn::Neg(hn::Abs(g)));
   const VF d = hn::Add(one, e);  // in [1, 2]
   const VF r0 = hn::ApproximateReciprocal(d);
-  const VF r = hn::MulAdd(r0, hn::NegMulAdd(d, r0, one), r0);
-  return hn::IfThenElse(hn::Ge(g, hn::Zero(df)), r, hn::Mul(e, r));
+  const VF r = kRough ? r0 : hn::MulAdd(r0, hn::NegMulAdd(d, r0, one), r0);
+  const VF er = hn::Mul(e, r);
+  const auto pos = hn::Ge(g, hn::Zero(df));
+  s = hn::IfThenElse(pos, r, er);
+  sc = hn::IfThenElse(pos, er, r);
+}
+template <bool kRough>
+HWY_INLINE VF Sigmoid(DF df, VF g) {
+  VF s, sc;
+  Sigmoid<kRough>(df, g, s, sc);
+  return s;
 }
 HWY_INLINE float SigmoidScalar(float g) {
   const float e = std::exp(-std::fabs(g));
@@ -73,15 +128,56 @@ HWY_INLINE float SigmoidScalar(float g) {
   return g >= 0.0f ? r : e * r;
 }
 
+// The bf16 main loops work on 2 vectors of bf16 pairs: a u32 lane holds elements 2k
+// (low half) and 2k+1 (high half), so the even elements are the lane << 16 and the odd
+// ones the lane with its low half cleared. Being elementwise, the kernel does not care
+// about the order, and this saves the widening loads and the narrowing pack + lane
+// permute of a per-vector bf16 load/store (the kernel is compute-bound).
+using DU = hn::RebindToUnsigned<DF>;
+using VU = hn::Vec<DU>;
+HWY_INLINE void LoadPairs(DF df, const bf16* p, VF& even, VF& odd) {
+  const DU du;
+  const VU v = hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
+  even = hn::BitCast(df, hn::ShiftLeft<16>(v));
+  odd = hn::BitCast(df, hn::And(v, hn::Set(du, 0xffff0000u)));
+}
+// f32 bits rounded to nearest even at bit 16 (the bf16 is the high half); NaN quieted.
+HWY_INLINE VU RoundBits(DF df, VF v) {
+  const DU du;
+  const VU bits = hn::BitCast(du, v);
+  const VU lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  const VU rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb));
+  const VU quiet = hn::Or(bits, hn::Set(du, 0x00400000u));
+  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
+}
+HWY_INLINE void StorePairs(DF df, VF even, VF odd, bf16* p) {
+  const DU du;
+  const VU lo = hn::ShiftRight<16>(RoundBits(df, even));
+  const VU hi = hn::And(RoundBits(df, odd), hn::Set(du, 0xffff0000u));
+  hn::StoreU(hn::Or(lo, hi), du, reinterpret_cast<uint32_t*>(p));
+}
+
+template <bool kBf16>
+HWY_INLINE VF Forward(DF df, VF g, VF u) {
+  return hn::Mul(hn::Mul(g, Sigmoid<kBf16>(df, g)), u);
+}
+// dg = dh * u * s * (1 + g * (1 - s)), du = dh * silu(g).
+HWY_INLINE void Backward(DF df, VF dh, VF g, VF u, VF& dg, VF& du) {
+  VF s, sc;
+  Sigmoid<false>(df, g, s, sc);
+  const VF dhs = hn::Mul(dh, s);
+  dg = hn::Mul(hn::Mul(dhs, u), hn::MulAdd(g, sc, hn::Set(df, 1.0f)));
+  du = hn::Mul(dhs, g);
+}
+
 template <typename T>
 void ForwardSpan(const T* g, const T* u, T* h, int64_t count) {
+  constexpr bool kBf16 = std::is_same_v<T, bf16>;
   const DF df;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   int64_t i = 0;
-  for (; i + n <= count; i += n) {
-    const VF vg = LoadF(df, g + i), vu = LoadF(df, u + i);
-    StoreF(df, hn::Mul(hn::Mul(vg, Sigmoid(df, vg)), vu), h + i);
-  }
+  for (; i + n <= count; i += n)
+    StoreF(df, Forward<kBf16>(df, LoadF(df, g + i), LoadF(df, u + i)), h + i);
   for (; i < count; ++i) {
     const float gi = ToF32(g[i]), ui = ToF32(u[i]);
     FromF32(gi * SigmoidScalar(gi) * ui, h + i);
@@ -92,16 +188,11 @@ template <typename T>
 void BackwardSpan(const T* dh, const T* g, const T* u, T* dg, T* du, int64_t count) {
   const DF df;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
-  const VF one = hn::Set(df, 1.0f);
   int64_t i = 0;
   for (; i + n <= count; i += n) {
     // All inputs are loaded before either output is stored (outputs may alias inputs).
-    const VF vdh = LoadF(df, dh + i), vg = LoadF(df, g + i), vu = LoadF(df, u + i);
-    const VF s = Sigmoid(df, vg);
-    const VF dhs = hn::Mul(vdh, s);
-    // dg = dh * u * s * (1 + g * (1 - s))
-    const VF dgv = hn::Mul(hn::Mul(dhs, vu), hn::MulAdd(vg, hn::Sub(one, s), one));
-    const VF duv = hn::Mul(dhs, vg);  // dh * silu(g)
+    VF dgv, duv;
+    Backward(df, LoadF(df, dh + i), LoadF(df, g + i), LoadF(df, u + i), dgv, duv);
     StoreF(df, dgv, dg + i);
     StoreF(df, duv, du + i);
   }
@@ -118,14 +209,36 @@ void ForwardF32(const float* g, const float* u, float* h, int64_t count) {
   ForwardSpan(g, u, h, count);
 }
 void ForwardBF16(const bf16* g, const bf16* u, bf16* h, int64_t count) {
-  ForwardSpan(g, u, h, count);
+  const DF df;
+  const int64_t n2 = 2 * static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + n2 <= count; i += n2) {
+    VF g0, g1, u0, u1;
+    LoadPairs(df, g + i, g0, g1);
+    LoadPairs(df, u + i, u0, u1);
+    StorePairs(df, Forward<true>(df, g0, u0), Forward<true>(df, g1, u1), h + i);
+  }
+  ForwardSpan(g + i, u + i, h + i, count - i);
 }
 void BackwardF32(const float* dh, const float* g, const float* u, float* dg, float* du,
                  int64_t count) {
   BackwardSpan(dh, g, u, dg, du, count);
 }
 void BackwardBF16(const bf16* dh, const bf16* g, const bf16* u, bf16* dg, bf16* du, int64_t count) {
-  BackwardSpan(dh, g, u, dg, du, count);
+  const DF df;
+  const int64_t n2 = 2 * static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + n2 <= count; i += n2) {
+    VF dh0, dh1, g0, g1, u0, u1, dg0, dg1, du0, du1;
+    LoadPairs(df, dh + i, dh0, dh1);
+    LoadPairs(df, g + i, g0, g1);
+    LoadPairs(df, u + i, u0, u1);
+    Backward(df, dh0, g0, u0, dg0, du0);
+    Backward(df, dh1, g1, u1, dg1, du1);
+    StorePairs(df, dg0, dg1, dg + i);
+    StorePairs(df, du0, du1, du + i);
+  }
+  BackwardSpan(dh + i, g + i, u + i, dg + i, du + i, count - i);
 }
 
 }  // namespace HWY_NAMESPACE
