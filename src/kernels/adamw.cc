@@ -4,6 +4,7 @@
 #define HWY_TARGET_INCLUDE "kernels/adamw.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+#include "kernels/simd-inl.h"
 
 #include <cmath>
 #include <cstdint>
@@ -32,35 +33,7 @@ struct StepConstants {
 HWY_BEFORE_NAMESPACE();
 namespace hyperion {
 namespace HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
-using DF = hn::ScalableTag<float>;
-using VF = hn::Vec<DF>;
 using adamw_detail::StepConstants;
-
-HWY_INLINE VF LoadF(DF df, const float* p) {
-  return hn::LoadU(df, p);
-}
-HWY_INLINE VF LoadF(DF df, const bf16* p) {
-  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
-  return hn::PromoteTo(df, hn::LoadU(dbf, reinterpret_cast<const hwy::bfloat16_t*>(p)));
-}
-// Round to nearest even (DemoteTo in Highway 1.0.3 truncates, so round here).
-HWY_INLINE void StoreBF16(DF df, VF v, bf16* p) {
-  const hn::RebindToUnsigned<DF> du;
-  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
-  const auto bits = hn::BitCast(du, v);
-  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-  const auto rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb));
-  const auto quiet = hn::Or(bits, hn::Set(du, 0x00400000u));
-  const auto r = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
-  hn::StoreU(hn::DemoteTo(dbf, hn::BitCast(df, r)), dbf, reinterpret_cast<hwy::bfloat16_t*>(p));
-}
-HWY_INLINE float ToF32(float v) {
-  return v;
-}
-HWY_INLINE float ToF32(bf16 v) {
-  return bf16_to_f32(v);
-}
 
 template <typename G>
 void StepSpan(float* p, const G* g, float* m, float* v, bf16* p_bf16, const StepConstants& k,
@@ -83,7 +56,7 @@ void StepSpan(float* p, const G* g, float* m, float* v, bf16* p_bf16, const Step
     hn::StoreU(mv, df, m + i);
     hn::StoreU(vv, df, v + i);
     hn::StoreU(pv, df, p + i);
-    if (p_bf16 != nullptr) StoreBF16(df, pv, p_bf16 + i);
+    if (p_bf16 != nullptr) StoreF(df, pv, p_bf16 + i);
   }
   for (; i < count; ++i) {
     const float gi = ToF32(g[i]) * k.grad_scale;

@@ -9,6 +9,7 @@
 #define HWY_TARGET_INCLUDE "kernels/cross_entropy.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+#include "kernels/simd-inl.h"
 
 #include <cfloat>
 #include <cmath>
@@ -22,127 +23,6 @@
 HWY_BEFORE_NAMESPACE();
 namespace hyperion {
 namespace HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
-
-// The load/store/exp helpers are the same as in softmax.cc (kept local so each kernel
-// file is self-contained under foreach_target).
-using DF = hn::ScalableTag<float>;
-using VF = hn::Vec<DF>;
-constexpr size_t kMaxLanes = HWY_MAX_BYTES / sizeof(float);
-
-HWY_INLINE float ToF32(float v) {
-  return v;
-}
-HWY_INLINE float ToF32(bf16 v) {
-  return bf16_to_f32(v);
-}
-template <typename T>
-HWY_INLINE T FromF32(float v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else {
-    return f32_to_bf16(v);
-  }
-}
-
-HWY_INLINE VF LoadF(DF d, const float* p) {
-  return hn::LoadU(d, p);
-}
-HWY_INLINE VF LoadF(DF d, const bf16* p) {
-  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
-  return hn::PromoteTo(d, hn::LoadU(dbf, reinterpret_cast<const hwy::bfloat16_t*>(p)));
-}
-HWY_INLINE void StoreF(DF d, VF v, float* p) {
-  hn::StoreU(v, d, p);
-}
-// Round to nearest even, NaN stays quiet NaN (DemoteTo itself truncates in Highway 1.0.3).
-HWY_INLINE void StoreF(DF d, VF v, bf16* p) {
-  const hn::RebindToUnsigned<DF> du;
-  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
-  const auto bits = hn::BitCast(du, v);
-  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-  const auto rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb));
-  const auto quiet = hn::Or(bits, hn::Set(du, 0x00400000u));
-  const auto r = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
-  hn::StoreU(hn::DemoteTo(dbf, hn::BitCast(d, r)), dbf, reinterpret_cast<hwy::bfloat16_t*>(p));
-}
-
-// bf16 rows use pair order in their main loops: a u32 lane holds elements 2k (low half)
-// and 2k+1 (high half), so two f32 vectors are the lanes << 16 (even) and the lanes with
-// the low half cleared (odd). Max and sum do not care about the order, and the f32
-// scratch row is written and read back in that same order, so this only drops the
-// widening loads and the narrowing pack + lane permute of per-vector bf16 loads/stores.
-using DU = hn::RebindToUnsigned<DF>;
-using VU = hn::Vec<DU>;
-HWY_INLINE void LoadPairs(DF d, const bf16* p, VF& even, VF& odd) {
-  const DU du;
-  const VU v = hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
-  even = hn::BitCast(d, hn::ShiftLeft<16>(v));
-  odd = hn::BitCast(d, hn::And(v, hn::Set(du, 0xffff0000u)));
-}
-// f32 bits rounded to nearest even at bit 16 (the bf16 is the high half); NaN quieted.
-HWY_INLINE VU RoundBits(VF v) {
-  const DU du;
-  const VU bits = hn::BitCast(du, v);
-  const VU lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-  const VU rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb));
-  const VU quiet = hn::Or(bits, hn::Set(du, 0x00400000u));
-  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
-}
-HWY_INLINE void StorePairs(VF even, VF odd, bf16* p) {
-  const DU du;
-  const VU lo = hn::ShiftRight<16>(RoundBits(even));
-  const VU hi = hn::And(RoundBits(odd), hn::Set(du, 0xffff0000u));
-  hn::StoreU(hn::Or(lo, hi), du, reinterpret_cast<uint32_t*>(p));
-}
-template <typename T>
-HWY_INLINE void Load2(DF d, const T* p, VF& a, VF& b) {
-  if constexpr (std::is_same_v<T, bf16>) {
-    LoadPairs(d, p, a, b);
-  } else {
-    a = LoadF(d, p);
-    b = LoadF(d, p + hn::Lanes(d));
-  }
-}
-
-template <typename T>
-HWY_INLINE VF LoadTail(DF d, const T* p, size_t count, float pad) {
-  HWY_ALIGN float buf[kMaxLanes];
-  const size_t lanes = hn::Lanes(d);
-  for (size_t i = 0; i < lanes; ++i) buf[i] = i < count ? ToF32(p[i]) : pad;
-  return hn::Load(d, buf);
-}
-template <typename T>
-HWY_INLINE void StoreTail(DF d, VF v, T* p, size_t count) {
-  HWY_ALIGN float buf[kMaxLanes] = {};  // zero-init: GCC 12 -O3 warns falsely otherwise
-  hn::Store(v, d, buf);
-  for (size_t i = 0; i < count; ++i) p[i] = FromF32<T>(buf[i]);
-}
-
-// exp(x) for the softmax arguments x - max (<= 0; valid up to +88). Cody-Waite
-// reduction x = n ln2 + r with |r| <= ln2/2 and Highway's degree-7 polynomial (~1 ulp),
-// but n is rounded with the 1.5 * 2^23 shifter whose low bits are then the exponent
-// of 2^n: ~16 simple ops against ~35 for hn::Exp (no conversions, no range fix-ups).
-// x < -86 gives 0 (the true value is < 5e-38; this also avoids slow denormal results),
-// -inf gives 0, NaN stays NaN (so a diverging model shows up as NaN, not as zeros).
-HWY_INLINE VF FastExp(DF d, VF x) {
-  const hn::RebindToUnsigned<DF> du;
-  const VF shifter = hn::Set(d, 12582912.0f + 127.0f);  // 1.5 * 2^23 + exponent bias
-  const VF t = hn::MulAdd(x, hn::Set(d, 1.44269504088896341f), shifter);
-  const VF n = hn::Sub(t, shifter);  // round(x / ln2), exact
-  VF r = hn::MulAdd(n, hn::Set(d, -0.693145751953125f), x);
-  r = hn::MulAdd(n, hn::Set(d, -1.428606765330187045e-6f), r);
-  VF q = hn::MulAdd(hn::Set(d, 0.000198527617612853646278381f), r,
-                    hn::Set(d, 0.00139304355252534151077271f));
-  q = hn::MulAdd(q, r, hn::Set(d, 0.00833336077630519866943359f));
-  q = hn::MulAdd(q, r, hn::Set(d, 0.0416664853692054748535156f));
-  q = hn::MulAdd(q, r, hn::Set(d, 0.166666671633720397949219f));
-  q = hn::MulAdd(q, r, hn::Set(d, 0.5f));
-  const VF p = hn::Add(hn::MulAdd(q, hn::Mul(r, r), r), hn::Set(d, 1.0f));
-  // The mantissa of t holds 2^22 + 127 + n; shifting by 23 keeps (127 + n) << 23 = 2^n.
-  const VF pow2n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, t)));
-  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -86.0f)), hn::Mul(p, pow2n));
-}
 
 // Per row: pass 1 finds the max (memory-bound, one DRAM read of the row), pass 2 sums
 // e = exp(x - max) and, for the gradient, keeps e in f32 (in the f32 gradient row itself,
@@ -156,6 +36,7 @@ void CrossEntropyT(const T* x, const int32_t* targets, int32_t ignore_index, siz
   const DF d;
   const size_t n = hn::Lanes(d);
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  constexpr bool kPairs = std::is_same_v<T, bf16>;
   for (size_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
     T* gr = grad ? grad + r * cols : nullptr;
@@ -173,7 +54,7 @@ void CrossEntropyT(const T* x, const int32_t* targets, int32_t ignore_index, siz
     size_t i = 0;
     for (; i + 2 * n <= cols; i += 2 * n) {
       VF v0, v1;
-      Load2(d, xr + i, v0, v1);
+      Load2<kPairs>(d, xr + i, v0, v1);
       m0 = hn::Max(m0, v0);
       m1 = hn::Max(m1, v1);
     }
@@ -201,7 +82,7 @@ void CrossEntropyT(const T* x, const int32_t* targets, int32_t ignore_index, siz
         if (gn && gn != xn) __builtin_prefetch(gn + i * sizeof(T) + b, 1);
       }
       VF v0, v1;
-      Load2(d, xr + i, v0, v1);
+      Load2<kPairs>(d, xr + i, v0, v1);
       const VF e0 = FastExp(d, hn::Sub(v0, vm));
       const VF e1 = FastExp(d, hn::Sub(v1, vm));
       if (e) {
@@ -231,10 +112,10 @@ void CrossEntropyT(const T* x, const int32_t* targets, int32_t ignore_index, siz
     // Pass 3: p * scale everywhere, then the target entry is fixed up.
     const VF vinv = hn::Set(d, s == 0.0f ? 0.0f : scale / s);
     i = 0;
-    if constexpr (std::is_same_v<T, bf16>) {
+    if constexpr (kPairs) {
       // Same 2n blocks as pass 2, so the pair order in e matches.
       for (; i + 2 * n <= cols; i += 2 * n)
-        StorePairs(hn::Mul(hn::LoadU(d, e + i), vinv), hn::Mul(hn::LoadU(d, e + i + n), vinv),
+        StorePairs(d, hn::Mul(hn::LoadU(d, e + i), vinv), hn::Mul(hn::LoadU(d, e + i + n), vinv),
                    gr + i);
     }
     for (; i + n <= cols; i += n) StoreF(d, hn::Mul(hn::LoadU(d, e + i), vinv), gr + i);

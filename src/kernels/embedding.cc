@@ -6,6 +6,7 @@
 #define HWY_TARGET_INCLUDE "kernels/embedding.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+#include "kernels/simd-inl.h"
 
 #include "kernels/embedding.h"
 #include "tensor/convert.h"
@@ -13,24 +14,6 @@
 HWY_BEFORE_NAMESPACE();
 namespace hyperion {
 namespace HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
-
-using DF = hn::ScalableTag<float>;
-using VF = hn::Vec<DF>;
-
-HWY_INLINE VF LoadF(DF d, const float* p) {
-  return hn::LoadU(d, p);
-}
-HWY_INLINE VF LoadF(DF d, const bf16* p) {
-  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
-  return hn::PromoteTo(d, hn::LoadU(dbf, reinterpret_cast<const hwy::bfloat16_t*>(p)));
-}
-HWY_INLINE float ToF32(float v) {
-  return v;
-}
-HWY_INLINE float ToF32(bf16 v) {
-  return bf16_to_f32(v);
-}
 
 // Columns [h0, h1) of every referenced dtable row. A plain add (no FMA) is the same
 // in the vector body and the scalar tail, so results do not depend on where the

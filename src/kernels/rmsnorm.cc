@@ -5,6 +5,7 @@
 #define HWY_TARGET_INCLUDE "kernels/rmsnorm.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+#include "kernels/simd-inl.h"
 
 #include <cmath>
 #include <cstdint>
@@ -15,44 +16,6 @@
 HWY_BEFORE_NAMESPACE();
 namespace hyperion {
 namespace HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
-using DF = hn::ScalableTag<float>;
-using VF = hn::Vec<DF>;
-
-// Loads/stores of f32 vectors from f32 or bf16 memory; bf16 stores round to nearest
-// even (DemoteTo in Highway 1.0.3 truncates, so the rounding is done here).
-HWY_INLINE VF LoadF(DF df, const float* p) {
-  return hn::LoadU(df, p);
-}
-HWY_INLINE VF LoadF(DF df, const bf16* p) {
-  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
-  return hn::PromoteTo(df, hn::LoadU(dbf, reinterpret_cast<const hwy::bfloat16_t*>(p)));
-}
-HWY_INLINE void StoreF(DF df, VF v, float* p) {
-  hn::StoreU(v, df, p);
-}
-HWY_INLINE void StoreF(DF df, VF v, bf16* p) {
-  const hn::RebindToUnsigned<DF> du;
-  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
-  const auto bits = hn::BitCast(du, v);
-  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-  const auto rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb));
-  const auto quiet = hn::Or(bits, hn::Set(du, 0x00400000u));
-  const auto r = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
-  hn::StoreU(hn::DemoteTo(dbf, hn::BitCast(df, r)), dbf, reinterpret_cast<hwy::bfloat16_t*>(p));
-}
-HWY_INLINE float ToF32(float v) {
-  return v;
-}
-HWY_INLINE float ToF32(bf16 v) {
-  return bf16_to_f32(v);
-}
-HWY_INLINE void FromF32(float v, float* p) {
-  *p = v;
-}
-HWY_INLINE void FromF32(float v, bf16* p) {
-  *p = f32_to_bf16(v);
-}
 
 template <typename T>
 void ForwardRows(const T* x, const float* w, T* y, float* rstd, int64_t rows, int64_t h,
@@ -98,7 +61,7 @@ void ForwardRows(const T* x, const float* w, T* y, float* rstd, int64_t rows, in
       }
       StoreF(df, hn::Mul(hn::Mul(LoadF(df, xr + i), vr), hn::LoadU(df, w + i)), yr + i);
     }
-    for (; i < h; ++i) FromF32(ToF32(xr[i]) * rs * w[i], yr + i);
+    for (; i < h; ++i) yr[i] = FromF32<T>(ToF32(xr[i]) * rs * w[i]);
   }
 }
 
@@ -147,7 +110,7 @@ void BackwardRows(const T* dy, const T* x, const float* w, const float* rstd, T*
     for (; i < h; ++i) {
       const float g = ToF32(dyr[i]), xv = ToF32(xr[i]);
       dw_partial[i] += g * rs * xv;
-      FromF32(g * rs * w[i] - c * xv, dxr + i);
+      dxr[i] = FromF32<T>(g * rs * w[i] - c * xv);
     }
   }
 }

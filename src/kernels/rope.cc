@@ -4,6 +4,7 @@
 #define HWY_TARGET_INCLUDE "kernels/rope.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+#include "kernels/simd-inl.h"
 
 #include <cstdint>
 
@@ -13,44 +14,6 @@
 HWY_BEFORE_NAMESPACE();
 namespace hyperion {
 namespace HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
-using DF = hn::ScalableTag<float>;
-using VF = hn::Vec<DF>;
-
-// Loads/stores of f32 vectors from f32 or bf16 memory; bf16 stores round to nearest
-// even (DemoteTo in Highway 1.0.3 truncates, so the rounding is done here).
-HWY_INLINE VF LoadF(DF df, const float* p) {
-  return hn::LoadU(df, p);
-}
-HWY_INLINE VF LoadF(DF df, const bf16* p) {
-  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
-  return hn::PromoteTo(df, hn::LoadU(dbf, reinterpret_cast<const hwy::bfloat16_t*>(p)));
-}
-HWY_INLINE void StoreF(DF df, VF v, float* p) {
-  hn::StoreU(v, df, p);
-}
-HWY_INLINE void StoreF(DF df, VF v, bf16* p) {
-  const hn::RebindToUnsigned<DF> du;
-  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
-  const auto bits = hn::BitCast(du, v);
-  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-  const auto rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb));
-  const auto quiet = hn::Or(bits, hn::Set(du, 0x00400000u));
-  const auto r = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
-  hn::StoreU(hn::DemoteTo(dbf, hn::BitCast(df, r)), dbf, reinterpret_cast<hwy::bfloat16_t*>(p));
-}
-HWY_INLINE float ToF32(float v) {
-  return v;
-}
-HWY_INLINE float ToF32(bf16 v) {
-  return bf16_to_f32(v);
-}
-HWY_INLINE void FromF32(float v, float* p) {
-  *p = v;
-}
-HWY_INLINE void FromF32(float v, bf16* p) {
-  *p = f32_to_bf16(v);
-}
 
 // Rows [row_begin, row_end) of the flattened [B*T] token axis. The position of row r
 // (b = r / T, t = r % T) is pos[b * pos_batch_stride + t] if pos is given, else
@@ -83,8 +46,8 @@ void RotateRows(const T* x, T* out, const float* cos_tab, const float* sin_tab, 
       for (; i < half; ++i) {
         const float ci = c[i], si = s[i] * sign;
         const float x1 = ToF32(xr[i]), x2 = ToF32(xr[half + i]);
-        FromF32(x1 * ci - x2 * si, outr + i);
-        FromF32(x2 * ci + x1 * si, outr + half + i);
+        outr[i] = FromF32<T>(x1 * ci - x2 * si);
+        outr[half + i] = FromF32<T>(x2 * ci + x1 * si);
       }
     }
   }

@@ -6,6 +6,7 @@
 #define HWY_TARGET_INCLUDE "kernels/swiglu.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+#include "kernels/simd-inl.h"
 
 #include <cmath>
 #include <cstdint>
@@ -17,44 +18,6 @@
 HWY_BEFORE_NAMESPACE();
 namespace hyperion {
 namespace HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
-using DF = hn::ScalableTag<float>;
-using VF = hn::Vec<DF>;
-
-// Loads/stores of f32 vectors from f32 or bf16 memory; bf16 stores round to nearest
-// even (DemoteTo in Highway 1.0.3 truncates, so the rounding is done here).
-HWY_INLINE VF LoadF(DF df, const float* p) {
-  return hn::LoadU(df, p);
-}
-HWY_INLINE VF LoadF(DF df, const bf16* p) {
-  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
-  return hn::PromoteTo(df, hn::LoadU(dbf, reinterpret_cast<const hwy::bfloat16_t*>(p)));
-}
-HWY_INLINE void StoreF(DF df, VF v, float* p) {
-  hn::StoreU(v, df, p);
-}
-HWY_INLINE void StoreF(DF df, VF v, bf16* p) {
-  const hn::RebindToUnsigned<DF> du;
-  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
-  const auto bits = hn::BitCast(du, v);
-  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-  const auto rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb));
-  const auto quiet = hn::Or(bits, hn::Set(du, 0x00400000u));
-  const auto r = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
-  hn::StoreU(hn::DemoteTo(dbf, hn::BitCast(df, r)), dbf, reinterpret_cast<hwy::bfloat16_t*>(p));
-}
-HWY_INLINE float ToF32(float v) {
-  return v;
-}
-HWY_INLINE float ToF32(bf16 v) {
-  return bf16_to_f32(v);
-}
-HWY_INLINE void FromF32(float v, float* p) {
-  *p = v;
-}
-HWY_INLINE void FromF32(float v, bf16* p) {
-  *p = f32_to_bf16(v);
-}
 
 // exp(x) for x <= 0 (the sigmoid only needs exp(-|g|)). Cody-Waite reduction
 // x = n ln2 + r, |r| <= ln2/2, with n rounded by the 1.5 * 2^23 shifter whose low
@@ -66,6 +29,9 @@ HWY_INLINE void FromF32(float v, bf16* p) {
 // x is clamped at -87 (2^n stays a normal number): exp(x < -87) gives exp(-87) ~ 1.6e-38
 // instead of something smaller, and -inf or NaN as well (a NaN g still gives NaN
 // outputs through the factor g).
+// Kept here rather than using FastExp of simd-inl.h: the clamp (no zero select, NaN
+// absorbed) and the short kShort polynomial for the bf16 forward pass are specific to
+// the sigmoid.
 template <bool kShort>
 HWY_INLINE VF ExpNonPositive(DF df, VF x) {
   const hn::RebindToUnsigned<DF> du;
@@ -128,35 +94,6 @@ HWY_INLINE float SigmoidScalar(float g) {
   return g >= 0.0f ? r : e * r;
 }
 
-// The bf16 main loops work on 2 vectors of bf16 pairs: a u32 lane holds elements 2k
-// (low half) and 2k+1 (high half), so the even elements are the lane << 16 and the odd
-// ones the lane with its low half cleared. Being elementwise, the kernel does not care
-// about the order, and this saves the widening loads and the narrowing pack + lane
-// permute of a per-vector bf16 load/store (the kernel is compute-bound).
-using DU = hn::RebindToUnsigned<DF>;
-using VU = hn::Vec<DU>;
-HWY_INLINE void LoadPairs(DF df, const bf16* p, VF& even, VF& odd) {
-  const DU du;
-  const VU v = hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
-  even = hn::BitCast(df, hn::ShiftLeft<16>(v));
-  odd = hn::BitCast(df, hn::And(v, hn::Set(du, 0xffff0000u)));
-}
-// f32 bits rounded to nearest even at bit 16 (the bf16 is the high half); NaN quieted.
-HWY_INLINE VU RoundBits(DF df, VF v) {
-  const DU du;
-  const VU bits = hn::BitCast(du, v);
-  const VU lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-  const VU rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb));
-  const VU quiet = hn::Or(bits, hn::Set(du, 0x00400000u));
-  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
-}
-HWY_INLINE void StorePairs(DF df, VF even, VF odd, bf16* p) {
-  const DU du;
-  const VU lo = hn::ShiftRight<16>(RoundBits(df, even));
-  const VU hi = hn::And(RoundBits(df, odd), hn::Set(du, 0xffff0000u));
-  hn::StoreU(hn::Or(lo, hi), du, reinterpret_cast<uint32_t*>(p));
-}
-
 template <bool kBf16>
 HWY_INLINE VF Forward(DF df, VF g, VF u) {
   return hn::Mul(hn::Mul(g, Sigmoid<kBf16>(df, g)), u);
@@ -180,7 +117,7 @@ void ForwardSpan(const T* g, const T* u, T* h, int64_t count) {
     StoreF(df, Forward<kBf16>(df, LoadF(df, g + i), LoadF(df, u + i)), h + i);
   for (; i < count; ++i) {
     const float gi = ToF32(g[i]), ui = ToF32(u[i]);
-    FromF32(gi * SigmoidScalar(gi) * ui, h + i);
+    h[i] = FromF32<T>(gi * SigmoidScalar(gi) * ui);
   }
 }
 
@@ -200,14 +137,17 @@ void BackwardSpan(const T* dh, const T* g, const T* u, T* dg, T* du, int64_t cou
     const float dhi = ToF32(dh[i]), gi = ToF32(g[i]), ui = ToF32(u[i]);
     const float s = SigmoidScalar(gi);
     const float dgv = dhi * s * ui * (gi * (1.0f - s) + 1.0f), duv = dhi * s * gi;
-    FromF32(dgv, dg + i);
-    FromF32(duv, du + i);
+    dg[i] = FromF32<T>(dgv);
+    du[i] = FromF32<T>(duv);
   }
 }
 
 void ForwardF32(const float* g, const float* u, float* h, int64_t count) {
   ForwardSpan(g, u, h, count);
 }
+// The bf16 main loops use the pair layout of simd-inl.h: being elementwise, the kernel
+// does not care about the order, and it saves the lane shuffles of per-vector bf16
+// loads/stores (the kernel is compute-bound).
 void ForwardBF16(const bf16* g, const bf16* u, bf16* h, int64_t count) {
   const DF df;
   const int64_t n2 = 2 * static_cast<int64_t>(hn::Lanes(df));
