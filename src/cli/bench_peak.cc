@@ -11,7 +11,7 @@ namespace hyperion::cli {
 
 int cmd_bench_peak(const Args& args) {
   bool json = false;
-  double seconds = 0.25;
+  double seconds = 0.5;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--json") {
       json = true;

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
-#include <tuple>
 #include <unordered_map>
 #include <vector>
 

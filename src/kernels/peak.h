@@ -24,7 +24,7 @@ struct PeakResult {
 };
 
 // Runs every measurement with the current thread count; `seconds` per measurement.
-PeakResult measure_peak(double seconds = 0.25);
+PeakResult measure_peak(double seconds = 0.5);
 
 // Cached result of measure_peak for ratio reporting within one process.
 const PeakResult& cached_peak();
