@@ -10,22 +10,13 @@
 #include <vector>
 
 #include "base/error.h"
+#include "kernel_test_util.h"
 #include "tensor/convert.h"
 
 namespace hyperion {
 namespace {
 
-Tensor random_tensor(DType dtype, Shape shape, std::mt19937& rng, float stddev = 1.0f) {
-  Tensor t(dtype, shape);
-  std::normal_distribution<float> dist(0.0f, stddev);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    if (dtype == DType::kF32)
-      t.as<float>()[i] = dist(rng);
-    else
-      t.as<bf16>()[i] = f32_to_bf16(dist(rng));
-  }
-  return t;
-}
+using namespace testing_util;
 
 Tensor filled(DType dtype, Shape shape, float value) {
   Tensor t(dtype, shape);
@@ -36,23 +27,6 @@ Tensor filled(DType dtype, Shape shape, float value) {
       t.as<bf16>()[i] = f32_to_bf16(value);
   }
   return t;
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
-}
-
-// Runs fn once per SIMD target compiled in and supported here, so every dispatch path
-// (AVX-512, AVX2, SSE4, ..., scalar) is checked on this machine.
-template <typename Fn>
-void for_each_target(Fn&& fn) {
-  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  for (int64_t target : targets) {
-    SCOPED_TRACE(hwy::TargetName(target));
-    hwy::SetSupportedTargetsForTest(target);
-    fn();
-  }
-  hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST(AdamW, MatchesReferenceOverSeveralSteps) {
@@ -156,17 +130,6 @@ TEST(AdamW, GradScaleMultipliesGradients) {
   EXPECT_TRUE(bitwise_equal(p, p2));
   EXPECT_TRUE(bitwise_equal(m, m2));
   EXPECT_TRUE(bitwise_equal(v, v2));
-}
-
-template <typename Fn>
-void expect_error(Fn&& fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected hyperion::Error";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& s : needles) EXPECT_NE(msg.find(s), std::string::npos) << msg;
-  }
 }
 
 TEST(AdamW, ErrorsNameTheOp) {

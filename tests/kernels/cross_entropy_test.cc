@@ -13,35 +13,13 @@
 
 #include "base/error.h"
 #include "base/threads.h"
+#include "kernel_test_util.h"
 #include "tensor/convert.h"
 
 namespace hyperion {
 namespace {
 
-Tensor make_tensor(DType dtype, Shape shape, const std::vector<float>& v) {
-  Tensor t(dtype, shape);
-  convert_any(v.data(), DType::kF32, t.data(), dtype, v.size());
-  return t;
-}
-
-Tensor make_targets(const std::vector<int32_t>& t) {
-  Tensor out(DType::kI32, {int64_t(t.size())});
-  if (!t.empty()) std::memcpy(out.data(), t.data(), t.size() * sizeof(int32_t));
-  return out;
-}
-
-std::vector<float> values(const TensorView& t) {
-  std::vector<float> out(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = load_as_f32(t.data, t.dtype, i);
-  return out;
-}
-
-std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using namespace testing_util;
 
 // Random targets in [0, cols), with about one row in four set to ignore_index.
 std::vector<int32_t> random_targets(int64_t rows, int64_t cols, std::mt19937& rng,
@@ -50,25 +28,6 @@ std::vector<int32_t> random_targets(int64_t rows, int64_t cols, std::mt19937& rn
   std::vector<int32_t> t(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) t[size_t(r)] = (r % 4 == 1) ? ignore : pick(rng);
   return t;
-}
-
-template <typename Fn>
-void for_each_target(Fn&& fn) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
-    fn();
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
-
-std::string error_message(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 const DType kDTypes[] = {DType::kF32, DType::kBF16};
@@ -82,7 +41,7 @@ TEST(CrossEntropy, FusedMatchesReference) {
         SCOPED_TRACE(fmt::format("{} cols {}", dtype_name(dt), cols));
         auto lv = randn(size_t(rows * cols), rng, 2.0f);
         Tensor logits = make_tensor(dt, {rows, cols}, lv);
-        Tensor targets = make_targets(random_targets(rows, cols, rng));
+        Tensor targets = make_i32(random_targets(rows, cols, rng));
         Tensor grad(dt, {rows, cols}), grad_ref(dt, {rows, cols});
         Tensor rl(DType::kF32, {rows}), rl_ref(DType::kF32, {rows});
         const float dloss = 0.75f;
@@ -117,7 +76,7 @@ TEST(CrossEntropy, InPlaceMatchesSeparateBuffers) {
   for (DType dt : kDTypes) {
     const int64_t rows = 7, cols = 1001;
     Tensor logits = make_tensor(dt, {rows, cols}, randn(size_t(rows * cols), rng, 3.0f));
-    Tensor targets = make_targets(random_targets(rows, cols, rng));
+    Tensor targets = make_i32(random_targets(rows, cols, rng));
     Tensor grad(dt, {rows, cols});
     auto separate = cross_entropy_fused(logits, targets, grad);
     auto in_place = cross_entropy_fused(logits, targets, logits);
@@ -132,7 +91,7 @@ TEST(CrossEntropy, GradientMatchesFiniteDifferences) {
   const int64_t rows = 4, cols = 6;
   auto lv = randn(size_t(rows * cols), rng);
   std::vector<int32_t> tv = {2, kIgnoreIndex, 0, 5};
-  Tensor targets = make_targets(tv);
+  Tensor targets = make_i32(tv);
   const float dloss = 2.5f;
   Tensor logits = make_tensor(DType::kF32, {rows, cols}, lv);
   Tensor grad(DType::kF32, {rows, cols});
@@ -163,7 +122,7 @@ TEST(CrossEntropy, IgnoreIndexHandling) {
   Tensor rl(DType::kF32, {rows});
 
   // Mean over the non-ignored rows only: equals the mean of those rows alone.
-  Tensor targets = make_targets({3, kIgnoreIndex, 7, kIgnoreIndex, 18});
+  Tensor targets = make_i32({3, kIgnoreIndex, 7, kIgnoreIndex, 18});
   auto all = cross_entropy_fused(logits, targets, grad, 1.0f, rl);
   EXPECT_EQ(all.count, 3);
   EXPECT_EQ(rl.as<float>()[1], 0.0f);
@@ -176,7 +135,7 @@ TEST(CrossEntropy, IgnoreIndexHandling) {
   for (int64_t r : {0, 2, 4})
     kept.insert(kept.end(), lv.begin() + r * cols, lv.begin() + (r + 1) * cols);
   Tensor kept_logits = make_tensor(DType::kF32, {3, cols}, kept);
-  auto only = cross_entropy_forward(kept_logits, make_targets({3, 7, 18}));
+  auto only = cross_entropy_forward(kept_logits, make_i32({3, 7, 18}));
   EXPECT_NEAR(all.loss, only.loss, 1e-12);
   // Gradient rows sum to zero (softmax minus one-hot).
   for (int64_t r : {0, 2, 4}) {
@@ -186,7 +145,7 @@ TEST(CrossEntropy, IgnoreIndexHandling) {
   }
 
   // Every row ignored: loss 0, count 0, zero gradient, no NaN.
-  Tensor none = make_targets(std::vector<int32_t>(rows, kIgnoreIndex));
+  Tensor none = make_i32(std::vector<int32_t>(rows, kIgnoreIndex));
   Tensor logits2 = make_tensor(DType::kF32, {rows, cols}, lv);
   auto r0 = cross_entropy_fused(logits2, none, logits2);
   EXPECT_EQ(r0.count, 0);
@@ -194,7 +153,7 @@ TEST(CrossEntropy, IgnoreIndexHandling) {
   for (float g : values(logits2)) EXPECT_EQ(g, 0.0f);
 
   // A custom ignore_index, and -100 then being an out-of-range target.
-  Tensor custom = make_targets({3, -1, 7, -1, 18});
+  Tensor custom = make_i32({3, -1, 7, -1, 18});
   auto c = cross_entropy_forward(logits, custom, TensorView(), -1);
   EXPECT_EQ(c.count, 3);
   EXPECT_NEAR(c.loss, all.loss, 1e-12);
@@ -214,7 +173,7 @@ TEST(CrossEntropy, ExtremeLogits) {
     Tensor logits = make_tensor(DType::kF32, {3, cols}, v);
     Tensor grad(DType::kF32, {3, cols}), grad_ref(DType::kF32, {3, cols});
     Tensor rl(DType::kF32, {3}), rl_ref(DType::kF32, {3});
-    Tensor targets = make_targets({3, 6, 1});
+    Tensor targets = make_i32({3, 6, 1});
     auto got = cross_entropy_fused(logits, targets, grad, 1.0f, rl);
     ref::cross_entropy(logits, targets, grad_ref, 1.0f, rl_ref);
     EXPECT_TRUE(std::isnan(got.loss));
@@ -230,18 +189,18 @@ TEST(CrossEntropy, ExtremeLogits) {
     }
     EXPECT_TRUE(std::isnan(rl.as<float>()[2]));
     // A target whose logit is -inf has infinite loss.
-    auto masked = cross_entropy_forward(logits.view().slice0(1, 2), make_targets({1}));
+    auto masked = cross_entropy_forward(logits.view().slice0(1, 2), make_i32({1}));
     EXPECT_TRUE(std::isinf(masked.loss) && masked.loss > 0);
   });
 }
 
 TEST(CrossEntropy, DeterministicAcrossThreadCounts) {
   std::mt19937 rng(15);
-  const int saved = num_threads();
+  const RestoreNumThreads restore_threads;
   for (DType dt : kDTypes) {
     const int64_t rows = 64, cols = 777;
     auto lv = randn(size_t(rows * cols), rng, 2.0f);
-    Tensor targets = make_targets(random_targets(rows, cols, rng));
+    Tensor targets = make_i32(random_targets(rows, cols, rng));
     Tensor a = make_tensor(dt, {rows, cols}, lv), b = make_tensor(dt, {rows, cols}, lv);
     set_num_threads(1);
     auto ra = cross_entropy_fused(a, targets, a);
@@ -250,7 +209,6 @@ TEST(CrossEntropy, DeterministicAcrossThreadCounts) {
     EXPECT_EQ(ra.loss, rb.loss);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0) << dtype_name(dt);
   }
-  set_num_threads(saved);
 }
 
 TEST(CrossEntropy, ErrorsNameTheOpAndRow) {
@@ -258,30 +216,30 @@ TEST(CrossEntropy, ErrorsNameTheOpAndRow) {
   std::memset(logits.data(), 0, logits.nbytes());
   Tensor grad(DType::kF32, {4, 5});
   std::string msg = error_message([&] {
-    cross_entropy_fused(logits, make_targets({0, 7, 1, 2}), grad);
+    cross_entropy_fused(logits, make_i32({0, 7, 1, 2}), grad);
   });
   EXPECT_NE(msg.find("cross_entropy_fused"), std::string::npos) << msg;
   EXPECT_NE(msg.find("target 7 at row 1"), std::string::npos) << msg;
-  msg = error_message([&] { cross_entropy_forward(logits, make_targets({0, 1, 2, -5})); });
+  msg = error_message([&] { cross_entropy_forward(logits, make_i32({0, 1, 2, -5})); });
   EXPECT_NE(msg.find("cross_entropy_forward"), std::string::npos) << msg;
   EXPECT_NE(msg.find("target -5 at row 3"), std::string::npos) << msg;
 
-  msg = error_message([&] { cross_entropy_forward(logits, make_targets({0, 1, 2})); });
+  msg = error_message([&] { cross_entropy_forward(logits, make_i32({0, 1, 2})); });
   EXPECT_NE(msg.find("f32[4, 5]"), std::string::npos) << msg;
   EXPECT_NE(msg.find("int32[3]"), std::string::npos) << msg;
   Tensor f32_targets(DType::kF32, {4});
   EXPECT_THROW(cross_entropy_forward(logits, f32_targets), Error);
   Tensor bf16_grad(DType::kBF16, {4, 5});
-  msg = error_message([&] { cross_entropy_fused(logits, make_targets({0, 1, 2, 3}), bf16_grad); });
+  msg = error_message([&] { cross_entropy_fused(logits, make_i32({0, 1, 2, 3}), bf16_grad); });
   EXPECT_NE(msg.find("dlogits"), std::string::npos) << msg;
   Tensor bad_rl(DType::kF32, {5});
-  EXPECT_THROW(cross_entropy_forward(logits, make_targets({0, 1, 2, 3}), bad_rl), Error);
+  EXPECT_THROW(cross_entropy_forward(logits, make_i32({0, 1, 2, 3}), bad_rl), Error);
   Tensor logits3(DType::kF32, {2, 2, 5});
-  EXPECT_THROW(cross_entropy_forward(logits3, make_targets({0, 1})), Error);
+  EXPECT_THROW(cross_entropy_forward(logits3, make_i32({0, 1})), Error);
   // Partial overlap of gradient and logits.
   Tensor big(DType::kF32, {5, 5});
   TensorView l(big.data(), DType::kF32, {4, 5}), g(big.as<float>() + 5, DType::kF32, {4, 5});
-  msg = error_message([&] { cross_entropy_fused(l, make_targets({0, 1, 2, 3}), g); });
+  msg = error_message([&] { cross_entropy_fused(l, make_i32({0, 1, 2, 3}), g); });
   EXPECT_NE(msg.find("overlap"), std::string::npos) << msg;
 }
 

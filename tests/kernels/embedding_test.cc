@@ -11,54 +11,19 @@
 
 #include "base/error.h"
 #include "base/threads.h"
+#include "kernel_test_util.h"
 #include "tensor/convert.h"
 
 namespace hyperion {
 namespace {
 
-Tensor make_tensor(DType dtype, Shape shape, const std::vector<float>& v) {
-  Tensor t(dtype, shape);
-  convert_any(v.data(), DType::kF32, t.data(), dtype, v.size());
-  return t;
-}
-
-Tensor make_ids(const std::vector<int32_t>& ids) {
-  Tensor out(DType::kI32, {int64_t(ids.size())});
-  if (!ids.empty()) std::memcpy(out.data(), ids.data(), ids.size() * sizeof(int32_t));
-  return out;
-}
-
-std::vector<float> randn(size_t n, std::mt19937& rng) {
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using namespace testing_util;
 
 std::vector<int32_t> random_ids(int64_t n, int64_t vocab, std::mt19937& rng) {
   std::uniform_int_distribution<int32_t> pick(0, int32_t(vocab - 1));
   std::vector<int32_t> ids(static_cast<size_t>(n));
   for (int32_t& id : ids) id = pick(rng);
   return ids;
-}
-
-template <typename Fn>
-void for_each_target(Fn&& fn) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
-    fn();
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
-
-std::string error_message(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 const DType kDTypes[] = {DType::kF32, DType::kBF16};
@@ -73,7 +38,7 @@ TEST(Embedding, ForwardMatchesReference) {
                                    vocab, hidden));
           const int64_t n = 23;
           Tensor table = make_tensor(tt, {vocab, hidden}, randn(size_t(vocab * hidden), rng));
-          Tensor ids = make_ids(random_ids(n, vocab, rng));
+          Tensor ids = make_i32(random_ids(n, vocab, rng));
           Tensor out(ot, {n, hidden}), out_ref(ot, {n, hidden});
           embedding_forward(table, ids, out);
           ref::embedding_forward(table, ids, out_ref);
@@ -95,7 +60,7 @@ TEST(Embedding, BackwardMatchesReferenceWithRepeatedIds) {
           const int64_t n = 40;
           // Few distinct ids so most of them repeat.
           auto idv = random_ids(n, std::min<int64_t>(vocab, 4), rng);
-          Tensor ids = make_ids(idv);
+          Tensor ids = make_i32(idv);
           Tensor dout = make_tensor(gt, {n, hidden}, randn(size_t(n * hidden), rng));
           auto init = randn(size_t(vocab * hidden), rng);  // backward accumulates
           Tensor dtable = make_tensor(DType::kF32, {vocab, hidden}, init);
@@ -112,7 +77,7 @@ TEST(Embedding, BackwardMatchesReferenceWithRepeatedIds) {
 
 TEST(Embedding, BackwardSumsRepeatedIds) {
   const int64_t hidden = 3;
-  Tensor ids = make_ids({2, 0, 2, 2});
+  Tensor ids = make_i32({2, 0, 2, 2});
   Tensor dout = make_tensor(DType::kF32, {4, hidden}, {1, 2, 3, 10, 20, 30, 4, 5, 6, 7, 8, 9});
   Tensor dtable = Tensor::zeros(DType::kF32, {3, hidden});
   embedding_backward(ids, dout, dtable);
@@ -122,13 +87,13 @@ TEST(Embedding, BackwardSumsRepeatedIds) {
 
 TEST(Embedding, BackwardDeterministicAcrossThreadCounts) {
   std::mt19937 rng(23);
-  const int saved = num_threads();
+  const RestoreNumThreads restore_threads;
   for (DType gt : kDTypes) {
     for (int64_t hidden : {5, 48, 1001}) {
       const int64_t n = 300, vocab = 50;
       auto idv = random_ids(n, 3, rng);  // heavy repetition
       idv[0] = idv[1] = idv[2] = int32_t(vocab - 1);
-      Tensor ids = make_ids(idv);
+      Tensor ids = make_i32(idv);
       Tensor dout = make_tensor(gt, {n, hidden}, randn(size_t(n * hidden), rng));
       Tensor a = Tensor::zeros(DType::kF32, {vocab, hidden});
       Tensor b = Tensor::zeros(DType::kF32, {vocab, hidden});
@@ -140,43 +105,42 @@ TEST(Embedding, BackwardDeterministicAcrossThreadCounts) {
           << dtype_name(gt) << " H " << hidden;
     }
   }
-  set_num_threads(saved);
 }
 
 TEST(Embedding, ErrorsNamePositionAndId) {
   Tensor table = Tensor::zeros(DType::kF32, {10, 4});
   Tensor out(DType::kF32, {3, 4});
-  std::string msg = error_message([&] { embedding_forward(table, make_ids({1, 2, 10}), out); });
+  std::string msg = error_message([&] { embedding_forward(table, make_i32({1, 2, 10}), out); });
   EXPECT_NE(msg.find("embedding_forward"), std::string::npos) << msg;
   EXPECT_NE(msg.find("id 10 at position 2"), std::string::npos) << msg;
-  msg = error_message([&] { embedding_forward(table, make_ids({-1, 2, 3}), out); });
+  msg = error_message([&] { embedding_forward(table, make_i32({-1, 2, 3}), out); });
   EXPECT_NE(msg.find("id -1 at position 0"), std::string::npos) << msg;
 
   Tensor dtable = Tensor::zeros(DType::kF32, {10, 4});
   Tensor dout = Tensor::zeros(DType::kF32, {3, 4});
-  msg = error_message([&] { embedding_backward(make_ids({0, 12, 3}), dout, dtable); });
+  msg = error_message([&] { embedding_backward(make_i32({0, 12, 3}), dout, dtable); });
   EXPECT_NE(msg.find("embedding_backward"), std::string::npos) << msg;
   EXPECT_NE(msg.find("id 12 at position 1"), std::string::npos) << msg;
   // Nothing was written before the error.
   for (int i = 0; i < 40; ++i) EXPECT_EQ(dtable.as<float>()[i], 0.0f);
 
   Tensor out_bad(DType::kF32, {3, 5});
-  msg = error_message([&] { embedding_forward(table, make_ids({1, 2, 3}), out_bad); });
+  msg = error_message([&] { embedding_forward(table, make_i32({1, 2, 3}), out_bad); });
   EXPECT_NE(msg.find("f32[3, 5]"), std::string::npos) << msg;
   EXPECT_NE(msg.find("f32[10, 4]"), std::string::npos) << msg;
   Tensor bf16_dtable(DType::kBF16, {10, 4});
-  EXPECT_THROW(embedding_backward(make_ids({1, 2, 3}), dout, bf16_dtable), Error);
+  EXPECT_THROW(embedding_backward(make_i32({1, 2, 3}), dout, bf16_dtable), Error);
   Tensor f32_ids(DType::kF32, {3});
   EXPECT_THROW(embedding_forward(table, f32_ids, out), Error);
   Tensor dout_bad(DType::kF32, {2, 4});
-  EXPECT_THROW(embedding_backward(make_ids({1, 2, 3}), dout_bad, dtable), Error);
+  EXPECT_THROW(embedding_backward(make_i32({1, 2, 3}), dout_bad, dtable), Error);
 }
 
 TEST(Embedding, EmptyIds) {
   Tensor table = Tensor::zeros(DType::kF32, {10, 4});
   Tensor out(DType::kF32, {0, 4});
-  embedding_forward(table, make_ids({}), out);
-  embedding_backward(make_ids({}), out, table);
+  embedding_forward(table, make_i32({}), out);
+  embedding_backward(make_i32({}), out, table);
 }
 
 }  // namespace

@@ -12,39 +12,13 @@
 
 #include "base/error.h"
 #include "base/threads.h"
+#include "kernel_test_util.h"
 #include "tensor/convert.h"
 
 namespace hyperion {
 namespace {
 
-Tensor random_tensor(DType dtype, Shape shape, std::mt19937& rng, float stddev = 1.0f) {
-  Tensor t(dtype, shape);
-  std::normal_distribution<float> dist(0.0f, stddev);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    if (dtype == DType::kF32)
-      t.as<float>()[i] = dist(rng);
-    else
-      t.as<bf16>()[i] = f32_to_bf16(dist(rng));
-  }
-  return t;
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
-}
-
-// Runs fn once per SIMD target compiled in and supported here, so every dispatch path
-// (AVX-512, AVX2, SSE4, ..., scalar) is checked on this machine.
-template <typename Fn>
-void for_each_target(Fn&& fn) {
-  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  for (int64_t target : targets) {
-    SCOPED_TRACE(hwy::TargetName(target));
-    hwy::SetSupportedTargetsForTest(target);
-    fn();
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
+using namespace testing_util;
 
 // Mixed f32/bf16 buffers with odd sizes, two of them spanning several 64K chunks.
 std::vector<Tensor> make_buffers(std::mt19937& rng) {
@@ -82,14 +56,13 @@ TEST(GlobalNorm, IndependentOfThreadCount) {
   std::mt19937 rng(42);
   std::vector<Tensor> bufs = make_buffers(rng);
   const std::vector<TensorView> v = views(bufs);
-  const int saved = num_threads();
+  const RestoreNumThreads restore_threads;
   set_num_threads(1);
   const double one = global_l2_norm(v);
   set_num_threads(2);
   const double two = global_l2_norm(v);
   set_num_threads(3);  // more threads than cores: still the same chunks
   const double three = global_l2_norm(v);
-  set_num_threads(saved);
   EXPECT_EQ(std::memcmp(&one, &two, sizeof(double)), 0) << one << " vs " << two;
   EXPECT_EQ(std::memcmp(&one, &three, sizeof(double)), 0) << one << " vs " << three;
 }
@@ -158,17 +131,6 @@ TEST(GlobalNorm, NonFiniteNormLeavesBuffersUntouched) {
   EXPECT_TRUE(bitwise_equal(t, before));
   t.as<float>()[50] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_TRUE(std::isnan(clip_grad_norm(std::span(&v, 1), 1.0f)));
-}
-
-template <typename Fn>
-void expect_error(Fn&& fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected hyperion::Error";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& s : needles) EXPECT_NE(msg.find(s), std::string::npos) << msg;
-  }
 }
 
 TEST(GlobalNorm, ErrorsNameTheOp) {

@@ -12,49 +12,18 @@
 
 #include "base/error.h"
 #include "base/threads.h"
+#include "kernel_test_util.h"
 #include "tensor/convert.h"
 
 namespace hyperion {
 namespace {
 
-Tensor random_tensor(DType dtype, Shape shape, std::mt19937& rng, float mean = 0.0f,
-                     float stddev = 1.0f) {
-  Tensor t(dtype, shape);
-  std::normal_distribution<float> dist(mean, stddev);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    if (dtype == DType::kF32)
-      t.as<float>()[i] = dist(rng);
-    else
-      t.as<bf16>()[i] = f32_to_bf16(dist(rng));
-  }
-  return t;
-}
-
-double at(const Tensor& t, int64_t i) {
-  return load_as_f32(t.data(), t.dtype(), static_cast<size_t>(i));
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
-}
+using namespace testing_util;
 
 // f32 results agree with the f64 reference to a few ulp. bf16 results are the f32 value
 // rounded once, so they are within one bf16 ulp (relative 2^-8) of the rounded reference.
 double rel_tol(DType dtype) {
   return dtype == DType::kF32 ? 2e-5 : 1.0 / 128;
-}
-
-// Runs fn once per SIMD target compiled in and supported here (AVX-512, AVX2, SSE4, ...,
-// the emulated 128-bit fallback), so every dispatch path is checked on this machine.
-template <typename Fn>
-void for_each_target(Fn&& fn) {
-  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  for (int64_t target : targets) {
-    SCOPED_TRACE(hwy::TargetName(target));
-    hwy::SetSupportedTargetsForTest(target);
-    fn();
-  }
-  hwy::SetSupportedTargetsForTest(0);
 }
 
 const std::vector<std::pair<int64_t, int64_t>> kShapes = {
@@ -66,8 +35,8 @@ TEST(RmsNorm, ForwardMatchesReference) {
     for (DType dt : {DType::kF32, DType::kBF16}) {
       for (auto [n, h] : kShapes) {
         SCOPED_TRACE(testing::Message() << dtype_name(dt) << " N=" << n << " H=" << h);
-        Tensor x = random_tensor(dt, {n, h}, rng, 0.3f, 2.0f);
-        Tensor w = random_tensor(DType::kF32, {h}, rng, 1.0f, 0.2f);
+        Tensor x = random_normal_tensor(dt, {n, h}, rng, 0.3f, 2.0f);
+        Tensor w = random_normal_tensor(DType::kF32, {h}, rng, 1.0f, 0.2f);
         Tensor y(dt, {n, h}), y_ref(dt, {n, h});
         Tensor rstd(DType::kF32, {n}), rstd_ref(DType::kF32, {n});
         rmsnorm_forward(x, w, 1e-5f, y, rstd);
@@ -85,7 +54,7 @@ TEST(RmsNorm, ForwardInPlaceMatchesOutOfPlace) {
   std::mt19937 rng(2);
   for (DType dt : {DType::kF32, DType::kBF16}) {
     Tensor x = random_tensor(dt, {6, 45}, rng);
-    Tensor w = random_tensor(DType::kF32, {45}, rng, 1.0f, 0.2f);
+    Tensor w = random_normal_tensor(DType::kF32, {45}, rng, 1.0f, 0.2f);
     Tensor y(dt, {6, 45}), rstd(DType::kF32, {6});
     rmsnorm_forward(x, w, 1e-6f, y, rstd);
     rmsnorm_forward(x, w, 1e-6f, x, rstd);
@@ -99,8 +68,8 @@ TEST(RmsNorm, BackwardMatchesReferenceAndAccumulates) {
     for (DType dt : {DType::kF32, DType::kBF16}) {
       for (auto [n, h] : kShapes) {
         SCOPED_TRACE(testing::Message() << dtype_name(dt) << " N=" << n << " H=" << h);
-        Tensor x = random_tensor(dt, {n, h}, rng, 0.1f, 1.5f);
-        Tensor w = random_tensor(DType::kF32, {h}, rng, 1.0f, 0.3f);
+        Tensor x = random_normal_tensor(dt, {n, h}, rng, 0.1f, 1.5f);
+        Tensor w = random_normal_tensor(DType::kF32, {h}, rng, 1.0f, 0.3f);
         Tensor dy = random_tensor(dt, {n, h}, rng);
         Tensor y(dt, {n, h}), rstd(DType::kF32, {n});
         rmsnorm_forward(x, w, 1e-5f, y, rstd);
@@ -137,8 +106,8 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   const float eps = 1e-5f;
   for (auto [n, h] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 5}, {2, 8}, {2, 19}}) {
     SCOPED_TRACE(testing::Message() << "N=" << n << " H=" << h);
-    Tensor x = random_tensor(DType::kF32, {n, h}, rng, 0.2f, 1.0f);
-    Tensor w = random_tensor(DType::kF32, {h}, rng, 1.0f, 0.3f);
+    Tensor x = random_normal_tensor(DType::kF32, {n, h}, rng, 0.2f, 1.0f);
+    Tensor w = random_normal_tensor(DType::kF32, {h}, rng, 1.0f, 0.3f);
     Tensor r = random_tensor(DType::kF32, {n, h}, rng);
     Tensor y(DType::kF32, {n, h}), rstd(DType::kF32, {n});
     rmsnorm_forward(x, w, eps, y, rstd);
@@ -174,11 +143,11 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
 }
 
 TEST(RmsNorm, ResultsIndependentOfThreadCount) {
-  const int saved = num_threads();
+  const RestoreNumThreads restore_threads;
   for (auto [n, h] : std::vector<std::pair<int64_t, int64_t>>{{256, 300}, {64, 4096}, {3, 17}}) {
     std::mt19937 rng(5);
     Tensor x = random_tensor(DType::kBF16, {n, h}, rng);
-    Tensor w = random_tensor(DType::kF32, {h}, rng, 1.0f, 0.2f);
+    Tensor w = random_normal_tensor(DType::kF32, {h}, rng, 1.0f, 0.2f);
     Tensor dy = random_tensor(DType::kBF16, {n, h}, rng);
     Tensor y[2] = {Tensor(DType::kBF16, {n, h}), Tensor(DType::kBF16, {n, h})};
     Tensor dx[2] = {Tensor(DType::kBF16, {n, h}), Tensor(DType::kBF16, {n, h})};
@@ -193,18 +162,6 @@ TEST(RmsNorm, ResultsIndependentOfThreadCount) {
     EXPECT_TRUE(bitwise_equal(rstd[0], rstd[1]));
     EXPECT_TRUE(bitwise_equal(dx[0], dx[1]));
     EXPECT_TRUE(bitwise_equal(dw[0], dw[1])) << "N=" << n << " H=" << h;
-  }
-  set_num_threads(saved);
-}
-
-template <typename Fn>
-void expect_error(Fn&& fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected hyperion::Error";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& s : needles) EXPECT_NE(msg.find(s), std::string::npos) << msg;
   }
 }
 

@@ -11,49 +11,19 @@
 #include <vector>
 
 #include "base/error.h"
+#include "kernel_test_util.h"
 #include "tensor/convert.h"
 
 namespace hyperion {
 namespace {
 
-Tensor random_tensor(DType dtype, Shape shape, std::mt19937& rng) {
-  Tensor t(dtype, shape);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    if (dtype == DType::kF32)
-      t.as<float>()[i] = dist(rng);
-    else
-      t.as<bf16>()[i] = f32_to_bf16(dist(rng));
-  }
-  return t;
-}
+using namespace testing_util;
 
 Tensor random_positions(Shape shape, int64_t max_positions, std::mt19937& rng) {
   Tensor p(DType::kI32, shape);
   std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(max_positions - 1));
   for (int64_t i = 0; i < p.numel(); ++i) p.as<int32_t>()[i] = dist(rng);
   return p;
-}
-
-double at(const Tensor& t, int64_t i) {
-  return load_as_f32(t.data(), t.dtype(), static_cast<size_t>(i));
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
-}
-
-// Runs fn once per SIMD target compiled in and supported here, so every dispatch path
-// (AVX-512, AVX2, SSE4, ..., scalar) is checked on this machine.
-template <typename Fn>
-void for_each_target(Fn&& fn) {
-  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  for (int64_t target : targets) {
-    SCOPED_TRACE(hwy::TargetName(target));
-    hwy::SetSupportedTargetsForTest(target);
-    fn();
-  }
-  hwy::SetSupportedTargetsForTest(0);
 }
 
 // [B, T, H, D]; D/2 of 1, 3, 17 (SIMD tails), 32, 64 and 100.
@@ -183,17 +153,6 @@ TEST(Rope, BackwardMatchesFiniteDifferences) {
     const double lm = loss();
     xd[i] = keep;
     EXPECT_NEAR(at(dx, i), (lp - lm) / (2 * step), 1e-5) << i;
-  }
-}
-
-template <typename Fn>
-void expect_error(Fn&& fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected hyperion::Error";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& s : needles) EXPECT_NE(msg.find(s), std::string::npos) << msg;
   }
 }
 

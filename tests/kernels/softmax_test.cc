@@ -12,57 +12,20 @@
 #include <vector>
 
 #include "base/error.h"
+#include "kernel_test_util.h"
 #include "tensor/convert.h"
 
 namespace hyperion {
 namespace {
 
+using namespace testing_util;
+
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-Tensor make_tensor(DType dtype, Shape shape, const std::vector<float>& v) {
-  Tensor t(dtype, shape);
-  convert_any(v.data(), DType::kF32, t.data(), dtype, v.size());
-  return t;
-}
-
-std::vector<float> values(const TensorView& t) {
-  std::vector<float> out(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = load_as_f32(t.data, t.dtype, i);
-  return out;
-}
-
-std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-// Runs fn once per SIMD target compiled into the kernels (AVX-512 ... scalar), so
-// every lane width and tail path is exercised on this machine.
-template <typename Fn>
-void for_each_target(Fn&& fn) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
-    fn();
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
 
 // Tolerance for an output of dtype `dt` relative to the reference value `ref`.
 float tolerance(DType dt, float ref) {
   return dt == DType::kBF16 ? 1e-6f + std::fabs(ref) * (1.0f / 128)
                             : 1e-8f + std::fabs(ref) * 2e-5f;
-}
-
-std::string error_message(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 const DType kDTypes[] = {DType::kF32, DType::kBF16};

@@ -11,22 +11,13 @@
 #include <vector>
 
 #include "base/error.h"
+#include "kernel_test_util.h"
 #include "tensor/convert.h"
 
 namespace hyperion {
 namespace {
 
-Tensor random_tensor(DType dtype, Shape shape, std::mt19937& rng, float stddev = 1.0f) {
-  Tensor t(dtype, shape);
-  std::normal_distribution<float> dist(0.0f, stddev);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    if (dtype == DType::kF32)
-      t.as<float>()[i] = dist(rng);
-    else
-      t.as<bf16>()[i] = f32_to_bf16(dist(rng));
-  }
-  return t;
-}
+using namespace testing_util;
 
 Tensor from_values(DType dtype, Shape shape, const std::vector<float>& v) {
   Tensor t(dtype, shape);
@@ -37,27 +28,6 @@ Tensor from_values(DType dtype, Shape shape, const std::vector<float>& v) {
       t.as<bf16>()[i] = f32_to_bf16(v[i]);
   }
   return t;
-}
-
-double at(const Tensor& t, int64_t i) {
-  return load_as_f32(t.data(), t.dtype(), static_cast<size_t>(i));
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
-}
-
-// Runs fn once per SIMD target compiled in and supported here, so every dispatch path
-// (AVX-512, AVX2, SSE4, ..., scalar) is checked on this machine.
-template <typename Fn>
-void for_each_target(Fn&& fn) {
-  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  for (int64_t target : targets) {
-    SCOPED_TRACE(hwy::TargetName(target));
-    hwy::SetSupportedTargetsForTest(target);
-    fn();
-  }
-  hwy::SetSupportedTargetsForTest(0);
 }
 
 const std::vector<std::pair<int64_t, int64_t>> kShapes = {{1, 1},   {3, 7},  {2, 17},  {4, 63},
@@ -163,17 +133,6 @@ TEST(SwiGLU, OutputsMayAliasInputs) {
     EXPECT_TRUE(bitwise_equal(g3, du));
     swiglu_forward(g, u, g);
     EXPECT_TRUE(bitwise_equal(g, h));
-  }
-}
-
-template <typename Fn>
-void expect_error(Fn&& fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected hyperion::Error";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& s : needles) EXPECT_NE(msg.find(s), std::string::npos) << msg;
   }
 }
 
