@@ -3,6 +3,18 @@
 
 namespace hyperion::cli {
 
+double parse_number(const std::string& value, const char* flag) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  HYP_CHECK(used == value.size() && used > 0, "{}: expected a number, got '{}'", flag, value);
+  return v;
+}
+
 int cmd_bench_peak(const Args& args);
 int cmd_bench_kernels(const Args& args);
 

@@ -46,7 +46,7 @@ int cmd_bench_kernels(const Args& args) {
     } else if (args[i] == "--filter" && i + 1 < args.size()) {
       filter = args[++i];
     } else if (args[i] == "--seconds" && i + 1 < args.size()) {
-      seconds = std::stod(args[++i]);
+      seconds = parse_number(args[++i], "--seconds");
       HYP_CHECK(seconds > 0 && seconds < 60, "bench kernels: --seconds must be in (0, 60)");
     } else {
       fail(

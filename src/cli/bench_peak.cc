@@ -16,7 +16,7 @@ int cmd_bench_peak(const Args& args) {
     if (args[i] == "--json") {
       json = true;
     } else if (args[i] == "--seconds" && i + 1 < args.size()) {
-      seconds = std::stod(args[++i]);
+      seconds = parse_number(args[++i], "--seconds");
       HYP_CHECK(seconds > 0 && seconds < 60, "bench peak: --seconds must be in (0, 60)");
     } else {
       fail("bench peak: unknown argument '{}' (expected --json, --seconds S)", args[i]);

@@ -9,6 +9,9 @@ namespace hyperion::cli {
 
 using Args = std::vector<std::string>;
 
+// Parses a number given to `flag`; throws hyperion::Error naming the flag and the value.
+double parse_number(const std::string& value, const char* flag);
+
 int cmd_bench(const Args& args);
 int cmd_info(const Args& args);
 

@@ -76,6 +76,10 @@ TEST(Cli, BenchKernelsFilterAndJson) {
   auto none = run("bench kernels --filter no_such_kernel --seconds 0.01");
   EXPECT_EQ(none.code, 1);
   EXPECT_NE(none.out.find("no_such_kernel"), std::string::npos) << none.out;
+  auto nan_seconds = run("bench peak --seconds abc");
+  EXPECT_EQ(nan_seconds.code, 1);
+  EXPECT_NE(nan_seconds.out.find("--seconds: expected a number, got 'abc'"), std::string::npos)
+      << nan_seconds.out;
   auto bad = run("bench kernels --bogus");
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.out.find("--bogus"), std::string::npos) << bad.out;
