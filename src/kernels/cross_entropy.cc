@@ -49,18 +49,8 @@ void CrossEntropyT(const T* x, const int32_t* targets, int32_t ignore_index, siz
     // Read before pass 2 overwrites it when the gradient aliases the logits.
     const float xt = ToF32(xr[t]);
 
-    // Pass 1. -FLT_MAX (not -inf) as the start keeps x - max finite or -inf, never NaN.
-    VF m0 = hn::Set(d, -FLT_MAX), m1 = m0;
-    size_t i = 0;
-    for (; i + 2 * n <= cols; i += 2 * n) {
-      VF v0, v1;
-      Load2<kPairs>(d, xr + i, v0, v1);
-      m0 = hn::Max(m0, v0);
-      m1 = hn::Max(m1, v1);
-    }
-    for (; i + n <= cols; i += n) m0 = hn::Max(m0, LoadF(d, xr + i));
-    if (i < cols) m0 = hn::Max(m0, LoadTail(d, xr + i, cols - i, neg_inf));
-    const float m = hn::GetLane(hn::MaxOfLanes(d, hn::Max(m0, m1)));
+    // Pass 1.
+    const float m = RowMax<kPairs>(d, xr, cols);
     const VF vm = hn::Set(d, m);
 
     // Pass 2. e may alias xr (f32 in place): index i is read before it is written.
@@ -76,7 +66,8 @@ void CrossEntropyT(const T* x, const int32_t* targets, int32_t ignore_index, siz
     const char* xn = reinterpret_cast<const char*>(more ? xr + cols : xr);
     const char* gn = gr ? reinterpret_cast<const char*>(more ? gr + cols : gr) : nullptr;
     VF s0 = hn::Zero(d), s1 = hn::Zero(d);
-    for (i = 0; i + 2 * n <= cols; i += 2 * n) {
+    size_t i = 0;
+    for (; i + 2 * n <= cols; i += 2 * n) {
       for (size_t b = 0; b < 2 * n * sizeof(T); b += 64) {
         __builtin_prefetch(xn + i * sizeof(T) + b);
         if (gn && gn != xn) __builtin_prefetch(gn + i * sizeof(T) + b, 1);

@@ -17,8 +17,10 @@
 
 #include <hwy/highway.h>
 
+#include <cfloat>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "tensor/convert.h"
@@ -124,6 +126,26 @@ HWY_INLINE void Load2(DF d, const T* p, VF& a, VF& b) {
     a = LoadF(d, p);
     b = LoadF(d, p + hn::Lanes(d));
   }
+}
+
+// Largest element of a row of `cols` (f32, or bf16 read as pairs when kPairs). Starts
+// at -FLT_MAX, not -inf, so that x - max stays finite or -inf (never NaN) for a row
+// that is all -inf.
+template <bool kPairs, typename T>
+HWY_INLINE float RowMax(DF d, const T* x, size_t cols) {
+  const size_t n = hn::Lanes(d);
+  VF m0 = hn::Set(d, -FLT_MAX), m1 = m0;
+  size_t i = 0;
+  for (; i + 2 * n <= cols; i += 2 * n) {
+    VF v0, v1;
+    Load2<kPairs>(d, x + i, v0, v1);
+    m0 = hn::Max(m0, v0);
+    m1 = hn::Max(m1, v1);
+  }
+  for (; i + n <= cols; i += n) m0 = hn::Max(m0, LoadF(d, x + i));
+  if (i < cols)
+    m0 = hn::Max(m0, LoadTail(d, x + i, cols - i, -std::numeric_limits<float>::infinity()));
+  return hn::GetLane(hn::MaxOfLanes(d, hn::Max(m0, m1)));
 }
 
 // exp(x) for softmax-style arguments x - max (<= 0; valid up to +88). Cody-Waite

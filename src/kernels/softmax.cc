@@ -39,18 +39,7 @@ void SoftmaxForwardT(const TX* x, TY* y, size_t rows, size_t cols, float* scratc
       e = scratch;
     }
 
-    // Starting at -FLT_MAX (not -inf) keeps x - max finite or -inf for an all -inf row.
-    VF m0 = hn::Set(d, -FLT_MAX), m1 = m0;
-    size_t i = 0;
-    for (; i + 2 * n <= cols; i += 2 * n) {
-      VF v0, v1;
-      Load2<kPairs>(d, xr + i, v0, v1);
-      m0 = hn::Max(m0, v0);
-      m1 = hn::Max(m1, v1);
-    }
-    for (; i + n <= cols; i += n) m0 = hn::Max(m0, LoadF(d, xr + i));
-    if (i < cols) m0 = hn::Max(m0, LoadTail(d, xr + i, cols - i, neg_inf));
-    const VF vmax = hn::Set(d, hn::GetLane(hn::MaxOfLanes(d, hn::Max(m0, m1))));
+    const VF vmax = hn::Set(d, RowMax<kPairs>(d, xr, cols));
 
     // Pass 2 is compute-bound (the exp) while passes 1 and 3 wait on memory, so pass 2
     // prefetches the next row of x (and of y, for writing) at the same offset: the
@@ -60,7 +49,8 @@ void SoftmaxForwardT(const TX* x, TY* y, size_t rows, size_t cols, float* scratc
     const char* xn = reinterpret_cast<const char*>(more ? xr + cols : xr);
     const char* yn = reinterpret_cast<const char*>(more ? yr + cols : yr);
     VF s0 = hn::Zero(d), s1 = hn::Zero(d);
-    for (i = 0; i + 2 * n <= cols; i += 2 * n) {
+    size_t i = 0;
+    for (; i + 2 * n <= cols; i += 2 * n) {
       for (size_t b = 0; b < 2 * n * sizeof(TX); b += 64)
         __builtin_prefetch(xn + i * sizeof(TX) + b);
       for (size_t b = 0; b < 2 * n * sizeof(TY); b += 64)
