@@ -107,6 +107,34 @@ HYP_AVX512 inline V tree_sum(V* acc) {
   return acc[0];
 }
 
+// Streams R rows of bf16 weights over K in 32-element chunks, A chunks per step,
+// prefetching the rows at `pf`; calls step(a, wv, p) with one zmm of W per row (the last
+// partial chunk zero-filled by a masked load). Shared by the AVX512-BF16 kernel and the
+// widening kernel; always inlined so `step` inlines into the caller's target.
+template <int R, int A, typename Step>
+HYP_AVX512 __attribute__((always_inline)) inline void stream_bf16_rows(const bf16* const* w,
+                                                                       const char* const* pf,
+                                                                       int64_t k, Step& step) {
+  int64_t p = 0;
+  for (; p + A * 32 <= k; p += A * 32) {
+    for (int a = 0; a < A; ++a) {
+      __m512i wv[R];
+      for (int r = 0; r < R; ++r) {
+        wv[r] = _mm512_loadu_si512(w[r] + p + a * 32);
+        _mm_prefetch(pf[r] + 2 * (p + a * 32), _MM_HINT_T1);
+      }
+      step(a, wv, p + a * 32);
+    }
+  }
+  for (int a = 0; a < A && p < k; ++a, p += 32) {
+    const int64_t left = k - p;
+    const __mmask32 mask = left >= 32 ? ~__mmask32(0) : __mmask32((uint64_t(1) << left) - 1);
+    __m512i wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(mask, w[r] + p);
+    step(a, wv, p);
+  }
+}
+
 // ---- AVX512-BF16: x packed as bf16 [M][kpad], kpad a multiple of 32. ----
 template <int M, int R, int A>
 HYP_AVX512_BF16 void bf16_dp_rows(const Ctx& c, int64_t n0, int64_t pf0) {
@@ -129,24 +157,7 @@ HYP_AVX512_BF16 void bf16_dp_rows(const Ctx& c, int64_t n0, int64_t pf0) {
         acc[r][i][a] = _mm512_dpbf16_ps(acc[r][i][a], (__m512bh)xv, (__m512bh)wv[r]);
     }
   };
-  int64_t p = 0;
-  for (; p + A * 32 <= k; p += A * 32) {
-    for (int a = 0; a < A; ++a) {
-      __m512i wv[R];
-      for (int r = 0; r < R; ++r) {
-        wv[r] = _mm512_loadu_si512(w[r] + p + a * 32);
-        _mm_prefetch(pf[r] + 2 * (p + a * 32), _MM_HINT_T1);
-      }
-      step(a, wv, p + a * 32);
-    }
-  }
-  for (int a = 0; a < A && p < k; ++a, p += 32) {
-    const int64_t left = k - p;
-    const __mmask32 mask = left >= 32 ? ~__mmask32(0) : __mmask32((uint64_t(1) << left) - 1);
-    __m512i wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(mask, w[r] + p);
-    step(a, wv, p);
-  }
+  stream_bf16_rows<R, A>(w, pf, k, step);
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < M; ++i) store_f(c, i, n0 + r, hsum(tree_sum<A>(acc[r][i])));
 }
@@ -184,24 +195,7 @@ HYP_AVX512 void bf16_widen_rows(const Ctx& c, int64_t n0, int64_t pf0) {
       }
     }
   };
-  int64_t p = 0;
-  for (; p + A * 32 <= k; p += A * 32) {
-    for (int a = 0; a < A; ++a) {
-      __m512i wv[R];
-      for (int r = 0; r < R; ++r) {
-        wv[r] = _mm512_loadu_si512(w[r] + p + a * 32);
-        _mm_prefetch(pf[r] + 2 * (p + a * 32), _MM_HINT_T1);
-      }
-      step(a, wv, p + a * 32);
-    }
-  }
-  for (int a = 0; a < A && p < k; ++a, p += 32) {
-    const int64_t left = k - p;
-    const __mmask32 mask = left >= 32 ? ~__mmask32(0) : __mmask32((uint64_t(1) << left) - 1);
-    __m512i wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(mask, w[r] + p);
-    step(a, wv, p);
-  }
+  stream_bf16_rows<R, A>(w, pf, k, step);
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < M; ++i) store_f(c, i, n0 + r, hsum(tree_sum<A>(acc[r][i])));
 }
