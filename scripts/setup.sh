@@ -10,6 +10,7 @@ PACKAGES=(
   libfmt-dev         # formatting
   nlohmann-json3-dev # JSON
   libyaml-cpp-dev    # YAML configs
+  libsentencepiece-dev  # tokenizer training and encoding
   libgtest-dev libgmock-dev  # tests
   libbenchmark-dev   # microbenchmarks
   libopenblas-dev    # GEMM comparison benchmark only (never linked into libhyperion)

@@ -17,14 +17,14 @@ HWY_BEFORE_NAMESPACE();
 namespace hyperion {
 namespace HWY_NAMESPACE {
 
-template <typename T>
-void ForwardRows(const T* x, const float* w, T* y, float* rstd, int64_t rows, int64_t h,
+template <typename T, typename TY>
+void ForwardRows(const T* x, const float* w, TY* y, float* rstd, int64_t rows, int64_t h,
                  float eps) {
   const DF df;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * h;
-    T* yr = y + r * h;
+    TY* yr = y + r * h;
     // Four accumulators hide the FMA latency.
     VF a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
     int64_t i = 0;
@@ -57,16 +57,16 @@ void ForwardRows(const T* x, const float* w, T* y, float* rstd, int64_t rows, in
     for (; i + n <= h; i += n) {
       if ((i * sizeof(T)) % 64 < n * sizeof(T)) {
         __builtin_prefetch(xn + i * sizeof(T));
-        __builtin_prefetch(yn + i * sizeof(T), 1);
+        __builtin_prefetch(yn + i * sizeof(TY), 1);
       }
       StoreF(df, hn::Mul(hn::Mul(LoadF(df, xr + i), vr), hn::LoadU(df, w + i)), yr + i);
     }
-    for (; i < h; ++i) yr[i] = FromF32<T>(ToF32(xr[i]) * rs * w[i]);
+    for (; i < h; ++i) yr[i] = FromF32<TY>(ToF32(xr[i]) * rs * w[i]);
   }
 }
 
 // dx[j] = r*w[j]*dy[j] - x[j] * r^3/H * sum_k dy[k]*w[k]*x[k];  dw[j] += dy[j]*x[j]*r.
-template <typename T>
+template <typename T, bool kAccumulate>
 void BackwardRows(const T* dy, const T* x, const float* w, const float* rstd, T* dx,
                   float* dw_partial, int64_t rows, int64_t h) {
   const DF df;
@@ -105,12 +105,15 @@ void BackwardRows(const T* dy, const T* x, const float* w, const float* rstd, T*
       // dw before dx: dx may alias dy.
       const VF gr = hn::Mul(g, vr);
       hn::StoreU(hn::MulAdd(gr, xv, hn::LoadU(df, dw_partial + i)), df, dw_partial + i);
-      StoreF(df, hn::MulAdd(vnc, xv, hn::Mul(gr, hn::LoadU(df, w + i))), dxr + i);
+      VF d = hn::MulAdd(vnc, xv, hn::Mul(gr, hn::LoadU(df, w + i)));
+      if constexpr (kAccumulate) d = hn::Add(d, LoadF(df, dxr + i));
+      StoreF(df, d, dxr + i);
     }
     for (; i < h; ++i) {
       const float g = ToF32(dyr[i]), xv = ToF32(xr[i]);
       dw_partial[i] += g * rs * xv;
-      dxr[i] = FromF32<T>(g * rs * w[i] - c * xv);
+      const float d = g * rs * w[i] - c * xv;
+      dxr[i] = FromF32<T>(kAccumulate ? ToF32(dxr[i]) + d : d);
     }
   }
 }
@@ -123,13 +126,23 @@ void ForwardBF16(const bf16* x, const float* w, bf16* y, float* rstd, int64_t ro
                  float eps) {
   ForwardRows(x, w, y, rstd, rows, h, eps);
 }
+void ForwardF32ToBF16(const float* x, const float* w, bf16* y, float* rstd, int64_t rows, int64_t h,
+                      float eps) {
+  ForwardRows(x, w, y, rstd, rows, h, eps);
+}
 void BackwardF32(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
-                 float* dw_partial, int64_t rows, int64_t h) {
-  BackwardRows(dy, x, w, rstd, dx, dw_partial, rows, h);
+                 float* dw_partial, int64_t rows, int64_t h, bool accumulate) {
+  if (accumulate)
+    BackwardRows<float, true>(dy, x, w, rstd, dx, dw_partial, rows, h);
+  else
+    BackwardRows<float, false>(dy, x, w, rstd, dx, dw_partial, rows, h);
 }
 void BackwardBF16(const bf16* dy, const bf16* x, const float* w, const float* rstd, bf16* dx,
-                  float* dw_partial, int64_t rows, int64_t h) {
-  BackwardRows(dy, x, w, rstd, dx, dw_partial, rows, h);
+                  float* dw_partial, int64_t rows, int64_t h, bool accumulate) {
+  if (accumulate)
+    BackwardRows<bf16, true>(dy, x, w, rstd, dx, dw_partial, rows, h);
+  else
+    BackwardRows<bf16, false>(dy, x, w, rstd, dx, dw_partial, rows, h);
 }
 
 // dweight[j] += sum_g partials[g][j] for j in [begin, end), g in a fixed order.
@@ -167,6 +180,7 @@ namespace hyperion {
 
 HWY_EXPORT(ForwardF32);
 HWY_EXPORT(ForwardBF16);
+HWY_EXPORT(ForwardF32ToBF16);
 HWY_EXPORT(BackwardF32);
 HWY_EXPORT(BackwardBF16);
 HWY_EXPORT(SumPartials);
@@ -212,7 +226,13 @@ void check_forward(const TensorView& x, const TensorView& weight, float eps, con
   const char* op = "rmsnorm_forward";
   check_activation(op, "x", x);
   check_weight(op, "weight", x, weight);
-  check_like_x(op, "y", x, y);
+  // y has x's shape; its dtype is x's, or bf16 for an f32 x (f32 residual stream feeding
+  // bf16 matmuls).
+  check_contiguous(op, "y", y);
+  HYP_CHECK(y.shape == x.shape &&
+                (y.dtype == x.dtype || (x.dtype == DType::kF32 && y.dtype == DType::kBF16)),
+            "{}: y {} must have x's shape and dtype (or bf16 for an f32 x), x is {}", op, y.str(),
+            x.str());
   check_rstd(op, x, rstd);
   HYP_CHECK(eps >= 0.0f && std::isfinite(eps), "{}: eps must be finite and >= 0, got {}", op, eps);
 }
@@ -252,7 +272,10 @@ void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps, c
     return;
   }
   parallel_chunks(rows, row_grain(h), [&](int64_t begin, int64_t end) {
-    if (x.dtype == DType::kF32) {
+    if (x.dtype == DType::kF32 && y.dtype == DType::kBF16) {
+      HWY_DYNAMIC_DISPATCH(ForwardF32ToBF16)
+      (x.as<float>() + begin * h, w, y.as<bf16>() + begin * h, rs + begin, end - begin, h, eps);
+    } else if (x.dtype == DType::kF32) {
       HWY_DYNAMIC_DISPATCH(ForwardF32)
       (x.as<float>() + begin * h, w, y.as<float>() + begin * h, rs + begin, end - begin, h, eps);
     } else {
@@ -263,7 +286,10 @@ void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps, c
 }
 
 void rmsnorm_backward(const TensorView& dy, const TensorView& x, const TensorView& weight,
-                      const TensorView& rstd, const TensorView& dx, const TensorView& dweight) {
+                      const TensorView& rstd, const TensorView& dx, const TensorView& dweight,
+                      bool accumulate_dx) {
+  HYP_CHECK(!accumulate_dx || dx.data != dy.data,
+            "rmsnorm_backward: dx may not alias dy when accumulating into dx");
   check_backward(dy, x, weight, rstd, dx, dweight);
   const int64_t rows = x.shape[0], h = x.shape[1];
   if (rows == 0 || h == 0) return;
@@ -282,11 +308,11 @@ void rmsnorm_backward(const TensorView& dy, const TensorView& x, const TensorVie
     if (x.dtype == DType::kF32) {
       HWY_DYNAMIC_DISPATCH(BackwardF32)
       (dy.as<float>() + begin * h, x.as<float>() + begin * h, w, rs + begin,
-       dx.as<float>() + begin * h, part, end - begin, h);
+       dx.as<float>() + begin * h, part, end - begin, h, accumulate_dx);
     } else {
       HWY_DYNAMIC_DISPATCH(BackwardBF16)
       (dy.as<bf16>() + begin * h, x.as<bf16>() + begin * h, w, rs + begin,
-       dx.as<bf16>() + begin * h, part, end - begin, h);
+       dx.as<bf16>() + begin * h, part, end - begin, h, accumulate_dx);
     }
   });
   parallel_chunks(h, 4096, [&](int64_t begin, int64_t end) {
@@ -312,7 +338,10 @@ void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps, c
 }
 
 void rmsnorm_backward(const TensorView& dy, const TensorView& x, const TensorView& weight,
-                      const TensorView& rstd, const TensorView& dx, const TensorView& dweight) {
+                      const TensorView& rstd, const TensorView& dx, const TensorView& dweight,
+                      bool accumulate_dx) {
+  HYP_CHECK(!accumulate_dx || dx.data != dy.data,
+            "rmsnorm_backward: dx may not alias dy when accumulating into dx");
   check_backward(dy, x, weight, rstd, dx, dweight);
   const int64_t rows = x.shape[0], h = x.shape[1];
   const float* w = weight.as<float>();
@@ -325,7 +354,8 @@ void rmsnorm_backward(const TensorView& dy, const TensorView& x, const TensorVie
     for (int64_t j = 0; j < h; ++j) {
       const double g = load(dy, r * h + j), xv = load(x, r * h + j);
       dw[j] += g * xv * rs;
-      store(dx, r * h + j, g * rs * w[j] - c * xv);
+      const double d = g * rs * w[j] - c * xv;
+      store(dx, r * h + j, accumulate_dx ? load(dx, r * h + j) + d : d);
     }
   }
   for (int64_t j = 0; j < h; ++j)

@@ -13,7 +13,8 @@
 
 namespace hyperion {
 
-// Writes y and rstd (rstd is saved for the backward pass). y may alias x.
+// Writes y and rstd (rstd is saved for the backward pass). y may alias x. y may also be
+// bf16 for an f32 x: the f32 residual stream normalised straight into a bf16 matmul input.
 void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps, const TensorView& y,
                      const TensorView& rstd);
 
@@ -21,16 +22,19 @@ void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps, c
 // weight gradient into dweight (dweight += sum_n dy * x * rstd), so gradient
 // accumulation over micro-batches needs no extra buffer. The sum over rows uses a
 // fixed row grouping that depends only on the shape, so dweight is bitwise identical for
-// any thread count. dx may alias dy.
+// any thread count. dx may alias dy. With accumulate_dx, dx += the input gradient
+// instead (the residual branch's gradient joining the residual stream's; no aliasing).
 void rmsnorm_backward(const TensorView& dy, const TensorView& x, const TensorView& weight,
-                      const TensorView& rstd, const TensorView& dx, const TensorView& dweight);
+                      const TensorView& rstd, const TensorView& dx, const TensorView& dweight,
+                      bool accumulate_dx = false);
 
 namespace ref {
 // Scalar references (double math), same contracts as above.
 void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps, const TensorView& y,
                      const TensorView& rstd);
 void rmsnorm_backward(const TensorView& dy, const TensorView& x, const TensorView& weight,
-                      const TensorView& rstd, const TensorView& dx, const TensorView& dweight);
+                      const TensorView& rstd, const TensorView& dx, const TensorView& dweight,
+                      bool accumulate_dx = false);
 }  // namespace ref
 
 }  // namespace hyperion

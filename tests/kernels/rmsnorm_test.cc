@@ -101,6 +101,57 @@ double loss_f64(const std::vector<double>& x, const std::vector<double>& w,
   return loss;
 }
 
+TEST(RmsNorm, ForwardF32InputBf16OutputEqualsRoundedF32Output) {
+  std::mt19937 rng(11);
+  for_each_target([&] {
+    for (auto [n, h] : kShapes) {
+      Tensor x = random_normal_tensor(DType::kF32, {n, h}, rng, 0.2f, 1.5f);
+      Tensor w = random_normal_tensor(DType::kF32, {h}, rng, 1.0f, 0.2f);
+      Tensor y32(DType::kF32, {n, h}), y16(DType::kBF16, {n, h}), y_ref(DType::kBF16, {n, h});
+      Tensor rstd(DType::kF32, {n}), rstd_ref(DType::kF32, {n});
+      rmsnorm_forward(x, w, 1e-5f, y32, rstd);
+      rmsnorm_forward(x, w, 1e-5f, y16, rstd);
+      ref::rmsnorm_forward(x, w, 1e-5f, y_ref, rstd_ref);
+      for (int64_t i = 0; i < n * h; ++i) {
+        ASSERT_EQ(y16.as<bf16>()[i].bits, f32_to_bf16(y32.as<float>()[i]).bits) << i;
+        ASSERT_NEAR(at(y16, i), at(y_ref, i),
+                    rel_tol(DType::kBF16) * std::fabs(at(y_ref, i)) + 1e-6);
+      }
+    }
+  });
+}
+
+TEST(RmsNorm, BackwardAccumulateAddsToDx) {
+  std::mt19937 rng(12);
+  for_each_target([&] {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      for (auto [n, h] : kShapes) {
+        Tensor x = random_normal_tensor(dt, {n, h}, rng, 0.1f, 1.5f);
+        Tensor w = random_normal_tensor(DType::kF32, {h}, rng, 1.0f, 0.3f);
+        Tensor dy = random_tensor(dt, {n, h}, rng);
+        Tensor y(dt, {n, h}), rstd(DType::kF32, {n});
+        rmsnorm_forward(x, w, 1e-5f, y, rstd);
+        Tensor base = random_tensor(dt, {n, h}, rng);
+        Tensor dx_acc = base.clone(), dx_ref = base.clone(), dx_plain(dt, {n, h});
+        Tensor dw1 = Tensor::zeros(DType::kF32, {h}), dw2 = Tensor::zeros(DType::kF32, {h});
+        Tensor dw3 = Tensor::zeros(DType::kF32, {h});
+        rmsnorm_backward(dy, x, w, rstd, dx_plain, dw1);
+        rmsnorm_backward(dy, x, w, rstd, dx_acc, dw2, /*accumulate_dx=*/true);
+        ref::rmsnorm_backward(dy, x, w, rstd, dx_ref, dw3, /*accumulate_dx=*/true);
+        EXPECT_TRUE(bitwise_equal(dw1, dw2));
+        for (int64_t i = 0; i < n * h; ++i) {
+          const double want = at(base, i) + at(dx_plain, i);
+          ASSERT_NEAR(at(dx_acc, i), want, rel_tol(dt) * (std::fabs(want) + 1) + 1e-5) << i;
+          ASSERT_NEAR(at(dx_acc, i), at(dx_ref, i), rel_tol(dt) * (std::fabs(want) + 1) + 1e-4);
+        }
+      }
+    }
+  });
+  Tensor x(DType::kF32, {2, 4}), w = Tensor::zeros(DType::kF32, {4}), r(DType::kF32, {2});
+  Tensor dw = Tensor::zeros(DType::kF32, {4});
+  EXPECT_THROW(rmsnorm_backward(x, x, w, r, x, dw, true), Error);
+}
+
 TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   std::mt19937 rng(4);
   const float eps = 1e-5f;

@@ -1,0 +1,78 @@
+// Shape of a Llama-family decoder (Hugging Face LlamaConfig semantics) and the
+// arithmetic that follows from it: parameter counts, training FLOPs per token, and the
+// memory a training process needs for a batch and a rematerialisation policy.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace hyperion {
+
+struct LlamaConfig {
+  int64_t vocab_size = 32000;
+  int64_t dim = 4096;           // hidden_size
+  int64_t n_layers = 32;        // num_hidden_layers
+  int64_t n_heads = 32;         // num_attention_heads
+  int64_t n_kv_heads = 32;      // num_key_value_heads (grouped-query attention when fewer)
+  int64_t head_dim = 128;       // hidden_size / num_attention_heads unless set
+  int64_t ffn_dim = 11008;      // intermediate_size
+  double norm_eps = 1e-5;       // rms_norm_eps
+  double rope_theta = 10000;    // rope_theta
+  int64_t max_seq_len = 2048;   // max_position_embeddings
+  bool tie_embeddings = false;  // tie_word_embeddings
+  int32_t bos_id = 1;
+  int32_t eos_id = 2;
+
+  int64_t q_dim() const { return n_heads * head_dim; }
+  int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  // Errors name the field (e.g. "n_heads must divide ... ") and `origin` (file or preset).
+  void validate(const std::string& origin) const;
+
+  // Parameters of one decoder layer (attention + MLP + two norms).
+  int64_t layer_params() const;
+  int64_t embedding_params() const { return vocab_size * dim; }
+  // lm_head [vocab, dim]; 0 extra parameters when tied to the embedding.
+  int64_t lm_head_params() const { return tie_embeddings ? 0 : vocab_size * dim; }
+  int64_t total_params() const;
+  // Every parameter that takes part in a matmul or norm: layers, final norm and the LM
+  // head (counted even when tied, since its matmul runs either way).
+  int64_t non_embedding_params() const;
+
+  // Training FLOPs per token for sequences of `seq_len`: 6 x non_embedding_params()
+  // (forward 2, backward 4 per weight per token) plus causal attention: per layer the
+  // forward does q k^T and P v, 2 x 2 x seq_len x q_dim per token without masking, halved
+  // for causality, times 3 for forward + backward: 6 x n_layers x seq_len x q_dim.
+  double train_flops_per_token(int64_t seq_len) const;
+  // Forward-only FLOPs per token (evaluation, prefill): a third of the training figure.
+  double forward_flops_per_token(int64_t seq_len) const;
+
+  // Hugging Face config.json (LlamaConfig keys, architectures = LlamaForCausalLM).
+  std::string to_hf_json() const;
+  // Reads a config.json; errors name the file and the key.
+  static LlamaConfig from_hf_json(const std::string& text, const std::string& origin);
+};
+
+enum class RematPolicy { kNone, kMinimal, kFull };
+RematPolicy parse_remat_policy(const std::string& name, const std::string& origin);
+const char* remat_policy_name(RematPolicy p);
+
+// Bytes a training process holds, by category (see LlamaConfig::memory_plan).
+struct MemoryPlan {
+  int64_t params = 0;                // number of parameters
+  int64_t weight_bytes = 0;          // f32 master weights
+  int64_t compute_weight_bytes = 0;  // bf16 copy used by the matmuls (0 in f32)
+  int64_t grad_bytes = 0;            // f32 gradients
+  int64_t optimizer_bytes = 0;       // AdamW m and v, f32
+  int64_t activation_bytes = 0;      // saved for backward, all layers, per the remat policy
+  int64_t scratch_bytes = 0;         // recomputation and temporary buffers, logits
+  int64_t total() const {
+    return weight_bytes + compute_weight_bytes + grad_bytes + optimizer_bytes + activation_bytes +
+           scratch_bytes;
+  }
+};
+
+// Training memory of one process for a micro-batch of batch x seq_len tokens.
+MemoryPlan memory_plan(const LlamaConfig& c, int64_t batch, int64_t seq_len, bool bf16_compute,
+                       RematPolicy remat);
+
+}  // namespace hyperion

@@ -1,0 +1,343 @@
+#include "model/llama_model.h"
+
+#include <cstring>
+
+#include "base/error.h"
+#include "base/threads.h"
+#include "kernels/attention.h"
+#include "kernels/embedding.h"
+#include "kernels/gemm.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/swiglu.h"
+#include "tensor/convert.h"
+
+namespace hyperion {
+
+namespace {
+
+// y[n, out] = x[n, in] W^T + beta * y, W [out, in] (a Linear layer).
+void linear(const void* x, DType xd, const TensorView& w, void* y, DType yd, int64_t n,
+            float beta = 0.0f) {
+  GemmArgs g;
+  g.trans_a = Trans::kN;
+  g.trans_b = Trans::kT;
+  g.m = n;
+  g.n = w.shape[0];
+  g.k = w.shape[1];
+  g.a = x;
+  g.a_dtype = xd;
+  g.lda = g.k;
+  g.b = w.data;
+  g.b_dtype = w.dtype;
+  g.ldb = g.k;
+  g.c = y;
+  g.c_dtype = yd;
+  g.ldc = g.n;
+  g.beta = beta;
+  gemm(g);
+}
+
+// dx[n, in] = dy[n, out] W + beta * dx (input gradient of a Linear layer).
+void linear_dx(const void* dy, DType dyd, const TensorView& w, void* dx, DType dxd, int64_t n,
+               float beta = 0.0f) {
+  GemmArgs g;
+  g.trans_a = Trans::kN;
+  g.trans_b = Trans::kN;
+  g.m = n;
+  g.n = w.shape[1];
+  g.k = w.shape[0];
+  g.a = dy;
+  g.a_dtype = dyd;
+  g.lda = g.k;
+  g.b = w.data;
+  g.b_dtype = w.dtype;
+  g.ldb = g.n;
+  g.c = dx;
+  g.c_dtype = dxd;
+  g.ldc = g.n;
+  g.beta = beta;
+  gemm(g);
+}
+
+// dW[out, in] += dy[n, out]^T x[n, in] (weight gradient, accumulated in f32).
+void linear_dw(const void* dy, const void* x, DType d, const TensorView& dw, int64_t n) {
+  GemmArgs g;
+  g.trans_a = Trans::kT;
+  g.trans_b = Trans::kN;
+  g.m = dw.shape[0];
+  g.n = dw.shape[1];
+  g.k = n;
+  g.a = dy;
+  g.a_dtype = d;
+  g.lda = g.m;
+  g.b = x;
+  g.b_dtype = d;
+  g.ldb = g.n;
+  g.c = dw.data;
+  g.c_dtype = DType::kF32;
+  g.ldc = g.n;
+  g.beta = 1.0f;
+  gemm(g);
+}
+
+void copy_f32(const float* src, float* dst, int64_t n) {
+  parallel_chunks(n, 1 << 16, [&](int64_t b, int64_t e) {
+    std::memcpy(dst + b, src + b, static_cast<size_t>(e - b) * sizeof(float));
+  });
+}
+
+}  // namespace
+
+void* LlamaModel::alloc(int64_t bytes, int64_t* counter) {
+  storage_.emplace_back(static_cast<size_t>(bytes));
+  *counter += bytes;
+  return storage_.back().data();
+}
+
+LlamaModel::LlamaModel(ParamStore& params, const ModelOptions& options)
+    : params_(params),
+      cfg_(params.config()),
+      options_(options),
+      act_(options.bf16 ? DType::kBF16 : DType::kF32),
+      rope_(std::max<int64_t>(options.seq_len, 1), params.config().head_dim,
+            params.config().rope_theta) {
+  HYP_CHECK(options.batch > 0 && options.seq_len > 0,
+            "model: batch ({}) and seq_len ({}) must be > 0", options.batch, options.seq_len);
+  HYP_CHECK(options.seq_len <= cfg_.max_seq_len,
+            "model: seq_len {} exceeds the model's max_seq_len {}", options.seq_len,
+            cfg_.max_seq_len);
+  HYP_CHECK(options.bf16 == params.has_bf16(),
+            "model: bf16 compute needs a ParamStore with a bf16 copy (and f32 compute none)");
+  const int64_t n = tokens_per_batch();
+  const int64_t a = static_cast<int64_t>(dtype_size(act_));
+  const int64_t d = cfg_.dim, q = cfg_.q_dim(), kv = cfg_.kv_dim(), f = cfg_.ffn_dim;
+  const int64_t lse = options.batch * cfg_.n_heads * options.seq_len * 4;
+  const RematPolicy remat = options.remat;
+  int64_t* act = &activation_bytes_;
+  int64_t* scr = &scratch_bytes_;
+
+  // The shared recompute set (used for whatever a layer does not keep).
+  LayerActs shared;
+  if (remat != RematPolicy::kNone) {
+    shared.h = alloc(n * d * a, scr);
+    shared.h2 = alloc(n * d * a, scr);
+    shared.a = alloc(n * f * a, scr);
+    if (remat == RematPolicy::kFull) {
+      shared.q = alloc(n * q * a, scr);
+      shared.k = alloc(n * kv * a, scr);
+      shared.v = alloc(n * kv * a, scr);
+      shared.att = alloc(n * q * a, scr);
+      shared.lse = static_cast<float*>(alloc(lse, scr));
+      shared.x2 = static_cast<float*>(alloc(n * d * 4, scr));
+      shared.g = alloc(n * f * a, scr);
+      shared.u = alloc(n * f * a, scr);
+    }
+  }
+  layers_.resize(static_cast<size_t>(cfg_.n_layers));
+  for (LayerActs& la : layers_) {
+    la = shared;
+    la.x = static_cast<float*>(alloc(n * d * 4, act));
+    la.rstd1 = static_cast<float*>(alloc(n * 4, act));
+    la.rstd2 = static_cast<float*>(alloc(n * 4, act));
+    if (remat != RematPolicy::kFull) {
+      la.q = alloc(n * q * a, act);
+      la.k = alloc(n * kv * a, act);
+      la.v = alloc(n * kv * a, act);
+      la.att = alloc(n * q * a, act);
+      la.lse = static_cast<float*>(alloc(lse, act));
+      la.x2 = static_cast<float*>(alloc(n * d * 4, act));
+      la.g = alloc(n * f * a, act);
+      la.u = alloc(n * f * a, act);
+    }
+    if (remat == RematPolicy::kNone) {
+      la.h = alloc(n * d * a, act);
+      la.h2 = alloc(n * d * a, act);
+      la.a = alloc(n * f * a, act);
+    }
+  }
+  x_final_ = static_cast<float*>(alloc(n * d * 4, act));
+  hf_ = alloc(n * d * a, scr);
+  rstd_f_ = static_cast<float*>(alloc(n * 4, scr));
+  logits_ = alloc(n * cfg_.vocab_size * a, scr);
+  dres_ = static_cast<float*>(alloc(n * d * 4, scr));
+  dres_c_ = act_ == DType::kBF16 ? alloc(n * d * 2, scr) : nullptr;
+  dh_ = static_cast<float*>(alloc(n * d * 4, scr));
+  datt_ = alloc(n * q * a, scr);
+  dq_ = alloc(n * q * a, scr);
+  dk_ = alloc(n * kv * a, scr);
+  dv_ = alloc(n * kv * a, scr);
+  da_ = alloc(n * f * a, scr);
+}
+
+void LlamaModel::embed(const int32_t* inputs) {
+  const int64_t n = tokens_per_batch();
+  inputs_ = inputs;
+  embedding_forward(
+      params_.param(params_.embed()), TensorView(const_cast<int32_t*>(inputs), DType::kI32, {n}),
+      TensorView(layers_.empty() ? x_final_ : layers_[0].x, DType::kF32, {n, cfg_.dim}));
+}
+
+void LlamaModel::layer_forward(int l, const LayerActs& s, float* x_out) {
+  const LayerParamIndex& p = params_.layer(l);
+  const int64_t n = tokens_per_batch(), b = options_.batch, t = options_.seq_len;
+  const int64_t d = cfg_.dim, f = cfg_.ffn_dim;
+  const int64_t hq = cfg_.n_heads, hkv = cfg_.n_kv_heads, hd = cfg_.head_dim;
+  const float eps = static_cast<float>(cfg_.norm_eps);
+
+  rmsnorm_forward(TensorView(s.x, DType::kF32, {n, d}), params_.param(p.input_norm), eps,
+                  TensorView(s.h, act_, {n, d}), TensorView(s.rstd1, DType::kF32, {n}));
+  linear(s.h, act_, params_.compute_weight(p.q), s.q, act_, n);
+  linear(s.h, act_, params_.compute_weight(p.k), s.k, act_, n);
+  linear(s.h, act_, params_.compute_weight(p.v), s.v, act_, n);
+  const TensorView qv(s.q, act_, {b, t, hq, hd}), kview(s.k, act_, {b, t, hkv, hd});
+  rope_forward(qv, qv, 0, rope_);
+  rope_forward(kview, kview, 0, rope_);
+  attention_forward(qv, kview, TensorView(s.v, act_, {b, t, hkv, hd}),
+                    TensorView(s.att, act_, {b, t, hq, hd}),
+                    TensorView(s.lse, DType::kF32, {b, hq, t}));
+  copy_f32(s.x, s.x2, n * d);
+  linear(s.att, act_, params_.compute_weight(p.o), s.x2, DType::kF32, n, 1.0f);
+
+  rmsnorm_forward(TensorView(s.x2, DType::kF32, {n, d}), params_.param(p.post_norm), eps,
+                  TensorView(s.h2, act_, {n, d}), TensorView(s.rstd2, DType::kF32, {n}));
+  linear(s.h2, act_, params_.compute_weight(p.gate), s.g, act_, n);
+  linear(s.h2, act_, params_.compute_weight(p.up), s.u, act_, n);
+  swiglu_forward(TensorView(s.g, act_, {n, f}), TensorView(s.u, act_, {n, f}),
+                 TensorView(s.a, act_, {n, f}));
+  if (x_out != nullptr) {
+    copy_f32(s.x2, x_out, n * d);
+    linear(s.a, act_, params_.compute_weight(p.down), x_out, DType::kF32, n, 1.0f);
+  }
+}
+
+void LlamaModel::recompute(int l) {
+  const LayerActs& s = layers_[static_cast<size_t>(l)];
+  switch (options_.remat) {
+    case RematPolicy::kNone:
+      return;
+    case RematPolicy::kFull:
+      layer_forward(l, s, nullptr);
+      return;
+    case RematPolicy::kMinimal: {
+      const LayerParamIndex& p = params_.layer(l);
+      const int64_t n = tokens_per_batch(), d = cfg_.dim, f = cfg_.ffn_dim;
+      const float eps = static_cast<float>(cfg_.norm_eps);
+      rmsnorm_forward(TensorView(s.x, DType::kF32, {n, d}), params_.param(p.input_norm), eps,
+                      TensorView(s.h, act_, {n, d}), TensorView(s.rstd1, DType::kF32, {n}));
+      rmsnorm_forward(TensorView(s.x2, DType::kF32, {n, d}), params_.param(p.post_norm), eps,
+                      TensorView(s.h2, act_, {n, d}), TensorView(s.rstd2, DType::kF32, {n}));
+      swiglu_forward(TensorView(s.g, act_, {n, f}), TensorView(s.u, act_, {n, f}),
+                     TensorView(s.a, act_, {n, f}));
+      return;
+    }
+  }
+}
+
+const void* LlamaModel::dres_compute() {
+  if (act_ == DType::kF32) return dres_;
+  const int64_t total = tokens_per_batch() * cfg_.dim;
+  bf16* dst = static_cast<bf16*>(dres_c_);
+  parallel_chunks(total, 1 << 16, [&](int64_t b, int64_t e) {
+    convert_f32_to_bf16(dres_ + b, dst + b, static_cast<size_t>(e - b));
+  });
+  return dres_c_;
+}
+
+void LlamaModel::layer_backward(int l) {
+  recompute(l);
+  const LayerActs& s = layers_[static_cast<size_t>(l)];
+  const LayerParamIndex& p = params_.layer(l);
+  const int64_t n = tokens_per_batch(), b = options_.batch, t = options_.seq_len;
+  const int64_t d = cfg_.dim, f = cfg_.ffn_dim;
+  const int64_t hq = cfg_.n_heads, hkv = cfg_.n_kv_heads, hd = cfg_.head_dim;
+
+  // MLP branch: x' = x2 + swiglu(h2 Wg^T, h2 Wu^T) Wd^T.
+  const void* g_out = dres_compute();
+  linear_dx(g_out, act_, params_.compute_weight(p.down), da_, act_, n);
+  linear_dw(g_out, s.a, act_, params_.grad(p.down), n);
+  // dg and du overwrite the saved gate and up (read before written, never needed again).
+  const TensorView gv(s.g, act_, {n, f}), uv(s.u, act_, {n, f});
+  swiglu_backward(TensorView(da_, act_, {n, f}), gv, uv, gv, uv);
+  linear_dx(s.g, act_, params_.compute_weight(p.gate), dh_, DType::kF32, n);
+  linear_dx(s.u, act_, params_.compute_weight(p.up), dh_, DType::kF32, n, 1.0f);
+  linear_dw(s.g, s.h2, act_, params_.grad(p.gate), n);
+  linear_dw(s.u, s.h2, act_, params_.grad(p.up), n);
+  rmsnorm_backward(TensorView(dh_, DType::kF32, {n, d}), TensorView(s.x2, DType::kF32, {n, d}),
+                   params_.param(p.post_norm), TensorView(s.rstd2, DType::kF32, {n}),
+                   TensorView(dres_, DType::kF32, {n, d}), params_.grad(p.post_norm), true);
+
+  // Attention branch: x2 = x + attention(rope(h Wq^T), rope(h Wk^T), h Wv^T) Wo^T.
+  g_out = dres_compute();
+  linear_dx(g_out, act_, params_.compute_weight(p.o), datt_, act_, n);
+  linear_dw(g_out, s.att, act_, params_.grad(p.o), n);
+  const TensorView dqv(dq_, act_, {b, t, hq, hd}), dkv(dk_, act_, {b, t, hkv, hd});
+  attention_backward(
+      TensorView(s.q, act_, {b, t, hq, hd}), TensorView(s.k, act_, {b, t, hkv, hd}),
+      TensorView(s.v, act_, {b, t, hkv, hd}), TensorView(s.att, act_, {b, t, hq, hd}),
+      TensorView(datt_, act_, {b, t, hq, hd}), TensorView(s.lse, DType::kF32, {b, hq, t}), dqv, dkv,
+      TensorView(dv_, act_, {b, t, hkv, hd}));
+  rope_backward(dqv, dqv, 0, rope_);
+  rope_backward(dkv, dkv, 0, rope_);
+  linear_dx(dq_, act_, params_.compute_weight(p.q), dh_, DType::kF32, n);
+  linear_dx(dk_, act_, params_.compute_weight(p.k), dh_, DType::kF32, n, 1.0f);
+  linear_dx(dv_, act_, params_.compute_weight(p.v), dh_, DType::kF32, n, 1.0f);
+  linear_dw(dq_, s.h, act_, params_.grad(p.q), n);
+  linear_dw(dk_, s.h, act_, params_.grad(p.k), n);
+  linear_dw(dv_, s.h, act_, params_.grad(p.v), n);
+  rmsnorm_backward(TensorView(dh_, DType::kF32, {n, d}), TensorView(s.x, DType::kF32, {n, d}),
+                   params_.param(p.input_norm), TensorView(s.rstd1, DType::kF32, {n}),
+                   TensorView(dres_, DType::kF32, {n, d}), params_.grad(p.input_norm), true);
+}
+
+CrossEntropyResult LlamaModel::head(const int32_t* targets, bool backward, float dloss) {
+  const int64_t n = tokens_per_batch(), d = cfg_.dim, v = cfg_.vocab_size;
+  const float eps = static_cast<float>(cfg_.norm_eps);
+  const TensorView xv(x_final_, DType::kF32, {n, d});
+  rmsnorm_forward(xv, params_.param(params_.final_norm()), eps, TensorView(hf_, act_, {n, d}),
+                  TensorView(rstd_f_, DType::kF32, {n}));
+  const TensorView w = params_.compute_weight(params_.lm_head());
+  linear(hf_, act_, w, logits_, act_, n);
+  const TensorView lv(logits_, act_, {n, v});
+  const TensorView tv(const_cast<int32_t*>(targets), DType::kI32, {n});
+  if (!backward) return cross_entropy_forward(lv, tv);
+  CrossEntropyResult r = cross_entropy_fused(lv, tv, lv, dloss);
+  linear_dx(logits_, act_, w, dh_, DType::kF32, n);
+  linear_dw(logits_, hf_, act_, params_.grad(params_.lm_head()), n);
+  rmsnorm_backward(TensorView(dh_, DType::kF32, {n, d}), xv, params_.param(params_.final_norm()),
+                   TensorView(rstd_f_, DType::kF32, {n}), TensorView(dres_, DType::kF32, {n, d}),
+                   params_.grad(params_.final_norm()));
+  return r;
+}
+
+CrossEntropyResult LlamaModel::forward_backward(const int32_t* inputs, const int32_t* targets,
+                                                float dloss) {
+  embed(inputs);
+  const int nl = static_cast<int>(cfg_.n_layers);
+  for (int l = 0; l < nl; ++l)
+    layer_forward(l, layers_[static_cast<size_t>(l)],
+                  l + 1 < nl ? layers_[static_cast<size_t>(l + 1)].x : x_final_);
+  CrossEntropyResult r = head(targets, true, dloss);
+  for (int l = nl - 1; l >= 0; --l) layer_backward(l);
+  const int64_t n = tokens_per_batch();
+  embedding_backward(TensorView(const_cast<int32_t*>(inputs), DType::kI32, {n}),
+                     TensorView(dres_, DType::kF32, {n, cfg_.dim}), params_.grad(params_.embed()));
+  return r;
+}
+
+CrossEntropyResult LlamaModel::forward_loss(const int32_t* inputs, const int32_t* targets) {
+  embed(inputs);
+  const int nl = static_cast<int>(cfg_.n_layers);
+  for (int l = 0; l < nl; ++l)
+    layer_forward(l, layers_[static_cast<size_t>(l)],
+                  l + 1 < nl ? layers_[static_cast<size_t>(l + 1)].x : x_final_);
+  return head(targets, false, 0.0f);
+}
+
+void LlamaModel::forward_logits(const int32_t* inputs, float* logits) {
+  const int64_t n = tokens_per_batch();
+  std::vector<int32_t> targets(static_cast<size_t>(n), kIgnoreIndex);
+  forward_loss(inputs, targets.data());
+  convert_any(logits_, act_, logits, DType::kF32, static_cast<size_t>(n * cfg_.vocab_size));
+}
+
+}  // namespace hyperion

@@ -1,0 +1,126 @@
+// Llama decoder (Hugging Face LlamaForCausalLM semantics) for training: explicit
+// forward and backward per layer on the kernel layer, in the style of llm.c.
+//
+//   x = embed(tokens)                                   residual stream, always f32
+//   per layer:  h  = rmsnorm(x) ; q,k,v = h Wq^T, h Wk^T, h Wv^T ; rope(q, k)
+//               x2 = x + attention(q, k, v) Wo^T
+//               h2 = rmsnorm(x2) ; x' = x2 + (silu(h2 Wg^T) * h2 Wu^T) Wd^T
+//   logits = rmsnorm(x) Wlm^T ; loss = cross_entropy(logits, targets)
+//
+// Compute dtype: bf16 (matmul inputs/outputs, attention, activations saved for backward,
+// with f32 accumulation everywhere and f32 master weights/gradients) or f32 throughout.
+// The residual adds are fused into the output projections (GEMM beta = 1 into the f32
+// stream), and the residual gradient into the norm backward (accumulate mode).
+//
+// Rematerialisation (what the forward saves per layer for the backward):
+//   none     everything: h, q, k, v, attention out + lse, x2, h2, gate, up, swiglu out
+//   minimal  the matmul outputs (q, k, v, attention out + lse, x2, gate, up); the norms
+//            and the swiglu output are recomputed in the backward (cheap, memory-bound)
+//   full     only the layer input; the backward reruns the layer's forward first
+// Every policy gives bitwise-identical losses and gradients (recomputation repeats the
+// same deterministic kernels).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "base/aligned.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/rope.h"
+#include "model/llama_config.h"
+#include "model/param_store.h"
+
+namespace hyperion {
+
+struct ModelOptions {
+  int64_t batch = 1;
+  int64_t seq_len = 128;
+  bool bf16 = true;
+  RematPolicy remat = RematPolicy::kMinimal;
+};
+
+class LlamaModel {
+ public:
+  // Allocates the activation buffers for micro-batches of batch x seq_len tokens. The
+  // parameters (and their gradients) stay owned by `params`.
+  LlamaModel(ParamStore& params, const ModelOptions& options);
+
+  const ModelOptions& options() const { return options_; }
+  DType act_dtype() const { return act_; }
+  int64_t tokens_per_batch() const { return options_.batch * options_.seq_len; }
+
+  // Forward and backward over one micro-batch (inputs and targets [batch * seq_len],
+  // row-major; a target of kIgnoreIndex is skipped). ACCUMULATES the gradient of
+  // dloss x mean loss into params.grads(), so gradient accumulation over micro-batches
+  // passes dloss = 1 / steps. Returns the micro-batch's mean loss.
+  CrossEntropyResult forward_backward(const int32_t* inputs, const int32_t* targets, float dloss);
+  // Forward only: the mean loss (evaluation).
+  CrossEntropyResult forward_loss(const int32_t* inputs, const int32_t* targets);
+  // Forward only: the logits of every position as f32 [batch * seq_len, vocab].
+  void forward_logits(const int32_t* inputs, float* logits);
+
+  // Bytes of saved activations (all layers) and of scratch (recompute, gradients,
+  // logits) this model allocated.
+  int64_t activation_bytes() const { return activation_bytes_; }
+  int64_t scratch_bytes() const { return scratch_bytes_; }
+
+ private:
+  // Pointers to one layer's forward activations: either its own saved storage or the
+  // shared recompute scratch, depending on the remat policy.
+  struct LayerActs {
+    float* x = nullptr;  // layer input [N, D] f32
+    float* rstd1 = nullptr;
+    void* h = nullptr;  // [N, D]
+    void* q = nullptr;  // [N, Hq * hd], after RoPE
+    void* k = nullptr;  // [N, Hkv * hd], after RoPE
+    void* v = nullptr;
+    void* att = nullptr;   // [N, Hq * hd]
+    float* lse = nullptr;  // [B, Hq, T]
+    float* x2 = nullptr;   // [N, D] f32, after the attention residual
+    float* rstd2 = nullptr;
+    void* h2 = nullptr;  // [N, D]
+    void* g = nullptr;   // [N, F]
+    void* u = nullptr;
+    void* a = nullptr;  // swiglu output [N, F]
+  };
+
+  void embed(const int32_t* inputs);
+  // Runs layer l's forward from acts.x; writes x_out unless it is null (recompute).
+  void layer_forward(int l, const LayerActs& acts, float* x_out);
+  // Recomputes what the remat policy did not keep, before layer l's backward.
+  void recompute(int l);
+  // dres: gradient w.r.t. the layer output on entry, w.r.t. its input on exit.
+  void layer_backward(int l);
+  // Final norm + LM head + loss (and its backward when dloss != 0).
+  CrossEntropyResult head(const int32_t* targets, bool backward, float dloss);
+  // dres (f32) -> the matmul-input dtype (a copy in bf16 mode, the buffer itself in f32).
+  const void* dres_compute();
+
+  void* alloc(int64_t bytes, int64_t* counter);
+
+  ParamStore& params_;
+  LlamaConfig cfg_;
+  ModelOptions options_;
+  DType act_;
+  RopeTable rope_;
+  std::vector<AlignedBuffer<unsigned char>> storage_;
+  int64_t activation_bytes_ = 0, scratch_bytes_ = 0;
+
+  std::vector<LayerActs> layers_;
+  float* x_final_ = nullptr;  // output of the last layer [N, D] f32
+  const int32_t* inputs_ = nullptr;
+  // Head and gradient buffers.
+  void* hf_ = nullptr;
+  float* rstd_f_ = nullptr;
+  void* logits_ = nullptr;  // [N, V]
+  float* dres_ = nullptr;   // [N, D] f32
+  void* dres_c_ = nullptr;  // [N, D] bf16 copy (bf16 mode)
+  float* dh_ = nullptr;     // [N, D] f32 (gradient at a norm's output)
+  void* datt_ = nullptr;    // [N, Hq * hd]
+  void* dq_ = nullptr;
+  void* dk_ = nullptr;
+  void* dv_ = nullptr;
+  void* da_ = nullptr;  // [N, F]
+};
+
+}  // namespace hyperion

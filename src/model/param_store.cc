@@ -1,0 +1,121 @@
+#include "model/param_store.h"
+
+#include <cstring>
+
+#include "base/error.h"
+#include "base/threads.h"
+#include "kernels/fill.h"
+#include "tensor/convert.h"
+
+namespace hyperion {
+
+namespace {
+constexpr int64_t kAlignElems = 16;  // 64 bytes of f32
+}
+
+ParamStore::ParamStore(const LlamaConfig& config, bool bf16_copy)
+    : config_(config), tie_(config.tie_embeddings) {
+  config.validate("model");
+  const int64_t d = config.dim, q = config.q_dim(), kv = config.kv_dim(), f = config.ffn_dim;
+  embed_ = add("model.embed_tokens.weight", {config.vocab_size, d}, -1, ParamKind::kEmbedding);
+  for (int l = 0; l < config.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    LayerParamIndex li;
+    li.input_norm = add(p + "input_layernorm.weight", {d}, l, ParamKind::kNorm);
+    li.q = add(p + "self_attn.q_proj.weight", {q, d}, l, ParamKind::kMatrix);
+    li.k = add(p + "self_attn.k_proj.weight", {kv, d}, l, ParamKind::kMatrix);
+    li.v = add(p + "self_attn.v_proj.weight", {kv, d}, l, ParamKind::kMatrix);
+    li.o = add(p + "self_attn.o_proj.weight", {d, q}, l, ParamKind::kMatrix);
+    li.post_norm = add(p + "post_attention_layernorm.weight", {d}, l, ParamKind::kNorm);
+    li.gate = add(p + "mlp.gate_proj.weight", {f, d}, l, ParamKind::kMatrix);
+    li.up = add(p + "mlp.up_proj.weight", {f, d}, l, ParamKind::kMatrix);
+    li.down = add(p + "mlp.down_proj.weight", {d, f}, l, ParamKind::kMatrix);
+    layers_.push_back(li);
+  }
+  final_norm_ = add("model.norm.weight", {d}, -1, ParamKind::kNorm);
+  if (!tie_) lm_head_ = add("lm_head.weight", {config.vocab_size, d}, -1, ParamKind::kMatrix);
+
+  params_ = AlignedBuffer<float>(static_cast<size_t>(size_));
+  grads_ = AlignedBuffer<float>(static_cast<size_t>(size_));
+  // Padding between tensors stays zero, so whole-buffer reductions (norms) are exact.
+  std::memset(params_.data(), 0, size_ * sizeof(float));
+  zero_grads();
+  if (bf16_copy) {
+    bf16_ = AlignedBuffer<bf16>(static_cast<size_t>(size_));
+    std::memset(bf16_.data(), 0, size_ * sizeof(bf16));
+  }
+}
+
+int ParamStore::add(std::string name, Shape shape, int layer, ParamKind kind) {
+  ParamInfo info;
+  info.name = std::move(name);
+  info.shape = shape;
+  info.offset = size_;
+  info.numel = shape.numel();
+  info.layer = layer;
+  info.kind = kind;
+  size_ += (info.numel + kAlignElems - 1) / kAlignElems * kAlignElems;
+  infos_.push_back(std::move(info));
+  return static_cast<int>(infos_.size() - 1);
+}
+
+const ParamInfo* ParamStore::find(const std::string& name) const {
+  for (const ParamInfo& p : infos_)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+TensorView ParamStore::param(int i) const {
+  const ParamInfo& p = infos_[static_cast<size_t>(i)];
+  return TensorView(const_cast<float*>(params_.data()) + p.offset, DType::kF32, p.shape);
+}
+
+TensorView ParamStore::grad(int i) const {
+  const ParamInfo& p = infos_[static_cast<size_t>(i)];
+  return TensorView(const_cast<float*>(grads_.data()) + p.offset, DType::kF32, p.shape);
+}
+
+TensorView ParamStore::param_bf16(int i) const {
+  if (bf16_.size() == 0) return TensorView();
+  const ParamInfo& p = infos_[static_cast<size_t>(i)];
+  return TensorView(const_cast<bf16*>(bf16_.data()) + p.offset, DType::kBF16, p.shape);
+}
+
+TensorView ParamStore::compute_weight(int i) const {
+  return bf16_.size() > 0 ? param_bf16(i) : param(i);
+}
+
+std::pair<int64_t, int64_t> ParamStore::layer_range(int l) const {
+  const LayerParamIndex& li = layers_[static_cast<size_t>(l)];
+  const int64_t end = l + 1 < config_.n_layers
+                          ? infos_[static_cast<size_t>(layers_[l + 1].input_norm)].offset
+                          : infos_[static_cast<size_t>(final_norm_)].offset;
+  return {infos_[static_cast<size_t>(li.input_norm)].offset, end};
+}
+
+void ParamStore::init(uint64_t seed, double std) {
+  for (size_t i = 0; i < infos_.size(); ++i) {
+    const ParamInfo& p = infos_[i];
+    if (p.kind == ParamKind::kNorm)
+      fill_constant(param(static_cast<int>(i)), 1.0f);
+    else
+      fill_normal(param(static_cast<int>(i)), seed ^ hash_string(p.name.c_str()), 0.0f,
+                  static_cast<float>(std));
+  }
+  sync_bf16();
+}
+
+void ParamStore::zero_grads() {
+  parallel_chunks(size_, 1 << 18, [&](int64_t b, int64_t e) {
+    std::memset(grads_.data() + b, 0, static_cast<size_t>(e - b) * sizeof(float));
+  });
+}
+
+void ParamStore::sync_bf16() {
+  if (bf16_.size() == 0) return;
+  parallel_chunks(size_, 1 << 16, [&](int64_t b, int64_t e) {
+    convert_f32_to_bf16(params_.data() + b, bf16_.data() + b, static_cast<size_t>(e - b));
+  });
+}
+
+}  // namespace hyperion

@@ -1,0 +1,293 @@
+#include "model/llama_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "base/error.h"
+#include "kernels/cross_entropy.h"
+#include "model/param_store.h"
+
+namespace hyperion {
+namespace {
+
+LlamaConfig tiny_config(bool tied = false) {
+  LlamaConfig c;
+  c.vocab_size = 37;
+  c.dim = 16;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 4;
+  c.ffn_dim = 24;
+  c.max_seq_len = 16;
+  c.norm_eps = 1e-5;
+  c.rope_theta = 10000;
+  c.tie_embeddings = tied;
+  return c;
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
+  return t;
+}
+
+// ---- An independent reference forward in double, written from the HF definitions. ----
+using Mat = std::vector<double>;
+
+Mat get(const ParamStore& ps, const std::string& name) {
+  const ParamInfo* p = ps.find(name);
+  EXPECT_NE(p, nullptr) << name;
+  return Mat(ps.params() + p->offset, ps.params() + p->offset + p->numel);
+}
+
+// y[t, o] = sum_i x[t, i] W[o, i]
+Mat matmul_t(const Mat& x, const Mat& w, int64_t rows, int64_t in, int64_t out) {
+  Mat y(static_cast<size_t>(rows * out), 0.0);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t o = 0; o < out; ++o) {
+      double s = 0;
+      for (int64_t i = 0; i < in; ++i) s += x[t * in + i] * w[o * in + i];
+      y[t * out + o] = s;
+    }
+  return y;
+}
+
+Mat rmsnorm(const Mat& x, const Mat& w, int64_t rows, int64_t d, double eps) {
+  Mat y(x.size());
+  for (int64_t t = 0; t < rows; ++t) {
+    double ss = 0;
+    for (int64_t i = 0; i < d; ++i) ss += x[t * d + i] * x[t * d + i];
+    const double r = 1.0 / std::sqrt(ss / d + eps);
+    for (int64_t i = 0; i < d; ++i) y[t * d + i] = x[t * d + i] * r * w[i];
+  }
+  return y;
+}
+
+void rope(Mat& x, int64_t seq, int64_t heads, int64_t hd, double theta) {
+  for (int64_t t = 0; t < seq; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      double* v = &x[(t * heads + h) * hd];
+      for (int64_t i = 0; i < hd / 2; ++i) {
+        const double ang = t * std::pow(theta, -2.0 * i / hd);
+        const double a = v[i], b = v[i + hd / 2];
+        v[i] = a * std::cos(ang) - b * std::sin(ang);
+        v[i + hd / 2] = b * std::cos(ang) + a * std::sin(ang);
+      }
+    }
+}
+
+// Logits [seq, vocab] of one sequence.
+Mat reference_logits(const ParamStore& ps, const int32_t* tokens, int64_t seq) {
+  const LlamaConfig& c = ps.config();
+  const int64_t d = c.dim, hd = c.head_dim, hq = c.n_heads, hkv = c.n_kv_heads, f = c.ffn_dim;
+  Mat emb = get(ps, "model.embed_tokens.weight");
+  Mat x(static_cast<size_t>(seq * d));
+  for (int64_t t = 0; t < seq; ++t)
+    for (int64_t i = 0; i < d; ++i) x[t * d + i] = emb[tokens[t] * d + i];
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    Mat h = rmsnorm(x, get(ps, p + "input_layernorm.weight"), seq, d, c.norm_eps);
+    Mat q = matmul_t(h, get(ps, p + "self_attn.q_proj.weight"), seq, d, hq * hd);
+    Mat k = matmul_t(h, get(ps, p + "self_attn.k_proj.weight"), seq, d, hkv * hd);
+    Mat v = matmul_t(h, get(ps, p + "self_attn.v_proj.weight"), seq, d, hkv * hd);
+    rope(q, seq, hq, hd, c.rope_theta);
+    rope(k, seq, hkv, hd, c.rope_theta);
+    Mat att(static_cast<size_t>(seq * hq * hd), 0.0);
+    for (int64_t head = 0; head < hq; ++head) {
+      const int64_t kh = head / (hq / hkv);
+      for (int64_t i = 0; i < seq; ++i) {
+        std::vector<double> s(static_cast<size_t>(i + 1));
+        double mx = -1e300;
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int64_t e = 0; e < hd; ++e)
+            dot += q[(i * hq + head) * hd + e] * k[(j * hkv + kh) * hd + e];
+          s[j] = dot / std::sqrt(double(hd));
+          mx = std::max(mx, s[j]);
+        }
+        double z = 0;
+        for (auto& e : s) z += (e = std::exp(e - mx));
+        for (int64_t j = 0; j <= i; ++j)
+          for (int64_t e = 0; e < hd; ++e)
+            att[(i * hq + head) * hd + e] += s[j] / z * v[(j * hkv + kh) * hd + e];
+      }
+    }
+    Mat o = matmul_t(att, get(ps, p + "self_attn.o_proj.weight"), seq, hq * hd, d);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+    Mat h2 = rmsnorm(x, get(ps, p + "post_attention_layernorm.weight"), seq, d, c.norm_eps);
+    Mat g = matmul_t(h2, get(ps, p + "mlp.gate_proj.weight"), seq, d, f);
+    Mat u = matmul_t(h2, get(ps, p + "mlp.up_proj.weight"), seq, d, f);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+    Mat dn = matmul_t(g, get(ps, p + "mlp.down_proj.weight"), seq, f, d);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += dn[i];
+  }
+  Mat hf = rmsnorm(x, get(ps, "model.norm.weight"), seq, d, c.norm_eps);
+  Mat lm = c.tie_embeddings ? emb : get(ps, "lm_head.weight");
+  return matmul_t(hf, lm, seq, d, c.vocab_size);
+}
+
+class LlamaModelTest : public testing::TestWithParam<bool> {};  // param: tied embeddings
+
+TEST_P(LlamaModelTest, F32LogitsMatchIndependentReference) {
+  LlamaConfig c = tiny_config(GetParam());
+  ParamStore ps(c, false);
+  ps.init(7, 0.3);
+  const int64_t b = 2, t = 9;
+  LlamaModel m(ps, {b, t, false, RematPolicy::kNone});
+  auto tok = random_tokens(b * t, c.vocab_size, 3);
+  std::vector<float> logits(static_cast<size_t>(b * t * c.vocab_size));
+  m.forward_logits(tok.data(), logits.data());
+  for (int64_t s = 0; s < b; ++s) {
+    Mat ref = reference_logits(ps, tok.data() + s * t, t);
+    for (int64_t i = 0; i < t * c.vocab_size; ++i) {
+      const double got = logits[static_cast<size_t>(s * t * c.vocab_size + i)];
+      ASSERT_NEAR(got, ref[i], 1e-4 * std::fabs(ref[i]) + 2e-5) << "seq " << s << " i " << i;
+    }
+  }
+}
+
+// Loss of the model in f32 for finite differences.
+double loss_of(LlamaModel& m, const std::vector<int32_t>& in, const std::vector<int32_t>& tg) {
+  return m.forward_loss(in.data(), tg.data()).loss;
+}
+
+TEST_P(LlamaModelTest, GradientsMatchFiniteDifferences) {
+  LlamaConfig c = tiny_config(GetParam());
+  ParamStore ps(c, false);
+  ps.init(11, 0.4);
+  const int64_t b = 2, t = 6;
+  LlamaModel m(ps, {b, t, false, RematPolicy::kNone});
+  auto in = random_tokens(b * t, c.vocab_size, 5);
+  auto tg = random_tokens(b * t, c.vocab_size, 6);
+  tg[3] = kIgnoreIndex;
+  ps.zero_grads();
+  m.forward_backward(in.data(), tg.data(), 1.0f);
+  std::mt19937 rng(9);
+  int checked = 0;
+  for (const ParamInfo& p : ps.infos()) {
+    // A few elements of every tensor, incl. embedding rows that are actually used.
+    for (int rep = 0; rep < 4; ++rep) {
+      int64_t i = static_cast<int64_t>(rng() % p.numel);
+      if (p.kind == ParamKind::kEmbedding)
+        i = in[rep] * c.dim + static_cast<int64_t>(rng() % c.dim);
+      float* w = ps.params() + p.offset + i;
+      const float saved = *w;
+      // Central differences at h and h/2 combined by Richardson extrapolation: the
+      // O(h^2) truncation error cancels, leaving f32 rounding of the loss (~1e-4).
+      auto central = [&](double h) {
+        *w = saved + static_cast<float>(h);
+        const double lp = loss_of(m, in, tg);
+        *w = saved - static_cast<float>(h);
+        const double lm = loss_of(m, in, tg);
+        *w = saved;
+        return (lp - lm) / (2 * h);
+      };
+      const double fd = (4 * central(5e-3) - central(1e-2)) / 3;
+      const double an = ps.grads()[p.offset + i];
+      EXPECT_NEAR(an, fd, 2e-3 * std::max(std::fabs(fd), std::fabs(an)) + 2e-4)
+          << p.name << "[" << i << "]";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 40);
+}
+
+TEST_P(LlamaModelTest, RematPoliciesGiveIdenticalGradients) {
+  for (bool bf16 : {false, true}) {
+    LlamaConfig c = tiny_config(GetParam());
+    std::vector<std::vector<float>> grads;
+    std::vector<double> losses;
+    for (RematPolicy r : {RematPolicy::kNone, RematPolicy::kMinimal, RematPolicy::kFull}) {
+      ParamStore ps(c, bf16);
+      ps.init(3, 0.3);
+      LlamaModel m(ps, {2, 8, bf16, r});
+      auto in = random_tokens(16, c.vocab_size, 1);
+      auto tg = random_tokens(16, c.vocab_size, 2);
+      losses.push_back(m.forward_backward(in.data(), tg.data(), 0.5f).loss);
+      grads.emplace_back(ps.grads(), ps.grads() + ps.size());
+    }
+    for (size_t i = 1; i < grads.size(); ++i) {
+      EXPECT_EQ(losses[i], losses[0]) << "bf16=" << bf16;
+      EXPECT_EQ(std::memcmp(grads[i].data(), grads[0].data(), grads[0].size() * 4), 0)
+          << "remat policy " << i << " bf16=" << bf16;
+    }
+  }
+}
+
+TEST_P(LlamaModelTest, Bf16CloseToF32) {
+  LlamaConfig c = tiny_config(GetParam());
+  ParamStore p32(c, false), p16(c, true);
+  p32.init(5, 0.3);
+  p16.init(5, 0.3);
+  LlamaModel m32(p32, {2, 8, false, RematPolicy::kMinimal});
+  LlamaModel m16(p16, {2, 8, true, RematPolicy::kMinimal});
+  auto in = random_tokens(16, c.vocab_size, 1);
+  auto tg = random_tokens(16, c.vocab_size, 2);
+  const double l32 = m32.forward_backward(in.data(), tg.data(), 1.0f).loss;
+  const double l16 = m16.forward_backward(in.data(), tg.data(), 1.0f).loss;
+  EXPECT_NEAR(l16, l32, 0.02 * l32);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < p32.size(); ++i) {
+    num += std::pow(p16.grads()[i] - p32.grads()[i], 2);
+    den += std::pow(p32.grads()[i], 2);
+  }
+  EXPECT_LT(std::sqrt(num / den), 0.05);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tying, LlamaModelTest, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& i) {
+                           return i.param ? "tied" : "untied";
+                         });
+
+TEST(ParamStore, LayoutIsContiguousPerLayerAndAligned) {
+  LlamaConfig c = tiny_config();
+  ParamStore ps(c, true);
+  EXPECT_EQ(ps.infos().front().name, "model.embed_tokens.weight");
+  EXPECT_EQ(ps.infos().back().name, "lm_head.weight");
+  for (const ParamInfo& p : ps.infos()) EXPECT_EQ(p.offset % 16, 0) << p.name;
+  auto r0 = ps.layer_range(0), r1 = ps.layer_range(1);
+  EXPECT_EQ(r0.second, r1.first);
+  EXPECT_EQ(r0.first, ps.find("model.layers.0.input_layernorm.weight")->offset);
+  EXPECT_EQ(r1.second, ps.find("model.norm.weight")->offset);
+  int64_t total = 0;
+  for (const ParamInfo& p : ps.infos()) total += p.numel;
+  EXPECT_EQ(total, c.total_params());
+  ParamStore tied(tiny_config(true), false);
+  EXPECT_EQ(tied.find("lm_head.weight"), nullptr);
+  EXPECT_EQ(tied.lm_head(), tied.embed());
+}
+
+TEST(LlamaConfig, HfJsonRoundTripAndErrors) {
+  LlamaConfig c = tiny_config(true);
+  LlamaConfig back = LlamaConfig::from_hf_json(c.to_hf_json(), "config.json");
+  EXPECT_EQ(back.dim, c.dim);
+  EXPECT_EQ(back.n_kv_heads, c.n_kv_heads);
+  EXPECT_EQ(back.tie_embeddings, true);
+  EXPECT_DOUBLE_EQ(back.rope_theta, c.rope_theta);
+  try {
+    LlamaConfig::from_hf_json(R"({"vocab_size": 10, "hidden_size": "x"})", "dir/config.json");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dir/config.json"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("hidden_size"), std::string::npos);
+  }
+  EXPECT_THROW(LlamaConfig::from_hf_json("{", "c.json"), Error);
+}
+
+TEST(LlamaConfig, FlopsFormula) {
+  LlamaConfig c = tiny_config();
+  const int64_t per_layer = 16 * 16 + 2 * 16 * 8 + 16 * 16 + 3 * 16 * 24 + 2 * 16;
+  EXPECT_EQ(c.layer_params(), per_layer);
+  EXPECT_EQ(c.non_embedding_params(), 2 * per_layer + 16 + 37 * 16);
+  EXPECT_DOUBLE_EQ(c.train_flops_per_token(8),
+                   6.0 * (2 * per_layer + 16 + 37 * 16) + 6.0 * 2 * 8 * 16);
+}
+
+}  // namespace
+}  // namespace hyperion
