@@ -14,5 +14,11 @@ double parse_number(const std::string& value, const char* flag);
 
 int cmd_bench(const Args& args);
 int cmd_info(const Args& args);
+int cmd_data(const Args& args);
+int cmd_train(const Args& args);
+int cmd_plan(const Args& args);
+int cmd_eval(const Args& args);
+int cmd_generate(const Args& args);
+int cmd_convert(const Args& args);
 
 }  // namespace hyperion::cli

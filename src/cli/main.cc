@@ -13,6 +13,20 @@ namespace {
 constexpr const char* kUsage = R"(usage: hyperion [--threads N] <command> [args...]
 
 commands:
+  train [CONFIG] [key=value ...] [--resume DIR] [--json]
+                             pre-train a Llama model (no CONFIG: the embedded tiny preset
+                             on the bundled corpus)
+  plan CONFIG [key=value ...] [--json]
+                             parameters, FLOPs per token and training memory per process
+  data prepare --input FILE --output DIR [--vocab-size N] [--tokenizer MODEL] [--json]
+                             train a tokenizer and write token shards
+  eval --checkpoint DIR (--text FILE | --shard FILE) [--json]
+                             held-out loss and perplexity of a checkpoint
+  generate --checkpoint DIR [--prompt TEXT] [--max-tokens N] [--temperature T]
+           [--top-k K] [--top-p P] [--seed S] [--json]
+                             sample from a checkpoint with a KV cache
+  convert --checkpoint DIR --to gguf [--type f32|f16|bf16|q8_0] [--output FILE]
+                             write a GGUF file llama.cpp can load
   bench peak [--json]        measure this machine's peak FLOP/s and memory bandwidth
   bench kernels [--json]     measure every kernel against the peak
   info [--json]              CPU features, threads and library versions
@@ -58,6 +72,12 @@ int main(int argc, char** argv) {
     cli::Args rest(argv + i + 1, argv + argc);
     if (command == "bench") return cli::cmd_bench(rest);
     if (command == "info") return cli::cmd_info(rest);
+    if (command == "train") return cli::cmd_train(rest);
+    if (command == "plan") return cli::cmd_plan(rest);
+    if (command == "data") return cli::cmd_data(rest);
+    if (command == "eval") return cli::cmd_eval(rest);
+    if (command == "generate") return cli::cmd_generate(rest);
+    if (command == "convert") return cli::cmd_convert(rest);
     std::fprintf(stderr, "hyperion: unknown command '%s'\n\n%s", command.c_str(), kUsage);
     return 2;
   } catch (const Error& e) {

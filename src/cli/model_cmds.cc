@@ -1,0 +1,140 @@
+// `hyperion eval`, `hyperion generate` and `hyperion convert` on a checkpoint directory.
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "io/gguf_convert.h"
+#include "io/tokenizer.h"
+#include "model/llama_generator.h"
+#include "train/checkpoint.h"
+#include "train/evaluate.h"
+
+namespace hyperion::cli {
+
+namespace {
+
+struct LoadedCheckpoint {
+  std::string dir;
+  LlamaConfig config;
+  std::unique_ptr<ParamStore> params;
+  io::Tokenizer tokenizer;
+};
+
+LoadedCheckpoint load_checkpoint(const std::string& path, bool bf16) {
+  LoadedCheckpoint c{resolve_checkpoint_dir(path),
+                     {},
+                     nullptr,
+                     io::Tokenizer::load(resolve_checkpoint_dir(path) + "/tokenizer.model")};
+  c.config = read_checkpoint_config(c.dir);
+  c.params = std::make_unique<ParamStore>(c.config, bf16);
+  load_model_weights(c.dir, *c.params);
+  return c;
+}
+
+bool parse_dtype_flag(const Flags& f) {
+  const std::string d = f.get("dtype", "float32");
+  HYP_CHECK(d == "float32" || d == "bfloat16", "--dtype must be float32 or bfloat16, got '{}'", d);
+  return d == "bfloat16";
+}
+
+}  // namespace
+
+int cmd_eval(const Args& args) {
+  Flags f("eval", args, {"checkpoint", "text", "shard", "seq-len", "batch", "dtype"}, {"json"});
+  HYP_CHECK(f.has("text") != f.has("shard"),
+            "eval: give exactly one of --text FILE or --shard FILE");
+  LoadedCheckpoint c = load_checkpoint(f.require("checkpoint"), parse_dtype_flag(f));
+  const int64_t seq = f.integer("seq-len", std::min<int64_t>(c.config.max_seq_len, 1024));
+  HYP_CHECK(seq > 0 && seq <= c.config.max_seq_len, "eval: --seq-len must be in [1, {}], got {}",
+            c.config.max_seq_len, seq);
+  const std::vector<int32_t> tokens = f.has("text")
+                                          ? tokenize_file(c.tokenizer, f.get("text"))
+                                          : read_shard_tokens(f.get("shard"), c.config.vocab_size);
+  const EvalReport r = evaluate_stream(*c.params, tokens, seq, f.integer("batch", 4));
+  if (f.has("json")) {
+    nlohmann::ordered_json j;
+    j["loss"] = r.loss;
+    j["perplexity"] = r.perplexity;
+    j["tokens"] = r.tokens;
+    j["checkpoint"] = c.dir;
+    j["seq_len"] = seq;
+    j["seconds"] = r.seconds;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("checkpoint %s\nloss %.4f  perplexity %.3f  tokens %lld  (%.2f s)\n", c.dir.c_str(),
+                r.loss, r.perplexity, static_cast<long long>(r.tokens), r.seconds);
+  }
+  return 0;
+}
+
+int cmd_generate(const Args& args) {
+  Flags f("generate", args,
+          {"checkpoint", "prompt", "max-tokens", "temperature", "top-k", "top-p", "seed", "dtype"},
+          {"json", "ignore-eos"});
+  LoadedCheckpoint c = load_checkpoint(f.require("checkpoint"), parse_dtype_flag(f));
+  GenerateOptions go;
+  go.sampling.temperature = static_cast<float>(f.number("temperature", 0.8));
+  go.sampling.top_k = static_cast<int>(f.integer("top-k", 0));
+  go.sampling.top_p = static_cast<float>(f.number("top-p", 1.0));
+  go.sampling.seed = static_cast<uint64_t>(f.integer("seed", 0));
+  go.max_tokens = f.integer("max-tokens", 64);
+  HYP_CHECK(go.max_tokens >= 0, "generate: --max-tokens must be >= 0");
+  go.stop_at_eos = !f.has("ignore-eos");
+  go.eos_id = c.tokenizer.eos_id();
+  const std::string prompt = f.get("prompt");
+  std::vector<int32_t> ids{c.tokenizer.bos_id()};
+  const std::vector<int32_t> enc = c.tokenizer.encode(prompt);
+  ids.insert(ids.end(), enc.begin(), enc.end());
+  HYP_CHECK(static_cast<int64_t>(ids.size()) < c.config.max_seq_len,
+            "generate: --prompt is {} tokens, the model's context is {}", ids.size(),
+            c.config.max_seq_len);
+  const int64_t ctx =
+      std::min<int64_t>(c.config.max_seq_len, static_cast<int64_t>(ids.size()) + go.max_tokens);
+  LlamaGenerator gen(*c.params, std::max<int64_t>(ctx, 1));
+  const bool json = f.has("json");
+  if (!json) std::printf("%s", prompt.c_str());
+  std::vector<int32_t> produced;
+  std::string printed;
+  std::vector<int32_t> out = generate_tokens(gen, ids, go, [&](int32_t tok) {
+    if (json || tok == c.tokenizer.eos_id()) return;
+    produced.push_back(tok);
+    // Decode the whole continuation each time so multi-byte pieces print correctly.
+    const std::string text = c.tokenizer.decode(produced);
+    if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0) {
+      std::fputs(text.c_str() + printed.size(), stdout);
+      std::fflush(stdout);
+      printed = text;
+    }
+  });
+  const bool eos = !out.empty() && out.back() == c.tokenizer.eos_id();
+  if (eos) out.pop_back();
+  if (json) {
+    nlohmann::ordered_json j;
+    j["prompt"] = prompt;
+    j["text"] = c.tokenizer.decode(out);
+    j["tokens"] = out;
+    j["finish_reason"] = eos ? "stop" : "length";
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("\n");
+  }
+  return 0;
+}
+
+int cmd_convert(const Args& args) {
+  Flags f("convert", args, {"checkpoint", "to", "type", "output"}, {});
+  const std::string to = f.require("to");
+  HYP_CHECK(to == "gguf", "convert: --to must be gguf, got '{}'", to);
+  const std::string dir = resolve_checkpoint_dir(f.require("checkpoint"));
+  const std::string type = f.get("type", "f16");
+  const std::string out = f.get("output", dir + "/model-" + type + ".gguf");
+  io::convert_checkpoint_to_gguf(dir, out, type);
+  std::printf("wrote %s (%s, %.1f MiB)\n", out.c_str(), type.c_str(),
+              double(std::filesystem::file_size(out)) / (1024.0 * 1024.0));
+  return 0;
+}
+
+}  // namespace hyperion::cli

@@ -1,0 +1,129 @@
+// `hyperion train [CONFIG] [key=value ...]` and `hyperion plan CONFIG [key=value ...]`.
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "model/llama_config.h"
+#include "train/train_config.h"
+#include "train/trainer.h"
+
+namespace hyperion::cli {
+
+namespace {
+
+// Splits positional arguments into the config (first without '=') and overrides.
+void split_config_args(const std::vector<std::string>& pos, std::string* config,
+                       std::vector<std::string>* overrides) {
+  for (const std::string& a : pos) {
+    if (a.find('=') != std::string::npos) {
+      overrides->push_back(a);
+    } else {
+      HYP_CHECK(config->empty(), "expected one config (file or preset), got '{}' and '{}'", *config,
+                a);
+      *config = a;
+    }
+  }
+}
+
+std::string config_name(const std::string& arg) {
+  return arg.empty() ? "tiny" : std::filesystem::path(arg).stem().string();
+}
+
+}  // namespace
+
+int cmd_train(const Args& args) {
+  Flags f("train", args, {"resume"}, {"json", "quiet"});
+  std::string config;
+  std::vector<std::string> overrides;
+  split_config_args(f.positional(), &config, &overrides);
+  Config c = load_train_config(config, overrides);
+  TrainOptions opts;
+  opts.resume = f.get("resume");
+  opts.quiet = f.has("quiet");
+  TrainResult r = run_training(c, config_name(config), opts);
+  if (f.has("json")) {
+    nlohmann::ordered_json j;
+    j["run_dir"] = r.run_dir;
+    j["checkpoint"] = r.checkpoint;
+    j["start_step"] = r.start_step;
+    j["steps"] = r.steps;
+    j["final_loss"] = r.history.empty() ? 0.0 : r.history.back().loss;
+    j["eval_loss"] = r.eval_loss;
+    j["eval_perplexity"] = r.eval_perplexity;
+    j["eval_tokens"] = r.eval_tokens;
+    j["tokens_per_s"] = r.mean_tokens_per_s;
+    j["mfu"] = r.mean_mfu;
+    j["peak_gflops"] = r.peak_gflops;
+    j["seconds"] = r.seconds;
+    j["samples"] = r.samples;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("\nrun dir     %s\n", r.run_dir.c_str());
+    if (!r.checkpoint.empty()) std::printf("checkpoint  %s\n", r.checkpoint.c_str());
+    std::printf("steps       %lld (%.1f s, %.0f tokens/s, MFU %.1f%%)\n",
+                static_cast<long long>(r.steps), r.seconds, r.mean_tokens_per_s, 100 * r.mean_mfu);
+    if (r.eval_tokens > 0)
+      std::printf("held-out    loss %.4f, perplexity %.2f (%lld tokens)\n", r.eval_loss,
+                  r.eval_perplexity, static_cast<long long>(r.eval_tokens));
+    for (size_t i = 0; i < r.samples.size(); ++i)
+      std::printf("\nsample %zu:\n%s\n", i + 1, r.samples[i].c_str());
+  }
+  return 0;
+}
+
+int cmd_plan(const Args& args) {
+  Flags f("plan", args, {}, {"json"});
+  std::string config;
+  std::vector<std::string> overrides;
+  split_config_args(f.positional(), &config, &overrides);
+  HYP_CHECK(!config.empty(), "plan: expected a config file or preset name");
+  Config c = load_train_config(config, overrides);
+  TrainConfig t = parse_train_config(c, config_name(config));
+  const MemoryPlan m =
+      memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16, t.remat);
+  const double fpt = t.model.train_flops_per_token(t.max_target_length);
+  if (f.has("json")) {
+    nlohmann::ordered_json j;
+    j["name"] = t.name;
+    j["params"] = t.model.total_params();
+    j["non_embedding_params"] = t.model.non_embedding_params();
+    j["flops_per_token"] = fpt;
+    j["forward_flops_per_token"] = t.model.forward_flops_per_token(t.max_target_length);
+    j["batch"] = t.per_device_batch_size;
+    j["seq_len"] = t.max_target_length;
+    j["tokens_per_step"] = t.tokens_per_step();
+    j["flops_per_step"] = fpt * double(t.tokens_per_step());
+    j["dtype"] = t.bf16 ? "bfloat16" : "float32";
+    j["remat_policy"] = remat_policy_name(t.remat);
+    j["memory"] = {{"weights", m.weight_bytes},
+                   {"compute_weights", m.compute_weight_bytes},
+                   {"gradients", m.grad_bytes},
+                   {"optimizer", m.optimizer_bytes},
+                   {"activations", m.activation_bytes},
+                   {"scratch", m.scratch_bytes},
+                   {"total", m.total()}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  auto gib = [](int64_t b) { return double(b) / (1024.0 * 1024.0 * 1024.0); };
+  std::printf("%s: %.3fB params (%.3fB non-embedding), %.3g training FLOPs/token at seq %lld\n",
+              t.name.c_str(), double(t.model.total_params()) / 1e9,
+              double(t.model.non_embedding_params()) / 1e9, fpt,
+              static_cast<long long>(t.max_target_length));
+  std::printf("memory per process, batch %lld, %s, remat %s:\n",
+              static_cast<long long>(t.per_device_batch_size), t.bf16 ? "bf16" : "f32",
+              remat_policy_name(t.remat));
+  std::printf(
+      "  weights (f32)      %9.3f GiB\n  bf16 copy          %9.3f GiB\n"
+      "  gradients          %9.3f GiB\n  AdamW m, v         %9.3f GiB\n"
+      "  activations        %9.3f GiB\n  scratch            %9.3f GiB\n"
+      "  total              %9.3f GiB\n",
+      gib(m.weight_bytes), gib(m.compute_weight_bytes), gib(m.grad_bytes), gib(m.optimizer_bytes),
+      gib(m.activation_bytes), gib(m.scratch_bytes), gib(m.total()));
+  return 0;
+}
+
+}  // namespace hyperion::cli

@@ -1,0 +1,182 @@
+#include "io/atomic_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "base/error.h"
+
+namespace hyperion::io {
+
+namespace {
+
+constexpr size_t kBufferSize = size_t{1} << 20;
+
+std::string parent_dir(const std::string& path) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
+}  // namespace
+
+void fsync_directory(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail("cannot open directory '{}' to fsync it: {}", dir, std::strerror(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  // Some file systems do not support fsync on directories; that is not a failure of ours.
+  if (rc != 0 && err != EINVAL && err != ENOTSUP)
+    fail("cannot fsync directory '{}': {}", dir, std::strerror(err));
+}
+
+std::string read_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("cannot open '{}' for reading: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    fail("cannot stat '{}': {}", path, std::strerror(err));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    fail("cannot read '{}': is a directory", path);
+  }
+  std::string out;
+  if (st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
+  char chunk[1 << 16];
+  for (;;) {
+    ssize_t n = ::read(fd, chunk, sizeof(chunk));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      fail("cannot read '{}': {}", path, std::strerror(err));
+    }
+    if (n == 0) break;
+    out.append(chunk, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+MappedFile MappedFile::open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("cannot open '{}' for reading: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    fail("cannot stat '{}': {}", path, std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail("cannot map '{}': not a regular file", path);
+  }
+  MappedFile m;
+  if (st.st_size > 0) {
+    void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      int err = errno;
+      ::close(fd);
+      fail("cannot mmap '{}': {}", path, std::strerror(err));
+    }
+    m.data_ = static_cast<const unsigned char*>(p);
+    m.size_ = static_cast<size_t>(st.st_size);
+  }
+  ::close(fd);  // the mapping keeps the file referenced
+  return m;
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<unsigned char*>(data_), size_);
+}
+
+void write_file_atomic(const std::string& path, std::string_view bytes) {
+  AtomicFileWriter writer(path);
+  writer.write(bytes.data(), bytes.size());
+  writer.commit();
+}
+
+AtomicFileWriter::AtomicFileWriter(std::string path)
+    : path_(std::move(path)), temp_path_(path_ + ".tmp." + std::to_string(::getpid())) {
+  HYP_CHECK(!path_.empty(), "AtomicFileWriter: empty output path");
+  fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    fail("cannot create '{}' (temporary file for '{}'): {}", temp_path_, path_,
+         std::strerror(errno));
+  buffer_.reserve(kBufferSize);
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (!committed_) abandon();
+}
+
+void AtomicFileWriter::abandon() noexcept {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  ::unlink(temp_path_.c_str());
+}
+
+void AtomicFileWriter::write_fd(const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    // Linux transfers at most ~2 GiB per write call; loop on short writes.
+    ssize_t k = ::write(fd_, p, n);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      fail("cannot write '{}' (temporary file for '{}'): {}", temp_path_, path_,
+           std::strerror(errno));
+    }
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+}
+
+void AtomicFileWriter::flush_buffer() {
+  if (buffer_.empty()) return;
+  write_fd(buffer_.data(), buffer_.size());
+  buffer_.clear();
+}
+
+void AtomicFileWriter::write(const void* data, size_t n) {
+  HYP_CHECK(fd_ >= 0 && !committed_, "AtomicFileWriter: write to '{}' after commit or failure",
+            path_);
+  if (n == 0) return;
+  if (n >= kBufferSize) {
+    flush_buffer();
+    write_fd(data, n);
+  } else {
+    if (buffer_.size() + n > kBufferSize) flush_buffer();
+    buffer_.append(static_cast<const char*>(data), n);
+  }
+  written_ += n;
+}
+
+void AtomicFileWriter::commit() {
+  HYP_CHECK(fd_ >= 0 && !committed_, "AtomicFileWriter: '{}' committed twice or after failure",
+            path_);
+  flush_buffer();
+  if (::fsync(fd_) != 0)
+    fail("cannot fsync '{}' (temporary file for '{}'): {}", temp_path_, path_,
+         std::strerror(errno));
+  int rc = ::close(fd_);
+  fd_ = -1;
+  if (rc != 0)
+    fail("cannot close '{}' (temporary file for '{}'): {}", temp_path_, path_,
+         std::strerror(errno));
+  if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
+    fail("cannot rename '{}' to '{}': {}", temp_path_, path_, std::strerror(errno));
+  committed_ = true;
+  fsync_directory(parent_dir(path_));
+}
+
+}  // namespace hyperion::io

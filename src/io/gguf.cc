@@ -1,0 +1,688 @@
+// GGUF writer/reader and Q8_0 (de)quantisation. The Q8_0 loops use Highway dynamic
+// dispatch; this file is compiled once per SIMD target (foreach_target.h), and everything
+// outside HWY_NAMESPACE lives under HWY_ONCE.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "io/gguf.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "io/gguf.h"
+#include "tensor/convert.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace hyperion::io {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+constexpr int64_t kQK = 32;
+constexpr size_t kQ8Bytes = 34;
+
+void QuantizeQ8_0(const float* x, unsigned char* out, int64_t nblocks) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<int8_t, decltype(df)> d8;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const auto half = hn::Set(df, 0.5f);
+  const auto one = hn::Set(df, 1.0f);
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const float* xb = x + b * kQK;
+    auto vmax = hn::Zero(df);
+    for (int64_t j = 0; j < kQK; j += N) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, xb + j)));
+    const float amax = hn::GetLane(hn::MaxOfLanes(df, vmax));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    unsigned char* ob = out + b * kQ8Bytes;
+    const f16 dh = f32_to_f16(d);
+    std::memcpy(ob, &dh, 2);
+    auto* qs = reinterpret_cast<int8_t*>(ob + 2);
+    const auto vid = hn::Set(df, id);
+    for (int64_t j = 0; j < kQK; j += N) {
+      const auto v = hn::Mul(hn::LoadU(df, xb + j), vid);
+      // roundf: round half away from zero. v - trunc(v) is exact for |v| < 2^23.
+      const auto t = hn::Trunc(v);
+      auto r = hn::Add(t, hn::IfThenElseZero(hn::Abs(hn::Sub(v, t)) >= half, hn::CopySign(one, v)));
+      r = hn::IfThenElseZero(hn::Eq(v, v), r);  // NaN -> 0
+      hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, r)), d8, qs + j);
+    }
+  }
+}
+
+void DequantizeQ8_0(const unsigned char* in, float* y, int64_t nblocks) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<int8_t, decltype(df)> d8;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const unsigned char* ib = in + b * kQ8Bytes;
+    f16 dh;
+    std::memcpy(&dh, ib, 2);
+    const auto vd = hn::Set(df, f16_to_f32(dh));
+    const auto* qs = reinterpret_cast<const int8_t*>(ib + 2);
+    for (int64_t j = 0; j < kQK; j += N) {
+      const auto q = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, qs + j)));
+      hn::StoreU(hn::Mul(q, vd), df, y + b * kQK + j);
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace hyperion::io
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <unordered_set>
+
+#include "base/error.h"
+#include "base/threads.h"
+
+namespace hyperion::io {
+
+static_assert(std::endian::native == std::endian::little, "GGUF I/O assumes a little-endian host");
+
+HWY_EXPORT(QuantizeQ8_0);
+HWY_EXPORT(DequantizeQ8_0);
+
+namespace {
+
+constexpr int64_t kQK8_0 = 32;
+constexpr size_t kQ8_0Bytes = 34;
+
+bool known_ggml_type(uint32_t t) {
+  return t == 0 || t == 1 || t == 8 || t == 30;
+}
+
+// Names of the ggml types we do not support, for clearer errors.
+std::string ggml_type_label(uint32_t t) {
+  static const char* const kNames[] = {"f32",  "f16",  "q4_0", "q4_1", "q4_2", "q4_3",
+                                       "q5_0", "q5_1", "q8_0", "q8_1", "q2_k", "q3_k",
+                                       "q4_k", "q5_k", "q6_k", "q8_k"};
+  if (t < std::size(kNames)) return fmt::format("{} ({})", t, kNames[t]);
+  if (t == 30) return "30 (bf16)";
+  return std::to_string(t);
+}
+
+size_t gguf_scalar_size(GgufType t) {
+  switch (t) {
+    case GgufType::kU8:
+    case GgufType::kI8:
+    case GgufType::kBool:
+      return 1;
+    case GgufType::kU16:
+    case GgufType::kI16:
+      return 2;
+    case GgufType::kU32:
+    case GgufType::kI32:
+    case GgufType::kF32:
+      return 4;
+    case GgufType::kU64:
+    case GgufType::kI64:
+    case GgufType::kF64:
+      return 8;
+    case GgufType::kString:
+    case GgufType::kArray:
+      return 0;
+  }
+  return 0;
+}
+
+bool known_gguf_type(uint32_t t) {
+  return t <= 12;
+}
+
+uint64_t align_up(uint64_t x, uint64_t a) {
+  return (x + a - 1) / a * a;
+}
+
+bool is_pow2(uint64_t x) {
+  return x != 0 && (x & (x - 1)) == 0;
+}
+
+}  // namespace
+
+std::string_view ggml_type_name(GgmlType type) {
+  switch (type) {
+    case GgmlType::kF32:
+      return "f32";
+    case GgmlType::kF16:
+      return "f16";
+    case GgmlType::kQ8_0:
+      return "q8_0";
+    case GgmlType::kBF16:
+      return "bf16";
+  }
+  return "invalid";
+}
+
+int64_t ggml_block_size(GgmlType type) {
+  return type == GgmlType::kQ8_0 ? kQK8_0 : 1;
+}
+
+size_t ggml_block_bytes(GgmlType type) {
+  switch (type) {
+    case GgmlType::kF32:
+      return 4;
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+      return 2;
+    case GgmlType::kQ8_0:
+      return kQ8_0Bytes;
+  }
+  fail("ggml: invalid type {}", static_cast<uint32_t>(type));
+}
+
+size_t ggml_nbytes(GgmlType type, int64_t n) {
+  const int64_t bs = ggml_block_size(type);
+  HYP_CHECK(n >= 0 && n % bs == 0, "ggml_nbytes: {} values are not a whole number of {} blocks", n,
+            ggml_type_name(type));
+  return static_cast<size_t>(n / bs) * ggml_block_bytes(type);
+}
+
+std::string_view gguf_type_name(GgufType type) {
+  static const char* const kNames[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
+                                       "bool", "string", "array", "u64", "i64", "f64"};
+  const auto t = static_cast<uint32_t>(type);
+  return t < std::size(kNames) ? kNames[t] : "invalid";
+}
+
+// ---------------------------------------------------------------------------------------
+// Q8_0
+
+namespace ref {
+
+void quantize_row_q8_0(const float* x, void* blocks, int64_t n) {
+  HYP_CHECK(n % kQK8_0 == 0, "quantize_row_q8_0: n = {} is not a multiple of 32", n);
+  auto* out = static_cast<unsigned char*>(blocks);
+  for (int64_t b = 0; b < n / kQK8_0; ++b) {
+    const float* xb = x + b * kQK8_0;
+    float amax = 0.0f;
+    for (int j = 0; j < kQK8_0; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const f16 dh = f32_to_f16(d);
+    std::memcpy(out + b * kQ8_0Bytes, &dh, 2);
+    auto* qs = reinterpret_cast<int8_t*>(out + b * kQ8_0Bytes + 2);
+    for (int j = 0; j < kQK8_0; ++j) {
+      const float r = std::round(xb[j] * id);
+      qs[j] = std::isnan(r) ? int8_t{0} : static_cast<int8_t>(r);
+    }
+  }
+}
+
+void dequantize_row_q8_0(const void* blocks, float* y, int64_t n) {
+  HYP_CHECK(n % kQK8_0 == 0, "dequantize_row_q8_0: n = {} is not a multiple of 32", n);
+  const auto* in = static_cast<const unsigned char*>(blocks);
+  for (int64_t b = 0; b < n / kQK8_0; ++b) {
+    f16 dh;
+    std::memcpy(&dh, in + b * kQ8_0Bytes, 2);
+    const float d = f16_to_f32(dh);
+    const auto* qs = reinterpret_cast<const int8_t*>(in + b * kQ8_0Bytes + 2);
+    for (int j = 0; j < kQK8_0; ++j) y[b * kQK8_0 + j] = static_cast<float>(qs[j]) * d;
+  }
+}
+
+}  // namespace ref
+
+void quantize_row_q8_0(const float* x, void* blocks, int64_t n) {
+  HYP_CHECK(n % kQK8_0 == 0, "quantize_row_q8_0: n = {} is not a multiple of 32", n);
+  auto* out = static_cast<unsigned char*>(blocks);
+  parallel_chunks(n / kQK8_0, 2048, [&](int64_t b, int64_t e) {
+    HWY_DYNAMIC_DISPATCH(QuantizeQ8_0)(x + b * kQK8_0, out + b * kQ8_0Bytes, e - b);
+  });
+}
+
+void dequantize_row_q8_0(const void* blocks, float* y, int64_t n) {
+  HYP_CHECK(n % kQK8_0 == 0, "dequantize_row_q8_0: n = {} is not a multiple of 32", n);
+  const auto* in = static_cast<const unsigned char*>(blocks);
+  parallel_chunks(n / kQK8_0, 2048, [&](int64_t b, int64_t e) {
+    HWY_DYNAMIC_DISPATCH(DequantizeQ8_0)(in + b * kQ8_0Bytes, y + b * kQK8_0, e - b);
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Writer
+
+void GgufWriter::set_raw(const std::string& key, GgufType type, std::string payload) {
+  HYP_CHECK(!key.empty(), "GgufWriter: empty key");
+  auto it = kv_index_.find(key);
+  if (it != kv_index_.end()) {
+    kvs_[it->second].type = type;
+    kvs_[it->second].payload = std::move(payload);
+    return;
+  }
+  kv_index_.emplace(key, kvs_.size());
+  kvs_.push_back(KV{key, type, std::move(payload)});
+}
+
+void GgufWriter::add_checked(PendingTensor t) {
+  const std::string& name = t.name;
+  HYP_CHECK(!name.empty() && name.size() <= kGgufMaxNameLength,
+            "GgufWriter::add_tensor: tensor name '{}' must have 1 to {} bytes", name,
+            kGgufMaxNameLength);
+  HYP_CHECK(tensor_index_.count(name) == 0, "GgufWriter::add_tensor: duplicate tensor '{}'", name);
+  HYP_CHECK(t.shape.rank() >= 1 && t.shape.rank() <= kGgufMaxDims,
+            "GgufWriter::add_tensor: tensor '{}' {} must have rank 1 to {}", name, t.shape.str(),
+            kGgufMaxDims);
+  HYP_CHECK(known_ggml_type(static_cast<uint32_t>(t.type)),
+            "GgufWriter::add_tensor: tensor '{}': unsupported ggml type {}", name,
+            static_cast<uint32_t>(t.type));
+  HYP_CHECK(t.shape.dim(-1) % ggml_block_size(t.type) == 0,
+            "GgufWriter::add_tensor: tensor '{}' {}: {} needs the row length to be a multiple "
+            "of {}",
+            name, t.shape.str(), ggml_type_name(t.type), ggml_block_size(t.type));
+  HYP_CHECK(t.data != nullptr || t.fill || t.shape.numel() == 0,
+            "GgufWriter::add_tensor: tensor '{}' has no data", name);
+  tensor_index_.emplace(name, tensors_.size());
+  tensors_.push_back(std::move(t));
+}
+
+void GgufWriter::add_tensor(std::string name, Shape shape, const float* data, GgmlType type) {
+  add_checked(PendingTensor{std::move(name), shape, type, data, nullptr});
+}
+
+void GgufWriter::add_tensor(std::string name, Shape shape, Producer fill, GgmlType type) {
+  HYP_CHECK(fill != nullptr, "GgufWriter::add_tensor: tensor '{}' has no producer", name);
+  add_checked(PendingTensor{std::move(name), shape, type, nullptr, std::move(fill)});
+}
+
+void GgufWriter::write(const std::string& path) const {
+  uint32_t alignment = kGgufDefaultAlignment;
+  if (auto it = kv_index_.find("general.alignment"); it != kv_index_.end()) {
+    const KV& kv = kvs_[it->second];
+    HYP_CHECK(kv.type == GgufType::kU32, "gguf: {}: key 'general.alignment' must be u32, not {}",
+              path, gguf_type_name(kv.type));
+    std::memcpy(&alignment, kv.payload.data(), 4);
+    HYP_CHECK(is_pow2(alignment), "gguf: {}: key 'general.alignment' = {} is not a power of two",
+              path, alignment);
+  }
+
+  std::string head;
+  auto put_u32 = [&](uint32_t v) { gguf_detail::append(head, v); };
+  auto put_u64 = [&](uint64_t v) { gguf_detail::append(head, v); };
+  head.append("GGUF", 4);
+  put_u32(kGgufVersion);
+  put_u64(tensors_.size());
+  put_u64(kvs_.size());
+  for (const KV& kv : kvs_) {
+    gguf_detail::append(head, kv.key);
+    put_u32(static_cast<uint32_t>(kv.type));
+    head.append(kv.payload);
+  }
+  uint64_t offset = 0;
+  std::vector<size_t> nbytes(tensors_.size());
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const PendingTensor& t = tensors_[i];
+    gguf_detail::append(head, t.name);
+    put_u32(static_cast<uint32_t>(t.shape.rank()));
+    for (int d = t.shape.rank() - 1; d >= 0; --d) put_u64(static_cast<uint64_t>(t.shape[d]));
+    put_u32(static_cast<uint32_t>(t.type));
+    put_u64(offset);
+    nbytes[i] = ggml_nbytes(t.type, t.shape.numel());
+    offset += align_up(nbytes[i], alignment);
+  }
+  head.append(align_up(head.size(), alignment) - head.size(), '\0');
+
+  AtomicFileWriter out(path);
+  out.write(head);
+  const std::string zeros(alignment, '\0');
+  // Converts in chunks of whole blocks (rows are whole blocks, so a block never straddles
+  // two rows) so that at most one chunk of output is buffered.
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  AlignedBuffer<unsigned char> chunk(static_cast<size_t>(kChunk) * 4);
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const PendingTensor& t = tensors_[i];
+    const int64_t n = t.shape.numel();
+    const float* src = t.data;
+    AlignedBuffer<float> produced;
+    if (!src && n > 0) {
+      produced = AlignedBuffer<float>(static_cast<size_t>(n));
+      try {
+        t.fill(produced.data());
+      } catch (const Error& e) {
+        fail("gguf: {}: tensor '{}': {}", path, t.name, e.what());
+      }
+      src = produced.data();
+    }
+    for (int64_t b = 0; b < n; b += kChunk) {
+      const int64_t m = std::min(kChunk, n - b);
+      const float* x = src + b;
+      switch (t.type) {
+        case GgmlType::kF32:
+          out.write(x, static_cast<size_t>(m) * 4);
+          continue;
+        case GgmlType::kF16:
+          parallel_chunks(m, 1 << 16, [&](int64_t s, int64_t e) {
+            convert_f32_to_f16(x + s, reinterpret_cast<f16*>(chunk.data()) + s, size_t(e - s));
+          });
+          break;
+        case GgmlType::kBF16:
+          parallel_chunks(m, 1 << 16, [&](int64_t s, int64_t e) {
+            convert_f32_to_bf16(x + s, reinterpret_cast<bf16*>(chunk.data()) + s, size_t(e - s));
+          });
+          break;
+        case GgmlType::kQ8_0:
+          quantize_row_q8_0(x, chunk.data(), m);
+          break;
+      }
+      out.write(chunk.data(), ggml_nbytes(t.type, m));
+    }
+    out.write(zeros.data(), align_up(nbytes[i], alignment) - nbytes[i]);
+  }
+  out.commit();
+}
+
+// ---------------------------------------------------------------------------------------
+// Reader
+
+namespace {
+
+// Bounds-checked little-endian cursor over the mapped file. `context` names the key or
+// tensor being parsed, for error messages.
+class Cursor {
+ public:
+  Cursor(const std::string& path, const unsigned char* data, size_t size)
+      : path_(path), data_(data), size_(size) {}
+
+  std::string context = "header";
+
+  size_t pos() const { return pos_; }
+  size_t remaining() const { return size_ - pos_; }
+  const unsigned char* here() const { return data_ + pos_; }
+
+  void need(uint64_t n, const char* what) const {
+    if (n > remaining())
+      fail("gguf: {}: {}: truncated at byte {} while reading {} ({} bytes needed, {} left)", path_,
+           context, pos_, what, n, remaining());
+  }
+  void skip(uint64_t n, const char* what) {
+    need(n, what);
+    pos_ += n;
+  }
+  template <typename T>
+  T read(const char* what) {
+    need(sizeof(T), what);
+    T v;
+    std::memcpy(&v, data_ + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  std::string read_string(const char* what) {
+    const uint64_t n = read<uint64_t>(what);
+    need(n, what);
+    std::string s(reinterpret_cast<const char*>(data_ + pos_), n);
+    pos_ += n;
+    return s;
+  }
+
+ private:
+  const std::string& path_;
+  const unsigned char* data_;
+  size_t size_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+GgufFile GgufFile::open(const std::string& path) {
+  GgufFile f;
+  f.path_ = path;
+  try {
+    f.map_ = MappedFile::open(path);
+  } catch (const Error& e) {
+    fail("gguf: {}", e.what());
+  }
+  Cursor c(path, f.map_.data(), f.map_.size());
+
+  HYP_CHECK(f.map_.size() >= 4 && std::memcmp(f.map_.data(), "GGUF", 4) == 0,
+            "gguf: {}: bad magic (the file does not start with \"GGUF\"; not a GGUF file)", path);
+  c.skip(4, "magic");
+  f.version_ = c.read<uint32_t>("version");
+  // v2 and v3 share this layout (v3 only added big-endian files, which announce
+  // themselves with a byte-swapped version and are rejected here).
+  HYP_CHECK(f.version_ == 2 || f.version_ == 3,
+            "gguf: {}: unsupported GGUF version {} (expected 3){}", path, f.version_,
+            f.version_ == 0x03000000u ? " - a big-endian file?" : "");
+  const uint64_t n_tensors = c.read<uint64_t>("tensor count");
+  const uint64_t n_kv = c.read<uint64_t>("key/value count");
+
+  // Key/value pairs. Every entry consumes at least 13 bytes, so corrupted counts end in a
+  // truncation error quickly; no allocation is sized from a count before it is checked.
+  for (uint64_t i = 0; i < n_kv; ++i) {
+    c.context = fmt::format("key/value pair {}", i);
+    std::string key = c.read_string("key");
+    c.context = fmt::format("key '{}'", key);
+    HYP_CHECK(f.kv_index_.count(key) == 0, "gguf: {}: key '{}': duplicate key", path, key);
+    Value v;
+    const uint32_t t = c.read<uint32_t>("value type");
+    HYP_CHECK(known_gguf_type(t), "gguf: {}: key '{}': unknown value type {}", path, key, t);
+    v.type = static_cast<GgufType>(t);
+    if (v.type == GgufType::kString) {
+      v.strings.push_back(c.read_string("string value"));
+    } else if (v.type == GgufType::kArray) {
+      const uint32_t et = c.read<uint32_t>("array element type");
+      HYP_CHECK(known_gguf_type(et), "gguf: {}: key '{}': unknown array element type {}", path, key,
+                et);
+      v.elem = static_cast<GgufType>(et);
+      HYP_CHECK(v.elem != GgufType::kArray, "gguf: {}: key '{}': nested arrays are not supported",
+                path, key);
+      v.count = c.read<uint64_t>("array length");
+      if (v.elem == GgufType::kString) {
+        // Each element takes at least its 8-byte length.
+        c.need(v.count > c.remaining() / 8 ? c.remaining() + 1 : v.count * 8, "string array");
+        v.strings.reserve(v.count);
+        for (uint64_t k = 0; k < v.count; ++k) v.strings.push_back(c.read_string("string array"));
+      } else {
+        const size_t es = gguf_scalar_size(v.elem);
+        c.need(v.count > c.remaining() / es ? c.remaining() + 1 : v.count * es, "array values");
+        v.raw = c.here();
+        c.skip(v.count * es, "array values");
+      }
+    } else {
+      const size_t es = gguf_scalar_size(v.type);
+      c.need(es, "value");
+      v.raw = c.here();
+      c.skip(es, "value");
+    }
+    f.kv_index_.emplace(key, f.values_.size());
+    f.keys_.push_back(std::move(key));
+    f.values_.push_back(std::move(v));
+  }
+
+  if (f.has("general.alignment")) {
+    const Value& a = f.value("general.alignment");
+    HYP_CHECK(a.type == GgufType::kU32, "gguf: {}: key 'general.alignment' is {}, expected u32",
+              path, gguf_type_name(a.type));
+    std::memcpy(&f.alignment_, a.raw, 4);
+    HYP_CHECK(is_pow2(f.alignment_), "gguf: {}: key 'general.alignment' = {} is not a power of two",
+              path, f.alignment_);
+  }
+
+  // Tensor infos.
+  for (uint64_t i = 0; i < n_tensors; ++i) {
+    c.context = fmt::format("tensor info {}", i);
+    GgufTensor t;
+    t.name = c.read_string("tensor name");
+    c.context = fmt::format("tensor '{}'", t.name);
+    HYP_CHECK(!t.name.empty() && t.name.size() <= kGgufMaxNameLength,
+              "gguf: {}: tensor '{}': name must have 1 to {} bytes", path, t.name,
+              kGgufMaxNameLength);
+    HYP_CHECK(f.tensor_index_.count(t.name) == 0, "gguf: {}: tensor '{}': duplicate tensor name",
+              path, t.name);
+    const uint32_t n_dims = c.read<uint32_t>("n_dims");
+    HYP_CHECK(n_dims >= 1 && n_dims <= uint32_t(kGgufMaxDims),
+              "gguf: {}: tensor '{}': n_dims = {} (expected 1 to {})", path, t.name, n_dims,
+              kGgufMaxDims);
+    uint64_t ne[kGgufMaxDims];
+    uint64_t numel = 1;
+    for (uint32_t d = 0; d < n_dims; ++d) {
+      ne[d] = c.read<uint64_t>("dims");
+      HYP_CHECK(ne[d] <= uint64_t(std::numeric_limits<int64_t>::max()) &&
+                    !__builtin_mul_overflow(numel, ne[d], &numel) &&
+                    numel <= uint64_t(std::numeric_limits<int64_t>::max()),
+                "gguf: {}: tensor '{}': dims overflow", path, t.name);
+    }
+    for (int d = int(n_dims) - 1; d >= 0; --d) t.shape.push_back(static_cast<int64_t>(ne[d]));
+    const uint32_t type = c.read<uint32_t>("ggml type");
+    HYP_CHECK(known_ggml_type(type),
+              "gguf: {}: tensor '{}': unsupported ggml type {} (supported: f32, f16, q8_0, bf16)",
+              path, t.name, ggml_type_label(type));
+    t.type = static_cast<GgmlType>(type);
+    HYP_CHECK(ne[0] % uint64_t(ggml_block_size(t.type)) == 0,
+              "gguf: {}: tensor '{}': row length {} is not a multiple of the {} block size {}",
+              path, t.name, ne[0], ggml_type_name(t.type), ggml_block_size(t.type));
+    t.nbytes = ggml_nbytes(t.type, static_cast<int64_t>(numel));
+    t.offset = c.read<uint64_t>("tensor data offset");
+    HYP_CHECK(t.offset % f.alignment_ == 0,
+              "gguf: {}: tensor '{}': data offset {} is not a multiple of the alignment {}", path,
+              t.name, t.offset, f.alignment_);
+    f.tensor_index_.emplace(t.name, f.tensors_.size());
+    f.tensors_.push_back(std::move(t));
+  }
+
+  f.data_offset_ = align_up(c.pos(), f.alignment_);
+  const uint64_t size = f.map_.size();
+  const uint64_t data_size = f.data_offset_ <= size ? size - f.data_offset_ : 0;
+  std::vector<const GgufTensor*> by_offset;
+  for (auto& t : f.tensors_) {
+    HYP_CHECK(t.offset <= data_size && t.nbytes <= data_size - t.offset,
+              "gguf: {}: tensor '{}': data [{}, {}) runs past the end of the file (data section "
+              "holds {} bytes); truncated?",
+              path, t.name, t.offset, t.offset + t.nbytes, data_size);
+    t.data = f.map_.data() + f.data_offset_ + t.offset;
+    by_offset.push_back(&t);
+  }
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const GgufTensor* a, const GgufTensor* b) { return a->offset < b->offset; });
+  const GgufTensor* furthest = nullptr;
+  for (const GgufTensor* t : by_offset) {
+    if (t->nbytes == 0) continue;
+    HYP_CHECK(furthest == nullptr || t->offset >= furthest->offset + furthest->nbytes,
+              "gguf: {}: tensor '{}': data at offset {} overlaps tensor '{}' [{}, {})", path,
+              t->name, t->offset, furthest->name, furthest->offset,
+              furthest->offset + furthest->nbytes);
+    furthest = t;
+  }
+  return f;
+}
+
+const GgufFile::Value& GgufFile::value(const std::string& key) const {
+  auto it = kv_index_.find(key);
+  HYP_CHECK(it != kv_index_.end(), "gguf: {}: key '{}' not found", path_, key);
+  return values_[it->second];
+}
+
+void GgufFile::wrong_type(const std::string& key, const Value& v, GgufType want, bool array) const {
+  const std::string have = v.type == GgufType::kArray
+                               ? fmt::format("array of {}", gguf_type_name(v.elem))
+                               : std::string(gguf_type_name(v.type));
+  fail("gguf: {}: key '{}' is {}, expected {}{}", path_, key, have, array ? "array of " : "",
+       gguf_type_name(want));
+}
+
+GgufType GgufFile::type(const std::string& key) const {
+  return value(key).type;
+}
+
+GgufType GgufFile::array_type(const std::string& key) const {
+  const Value& v = value(key);
+  HYP_CHECK(v.type == GgufType::kArray, "gguf: {}: key '{}' is {}, not an array", path_, key,
+            gguf_type_name(v.type));
+  return v.elem;
+}
+
+uint64_t GgufFile::array_size(const std::string& key) const {
+  array_type(key);
+  return value(key).count;
+}
+
+template <typename T>
+T GgufFile::get(const std::string& key) const {
+  const Value& v = value(key);
+  constexpr GgufType want = GgufTypeOf<T>::value;
+  if (v.type != want) wrong_type(key, v, want, false);
+  if constexpr (std::is_same_v<T, std::string>) {
+    return v.strings[0];
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return v.raw[0] != 0;
+  } else {
+    T out;
+    std::memcpy(&out, v.raw, sizeof(T));
+    return out;
+  }
+}
+
+template <typename T>
+std::vector<T> GgufFile::get_array(const std::string& key) const {
+  const Value& v = value(key);
+  constexpr GgufType want = GgufTypeOf<T>::value;
+  if (v.type != GgufType::kArray || v.elem != want) wrong_type(key, v, want, true);
+  if constexpr (std::is_same_v<T, std::string>) {
+    return v.strings;
+  } else {
+    std::vector<T> out(v.count);
+    for (uint64_t i = 0; i < v.count; ++i) {
+      if constexpr (std::is_same_v<T, bool>) {
+        out[i] = v.raw[i] != 0;
+      } else {
+        std::memcpy(&out[i], v.raw + i * sizeof(T), sizeof(T));
+      }
+    }
+    return out;
+  }
+}
+
+#define HYP_GGUF_INSTANTIATE(T)                          \
+  template T GgufFile::get<T>(const std::string&) const; \
+  template std::vector<T> GgufFile::get_array<T>(const std::string&) const;
+HYP_GGUF_INSTANTIATE(uint8_t)
+HYP_GGUF_INSTANTIATE(int8_t)
+HYP_GGUF_INSTANTIATE(uint16_t)
+HYP_GGUF_INSTANTIATE(int16_t)
+HYP_GGUF_INSTANTIATE(uint32_t)
+HYP_GGUF_INSTANTIATE(int32_t)
+HYP_GGUF_INSTANTIATE(uint64_t)
+HYP_GGUF_INSTANTIATE(int64_t)
+HYP_GGUF_INSTANTIATE(float)
+HYP_GGUF_INSTANTIATE(double)
+HYP_GGUF_INSTANTIATE(bool)
+HYP_GGUF_INSTANTIATE(std::string)
+#undef HYP_GGUF_INSTANTIATE
+
+const GgufTensor* GgufFile::find(const std::string& name) const {
+  auto it = tensor_index_.find(name);
+  return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
+}
+
+const GgufTensor& GgufFile::tensor(const std::string& name) const {
+  const GgufTensor* t = find(name);
+  HYP_CHECK(t != nullptr, "gguf: {}: tensor '{}' not found ({} tensors)", path_, name,
+            tensors_.size());
+  return *t;
+}
+
+std::vector<float> GgufFile::dequantize(const std::string& name) const {
+  const GgufTensor& t = tensor(name);
+  const int64_t n = t.shape.numel();
+  std::vector<float> out(static_cast<size_t>(n));
+  switch (t.type) {
+    case GgmlType::kF32:
+      if (n > 0) std::memcpy(out.data(), t.data, t.nbytes);
+      break;
+    case GgmlType::kF16:  // the data section and offsets are aligned, so this is aligned
+      convert_f16_to_f32(static_cast<const f16*>(t.data), out.data(), size_t(n));
+      break;
+    case GgmlType::kBF16:
+      convert_bf16_to_f32(static_cast<const bf16*>(t.data), out.data(), size_t(n));
+      break;
+    case GgmlType::kQ8_0:
+      dequantize_row_q8_0(t.data, out.data(), n);
+      break;
+  }
+  return out;
+}
+
+}  // namespace hyperion::io
+#endif  // HWY_ONCE

@@ -1,0 +1,343 @@
+#include "io/gguf_convert.h"
+
+#include <sentencepiece_processor.h>
+
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "base/error.h"
+#include "io/atomic_file.h"
+#include "io/gguf.h"
+#include "io/safetensors.h"
+
+namespace hyperion::io {
+
+namespace {
+
+using json = nlohmann::json;
+
+// llama.cpp's LlamaFileType values for general.file_type.
+constexpr uint32_t kFileTypeF32 = 0, kFileTypeF16 = 1, kFileTypeQ8_0 = 7, kFileTypeBF16 = 32;
+// llama.cpp's token types (tokenizer.ggml.token_type).
+constexpr int32_t kTokNormal = 1, kTokUnknown = 2, kTokControl = 3, kTokUnused = 5, kTokByte = 6;
+
+// Hugging Face LlamaConfig fields we use.
+struct LlamaConfig {
+  int64_t vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+      num_key_value_heads, max_position_embeddings, head_dim;
+  double rms_norm_eps, rope_theta;
+  bool tie_word_embeddings;
+  int64_t bos_token_id, eos_token_id, pad_token_id;  // pad: -1 if absent
+};
+
+// Reads typed keys of config.json; every error names the directory, the file and the key.
+class ConfigReader {
+ public:
+  ConfigReader(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
+
+  const json* find(const char* key) const {
+    auto it = j_.find(key);
+    return it == j_.end() || it->is_null() ? nullptr : &*it;
+  }
+  int64_t integer(const char* key, std::optional<int64_t> fallback = std::nullopt,
+                  int64_t min = 1) const {
+    const json* v = find(key);
+    if (v == nullptr) {
+      HYP_CHECK(fallback.has_value(), "{}: missing key '{}'", where_, key);
+      return *fallback;
+    }
+    // Some configs give a list of ids (e.g. several eos tokens); the first is the primary.
+    if (v->is_array() && !v->empty()) v = &(*v)[0];
+    HYP_CHECK(v->is_number_integer(), "{}: key '{}' = {} is not an integer", where_, key,
+              v->dump());
+    const int64_t x = v->get<int64_t>();
+    HYP_CHECK(x >= min, "{}: key '{}' = {} must be >= {}", where_, key, x, min);
+    return x;
+  }
+  double number(const char* key, std::optional<double> fallback = std::nullopt) const {
+    const json* v = find(key);
+    if (v == nullptr) {
+      HYP_CHECK(fallback.has_value(), "{}: missing key '{}'", where_, key);
+      return *fallback;
+    }
+    HYP_CHECK(v->is_number(), "{}: key '{}' = {} is not a number", where_, key, v->dump());
+    const double x = v->get<double>();
+    HYP_CHECK(x > 0, "{}: key '{}' = {} must be positive", where_, key, x);
+    return x;
+  }
+  bool boolean(const char* key, bool fallback) const {
+    const json* v = find(key);
+    if (v == nullptr) return fallback;
+    HYP_CHECK(v->is_boolean(), "{}: key '{}' = {} is not a boolean", where_, key, v->dump());
+    return v->get<bool>();
+  }
+  const std::string& where() const { return where_; }
+
+ private:
+  const json& j_;
+  std::string where_;
+};
+
+LlamaConfig read_config(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "config.json").string();
+  const std::string where = fmt::format("gguf convert: {}: config.json", dir);
+  std::string text;
+  try {
+    text = read_file(path);
+  } catch (const Error& e) {
+    fail("{}: {}", where, e.what());
+  }
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    fail("{}: invalid JSON: {}", where, e.what());
+  }
+  HYP_CHECK(j.is_object(), "{}: expected a JSON object, got a {}", where, j.type_name());
+  ConfigReader r(j, where);
+  if (const json* mt = r.find("model_type"))
+    HYP_CHECK(mt->is_string() && mt->get<std::string>() == "llama",
+              "{}: key 'model_type' = {}; only \"llama\" checkpoints can be converted", where,
+              mt->dump());
+  // Scaled RoPE changes the model; writing it without the rope.scaling keys would produce a
+  // file that loads but generates garbage.
+  HYP_CHECK(r.find("rope_scaling") == nullptr,
+            "{}: key 'rope_scaling' = {} is not supported by this converter", where,
+            j["rope_scaling"].dump());
+
+  LlamaConfig c{};
+  c.vocab_size = r.integer("vocab_size");
+  c.hidden_size = r.integer("hidden_size");
+  c.intermediate_size = r.integer("intermediate_size");
+  c.num_hidden_layers = r.integer("num_hidden_layers");
+  c.num_attention_heads = r.integer("num_attention_heads");
+  // Defaults as in transformers' LlamaConfig.
+  c.num_key_value_heads = r.integer("num_key_value_heads", c.num_attention_heads);
+  c.max_position_embeddings = r.integer("max_position_embeddings");
+  c.rms_norm_eps = r.number("rms_norm_eps");
+  c.rope_theta = r.number("rope_theta", 10000.0);
+  c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+  c.bos_token_id = r.integer("bos_token_id", 1, 0);
+  c.eos_token_id = r.integer("eos_token_id", 2, 0);
+  c.pad_token_id = r.integer("pad_token_id", -1, 0);
+
+  HYP_CHECK(c.hidden_size % c.num_attention_heads == 0,
+            "{}: hidden_size {} is not divisible by num_attention_heads {}", where, c.hidden_size,
+            c.num_attention_heads);
+  HYP_CHECK(c.num_attention_heads % c.num_key_value_heads == 0,
+            "{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", where,
+            c.num_attention_heads, c.num_key_value_heads);
+  c.head_dim = c.hidden_size / c.num_attention_heads;
+  HYP_CHECK(c.head_dim % 2 == 0, "{}: head_dim {} (hidden_size / num_attention_heads) is odd",
+            where, c.head_dim);
+  if (r.find("head_dim") != nullptr)
+    HYP_CHECK(r.integer("head_dim") == c.head_dim,
+              "{}: key 'head_dim' = {} differs from hidden_size / num_attention_heads = {}", where,
+              r.integer("head_dim"), c.head_dim);
+  for (const auto& [key, id] :
+       {std::pair{"bos_token_id", c.bos_token_id}, std::pair{"eos_token_id", c.eos_token_id},
+        std::pair{"pad_token_id", c.pad_token_id}})
+    HYP_CHECK(id < c.vocab_size, "{}: key '{}' = {} is outside the vocabulary (vocab_size {})",
+              where, key, id, c.vocab_size);
+  return c;
+}
+
+struct Vocab {
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  std::vector<int32_t> types;
+  int64_t unk_id = -1;
+};
+
+// As convert_hf_to_gguf.py's _create_vocab_sentencepiece: pieces, scores and types from
+// the SentencePiece model, padded up to the config's vocab_size with "[PADi]" entries of
+// score -10000 and type UNUSED.
+Vocab read_vocab(const std::string& dir, int64_t vocab_size) {
+  const std::string path = (std::filesystem::path(dir) / "tokenizer.model").string();
+  sentencepiece::SentencePieceProcessor sp;
+  const auto status = sp.Load(path);
+  HYP_CHECK(status.ok(),
+            "gguf convert: {}: tokenizer.model: cannot load SentencePiece model '{}': {}", dir,
+            path, status.ToString());
+  const int64_t n = sp.GetPieceSize();
+  HYP_CHECK(n <= vocab_size,
+            "gguf convert: {}: tokenizer.model has {} pieces but config.json vocab_size is {}", dir,
+            n, vocab_size);
+  Vocab v;
+  v.tokens.resize(size_t(vocab_size));
+  v.scores.assign(size_t(vocab_size), -10000.0f);
+  v.types.assign(size_t(vocab_size), kTokUnused);
+  for (int64_t i = 0; i < vocab_size; ++i) v.tokens[size_t(i)] = fmt::format("[PAD{}]", i);
+  for (int id = 0; id < static_cast<int>(n); ++id) {
+    int32_t type = kTokNormal;
+    if (sp.IsUnknown(id))
+      type = kTokUnknown;
+    else if (sp.IsControl(id))
+      type = kTokControl;
+    else if (sp.IsUnused(id))
+      type = kTokUnused;
+    else if (sp.IsByte(id))
+      type = kTokByte;
+    v.tokens[size_t(id)] = sp.IdToPiece(id);
+    v.scores[size_t(id)] = sp.GetScore(id);
+    v.types[size_t(id)] = type;
+  }
+  v.unk_id = sp.unk_id();
+  return v;
+}
+
+struct OutType {
+  GgmlType matrix;  // type of 2-D weights
+  uint32_t file_type;
+};
+
+OutType parse_out_type(const std::string& s) {
+  if (s == "f32") return {GgmlType::kF32, kFileTypeF32};
+  if (s == "f16") return {GgmlType::kF16, kFileTypeF16};
+  if (s == "bf16") return {GgmlType::kBF16, kFileTypeBF16};
+  if (s == "q8_0") return {GgmlType::kQ8_0, kFileTypeQ8_0};
+  fail("gguf convert: unknown output type '{}' (expected f32, f16, bf16 or q8_0)", s);
+}
+
+}  // namespace
+
+void permute_rope_rows_for_gguf(const float* in, float* out, int64_t rows, int64_t cols,
+                                int64_t n_head) {
+  HYP_CHECK(n_head > 0 && rows % (2 * n_head) == 0,
+            "permute_rope_rows_for_gguf: {} rows are not a multiple of 2 * n_head = {}", rows,
+            2 * n_head);
+  const int64_t hd = rows / n_head, half = hd / 2;
+  for (int64_t h = 0; h < n_head; ++h)
+    for (int64_t j = 0; j < half; ++j)
+      for (int64_t t = 0; t < 2; ++t)
+        std::memcpy(out + (h * hd + 2 * j + t) * cols, in + (h * hd + t * half + j) * cols,
+                    size_t(cols) * sizeof(float));
+}
+
+void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::string& out_path,
+                                const std::string& out_type) {
+  const OutType ot = parse_out_type(out_type);
+  const LlamaConfig c = read_config(checkpoint_dir);
+  const Vocab vocab = read_vocab(checkpoint_dir, c.vocab_size);
+  const std::string st_path =
+      (std::filesystem::path(checkpoint_dir) / "model.safetensors").string();
+  SafetensorsFile st = [&] {
+    try {
+      return SafetensorsFile::open(st_path);
+    } catch (const Error& e) {
+      fail("gguf convert: {}: model.safetensors: {}", checkpoint_dir, e.what());
+    }
+  }();
+
+  std::string name = std::filesystem::path(checkpoint_dir).lexically_normal().filename().string();
+  if (name.empty())
+    name =
+        std::filesystem::path(checkpoint_dir).lexically_normal().parent_path().filename().string();
+  if (name.empty() || name == ".") name = "hyperion";
+
+  GgufWriter w;
+  // Keys in the order convert_hf_to_gguf.py writes them.
+  w.set_string("general.architecture", "llama");
+  w.set_string("general.name", name);
+  w.set_u32("general.alignment", kGgufDefaultAlignment);
+  w.set_u32("llama.block_count", uint32_t(c.num_hidden_layers));
+  w.set_u32("llama.context_length", uint32_t(c.max_position_embeddings));
+  w.set_u32("llama.embedding_length", uint32_t(c.hidden_size));
+  w.set_u32("llama.feed_forward_length", uint32_t(c.intermediate_size));
+  w.set_u32("llama.attention.head_count", uint32_t(c.num_attention_heads));
+  w.set_u32("llama.attention.head_count_kv", uint32_t(c.num_key_value_heads));
+  w.set_f32("llama.rope.freq_base", float(c.rope_theta));
+  w.set_f32("llama.attention.layer_norm_rms_epsilon", float(c.rms_norm_eps));
+  w.set_u32("general.file_type", ot.file_type);
+  w.set_u32("llama.vocab_size", uint32_t(c.vocab_size));
+  w.set_u32("llama.rope.dimension_count", uint32_t(c.head_dim));
+  w.set_u32("general.quantization_version", 2);  // GGML_QNT_VERSION
+  w.set_string("tokenizer.ggml.model", "llama");
+  w.set_string_array("tokenizer.ggml.tokens", vocab.tokens);
+  w.set_f32_array("tokenizer.ggml.scores", vocab.scores);
+  w.set_i32_array("tokenizer.ggml.token_type", vocab.types);
+  w.set_u32("tokenizer.ggml.bos_token_id", uint32_t(c.bos_token_id));
+  w.set_u32("tokenizer.ggml.eos_token_id", uint32_t(c.eos_token_id));
+  if (vocab.unk_id >= 0) w.set_u32("tokenizer.ggml.unknown_token_id", uint32_t(vocab.unk_id));
+  if (c.pad_token_id >= 0) w.set_u32("tokenizer.ggml.padding_token_id", uint32_t(c.pad_token_id));
+  w.set_bool("tokenizer.ggml.add_bos_token", true);
+  w.set_bool("tokenizer.ggml.add_eos_token", false);
+
+  std::set<std::string> used;
+  const int64_t dim = c.hidden_size, hd = c.head_dim, ff = c.intermediate_size;
+  const int64_t q_rows = c.num_attention_heads * hd, kv_rows = c.num_key_value_heads * hd;
+  // permute_heads > 0: apply the RoPE row permutation with that many heads.
+  auto add = [&](const std::string& hf, const std::string& gg, Shape expect,
+                 int64_t permute_heads) {
+    const SafetensorsTensor* t = st.find(hf);
+    HYP_CHECK(t != nullptr, "gguf convert: {}: model.safetensors: missing tensor '{}'",
+              checkpoint_dir, hf);
+    HYP_CHECK(t->shape == expect,
+              "gguf convert: {}: model.safetensors: tensor '{}' has shape {} but config.json "
+              "implies {} (hidden_size {}, intermediate_size {}, heads {}, kv heads {}, "
+              "vocab_size {})",
+              checkpoint_dir, hf, t->shape.str(), expect.str(), c.hidden_size, c.intermediate_size,
+              c.num_attention_heads, c.num_key_value_heads, c.vocab_size);
+    used.insert(hf);
+    GgmlType type = ot.matrix;
+    if (expect.rank() <= 1 || gg.ends_with("_norm.weight")) type = GgmlType::kF32;
+    if (type == GgmlType::kQ8_0 && expect.dim(-1) % ggml_block_size(GgmlType::kQ8_0) != 0)
+      type = GgmlType::kF16;
+    w.add_tensor(
+        gg, expect,
+        [&st, hf, expect, permute_heads](float* dst) {
+          if (permute_heads == 0) {
+            st.read_into(hf, TensorView(dst, DType::kF32, expect));
+            return;
+          }
+          std::vector<float> tmp(size_t(expect.numel()));
+          st.read_into(hf, TensorView(tmp.data(), DType::kF32, expect));
+          permute_rope_rows_for_gguf(tmp.data(), dst, expect[0], expect[1], permute_heads);
+        },
+        type);
+  };
+
+  add("model.embed_tokens.weight", "token_embd.weight", {c.vocab_size, dim}, 0);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i), b = fmt::format("blk.{}.", i);
+    add(p + "input_layernorm.weight", b + "attn_norm.weight", {dim}, 0);
+    add(p + "self_attn.q_proj.weight", b + "attn_q.weight", {q_rows, dim}, c.num_attention_heads);
+    add(p + "self_attn.k_proj.weight", b + "attn_k.weight", {kv_rows, dim}, c.num_key_value_heads);
+    add(p + "self_attn.v_proj.weight", b + "attn_v.weight", {kv_rows, dim}, 0);
+    add(p + "self_attn.o_proj.weight", b + "attn_output.weight", {dim, q_rows}, 0);
+    add(p + "post_attention_layernorm.weight", b + "ffn_norm.weight", {dim}, 0);
+    add(p + "mlp.gate_proj.weight", b + "ffn_gate.weight", {ff, dim}, 0);
+    add(p + "mlp.up_proj.weight", b + "ffn_up.weight", {ff, dim}, 0);
+    add(p + "mlp.down_proj.weight", b + "ffn_down.weight", {dim, ff}, 0);
+  }
+  add("model.norm.weight", "output_norm.weight", {dim}, 0);
+  if (!c.tie_word_embeddings) {
+    HYP_CHECK(st.find("lm_head.weight") != nullptr,
+              "gguf convert: {}: model.safetensors: missing tensor 'lm_head.weight' (config.json "
+              "has tie_word_embeddings = false)",
+              checkpoint_dir);
+    add("lm_head.weight", "output.weight", {c.vocab_size, dim}, 0);
+  } else {
+    used.insert("lm_head.weight");  // a tied copy, if saved, is not needed: llama.cpp reuses
+  }                                 // token_embd when output.weight is absent
+
+  // Anything left over would be silently dropped; llama.cpp's converter refuses too.
+  std::vector<std::string> unused;
+  for (const auto& t : st.tensors())
+    if (!used.count(t.name) && !t.name.ends_with(".rotary_emb.inv_freq")) unused.push_back(t.name);
+  if (!unused.empty()) {
+    std::string list;
+    for (size_t i = 0; i < unused.size() && i < 5; ++i) list += (i ? ", '" : "'") + unused[i] + "'";
+    fail(
+        "gguf convert: {}: model.safetensors: {} tensor(s) not part of a {}-layer Llama model: "
+        "{}{}",
+        checkpoint_dir, unused.size(), c.num_hidden_layers, list, unused.size() > 5 ? ", ..." : "");
+  }
+  w.write(out_path);
+}
+
+}  // namespace hyperion::io

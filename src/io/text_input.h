@@ -1,0 +1,19 @@
+// Reading raw training text into documents.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace hyperion::io {
+
+// Reads the documents of one input file, chosen by extension:
+//   .txt    If any line holds only "%" (fortune format), those lines separate documents
+//           and blank lines stay inside them. Otherwise documents are separated by one or
+//           more blank (empty or whitespace-only) lines. Lines are joined with '\n'.
+//   .jsonl  One JSON object per line with a string field "text"; blank lines are skipped.
+//           Errors name file:line and the field.
+// Carriage returns before '\n' are dropped. Empty documents are skipped. Other
+// extensions, unreadable files and bad JSON throw hyperion::Error naming the file.
+std::vector<std::string> read_documents(const std::string& path);
+
+}  // namespace hyperion::io

@@ -1,0 +1,59 @@
+// Autoregressive inference of one sequence with a KV cache, on the same kernels as
+// training: prefill feeds the prompt in one pass (causal attention of the new tokens
+// against everything cached), then each decode step feeds one token. Weights are read
+// from a ParamStore (the f32 master weights, or its bf16 copy when it has one).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "base/aligned.h"
+#include "kernels/rope.h"
+#include "model/param_store.h"
+#include "model/sampler.h"
+
+namespace hyperion {
+
+class LlamaGenerator {
+ public:
+  // Caches up to `max_len` positions (<= the model's max_seq_len).
+  LlamaGenerator(const ParamStore& params, int64_t max_len);
+
+  void reset() { pos_ = 0; }
+  int64_t position() const { return pos_; }
+  int64_t max_len() const { return max_len_; }
+  int64_t vocab_size() const { return cfg_.vocab_size; }
+  // Appends n tokens at the current position and returns the logits (f32 [vocab]) that
+  // follow the last one. Errors if the cache would overflow.
+  const float* feed(const int32_t* tokens, int64_t n);
+
+ private:
+  void ensure_capacity(int64_t n);
+
+  const ParamStore& params_;
+  LlamaConfig cfg_;
+  DType act_;
+  int64_t max_len_;
+  int64_t pos_ = 0;
+  RopeTable rope_;
+  std::vector<AlignedBuffer<unsigned char>> k_cache_, v_cache_;  // per layer [max_len, Hkv, hd]
+  int64_t capacity_ = 0;  // rows of the per-call buffers below
+  AlignedBuffer<float> x_, rstd_, lse_, logits_;
+  AlignedBuffer<unsigned char> h_, q_, att_, g_, u_;
+};
+
+struct GenerateOptions {
+  SamplingParams sampling;
+  int64_t max_tokens = 64;
+  bool stop_at_eos = true;
+  int32_t eos_id = 2;
+};
+
+// Feeds the prompt, then samples up to max_tokens tokens (stopping after EOS when asked).
+// `on_token` sees each new token as it is produced (streaming). Returns the new tokens.
+std::vector<int32_t> generate_tokens(LlamaGenerator& gen, const std::vector<int32_t>& prompt,
+                                     const GenerateOptions& options,
+                                     const std::function<void(int32_t)>& on_token = {});
+
+}  // namespace hyperion

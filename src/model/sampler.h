@@ -1,0 +1,67 @@
+// Token sampling for `generate` and the server.
+//
+// sample(logits[vocab]) with temperature T, top_k K and top_p P:
+//   T == 0: greedy, the argmax (lowest index on ties); no random number is drawn.
+//   T > 0: z = logits / T; if 0 < K < vocab keep the K largest logits (ties to the lower
+//     index); p = softmax(z) over the kept tokens; if P < 1 sort the kept tokens by logit
+//     (descending, ties by index) and keep the smallest prefix whose probability mass is
+//     >= P (at least one token); renormalise and draw one token with one draw of the
+//     sampler's RNG.
+// The RNG is splitmix64 (state += 0x9e3779b97f4a7c15, then the usual mix) and a draw is
+// u = (next() >> 11) * 2^-53 in [0, 1); the token is the first kept token (in the order
+// above; vocabulary order when nothing is filtered) whose cumulative mass exceeds
+// u * total. The state is a single uint64_t, initialised to SamplingParams::seed, so a
+// generation is reproducible and can be resumed with set_rng_state.
+//
+// Logits may contain -inf (masked tokens, never drawn); NaN, +inf, or all -inf are errors
+// naming the sampler and the index. exp uses a vectorised polynomial (~1 ulp; results
+// below e^-86 relative to the max are 0).
+//
+// Cost for a 32k-128k vocabulary: one SIMD pass for max/validity, one SIMD exp pass (or
+// an O(vocab) top-k selection with a size-K heap, then K exps), plus for top_p without
+// top_k a selection of the top 64, 1024, 16384, ... logits until the nucleus is covered.
+// Scratch buffers live in the Sampler: after the first call with the largest vocabulary,
+// sample() does not allocate. A Sampler is not thread-safe (one per sequence or thread).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace hyperion {
+
+struct SamplingParams {
+  float temperature = 1.0f;
+  int top_k = 0;  // 0 = off
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+};
+
+// Throws hyperion::Error naming the field: temperature < 0 or not finite, top_k < 0,
+// top_p outside (0, 1].
+void validate(const SamplingParams& p);
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& p);
+
+  // Picks a token from logits[vocab] (f32, see above). If `logprob` is non-null, stores
+  // log softmax(logits)[token] of the raw distribution (temperature 1, no filtering).
+  int32_t sample(const float* logits, int64_t vocab, float* logprob = nullptr);
+
+  uint64_t rng_state() const { return state_; }
+  void set_rng_state(uint64_t s) { state_ = s; }
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  uint64_t next_u64();
+  double next_double();  // [0, 1), 53 random bits
+
+  SamplingParams params_;
+  uint64_t state_;
+  std::vector<float> probs_;   // unnormalised probabilities (vocab or K entries)
+  std::vector<float> blocks_;  // per-block sums of probs_
+  std::vector<float> vals_;    // gathered logits of the top-k candidates
+  std::vector<int32_t> cand_;  // candidate token ids (top-k heap / nucleus order)
+};
+
+}  // namespace hyperion

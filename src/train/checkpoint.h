@@ -1,0 +1,83 @@
+// Training checkpoints in the Hugging Face layout, one directory per step:
+//
+//   <run dir>/checkpoints/<step>/
+//     model.safetensors       f32 weights under LlamaForCausalLM names
+//     config.json             LlamaConfig keys
+//     tokenizer.model         the SentencePiece model the data was tokenized with
+//     optimizer.safetensors   AdamW moments: "<tensor>.exp_avg", "<tensor>.exp_avg_sq"
+//     trainer_state.json      step, optimizer step, data loader position, tokens seen,
+//                             and the resolved training config
+//
+// A save writes everything into a hidden temp directory next to the others, fsyncs it and
+// renames it into place, so a save killed at any point leaves earlier checkpoints
+// intact and is never mistaken for a complete one. Only then are the oldest checkpoints
+// beyond the keep limit deleted. With async saving the state is copied (memcpy, the only
+// part on the training thread) and written by a background I/O thread.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "model/llama_config.h"
+#include "model/param_store.h"
+#include "train/data_loader.h"
+#include "train/optimizer.h"
+
+namespace hyperion {
+
+struct TrainerState {
+  int64_t step = 0;  // optimizer steps completed
+  train::DataLoaderState data;
+  int64_t tokens_seen = 0;
+};
+
+class CheckpointManager {
+ public:
+  // `run_dir`/checkpoints holds the step directories; `keep` >= 1 are retained.
+  CheckpointManager(std::string run_dir, int64_t keep, bool async);
+  ~CheckpointManager();  // waits for a save in flight (errors are logged)
+
+  // Saves the current state as checkpoint `state.step`. Waits for the previous save first.
+  void save(const ParamStore& params, const AdamW& optimizer, const TrainerState& state,
+            const std::string& tokenizer_bytes,
+            const std::map<std::string, std::string>& config_values);
+  // Blocks until no save is in flight; rethrows a failure of the background save.
+  void wait();
+  // Seconds the training thread spent in save() calls (the copy, and waits for a
+  // previous save), and the seconds of the last write itself.
+  double blocking_seconds() const { return blocking_seconds_; }
+  double last_write_seconds() const { return last_write_seconds_; }
+  const std::string& checkpoints_dir() const { return dir_; }
+
+ private:
+  struct Snapshot;
+  void write(const Snapshot& s);
+
+  std::string dir_;
+  int64_t keep_;
+  bool async_;
+  std::thread worker_;
+  std::exception_ptr error_;
+  double blocking_seconds_ = 0, last_write_seconds_ = 0;
+};
+
+// The newest complete checkpoint under `run_dir`/checkpoints (by step), if any.
+std::optional<std::string> latest_checkpoint(const std::string& run_dir);
+// A checkpoint directory given as itself or as a run directory (its latest checkpoint).
+std::string resolve_checkpoint_dir(const std::string& path);
+
+LlamaConfig read_checkpoint_config(const std::string& checkpoint_dir);
+// Loads model.safetensors into params (shapes checked; f32/bf16/f16 files accepted),
+// then refreshes the bf16 copy. Errors name the file and the tensor.
+void load_model_weights(const std::string& checkpoint_dir, ParamStore& params);
+// Loads the optimizer moments and trainer state for an exact resume.
+TrainerState load_training_state(const std::string& checkpoint_dir, ParamStore& params,
+                                 AdamW& optimizer);
+
+}  // namespace hyperion

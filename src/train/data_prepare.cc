@@ -1,0 +1,173 @@
+#include "train/data_prepare.h"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <system_error>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "base/threads.h"
+#include "base/timer.h"
+#include "io/atomic_file.h"
+#include "io/text_input.h"
+#include "io/token_shard.h"
+#include "io/tokenizer.h"
+
+namespace hyperion::train {
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Uniform in [0, 1) from (seed, index): 53 high bits of a double-mixed hash.
+double unit_hash(uint64_t seed, uint64_t index) {
+  const uint64_t h = splitmix64(splitmix64(seed) ^ index);
+  return static_cast<double>(h >> 11) * 0x1.0p-53;
+}
+
+// Concatenates BOS, tokens, EOS for the selected documents.
+std::vector<int32_t> frame(const std::vector<std::vector<int32_t>>& encoded,
+                           const std::vector<bool>& is_val, bool want_val, int32_t bos,
+                           int32_t eos) {
+  size_t total = 0;
+  for (size_t i = 0; i < encoded.size(); ++i) {
+    if (is_val[i] == want_val) total += encoded[i].size() + 2;
+  }
+  std::vector<int32_t> out;
+  out.reserve(total);
+  for (size_t i = 0; i < encoded.size(); ++i) {
+    if (is_val[i] != want_val) continue;
+    out.push_back(bos);
+    out.insert(out.end(), encoded[i].begin(), encoded[i].end());
+    out.push_back(eos);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<bool> split_validation(int64_t n, double val_fraction, uint64_t seed) {
+  HYP_CHECK(val_fraction >= 0 && val_fraction < 1,
+            "split_validation: val_fraction must be in [0, 1), got {}", val_fraction);
+  std::vector<bool> is_val(static_cast<size_t>(std::max<int64_t>(n, 0)), false);
+  if (n <= 0 || val_fraction == 0) return is_val;
+  std::vector<double> u(is_val.size());
+  int64_t val = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    u[i] = unit_hash(seed, static_cast<uint64_t>(i));
+    is_val[i] = u[i] < val_fraction;
+    val += is_val[i];
+  }
+  if (n >= 2 && val == 0) {
+    // Too few documents for the fraction to pick any: hold out the one hashed lowest.
+    is_val[std::min_element(u.begin(), u.end()) - u.begin()] = true;
+  } else if (n >= 2 && val == n) {
+    is_val[std::max_element(u.begin(), u.end()) - u.begin()] = false;
+  } else if (n == 1) {
+    is_val[0] = false;  // a lone document is for training
+  }
+  return is_val;
+}
+
+PrepareResult prepare_dataset(const PrepareOptions& opts) {
+  Timer timer;
+  HYP_CHECK(!opts.inputs.empty(), "data prepare: no input files given");
+  HYP_CHECK(!opts.output_dir.empty(), "data prepare: no output directory given");
+  HYP_CHECK(opts.val_fraction >= 0 && opts.val_fraction < 1,
+            "data prepare: val_fraction must be in [0, 1), got {}", opts.val_fraction);
+  HYP_CHECK(!opts.tokenizer_model.empty() || opts.vocab_size > 0,
+            "data prepare: vocab_size must be positive, got {}", opts.vocab_size);
+
+  std::vector<std::string> docs;
+  for (const std::string& input : opts.inputs) {
+    std::vector<std::string> d = io::read_documents(input);
+    log_debug("data prepare: {} documents from {}", d.size(), input);
+    docs.insert(docs.end(), std::make_move_iterator(d.begin()), std::make_move_iterator(d.end()));
+  }
+  const int64_t n = static_cast<int64_t>(docs.size());
+  HYP_CHECK(n > 0, "data prepare: the inputs hold no documents ({})", fmt::join(opts.inputs, ", "));
+  const std::vector<bool> is_val = split_validation(n, opts.val_fraction, opts.seed);
+
+  std::error_code ec;
+  std::filesystem::create_directories(opts.output_dir, ec);
+  HYP_CHECK(!ec, "data prepare: cannot create output directory '{}': {}", opts.output_dir,
+            ec.message());
+  const std::filesystem::path dir(opts.output_dir);
+  PrepareResult r;
+  r.tokenizer_path = (dir / "tokenizer.model").string();
+  r.train_path = (dir / "train.bin").string();
+  r.val_path = (dir / "val.bin").string();
+
+  std::optional<io::Tokenizer> tok;
+  if (!opts.tokenizer_model.empty()) {
+    tok.emplace(io::Tokenizer::load(opts.tokenizer_model));
+    io::write_file_atomic(r.tokenizer_path, tok->serialized());
+  } else {
+    std::vector<std::string> train_docs;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!is_val[i]) train_docs.push_back(docs[i]);
+    }
+    io::TokenizerTrainOptions to;
+    to.vocab_size = opts.vocab_size;
+    // to.num_threads stays at its fixed default: SentencePiece records the trainer options
+    // in the model, so a machine-dependent count would make tokenizer.model differ by host.
+    tok.emplace(io::Tokenizer::train(train_docs, r.tokenizer_path, to));
+  }
+  HYP_CHECK(tok->bos_id() >= 0 && tok->eos_id() >= 0,
+            "data prepare: tokenizer '{}' has no BOS/EOS tokens (bos {}, eos {})", tok->origin(),
+            tok->bos_id(), tok->eos_id());
+  log_debug("data prepare: tokenizer ready ({} pieces) after {:.2f} s", tok->vocab_size(),
+            timer.seconds());
+
+  // SentencePiece encoding is const and thread-safe; documents vary in length.
+  std::vector<std::vector<int32_t>> encoded(docs.size());
+  parallel_for_dynamic(n, [&](int64_t i) { encoded[i] = tok->encode(docs[i]); });
+
+  const std::vector<int32_t> train = frame(encoded, is_val, false, tok->bos_id(), tok->eos_id());
+  const std::vector<int32_t> val = frame(encoded, is_val, true, tok->bos_id(), tok->eos_id());
+  r.vocab_size = tok->vocab_size();
+  io::write_token_shard(r.train_path, train.data(), static_cast<int64_t>(train.size()),
+                        r.vocab_size);
+  io::write_token_shard(r.val_path, val.data(), static_cast<int64_t>(val.size()), r.vocab_size);
+
+  r.documents = n;
+  r.val_docs = std::count(is_val.begin(), is_val.end(), true);
+  r.train_docs = n - r.val_docs;
+  r.train_tokens = static_cast<int64_t>(train.size());
+  r.val_tokens = static_cast<int64_t>(val.size());
+
+  // File names are relative so the directory can be moved as a whole. No timings: the
+  // output stays byte-identical across runs.
+  nlohmann::json meta = {
+      {"format", "hyperion-token-shards"},
+      {"version", 1},
+      {"inputs", opts.inputs},
+      {"documents", r.documents},
+      {"train_docs", r.train_docs},
+      {"val_docs", r.val_docs},
+      {"train_tokens", r.train_tokens},
+      {"val_tokens", r.val_tokens},
+      {"vocab_size", r.vocab_size},
+      {"bos_id", tok->bos_id()},
+      {"eos_id", tok->eos_id()},
+      {"val_fraction", opts.val_fraction},
+      {"seed", opts.seed},
+      {"tokenizer", "tokenizer.model"},
+      {"train", "train.bin"},
+      {"val", "val.bin"},
+  };
+  io::write_file_atomic((dir / "meta.json").string(), meta.dump(2) + "\n");
+  r.seconds = timer.seconds();
+  return r;
+}
+
+}  // namespace hyperion::train

@@ -1,0 +1,74 @@
+#include "train/evaluate.h"
+
+#include <cmath>
+
+#include "base/error.h"
+#include "base/timer.h"
+#include "io/text_input.h"
+#include "io/token_shard.h"
+#include "kernels/cross_entropy.h"
+#include "model/llama_model.h"
+
+namespace hyperion {
+
+EvalReport evaluate_stream(const ParamStore& params, const std::vector<int32_t>& tokens,
+                           int64_t seq_len, int64_t batch) {
+  Timer timer;
+  HYP_CHECK(tokens.size() >= 2, "eval: need at least 2 tokens, got {}", tokens.size());
+  HYP_CHECK(seq_len > 0 && batch > 0, "eval: seq_len ({}) and batch ({}) must be > 0", seq_len,
+            batch);
+  const int64_t total = static_cast<int64_t>(tokens.size());
+  const int64_t windows = (total - 1 + seq_len - 1) / seq_len;
+  batch = std::min(batch, windows);
+  LlamaModel model(const_cast<ParamStore&>(params),
+                   {batch, seq_len, params.has_bf16(), RematPolicy::kFull});
+  const int64_t n = batch * seq_len;
+  std::vector<int32_t> in(static_cast<size_t>(n)), tg(static_cast<size_t>(n));
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t w0 = 0; w0 < windows; w0 += batch) {
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t start = (w0 + b) * seq_len;
+      for (int64_t i = 0; i < seq_len; ++i) {
+        const int64_t p = start + i;
+        const bool valid = w0 + b < windows && p + 1 < total;
+        in[static_cast<size_t>(b * seq_len + i)] = valid ? tokens[static_cast<size_t>(p)] : 0;
+        tg[static_cast<size_t>(b * seq_len + i)] =
+            valid ? tokens[static_cast<size_t>(p + 1)] : kIgnoreIndex;
+      }
+    }
+    const CrossEntropyResult r = model.forward_loss(in.data(), tg.data());
+    sum += r.loss * double(r.count);
+    count += r.count;
+  }
+  EvalReport rep;
+  rep.tokens = count;
+  rep.loss = count > 0 ? sum / double(count) : 0.0;
+  rep.perplexity = std::exp(rep.loss);
+  rep.seconds = timer.seconds();
+  return rep;
+}
+
+std::vector<int32_t> tokenize_file(const io::Tokenizer& tokenizer, const std::string& path) {
+  std::vector<int32_t> out;
+  for (const std::string& doc : io::read_documents(path)) {
+    out.push_back(tokenizer.bos_id());
+    std::vector<int32_t> ids = tokenizer.encode(doc);
+    out.insert(out.end(), ids.begin(), ids.end());
+    out.push_back(tokenizer.eos_id());
+  }
+  HYP_CHECK(out.size() >= 2, "{}: no text to evaluate", path);
+  return out;
+}
+
+std::vector<int32_t> read_shard_tokens(const std::string& path, int64_t vocab_size) {
+  io::TokenShard shard = io::TokenShard::open(path);
+  HYP_CHECK(shard.vocab_size() <= vocab_size,
+            "{}: shard vocabulary ({}) is larger than the model's ({})", path, shard.vocab_size(),
+            vocab_size);
+  std::vector<int32_t> out(static_cast<size_t>(shard.size()));
+  if (!out.empty()) shard.read(0, shard.size(), out.data());
+  return out;
+}
+
+}  // namespace hyperion

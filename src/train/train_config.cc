@@ -1,0 +1,235 @@
+#include "train/train_config.h"
+
+#include <filesystem>
+
+#include "base/error.h"
+
+#ifndef HYPERION_SOURCE_DIR
+#define HYPERION_SOURCE_DIR "."
+#endif
+
+namespace hyperion {
+
+namespace fs = std::filesystem;
+
+const char* const kTinyPresetYaml =
+    R"(# tiny: the embedded default of `hyperion train`. A small Llama trained on the bundled
+# corpus in a few minutes on two cores, then evaluated and sampled.
+model_name: tiny
+vocab_size: 2048
+base_emb_dim: 256
+base_num_decoder_layers: 4
+base_num_query_heads: 8
+base_num_kv_heads: 4
+head_dim: 32
+base_mlp_dim: 704
+max_target_length: 256
+per_device_batch_size: 16
+steps: 600
+learning_rate: 3.0e-3
+warmup_steps_fraction: 0.05
+lr_schedule: cosine
+cosine_learning_rate_final_fraction: 0.1
+adam_weight_decay: 0.1
+dtype: bfloat16
+remat_policy: none
+log_period: 50
+eval_interval: 200
+checkpoint_period: 200
+)";
+
+std::vector<ConfigKey> train_config_schema() {
+  using T = ConfigType;
+  return {
+      // Model (MaxText names; Hugging Face LlamaConfig equivalents in the help).
+      {"model_name", T::kString, "", "preset name, for logs"},
+      {"vocab_size", T::kInt, "32000",
+       "vocabulary size (also the tokenizer's when one is trained)"},
+      {"base_emb_dim", T::kInt, "4096", "hidden_size"},
+      {"base_num_decoder_layers", T::kInt, "32", "num_hidden_layers"},
+      {"base_num_query_heads", T::kInt, "32", "num_attention_heads"},
+      {"base_num_kv_heads", T::kInt, "32", "num_key_value_heads (GQA when fewer)"},
+      {"head_dim", T::kInt, "0", "attention head size (0: base_emb_dim / heads)"},
+      {"base_mlp_dim", T::kInt, "11008", "intermediate_size of the SwiGLU MLP"},
+      {"normalization_layer_epsilon", T::kFloat, "1e-5", "rms_norm_eps"},
+      {"rope_max_timescale", T::kFloat, "10000", "rope_theta"},
+      {"logits_via_embedding", T::kBool, "false", "tie lm_head to the embedding"},
+      {"max_position_embeddings", T::kInt, "0", "0: max_target_length"},
+      // Data.
+      {"dataset_path", T::kString, "",
+       "prepared dataset dir, or a .txt/.jsonl file; empty: the bundled corpus"},
+      {"tokenizer_path", T::kString, "", "existing SentencePiece .model (else one is trained)"},
+      {"max_target_length", T::kInt, "2048", "sequence length"},
+      {"per_device_batch_size", T::kInt, "8", "sequences per micro-batch"},
+      {"gradient_accumulation_steps", T::kInt, "1", "micro-batches per optimizer step"},
+      {"data_shuffle_seed", T::kInt, "0", "seed of the per-epoch sequence order"},
+      {"eval_fraction", T::kFloat, "0.05", "held-out fraction of documents when preparing"},
+      // Optimizer and schedule.
+      {"steps", T::kInt, "100", "optimizer steps"},
+      {"learning_rate", T::kFloat, "3e-4", "peak learning rate"},
+      {"lr_schedule", T::kString, "cosine", "cosine | wsd | constant"},
+      {"warmup_steps_fraction", T::kFloat, "0.1", "linear warmup, fraction of steps"},
+      {"cosine_learning_rate_final_fraction", T::kFloat, "0.1", "final lr / peak lr"},
+      {"wsd_decay_steps_fraction", T::kFloat, "0.1", "WSD: fraction of steps that decay"},
+      {"wsd_decay_style", T::kString, "linear", "WSD decay: linear | cosine"},
+      {"adam_b1", T::kFloat, "0.9", "AdamW beta1"},
+      {"adam_b2", T::kFloat, "0.95", "AdamW beta2"},
+      {"adam_eps", T::kFloat, "1e-8", "AdamW epsilon"},
+      {"adam_weight_decay", T::kFloat, "0.1", "decoupled weight decay"},
+      {"weight_decay_exclude_norms_and_embeddings", T::kBool, "true",
+       "no decay on norms and embeddings"},
+      {"gradient_clipping_threshold", T::kFloat, "1.0", "global grad-norm clip (0: off)"},
+      {"init_weights_seed", T::kInt, "0", "parameter initialisation seed"},
+      // Precision and memory.
+      {"dtype", T::kString, "bfloat16", "compute dtype: bfloat16 | float32"},
+      {"weight_dtype", T::kString, "float32", "master weights and optimizer state: float32"},
+      {"remat_policy", T::kString, "minimal", "full | minimal | none"},
+      // Checkpointing and logging.
+      {"base_output_directory", T::kString, "runs", "parent of run directories"},
+      {"run_name", T::kString, "", "run directory name (empty: preset + timestamp)"},
+      {"enable_checkpointing", T::kBool, "true", "save checkpoints"},
+      {"checkpoint_period", T::kInt, "0", "save every N steps (0: only at the end)"},
+      {"max_num_checkpoints_to_keep", T::kInt, "2", "older checkpoints are deleted"},
+      {"async_checkpointing", T::kBool, "true", "write checkpoints off the training thread"},
+      {"log_period", T::kInt, "10", "print a metrics line every N steps"},
+      {"eval_interval", T::kInt, "0", "held-out eval every N steps (0: only at the end)"},
+      {"eval_batches", T::kInt, "8", "micro-batches per held-out eval (0: whole split)"},
+      {"peak_tflops", T::kFloat, "0", "MFU denominator (0: measure this machine's peak)"},
+      {"sample_count", T::kInt, "2", "samples printed after training"},
+      {"sample_max_tokens", T::kInt, "64", "tokens per sample"},
+      {"sample_temperature", T::kFloat, "0.8", "sampling temperature"},
+  };
+}
+
+namespace {
+
+std::string resolve_preset(const std::string& arg) {
+  if (fs::exists(arg)) return arg;
+  for (const std::string& dir :
+       {std::string("configs"), std::string(HYPERION_SOURCE_DIR) + "/configs"}) {
+    const std::string p = dir + "/" + arg + ".yml";
+    if (fs::exists(p)) return p;
+  }
+  fail(
+      "config '{}': no such file, and no preset configs/{}.yml (presets: tiny, llama-25m, "
+      "llama-110m, llama2-7b, llama2-70b, llama3-8b)",
+      arg, arg);
+}
+
+}  // namespace
+
+Config load_train_config(const std::string& config_arg, const std::vector<std::string>& overrides) {
+  Config c(train_config_schema());
+  if (config_arg.empty() || config_arg == "tiny")
+    c.load_yaml_string(kTinyPresetYaml, "tiny (embedded preset)");
+  else
+    c.load_yaml_file(resolve_preset(config_arg));
+  for (const std::string& o : overrides) c.apply_override(o);
+  return c;
+}
+
+TrainConfig parse_train_config(const Config& c, const std::string& name) {
+  TrainConfig t;
+  t.name = c.get_string("model_name").empty() ? name : c.get_string("model_name");
+  auto where = [&](const char* key) { return std::string(key) + " (" + c.source_of(key) + ")"; };
+  auto positive = [&](const char* key) {
+    const int64_t v = c.get_int(key);
+    HYP_CHECK(v > 0, "config key {} must be > 0, got {}", where(key), v);
+    return v;
+  };
+  auto non_negative = [&](const char* key) {
+    const int64_t v = c.get_int(key);
+    HYP_CHECK(v >= 0, "config key {} must be >= 0, got {}", where(key), v);
+    return v;
+  };
+  LlamaConfig& m = t.model;
+  m.vocab_size = positive("vocab_size");
+  m.dim = positive("base_emb_dim");
+  m.n_layers = positive("base_num_decoder_layers");
+  m.n_heads = positive("base_num_query_heads");
+  m.n_kv_heads = positive("base_num_kv_heads");
+  m.head_dim = c.get_int("head_dim") > 0 ? c.get_int("head_dim") : m.dim / m.n_heads;
+  m.ffn_dim = positive("base_mlp_dim");
+  m.norm_eps = c.get_float("normalization_layer_epsilon");
+  m.rope_theta = c.get_float("rope_max_timescale");
+  m.tie_embeddings = c.get_bool("logits_via_embedding");
+  t.max_target_length = positive("max_target_length");
+  m.max_seq_len = c.get_int("max_position_embeddings") > 0 ? c.get_int("max_position_embeddings")
+                                                           : t.max_target_length;
+  HYP_CHECK(m.max_seq_len >= t.max_target_length,
+            "config key {} ({}) is below max_target_length ({})", where("max_position_embeddings"),
+            m.max_seq_len, t.max_target_length);
+  m.validate("config");
+
+  t.dataset_path = c.get_string("dataset_path");
+  t.tokenizer_path = c.get_string("tokenizer_path");
+  t.per_device_batch_size = positive("per_device_batch_size");
+  t.gradient_accumulation_steps = positive("gradient_accumulation_steps");
+  t.data_shuffle_seed = static_cast<uint64_t>(c.get_int("data_shuffle_seed"));
+  t.eval_fraction = c.get_float("eval_fraction");
+  HYP_CHECK(t.eval_fraction > 0 && t.eval_fraction < 1, "config key {} must be in (0, 1), got {}",
+            where("eval_fraction"), t.eval_fraction);
+
+  t.steps = positive("steps");
+  LrSchedule& s = t.schedule;
+  s.kind = parse_schedule(c.get_string("lr_schedule"), where("lr_schedule"));
+  s.peak_lr = c.get_float("learning_rate");
+  s.total_steps = t.steps;
+  const double wf = c.get_float("warmup_steps_fraction");
+  HYP_CHECK(wf >= 0 && wf <= 1, "config key {} must be in [0, 1], got {}",
+            where("warmup_steps_fraction"), wf);
+  s.warmup_steps = static_cast<int64_t>(wf * double(t.steps) + 0.5);
+  s.final_lr_fraction = c.get_float("cosine_learning_rate_final_fraction");
+  s.wsd_decay_fraction = c.get_float("wsd_decay_steps_fraction");
+  s.wsd_decay_shape = c.get_string("wsd_decay_style");
+  try {
+    s.validate();
+  } catch (const Error& e) {
+    fail("config: learning-rate schedule: {}", e.what());
+  }
+  t.adam_b1 = c.get_float("adam_b1");
+  t.adam_b2 = c.get_float("adam_b2");
+  t.adam_eps = c.get_float("adam_eps");
+  t.weight_decay = c.get_float("adam_weight_decay");
+  HYP_CHECK(t.adam_b1 >= 0 && t.adam_b1 < 1, "config key {} must be in [0, 1)", where("adam_b1"));
+  HYP_CHECK(t.adam_b2 >= 0 && t.adam_b2 < 1, "config key {} must be in [0, 1)", where("adam_b2"));
+  HYP_CHECK(t.adam_eps > 0, "config key {} must be > 0", where("adam_eps"));
+  HYP_CHECK(t.weight_decay >= 0, "config key {} must be >= 0", where("adam_weight_decay"));
+  t.weight_decay_exclude_norms_and_embeddings =
+      c.get_bool("weight_decay_exclude_norms_and_embeddings");
+  t.gradient_clipping_threshold = c.get_float("gradient_clipping_threshold");
+  HYP_CHECK(t.gradient_clipping_threshold >= 0, "config key {} must be >= 0",
+            where("gradient_clipping_threshold"));
+  t.init_weights_seed = static_cast<uint64_t>(c.get_int("init_weights_seed"));
+
+  const std::string& dtype = c.get_string("dtype");
+  HYP_CHECK(dtype == "bfloat16" || dtype == "float32",
+            "config key {} must be bfloat16 or float32, got '{}'", where("dtype"), dtype);
+  t.bf16 = dtype == "bfloat16";
+  HYP_CHECK(c.get_string("weight_dtype") == "float32",
+            "config key {} must be float32 (master weights and optimizer state are f32), got '{}'",
+            where("weight_dtype"), c.get_string("weight_dtype"));
+  t.remat = parse_remat_policy(c.get_string("remat_policy"), "config key " + where("remat_policy"));
+
+  t.base_output_directory = c.get_string("base_output_directory");
+  t.run_name = c.get_string("run_name");
+  HYP_CHECK(t.run_name.find('/') == std::string::npos && t.run_name != "." && t.run_name != "..",
+            "config key {} must be a plain directory name, got '{}'", where("run_name"),
+            t.run_name);
+  t.enable_checkpointing = c.get_bool("enable_checkpointing");
+  t.checkpoint_period = non_negative("checkpoint_period");
+  t.checkpoints_to_keep = positive("max_num_checkpoints_to_keep");
+  t.async_checkpointing = c.get_bool("async_checkpointing");
+  t.log_period = positive("log_period");
+  t.eval_interval = non_negative("eval_interval");
+  t.eval_batches = non_negative("eval_batches");
+  t.peak_tflops = c.get_float("peak_tflops");
+  HYP_CHECK(t.peak_tflops >= 0, "config key {} must be >= 0", where("peak_tflops"));
+  t.sample_count = non_negative("sample_count");
+  t.sample_max_tokens = non_negative("sample_max_tokens");
+  t.sample_temperature = c.get_float("sample_temperature");
+  HYP_CHECK(t.sample_temperature >= 0, "config key {} must be >= 0", where("sample_temperature"));
+  return t;
+}
+
+}  // namespace hyperion

@@ -1,0 +1,76 @@
+// The training configuration: one schema in the spirit of MaxText's base.yml (model,
+// data, optimizer, schedule, precision, remat, checkpointing, logging), loaded from a
+// preset or YAML file plus `key=value` overrides. Key names follow MaxText where it has
+// one (steps, per_device_batch_size, max_target_length, learning_rate, dtype,
+// weight_dtype, remat_policy, checkpoint_period, base_output_directory, run_name,
+// dataset_path, tokenizer_path, base_emb_dim, base_num_decoder_layers, ...).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/config.h"
+#include "model/llama_config.h"
+#include "train/schedule.h"
+
+namespace hyperion {
+
+// The schema (every key, its type, default and help).
+std::vector<ConfigKey> train_config_schema();
+
+// The `tiny` preset, compiled in: `hyperion train` with no config runs it. Identical to
+// configs/tiny.yml (a test checks).
+extern const char* const kTinyPresetYaml;
+
+// Loads `config_arg` (a YAML path, or a preset name looked up as configs/NAME.yml in the
+// working directory and the source tree; empty = the embedded tiny preset), then applies
+// the overrides in order. Errors name the file/key.
+Config load_train_config(const std::string& config_arg, const std::vector<std::string>& overrides);
+
+// Typed view of a loaded Config, validated (errors name the key).
+struct TrainConfig {
+  std::string name;  // preset / file stem
+  LlamaConfig model;
+  // Data.
+  std::string dataset_path;    // prepared dir (train.bin ...) or a .txt/.jsonl to prepare
+  std::string tokenizer_path;  // existing SentencePiece model (optional)
+  int64_t max_target_length = 256;
+  int64_t per_device_batch_size = 8;
+  int64_t gradient_accumulation_steps = 1;
+  uint64_t data_shuffle_seed = 0;
+  double eval_fraction = 0.05;
+  // Optimisation.
+  int64_t steps = 100;
+  LrSchedule schedule;
+  double adam_b1 = 0.9, adam_b2 = 0.95, adam_eps = 1e-8, weight_decay = 0.1;
+  bool weight_decay_exclude_norms_and_embeddings = true;
+  double gradient_clipping_threshold = 1.0;
+  uint64_t init_weights_seed = 0;
+  // Precision and memory.
+  bool bf16 = true;  // dtype
+  RematPolicy remat = RematPolicy::kMinimal;
+  // Checkpointing and logging.
+  std::string base_output_directory = "runs";
+  std::string run_name;
+  bool enable_checkpointing = true;
+  int64_t checkpoint_period = 0;  // 0: only at the end
+  int64_t checkpoints_to_keep = 2;
+  bool async_checkpointing = true;
+  int64_t log_period = 10;
+  int64_t eval_interval = 0;  // 0: only at the end
+  int64_t eval_batches = 8;
+  double peak_tflops = 0;  // MFU denominator; 0 = measure this machine's peak at start
+  // After training: samples from the final model.
+  int64_t sample_count = 2;
+  int64_t sample_max_tokens = 64;
+  double sample_temperature = 0.8;
+
+  int64_t tokens_per_step() const {
+    return per_device_batch_size * max_target_length * gradient_accumulation_steps;
+  }
+};
+
+TrainConfig parse_train_config(const Config& config, const std::string& name);
+
+}  // namespace hyperion

@@ -1,0 +1,363 @@
+#include "train/trainer.h"
+
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "base/threads.h"
+#include "base/timer.h"
+#include "dist/communicator.h"
+#include "io/atomic_file.h"
+#include "io/tokenizer.h"
+#include "kernels/peak.h"
+#include "model/llama_generator.h"
+#include "model/llama_model.h"
+#include "train/checkpoint.h"
+#include "train/data_loader.h"
+#include "train/data_prepare.h"
+#include "train/optimizer.h"
+
+#ifndef HYPERION_SOURCE_DIR
+#define HYPERION_SOURCE_DIR "."
+#endif
+
+namespace hyperion {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string bundled_corpus() {
+  for (const std::string& dir :
+       {std::string("data/corpus"), std::string(HYPERION_SOURCE_DIR) + "/data/corpus"}) {
+    if (!fs::is_directory(dir)) continue;
+    std::vector<std::string> found;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".txt" || e.path().extension() == ".jsonl")
+        found.push_back(e.path().string());
+    std::sort(found.begin(), found.end());
+    if (!found.empty()) return found.front();
+  }
+  fail(
+      "dataset_path is empty and the bundled corpus (data/corpus/*.txt) was not found in the "
+      "working directory or in {}",
+      HYPERION_SOURCE_DIR);
+}
+
+bool is_prepared(const std::string& dir) {
+  return fs::exists(dir + "/train.bin") && fs::exists(dir + "/val.bin") &&
+         fs::exists(dir + "/tokenizer.model");
+}
+
+std::string timestamp() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", std::localtime(&t));
+  return buf;
+}
+
+std::string format_bytes(int64_t b) {
+  const double mib = double(b) / (1024.0 * 1024.0);
+  return mib >= 1024 ? fmt::format("{:.2f} GiB", mib / 1024) : fmt::format("{:.1f} MiB", mib);
+}
+
+// Keeps the metrics of steps <= `step` (a resumed run rewrites what came after).
+void truncate_metrics(const std::string& path, int64_t step) {
+  if (!fs::exists(path)) return;
+  std::ifstream in(path);
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    try {
+      if (nlohmann::json::parse(line).at("step").get<int64_t>() <= step) kept += line + "\n";
+    } catch (const std::exception&) {
+      // A torn last line from a killed run: dropped.
+    }
+  }
+  io::write_file_atomic(path, kept);
+}
+
+struct EvalResult {
+  double loss = 0;
+  int64_t tokens = 0;
+};
+
+EvalResult evaluate(LlamaModel& model, train::DataLoader& loader, int64_t max_batches) {
+  const int64_t n = model.tokens_per_batch();
+  std::vector<int32_t> in(static_cast<size_t>(n)), tg(static_cast<size_t>(n));
+  const int64_t per_epoch = loader.sequences_per_epoch() / model.options().batch;
+  const int64_t batches = max_batches > 0 ? std::min(max_batches, per_epoch) : per_epoch;
+  loader.restore({0, 0});
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    loader.next(in.data(), tg.data());
+    CrossEntropyResult r = model.forward_loss(in.data(), tg.data());
+    sum += r.loss * double(r.count);
+    count += r.count;
+  }
+  return {count > 0 ? sum / double(count) : 0.0, count};
+}
+
+}  // namespace
+
+PreparedDataset resolve_dataset(const TrainConfig& t) {
+  PreparedDataset d;
+  std::string input = t.dataset_path;
+  if (!input.empty() && fs::is_directory(input)) {
+    HYP_CHECK(is_prepared(input),
+              "dataset_path '{}': a directory must hold train.bin, val.bin and tokenizer.model "
+              "(made by `hyperion data prepare`)",
+              input);
+    d.dir = input;
+  } else {
+    if (input.empty()) input = bundled_corpus();
+    HYP_CHECK(fs::is_regular_file(input), "dataset_path '{}': no such file or directory", input);
+    const std::string stem = fs::path(input).stem().string();
+    d.dir =
+        t.base_output_directory + "/datasets/" + stem + "-v" + std::to_string(t.model.vocab_size);
+    if (!t.tokenizer_path.empty()) d.dir += "-" + fs::path(t.tokenizer_path).stem().string();
+    if (!is_prepared(d.dir)) {
+      train::PrepareOptions po;
+      po.inputs = {input};
+      po.output_dir = d.dir;
+      po.tokenizer_model = t.tokenizer_path;
+      po.vocab_size = static_cast<int>(t.model.vocab_size);
+      po.val_fraction = t.eval_fraction;
+      log_info("data: preparing {} into {} (vocab {})", input, d.dir, t.model.vocab_size);
+      train::PrepareResult r = train::prepare_dataset(po);
+      log_info("data: {} documents, {} train / {} held-out tokens, {:.1f} s", r.documents,
+               r.train_tokens, r.val_tokens, r.seconds);
+    }
+  }
+  d.train = d.dir + "/train.bin";
+  d.val = d.dir + "/val.bin";
+  d.tokenizer = t.tokenizer_path.empty() ? d.dir + "/tokenizer.model" : t.tokenizer_path;
+  return d;
+}
+
+TrainResult run_training(const Config& config, const std::string& config_name,
+                         const TrainOptions& options) {
+  Timer total;
+  TrainConfig t = parse_train_config(config, config_name);
+  TrainResult result;
+
+  // Run directory: base_output_directory/run_name, or the directory being resumed.
+  std::string run_dir;
+  if (!options.resume.empty()) {
+    HYP_CHECK(fs::is_directory(options.resume), "--resume '{}': no such directory", options.resume);
+    run_dir = fs::exists(fs::path(options.resume) / "model.safetensors")
+                  ? fs::path(options.resume).parent_path().parent_path().string()
+                  : options.resume;
+  } else {
+    const std::string name = t.run_name.empty() ? t.name + "-" + timestamp() : t.run_name;
+    run_dir = t.base_output_directory + "/" + name;
+  }
+  fs::create_directories(run_dir);
+  result.run_dir = run_dir;
+
+  PreparedDataset data = resolve_dataset(t);
+  io::Tokenizer tokenizer = io::Tokenizer::load(data.tokenizer);
+  HYP_CHECK(tokenizer.vocab_size() <= t.model.vocab_size,
+            "tokenizer {} has {} tokens but the model's vocab_size is {} (config key vocab_size)",
+            data.tokenizer, tokenizer.vocab_size(), t.model.vocab_size);
+  t.model.bos_id = tokenizer.bos_id();
+  t.model.eos_id = tokenizer.eos_id();
+
+  ParamStore params(t.model, t.bf16);
+  LlamaModel model(params, {t.per_device_batch_size, t.max_target_length, t.bf16, t.remat});
+  OptimizerOptions oo;
+  oo.beta1 = t.adam_b1;
+  oo.beta2 = t.adam_b2;
+  oo.eps = t.adam_eps;
+  oo.weight_decay = t.weight_decay;
+  oo.exclude_norms_and_embeddings = t.weight_decay_exclude_norms_and_embeddings;
+  oo.clip_norm = t.gradient_clipping_threshold;
+  AdamW optimizer(params, oo);
+  auto comm = dist::make_single_process_communicator();
+  train::DataLoader loader({data.train}, t.per_device_batch_size, t.max_target_length,
+                           t.data_shuffle_seed, true, comm->rank(), comm->world_size());
+
+  TrainerState state;
+  const std::optional<std::string> resume_from =
+      options.resume.empty() ? latest_checkpoint(run_dir)
+                             : std::optional<std::string>(resolve_checkpoint_dir(options.resume));
+  if (resume_from) {
+    const LlamaConfig saved = read_checkpoint_config(*resume_from);
+    HYP_CHECK(saved.dim == t.model.dim && saved.n_layers == t.model.n_layers &&
+                  saved.vocab_size == t.model.vocab_size && saved.ffn_dim == t.model.ffn_dim &&
+                  saved.n_heads == t.model.n_heads && saved.n_kv_heads == t.model.n_kv_heads &&
+                  saved.tie_embeddings == t.model.tie_embeddings,
+              "resume: checkpoint {} holds a different model shape than the config", *resume_from);
+    state = load_training_state(*resume_from, params, optimizer);
+    loader.restore(state.data);
+    truncate_metrics(run_dir + "/metrics.jsonl", state.step);
+    log_info("resume: from {} at step {}", *resume_from, state.step);
+  } else {
+    params.init(t.init_weights_seed);
+  }
+  result.start_step = state.step;
+
+  // Start-up report: sizes, memory by category, FLOPs and the MFU denominator.
+  const MemoryPlan mem =
+      memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16, t.remat);
+  const double flops_per_token = t.model.train_flops_per_token(t.max_target_length);
+  if (t.peak_tflops > 0) {
+    result.peak_gflops = t.peak_tflops * 1e3;
+  } else {
+    const PeakResult peak = measure_peak(0.2);
+    result.peak_gflops = t.bf16 ? peak.bf16_gflops : peak.f32_gflops;
+  }
+  log_info("model: {} params ({} non-embedding), {} layers, dim {}, heads {}/{}, ffn {}, vocab {}",
+           t.model.total_params(), t.model.non_embedding_params(), t.model.n_layers, t.model.dim,
+           t.model.n_heads, t.model.n_kv_heads, t.model.ffn_dim, t.model.vocab_size);
+  log_info(
+      "memory: weights {} + bf16 copy {} + grads {} + adam {}; activations {} (remat {}), "
+      "scratch {} (allocated: activations {}, scratch {})",
+      format_bytes(mem.weight_bytes), format_bytes(mem.compute_weight_bytes),
+      format_bytes(mem.grad_bytes), format_bytes(mem.optimizer_bytes),
+      format_bytes(mem.activation_bytes), remat_policy_name(t.remat),
+      format_bytes(mem.scratch_bytes), format_bytes(model.activation_bytes()),
+      format_bytes(model.scratch_bytes()));
+  log_info(
+      "train: {} steps x {} tokens ({} x {} x {} accum), dtype {}, {:.3g} FLOPs/token, "
+      "peak {:.0f} GFLOP/s, {} threads, run dir {}",
+      t.steps, t.tokens_per_step(), t.per_device_batch_size, t.max_target_length,
+      t.gradient_accumulation_steps, t.bf16 ? "bf16" : "f32", flops_per_token, result.peak_gflops,
+      num_threads(), run_dir);
+
+  // Held-out evaluation uses its own loader over val.bin (in order, no shuffle).
+  std::unique_ptr<train::DataLoader> val_loader;
+  try {
+    val_loader = std::make_unique<train::DataLoader>(
+        std::vector<std::string>{data.val}, t.per_device_batch_size, t.max_target_length, 0, false);
+  } catch (const Error& e) {
+    log_warn("eval: held-out split unusable, skipping evaluation: {}", e.what());
+  }
+
+  CheckpointManager ckpt(run_dir, t.checkpoints_to_keep, t.async_checkpointing);
+  const std::map<std::string, std::string> config_values = config.values();
+  auto save = [&] {
+    if (!t.enable_checkpointing) return;
+    state.data = loader.state();
+    ckpt.save(params, optimizer, state, tokenizer.serialized(), config_values);
+    result.checkpoint = ckpt.checkpoints_dir() + "/" + std::to_string(state.step);
+  };
+
+  std::ofstream metrics(run_dir + "/metrics.jsonl", std::ios::app);
+  HYP_CHECK(metrics.good(), "cannot open {}/metrics.jsonl for writing", run_dir);
+  const int64_t n = model.tokens_per_batch();
+  std::vector<int32_t> in(static_cast<size_t>(n)), tg(static_cast<size_t>(n));
+  const float dloss = 1.0f / static_cast<float>(t.gradient_accumulation_steps);
+  double tps_sum = 0, mfu_sum = 0;
+  int64_t timed_steps = 0;
+
+  while (state.step < t.steps) {
+    Timer step_timer;
+    double data_wait = 0, loss = 0;
+    params.zero_grads();
+    for (int64_t micro = 0; micro < t.gradient_accumulation_steps; ++micro) {
+      Timer dt;
+      loader.next(in.data(), tg.data());
+      data_wait += dt.seconds();
+      loss += model.forward_backward(in.data(), tg.data(), dloss).loss * dloss;
+    }
+    comm->all_reduce(params.grads(), static_cast<size_t>(params.size()), dist::ReduceOp::kAvg);
+    const double lr = t.schedule.lr(state.step);
+    const OptimizerStepResult opt = optimizer.step(lr);
+    state.step += 1;
+    state.tokens_seen += t.tokens_per_step();
+
+    StepMetrics m;
+    m.step = state.step;
+    m.loss = loss;
+    m.grad_norm = opt.grad_norm;
+    m.lr = lr;
+    m.step_s = step_timer.seconds();
+    m.tokens_per_s = double(t.tokens_per_step()) / m.step_s;
+    m.tflops = flops_per_token * m.tokens_per_s / 1e12;
+    m.mfu = m.tflops * 1e3 / result.peak_gflops;
+    m.data_wait_s = data_wait;
+    m.skipped = opt.skipped;
+    if (opt.skipped) log_warn("step {}: non-finite gradient norm, update skipped", m.step);
+    HYP_CHECK(std::isfinite(m.loss), "step {}: loss is {} (diverged); lower learning_rate", m.step,
+              m.loss);
+    nlohmann::ordered_json j;
+    j["step"] = m.step;
+    j["loss"] = m.loss;
+    j["grad_norm"] = m.grad_norm;
+    j["lr"] = m.lr;
+    j["step_s"] = m.step_s;
+    j["tokens_per_s"] = m.tokens_per_s;
+    j["tflops"] = m.tflops;
+    j["mfu"] = m.mfu;
+    j["data_wait_s"] = m.data_wait_s;
+    j["tokens_seen"] = state.tokens_seen;
+    if (m.skipped) j["skipped"] = true;
+    metrics << j.dump() << "\n";
+    metrics.flush();
+    result.history.push_back(m);
+    if (state.step > result.start_step + 1) {  // the first step warms caches up
+      tps_sum += m.tokens_per_s;
+      mfu_sum += m.mfu;
+      ++timed_steps;
+    }
+    if (!options.quiet &&
+        (state.step % t.log_period == 0 || state.step == 1 || state.step == t.steps))
+      log_info(
+          "step {:>5}  loss {:.4f}  grad_norm {:.3f}  lr {:.2e}  {:.3f} s  {:.0f} tok/s  "
+          "{:.3f} TFLOP/s  MFU {:.1f}%  data {:.1f} ms",
+          m.step, m.loss, m.grad_norm, m.lr, m.step_s, m.tokens_per_s, m.tflops, 100 * m.mfu,
+          1e3 * m.data_wait_s);
+    if (val_loader && t.eval_interval > 0 && state.step % t.eval_interval == 0 &&
+        state.step < t.steps) {
+      EvalResult e = evaluate(model, *val_loader, t.eval_batches);
+      log_info("eval  step {:>5}  held-out loss {:.4f}  perplexity {:.2f}", state.step, e.loss,
+               std::exp(e.loss));
+    }
+    if (t.checkpoint_period > 0 && state.step % t.checkpoint_period == 0 && state.step < t.steps)
+      save();
+  }
+  if (result.start_step < t.steps || result.checkpoint.empty()) save();
+  ckpt.wait();
+  result.steps = state.step;
+  if (timed_steps > 0) {
+    result.mean_tokens_per_s = tps_sum / double(timed_steps);
+    result.mean_mfu = mfu_sum / double(timed_steps);
+  }
+  if (t.enable_checkpointing)
+    log_info("checkpoint: {} (training thread blocked {:.2f} s in total for saves)",
+             result.checkpoint, ckpt.blocking_seconds());
+
+  if (val_loader) {
+    EvalResult e = evaluate(model, *val_loader, 0);
+    result.eval_loss = e.loss;
+    result.eval_perplexity = std::exp(e.loss);
+    result.eval_tokens = e.tokens;
+    log_info("eval: held-out loss {:.4f}, perplexity {:.2f} over {} tokens", e.loss,
+             result.eval_perplexity, e.tokens);
+  }
+  if (t.sample_count > 0 && t.sample_max_tokens > 0) {
+    LlamaGenerator gen(params, std::min<int64_t>(t.model.max_seq_len, 1 + t.sample_max_tokens));
+    for (int64_t s = 0; s < t.sample_count; ++s) {
+      GenerateOptions go;
+      go.sampling.temperature = static_cast<float>(t.sample_temperature);
+      go.sampling.top_p = 0.95f;
+      go.sampling.seed = static_cast<uint64_t>(s + 1);
+      go.max_tokens = t.sample_max_tokens;
+      go.eos_id = tokenizer.eos_id();
+      gen.reset();
+      std::vector<int32_t> toks = generate_tokens(gen, {tokenizer.bos_id()}, go);
+      if (!toks.empty() && toks.back() == tokenizer.eos_id()) toks.pop_back();
+      result.samples.push_back(tokenizer.decode(toks));
+    }
+  }
+  result.seconds = total.seconds();
+  return result;
+}
+
+}  // namespace hyperion
