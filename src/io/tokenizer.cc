@@ -40,18 +40,38 @@ bool is_blank(std::string_view s) {
 
 // SentencePiece trains on sentences, conventionally lines: a line never contains '\n',
 // so newlines are encoded through byte fallback (<0x0A>) exactly as in Llama's tokenizer.
-std::vector<std::string> split_sentences(const std::vector<std::string>& documents) {
-  std::vector<std::string> out;
+// Calls fn(line) for every non-blank line of every document, in order.
+template <typename Fn>
+void for_each_line(const std::vector<std::string>& documents, Fn&& fn) {
   for (const std::string& doc : documents) {
     size_t start = 0;
     while (start <= doc.size()) {
       size_t end = doc.find('\n', start);
       if (end == std::string::npos) end = doc.size();
       std::string_view line(doc.data() + start, end - start);
-      if (!is_blank(line)) out.emplace_back(line);
+      if (!is_blank(line)) fn(line);
       start = end + 1;
     }
   }
+}
+
+// The training sentences: every line, or above `max_sentences` an evenly strided subset
+// (SentencePiece would sample randomly; a fixed stride keeps training deterministic).
+// Counted first so a large corpus is never copied whole.
+std::vector<std::string> training_sentences(const std::vector<std::string>& documents,
+                                            int64_t max_sentences) {
+  int64_t total = 0;
+  for_each_line(documents, [&](std::string_view) { ++total; });
+  const int64_t keep = std::min(total, max_sentences);
+  std::vector<std::string> out;
+  out.reserve(static_cast<size_t>(keep));
+  // Keeps lines floor(k * total / keep) for k = 0 .. keep - 1 (all of them when keep == total).
+  int64_t i = 0;
+  for_each_line(documents, [&](std::string_view line) {
+    const int64_t k = static_cast<int64_t>(out.size());
+    if (k < keep && i == k * total / keep) out.emplace_back(line);
+    ++i;
+  });
   return out;
 }
 
@@ -102,20 +122,9 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& documents,
             "special + 256 byte tokens + at least one piece)",
             opts.vocab_size);
 
-  std::vector<std::string> sentences = split_sentences(documents);
+  const std::vector<std::string> sentences = training_sentences(documents, opts.max_sentences);
   HYP_CHECK(!sentences.empty(), "tokenizer train: no non-empty text among {} documents",
             documents.size());
-  // SentencePiece samples randomly above input_sentence_size; subsample here with a
-  // fixed stride instead so training stays deterministic.
-  if (static_cast<int64_t>(sentences.size()) > opts.max_sentences) {
-    std::vector<std::string> sub;
-    sub.reserve(opts.max_sentences);
-    const int64_t n = static_cast<int64_t>(sentences.size());
-    for (int64_t k = 0; k < opts.max_sentences; ++k) {
-      sub.push_back(std::move(sentences[k * n / opts.max_sentences]));
-    }
-    sentences = std::move(sub);
-  }
 
   const std::unordered_map<std::string, std::string> kwargs = {
       {"model_type", opts.model_type},

@@ -112,15 +112,19 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
     tok.emplace(io::Tokenizer::load(opts.tokenizer_model));
     io::write_file_atomic(r.tokenizer_path, tok->serialized());
   } else {
+    // Lend the train documents to the trainer (moved, not copied: corpora can be large).
     std::vector<std::string> train_docs;
     for (int64_t i = 0; i < n; ++i) {
-      if (!is_val[i]) train_docs.push_back(docs[i]);
+      if (!is_val[i]) train_docs.push_back(std::move(docs[i]));
     }
     io::TokenizerTrainOptions to;
     to.vocab_size = opts.vocab_size;
     // to.num_threads stays at its fixed default: SentencePiece records the trainer options
     // in the model, so a machine-dependent count would make tokenizer.model differ by host.
     tok.emplace(io::Tokenizer::train(train_docs, r.tokenizer_path, to));
+    for (int64_t i = 0, k = 0; i < n; ++i) {
+      if (!is_val[i]) docs[i] = std::move(train_docs[k++]);
+    }
   }
   HYP_CHECK(tok->bos_id() >= 0 && tok->eos_id() >= 0,
             "data prepare: tokenizer '{}' has no BOS/EOS tokens (bos {}, eos {})", tok->origin(),

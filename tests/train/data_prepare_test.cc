@@ -16,10 +16,6 @@
 #include "io/token_shard.h"
 #include "io/tokenizer.h"
 
-namespace hyperion::cli {
-int cmd_data(const Args& args);  // src/cli/data_cmd.cc
-}
-
 namespace hyperion::train {
 namespace {
 
