@@ -101,8 +101,12 @@ int cmd_generate(const Args& args) {
   std::vector<int32_t> out = generate_tokens(gen, ids, go, [&](int32_t tok) {
     if (json || tok == c.tokenizer.eos_id()) return;
     produced.push_back(tok);
-    // Decode the whole continuation each time so multi-byte pieces print correctly.
-    const std::string text = c.tokenizer.decode(produced);
+    // Decode the whole continuation each time so multi-byte characters split over
+    // byte-fallback tokens print once complete (a trailing U+FFFD means "not yet").
+    std::string text = c.tokenizer.decode(produced);
+    static const std::string kReplacement = "\xEF\xBF\xBD";
+    while (text.size() >= 3 && text.compare(text.size() - 3, 3, kReplacement) == 0)
+      text.resize(text.size() - 3);
     if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0) {
       std::fputs(text.c_str() + printed.size(), stdout);
       std::fflush(stdout);

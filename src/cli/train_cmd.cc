@@ -35,7 +35,7 @@ std::string config_name(const std::string& arg) {
 }  // namespace
 
 int cmd_train(const Args& args) {
-  Flags f("train", args, {"resume"}, {"json", "quiet"});
+  Flags f("train", args, {"resume", "stop-at"}, {"json", "quiet"});
   std::string config;
   std::vector<std::string> overrides;
   split_config_args(f.positional(), &config, &overrides);
@@ -43,6 +43,8 @@ int cmd_train(const Args& args) {
   TrainOptions opts;
   opts.resume = f.get("resume");
   opts.quiet = f.has("quiet");
+  opts.stop_at = f.integer("stop-at", 0);
+  HYP_CHECK(opts.stop_at >= 0, "train: --stop-at must be >= 0");
   TrainResult r = run_training(c, config_name(config), opts);
   if (f.has("json")) {
     nlohmann::ordered_json j;

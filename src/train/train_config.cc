@@ -21,7 +21,6 @@ base_emb_dim: 256
 base_num_decoder_layers: 4
 base_num_query_heads: 8
 base_num_kv_heads: 4
-head_dim: 32
 base_mlp_dim: 704
 max_target_length: 256
 per_device_batch_size: 16

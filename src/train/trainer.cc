@@ -256,7 +256,8 @@ TrainResult run_training(const Config& config, const std::string& config_name,
   double tps_sum = 0, mfu_sum = 0;
   int64_t timed_steps = 0;
 
-  while (state.step < t.steps) {
+  const int64_t last_step = options.stop_at > 0 ? std::min(options.stop_at, t.steps) : t.steps;
+  while (state.step < last_step) {
     Timer step_timer;
     double data_wait = 0, loss = 0;
     params.zero_grads();
@@ -319,10 +320,13 @@ TrainResult run_training(const Config& config, const std::string& config_name,
       log_info("eval  step {:>5}  held-out loss {:.4f}  perplexity {:.2f}", state.step, e.loss,
                std::exp(e.loss));
     }
-    if (t.checkpoint_period > 0 && state.step % t.checkpoint_period == 0 && state.step < t.steps)
+    if (t.checkpoint_period > 0 && state.step % t.checkpoint_period == 0 && state.step < last_step)
       save();
   }
-  if (result.start_step < t.steps || result.checkpoint.empty()) save();
+  if (state.step > result.start_step)
+    save();
+  else if (resume_from)
+    result.checkpoint = *resume_from;
   ckpt.wait();
   result.steps = state.step;
   if (timed_steps > 0) {

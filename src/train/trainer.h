@@ -44,6 +44,9 @@ struct TrainResult {
 struct TrainOptions {
   std::string resume;  // run dir or checkpoint dir to resume from ("" = per run_name)
   bool quiet = false;  // no per-step lines (tests)
+  // Stop after this many completed steps (0: run to `steps`), saving a checkpoint there:
+  // splits a run in two without changing its schedule (resume tests, preemption drills).
+  int64_t stop_at = 0;
 };
 
 // Runs the job described by `config` (already loaded with overrides).
