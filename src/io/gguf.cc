@@ -206,8 +206,10 @@ void quantize_row_q8_0(const float* x, void* blocks, int64_t n) {
     std::memcpy(out + b * kQ8_0Bytes, &dh, 2);
     auto* qs = reinterpret_cast<int8_t*>(out + b * kQ8_0Bytes + 2);
     for (int j = 0; j < kQK8_0; ++j) {
+      // The clamp only matters when id overflows to inf (amax < ~4e-37), where llama.cpp's
+      // float -> int8 conversion would be undefined; the SIMD path saturates the same way.
       const float r = std::round(xb[j] * id);
-      qs[j] = std::isnan(r) ? int8_t{0} : static_cast<int8_t>(r);
+      qs[j] = std::isnan(r) ? int8_t{0} : static_cast<int8_t>(std::clamp(r, -128.0f, 127.0f));
     }
   }
 }
@@ -471,12 +473,18 @@ GgufFile GgufFile::open(const std::string& path) {
       v.count = c.read<uint64_t>("array length");
       if (v.elem == GgufType::kString) {
         // Each element takes at least its 8-byte length.
-        c.need(v.count > c.remaining() / 8 ? c.remaining() + 1 : v.count * 8, "string array");
+        HYP_CHECK(v.count <= c.remaining() / 8,
+                  "gguf: {}: key '{}': array of {} strings does not fit in the {} bytes left; "
+                  "truncated or corrupted",
+                  path, key, v.count, c.remaining());
         v.strings.reserve(v.count);
         for (uint64_t k = 0; k < v.count; ++k) v.strings.push_back(c.read_string("string array"));
       } else {
         const size_t es = gguf_scalar_size(v.elem);
-        c.need(v.count > c.remaining() / es ? c.remaining() + 1 : v.count * es, "array values");
+        HYP_CHECK(v.count <= c.remaining() / es,
+                  "gguf: {}: key '{}': array of {} {} values does not fit in the {} bytes left; "
+                  "truncated or corrupted",
+                  path, key, v.count, gguf_type_name(v.elem), c.remaining());
         v.raw = c.here();
         c.skip(v.count * es, "array values");
       }

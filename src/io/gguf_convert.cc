@@ -31,6 +31,7 @@ struct LlamaConfig {
       num_key_value_heads, max_position_embeddings, head_dim;
   double rms_norm_eps, rope_theta;
   bool tie_word_embeddings;
+  bool has_head_dim;                                 // head_dim given explicitly in config.json
   int64_t bos_token_id, eos_token_id, pad_token_id;  // pad: -1 if absent
 };
 
@@ -125,19 +126,21 @@ LlamaConfig read_config(const std::string& dir) {
   c.eos_token_id = r.integer("eos_token_id", 2, 0);
   c.pad_token_id = r.integer("pad_token_id", -1, 0);
 
-  HYP_CHECK(c.hidden_size % c.num_attention_heads == 0,
-            "{}: hidden_size {} is not divisible by num_attention_heads {}", where, c.hidden_size,
-            c.num_attention_heads);
   HYP_CHECK(c.num_attention_heads % c.num_key_value_heads == 0,
             "{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", where,
             c.num_attention_heads, c.num_key_value_heads);
-  c.head_dim = c.hidden_size / c.num_attention_heads;
-  HYP_CHECK(c.head_dim % 2 == 0, "{}: head_dim {} (hidden_size / num_attention_heads) is odd",
-            where, c.head_dim);
-  if (r.find("head_dim") != nullptr)
-    HYP_CHECK(r.integer("head_dim") == c.head_dim,
-              "{}: key 'head_dim' = {} differs from hidden_size / num_attention_heads = {}", where,
-              r.integer("head_dim"), c.head_dim);
+  // head_dim defaults to hidden_size / num_attention_heads (LlamaConfig) but may be set
+  // independently; then q_proj is [heads * head_dim, hidden_size].
+  c.has_head_dim = r.find("head_dim") != nullptr;
+  if (c.has_head_dim) {
+    c.head_dim = r.integer("head_dim");
+  } else {
+    HYP_CHECK(c.hidden_size % c.num_attention_heads == 0,
+              "{}: hidden_size {} is not divisible by num_attention_heads {} (and no head_dim)",
+              where, c.hidden_size, c.num_attention_heads);
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  HYP_CHECK(c.head_dim % 2 == 0, "{}: head_dim {} is odd; RoPE rotates pairs", where, c.head_dim);
   for (const auto& [key, id] :
        {std::pair{"bos_token_id", c.bos_token_id}, std::pair{"eos_token_id", c.eos_token_id},
         std::pair{"pad_token_id", c.pad_token_id}})
@@ -195,12 +198,12 @@ struct OutType {
   uint32_t file_type;
 };
 
-OutType parse_out_type(const std::string& s) {
+OutType parse_out_type(const std::string& dir, const std::string& s) {
   if (s == "f32") return {GgmlType::kF32, kFileTypeF32};
   if (s == "f16") return {GgmlType::kF16, kFileTypeF16};
   if (s == "bf16") return {GgmlType::kBF16, kFileTypeBF16};
   if (s == "q8_0") return {GgmlType::kQ8_0, kFileTypeQ8_0};
-  fail("gguf convert: unknown output type '{}' (expected f32, f16, bf16 or q8_0)", s);
+  fail("gguf convert: {}: unknown output type '{}' (expected f32, f16, bf16 or q8_0)", dir, s);
 }
 
 }  // namespace
@@ -220,7 +223,7 @@ void permute_rope_rows_for_gguf(const float* in, float* out, int64_t rows, int64
 
 void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::string& out_path,
                                 const std::string& out_type) {
-  const OutType ot = parse_out_type(out_type);
+  const OutType ot = parse_out_type(checkpoint_dir, out_type);
   const LlamaConfig c = read_config(checkpoint_dir);
   const Vocab vocab = read_vocab(checkpoint_dir, c.vocab_size);
   const std::string st_path =
@@ -252,6 +255,10 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
   w.set_u32("llama.attention.head_count_kv", uint32_t(c.num_key_value_heads));
   w.set_f32("llama.rope.freq_base", float(c.rope_theta));
   w.set_f32("llama.attention.layer_norm_rms_epsilon", float(c.rms_norm_eps));
+  if (c.has_head_dim) {  // convert_hf_to_gguf.py writes these whenever head_dim is given
+    w.set_u32("llama.attention.key_length", uint32_t(c.head_dim));
+    w.set_u32("llama.attention.value_length", uint32_t(c.head_dim));
+  }
   w.set_u32("general.file_type", ot.file_type);
   w.set_u32("llama.vocab_size", uint32_t(c.vocab_size));
   w.set_u32("llama.rope.dimension_count", uint32_t(c.head_dim));
@@ -279,9 +286,9 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
     HYP_CHECK(t->shape == expect,
               "gguf convert: {}: model.safetensors: tensor '{}' has shape {} but config.json "
               "implies {} (hidden_size {}, intermediate_size {}, heads {}, kv heads {}, "
-              "vocab_size {})",
+              "head_dim {}, vocab_size {})",
               checkpoint_dir, hf, t->shape.str(), expect.str(), c.hidden_size, c.intermediate_size,
-              c.num_attention_heads, c.num_key_value_heads, c.vocab_size);
+              c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.vocab_size);
     used.insert(hf);
     GgmlType type = ot.matrix;
     if (expect.rank() <= 1 || gg.ends_with("_norm.weight")) type = GgmlType::kF32;
@@ -322,8 +329,10 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
               checkpoint_dir);
     add("lm_head.weight", "output.weight", {c.vocab_size, dim}, 0);
   } else {
-    used.insert("lm_head.weight");  // a tied copy, if saved, is not needed: llama.cpp reuses
-  }                                 // token_embd when output.weight is absent
+    // A saved copy of the tied head is not needed: llama.cpp reuses token_embd when
+    // output.weight is absent.
+    used.insert("lm_head.weight");
+  }
 
   // Anything left over would be silently dropped; llama.cpp's converter refuses too.
   std::vector<std::string> unused;

@@ -2,18 +2,25 @@
 
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "base/error.h"
 #include "io/atomic_file.h"
+#include "io/gguf_convert.h"
+#include "io/safetensors.h"
 #include "tensor/convert.h"
 
 namespace hyperion::io {
@@ -33,6 +40,13 @@ struct TempDir {
   ~TempDir() { fs::remove_all(path); }
   std::string file(const std::string& name) const { return (path / name).string(); }
 };
+
+// Plain (non-atomic, no fsync) write for the many small malformed files the tests make.
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+  ASSERT_TRUE(out.good()) << path;
+}
 
 template <typename Fn>
 void expect_error(Fn&& fn, const std::vector<std::string>& needles) {
@@ -272,7 +286,7 @@ TEST(Gguf, TensorRoundTripAllTypesAndAlignment) {
       EXPECT_EQ(t.offset % alignment, 0u);
       EXPECT_EQ(t.nbytes, ggml_nbytes(c.type, c.shape.numel()));
       const int64_t n = c.shape.numel();
-      std::vector<float> expect(size_t(n));
+      std::vector<float> expect(static_cast<size_t>(n));
       const float* x = data[i].data();
       switch (c.type) {
         case GgmlType::kF32:
@@ -402,11 +416,14 @@ TEST(GgufQ8_0, SimdEqualsScalarReferenceAndErrorBound) {
       for (int j = 0; j < 32; ++j) x[32 + j] = 0.0f;  // all-zero block: d = 0
       x[70] = 1e4f;                                   // one outlier dominates its block
       x[100] = std::numeric_limits<float>::quiet_NaN();
-      for (int j = 0; j < 32; ++j) x[64 + 32 * 1 + j] = float(j - 16) * 0.5f;  // exact ties
+      for (int j = 0; j < 32; ++j) x[128 + j] = float(j - 16) * 0.5f;
+      // d = 1 exactly, so x * id lands on exact halves: ties round away from zero.
+      x[160] = 127.0f;
+      for (int j = 1; j < 32; ++j) x[160 + j] = (j % 2 ? 1.0f : -1.0f) * (float(j) + 0.5f);
     }
     std::vector<unsigned char> want(size_t(nblocks) * 34), got(want.size());
     ref::quantize_row_q8_0(x.data(), want.data(), n);
-    std::vector<float> deq_want(size_t(n)), deq_got(size_t(n));
+    std::vector<float> deq_want(static_cast<size_t>(n)), deq_got(static_cast<size_t>(n));
     ref::dequantize_row_q8_0(want.data(), deq_want.data(), n);
     for_each_target([&] {
       std::fill(got.begin(), got.end(), 0xAB);
@@ -441,6 +458,23 @@ TEST(GgufQ8_0, SimdEqualsScalarReferenceAndErrorBound) {
             << "block " << b << " j " << j << (has_nan ? " (nan block)" : "");
       }
     }
+  }
+  // A block so small that 1/d overflows to inf: +-inf saturate to 127/-128, 0 * inf = NaN
+  // gives 0, identically on every path.
+  {
+    std::vector<float> tiny(32, 0.0f);
+    tiny[0] = 1e-39f;
+    tiny[1] = -1e-39f;
+    tiny[2] = 5e-40f;
+    unsigned char want[34], got[34];
+    ref::quantize_row_q8_0(tiny.data(), want, 32);
+    EXPECT_EQ(int8_t(want[2]), 127);
+    EXPECT_EQ(int8_t(want[3]), -128);
+    EXPECT_EQ(int8_t(want[5]), 0);
+    for_each_target([&] {
+      quantize_row_q8_0(tiny.data(), got, 32);
+      EXPECT_EQ(std::memcmp(got, want, 34), 0);
+    });
   }
   std::vector<float> x(33);
   std::vector<unsigned char> q(68);
@@ -492,7 +526,7 @@ std::string build(const Spec& s) {
 
 TEST(GgufCorrupt, BaselineIsValid) {
   TempDir dir;
-  write_file_atomic(dir.file("ok.gguf"), build(Spec{}));
+  write_bytes(dir.file("ok.gguf"), build(Spec{}));
   GgufFile f = GgufFile::open(dir.file("ok.gguf"));
   EXPECT_EQ(f.get_u32("a.key"), 7u);
   EXPECT_EQ(f.get_f32_array("a.arr"), (std::vector<float>{1.0f, 2.0f}));
@@ -505,9 +539,9 @@ TEST(GgufCorrupt, EveryTruncationIsRejected) {
   const std::string full = build(Spec{});
   const std::string path = dir.file("trunc.gguf");
   // Every prefix that cuts into the header or the tensors' data must fail cleanly.
-  const size_t data_end = full.size() - 128 + 128;  // w2 ends exactly at the end
+  const size_t data_end = full.size();  // w2 ends exactly at the end of the file
   for (size_t len = 0; len < data_end; ++len) {
-    write_file_atomic(path, full.substr(0, len));
+    write_bytes(path, full.substr(0, len));
     try {
       GgufFile::open(path);
       ADD_FAILURE() << "prefix of " << len << " bytes was accepted";
@@ -521,7 +555,7 @@ TEST(GgufCorrupt, MalformedFieldsAreRejected) {
   TempDir dir;
   const std::string path = dir.file("bad.gguf");
   auto check = [&](const Spec& s, std::vector<std::string> needles) {
-    write_file_atomic(path, build(s));
+    write_bytes(path, build(s));
     needles.push_back("gguf: " + path);
     expect_error([&] { GgufFile::open(path); }, needles);
   };
@@ -594,7 +628,7 @@ TEST(GgufCorrupt, MalformedFieldsAreRejected) {
   std::string p;
   RawGguf::pod<uint64_t>(p, ~uint64_t{0});
   r.kv("s", 8, p);
-  write_file_atomic(path, r.bytes());
+  write_bytes(path, r.bytes());
   expect_error([&] { GgufFile::open(path); }, {path, "key 's'", "truncated"});
 }
 
@@ -603,13 +637,437 @@ TEST(GgufCorrupt, CustomAlignmentIsHonoured) {
   Spec s;
   s.add_alignment = true;
   s.alignment = 128;
-  write_file_atomic(dir.file("a.gguf"), build(s));
+  write_bytes(dir.file("a.gguf"), build(s));
   GgufFile f = GgufFile::open(dir.file("a.gguf"));
   EXPECT_EQ(f.alignment(), 128u);
   EXPECT_EQ(f.data_offset() % 128, 0u);
   s.t2_offset = 320;  // multiple of 32 but not of 128
-  write_file_atomic(dir.file("b.gguf"), build(s));
+  write_bytes(dir.file("b.gguf"), build(s));
   expect_error([&] { GgufFile::open(dir.file("b.gguf")); }, {"tensor 'w2'", "alignment 128"});
+}
+
+// ---- checkpoint conversion ----
+
+// A SentencePiece BPE model (vocab 300, byte fallback) trained once on generated text.
+class ConvertTest : public ::testing::Test {
+ protected:
+  static constexpr int kSpVocab = 300;
+
+  static void SetUpTestSuite() {
+    tok_dir_ = fs::temp_directory_path() / fmt::format("hyp_gguf_tok_{}", ::getpid());
+    fs::remove_all(tok_dir_);
+    fs::create_directories(tok_dir_);
+    const std::vector<std::string> words = {
+        "the",   "model", "learns", "tokens", "quickly", "from",     "small",  "batches",
+        "of",    "text",  "while",  "heads",  "attend",  "to",       "every",  "position",
+        "layer", "norm",  "scales", "hidden", "states",  "gradient", "flows",  "back",
+        "zebra", "jumps", "over",   "lazy",   "dogs",    "vexing",   "quartz", "waltz"};
+    std::mt19937 rng(5);
+    std::string text;
+    for (int line = 0; line < 400; ++line) {
+      const int n = 4 + int(rng() % 10);
+      for (int k = 0; k < n; ++k) text += (k ? " " : "") + words[rng() % words.size()];
+      text += line % 7 == 0 ? ". 42!\n" : "\n";
+    }
+    const std::string corpus = (tok_dir_ / "corpus.txt").string();
+    write_bytes(corpus, text);
+    const auto status = sentencepiece::SentencePieceTrainer::Train(fmt::format(
+        "--input={} --model_prefix={} --vocab_size={} --model_type=bpe --byte_fallback=true "
+        "--character_coverage=1.0 --num_threads=1 --minloglevel=2",
+        corpus, (tok_dir_ / "tok").string(), kSpVocab));
+    ASSERT_TRUE(status.ok()) << status.ToString();
+  }
+  static void TearDownTestSuite() { fs::remove_all(tok_dir_); }
+
+  struct Options {
+    int64_t vocab = 304;  // > kSpVocab: the converter pads with [PADi] tokens
+    int64_t dim = 64, ff = 80, layers = 2, heads = 4, kv_heads = 2;
+    int64_t head_dim = 0;  // > 0: written to config.json (else dim / heads, not written)
+    bool tied = false;
+    bool write_lm_head = true;  // only looked at when tied
+    std::string drop;           // a tensor to leave out
+    std::string reshape;        // a tensor to give a wrong shape
+    std::string extra;          // an extra tensor to add
+    std::string drop_key;       // a config key to leave out
+  };
+
+  // Builds model.safetensors + config.json + tokenizer.model in dir.path / "ckpt".
+  void make_checkpoint(const Options& o) {
+    opt_ = o;
+    ckpt_ = (dir_.path / "ckpt").string();
+    fs::create_directories(ckpt_);
+    fs::copy_file(tok_dir_ / "tok.model", fs::path(ckpt_) / "tokenizer.model",
+                  fs::copy_options::overwrite_existing);
+    const int64_t hd = o.head_dim > 0 ? o.head_dim : o.dim / o.heads;
+    std::vector<std::pair<std::string, Shape>> spec = {
+        {"model.embed_tokens.weight", {o.vocab, o.dim}}};
+    for (int64_t i = 0; i < o.layers; ++i) {
+      const std::string p = fmt::format("model.layers.{}.", i);
+      spec.push_back({p + "input_layernorm.weight", {o.dim}});
+      spec.push_back({p + "self_attn.q_proj.weight", {o.heads * hd, o.dim}});
+      spec.push_back({p + "self_attn.k_proj.weight", {o.kv_heads * hd, o.dim}});
+      spec.push_back({p + "self_attn.v_proj.weight", {o.kv_heads * hd, o.dim}});
+      spec.push_back({p + "self_attn.o_proj.weight", {o.dim, o.heads * hd}});
+      spec.push_back({p + "post_attention_layernorm.weight", {o.dim}});
+      spec.push_back({p + "mlp.gate_proj.weight", {o.ff, o.dim}});
+      spec.push_back({p + "mlp.up_proj.weight", {o.ff, o.dim}});
+      spec.push_back({p + "mlp.down_proj.weight", {o.dim, o.ff}});
+    }
+    spec.push_back({"model.norm.weight", {o.dim}});
+    if (!o.tied || o.write_lm_head) spec.push_back({"lm_head.weight", {o.vocab, o.dim}});
+    if (!o.extra.empty()) spec.push_back({o.extra, {4}});
+
+    std::mt19937 rng(17);
+    weights_.clear();
+    bf16_store_.clear();
+    SafetensorsWriter w;
+    for (auto& [name, shape] : spec) {
+      if (name == o.drop) continue;
+      if (name == o.reshape) shape[0] += 2;
+      std::vector<float> v = randn(size_t(shape.numel()), rng, 0.5f);
+      // One tensor is stored as bf16 to exercise the conversion on read.
+      if (name == "model.layers.1.mlp.gate_proj.weight") {
+        auto& b = bf16_store_[name];
+        b.resize(v.size());
+        for (size_t k = 0; k < v.size(); ++k) {
+          b[k] = f32_to_bf16(v[k]);
+          v[k] = bf16_to_f32(b[k]);
+        }
+        weights_[name] = std::move(v);
+        w.add(name, DType::kBF16, shape, b.data());
+      } else {
+        weights_[name] = std::move(v);
+        w.add(name, DType::kF32, shape, weights_[name].data());
+      }
+    }
+    w.set_metadata("format", "pt");
+    w.write((fs::path(ckpt_) / "model.safetensors").string());
+
+    nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}},
+                          {"model_type", "llama"},
+                          {"vocab_size", o.vocab},
+                          {"hidden_size", o.dim},
+                          {"intermediate_size", o.ff},
+                          {"num_hidden_layers", o.layers},
+                          {"num_attention_heads", o.heads},
+                          {"num_key_value_heads", o.kv_heads},
+                          {"rms_norm_eps", 1e-5},
+                          {"rope_theta", 500000.0},
+                          {"max_position_embeddings", 256},
+                          {"tie_word_embeddings", o.tied},
+                          {"bos_token_id", 1},
+                          {"eos_token_id", 2},
+                          {"torch_dtype", "float32"}};
+    if (o.head_dim > 0) cfg["head_dim"] = o.head_dim;
+    if (!o.drop_key.empty()) cfg.erase(o.drop_key);
+    write_bytes((fs::path(ckpt_) / "config.json").string(), cfg.dump(2));
+  }
+
+  GgufFile convert(const std::string& type) {
+    out_ = dir_.file("model-" + type + ".gguf");
+    convert_checkpoint_to_gguf(ckpt_, out_, type);
+    return GgufFile::open(out_);
+  }
+
+  // Inverse of the q/k row permutation, written from its definition: GGUF row
+  // h*hd + 2*j + t holds Hugging Face row h*hd + t*hd/2 + j.
+  static std::vector<float> unpermute(const std::vector<float>& g, int64_t rows, int64_t cols,
+                                      int64_t n_head) {
+    const int64_t hd = rows / n_head;
+    std::vector<float> out(g.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t h = r / hd, j = (r % hd) / 2, t = r % 2;
+      std::copy_n(g.begin() + r * cols, cols, out.begin() + (h * hd + t * (hd / 2) + j) * cols);
+    }
+    return out;
+  }
+
+  static inline fs::path tok_dir_;
+  TempDir dir_;
+  Options opt_;
+  std::string ckpt_, out_;
+  std::map<std::string, std::vector<float>> weights_;
+  std::map<std::string, std::vector<bf16>> bf16_store_;
+};
+
+TEST_F(ConvertTest, F32UntiedMetadataTensorsAndVocab) {
+  make_checkpoint({});
+  GgufFile f = convert("f32");
+  EXPECT_EQ(f.get_string("general.architecture"), "llama");
+  EXPECT_EQ(f.keys()[0], "general.architecture");
+  EXPECT_EQ(f.get_string("general.name"), "ckpt");
+  EXPECT_EQ(f.get_u32("general.file_type"), 0u);
+  EXPECT_EQ(f.get_u32("general.alignment"), 32u);
+  EXPECT_EQ(f.get_u32("llama.context_length"), 256u);
+  EXPECT_EQ(f.get_u32("llama.embedding_length"), 64u);
+  EXPECT_EQ(f.get_u32("llama.block_count"), 2u);
+  EXPECT_EQ(f.get_u32("llama.feed_forward_length"), 80u);
+  EXPECT_EQ(f.get_u32("llama.rope.dimension_count"), 16u);
+  EXPECT_EQ(f.get_u32("llama.attention.head_count"), 4u);
+  EXPECT_EQ(f.get_u32("llama.attention.head_count_kv"), 2u);
+  EXPECT_EQ(f.get_f32("llama.attention.layer_norm_rms_epsilon"), 1e-5f);
+  EXPECT_EQ(f.get_f32("llama.rope.freq_base"), 500000.0f);
+  EXPECT_EQ(f.get_u32("llama.vocab_size"), 304u);
+  EXPECT_EQ(f.get_string("tokenizer.ggml.model"), "llama");
+  EXPECT_EQ(f.get_u32("tokenizer.ggml.bos_token_id"), 1u);
+  EXPECT_EQ(f.get_u32("tokenizer.ggml.eos_token_id"), 2u);
+  EXPECT_TRUE(f.get_bool("tokenizer.ggml.add_bos_token"));
+  EXPECT_FALSE(f.get_bool("tokenizer.ggml.add_eos_token"));
+
+  // Vocabulary, against the SentencePiece model itself.
+  sentencepiece::SentencePieceProcessor sp;
+  ASSERT_TRUE(sp.Load((fs::path(ckpt_) / "tokenizer.model").string()).ok());
+  ASSERT_EQ(sp.GetPieceSize(), kSpVocab);
+  EXPECT_EQ(f.get_u32("tokenizer.ggml.unknown_token_id"), uint32_t(sp.unk_id()));
+  const auto tokens = f.get_string_array("tokenizer.ggml.tokens");
+  const auto scores = f.get_f32_array("tokenizer.ggml.scores");
+  const auto types = f.get_i32_array("tokenizer.ggml.token_type");
+  ASSERT_EQ(tokens.size(), 304u);
+  ASSERT_EQ(scores.size(), 304u);
+  ASSERT_EQ(types.size(), 304u);
+  int bytes = 0, normal = 0;
+  for (int i = 0; i < kSpVocab; ++i) {
+    EXPECT_EQ(tokens[i], sp.IdToPiece(i));
+    EXPECT_EQ(scores[i], sp.GetScore(i));
+    bytes += types[i] == 6;
+    normal += types[i] == 1;
+  }
+  EXPECT_EQ(bytes, 256);  // byte_fallback pieces <0x00>..<0xFF>
+  EXPECT_EQ(tokens[sp.PieceToId("<0x41>")], "<0x41>");
+  EXPECT_EQ(types[sp.PieceToId("<0x41>")], 6);
+  EXPECT_EQ(normal, kSpVocab - 256 - 3);
+  EXPECT_EQ(types[sp.unk_id()], 2);
+  EXPECT_EQ(types[sp.bos_id()], 3);
+  EXPECT_EQ(types[sp.eos_id()], 3);
+  EXPECT_EQ(tokens[300], "[PAD300]");
+  EXPECT_EQ(scores[303], -10000.0f);
+  EXPECT_EQ(types[303], 5);
+
+  // Tensors: 1 + 9 per layer + output_norm + output.
+  ASSERT_EQ(f.tensors().size(), 1u + 9u * 2u + 2u);
+  const int64_t dim = 64, hd = 16;
+  EXPECT_EQ(f.tensor("token_embd.weight").shape, Shape({304, dim}));
+  EXPECT_EQ(f.tensor("blk.1.attn_k.weight").shape, Shape({2 * hd, dim}));
+  EXPECT_EQ(f.tensor("blk.0.ffn_down.weight").shape, Shape({dim, 80}));
+  for (const auto& t : f.tensors()) EXPECT_EQ(t.type, GgmlType::kF32) << t.name;
+  const std::map<std::string, std::string> plain = {
+      {"token_embd.weight", "model.embed_tokens.weight"},
+      {"output_norm.weight", "model.norm.weight"},
+      {"output.weight", "lm_head.weight"},
+      {"blk.1.attn_norm.weight", "model.layers.1.input_layernorm.weight"},
+      {"blk.1.ffn_norm.weight", "model.layers.1.post_attention_layernorm.weight"},
+      {"blk.0.attn_v.weight", "model.layers.0.self_attn.v_proj.weight"},
+      {"blk.0.attn_output.weight", "model.layers.0.self_attn.o_proj.weight"},
+      {"blk.1.ffn_gate.weight", "model.layers.1.mlp.gate_proj.weight"},  // stored as bf16
+      {"blk.1.ffn_up.weight", "model.layers.1.mlp.up_proj.weight"},
+      {"blk.1.ffn_down.weight", "model.layers.1.mlp.down_proj.weight"},
+  };
+  for (const auto& [gg, hf] : plain) EXPECT_EQ(f.dequantize(gg), weights_.at(hf)) << gg;
+  for (int layer = 0; layer < 2; ++layer) {
+    const std::string p = fmt::format("model.layers.{}.self_attn.", layer);
+    const std::string b = fmt::format("blk.{}.", layer);
+    EXPECT_EQ(unpermute(f.dequantize(b + "attn_q.weight"), 4 * hd, dim, 4),
+              weights_.at(p + "q_proj.weight"));
+    EXPECT_EQ(unpermute(f.dequantize(b + "attn_k.weight"), 2 * hd, dim, 2),
+              weights_.at(p + "k_proj.weight"));
+    EXPECT_NE(f.dequantize(b + "attn_q.weight"), weights_.at(p + "q_proj.weight"));
+  }
+  EXPECT_FALSE(fs::exists(out_ + ".tmp." + std::to_string(::getpid())));
+}
+
+// What the permutation is for: Hugging Face applies RoPE to (i, i + hd/2) pairs of each
+// head, llama.cpp's llama graph to adjacent (2i, 2i + 1) pairs. With the permuted weights
+// the rotated q/k are the same vectors up to the row permutation, so every attention score
+// q.k agrees.
+TEST_F(ConvertTest, PermutedWeightsGiveTheSameRopeAttentionScores) {
+  make_checkpoint({});
+  GgufFile f = convert("f32");
+  const int64_t dim = 64, hd = 16, heads = 4, kv = 2, half = hd / 2;
+  std::mt19937 rng(23);
+  const std::vector<float> xq = randn(dim, rng), xk = randn(dim, rng);
+  const int pos_q = 7, pos_k = 3;
+  auto matvec = [&](const std::vector<float>& w, const std::vector<float>& x, int64_t rows) {
+    std::vector<double> y(size_t(rows), 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < dim; ++c) y[r] += double(w[r * dim + c]) * x[c];
+    return y;
+  };
+  auto angle = [&](int pos, int64_t j) { return pos * std::pow(500000.0, -2.0 * j / hd); };
+  auto rope_hf = [&](std::vector<double> y, int pos) {  // rotate-half pairs (j, j + half)
+    for (size_t h = 0; h < y.size() / hd; ++h)
+      for (int64_t j = 0; j < half; ++j) {
+        double& a = y[h * hd + j];
+        double& b = y[h * hd + j + half];
+        const double c = std::cos(angle(pos, j)), s = std::sin(angle(pos, j));
+        const double a0 = a;
+        a = a0 * c - b * s;
+        b = b * c + a0 * s;
+      }
+    return y;
+  };
+  auto rope_gguf = [&](std::vector<double> y, int pos) {  // adjacent pairs (2j, 2j + 1)
+    for (size_t h = 0; h < y.size() / hd; ++h)
+      for (int64_t j = 0; j < half; ++j) {
+        double& a = y[h * hd + 2 * j];
+        double& b = y[h * hd + 2 * j + 1];
+        const double c = std::cos(angle(pos, j)), s = std::sin(angle(pos, j));
+        const double a0 = a;
+        a = a0 * c - b * s;
+        b = b * c + a0 * s;
+      }
+    return y;
+  };
+  const auto q_hf =
+      rope_hf(matvec(weights_.at("model.layers.0.self_attn.q_proj.weight"), xq, heads * hd), pos_q);
+  const auto k_hf =
+      rope_hf(matvec(weights_.at("model.layers.0.self_attn.k_proj.weight"), xk, kv * hd), pos_k);
+  const auto q_gg = rope_gguf(matvec(f.dequantize("blk.0.attn_q.weight"), xq, heads * hd), pos_q);
+  const auto k_gg = rope_gguf(matvec(f.dequantize("blk.0.attn_k.weight"), xk, kv * hd), pos_k);
+  for (int64_t h = 0; h < heads; ++h) {
+    const int64_t g = h / (heads / kv);  // grouped-query attention: kv head of q head h
+    double s_hf = 0, s_gg = 0;
+    for (int64_t i = 0; i < hd; ++i) {
+      s_hf += q_hf[h * hd + i] * k_hf[g * hd + i];
+      s_gg += q_gg[h * hd + i] * k_gg[g * hd + i];
+    }
+    EXPECT_NEAR(s_gg, s_hf, 1e-9 * (1 + std::fabs(s_hf))) << "head " << h;
+  }
+}
+
+// hyperion's config.json always states head_dim, which may differ from hidden / heads.
+TEST_F(ConvertTest, ExplicitHeadDim) {
+  Options o;
+  o.head_dim = 8;  // q_proj [32, 64], o_proj [64, 32]
+  make_checkpoint(o);
+  GgufFile f = convert("f32");
+  EXPECT_EQ(f.get_u32("llama.rope.dimension_count"), 8u);
+  EXPECT_EQ(f.get_u32("llama.attention.key_length"), 8u);
+  EXPECT_EQ(f.get_u32("llama.attention.value_length"), 8u);
+  EXPECT_EQ(f.tensor("blk.0.attn_q.weight").shape, Shape({32, 64}));
+  EXPECT_EQ(f.tensor("blk.0.attn_k.weight").shape, Shape({16, 64}));
+  EXPECT_EQ(f.tensor("blk.0.attn_output.weight").shape, Shape({64, 32}));
+  EXPECT_EQ(unpermute(f.dequantize("blk.1.attn_q.weight"), 32, 64, 4),
+            weights_.at("model.layers.1.self_attn.q_proj.weight"));
+  EXPECT_EQ(unpermute(f.dequantize("blk.1.attn_k.weight"), 16, 64, 2),
+            weights_.at("model.layers.1.self_attn.k_proj.weight"));
+  // Without head_dim in config.json, the keys are absent (as with convert_hf_to_gguf.py).
+  make_checkpoint({});
+  EXPECT_FALSE(convert("f32").has("llama.attention.key_length"));
+}
+
+TEST_F(ConvertTest, TiedEmbeddingsOmitOutput) {
+  Options o;
+  o.tied = true;
+  o.write_lm_head = false;
+  make_checkpoint(o);
+  GgufFile f = convert("f16");
+  EXPECT_EQ(f.tensors().size(), 1u + 9u * 2u + 1u);
+  EXPECT_EQ(f.find("output.weight"), nullptr);
+  EXPECT_NE(f.find("output_norm.weight"), nullptr);
+  // A saved copy of the tied head is not needed either.
+  o.write_lm_head = true;
+  make_checkpoint(o);
+  EXPECT_EQ(convert("f16").find("output.weight"), nullptr);
+}
+
+TEST_F(ConvertTest, HalfPrecisionTypes) {
+  make_checkpoint({});
+  for (const auto& [name, type, file_type] :
+       {std::tuple{"f16", GgmlType::kF16, 1u}, std::tuple{"bf16", GgmlType::kBF16, 32u}}) {
+    SCOPED_TRACE(name);
+    GgufFile f = convert(name);
+    EXPECT_EQ(f.get_u32("general.file_type"), file_type);
+    for (const auto& t : f.tensors()) {
+      const bool one_d = t.shape.rank() == 1;
+      EXPECT_EQ(t.type, one_d ? GgmlType::kF32 : type) << t.name;
+    }
+    const std::vector<float>& up = weights_.at("model.layers.0.mlp.up_proj.weight");
+    const std::vector<float> got = f.dequantize("blk.0.ffn_up.weight");
+    for (size_t i = 0; i < up.size(); ++i) {
+      const float want =
+          type == GgmlType::kF16 ? f16_to_f32(f32_to_f16(up[i])) : bf16_to_f32(f32_to_bf16(up[i]));
+      ASSERT_EQ(got[i], want) << i;
+    }
+    EXPECT_EQ(f.dequantize("blk.0.attn_norm.weight"),
+              weights_.at("model.layers.0.input_layernorm.weight"));
+  }
+}
+
+TEST_F(ConvertTest, Q8_0TypeSelection) {
+  make_checkpoint({});
+  GgufFile f = convert("q8_0");
+  EXPECT_EQ(f.get_u32("general.file_type"), 7u);
+  EXPECT_EQ(f.tensor("token_embd.weight").type, GgmlType::kQ8_0);
+  EXPECT_EQ(f.tensor("blk.0.attn_q.weight").type, GgmlType::kQ8_0);
+  EXPECT_EQ(f.tensor("blk.0.attn_output.weight").type, GgmlType::kQ8_0);
+  EXPECT_EQ(f.tensor("blk.0.ffn_gate.weight").type, GgmlType::kQ8_0);  // rows of 64
+  EXPECT_EQ(f.tensor("blk.0.ffn_down.weight").type, GgmlType::kF16);   // rows of 80
+  EXPECT_EQ(f.tensor("blk.0.attn_norm.weight").type, GgmlType::kF32);
+  EXPECT_EQ(f.tensor("output_norm.weight").type, GgmlType::kF32);
+  EXPECT_EQ(f.tensor("output.weight").type, GgmlType::kQ8_0);
+  // Q8_0 data is exactly llama.cpp's quantisation of the permuted weights.
+  const int64_t rows = 64, cols = 64;
+  std::vector<float> permuted(size_t(rows * cols));
+  permute_rope_rows_for_gguf(weights_.at("model.layers.1.self_attn.q_proj.weight").data(),
+                             permuted.data(), rows, cols, 4);
+  std::vector<unsigned char> q(ggml_nbytes(GgmlType::kQ8_0, rows * cols));
+  ref::quantize_row_q8_0(permuted.data(), q.data(), rows * cols);
+  const GgufTensor& t = f.tensor("blk.1.attn_q.weight");
+  ASSERT_EQ(t.nbytes, q.size());
+  EXPECT_EQ(std::memcmp(t.data, q.data(), q.size()), 0);
+  const std::vector<float> down = f.dequantize("blk.1.ffn_down.weight");
+  const std::vector<float>& want = weights_.at("model.layers.1.mlp.down_proj.weight");
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(down[i], f16_to_f32(f32_to_f16(want[i])));
+}
+
+TEST_F(ConvertTest, ErrorsNameDirectoryFileAndField) {
+  auto expect_fails = [&](const Options& o, std::vector<std::string> needles,
+                          const std::string& type = "f32") {
+    make_checkpoint(o);
+    out_ = dir_.file("bad.gguf");
+    needles.push_back(ckpt_);
+    expect_error([&] { convert_checkpoint_to_gguf(ckpt_, out_, type); }, needles);
+    EXPECT_FALSE(fs::exists(out_));
+    EXPECT_FALSE(fs::exists(out_ + ".tmp." + std::to_string(::getpid())));
+  };
+  Options o;
+  o.drop_key = "hidden_size";
+  expect_fails(o, {"config.json", "missing key 'hidden_size'"});
+  o = {};
+  o.drop = "model.layers.1.self_attn.v_proj.weight";
+  expect_fails(o, {"model.safetensors", "missing tensor 'model.layers.1.self_attn.v_proj.weight'"});
+  o = {};
+  o.reshape = "model.layers.0.mlp.down_proj.weight";
+  expect_fails(
+      o, {"model.safetensors", "'model.layers.0.mlp.down_proj.weight'", "[66, 80]", "[64, 80]"});
+  o = {};
+  o.drop = "lm_head.weight";
+  expect_fails(o, {"missing tensor 'lm_head.weight'", "tie_word_embeddings"});
+  o = {};
+  o.extra = "model.layers.2.self_attn.q_proj.weight";
+  expect_fails(o, {"model.safetensors", "'model.layers.2.self_attn.q_proj.weight'"});
+  expect_fails({}, {"unknown output type 'q4_0'"}, "q4_0");
+
+  make_checkpoint({});
+  fs::remove(fs::path(ckpt_) / "tokenizer.model");
+  expect_error([&] { convert_checkpoint_to_gguf(ckpt_, dir_.file("x.gguf"), "f32"); },
+               {ckpt_, "tokenizer.model"});
+  make_checkpoint({});
+  write_bytes((fs::path(ckpt_) / "config.json").string(), "{\"vocab_size\": 304,");
+  expect_error([&] { convert_checkpoint_to_gguf(ckpt_, dir_.file("x.gguf"), "f32"); },
+               {ckpt_, "config.json", "invalid JSON"});
+  write_bytes((fs::path(ckpt_) / "config.json").string(),
+              R"({"vocab_size": 304, "hidden_size": "64"})");
+  expect_error([&] { convert_checkpoint_to_gguf(ckpt_, dir_.file("x.gguf"), "f32"); },
+               {ckpt_, "config.json", "'hidden_size'", "not an integer"});
+  fs::remove(fs::path(ckpt_) / "config.json");
+  expect_error([&] { convert_checkpoint_to_gguf(ckpt_, dir_.file("x.gguf"), "f32"); },
+               {ckpt_, "config.json"});
+  // The tokenizer has more pieces than the model's vocabulary.
+  o = {};
+  o.vocab = 200;
+  expect_fails(o, {"tokenizer.model", "300 pieces", "vocab_size is 200"});
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_.path), fs::directory_iterator()), 1);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/threads.h"
 #include "model/llama_generator.h"
 #include "model/llama_model.h"
 #include "train/checkpoint.h"
@@ -66,12 +67,25 @@ std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
   return out;
 }
 
+// The trainer tests run single-threaded: CTest runs tests in parallel on a small
+// machine, and OpenMP regions waiting on a descheduled second thread would make these
+// end-to-end runs slow without testing anything more (kernels test thread counts).
+class Trainer : public testing::Test {
+ protected:
+  void SetUp() override {
+    saved_threads_ = num_threads();
+    set_num_threads(1);
+  }
+  void TearDown() override { set_num_threads(saved_threads_); }
+  int saved_threads_ = 1;
+};
+
 TrainResult train(const std::vector<std::string>& overrides, TrainOptions opts = {}) {
   opts.quiet = true;
   return run_training(load_train_config("tiny", overrides), "test", opts);
 }
 
-TEST(Trainer, LossFallsOnBundledCorpusAndArtifactsAreWritten) {
+TEST_F(Trainer, LossFallsOnBundledCorpusAndArtifactsAreWritten) {
   // 300 steps of 512 tokens: the loss starts at ln(512) = 6.24 and must end below 4.6
   // (observed ~4.2; a unigram model of this tokenizer sits near 5.5).
   TrainResult r = train(small_run("loss", "bfloat16", 300));
@@ -114,7 +128,7 @@ TEST(Trainer, LossFallsOnBundledCorpusAndArtifactsAreWritten) {
   EXPECT_NEAR(e.loss, r.eval_loss, 0.05);
 }
 
-TEST(Trainer, ResumeReproducesLossesBitForBitInF32) {
+TEST_F(Trainer, ResumeReproducesLossesBitForBitInF32) {
   TrainResult full = train(small_run("full", "float32", 8));
   TrainOptions stop;
   stop.stop_at = 4;
@@ -141,7 +155,7 @@ TEST(Trainer, ResumeReproducesLossesBitForBitInF32) {
   EXPECT_TRUE(sa == sb);
 }
 
-TEST(Trainer, KeepsOnlyTheLastCheckpoints) {
+TEST_F(Trainer, KeepsOnlyTheLastCheckpoints) {
   auto o = small_run("keep", "bfloat16", 6);
   o.push_back("checkpoint_period=2");
   o.push_back("max_num_checkpoints_to_keep=2");
@@ -152,7 +166,7 @@ TEST(Trainer, KeepsOnlyTheLastCheckpoints) {
   EXPECT_TRUE(fs::exists(r.run_dir + "/checkpoints/6"));
 }
 
-TEST(Trainer, KilledSaveLeavesThePreviousCheckpointIntact) {
+TEST_F(Trainer, KilledSaveLeavesThePreviousCheckpointIntact) {
   // A child process trains with checkpoints every 2 steps and is SIGKILLed in the middle
   // of writing checkpoint 4 (after model.safetensors, before the rest).
   const std::string run = temp_root() + "/killed";
@@ -180,7 +194,7 @@ TEST(Trainer, KilledSaveLeavesThePreviousCheckpointIntact) {
   EXPECT_EQ(read_metrics(run).size(), 6u);
 }
 
-TEST(Trainer, BadConfigErrorsNameTheKey) {
+TEST_F(Trainer, BadConfigErrorsNameTheKey) {
   try {
     train({"steps=abc"});
     FAIL();
