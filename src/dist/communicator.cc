@@ -43,8 +43,8 @@ void check_op(const char* call, ReduceOp op) {
 }
 
 void check_buffer(const char* call, const char* name, const void* p, size_t bytes) {
-  HYP_CHECK(p != nullptr || bytes == 0, "{}: {} buffer is null but {} bytes were requested",
-            call, name, bytes);
+  HYP_CHECK(p != nullptr || bytes == 0, "{}: {} buffer is null but {} bytes were requested", call,
+            name, bytes);
 }
 
 // Byte counts of world * n must not wrap around.
@@ -95,13 +95,11 @@ void Communicator::all_reduce(float* data, size_t count, ReduceOp op) {
   do_all_reduce(data, count, op);
 }
 
-void Communicator::reduce_scatter(const float* send, float* recv, size_t recv_count,
-                                  ReduceOp op) {
+void Communicator::reduce_scatter(const float* send, float* recv, size_t recv_count, ReduceOp op) {
   const char* call = "reduce_scatter";
   check_op(call, op);
   const size_t recv_bytes = checked_mul(call, recv_count, sizeof(float));
-  const size_t send_bytes =
-      checked_mul(call, recv_bytes, static_cast<size_t>(world_size()));
+  const size_t send_bytes = checked_mul(call, recv_bytes, static_cast<size_t>(world_size()));
   check_buffer(call, "send", send, send_bytes);
   check_buffer(call, "recv", recv, recv_bytes);
   if (recv_bytes != 0) {
@@ -127,8 +125,8 @@ void Communicator::all_gather(const void* send, void* recv, size_t send_bytes) {
 
 void Communicator::broadcast(void* data, size_t bytes, int root) {
   const char* call = "broadcast";
-  HYP_CHECK(root >= 0 && root < world_size(), "broadcast: root {} is out of range for world size {}",
-            root, world_size());
+  HYP_CHECK(root >= 0 && root < world_size(),
+            "broadcast: root {} is out of range for world size {}", root, world_size());
   check_buffer(call, "data", data, bytes);
   const bool is_root = rank() == root;
   Scope scope(at(Collective::kBroadcast), is_root ? bytes : 0, is_root ? 0 : bytes);

@@ -3,27 +3,32 @@
 // sample(logits[vocab]) with temperature T, top_k K and top_p P:
 //   T == 0: greedy, the argmax (lowest index on ties); no random number is drawn.
 //   T > 0: z = logits / T; if 0 < K < vocab keep the K largest logits (ties to the lower
-//     index); p = softmax(z) over the kept tokens; if P < 1 sort the kept tokens by logit
-//     (descending, ties by index) and keep the smallest prefix whose probability mass is
-//     >= P (at least one token); renormalise and draw one token with one draw of the
-//     sampler's RNG.
+//     index); p = softmax(z) over the kept tokens; if P < 1 keep the smallest set of the
+//     most probable kept tokens (probability descending, ties to the lower index) whose
+//     mass is >= P of the kept mass (at least one token); renormalise and draw one token
+//     with one draw of the sampler's RNG.
 // The RNG is splitmix64 (state += 0x9e3779b97f4a7c15, then the usual mix) and a draw is
-// u = (next() >> 11) * 2^-53 in [0, 1); the token is the first kept token (in the order
-// above; vocabulary order when nothing is filtered) whose cumulative mass exceeds
-// u * total. The state is a single uint64_t, initialised to SamplingParams::seed, so a
-// generation is reproducible and can be resumed with set_rng_state.
+// u = (next() >> 11) * 2^-53 in [0, 1); the token is the first kept token, in the
+// sampler's internal candidate order, whose cumulative mass exceeds u * total. The state
+// is a single uint64_t, initialised to SamplingParams::seed, so a generation is
+// reproducible and can be resumed with set_rng_state.
 //
 // Logits may contain -inf (masked tokens, never drawn); NaN, +inf, or all -inf are errors
-// naming the sampler and the index. exp uses a vectorised polynomial (~1 ulp; results
+// naming the sampler and the index. exp uses a vectorised polynomial (~1 ulp; terms
 // below e^-86 relative to the max are 0).
 //
-// Cost for a 32k-128k vocabulary: one SIMD pass for max/validity, one SIMD exp pass (or
-// an O(vocab) top-k selection with a size-K heap, then K exps), plus for top_p without
-// top_k a selection of the top 64, 1024, 16384, ... logits until the nucleus is covered.
-// Scratch buffers live in the Sampler: after the first call with the largest vocabulary,
-// sample() does not allocate. A Sampler is not thread-safe (one per sequence or thread).
+// Cost for a 32k-128k vocabulary: one SIMD pass for the max and validity check, one SIMD
+// exp pass with block sums (the draw scans the block sums, then one block). top_k: a
+// one-pass selection with a size-K heap (nth_element when K > vocab/8), no sort unless
+// top_p is also set (then K log K). top_p alone: the 64 most probable tokens first
+// (one SIMD search pass); if they do not reach P, two passes that bucket the
+// probabilities by 1/16 octave and keep the buckets above the boundary, plus a weighted
+// quickselect inside the boundary bucket (O(vocab), no sort). Scratch buffers live in the Sampler:
+// after the first call with the largest vocabulary and settings, sample() does not allocate. A
+// Sampler is not thread-safe (use one per sequence or thread).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -54,14 +59,22 @@ class Sampler {
 
  private:
   uint64_t next_u64();
-  double next_double();  // [0, 1), 53 random bits
+  double next_double();          // [0, 1), 53 random bits
+  float scale() const;           // 1 / temperature
+  size_t top_k(size_t n) const;  // number of top-k candidates (n when off)
+  // exp((x - max) * scale) into out (unless null) and blocks_; returns the sum.
+  double exp_blocks(const float* x, size_t n, float max, float scale, float* out);
+  int32_t draw_all(const float* logits, size_t n, float max, double u, double* raw_sum);
+  int32_t draw_nucleus(const float* logits, size_t n, float max, double u, double* raw_sum);
+  size_t nucleus_all(size_t n, double target);
 
   SamplingParams params_;
   uint64_t state_;
-  std::vector<float> probs_;   // unnormalised probabilities (vocab or K entries)
-  std::vector<float> blocks_;  // per-block sums of probs_
-  std::vector<float> vals_;    // gathered logits of the top-k candidates
-  std::vector<int32_t> cand_;  // candidate token ids (top-k heap / nucleus order)
+  std::vector<float> probs_;    // unnormalised probabilities (vocab or K entries)
+  std::vector<float> blocks_;   // per-block sums of probs_
+  std::vector<float> vals_;     // gathered logits, then weights, of the candidates
+  std::vector<int32_t> cand_;   // candidate token ids (top-k heap / nucleus order)
+  std::vector<uint64_t> keys_;  // (probability, token) keys of the nucleus boundary
 };
 
 }  // namespace hyperion

@@ -83,14 +83,15 @@ std::vector<double> expected_probs(const std::vector<float>& x, const SamplingPa
   return probs;
 }
 
-void check_frequencies(const std::vector<float>& x, const SamplingParams& p, int draws) {
+// Returns the size of the kept set.
+size_t check_frequencies(const std::vector<float>& x, const SamplingParams& p, int draws) {
   const std::vector<double> expect = expected_probs(x, p);
   Sampler s(p);
   std::vector<int> counts(x.size(), 0);
   for (int i = 0; i < draws; ++i) {
     const int32_t t = s.sample(x.data(), static_cast<int64_t>(x.size()));
-    ASSERT_GE(t, 0);
-    ASSERT_LT(t, static_cast<int32_t>(x.size()));
+    EXPECT_TRUE(t >= 0 && t < static_cast<int32_t>(x.size())) << t;
+    if (t < 0 || t >= static_cast<int32_t>(x.size())) return 0;
     ++counts[t];
   }
   for (size_t i = 0; i < x.size(); ++i) {
@@ -101,9 +102,11 @@ void check_frequencies(const std::vector<float>& x, const SamplingParams& p, int
     }
     // ~5 standard deviations plus slack: generous, and deterministic (seeded).
     const double tol = 5.0 * std::sqrt(expect[i] * (1 - expect[i]) / draws) + 2e-3;
-    EXPECT_NEAR(f, expect[i], tol) << "token " << i << " T=" << p.temperature
-                                   << " k=" << p.top_k << " p=" << p.top_p;
+    EXPECT_NEAR(f, expect[i], tol)
+        << "token " << i << " T=" << p.temperature << " k=" << p.top_k << " p=" << p.top_p;
   }
+  return static_cast<size_t>(
+      std::count_if(expect.begin(), expect.end(), [](double e) { return e > 0.0; }));
 }
 
 TEST(Sampler, ValidateNamesTheField) {
@@ -154,7 +157,8 @@ TEST(Sampler, TopK1IsArgmaxAtAnyTemperature) {
     for (float t : {0.01f, 0.5f, 1.0f, 3.0f, 1000.0f}) {
       for (float p : {1.0f, 0.3f}) {
         Sampler s(params(t, 1, p, 99));
-        for (int i = 0; i < 20; ++i) ASSERT_EQ(s.sample(x.data(), int64_t(n)), want) << n << " " << t;
+        for (int i = 0; i < 20; ++i)
+          ASSERT_EQ(s.sample(x.data(), int64_t(n)), want) << n << " " << t;
       }
     }
   }
@@ -168,9 +172,8 @@ TEST(Sampler, SeedDeterminesTheSequence) {
     for (int i = 0; i < 64; ++i) out.push_back(s.sample(x.data(), 1000));
     return out;
   };
-  for (const SamplingParams& base :
-       {params(1.0f, 0, 1.0f, 0), params(0.8f, 50, 1.0f, 0), params(1.2f, 0, 0.9f, 0),
-        params(1.0f, 100, 0.95f, 0)}) {
+  for (const SamplingParams& base : {params(1.0f, 0, 1.0f, 0), params(0.8f, 50, 1.0f, 0),
+                                     params(1.2f, 0, 0.9f, 0), params(1.0f, 100, 0.95f, 0)}) {
     SamplingParams a = base, b = base;
     a.seed = 42;
     b.seed = 43;
@@ -210,9 +213,9 @@ TEST(Sampler, FrequenciesAcrossBlocksOfALargeVocab) {
   x[1100] = 0.5f;
   x[2099] = 1.5f;
   x[2048] = 1.5f;
-  check_frequencies(x, params(1.0f, 0, 1.0f, 21), 20000);
-  check_frequencies(x, params(0.8f, 4, 1.0f, 22), 20000);
-  check_frequencies(x, params(1.0f, 0, 0.7f, 23), 20000);
+  check_frequencies(x, params(1.0f, 0, 1.0f, 21), 10000);
+  check_frequencies(x, params(0.8f, 4, 1.0f, 22), 10000);
+  check_frequencies(x, params(1.0f, 0, 0.7f, 23), 10000);
   // A nearly flat distribution: the frequency of each block of tokens (sum of many
   // small probabilities) must match.
   std::vector<float> flat = random_logits(3000, 5, 0.3f);
@@ -220,7 +223,7 @@ TEST(Sampler, FrequenciesAcrossBlocksOfALargeVocab) {
   const std::vector<double> expect = expected_probs(flat, p);
   Sampler s(p);
   std::vector<int> counts(6, 0);
-  const int draws = 20000;
+  const int draws = 10000;
   for (int i = 0; i < draws; ++i) ++counts[s.sample(flat.data(), 3000) / 500];
   for (size_t g = 0; g < 6; ++g) {
     const double e = std::accumulate(expect.begin() + g * 500, expect.begin() + (g + 1) * 500, 0.0);
@@ -238,7 +241,7 @@ TEST(Sampler, TopKKeepsExactlyTheKLargest) {
     for (int j = 0; j < k; ++j) allowed[order[j]] = true;
     Sampler s(params(50.0f, k, 1.0f, 3));  // high temperature: nearly uniform over the K
     std::vector<bool> seen(x.size(), false);
-    for (int i = 0; i < 20 * k + 200; ++i) {
+    for (int i = 0; i < std::min(20 * k + 200, 3000); ++i) {
       const int32_t t = s.sample(x.data(), int64_t(x.size()));
       ASSERT_TRUE(allowed[t]) << "k=" << k << " token " << t;
       seen[t] = true;
@@ -266,21 +269,24 @@ TEST(Sampler, TopPKeepsExactlyTheNucleus) {
   Sampler one(params(1.0f, 0, 1e-6f, 32));
   for (int i = 0; i < 100; ++i) EXPECT_EQ(one.sample(x.data(), 6), 3);
 
-  // A flat vocabulary of 5000: top_p 0.3001 keeps tokens 0..1500 (ties sort by index);
-  // the nucleus is larger than the first candidate rounds (64, 1024).
-  std::vector<float> flat(5000, 0.25f);
+  // A flat vocabulary of 2000: top_p 0.3001 keeps tokens 0..600 (ties sort by index),
+  // more than the 64 of the first try.
+  std::vector<float> flat(2000, 0.25f);
   Sampler f(params(1.0f, 0, 0.3001f, 33));
   int32_t hi = 0;
-  for (int i = 0; i < 20000; ++i) {
-    const int32_t t = f.sample(flat.data(), 5000);
-    ASSERT_LE(t, 1500);
+  for (int i = 0; i < 3000; ++i) {
+    const int32_t t = f.sample(flat.data(), 2000);
+    ASSERT_LE(t, 600);
     hi = std::max(hi, t);
   }
-  EXPECT_GE(hi, 1450);
+  EXPECT_GE(hi, 580);
   // Nucleus inside a top-k set, over a vocabulary with a long tail.
-  std::vector<float> tail = random_logits(4000, 9, 2.0f);
-  check_frequencies(tail, params(1.0f, 0, 0.5f, 34), 20000);
-  check_frequencies(tail, params(0.9f, 30, 0.8f, 35), 20000);
+  std::vector<float> tail = random_logits(1200, 9, 2.0f);
+  // (more than the 64 tokens of the first try: the quickselect path)
+  EXPECT_GT(check_frequencies(tail, params(2.0f, 0, 0.5f, 34), 6000), 64u);
+  // (within the first 64)
+  EXPECT_LE(check_frequencies(tail, params(0.5f, 0, 0.5f, 36), 10000), 64u);
+  check_frequencies(tail, params(0.9f, 30, 0.8f, 35), 10000);
 }
 
 TEST(Sampler, LogprobIsRawLogSoftmax) {
@@ -315,9 +321,8 @@ TEST(Sampler, MaskedTokensAreNeverDrawn) {
   std::vector<float> x(700, -kInf);
   x[5] = 0.0f;
   x[600] = -1.0f;
-  for (const SamplingParams& p :
-       {params(1.0f, 0, 1.0f, 1), params(1.0f, 50, 1.0f, 2), params(1.0f, 0, 0.99f, 3),
-        params(3.0f, 600, 0.999f, 4)}) {
+  for (const SamplingParams& p : {params(1.0f, 0, 1.0f, 1), params(1.0f, 50, 1.0f, 2),
+                                  params(1.0f, 0, 0.99f, 3), params(3.0f, 600, 0.999f, 4)}) {
     Sampler s(p);
     for (int i = 0; i < 500; ++i) {
       const int32_t t = s.sample(x.data(), 700);

@@ -37,7 +37,7 @@ LrSchedule make(ScheduleKind kind, double peak, int64_t warmup, int64_t total, d
 double expected_cosine(double peak, double final_frac, int64_t w, int64_t t, int64_t step) {
   if (step < w) return peak * double(step + 1) / double(w);
   const double fin = peak * final_frac;
-  double p = double(step - w) / double(t - 1 - w);
+  double p = t - 1 == w ? 1.0 : double(step - w) / double(t - 1 - w);
   if (p > 1.0) p = 1.0;
   return fin + (peak - fin) * 0.5 * (1.0 + std::cos(kPi * p));
 }
@@ -77,12 +77,13 @@ TEST(Schedule, CosineMatchesFormulaAndDecaysMonotonically) {
     for (int64_t t : {21, 100, 1001}) {
       LrSchedule s = make(ScheduleKind::kCosine, 3e-4, w, t, 0.1);
       for (int64_t i = 0; i < t + 5; ++i)
-        EXPECT_NEAR(s.lr(i), expected_cosine(3e-4, 0.1, w, t, i), 1e-15) << w << " " << t << " " << i;
+        EXPECT_NEAR(s.lr(i), expected_cosine(3e-4, 0.1, w, t, i), 1e-15)
+            << w << " " << t << " " << i;
       if (w < t - 1) {
         EXPECT_DOUBLE_EQ(s.lr(w), 3e-4);  // decay starts at peak
       }
-      EXPECT_NEAR(s.lr(t - 1), 3e-5, 1e-18);        // reaches final at the last step
-      EXPECT_NEAR(s.lr(t + 100), 3e-5, 1e-18);      // and stays there
+      EXPECT_NEAR(s.lr(t - 1), 3e-5, 1e-18);    // reaches final at the last step
+      EXPECT_NEAR(s.lr(t + 100), 3e-5, 1e-18);  // and stays there
       for (int64_t i = w + 1; i < t; ++i) EXPECT_LT(s.lr(i), s.lr(i - 1)) << i;
     }
   }
