@@ -15,16 +15,17 @@ Flags::Flags(const char* command, const Args& args, std::set<std::string> with_v
       positional_.push_back(a);
       continue;
     }
-    std::string name = a.substr(2), value;
-    const size_t eq = name.find('=');
+    // Separate strings (no self-assignment of substrings): GCC 12's -Wrestrict misfires
+    // on `name = name.substr(...)` under the sanitizer build.
+    const std::string body(a.begin() + 2, a.end());
+    const size_t eq = body.find('=');
     const bool inline_value = eq != std::string::npos;
-    if (inline_value) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    }
+    const std::string name = inline_value ? std::string(body.begin(), body.begin() + eq) : body;
+    std::string value =
+        inline_value ? std::string(body.begin() + eq + 1, body.end()) : std::string();
     if (switches.count(name)) {
       HYP_CHECK(!inline_value, "{}: --{} takes no value", command_, name);
-      values_[name] = "1";
+      values_[name].assign(1, '1');  // (not `= "1"`: GCC 12 -Wrestrict false positive)
     } else if (with_value.count(name)) {
       if (!inline_value) {
         HYP_CHECK(i + 1 < args.size(), "{}: --{} needs a value", command_, name);
@@ -33,8 +34,8 @@ Flags::Flags(const char* command, const Args& args, std::set<std::string> with_v
       values_[name] = value;
     } else {
       std::string known;
-      for (const auto& s : with_value) known += " --" + s;
-      for (const auto& s : switches) known += " --" + s;
+      for (const auto& s : with_value) known += fmt::format(" --{}", s);
+      for (const auto& s : switches) known += fmt::format(" --{}", s);
       fail("{}: unknown flag --{} (known:{})", command_, name, known);
     }
   }
@@ -53,7 +54,7 @@ std::string Flags::require(const std::string& name) const {
 
 double Flags::number(const std::string& name, double fallback) const {
   if (!has(name)) return fallback;
-  const std::string flag = "--" + name;
+  const std::string flag = fmt::format("--{}", name);
   return parse_number(get(name), flag.c_str());
 }
 

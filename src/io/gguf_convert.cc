@@ -154,7 +154,64 @@ struct Vocab {
   std::vector<float> scores;
   std::vector<int32_t> types;
   int64_t unk_id = -1;
+  // The normalizer settings llama.cpp's SentencePiece tokenizer must reproduce.
+  std::string normalizer = "identity";
+  bool add_dummy_prefix = true;
+  bool remove_extra_whitespaces = true;
 };
+
+// Reads a protobuf varint at p (bounded by end); false on truncation.
+bool read_varint(const unsigned char*& p, const unsigned char* end, uint64_t* out) {
+  uint64_t v = 0;
+  for (int shift = 0; shift < 64 && p < end; shift += 7) {
+    const unsigned char b = *p++;
+    v |= uint64_t(b & 0x7F) << shift;
+    if (!(b & 0x80)) {
+      *out = v;
+      return true;
+    }
+  }
+  return false;
+}
+
+// ModelProto.normalizer_spec (field 3): name (1), add_dummy_prefix (3),
+// remove_extra_whitespaces (4). Debian's SentencePiece ships no generated proto header,
+// so the serialized model is walked directly (wire types 0, 1, 2 and 5 only).
+void read_normalizer(const std::string& proto, Vocab* v) {
+  auto walk = [](const unsigned char* p, const unsigned char* end, auto&& on_field) {
+    while (p < end) {
+      uint64_t key = 0;
+      if (!read_varint(p, end, &key)) return;
+      const uint32_t field = uint32_t(key >> 3), wire = uint32_t(key & 7);
+      uint64_t value = 0;
+      if (wire == 0) {
+        if (!read_varint(p, end, &value)) return;
+        on_field(field, wire, value, nullptr, 0);
+      } else if (wire == 2) {
+        if (!read_varint(p, end, &value) || value > uint64_t(end - p)) return;
+        on_field(field, wire, 0, p, size_t(value));
+        p += value;
+      } else if (wire == 1 || wire == 5) {
+        const size_t n = wire == 1 ? 8 : 4;
+        if (size_t(end - p) < n) return;
+        p += n;
+      } else {
+        return;
+      }
+    }
+  };
+  const auto* begin = reinterpret_cast<const unsigned char*>(proto.data());
+  walk(begin, begin + proto.size(),
+       [&](uint32_t field, uint32_t wire, uint64_t, const unsigned char* data, size_t n) {
+         if (field != 3 || wire != 2) return;
+         walk(data, data + n,
+              [&](uint32_t f, uint32_t w, uint64_t value, const unsigned char* d, size_t len) {
+                if (f == 1 && w == 2) v->normalizer.assign(reinterpret_cast<const char*>(d), len);
+                if (f == 3 && w == 0) v->add_dummy_prefix = value != 0;
+                if (f == 4 && w == 0) v->remove_extra_whitespaces = value != 0;
+              });
+       });
+}
 
 // As convert_hf_to_gguf.py's _create_vocab_sentencepiece: pieces, scores and types from
 // the SentencePiece model, padded up to the config's vocab_size with "[PADi]" entries of
@@ -190,6 +247,15 @@ Vocab read_vocab(const std::string& dir, int64_t vocab_size) {
     v.types[size_t(id)] = type;
   }
   v.unk_id = sp.unk_id();
+  read_normalizer(sp.serialized_model_proto(), &v);
+  // llama.cpp's "llama" tokenizer neither normalises text nor collapses whitespace, so a
+  // model that does would tokenize differently there: refuse rather than write a GGUF
+  // that silently disagrees with training.
+  HYP_CHECK(v.normalizer == "identity" && !v.remove_extra_whitespaces,
+            "gguf convert: {}: tokenizer.model: normalizer '{}' with remove_extra_whitespaces={} "
+            "is not reproduced by llama.cpp's SentencePiece tokenizer (train the tokenizer with "
+            "--normalization_rule_name=identity --remove_extra_whitespaces=false)",
+            dir, v.normalizer, v.remove_extra_whitespaces);
   return v;
 }
 
@@ -273,6 +339,7 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
   if (c.pad_token_id >= 0) w.set_u32("tokenizer.ggml.padding_token_id", uint32_t(c.pad_token_id));
   w.set_bool("tokenizer.ggml.add_bos_token", true);
   w.set_bool("tokenizer.ggml.add_eos_token", false);
+  w.set_bool("tokenizer.ggml.add_space_prefix", vocab.add_dummy_prefix);
 
   std::set<std::string> used;
   const int64_t dim = c.hidden_size, hd = c.head_dim, ff = c.intermediate_size;

@@ -673,9 +673,17 @@ class ConvertTest : public ::testing::Test {
     write_bytes(corpus, text);
     const auto status = sentencepiece::SentencePieceTrainer::Train(fmt::format(
         "--input={} --model_prefix={} --vocab_size={} --model_type=bpe --byte_fallback=true "
-        "--character_coverage=1.0 --num_threads=1 --minloglevel=2",
+        "--character_coverage=1.0 --num_threads=1 --minloglevel=2 "
+        "--normalization_rule_name=identity --remove_extra_whitespaces=false",
         corpus, (tok_dir_ / "tok").string(), kSpVocab));
     ASSERT_TRUE(status.ok()) << status.ToString();
+    // SentencePiece's defaults (NFKC, whitespace collapsing): llama.cpp cannot reproduce
+    // them, so converting a checkpoint with this tokenizer must fail.
+    const auto nfkc = sentencepiece::SentencePieceTrainer::Train(fmt::format(
+        "--input={} --model_prefix={} --vocab_size={} --model_type=bpe --byte_fallback=true "
+        "--character_coverage=1.0 --num_threads=1 --minloglevel=2",
+        corpus, (tok_dir_ / "nfkc").string(), kSpVocab));
+    ASSERT_TRUE(nfkc.ok()) << nfkc.ToString();
   }
   static void TearDownTestSuite() { fs::remove_all(tok_dir_); }
 
@@ -812,6 +820,7 @@ TEST_F(ConvertTest, F32UntiedMetadataTensorsAndVocab) {
   EXPECT_EQ(f.get_u32("tokenizer.ggml.bos_token_id"), 1u);
   EXPECT_EQ(f.get_u32("tokenizer.ggml.eos_token_id"), 2u);
   EXPECT_TRUE(f.get_bool("tokenizer.ggml.add_bos_token"));
+  EXPECT_TRUE(f.get_bool("tokenizer.ggml.add_space_prefix"));
   EXPECT_FALSE(f.get_bool("tokenizer.ggml.add_eos_token"));
 
   // Vocabulary, against the SentencePiece model itself.
@@ -1018,6 +1027,16 @@ TEST_F(ConvertTest, Q8_0TypeSelection) {
   const std::vector<float> down = f.dequantize("blk.1.ffn_down.weight");
   const std::vector<float>& want = weights_.at("model.layers.1.mlp.down_proj.weight");
   for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(down[i], f16_to_f32(f32_to_f16(want[i])));
+}
+
+TEST_F(ConvertTest, RejectsTokenizerNormalisationLlamaCppCannotReproduce) {
+  make_checkpoint({});
+  fs::copy_file(tok_dir_ / "nfkc.model", fs::path(ckpt_) / "tokenizer.model",
+                fs::copy_options::overwrite_existing);
+  out_ = dir_.file("nfkc.gguf");
+  expect_error([&] { convert_checkpoint_to_gguf(ckpt_, out_, "f32"); },
+               {ckpt_, "tokenizer.model", "nmt_nfkc", "remove_extra_whitespaces"});
+  EXPECT_FALSE(fs::exists(out_));
 }
 
 TEST_F(ConvertTest, ErrorsNameDirectoryFileAndField) {
