@@ -14,6 +14,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev  # tests
   libbenchmark-dev   # microbenchmarks
   libopenblas-dev    # GEMM comparison benchmark only (never linked into libhyperion)
+  python3-torch      # reference tests and bench/compare_torch.py only (/usr/bin/python3)
 )
 
 missing=()
