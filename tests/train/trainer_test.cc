@@ -155,6 +155,25 @@ TEST_F(Trainer, ResumeReproducesLossesBitForBitInF32) {
   EXPECT_TRUE(sa == sb);
 }
 
+TEST_F(Trainer, GradientAccumulationEqualsTheLargerBatch) {
+  // 2 micro-batches of 4 sequences take the same 8 sequences as one batch of 8, and the
+  // mean loss over equal-sized micro-batches is the mean of their means: the runs agree
+  // up to f32 summation order.
+  auto big = small_run("acc1", "float32", 4);
+  big.push_back("sample_count=0");
+  auto acc = small_run("acc2", "float32", 4);
+  acc.push_back("sample_count=0");
+  acc.push_back("per_device_batch_size=4");
+  acc.push_back("gradient_accumulation_steps=2");
+  TrainResult a = train(big), b = train(acc);
+  ASSERT_EQ(a.history.size(), 4u);
+  ASSERT_EQ(b.history.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_NEAR(a.history[i].loss, b.history[i].loss, 1e-5 * a.history[i].loss) << i;
+    EXPECT_NEAR(a.history[i].grad_norm, b.history[i].grad_norm, 1e-4 * a.history[i].grad_norm);
+  }
+}
+
 TEST_F(Trainer, KeepsOnlyTheLastCheckpoints) {
   auto o = small_run("keep", "bfloat16", 6);
   o.push_back("checkpoint_period=2");
