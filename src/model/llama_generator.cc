@@ -8,34 +8,9 @@
 #include "kernels/gemm.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/swiglu.h"
+#include "model/linear.h"
 
 namespace hyperion {
-
-namespace {
-
-// y[n, out] = x[n, in] W^T + beta * y.
-void linear(const void* x, DType xd, const TensorView& w, void* y, DType yd, int64_t n,
-            float beta = 0.0f) {
-  GemmArgs g;
-  g.trans_a = Trans::kN;
-  g.trans_b = Trans::kT;
-  g.m = n;
-  g.n = w.shape[0];
-  g.k = w.shape[1];
-  g.a = x;
-  g.a_dtype = xd;
-  g.lda = g.k;
-  g.b = w.data;
-  g.b_dtype = w.dtype;
-  g.ldb = g.k;
-  g.c = y;
-  g.c_dtype = yd;
-  g.ldc = g.n;
-  g.beta = beta;
-  gemm(g);
-}
-
-}  // namespace
 
 LlamaGenerator::LlamaGenerator(const ParamStore& params, int64_t max_len)
     : params_(params),
@@ -92,9 +67,9 @@ const float* LlamaGenerator::feed(const int32_t* tokens, int64_t n) {
     unsigned char* k_new = kc + static_cast<size_t>(pos_ * kv) * a;
     unsigned char* v_new = vc + static_cast<size_t>(pos_ * kv) * a;
     rmsnorm_forward(xv, ps.param(p.input_norm), eps, TensorView(h_.data(), act_, {n, d}), rstd);
-    linear(h_.data(), act_, ps.compute_weight(p.q), q_.data(), act_, n);
-    linear(h_.data(), act_, ps.compute_weight(p.k), k_new, act_, n);
-    linear(h_.data(), act_, ps.compute_weight(p.v), v_new, act_, n);
+    linear::forward(h_.data(), act_, ps.compute_weight(p.q), q_.data(), act_, n);
+    linear::forward(h_.data(), act_, ps.compute_weight(p.k), k_new, act_, n);
+    linear::forward(h_.data(), act_, ps.compute_weight(p.v), v_new, act_, n);
     const TensorView qv(q_.data(), act_, {1, n, hq, hd}), knv(k_new, act_, {1, n, hkv, hd});
     rope_forward(qv, qv, pos_, rope_);
     rope_forward(knv, knv, pos_, rope_);
@@ -103,19 +78,19 @@ const float* LlamaGenerator::feed(const int32_t* tokens, int64_t n) {
                       TensorView(vc, act_, {1, tk, hkv, hd}),
                       TensorView(att_.data(), act_, {1, n, hq, hd}),
                       TensorView(lse_.data(), DType::kF32, {1, hq, n}));
-    linear(att_.data(), act_, ps.compute_weight(p.o), x_.data(), DType::kF32, n, 1.0f);
+    linear::forward(att_.data(), act_, ps.compute_weight(p.o), x_.data(), DType::kF32, n, 1.0f);
     rmsnorm_forward(xv, ps.param(p.post_norm), eps, TensorView(h_.data(), act_, {n, d}), rstd);
-    linear(h_.data(), act_, ps.compute_weight(p.gate), g_.data(), act_, n);
-    linear(h_.data(), act_, ps.compute_weight(p.up), u_.data(), act_, n);
+    linear::forward(h_.data(), act_, ps.compute_weight(p.gate), g_.data(), act_, n);
+    linear::forward(h_.data(), act_, ps.compute_weight(p.up), u_.data(), act_, n);
     swiglu_forward(TensorView(g_.data(), act_, {n, f}), TensorView(u_.data(), act_, {n, f}),
                    TensorView(g_.data(), act_, {n, f}));
-    linear(g_.data(), act_, ps.compute_weight(p.down), x_.data(), DType::kF32, n, 1.0f);
+    linear::forward(g_.data(), act_, ps.compute_weight(p.down), x_.data(), DType::kF32, n, 1.0f);
   }
   // Only the last position's logits are needed.
   const TensorView last(x_.data() + (n - 1) * d, DType::kF32, {1, d});
   rmsnorm_forward(last, ps.param(ps.final_norm()), eps, TensorView(h_.data(), act_, {1, d}),
                   TensorView(rstd_.data(), DType::kF32, {1}));
-  linear(h_.data(), act_, ps.compute_weight(ps.lm_head()), logits_.data(), DType::kF32, 1);
+  linear::forward(h_.data(), act_, ps.compute_weight(ps.lm_head()), logits_.data(), DType::kF32, 1);
   pos_ += n;
   return logits_.data();
 }

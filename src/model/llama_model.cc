@@ -9,76 +9,12 @@
 #include "kernels/gemm.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/swiglu.h"
+#include "model/linear.h"
 #include "tensor/convert.h"
 
 namespace hyperion {
 
 namespace {
-
-// y[n, out] = x[n, in] W^T + beta * y, W [out, in] (a Linear layer).
-void linear(const void* x, DType xd, const TensorView& w, void* y, DType yd, int64_t n,
-            float beta = 0.0f) {
-  GemmArgs g;
-  g.trans_a = Trans::kN;
-  g.trans_b = Trans::kT;
-  g.m = n;
-  g.n = w.shape[0];
-  g.k = w.shape[1];
-  g.a = x;
-  g.a_dtype = xd;
-  g.lda = g.k;
-  g.b = w.data;
-  g.b_dtype = w.dtype;
-  g.ldb = g.k;
-  g.c = y;
-  g.c_dtype = yd;
-  g.ldc = g.n;
-  g.beta = beta;
-  gemm(g);
-}
-
-// dx[n, in] = dy[n, out] W + beta * dx (input gradient of a Linear layer).
-void linear_dx(const void* dy, DType dyd, const TensorView& w, void* dx, DType dxd, int64_t n,
-               float beta = 0.0f) {
-  GemmArgs g;
-  g.trans_a = Trans::kN;
-  g.trans_b = Trans::kN;
-  g.m = n;
-  g.n = w.shape[1];
-  g.k = w.shape[0];
-  g.a = dy;
-  g.a_dtype = dyd;
-  g.lda = g.k;
-  g.b = w.data;
-  g.b_dtype = w.dtype;
-  g.ldb = g.n;
-  g.c = dx;
-  g.c_dtype = dxd;
-  g.ldc = g.n;
-  g.beta = beta;
-  gemm(g);
-}
-
-// dW[out, in] += dy[n, out]^T x[n, in] (weight gradient, accumulated in f32).
-void linear_dw(const void* dy, const void* x, DType d, const TensorView& dw, int64_t n) {
-  GemmArgs g;
-  g.trans_a = Trans::kT;
-  g.trans_b = Trans::kN;
-  g.m = dw.shape[0];
-  g.n = dw.shape[1];
-  g.k = n;
-  g.a = dy;
-  g.a_dtype = d;
-  g.lda = g.m;
-  g.b = x;
-  g.b_dtype = d;
-  g.ldb = g.n;
-  g.c = dw.data;
-  g.c_dtype = DType::kF32;
-  g.ldc = g.n;
-  g.beta = 1.0f;
-  gemm(g);
-}
 
 void copy_f32(const float* src, float* dst, int64_t n) {
   parallel_chunks(n, 1 << 16, [&](int64_t b, int64_t e) {
@@ -186,9 +122,9 @@ void LlamaModel::layer_forward(int l, const LayerActs& s, float* x_out) {
 
   rmsnorm_forward(TensorView(s.x, DType::kF32, {n, d}), params_.param(p.input_norm), eps,
                   TensorView(s.h, act_, {n, d}), TensorView(s.rstd1, DType::kF32, {n}));
-  linear(s.h, act_, params_.compute_weight(p.q), s.q, act_, n);
-  linear(s.h, act_, params_.compute_weight(p.k), s.k, act_, n);
-  linear(s.h, act_, params_.compute_weight(p.v), s.v, act_, n);
+  linear::forward(s.h, act_, params_.compute_weight(p.q), s.q, act_, n);
+  linear::forward(s.h, act_, params_.compute_weight(p.k), s.k, act_, n);
+  linear::forward(s.h, act_, params_.compute_weight(p.v), s.v, act_, n);
   const TensorView qv(s.q, act_, {b, t, hq, hd}), kview(s.k, act_, {b, t, hkv, hd});
   rope_forward(qv, qv, 0, rope_);
   rope_forward(kview, kview, 0, rope_);
@@ -196,17 +132,17 @@ void LlamaModel::layer_forward(int l, const LayerActs& s, float* x_out) {
                     TensorView(s.att, act_, {b, t, hq, hd}),
                     TensorView(s.lse, DType::kF32, {b, hq, t}));
   copy_f32(s.x, s.x2, n * d);
-  linear(s.att, act_, params_.compute_weight(p.o), s.x2, DType::kF32, n, 1.0f);
+  linear::forward(s.att, act_, params_.compute_weight(p.o), s.x2, DType::kF32, n, 1.0f);
 
   rmsnorm_forward(TensorView(s.x2, DType::kF32, {n, d}), params_.param(p.post_norm), eps,
                   TensorView(s.h2, act_, {n, d}), TensorView(s.rstd2, DType::kF32, {n}));
-  linear(s.h2, act_, params_.compute_weight(p.gate), s.g, act_, n);
-  linear(s.h2, act_, params_.compute_weight(p.up), s.u, act_, n);
+  linear::forward(s.h2, act_, params_.compute_weight(p.gate), s.g, act_, n);
+  linear::forward(s.h2, act_, params_.compute_weight(p.up), s.u, act_, n);
   swiglu_forward(TensorView(s.g, act_, {n, f}), TensorView(s.u, act_, {n, f}),
                  TensorView(s.a, act_, {n, f}));
   if (x_out != nullptr) {
     copy_f32(s.x2, x_out, n * d);
-    linear(s.a, act_, params_.compute_weight(p.down), x_out, DType::kF32, n, 1.0f);
+    linear::forward(s.a, act_, params_.compute_weight(p.down), x_out, DType::kF32, n, 1.0f);
   }
 }
 
@@ -253,23 +189,23 @@ void LlamaModel::layer_backward(int l) {
 
   // MLP branch: x' = x2 + swiglu(h2 Wg^T, h2 Wu^T) Wd^T.
   const void* g_out = dres_compute();
-  linear_dx(g_out, act_, params_.compute_weight(p.down), da_, act_, n);
-  linear_dw(g_out, s.a, act_, params_.grad(p.down), n);
+  linear::backward_input(g_out, act_, params_.compute_weight(p.down), da_, act_, n);
+  linear::backward_weight(g_out, s.a, act_, params_.grad(p.down), n);
   // dg and du overwrite the saved gate and up (read before written, never needed again).
   const TensorView gv(s.g, act_, {n, f}), uv(s.u, act_, {n, f});
   swiglu_backward(TensorView(da_, act_, {n, f}), gv, uv, gv, uv);
-  linear_dx(s.g, act_, params_.compute_weight(p.gate), dh_, DType::kF32, n);
-  linear_dx(s.u, act_, params_.compute_weight(p.up), dh_, DType::kF32, n, 1.0f);
-  linear_dw(s.g, s.h2, act_, params_.grad(p.gate), n);
-  linear_dw(s.u, s.h2, act_, params_.grad(p.up), n);
+  linear::backward_input(s.g, act_, params_.compute_weight(p.gate), dh_, DType::kF32, n);
+  linear::backward_input(s.u, act_, params_.compute_weight(p.up), dh_, DType::kF32, n, 1.0f);
+  linear::backward_weight(s.g, s.h2, act_, params_.grad(p.gate), n);
+  linear::backward_weight(s.u, s.h2, act_, params_.grad(p.up), n);
   rmsnorm_backward(TensorView(dh_, DType::kF32, {n, d}), TensorView(s.x2, DType::kF32, {n, d}),
                    params_.param(p.post_norm), TensorView(s.rstd2, DType::kF32, {n}),
                    TensorView(dres_, DType::kF32, {n, d}), params_.grad(p.post_norm), true);
 
   // Attention branch: x2 = x + attention(rope(h Wq^T), rope(h Wk^T), h Wv^T) Wo^T.
   g_out = dres_compute();
-  linear_dx(g_out, act_, params_.compute_weight(p.o), datt_, act_, n);
-  linear_dw(g_out, s.att, act_, params_.grad(p.o), n);
+  linear::backward_input(g_out, act_, params_.compute_weight(p.o), datt_, act_, n);
+  linear::backward_weight(g_out, s.att, act_, params_.grad(p.o), n);
   const TensorView dqv(dq_, act_, {b, t, hq, hd}), dkv(dk_, act_, {b, t, hkv, hd});
   attention_backward(
       TensorView(s.q, act_, {b, t, hq, hd}), TensorView(s.k, act_, {b, t, hkv, hd}),
@@ -278,12 +214,12 @@ void LlamaModel::layer_backward(int l) {
       TensorView(dv_, act_, {b, t, hkv, hd}));
   rope_backward(dqv, dqv, 0, rope_);
   rope_backward(dkv, dkv, 0, rope_);
-  linear_dx(dq_, act_, params_.compute_weight(p.q), dh_, DType::kF32, n);
-  linear_dx(dk_, act_, params_.compute_weight(p.k), dh_, DType::kF32, n, 1.0f);
-  linear_dx(dv_, act_, params_.compute_weight(p.v), dh_, DType::kF32, n, 1.0f);
-  linear_dw(dq_, s.h, act_, params_.grad(p.q), n);
-  linear_dw(dk_, s.h, act_, params_.grad(p.k), n);
-  linear_dw(dv_, s.h, act_, params_.grad(p.v), n);
+  linear::backward_input(dq_, act_, params_.compute_weight(p.q), dh_, DType::kF32, n);
+  linear::backward_input(dk_, act_, params_.compute_weight(p.k), dh_, DType::kF32, n, 1.0f);
+  linear::backward_input(dv_, act_, params_.compute_weight(p.v), dh_, DType::kF32, n, 1.0f);
+  linear::backward_weight(dq_, s.h, act_, params_.grad(p.q), n);
+  linear::backward_weight(dk_, s.h, act_, params_.grad(p.k), n);
+  linear::backward_weight(dv_, s.h, act_, params_.grad(p.v), n);
   rmsnorm_backward(TensorView(dh_, DType::kF32, {n, d}), TensorView(s.x, DType::kF32, {n, d}),
                    params_.param(p.input_norm), TensorView(s.rstd1, DType::kF32, {n}),
                    TensorView(dres_, DType::kF32, {n, d}), params_.grad(p.input_norm), true);
@@ -296,13 +232,13 @@ CrossEntropyResult LlamaModel::head(const int32_t* targets, bool backward, float
   rmsnorm_forward(xv, params_.param(params_.final_norm()), eps, TensorView(hf_, act_, {n, d}),
                   TensorView(rstd_f_, DType::kF32, {n}));
   const TensorView w = params_.compute_weight(params_.lm_head());
-  linear(hf_, act_, w, logits_, act_, n);
+  linear::forward(hf_, act_, w, logits_, act_, n);
   const TensorView lv(logits_, act_, {n, v});
   const TensorView tv(const_cast<int32_t*>(targets), DType::kI32, {n});
   if (!backward) return cross_entropy_forward(lv, tv);
   CrossEntropyResult r = cross_entropy_fused(lv, tv, lv, dloss);
-  linear_dx(logits_, act_, w, dh_, DType::kF32, n);
-  linear_dw(logits_, hf_, act_, params_.grad(params_.lm_head()), n);
+  linear::backward_input(logits_, act_, w, dh_, DType::kF32, n);
+  linear::backward_weight(logits_, hf_, act_, params_.grad(params_.lm_head()), n);
   rmsnorm_backward(TensorView(dh_, DType::kF32, {n, d}), xv, params_.param(params_.final_norm()),
                    TensorView(rstd_f_, DType::kF32, {n}), TensorView(dres_, DType::kF32, {n, d}),
                    params_.grad(params_.final_norm()));

@@ -9,32 +9,15 @@
 #include <string>
 #include <vector>
 
+#include "../test_files.h"
 #include "base/error.h"
 
 namespace hyperion::io {
 namespace {
 
-namespace fs = std::filesystem;
+using namespace hyperion::testing_util;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path = fs::temp_directory_path() /
-           fmt::format("hyp_atomic_{}_{}_{}", info->test_suite_name(), info->name(), ::getpid());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  // Names of the files in the directory (to find stray temporaries).
-  std::vector<std::string> listing() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path)) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-};
+namespace fs = std::filesystem;
 
 template <typename Fn>
 std::string error_of(Fn&& fn) {

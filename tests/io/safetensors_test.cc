@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_files.h"
 #include "base/error.h"
 #include "io/atomic_file.h"
 #include "tensor/convert.h"
@@ -17,40 +18,11 @@
 namespace hyperion::io {
 namespace {
 
+using namespace hyperion::testing_util;
+
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path = fs::temp_directory_path() /
-           fmt::format("hyp_st_{}_{}_{}", info->test_suite_name(), info->name(), ::getpid());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
 // Expects fn to throw hyperion::Error whose message contains every needle.
-// Plain (non-atomic, no fsync) write for the many small malformed files the tests make.
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), std::streamsize(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
-}
-
-template <typename Fn>
-void expect_error(Fn&& fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected hyperion::Error";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& s : needles) EXPECT_NE(msg.find(s), std::string::npos) << msg;
-  }
-}
-
 std::vector<unsigned char> random_bytes(size_t n, std::mt19937& rng) {
   std::vector<unsigned char> v(n);
   for (auto& b : v) b = static_cast<unsigned char>(rng());

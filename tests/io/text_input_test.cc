@@ -7,44 +7,17 @@
 #include <string>
 #include <vector>
 
+#include "../test_files.h"
 #include "base/error.h"
 #include "io/atomic_file.h"
 
 namespace hyperion::io {
 namespace {
 
+using namespace hyperion::testing_util;
+
 namespace fs = std::filesystem;
 using Docs = std::vector<std::string>;
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path = fs::temp_directory_path() /
-           fmt::format("hyp_text_{}_{}_{}", info->test_suite_name(), info->name(), ::getpid());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string write(const std::string& name, const std::string& content) const {
-    std::string p = (path / name).string();
-    write_file_atomic(p, content);
-    return p;
-  }
-};
-
-template <typename Fn>
-void expect_error(Fn&& fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected hyperion::Error";
-  } catch (const Error& e) {
-    for (const auto& n : needles) {
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-          << "message '" << e.what() << "' lacks '" << n << "'";
-    }
-  }
-}
 
 TEST(TextInput, FortuneFormat) {
   TempDir dir;

@@ -8,26 +8,16 @@
 #include <string>
 #include <vector>
 
+#include "../test_files.h"
 #include "base/error.h"
 #include "io/atomic_file.h"
 
 namespace hyperion::io {
 namespace {
 
-namespace fs = std::filesystem;
+using namespace hyperion::testing_util;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path = fs::temp_directory_path() /
-           fmt::format("hyp_tok_{}_{}_{}", info->test_suite_name(), info->name(), ::getpid());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
+namespace fs = std::filesystem;
 
 // A small deterministic English-like corpus: documents of a few lines.
 std::vector<std::string> make_corpus(int docs, uint32_t seed) {
@@ -50,19 +40,6 @@ std::vector<std::string> make_corpus(int docs, uint32_t seed) {
     out.push_back(std::move(s));
   }
   return out;
-}
-
-template <typename Fn>
-void expect_error(Fn&& fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected hyperion::Error";
-  } catch (const Error& e) {
-    for (const auto& n : needles) {
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-          << "message '" << e.what() << "' lacks '" << n << "'";
-    }
-  }
 }
 
 TokenizerTrainOptions small_opts(int vocab) {

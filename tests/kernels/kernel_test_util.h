@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_files.h"
 #include "base/error.h"
 #include "base/threads.h"
 #include "tensor/convert.h"
@@ -90,18 +91,6 @@ void for_each_target(Fn&& fn) {
     fn();
   }
   hwy::SetSupportedTargetsForTest(0);
-}
-
-// Expects fn to throw hyperion::Error whose message contains every one of needles.
-template <typename Fn>
-void expect_error(Fn&& fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected hyperion::Error";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& s : needles) EXPECT_NE(msg.find(s), std::string::npos) << msg;
-  }
 }
 
 // The message of the hyperion::Error fn throws, or "" if it throws none.

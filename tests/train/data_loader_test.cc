@@ -10,39 +10,16 @@
 #include <string>
 #include <vector>
 
+#include "../test_files.h"
 #include "base/error.h"
 #include "io/token_shard.h"
 
 namespace hyperion::train {
 namespace {
 
+using namespace hyperion::testing_util;
+
 namespace fs = std::filesystem;
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path = fs::temp_directory_path() /
-           fmt::format("hyp_loader_{}_{}_{}", info->test_suite_name(), info->name(), ::getpid());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-template <typename Fn>
-void expect_error(Fn&& fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected hyperion::Error";
-  } catch (const Error& e) {
-    for (const auto& n : needles) {
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-          << "message '" << e.what() << "' lacks '" << n << "'";
-    }
-  }
-}
 
 constexpr int32_t kVocab = 60000;
 

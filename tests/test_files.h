@@ -1,0 +1,74 @@
+// Helpers shared by the tests that read and write files: a per-test temporary directory,
+// plain (non-atomic) writes for deliberately malformed fixtures, and error-message checks.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+
+namespace hyperion::testing_util {
+
+// A fresh directory named after the running test (and the process), removed at the end.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    const std::string name = info == nullptr
+                                 ? std::string("suite")
+                                 : std::string(info->test_suite_name()) + "_" + info->name();
+    path =
+        std::filesystem::temp_directory_path() / ("hyp_" + name + "_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  std::string file(const std::string& name) const { return (path / name).string(); }
+  // Writes `content` to `name` in the directory and returns its path.
+  std::string write(const std::string& name, const std::string& content) const;
+  // Names of the files in the directory, sorted (to find stray temporaries).
+  std::vector<std::string> listing() const {
+    std::vector<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator(path))
+      out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+};
+
+// Plain (non-atomic, no fsync) write for the many small malformed files tests make.
+inline void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+  ASSERT_TRUE(out.good()) << path;
+}
+
+inline std::string TempDir::write(const std::string& name, const std::string& content) const {
+  const std::string p = file(name);
+  write_bytes(p, content);
+  return p;
+}
+
+// Expects fn to throw hyperion::Error whose message contains every one of needles.
+template <typename Fn>
+void expect_error(Fn&& fn, const std::vector<std::string>& needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected hyperion::Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const auto& s : needles)
+      EXPECT_NE(msg.find(s), std::string::npos) << "message '" << msg << "' lacks '" << s << "'";
+  }
+}
+
+}  // namespace hyperion::testing_util
