@@ -208,7 +208,8 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
   HYP_CHECK(c.get_string("weight_dtype") == "float32",
             "config key {} must be float32 (master weights and optimizer state are f32), got '{}'",
             where("weight_dtype"), c.get_string("weight_dtype"));
-  t.remat = parse_remat_policy(c.get_string("remat_policy"), "config key " + where("remat_policy"));
+  t.remat = parse_remat_policy(c.get_string("remat_policy"),
+                               fmt::format("config key {}", where("remat_policy")));
 
   t.base_output_directory = c.get_string("base_output_directory");
   t.run_name = c.get_string("run_name");

@@ -118,9 +118,10 @@ PreparedDataset resolve_dataset(const TrainConfig& t) {
     if (input.empty()) input = bundled_corpus();
     HYP_CHECK(fs::is_regular_file(input), "dataset_path '{}': no such file or directory", input);
     const std::string stem = fs::path(input).stem().string();
-    d.dir =
-        t.base_output_directory + "/datasets/" + stem + "-v" + std::to_string(t.model.vocab_size);
-    if (!t.tokenizer_path.empty()) d.dir += "-" + fs::path(t.tokenizer_path).stem().string();
+    // fmt::format rather than `"-" + string` chains: GCC 12 -Wrestrict misfires on those.
+    d.dir = fmt::format("{}/datasets/{}-v{}", t.base_output_directory, stem, t.model.vocab_size);
+    if (!t.tokenizer_path.empty())
+      d.dir += fmt::format("-{}", fs::path(t.tokenizer_path).stem().string());
     if (!is_prepared(d.dir)) {
       train::PrepareOptions po;
       po.inputs = {input};
