@@ -1,0 +1,46 @@
+// Grouped GEMM (dropless MoE) cases: the same FLOPs as one dense GEMM, split over 8
+// experts with balanced routing and with one expert taking half the rows, so the report
+// compares grouped and dense throughput in one run.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/bench_registry.h"
+#include "kernels/gemm.h"
+#include "kernels/grouped_gemm.h"
+
+namespace hyperion::cli {
+namespace {
+
+constexpr int64_t kRows = 8192, kIn = 512, kOut = 1408, kExperts = 8;
+
+KernelBench grouped(const std::string& name, std::vector<int64_t> sizes) {
+  KernelBench kb;
+  kb.name = name;
+  kb.bound = Bound::kBF16;
+  kb.flops = 2.0 * kRows * kIn * kOut;
+  kb.setup = [sizes] {
+    const int64_t g = static_cast<int64_t>(sizes.size());
+    auto a = random_tensor(DType::kBF16, {kRows, kIn}, 7);
+    auto w = random_tensor(DType::kBF16, {g, kOut, kIn}, 8);
+    auto c = std::make_shared<Tensor>(DType::kBF16, Shape{kRows, kOut});
+    return make_state([=] { grouped_gemm(*a, *w, sizes, *c); });
+  };
+  return kb;
+}
+
+}  // namespace
+
+std::vector<KernelBench> moe_benches() {
+  std::vector<int64_t> skewed(kExperts, kRows / 2 / (kExperts - 1));
+  skewed[0] = kRows - (kExperts - 1) * skewed[1];  // one expert takes half the rows
+  return {
+      // One group holding every row is exactly one dense GEMM: the reference rate.
+      grouped("gmm_dense_bf16_8192x1408x512", {kRows}),
+      grouped("gmm_balanced_bf16_e8_8192x1408x512",
+              std::vector<int64_t>(kExperts, kRows / kExperts)),
+      grouped("gmm_skewed_bf16_e8_8192x1408x512", skewed),
+  };
+}
+
+}  // namespace hyperion::cli

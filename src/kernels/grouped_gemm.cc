@@ -1,0 +1,217 @@
+#include "kernels/grouped_gemm.h"
+
+#include <vector>
+
+#include "base/error.h"
+#include "kernels/gemm.h"
+#include "tensor/convert.h"
+
+namespace hyperion {
+
+namespace {
+
+// Checks the shapes shared by the three ops: rows [M, *] split by sizes over G groups,
+// weights [G, N, K]. Returns G.
+int64_t check_groups(const char* op, const TensorView& rows, const TensorView& w,
+                     std::span<const int64_t> sizes) {
+  check_rank(op, "rows", rows, 2);
+  check_rank(op, "w", w, 3);
+  check_contiguous(op, "rows", rows);
+  check_contiguous(op, "w", w);
+  HYP_CHECK(static_cast<int64_t>(sizes.size()) == w.shape[0],
+            "{}: {} group sizes for w {} with {} groups", op, sizes.size(), w.str(), w.shape[0]);
+  int64_t total = 0;
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    HYP_CHECK(sizes[g] >= 0, "{}: group {} has negative size {}", op, g, sizes[g]);
+    total += sizes[g];
+  }
+  HYP_CHECK(total == rows.shape[0], "{}: group sizes add up to {} but the rows are {}", op, total,
+            rows.str());
+  return w.shape[0];
+}
+
+void check_dtypes(const char* op, const TensorView& x, const TensorView& w) {
+  HYP_CHECK((x.dtype == DType::kF32 || x.dtype == DType::kBF16) && x.dtype == w.dtype,
+            "{}: operands must both be f32 or both bf16, got {} and {}", op, x.str(), w.str());
+}
+
+const unsigned char* at_row(const TensorView& t, int64_t row) {
+  return static_cast<const unsigned char*>(t.data) +
+         row * t.shape[1] * static_cast<int64_t>(dtype_size(t.dtype));
+}
+
+}  // namespace
+
+void grouped_gemm(const TensorView& a, const TensorView& w, std::span<const int64_t> sizes,
+                  const TensorView& c, float beta) {
+  const char* op = "grouped_gemm";
+  const int64_t groups = check_groups(op, a, w, sizes);
+  check_dtypes(op, a, w);
+  check_rank(op, "c", c, 2);
+  check_contiguous(op, "c", c);
+  const int64_t n = w.shape[1], k = w.shape[2];
+  HYP_CHECK(a.shape[1] == k && c.shape[0] == a.shape[0] && c.shape[1] == n,
+            "{}: a {}, w {} and c {} disagree", op, a.str(), w.str(), c.str());
+  const size_t wbytes = static_cast<size_t>(n * k) * dtype_size(w.dtype);
+  int64_t row = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t m = sizes[static_cast<size_t>(g)];
+    if (m > 0) {
+      GemmArgs args;
+      args.trans_a = Trans::kN;
+      args.trans_b = Trans::kT;
+      args.m = m;
+      args.n = n;
+      args.k = k;
+      args.a = at_row(a, row);
+      args.a_dtype = a.dtype;
+      args.lda = k;
+      args.b = static_cast<const unsigned char*>(w.data) + static_cast<size_t>(g) * wbytes;
+      args.b_dtype = w.dtype;
+      args.ldb = k;
+      args.c = const_cast<unsigned char*>(at_row(c, row));
+      args.c_dtype = c.dtype;
+      args.ldc = n;
+      args.beta = beta;
+      gemm(args);
+    }
+    row += m;
+  }
+}
+
+void grouped_gemm_input_grad(const TensorView& dc, const TensorView& w,
+                             std::span<const int64_t> sizes, const TensorView& da, float beta) {
+  const char* op = "grouped_gemm_input_grad";
+  const int64_t groups = check_groups(op, dc, w, sizes);
+  check_dtypes(op, dc, w);
+  check_rank(op, "da", da, 2);
+  check_contiguous(op, "da", da);
+  const int64_t n = w.shape[1], k = w.shape[2];
+  HYP_CHECK(dc.shape[1] == n && da.shape[0] == dc.shape[0] && da.shape[1] == k,
+            "{}: dc {}, w {} and da {} disagree", op, dc.str(), w.str(), da.str());
+  const size_t wbytes = static_cast<size_t>(n * k) * dtype_size(w.dtype);
+  int64_t row = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t m = sizes[static_cast<size_t>(g)];
+    if (m > 0) {
+      GemmArgs args;
+      args.trans_a = Trans::kN;
+      args.trans_b = Trans::kN;
+      args.m = m;
+      args.n = k;
+      args.k = n;
+      args.a = at_row(dc, row);
+      args.a_dtype = dc.dtype;
+      args.lda = n;
+      args.b = static_cast<const unsigned char*>(w.data) + static_cast<size_t>(g) * wbytes;
+      args.b_dtype = w.dtype;
+      args.ldb = k;
+      args.c = const_cast<unsigned char*>(at_row(da, row));
+      args.c_dtype = da.dtype;
+      args.ldc = k;
+      args.beta = beta;
+      gemm(args);
+    }
+    row += m;
+  }
+}
+
+void grouped_gemm_weight_grad(const TensorView& a, const TensorView& dc,
+                              std::span<const int64_t> sizes, const TensorView& dw) {
+  const char* op = "grouped_gemm_weight_grad";
+  const int64_t groups = check_groups(op, a, dw, sizes);
+  check_dtypes(op, a, dc);
+  dw.check_dtype(DType::kF32, op);
+  const int64_t n = dw.shape[1], k = dw.shape[2];
+  check_rank(op, "dc", dc, 2);
+  check_contiguous(op, "dc", dc);
+  HYP_CHECK(a.shape[1] == k && dc.shape[0] == a.shape[0] && dc.shape[1] == n,
+            "{}: a {}, dc {} and dw {} disagree", op, a.str(), dc.str(), dw.str());
+  int64_t row = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t m = sizes[static_cast<size_t>(g)];
+    if (m > 0) {
+      GemmArgs args;
+      args.trans_a = Trans::kT;
+      args.trans_b = Trans::kN;
+      args.m = n;
+      args.n = k;
+      args.k = m;
+      args.a = at_row(dc, row);
+      args.a_dtype = dc.dtype;
+      args.lda = n;
+      args.b = at_row(a, row);
+      args.b_dtype = a.dtype;
+      args.ldb = k;
+      args.c = static_cast<float*>(dw.data) + g * n * k;
+      args.c_dtype = DType::kF32;
+      args.ldc = k;
+      args.beta = 1.0f;
+      gemm(args);
+    }
+    row += m;
+  }
+}
+
+namespace ref {
+
+namespace {
+double ld(const TensorView& t, int64_t i) {
+  return load_as_f32(t.data, t.dtype, size_t(i));
+}
+void st(const TensorView& t, int64_t i, double v) {
+  if (t.dtype == DType::kF32)
+    static_cast<float*>(t.data)[i] = static_cast<float>(v);
+  else
+    static_cast<bf16*>(t.data)[i] = f32_to_bf16(static_cast<float>(v));
+}
+std::vector<int64_t> group_of_rows(std::span<const int64_t> sizes) {
+  std::vector<int64_t> out;
+  for (size_t g = 0; g < sizes.size(); ++g) out.insert(out.end(), size_t(sizes[g]), int64_t(g));
+  return out;
+}
+}  // namespace
+
+void grouped_gemm(const TensorView& a, const TensorView& w, std::span<const int64_t> sizes,
+                  const TensorView& c, float beta) {
+  check_groups("grouped_gemm", a, w, sizes);
+  const int64_t n = w.shape[1], k = w.shape[2];
+  const auto grp = group_of_rows(sizes);
+  for (int64_t r = 0; r < a.shape[0]; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p) s += ld(a, r * k + p) * ld(w, (grp[r] * n + j) * k + p);
+      st(c, r * n + j, s + (beta != 0 ? beta * ld(c, r * n + j) : 0.0));
+    }
+}
+
+void grouped_gemm_input_grad(const TensorView& dc, const TensorView& w,
+                             std::span<const int64_t> sizes, const TensorView& da, float beta) {
+  check_groups("grouped_gemm_input_grad", dc, w, sizes);
+  const int64_t n = w.shape[1], k = w.shape[2];
+  const auto grp = group_of_rows(sizes);
+  for (int64_t r = 0; r < dc.shape[0]; ++r)
+    for (int64_t p = 0; p < k; ++p) {
+      double s = 0;
+      for (int64_t j = 0; j < n; ++j) s += ld(dc, r * n + j) * ld(w, (grp[r] * n + j) * k + p);
+      st(da, r * k + p, s + (beta != 0 ? beta * ld(da, r * k + p) : 0.0));
+    }
+}
+
+void grouped_gemm_weight_grad(const TensorView& a, const TensorView& dc,
+                              std::span<const int64_t> sizes, const TensorView& dw) {
+  check_groups("grouped_gemm_weight_grad", a, dw, sizes);
+  const int64_t n = dw.shape[1], k = dw.shape[2];
+  const auto grp = group_of_rows(sizes);
+  std::vector<double> acc(size_t(dw.numel()), 0.0);
+  for (int64_t r = 0; r < a.shape[0]; ++r)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t p = 0; p < k; ++p)
+        acc[size_t((grp[r] * n + j) * k + p)] += ld(dc, r * n + j) * ld(a, r * k + p);
+  float* out = static_cast<float*>(dw.data);
+  for (size_t i = 0; i < acc.size(); ++i) out[i] = static_cast<float>(out[i] + acc[i]);
+}
+
+}  // namespace ref
+
+}  // namespace hyperion
