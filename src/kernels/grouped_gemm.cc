@@ -40,86 +40,83 @@ const unsigned char* at_row(const TensorView& t, int64_t row) {
          row * t.shape[1] * static_cast<int64_t>(dtype_size(t.dtype));
 }
 
+// Runs one GEMM per non-empty group; `args_for(group, first_row, rows)` describes it.
+template <typename ArgsFor>
+void for_each_group(std::span<const int64_t> sizes, ArgsFor&& args_for) {
+  int64_t row = 0;
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    if (sizes[g] > 0) gemm(args_for(static_cast<int64_t>(g), row, sizes[g]));
+    row += sizes[g];
+  }
+}
+
+// C[m, n] = op_a(A) op_b(B) + beta C, every operand contiguous with the given leading
+// dimensions.
+GemmArgs make_args(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
+                   const void* b, int64_t ldb, DType ab, void* c, DType cd, int64_t ldc,
+                   float beta) {
+  GemmArgs g;
+  g.trans_a = ta;
+  g.trans_b = tb;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a;
+  g.a_dtype = ab;
+  g.lda = lda;
+  g.b = b;
+  g.b_dtype = ab;
+  g.ldb = ldb;
+  g.c = c;
+  g.c_dtype = cd;
+  g.ldc = ldc;
+  g.beta = beta;
+  return g;
+}
+
+const unsigned char* expert(const TensorView& w, int64_t g) {
+  return static_cast<const unsigned char*>(w.data) +
+         static_cast<size_t>(g * w.shape[1] * w.shape[2]) * dtype_size(w.dtype);
+}
+
 }  // namespace
 
 void grouped_gemm(const TensorView& a, const TensorView& w, std::span<const int64_t> sizes,
                   const TensorView& c, float beta) {
   const char* op = "grouped_gemm";
-  const int64_t groups = check_groups(op, a, w, sizes);
+  check_groups(op, a, w, sizes);
   check_dtypes(op, a, w);
   check_rank(op, "c", c, 2);
   check_contiguous(op, "c", c);
   const int64_t n = w.shape[1], k = w.shape[2];
   HYP_CHECK(a.shape[1] == k && c.shape[0] == a.shape[0] && c.shape[1] == n,
             "{}: a {}, w {} and c {} disagree", op, a.str(), w.str(), c.str());
-  const size_t wbytes = static_cast<size_t>(n * k) * dtype_size(w.dtype);
-  int64_t row = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t m = sizes[static_cast<size_t>(g)];
-    if (m > 0) {
-      GemmArgs args;
-      args.trans_a = Trans::kN;
-      args.trans_b = Trans::kT;
-      args.m = m;
-      args.n = n;
-      args.k = k;
-      args.a = at_row(a, row);
-      args.a_dtype = a.dtype;
-      args.lda = k;
-      args.b = static_cast<const unsigned char*>(w.data) + static_cast<size_t>(g) * wbytes;
-      args.b_dtype = w.dtype;
-      args.ldb = k;
-      args.c = const_cast<unsigned char*>(at_row(c, row));
-      args.c_dtype = c.dtype;
-      args.ldc = n;
-      args.beta = beta;
-      gemm(args);
-    }
-    row += m;
-  }
+  for_each_group(sizes, [&](int64_t g, int64_t row, int64_t m) {
+    return make_args(Trans::kN, Trans::kT, m, n, k, at_row(a, row), k, expert(w, g), k, a.dtype,
+                     const_cast<unsigned char*>(at_row(c, row)), c.dtype, n, beta);
+  });
 }
 
 void grouped_gemm_input_grad(const TensorView& dc, const TensorView& w,
                              std::span<const int64_t> sizes, const TensorView& da, float beta) {
   const char* op = "grouped_gemm_input_grad";
-  const int64_t groups = check_groups(op, dc, w, sizes);
+  check_groups(op, dc, w, sizes);
   check_dtypes(op, dc, w);
   check_rank(op, "da", da, 2);
   check_contiguous(op, "da", da);
   const int64_t n = w.shape[1], k = w.shape[2];
   HYP_CHECK(dc.shape[1] == n && da.shape[0] == dc.shape[0] && da.shape[1] == k,
             "{}: dc {}, w {} and da {} disagree", op, dc.str(), w.str(), da.str());
-  const size_t wbytes = static_cast<size_t>(n * k) * dtype_size(w.dtype);
-  int64_t row = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t m = sizes[static_cast<size_t>(g)];
-    if (m > 0) {
-      GemmArgs args;
-      args.trans_a = Trans::kN;
-      args.trans_b = Trans::kN;
-      args.m = m;
-      args.n = k;
-      args.k = n;
-      args.a = at_row(dc, row);
-      args.a_dtype = dc.dtype;
-      args.lda = n;
-      args.b = static_cast<const unsigned char*>(w.data) + static_cast<size_t>(g) * wbytes;
-      args.b_dtype = w.dtype;
-      args.ldb = k;
-      args.c = const_cast<unsigned char*>(at_row(da, row));
-      args.c_dtype = da.dtype;
-      args.ldc = k;
-      args.beta = beta;
-      gemm(args);
-    }
-    row += m;
-  }
+  for_each_group(sizes, [&](int64_t g, int64_t row, int64_t m) {
+    return make_args(Trans::kN, Trans::kN, m, k, n, at_row(dc, row), n, expert(w, g), k, dc.dtype,
+                     const_cast<unsigned char*>(at_row(da, row)), da.dtype, k, beta);
+  });
 }
 
 void grouped_gemm_weight_grad(const TensorView& a, const TensorView& dc,
                               std::span<const int64_t> sizes, const TensorView& dw) {
   const char* op = "grouped_gemm_weight_grad";
-  const int64_t groups = check_groups(op, a, dw, sizes);
+  check_groups(op, a, dw, sizes);
   check_dtypes(op, a, dc);
   dw.check_dtype(DType::kF32, op);
   const int64_t n = dw.shape[1], k = dw.shape[2];
@@ -127,30 +124,10 @@ void grouped_gemm_weight_grad(const TensorView& a, const TensorView& dc,
   check_contiguous(op, "dc", dc);
   HYP_CHECK(a.shape[1] == k && dc.shape[0] == a.shape[0] && dc.shape[1] == n,
             "{}: a {}, dc {} and dw {} disagree", op, a.str(), dc.str(), dw.str());
-  int64_t row = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t m = sizes[static_cast<size_t>(g)];
-    if (m > 0) {
-      GemmArgs args;
-      args.trans_a = Trans::kT;
-      args.trans_b = Trans::kN;
-      args.m = n;
-      args.n = k;
-      args.k = m;
-      args.a = at_row(dc, row);
-      args.a_dtype = dc.dtype;
-      args.lda = n;
-      args.b = at_row(a, row);
-      args.b_dtype = a.dtype;
-      args.ldb = k;
-      args.c = static_cast<float*>(dw.data) + g * n * k;
-      args.c_dtype = DType::kF32;
-      args.ldc = k;
-      args.beta = 1.0f;
-      gemm(args);
-    }
-    row += m;
-  }
+  for_each_group(sizes, [&](int64_t g, int64_t row, int64_t m) {
+    return make_args(Trans::kT, Trans::kN, n, k, m, at_row(dc, row), n, at_row(a, row), k, a.dtype,
+                     const_cast<unsigned char*>(expert(dw, g)), DType::kF32, k, 1.0f);
+  });
 }
 
 namespace ref {
