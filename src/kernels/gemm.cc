@@ -242,6 +242,28 @@ void scale_epilogue(const GemmArgs& g, const float* sums, int64_t sums_ld, int64
 
 }  // namespace
 
+void gemm_contiguous(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k, const void* a,
+                     DType a_dtype, const void* b, DType b_dtype, void* c, DType c_dtype,
+                     float beta) {
+  GemmArgs g;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a;
+  g.a_dtype = a_dtype;
+  g.lda = trans_a == Trans::kN ? k : m;
+  g.b = b;
+  g.b_dtype = b_dtype;
+  g.ldb = trans_b == Trans::kN ? n : k;
+  g.c = c;
+  g.c_dtype = c_dtype;
+  g.ldc = n;
+  g.beta = beta;
+  gemm(g);
+}
+
 void gemm(const GemmArgs& g) {
   validate(g);
   if (g.m == 0 || g.n == 0) return;

@@ -54,6 +54,12 @@ struct GemmArgs {
 // Validates the arguments (throws hyperion::Error naming "gemm" and the shapes) and runs.
 void gemm(const GemmArgs& args);
 
+// Contiguous operands (leading dimensions implied by the shapes and transposes):
+// C[m, n] = op(A) @ op(B) + beta * C. The form the model and grouped GEMM call.
+void gemm_contiguous(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k, const void* a,
+                     DType a_dtype, const void* b, DType b_dtype, void* c, DType c_dtype,
+                     float beta = 0.0f);
+
 // Convenience form on 2-D views: C = alpha * op(A) @ op(B) + beta * C (+ bias).
 void gemm(const TensorView& a, Trans trans_a, const TensorView& b, Trans trans_b,
           const TensorView& c, float alpha = 1.0f, float beta = 0.0f, const float* bias = nullptr);

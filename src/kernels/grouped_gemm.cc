@@ -40,38 +40,14 @@ const unsigned char* at_row(const TensorView& t, int64_t row) {
          row * t.shape[1] * static_cast<int64_t>(dtype_size(t.dtype));
 }
 
-// Runs one GEMM per non-empty group; `args_for(group, first_row, rows)` describes it.
-template <typename ArgsFor>
-void for_each_group(std::span<const int64_t> sizes, ArgsFor&& args_for) {
+// Runs one GEMM per non-empty group; `gemm_for(group, first_row, rows)` issues it.
+template <typename GemmFor>
+void for_each_group(std::span<const int64_t> sizes, GemmFor&& gemm_for) {
   int64_t row = 0;
   for (size_t g = 0; g < sizes.size(); ++g) {
-    if (sizes[g] > 0) gemm(args_for(static_cast<int64_t>(g), row, sizes[g]));
+    if (sizes[g] > 0) gemm_for(static_cast<int64_t>(g), row, sizes[g]);
     row += sizes[g];
   }
-}
-
-// C[m, n] = op_a(A) op_b(B) + beta C, every operand contiguous with the given leading
-// dimensions.
-GemmArgs make_args(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
-                   const void* b, int64_t ldb, DType ab, void* c, DType cd, int64_t ldc,
-                   float beta) {
-  GemmArgs g;
-  g.trans_a = ta;
-  g.trans_b = tb;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.a = a;
-  g.a_dtype = ab;
-  g.lda = lda;
-  g.b = b;
-  g.b_dtype = ab;
-  g.ldb = ldb;
-  g.c = c;
-  g.c_dtype = cd;
-  g.ldc = ldc;
-  g.beta = beta;
-  return g;
 }
 
 const unsigned char* expert(const TensorView& w, int64_t g) {
@@ -92,8 +68,8 @@ void grouped_gemm(const TensorView& a, const TensorView& w, std::span<const int6
   HYP_CHECK(a.shape[1] == k && c.shape[0] == a.shape[0] && c.shape[1] == n,
             "{}: a {}, w {} and c {} disagree", op, a.str(), w.str(), c.str());
   for_each_group(sizes, [&](int64_t g, int64_t row, int64_t m) {
-    return make_args(Trans::kN, Trans::kT, m, n, k, at_row(a, row), k, expert(w, g), k, a.dtype,
-                     const_cast<unsigned char*>(at_row(c, row)), c.dtype, n, beta);
+    gemm_contiguous(Trans::kN, Trans::kT, m, n, k, at_row(a, row), a.dtype, expert(w, g), w.dtype,
+                    const_cast<unsigned char*>(at_row(c, row)), c.dtype, beta);
   });
 }
 
@@ -108,8 +84,8 @@ void grouped_gemm_input_grad(const TensorView& dc, const TensorView& w,
   HYP_CHECK(dc.shape[1] == n && da.shape[0] == dc.shape[0] && da.shape[1] == k,
             "{}: dc {}, w {} and da {} disagree", op, dc.str(), w.str(), da.str());
   for_each_group(sizes, [&](int64_t g, int64_t row, int64_t m) {
-    return make_args(Trans::kN, Trans::kN, m, k, n, at_row(dc, row), n, expert(w, g), k, dc.dtype,
-                     const_cast<unsigned char*>(at_row(da, row)), da.dtype, k, beta);
+    gemm_contiguous(Trans::kN, Trans::kN, m, k, n, at_row(dc, row), dc.dtype, expert(w, g), w.dtype,
+                    const_cast<unsigned char*>(at_row(da, row)), da.dtype, beta);
   });
 }
 
@@ -125,8 +101,8 @@ void grouped_gemm_weight_grad(const TensorView& a, const TensorView& dc,
   HYP_CHECK(a.shape[1] == k && dc.shape[0] == a.shape[0] && dc.shape[1] == n,
             "{}: a {}, dc {} and dw {} disagree", op, a.str(), dc.str(), dw.str());
   for_each_group(sizes, [&](int64_t g, int64_t row, int64_t m) {
-    return make_args(Trans::kT, Trans::kN, n, k, m, at_row(dc, row), n, at_row(a, row), k, a.dtype,
-                     const_cast<unsigned char*>(expert(dw, g)), DType::kF32, k, 1.0f);
+    gemm_contiguous(Trans::kT, Trans::kN, n, k, m, at_row(dc, row), dc.dtype, at_row(a, row),
+                    a.dtype, const_cast<unsigned char*>(expert(dw, g)), DType::kF32, 1.0f);
   });
 }
 
