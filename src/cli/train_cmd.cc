@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "kernels/moe_routing.h"
+
 #include "base/error.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
@@ -84,15 +86,29 @@ int cmd_plan(const Args& args) {
   HYP_CHECK(!config.empty(), "plan: expected a config file or preset name");
   Config c = load_train_config(config, overrides);
   TrainConfig t = parse_train_config(c, config_name(config));
-  const MemoryPlan m =
-      memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16, t.remat);
+  const MemoryPlan m = memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16,
+                                   t.remat, t.moe.capacity_factor);
   const double fpt = t.model.train_flops_per_token(t.max_target_length);
+  const bool moe = t.model.is_moe();
+  const int64_t capacity = moe && t.moe.capacity_factor > 0
+                               ? moe_capacity(t.max_target_length, t.model.n_experts_per_tok,
+                                              t.model.n_experts, t.moe.capacity_factor)
+                               : -1;
   if (f.has("json")) {
     nlohmann::ordered_json j;
     j["name"] = t.name;
     j["params"] = t.model.total_params();
     j["non_embedding_params"] = t.model.non_embedding_params();
+    j["active_params"] = t.model.active_non_embedding_params() + t.model.embedding_params();
     j["flops_per_token"] = fpt;
+    if (moe)
+      j["moe"] = {{"experts", t.model.n_experts},
+                  {"experts_per_token", t.model.n_experts_per_tok},
+                  {"moe_layers", t.model.n_moe_layers()},
+                  {"expert_ffn_dim", t.model.expert_ffn_dim()},
+                  {"capacity_factor", t.moe.capacity_factor},
+                  {"capacity", capacity},
+                  {"dropless", capacity < 0}};
     j["forward_flops_per_token"] = t.model.forward_flops_per_token(t.max_target_length);
     j["batch"] = t.per_device_batch_size;
     j["seq_len"] = t.max_target_length;
@@ -115,6 +131,20 @@ int cmd_plan(const Args& args) {
               t.name.c_str(), double(t.model.total_params()) / 1e9,
               double(t.model.non_embedding_params()) / 1e9, fpt,
               static_cast<long long>(t.max_target_length));
+  if (moe) {
+    std::printf(
+        "MoE: %lld of %lld layers, %lld experts of ffn %lld, top-%lld; %.3fB params active "
+        "per token; ",
+        static_cast<long long>(t.model.n_moe_layers()), static_cast<long long>(t.model.n_layers),
+        static_cast<long long>(t.model.n_experts), static_cast<long long>(t.model.expert_ffn_dim()),
+        static_cast<long long>(t.model.n_experts_per_tok),
+        double(t.model.active_non_embedding_params() + t.model.embedding_params()) / 1e9);
+    if (capacity >= 0)
+      std::printf("capped, capacity %lld per expert per sequence (factor %g)\n",
+                  static_cast<long long>(capacity), t.moe.capacity_factor);
+    else
+      std::printf("dropless\n");
+  }
   std::printf("memory per process, batch %lld, %s, remat %s:\n",
               static_cast<long long>(t.per_device_batch_size), t.bf16 ? "bf16" : "f32",
               remat_policy_name(t.remat));

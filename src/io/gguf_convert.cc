@@ -25,7 +25,7 @@ constexpr uint32_t kFileTypeF32 = 0, kFileTypeF16 = 1, kFileTypeQ8_0 = 7, kFileT
 // llama.cpp's token types (tokenizer.ggml.token_type).
 constexpr int32_t kTokNormal = 1, kTokUnknown = 2, kTokControl = 3, kTokUnused = 5, kTokByte = 6;
 
-// Hugging Face LlamaConfig fields we use.
+// Hugging Face LlamaConfig / MixtralConfig fields we use.
 struct LlamaConfig {
   int64_t vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
       num_key_value_heads, max_position_embeddings, head_dim;
@@ -33,6 +33,10 @@ struct LlamaConfig {
   bool tie_word_embeddings;
   bool has_head_dim;                                 // head_dim given explicitly in config.json
   int64_t bos_token_id, eos_token_id, pad_token_id;  // pad: -1 if absent
+  // Mixtral (model_type "mixtral"): every layer's MLP is a mixture of num_local_experts
+  // SwiGLU experts of intermediate_size, num_experts_per_tok of them used per token.
+  bool moe;
+  int64_t num_local_experts, num_experts_per_tok;  // 0 for a dense model
 };
 
 // Reads typed keys of config.json; every error names the directory, the file and the key.
@@ -83,6 +87,41 @@ class ConfigReader {
   std::string where_;
 };
 
+// llama.cpp reads a Mixtral as architecture "llama" with llama.expert_count experts per
+// layer (llama-model.cpp's llama graph calls build_moe_ffn with softmax gating and
+// norm_w = true: softmax over all experts -> top-k -> the k weights renormalised to sum 1).
+// Anything it cannot express is refused here rather than written as a file that loads
+// but computes another model.
+void read_moe_config(const ConfigReader& r, LlamaConfig* c) {
+  const std::string& where = r.where();
+  c->num_local_experts = r.integer("num_local_experts", 8);  // MixtralConfig's defaults
+  c->num_experts_per_tok = r.integer("num_experts_per_tok", 2);
+  HYP_CHECK(c->num_experts_per_tok <= c->num_local_experts,
+            "{}: key 'num_experts_per_tok' = {} exceeds num_local_experts = {}", where,
+            c->num_experts_per_tok, c->num_local_experts);
+  // Mixtral always renormalises; hyperion records its choice in norm_topk_prob.
+  HYP_CHECK(r.boolean("norm_topk_prob", true),
+            "{}: key 'norm_topk_prob' = false: llama.cpp's llama architecture always "
+            "renormalises the top-k router probabilities (softmax -> top-k -> renormalise), so "
+            "a model routed without renormalisation cannot be represented in GGUF",
+            where);
+  // Dense/MoE interleaving (hyperion-only keys): llama.cpp's llama architecture makes
+  // every layer a mixture of experts once llama.expert_count is set.
+  const int64_t first_dense = r.integer("hyperion_first_dense_layers", 0, 0);
+  HYP_CHECK(first_dense == 0,
+            "{}: key 'hyperion_first_dense_layers' = {}: llama.cpp's llama architecture needs "
+            "every layer to be a mixture of experts; dense/MoE interleaving cannot be "
+            "represented in GGUF",
+            where, first_dense);
+  const int64_t step = r.integer("hyperion_moe_layer_step", 1, 1);
+  HYP_CHECK(step == 1,
+            "{}: key 'hyperion_moe_layer_step' = {}: llama.cpp's llama architecture needs every "
+            "layer to be a mixture of experts; dense/MoE interleaving cannot be represented in "
+            "GGUF",
+            where, step);
+  r.integer("hyperion_dense_intermediate_size", 1);  // unused without dense layers; type check
+}
+
 LlamaConfig read_config(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "config.json").string();
   const std::string where = fmt::format("gguf convert: {}: config.json", dir);
@@ -100,10 +139,26 @@ LlamaConfig read_config(const std::string& dir) {
   }
   HYP_CHECK(j.is_object(), "{}: expected a JSON object, got a {}", where, j.type_name());
   ConfigReader r(j, where);
-  if (const json* mt = r.find("model_type"))
-    HYP_CHECK(mt->is_string() && mt->get<std::string>() == "llama",
-              "{}: key 'model_type' = {}; only \"llama\" checkpoints can be converted", where,
-              mt->dump());
+  // Without model_type, the architecture decides (as for transformers' AutoConfig users).
+  std::string model_type = "llama";
+  if (const json* mt = r.find("model_type")) {
+    HYP_CHECK(mt->is_string() &&
+                  (mt->get<std::string>() == "llama" || mt->get<std::string>() == "mixtral"),
+              "{}: key 'model_type' = {}; only \"llama\" and \"mixtral\" checkpoints can be "
+              "converted",
+              where, mt->dump());
+    model_type = mt->get<std::string>();
+  } else if (const json* arch = r.find("architectures"); arch != nullptr && arch->is_array() &&
+                                                         !arch->empty() &&
+                                                         (*arch)[0] == "MixtralForCausalLM") {
+    model_type = "mixtral";
+  }
+  // hyperion_* keys change the model (hyperion writes them only for what Hugging Face
+  // cannot express); one this converter does not know must not be silently ignored.
+  for (const auto& [key, value] : j.items())
+    HYP_CHECK(!key.starts_with("hyperion_") || key == "hyperion_dense_intermediate_size" ||
+                  key == "hyperion_first_dense_layers" || key == "hyperion_moe_layer_step",
+              "{}: unknown key '{}' = {}", where, key, value.dump());
   // Scaled RoPE changes the model; writing it without the rope.scaling keys would produce a
   // file that loads but generates garbage.
   HYP_CHECK(r.find("rope_scaling") == nullptr,
@@ -120,7 +175,8 @@ LlamaConfig read_config(const std::string& dir) {
   c.num_key_value_heads = r.integer("num_key_value_heads", c.num_attention_heads);
   c.max_position_embeddings = r.integer("max_position_embeddings");
   c.rms_norm_eps = r.number("rms_norm_eps");
-  c.rope_theta = r.number("rope_theta", 10000.0);
+  // Defaults of transformers' LlamaConfig / MixtralConfig.
+  c.rope_theta = r.number("rope_theta", model_type == "mixtral" ? 1e6 : 10000.0);
   c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
   c.bos_token_id = r.integer("bos_token_id", 1, 0);
   c.eos_token_id = r.integer("eos_token_id", 2, 0);
@@ -146,6 +202,18 @@ LlamaConfig read_config(const std::string& dir) {
         std::pair{"pad_token_id", c.pad_token_id}})
     HYP_CHECK(id < c.vocab_size, "{}: key '{}' = {} is outside the vocabulary (vocab_size {})",
               where, key, id, c.vocab_size);
+  // llama.cpp's llama graph has no sliding-window attention (Mistral/Mixtral's option).
+  if (const json* sw = r.find("sliding_window")) {
+    const int64_t window = r.integer("sliding_window");
+    HYP_CHECK(window >= c.max_position_embeddings,
+              "{}: key 'sliding_window' = {} (< max_position_embeddings {}): sliding-window "
+              "attention is not supported by llama.cpp's llama architecture",
+              where, sw->dump(), c.max_position_embeddings);
+  }
+
+  c.moe = model_type == "mixtral";
+  c.num_local_experts = c.num_experts_per_tok = 0;
+  if (c.moe) read_moe_config(r, &c);
   return c;
 }
 
@@ -321,6 +389,10 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
   w.set_u32("llama.attention.head_count_kv", uint32_t(c.num_key_value_heads));
   w.set_f32("llama.rope.freq_base", float(c.rope_theta));
   w.set_f32("llama.attention.layer_norm_rms_epsilon", float(c.rms_norm_eps));
+  if (c.moe) {  // with llama.feed_forward_length = intermediate_size, the expert's size
+    w.set_u32("llama.expert_count", uint32_t(c.num_local_experts));
+    w.set_u32("llama.expert_used_count", uint32_t(c.num_experts_per_tok));
+  }
   if (c.has_head_dim) {  // convert_hf_to_gguf.py writes these whenever head_dim is given
     w.set_u32("llama.attention.key_length", uint32_t(c.head_dim));
     w.set_u32("llama.attention.value_length", uint32_t(c.head_dim));
@@ -344,23 +416,35 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
   std::set<std::string> used;
   const int64_t dim = c.hidden_size, hd = c.head_dim, ff = c.intermediate_size;
   const int64_t q_rows = c.num_attention_heads * hd, kv_rows = c.num_key_value_heads * hd;
-  // permute_heads > 0: apply the RoPE row permutation with that many heads.
-  auto add = [&](const std::string& hf, const std::string& gg, Shape expect,
-                 int64_t permute_heads) {
+  // Checks that `hf` exists with shape `expect` and marks it as used.
+  auto check = [&](const std::string& hf, const Shape& expect) {
     const SafetensorsTensor* t = st.find(hf);
     HYP_CHECK(t != nullptr, "gguf convert: {}: model.safetensors: missing tensor '{}'",
               checkpoint_dir, hf);
     HYP_CHECK(t->shape == expect,
               "gguf convert: {}: model.safetensors: tensor '{}' has shape {} but config.json "
               "implies {} (hidden_size {}, intermediate_size {}, heads {}, kv heads {}, "
-              "head_dim {}, vocab_size {})",
+              "head_dim {}, vocab_size {}{})",
               checkpoint_dir, hf, t->shape.str(), expect.str(), c.hidden_size, c.intermediate_size,
-              c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.vocab_size);
+              c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.vocab_size,
+              c.moe ? fmt::format(", num_local_experts {}", c.num_local_experts) : "");
     used.insert(hf);
+  };
+  // As convert_hf_to_gguf.py: 1-D tensors, norms and the MoE router (ffn_gate_inp, which
+  // llama.cpp's quantizer never quantises either) stay f32; q8_0 blocks run along the last
+  // dimension and fall back to f16 when it is not a multiple of 32.
+  auto type_for = [&](const std::string& gg, const Shape& shape) {
     GgmlType type = ot.matrix;
-    if (expect.rank() <= 1 || gg.ends_with("_norm.weight")) type = GgmlType::kF32;
-    if (type == GgmlType::kQ8_0 && expect.dim(-1) % ggml_block_size(GgmlType::kQ8_0) != 0)
+    if (shape.rank() <= 1 || gg.ends_with("_norm.weight") || gg.ends_with(".ffn_gate_inp.weight"))
+      type = GgmlType::kF32;
+    if (type == GgmlType::kQ8_0 && shape.dim(-1) % ggml_block_size(GgmlType::kQ8_0) != 0)
       type = GgmlType::kF16;
+    return type;
+  };
+  // permute_heads > 0: apply the RoPE row permutation with that many heads.
+  auto add = [&](const std::string& hf, const std::string& gg, Shape expect,
+                 int64_t permute_heads) {
+    check(hf, expect);
     w.add_tensor(
         gg, expect,
         [&st, hf, expect, permute_heads](float* dst) {
@@ -372,7 +456,30 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
           st.read_into(hf, TensorView(tmp.data(), DType::kF32, expect));
           permute_rope_rows_for_gguf(tmp.data(), dst, expect[0], expect[1], permute_heads);
         },
-        type);
+        type_for(gg, expect));
+  };
+  // The E per-expert Hugging Face matrices `{prefix}{e}{suffix}` (each of shape `expert`)
+  // stacked into one [E, rows, cols] tensor, as convert_hf_to_gguf.py's torch.stack(dim=0);
+  // GGUF stores its dims reversed, ne = [cols, rows, E], which is what llama.cpp's
+  // create_tensor expects ({n_embd, n_ff, n_expert} for gate/up). Each expert is read
+  // straight into its slice when the writer reaches the tensor, so only the stacked tensor
+  // being written is held in f32.
+  auto add_experts = [&](const std::string& prefix, const std::string& suffix,
+                         const std::string& gg, Shape expert) {
+    std::vector<std::string> names;
+    for (int64_t e = 0; e < c.num_local_experts; ++e) {
+      names.push_back(fmt::format("{}{}{}", prefix, e, suffix));
+      check(names.back(), expert);
+    }
+    const Shape stacked{c.num_local_experts, expert[0], expert[1]};
+    w.add_tensor(
+        gg, stacked,
+        [&st, names, expert](float* dst) {
+          for (size_t e = 0; e < names.size(); ++e)
+            st.read_into(names[e],
+                         TensorView(dst + e * size_t(expert.numel()), DType::kF32, expert));
+        },
+        type_for(gg, stacked));
   };
 
   add("model.embed_tokens.weight", "token_embd.weight", {c.vocab_size, dim}, 0);
@@ -384,9 +491,18 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
     add(p + "self_attn.v_proj.weight", b + "attn_v.weight", {kv_rows, dim}, 0);
     add(p + "self_attn.o_proj.weight", b + "attn_output.weight", {dim, q_rows}, 0);
     add(p + "post_attention_layernorm.weight", b + "ffn_norm.weight", {dim}, 0);
-    add(p + "mlp.gate_proj.weight", b + "ffn_gate.weight", {ff, dim}, 0);
-    add(p + "mlp.up_proj.weight", b + "ffn_up.weight", {ff, dim}, 0);
-    add(p + "mlp.down_proj.weight", b + "ffn_down.weight", {dim, ff}, 0);
+    if (c.moe) {
+      // Mixtral's w1 = gate, w3 = up, w2 = down (gguf-py's tensor_mapping.py).
+      const std::string m = p + "block_sparse_moe.";
+      add(m + "gate.weight", b + "ffn_gate_inp.weight", {c.num_local_experts, dim}, 0);
+      add_experts(m + "experts.", ".w1.weight", b + "ffn_gate_exps.weight", {ff, dim});
+      add_experts(m + "experts.", ".w3.weight", b + "ffn_up_exps.weight", {ff, dim});
+      add_experts(m + "experts.", ".w2.weight", b + "ffn_down_exps.weight", {dim, ff});
+    } else {
+      add(p + "mlp.gate_proj.weight", b + "ffn_gate.weight", {ff, dim}, 0);
+      add(p + "mlp.up_proj.weight", b + "ffn_up.weight", {ff, dim}, 0);
+      add(p + "mlp.down_proj.weight", b + "ffn_down.weight", {dim, ff}, 0);
+    }
   }
   add("model.norm.weight", "output_norm.weight", {dim}, 0);
   if (!c.tie_word_embeddings) {
@@ -409,9 +525,11 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
     std::string list;
     for (size_t i = 0; i < unused.size() && i < 5; ++i) list += (i ? ", '" : "'") + unused[i] + "'";
     fail(
-        "gguf convert: {}: model.safetensors: {} tensor(s) not part of a {}-layer Llama model: "
+        "gguf convert: {}: model.safetensors: {} tensor(s) not part of a {}-layer {} model: "
         "{}{}",
-        checkpoint_dir, unused.size(), c.num_hidden_layers, list, unused.size() > 5 ? ", ..." : "");
+        checkpoint_dir, unused.size(), c.num_hidden_layers,
+        c.moe ? fmt::format("Mixtral ({} experts)", c.num_local_experts) : std::string("Llama"),
+        list, unused.size() > 5 ? ", ..." : "");
   }
   w.write(out_path);
 }

@@ -1,5 +1,7 @@
 #include "model/llama_config.h"
 
+#include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -23,27 +25,73 @@ void LlamaConfig::validate(const std::string& origin) const {
   HYP_CHECK(head_dim % 2 == 0, "{}: head_dim must be even for RoPE, got {}", origin, head_dim);
   HYP_CHECK(norm_eps > 0, "{}: norm_eps must be > 0, got {}", origin, norm_eps);
   HYP_CHECK(rope_theta > 0, "{}: rope_theta must be > 0, got {}", origin, rope_theta);
+  if (n_experts != 0) {
+    HYP_CHECK(n_experts > 0, "{}: num_experts must be >= 0, got {}", origin, n_experts);
+    HYP_CHECK(n_experts_per_tok >= 1 && n_experts_per_tok <= n_experts,
+              "{}: num_experts_per_tok must lie in [1, num_experts={}], got {}", origin, n_experts,
+              n_experts_per_tok);
+    HYP_CHECK(moe_ffn_dim >= 0, "{}: moe_ffn_dim must be >= 0, got {}", origin, moe_ffn_dim);
+    HYP_CHECK(first_dense_layers >= 0 && first_dense_layers <= n_layers,
+              "{}: first_num_dense_layers must lie in [0, n_layers={}], got {}", origin, n_layers,
+              first_dense_layers);
+    HYP_CHECK(moe_layer_step >= 1, "{}: interleave_moe_layer_step must be >= 1, got {}", origin,
+              moe_layer_step);
+  }
   HYP_CHECK(bos_id >= 0 && bos_id < vocab_size && eos_id >= 0 && eos_id < vocab_size,
             "{}: bos_id {} / eos_id {} must lie in [0, vocab_size={})", origin, bos_id, eos_id,
             vocab_size);
 }
 
-int64_t LlamaConfig::layer_params() const {
-  const int64_t attn = dim * q_dim() + 2 * dim * kv_dim() + q_dim() * dim;
-  const int64_t mlp = 3 * dim * ffn_dim;
-  return attn + mlp + 2 * dim;
+bool LlamaConfig::is_moe_layer(int64_t l) const {
+  return n_experts > 0 && l >= first_dense_layers &&
+         (l - first_dense_layers + 1) % moe_layer_step == 0;
+}
+
+int64_t LlamaConfig::n_moe_layers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < n_layers; ++l) n += is_moe_layer(l) ? 1 : 0;
+  return n;
+}
+
+namespace {
+int64_t attention_params(const LlamaConfig& c) {
+  return c.dim * c.q_dim() + 2 * c.dim * c.kv_dim() + c.q_dim() * c.dim;
+}
+}  // namespace
+
+int64_t LlamaConfig::layer_params(int64_t l) const {
+  const int64_t mlp =
+      is_moe_layer(l) ? n_experts * (dim + 3 * dim * expert_ffn_dim()) : 3 * dim * ffn_dim;
+  return attention_params(*this) + mlp + 2 * dim;
+}
+
+int64_t LlamaConfig::active_layer_params(int64_t l) const {
+  const int64_t mlp = is_moe_layer(l)
+                          ? n_experts * dim + n_experts_per_tok * 3 * dim * expert_ffn_dim()
+                          : 3 * dim * ffn_dim;
+  return attention_params(*this) + mlp + 2 * dim;
 }
 
 int64_t LlamaConfig::total_params() const {
-  return embedding_params() + n_layers * layer_params() + dim + lm_head_params();
+  int64_t layers = 0;
+  for (int64_t l = 0; l < n_layers; ++l) layers += layer_params(l);
+  return embedding_params() + layers + dim + lm_head_params();
 }
 
 int64_t LlamaConfig::non_embedding_params() const {
-  return n_layers * layer_params() + dim + vocab_size * dim;
+  int64_t layers = 0;
+  for (int64_t l = 0; l < n_layers; ++l) layers += layer_params(l);
+  return layers + dim + vocab_size * dim;
+}
+
+int64_t LlamaConfig::active_non_embedding_params() const {
+  int64_t layers = 0;
+  for (int64_t l = 0; l < n_layers; ++l) layers += active_layer_params(l);
+  return layers + dim + vocab_size * dim;
 }
 
 double LlamaConfig::train_flops_per_token(int64_t seq_len) const {
-  return 6.0 * double(non_embedding_params()) +
+  return 6.0 * double(active_non_embedding_params()) +
          6.0 * double(n_layers) * double(seq_len) * double(q_dim());
 }
 
@@ -53,11 +101,25 @@ double LlamaConfig::forward_flops_per_token(int64_t seq_len) const {
 
 std::string LlamaConfig::to_hf_json() const {
   nlohmann::ordered_json j;
-  j["architectures"] = {"LlamaForCausalLM"};
-  j["model_type"] = "llama";
+  j["architectures"] = {is_moe() ? "MixtralForCausalLM" : "LlamaForCausalLM"};
+  j["model_type"] = is_moe() ? "mixtral" : "llama";
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = dim;
-  j["intermediate_size"] = ffn_dim;
+  // Mixtral's intermediate_size is the expert's; a dense layer's is kept beside it.
+  j["intermediate_size"] = is_moe() ? expert_ffn_dim() : ffn_dim;
+  if (is_moe()) {
+    j["num_local_experts"] = n_experts;
+    j["num_experts_per_tok"] = n_experts_per_tok;
+    j["router_aux_loss_coef"] = router_aux_loss_coef;
+    j["output_router_logits"] = false;
+    j["sliding_window"] = nullptr;
+    j["norm_topk_prob"] = norm_topk_prob;
+    if (first_dense_layers > 0 || moe_layer_step > 1) {
+      j["hyperion_dense_intermediate_size"] = ffn_dim;
+      j["hyperion_first_dense_layers"] = first_dense_layers;
+      j["hyperion_moe_layer_step"] = moe_layer_step;
+    }
+  }
   j["num_hidden_layers"] = n_layers;
   j["num_attention_heads"] = n_heads;
   j["num_key_value_heads"] = n_kv_heads;
@@ -116,6 +178,20 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
               origin);
     c.tie_embeddings = j["tie_word_embeddings"].get<bool>();
   }
+  if (j.contains("num_local_experts") && !j["num_local_experts"].is_null()) {
+    c.n_experts = get_int("num_local_experts", true, 0);
+    c.n_experts_per_tok = get_int("num_experts_per_tok", false, 2);
+    c.moe_ffn_dim = c.ffn_dim;
+    c.ffn_dim = get_int("hyperion_dense_intermediate_size", false, c.ffn_dim);
+    c.first_dense_layers = get_int("hyperion_first_dense_layers", false, 0);
+    c.moe_layer_step = get_int("hyperion_moe_layer_step", false, 1);
+    c.router_aux_loss_coef = get_num("router_aux_loss_coef", 0.0);
+    if (j.contains("norm_topk_prob")) {
+      HYP_CHECK(j["norm_topk_prob"].is_boolean(), "{}: key 'norm_topk_prob' must be a bool",
+                origin);
+      c.norm_topk_prob = j["norm_topk_prob"].get<bool>();
+    }
+  }
   c.bos_id = static_cast<int32_t>(get_int("bos_token_id", false, 1));
   // eos_token_id may be a list in newer configs; take the first.
   if (j.contains("eos_token_id") && j["eos_token_id"].is_array() && !j["eos_token_id"].empty())
@@ -146,7 +222,7 @@ const char* remat_policy_name(RematPolicy p) {
 }
 
 MemoryPlan memory_plan(const LlamaConfig& c, int64_t batch, int64_t seq_len, bool bf16_compute,
-                       RematPolicy remat) {
+                       RematPolicy remat, double capacity_factor) {
   MemoryPlan p;
   p.params = c.total_params();
   p.weight_bytes = 4 * p.params;
@@ -157,17 +233,42 @@ MemoryPlan memory_plan(const LlamaConfig& c, int64_t batch, int64_t seq_len, boo
   const int64_t n = batch * seq_len;
   const int64_t d = c.dim, q = c.q_dim(), kv = c.kv_dim(), f = c.ffn_dim;
   // Per token and layer, as LlamaModel allocates them (see llama_model.h).
-  const int64_t always = 4 * d + 8;                      // layer input (f32) + two rstd
-  const int64_t norms = a * d * 2;                       // h, h2
-  const int64_t matmuls = a * (q + 2 * kv + q + 2 * f);  // q k v, attention out, gate, up
-  const int64_t others = 4 * d + 4 * c.n_heads + a * f;  // x2 (f32), lse, swiglu out
-  int64_t saved = always;
-  if (remat == RematPolicy::kNone) saved += norms + matmuls + others;
-  if (remat == RematPolicy::kMinimal) saved += matmuls + 4 * d + 4 * c.n_heads;
-  p.activation_bytes = n * (c.n_layers * saved + 4 * d);  // + final layer output
+  const int64_t always = 4 * d + 8;                  // layer input (f32) + two rstd
+  const int64_t norms = a * d * 2;                   // h, h2
+  const int64_t attn = a * (q + 2 * kv + q);         // q k v, attention out
+  const int64_t attn_other = 4 * d + 4 * c.n_heads;  // x2 (f32), lse
+  // Dense MLP: gate and up (matmul outputs), swiglu out.
+  const int64_t mlp_mm = a * 2 * f, mlp_other = a * f;
+  // MoE MLP, per token: r rows of the permuted buffer (k when dropless, E x capacity / T
+  // when capped); routing state (logits, probs, choices, weights) is always kept.
+  const int64_t e = c.n_experts, k = c.n_experts_per_tok, fe = c.expert_ffn_dim();
+  double r = double(k);
+  if (c.is_moe() && capacity_factor > 0) {
+    const double cap =
+        std::max(std::ceil(double(seq_len * k) / double(e)) * capacity_factor, capacity_factor);
+    r = double(e) * std::floor(cap) / double(seq_len);
+  }
+  const int64_t routing = 8 * e + 8 * k;
+  const int64_t moe_mm = int64_t(double(a * (2 * fe + d)) * r);  // g, u, y
+  const int64_t moe_other = int64_t(double(a * (d + fe)) * r);   // gathered x, swiglu out
+  const int64_t n_moe = c.n_moe_layers(), n_dense = c.n_layers - n_moe;
+  auto saved = [&](int64_t mm, int64_t other, int64_t keep) {
+    int64_t s = always + keep;
+    if (remat == RematPolicy::kNone) s += norms + attn + attn_other + mm + other;
+    if (remat == RematPolicy::kMinimal) s += attn + attn_other + mm;
+    return s;
+  };
+  p.activation_bytes = n * (n_dense * saved(mlp_mm, mlp_other, 0) +
+                            n_moe * saved(moe_mm, moe_other, routing) + 4 * d);
   // One layer's worth of recomputation buffers, gradient buffers, and the logits.
-  const int64_t recompute = remat == RematPolicy::kNone ? 0 : (norms + matmuls + others);
-  const int64_t grads = 4 * d * 2 + a * d + a * (q + 2 * kv) + a * q + a * f;
+  int64_t recompute = 0;
+  if (remat == RematPolicy::kMinimal)
+    recompute = norms + (n_dense > 0 ? mlp_other : 0) + (n_moe > 0 ? moe_other : 0);
+  if (remat == RematPolicy::kFull)
+    recompute = norms + attn + attn_other + (n_dense > 0 ? mlp_mm + mlp_other : 0) +
+                (n_moe > 0 ? moe_mm + moe_other : 0);
+  int64_t grads = 4 * d * 2 + a * d + a * (q + 2 * kv) + a * q + (n_dense > 0 ? a * f : 0);
+  if (n_moe > 0) grads += int64_t(double(a * d + a * fe + 4 * d) * r) + 8 * e + a * e + 4 * k;
   p.scratch_bytes = n * (recompute + grads + a * c.vocab_size + a * d + 4);
   return p;
 }

@@ -23,13 +23,32 @@ struct LlamaConfig {
   int32_t bos_id = 1;
   int32_t eos_id = 2;
 
+  // Mixture of experts (Hugging Face MixtralConfig semantics when every layer is MoE).
+  int64_t n_experts = 0;          // num_local_experts; 0 = a dense model
+  int64_t n_experts_per_tok = 2;  // num_experts_per_tok (top-k)
+  int64_t moe_ffn_dim = 0;        // intermediate size of one expert; 0 = ffn_dim
+  int64_t first_dense_layers =
+      0;  // the first layers keep a dense MLP (MaxText first_num_dense_layers)
+  int64_t moe_layer_step =
+      1;  // after those, every step-th layer is MoE (interleave_moe_layer_step)
+  bool norm_topk_prob = true;         // renormalise the chosen k router probabilities (Mixtral)
+  double router_aux_loss_coef = 0.0;  // load-balance loss weight, recorded for Hugging Face
+
   int64_t q_dim() const { return n_heads * head_dim; }
+  bool is_moe() const { return n_experts > 0; }
+  // Layer l's MLP is a mixture of experts: l >= first_dense_layers and
+  // (l - first_dense_layers + 1) is a multiple of moe_layer_step (step 2: layers 1, 3, ...).
+  bool is_moe_layer(int64_t l) const;
+  int64_t n_moe_layers() const;
+  int64_t expert_ffn_dim() const { return moe_ffn_dim > 0 ? moe_ffn_dim : ffn_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
   // Errors name the field (e.g. "n_heads must divide ... ") and `origin` (file or preset).
   void validate(const std::string& origin) const;
 
-  // Parameters of one decoder layer (attention + MLP + two norms).
-  int64_t layer_params() const;
+  // Parameters of decoder layer l (attention + MLP or router and experts + two norms),
+  // and the ones a token actually uses there (only its k experts).
+  int64_t layer_params(int64_t l = 0) const;
+  int64_t active_layer_params(int64_t l = 0) const;
   int64_t embedding_params() const { return vocab_size * dim; }
   // lm_head [vocab, dim]; 0 extra parameters when tied to the embedding.
   int64_t lm_head_params() const { return tie_embeddings ? 0 : vocab_size * dim; }
@@ -37,8 +56,11 @@ struct LlamaConfig {
   // Every parameter that takes part in a matmul or norm: layers, final norm and the LM
   // head (counted even when tied, since its matmul runs either way).
   int64_t non_embedding_params() const;
+  // non_embedding_params() counting only the k experts a token is routed to (equal to it
+  // for a dense model): the parameters behind one token's FLOPs.
+  int64_t active_non_embedding_params() const;
 
-  // Training FLOPs per token for sequences of `seq_len`: 6 x non_embedding_params()
+  // Training FLOPs per token for sequences of `seq_len`: 6 x active_non_embedding_params()
   // (forward 2, backward 4 per weight per token) plus causal attention: per layer the
   // forward does q k^T and P v, 2 x 2 x seq_len x q_dim per token without masking, halved
   // for causality, times 3 for forward + backward: 6 x n_layers x seq_len x q_dim.
@@ -46,7 +68,9 @@ struct LlamaConfig {
   // Forward-only FLOPs per token (evaluation, prefill): a third of the training figure.
   double forward_flops_per_token(int64_t seq_len) const;
 
-  // Hugging Face config.json (LlamaConfig keys, architectures = LlamaForCausalLM).
+  // Hugging Face config.json: LlamaConfig keys and LlamaForCausalLM, or MixtralConfig keys
+  // and MixtralForCausalLM for MoE (plus hyperion_* keys for dense/MoE interleaving, which
+  // Hugging Face's Mixtral cannot express).
   std::string to_hf_json() const;
   // Reads a config.json; errors name the file and the key.
   static LlamaConfig from_hf_json(const std::string& text, const std::string& origin);
@@ -71,8 +95,9 @@ struct MemoryPlan {
   }
 };
 
-// Training memory of one process for a micro-batch of batch x seq_len tokens.
+// Training memory of one process for a micro-batch of batch x seq_len tokens
+// (capacity_factor > 0: capped MoE layers, whose buffers hold E x capacity rows).
 MemoryPlan memory_plan(const LlamaConfig& c, int64_t batch, int64_t seq_len, bool bf16_compute,
-                       RematPolicy remat);
+                       RematPolicy remat, double capacity_factor = -1.0);
 
 }  // namespace hyperion

@@ -1,7 +1,8 @@
 // Autoregressive inference of one sequence with a KV cache, on the same kernels as
 // training: prefill feeds the prompt in one pass (causal attention of the new tokens
 // against everything cached), then each decode step feeds one token. Weights are read
-// from a ParamStore (the f32 master weights, or its bf16 copy when it has one).
+// from a ParamStore (the f32 master weights, or its bf16 copy when it has one). MoE
+// layers route every token (dropless: inference never drops a token).
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 
 #include "base/aligned.h"
 #include "kernels/rope.h"
+#include "model/moe_block.h"
 #include "model/param_store.h"
 #include "model/sampler.h"
 
@@ -41,6 +43,11 @@ class LlamaGenerator {
   int64_t capacity_ = 0;  // rows of the per-call buffers below
   AlignedBuffer<float> x_, rstd_, lse_, logits_;
   AlignedBuffer<unsigned char> h_, q_, att_, g_, u_;
+  // MoE layers: routing state and expert buffers for up to capacity_ tokens.
+  AlignedBuffer<float> moe_logits_, moe_probs_, moe_weights_;
+  AlignedBuffer<int32_t> moe_experts_;
+  AlignedBuffer<unsigned char> moe_xs_, moe_g_, moe_u_, moe_a_, moe_y_;
+  MoeDispatch moe_plan_;
 };
 
 struct GenerateOptions {

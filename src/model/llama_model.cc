@@ -1,5 +1,7 @@
 #include "model/llama_model.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "base/error.h"
@@ -52,12 +54,24 @@ LlamaModel::LlamaModel(ParamStore& params, const ModelOptions& options)
   int64_t* act = &activation_bytes_;
   int64_t* scr = &scratch_bytes_;
 
+  const int64_t n_moe = cfg_.n_moe_layers();
+  const bool any_dense = n_moe < cfg_.n_layers;
+  if (n_moe > 0)
+    moe_shape_ = hyperion::moe_shape(cfg_, options.moe, options.batch, options.seq_len);
+  const MoeShape& ms = moe_shape_;
+  const int64_t rows = ms.rows, fe = ms.f, ne = ms.e, topk = ms.k;
+  plans_.resize(static_cast<size_t>(cfg_.n_layers));
+
   // The shared recompute set (used for whatever a layer does not keep).
   LayerActs shared;
   if (remat != RematPolicy::kNone) {
     shared.h = alloc(n * d * a, scr);
     shared.h2 = alloc(n * d * a, scr);
-    shared.a = alloc(n * f * a, scr);
+    if (any_dense) shared.a = alloc(n * f * a, scr);
+    if (n_moe > 0) {
+      shared.moe.xs = alloc(rows * d * a, scr);
+      shared.moe.a = alloc(rows * fe * a, scr);
+    }
     if (remat == RematPolicy::kFull) {
       shared.q = alloc(n * q * a, scr);
       shared.k = alloc(n * kv * a, scr);
@@ -65,16 +79,33 @@ LlamaModel::LlamaModel(ParamStore& params, const ModelOptions& options)
       shared.att = alloc(n * q * a, scr);
       shared.lse = static_cast<float*>(alloc(lse, scr));
       shared.x2 = static_cast<float*>(alloc(n * d * 4, scr));
-      shared.g = alloc(n * f * a, scr);
-      shared.u = alloc(n * f * a, scr);
+      if (any_dense) {
+        shared.g = alloc(n * f * a, scr);
+        shared.u = alloc(n * f * a, scr);
+      }
+      if (n_moe > 0) {
+        shared.moe.g = alloc(rows * fe * a, scr);
+        shared.moe.u = alloc(rows * fe * a, scr);
+        shared.moe.y = alloc(rows * d * a, scr);
+      }
     }
   }
   layers_.resize(static_cast<size_t>(cfg_.n_layers));
-  for (LayerActs& la : layers_) {
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    LayerActs& la = layers_[l];
+    const bool moe = cfg_.is_moe_layer(static_cast<int64_t>(l));
     la = shared;
     la.x = static_cast<float*>(alloc(n * d * 4, act));
     la.rstd1 = static_cast<float*>(alloc(n * 4, act));
     la.rstd2 = static_cast<float*>(alloc(n * 4, act));
+    if (moe) {
+      // Routing state is small (n x E): every policy keeps it.
+      la.moe.logits = static_cast<float*>(alloc(n * ne * 4, act));
+      la.moe.probs = static_cast<float*>(alloc(n * ne * 4, act));
+      la.moe.experts = static_cast<int32_t*>(alloc(n * topk * 4, act));
+      la.moe.weights = static_cast<float*>(alloc(n * topk * 4, act));
+      la.moe.plan = &plans_[l];
+    }
     if (remat != RematPolicy::kFull) {
       la.q = alloc(n * q * a, act);
       la.k = alloc(n * kv * a, act);
@@ -82,13 +113,24 @@ LlamaModel::LlamaModel(ParamStore& params, const ModelOptions& options)
       la.att = alloc(n * q * a, act);
       la.lse = static_cast<float*>(alloc(lse, act));
       la.x2 = static_cast<float*>(alloc(n * d * 4, act));
-      la.g = alloc(n * f * a, act);
-      la.u = alloc(n * f * a, act);
+      if (moe) {
+        la.moe.g = alloc(rows * fe * a, act);
+        la.moe.u = alloc(rows * fe * a, act);
+        la.moe.y = alloc(rows * d * a, act);
+      } else {
+        la.g = alloc(n * f * a, act);
+        la.u = alloc(n * f * a, act);
+      }
     }
     if (remat == RematPolicy::kNone) {
       la.h = alloc(n * d * a, act);
       la.h2 = alloc(n * d * a, act);
-      la.a = alloc(n * f * a, act);
+      if (moe) {
+        la.moe.xs = alloc(rows * d * a, act);
+        la.moe.a = alloc(rows * fe * a, act);
+      } else {
+        la.a = alloc(n * f * a, act);
+      }
     }
   }
   x_final_ = static_cast<float*>(alloc(n * d * 4, act));
@@ -102,7 +144,16 @@ LlamaModel::LlamaModel(ParamStore& params, const ModelOptions& options)
   dq_ = alloc(n * q * a, scr);
   dk_ = alloc(n * kv * a, scr);
   dv_ = alloc(n * kv * a, scr);
-  da_ = alloc(n * f * a, scr);
+  if (any_dense) da_ = alloc(n * f * a, scr);
+  if (n_moe > 0) {
+    moe_grad_.dy = alloc(rows * d * a, scr);
+    moe_grad_.da = alloc(rows * fe * a, scr);
+    moe_grad_.dxs = static_cast<float*>(alloc(rows * d * 4, scr));
+    moe_grad_.dlogits = static_cast<float*>(alloc(n * ne * 4, scr));
+    moe_grad_.dprobs = static_cast<float*>(alloc(n * ne * 4, scr));
+    moe_grad_.dlogits_c = alloc(n * ne * a, scr);
+    moe_grad_.dweights = static_cast<float*>(alloc(n * topk * 4, scr));
+  }
 }
 
 void LlamaModel::embed(const int32_t* inputs) {
@@ -113,7 +164,7 @@ void LlamaModel::embed(const int32_t* inputs) {
       TensorView(layers_.empty() ? x_final_ : layers_[0].x, DType::kF32, {n, cfg_.dim}));
 }
 
-void LlamaModel::layer_forward(int l, const LayerActs& s, float* x_out) {
+void LlamaModel::layer_forward(int l, LayerActs& s, float* x_out) {
   const LayerParamIndex& p = params_.layer(l);
   const int64_t n = tokens_per_batch(), b = options_.batch, t = options_.seq_len;
   const int64_t d = cfg_.dim, f = cfg_.ffn_dim;
@@ -136,6 +187,11 @@ void LlamaModel::layer_forward(int l, const LayerActs& s, float* x_out) {
 
   rmsnorm_forward(TensorView(s.x2, DType::kF32, {n, d}), params_.param(p.post_norm), eps,
                   TensorView(s.h2, act_, {n, d}), TensorView(s.rstd2, DType::kF32, {n}));
+  if (p.moe()) {
+    if (x_out != nullptr) copy_f32(s.x2, x_out, n * d);
+    moe::forward(params_, p, moe_shape_, options_.moe, s.h2, act_, s.moe, x_out);
+    return;
+  }
   linear::forward(s.h2, act_, params_.compute_weight(p.gate), s.g, act_, n);
   linear::forward(s.h2, act_, params_.compute_weight(p.up), s.u, act_, n);
   swiglu_forward(TensorView(s.g, act_, {n, f}), TensorView(s.u, act_, {n, f}),
@@ -147,7 +203,7 @@ void LlamaModel::layer_forward(int l, const LayerActs& s, float* x_out) {
 }
 
 void LlamaModel::recompute(int l) {
-  const LayerActs& s = layers_[static_cast<size_t>(l)];
+  LayerActs& s = layers_[static_cast<size_t>(l)];
   switch (options_.remat) {
     case RematPolicy::kNone:
       return;
@@ -162,6 +218,10 @@ void LlamaModel::recompute(int l) {
                       TensorView(s.h, act_, {n, d}), TensorView(s.rstd1, DType::kF32, {n}));
       rmsnorm_forward(TensorView(s.x2, DType::kF32, {n, d}), params_.param(p.post_norm), eps,
                       TensorView(s.h2, act_, {n, d}), TensorView(s.rstd2, DType::kF32, {n}));
+      if (p.moe()) {
+        moe::recompute(moe_shape_, s.h2, act_, s.moe);
+        return;
+      }
       swiglu_forward(TensorView(s.g, act_, {n, f}), TensorView(s.u, act_, {n, f}),
                      TensorView(s.a, act_, {n, f}));
       return;
@@ -181,23 +241,30 @@ const void* LlamaModel::dres_compute() {
 
 void LlamaModel::layer_backward(int l) {
   recompute(l);
-  const LayerActs& s = layers_[static_cast<size_t>(l)];
+  LayerActs& s = layers_[static_cast<size_t>(l)];
   const LayerParamIndex& p = params_.layer(l);
   const int64_t n = tokens_per_batch(), b = options_.batch, t = options_.seq_len;
   const int64_t d = cfg_.dim, f = cfg_.ffn_dim;
   const int64_t hq = cfg_.n_heads, hkv = cfg_.n_kv_heads, hd = cfg_.head_dim;
 
-  // MLP branch: x' = x2 + swiglu(h2 Wg^T, h2 Wu^T) Wd^T.
-  const void* g_out = dres_compute();
-  linear::backward_input(g_out, act_, params_.compute_weight(p.down), da_, act_, n);
-  linear::backward_weight(g_out, s.a, act_, params_.grad(p.down), n);
-  // dg and du overwrite the saved gate and up (read before written, never needed again).
-  const TensorView gv(s.g, act_, {n, f}), uv(s.u, act_, {n, f});
-  swiglu_backward(TensorView(da_, act_, {n, f}), gv, uv, gv, uv);
-  linear::backward_input(s.g, act_, params_.compute_weight(p.gate), dh_, DType::kF32, n);
-  linear::backward_input(s.u, act_, params_.compute_weight(p.up), dh_, DType::kF32, n, 1.0f);
-  linear::backward_weight(s.g, s.h2, act_, params_.grad(p.gate), n);
-  linear::backward_weight(s.u, s.h2, act_, params_.grad(p.up), n);
+  const void* g_out = nullptr;
+  if (p.moe()) {
+    // MLP branch: x' = x2 + moe(h2).
+    moe::backward(params_, p, moe_shape_, options_.moe, s.h2, act_, s.moe, dres_, dloss_, moe_grad_,
+                  dh_);
+  } else {
+    // MLP branch: x' = x2 + swiglu(h2 Wg^T, h2 Wu^T) Wd^T.
+    g_out = dres_compute();
+    linear::backward_input(g_out, act_, params_.compute_weight(p.down), da_, act_, n);
+    linear::backward_weight(g_out, s.a, act_, params_.grad(p.down), n);
+    // dg and du overwrite the saved gate and up (read before written, never needed again).
+    const TensorView gv(s.g, act_, {n, f}), uv(s.u, act_, {n, f});
+    swiglu_backward(TensorView(da_, act_, {n, f}), gv, uv, gv, uv);
+    linear::backward_input(s.g, act_, params_.compute_weight(p.gate), dh_, DType::kF32, n);
+    linear::backward_input(s.u, act_, params_.compute_weight(p.up), dh_, DType::kF32, n, 1.0f);
+    linear::backward_weight(s.g, s.h2, act_, params_.grad(p.gate), n);
+    linear::backward_weight(s.u, s.h2, act_, params_.grad(p.up), n);
+  }
   rmsnorm_backward(TensorView(dh_, DType::kF32, {n, d}), TensorView(s.x2, DType::kF32, {n, d}),
                    params_.param(p.post_norm), TensorView(s.rstd2, DType::kF32, {n}),
                    TensorView(dres_, DType::kF32, {n, d}), params_.grad(p.post_norm), true);
@@ -245,13 +312,49 @@ CrossEntropyResult LlamaModel::head(const int32_t* targets, bool backward, float
   return r;
 }
 
+void LlamaModel::update_moe_stats() {
+  MoeStats st;
+  const MoeShape& ms = moe_shape_;
+  int64_t moe_layers = 0, dropped = 0;
+  st.load_min = 1e300;
+  st.load_max = 0.0;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    if (!params_.layer(static_cast<int>(l)).moe()) continue;
+    const MoeActs& m = layers_[l].moe;
+    st.lb_loss += m.lb_loss;
+    st.z_loss += m.z_loss;
+    dropped += m.plan->dropped;
+    const double share = double(ms.n * ms.k) / double(ms.e);
+    double sum = 0, sq = 0;
+    for (int64_t load : m.plan->expert_load) {
+      const double x = double(load) / share;
+      st.load_min = std::min(st.load_min, x);
+      st.load_max = std::max(st.load_max, x);
+      sum += x;
+      sq += x * x;
+    }
+    const double mean = sum / double(ms.e);
+    st.load_cv += std::sqrt(std::max(0.0, sq / double(ms.e) - mean * mean)) / mean;
+    ++moe_layers;
+  }
+  if (moe_layers > 0) {
+    st.load_cv /= double(moe_layers);
+    st.dropped_fraction = double(dropped) / double(moe_layers * ms.n * ms.k);
+  } else {
+    st.load_min = st.load_max = 0.0;
+  }
+  moe_stats_ = st;
+}
+
 CrossEntropyResult LlamaModel::forward_backward(const int32_t* inputs, const int32_t* targets,
                                                 float dloss) {
   embed(inputs);
+  dloss_ = dloss;
   const int nl = static_cast<int>(cfg_.n_layers);
   for (int l = 0; l < nl; ++l)
     layer_forward(l, layers_[static_cast<size_t>(l)],
                   l + 1 < nl ? layers_[static_cast<size_t>(l + 1)].x : x_final_);
+  update_moe_stats();
   CrossEntropyResult r = head(targets, true, dloss);
   for (int l = nl - 1; l >= 0; --l) layer_backward(l);
   const int64_t n = tokens_per_batch();
@@ -266,6 +369,7 @@ CrossEntropyResult LlamaModel::forward_loss(const int32_t* inputs, const int32_t
   for (int l = 0; l < nl; ++l)
     layer_forward(l, layers_[static_cast<size_t>(l)],
                   l + 1 < nl ? layers_[static_cast<size_t>(l + 1)].x : x_final_);
+  update_moe_stats();
   return head(targets, false, 0.0f);
 }
 

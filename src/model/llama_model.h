@@ -28,15 +28,34 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/rope.h"
 #include "model/llama_config.h"
+#include "model/moe_block.h"
 #include "model/param_store.h"
 
 namespace hyperion {
 
 struct ModelOptions {
-  int64_t batch = 1;
-  int64_t seq_len = 128;
-  bool bf16 = true;
-  RematPolicy remat = RematPolicy::kMinimal;
+  // A constructor rather than an aggregate, so `{batch, seq_len, bf16, remat}` stays valid
+  // (and warning-free) for dense models.
+  ModelOptions(int64_t batch_ = 1, int64_t seq_len_ = 128, bool bf16_ = true,
+               RematPolicy remat_ = RematPolicy::kMinimal, MoeOptions moe_ = {})
+      : batch(batch_), seq_len(seq_len_), bf16(bf16_), remat(remat_), moe(moe_) {}
+  int64_t batch;
+  int64_t seq_len;
+  bool bf16;
+  RematPolicy remat;
+  MoeOptions moe;  // used by the MoE layers, if the config has any
+};
+
+// Routing statistics of the last forward pass over all MoE layers.
+struct MoeStats {
+  float lb_loss = 0.0f;  // load-balance loss, weighted, summed over MoE layers
+  float z_loss = 0.0f;   // router z-loss, weighted, summed over MoE layers
+  // (token, choice) pairs dropped past capacity / all pairs (0 when dropless).
+  double dropped_fraction = 0.0;
+  // Expert load = pairs routed to an expert / the balanced share (n * k / E), over every
+  // (MoE layer, expert): min and max, and the coefficient of variation (std / mean) of
+  // the loads averaged over the MoE layers. Balanced routing gives 1, 1, 0.
+  double load_min = 0.0, load_max = 0.0, load_cv = 0.0;
 };
 
 class LlamaModel {
@@ -58,6 +77,12 @@ class LlamaModel {
   CrossEntropyResult forward_loss(const int32_t* inputs, const int32_t* targets);
   // Forward only: the logits of every position as f32 [batch * seq_len, vocab].
   void forward_logits(const int32_t* inputs, float* logits);
+
+  // Sum of the MoE layers' weighted auxiliary losses (load balance + z) of the last
+  // forward: forward_backward's gradient includes it, its returned loss does not.
+  float aux_loss() const { return moe_stats_.lb_loss + moe_stats_.z_loss; }
+  const MoeStats& moe_stats() const { return moe_stats_; }
+  const MoeShape& moe_shape() const { return moe_shape_; }
 
   // Bytes of saved activations (all layers) and of scratch (recompute, gradients,
   // logits) this model allocated.
@@ -82,11 +107,13 @@ class LlamaModel {
     void* g = nullptr;   // [N, F]
     void* u = nullptr;
     void* a = nullptr;  // swiglu output [N, F]
+    MoeActs moe;        // an MoE layer's MLP state (instead of g, u, a)
   };
 
   void embed(const int32_t* inputs);
   // Runs layer l's forward from acts.x; writes x_out unless it is null (recompute).
-  void layer_forward(int l, const LayerActs& acts, float* x_out);
+  void layer_forward(int l, LayerActs& acts, float* x_out);
+  void update_moe_stats();
   // Recomputes what the remat policy did not keep, before layer l's backward.
   void recompute(int l);
   // dres: gradient w.r.t. the layer output on entry, w.r.t. its input on exit.
@@ -107,6 +134,11 @@ class LlamaModel {
   int64_t activation_bytes_ = 0, scratch_bytes_ = 0;
 
   std::vector<LayerActs> layers_;
+  MoeShape moe_shape_;
+  std::vector<MoeDispatch> plans_;  // per layer (empty for dense layers)
+  MoeGradScratch moe_grad_;
+  MoeStats moe_stats_;
+  float dloss_ = 0.0f;
   float* x_final_ = nullptr;  // output of the last layer [N, D] f32
   const int32_t* inputs_ = nullptr;
   // Head and gradient buffers.

@@ -17,6 +17,8 @@ ParamStore::ParamStore(const LlamaConfig& config, bool bf16_copy)
     : config_(config), tie_(config.tie_embeddings) {
   config.validate("model");
   const int64_t d = config.dim, q = config.q_dim(), kv = config.kv_dim(), f = config.ffn_dim;
+  const int64_t fe = config.expert_ffn_dim();
+  const int ne = static_cast<int>(config.n_experts);
   embed_ = add("model.embed_tokens.weight", {config.vocab_size, d}, -1, ParamKind::kEmbedding);
   for (int l = 0; l < config.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -27,9 +29,17 @@ ParamStore::ParamStore(const LlamaConfig& config, bool bf16_copy)
     li.v = add(p + "self_attn.v_proj.weight", {kv, d}, l, ParamKind::kMatrix);
     li.o = add(p + "self_attn.o_proj.weight", {d, q}, l, ParamKind::kMatrix);
     li.post_norm = add(p + "post_attention_layernorm.weight", {d}, l, ParamKind::kNorm);
-    li.gate = add(p + "mlp.gate_proj.weight", {f, d}, l, ParamKind::kMatrix);
-    li.up = add(p + "mlp.up_proj.weight", {f, d}, l, ParamKind::kMatrix);
-    li.down = add(p + "mlp.down_proj.weight", {d, f}, l, ParamKind::kMatrix);
+    if (config.is_moe_layer(l)) {
+      const std::string m = p + "block_sparse_moe.";
+      li.router = add(m + "gate.weight", {config.n_experts, d}, l, ParamKind::kMatrix);
+      li.gate = add_stacked(m + "experts.", ".w1.weight", ne, {fe, d}, l);
+      li.up = add_stacked(m + "experts.", ".w3.weight", ne, {fe, d}, l);
+      li.down = add_stacked(m + "experts.", ".w2.weight", ne, {d, fe}, l);
+    } else {
+      li.gate = add(p + "mlp.gate_proj.weight", {f, d}, l, ParamKind::kMatrix);
+      li.up = add(p + "mlp.up_proj.weight", {f, d}, l, ParamKind::kMatrix);
+      li.down = add(p + "mlp.down_proj.weight", {d, f}, l, ParamKind::kMatrix);
+    }
     layers_.push_back(li);
   }
   final_norm_ = add("model.norm.weight", {d}, -1, ParamKind::kNorm);
@@ -57,6 +67,43 @@ int ParamStore::add(std::string name, Shape shape, int layer, ParamKind kind) {
   size_ += (info.numel + kAlignElems - 1) / kAlignElems * kAlignElems;
   infos_.push_back(std::move(info));
   return static_cast<int>(infos_.size() - 1);
+}
+
+int ParamStore::add_stacked(const std::string& prefix, const std::string& suffix, int count,
+                            Shape shape, int layer) {
+  const int first = static_cast<int>(infos_.size());
+  const int64_t begin = size_;
+  for (int e = 0; e < count; ++e) {
+    ParamInfo info;
+    info.name = prefix + std::to_string(e) + suffix;
+    info.shape = shape;
+    info.numel = shape.numel();
+    info.offset = begin + e * info.numel;
+    info.layer = layer;
+    info.kind = ParamKind::kMatrix;
+    infos_.push_back(std::move(info));
+  }
+  const int64_t total = count * shape.numel();
+  size_ += (total + kAlignElems - 1) / kAlignElems * kAlignElems;
+  return first;
+}
+
+TensorView ParamStore::stack(const TensorView& first, int count) {
+  if (first.data == nullptr) return first;
+  Shape s;
+  s.push_back(count);
+  for (int64_t d : first.shape) s.push_back(d);
+  return TensorView(first.data, first.dtype, s);
+}
+
+TensorView ParamStore::stacked_param(int first, int count) const {
+  return stack(param(first), count);
+}
+TensorView ParamStore::stacked_grad(int first, int count) const {
+  return stack(grad(first), count);
+}
+TensorView ParamStore::stacked_compute_weight(int first, int count) const {
+  return stack(compute_weight(first), count);
 }
 
 const ParamInfo* ParamStore::find(const std::string& name) const {

@@ -5,8 +5,12 @@
 // trainer reduces or gathers in buckets.
 //
 // Order: model.embed_tokens, then per layer input_layernorm, q_proj, k_proj, v_proj,
-// o_proj, post_attention_layernorm, gate_proj, up_proj, down_proj, then model.norm and
-// lm_head (absent when tied). Matrices are [out, in] as Hugging Face stores them.
+// o_proj, post_attention_layernorm, and either the dense MLP (gate_proj, up_proj,
+// down_proj) or the mixture of experts (block_sparse_moe.gate = the router [E, D], then
+// every expert's w1 (gate), every expert's w3 (up), every expert's w2 (down)), then
+// model.norm and lm_head (absent when tied). Matrices are [out, in] as Hugging Face
+// stores them. An MoE layer's E expert matrices of one kind sit back to back with no
+// padding, so they form the stacked [E, out, in] tensor the grouped GEMM reads.
 #pragma once
 
 #include <cstdint>
@@ -31,8 +35,12 @@ struct ParamInfo {
 };
 
 // Indices of one layer's tensors in ParamStore::infos().
+// In an MoE layer gate/up/down index expert 0's w1/w3/w2 (expert e is at index + e, see
+// ParamStore::stacked_*) and router the gate; a dense layer has router = -1.
 struct LayerParamIndex {
   int input_norm, q, k, v, o, post_norm, gate, up, down;
+  int router = -1;
+  bool moe() const { return router >= 0; }
 };
 
 class ParamStore {
@@ -57,6 +65,10 @@ class ParamStore {
   TensorView param_bf16(int i) const;  // empty view without a bf16 copy
   // The tensor a matmul reads: the bf16 copy in bf16 mode, else the f32 master.
   TensorView compute_weight(int i) const;
+  // Tensors first .. first+count-1 (stacked experts, contiguous) as one [count, ...] view.
+  TensorView stacked_param(int first, int count) const;
+  TensorView stacked_grad(int first, int count) const;
+  TensorView stacked_compute_weight(int first, int count) const;
 
   const LayerParamIndex& layer(int l) const { return layers_[static_cast<size_t>(l)]; }
   int embed() const { return embed_; }
@@ -75,6 +87,10 @@ class ParamStore {
 
  private:
   int add(std::string name, Shape shape, int layer, ParamKind kind);
+  // Adds `count` tensors named prefix + e + suffix back to back (no padding between them).
+  int add_stacked(const std::string& prefix, const std::string& suffix, int count, Shape shape,
+                  int layer);
+  static TensorView stack(const TensorView& first, int count);
 
   LlamaConfig config_;
   bool tie_ = false;

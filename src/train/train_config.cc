@@ -54,6 +54,22 @@ std::vector<ConfigKey> train_config_schema() {
       {"rope_max_timescale", T::kFloat, "10000", "rope_theta"},
       {"logits_via_embedding", T::kBool, "false", "tie lm_head to the embedding"},
       {"max_position_embeddings", T::kInt, "0", "0: max_target_length"},
+      // Mixture of experts (MaxText names; Hugging Face MixtralConfig in the help).
+      {"num_experts", T::kInt, "0", "experts per MoE layer (num_local_experts); 0: dense"},
+      {"num_experts_per_tok", T::kInt, "2", "experts each token is routed to (top-k)"},
+      {"base_moe_mlp_dim", T::kInt, "0", "intermediate_size of one expert (0: base_mlp_dim)"},
+      {"first_num_dense_layers", T::kInt, "0", "leading layers that keep a dense MLP"},
+      {"interleave_moe_layer_step", T::kInt, "1",
+       "every N-th layer after those is MoE (1: all of them)"},
+      {"norm_topk_prob", T::kBool, "true",
+       "renormalise the k chosen router probabilities (Mixtral)"},
+      {"capacity_factor", T::kFloat, "-1",
+       "> 0: capped experts (capacity per expert = max(ceil(T*k/E)*cf, cf) per sequence, "
+       "tokens past it dropped); -1: dropless"},
+      {"sparse_matmul", T::kBool, "true",
+       "grouped GEMM over the tokens sorted by expert (dropless needs it)"},
+      {"load_balance_loss_weight", T::kFloat, "0.01", "Switch load-balance loss weight"},
+      {"router_z_loss_weight", T::kFloat, "0", "router z-loss weight (0: off)"},
       // Data.
       {"dataset_path", T::kString, "",
        "prepared dataset dir, or a .txt/.jsonl file; empty: the bundled corpus"},
@@ -111,7 +127,8 @@ std::string resolve_preset(const std::string& arg) {
   }
   fail(
       "config '{}': no such file, and no preset configs/{}.yml (presets: tiny, llama-25m, "
-      "llama-110m, llama2-7b, llama2-70b, llama3-8b)",
+      "llama-110m, llama2-7b, llama2-70b, llama3-8b, mixtral-tiny, mixtral-8x7b, moe-e4, "
+      "moe-e8, moe-e16, moe-e32)",
       arg, arg);
 }
 
@@ -158,6 +175,35 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
   HYP_CHECK(m.max_seq_len >= t.max_target_length,
             "config key {} ({}) is below max_target_length ({})", where("max_position_embeddings"),
             m.max_seq_len, t.max_target_length);
+  m.n_experts = non_negative("num_experts");
+  if (m.n_experts > 0) {
+    m.n_experts_per_tok = positive("num_experts_per_tok");
+    HYP_CHECK(m.n_experts_per_tok <= m.n_experts,
+              "config key {} ({}) must not exceed num_experts ({})", where("num_experts_per_tok"),
+              m.n_experts_per_tok, m.n_experts);
+    m.moe_ffn_dim = non_negative("base_moe_mlp_dim");
+    m.first_dense_layers = non_negative("first_num_dense_layers");
+    HYP_CHECK(m.first_dense_layers < m.n_layers,
+              "config key {} ({}) leaves no MoE layer among {} layers",
+              where("first_num_dense_layers"), m.first_dense_layers, m.n_layers);
+    m.moe_layer_step = positive("interleave_moe_layer_step");
+    m.norm_topk_prob = c.get_bool("norm_topk_prob");
+    MoeOptions& o = t.moe;
+    o.capacity_factor = c.get_float("capacity_factor");
+    HYP_CHECK(o.capacity_factor > 0 || o.capacity_factor == -1.0,
+              "config key {} must be > 0 (capped) or -1 (dropless), got {}",
+              where("capacity_factor"), o.capacity_factor);
+    HYP_CHECK(o.capacity_factor > 0 || c.get_bool("sparse_matmul"),
+              "config key {}: dropless experts (capacity_factor=-1) need sparse_matmul=true; "
+              "set a capacity_factor > 0 for capped experts",
+              where("sparse_matmul"));
+    o.load_balance_weight = static_cast<float>(c.get_float("load_balance_loss_weight"));
+    o.z_loss_weight = static_cast<float>(c.get_float("router_z_loss_weight"));
+    HYP_CHECK(o.load_balance_weight >= 0, "config key {} must be >= 0",
+              where("load_balance_loss_weight"));
+    HYP_CHECK(o.z_loss_weight >= 0, "config key {} must be >= 0", where("router_z_loss_weight"));
+    m.router_aux_loss_coef = o.load_balance_weight;
+  }
   m.validate("config");
 
   t.dataset_path = c.get_string("dataset_path");

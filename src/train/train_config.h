@@ -12,6 +12,7 @@
 
 #include "base/config.h"
 #include "model/llama_config.h"
+#include "model/moe_block.h"
 #include "train/schedule.h"
 
 namespace hyperion {
@@ -32,6 +33,7 @@ Config load_train_config(const std::string& config_arg, const std::vector<std::s
 struct TrainConfig {
   std::string name;  // preset / file stem
   LlamaConfig model;
+  MoeOptions moe;  // capacity factor and aux-loss weights of the MoE layers
   // Data.
   std::string dataset_path;    // prepared dir (train.bin ...) or a .txt/.jsonl to prepare
   std::string tokenizer_path;  // existing SentencePiece model (optional)

@@ -170,7 +170,8 @@ TrainResult run_training(const Config& config, const std::string& config_name,
   t.model.eos_id = tokenizer.eos_id();
 
   ParamStore params(t.model, t.bf16);
-  LlamaModel model(params, {t.per_device_batch_size, t.max_target_length, t.bf16, t.remat});
+  LlamaModel model(params, {t.per_device_batch_size, t.max_target_length, t.bf16, t.remat, t.moe});
+  const bool moe = t.model.is_moe();
   OptimizerOptions oo;
   oo.beta1 = t.adam_b1;
   oo.beta2 = t.adam_b2;
@@ -192,7 +193,12 @@ TrainResult run_training(const Config& config, const std::string& config_name,
     HYP_CHECK(saved.dim == t.model.dim && saved.n_layers == t.model.n_layers &&
                   saved.vocab_size == t.model.vocab_size && saved.ffn_dim == t.model.ffn_dim &&
                   saved.n_heads == t.model.n_heads && saved.n_kv_heads == t.model.n_kv_heads &&
-                  saved.tie_embeddings == t.model.tie_embeddings,
+                  saved.tie_embeddings == t.model.tie_embeddings &&
+                  saved.n_experts == t.model.n_experts &&
+                  saved.n_experts_per_tok == t.model.n_experts_per_tok &&
+                  saved.expert_ffn_dim() == t.model.expert_ffn_dim() &&
+                  saved.first_dense_layers == t.model.first_dense_layers &&
+                  saved.moe_layer_step == t.model.moe_layer_step,
               "resume: checkpoint {} holds a different model shape than the config", *resume_from);
     state = load_training_state(*resume_from, params, optimizer);
     loader.restore(state.data);
@@ -204,8 +210,8 @@ TrainResult run_training(const Config& config, const std::string& config_name,
   result.start_step = state.step;
 
   // Start-up report: sizes, memory by category, FLOPs and the MFU denominator.
-  const MemoryPlan mem =
-      memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16, t.remat);
+  const MemoryPlan mem = memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16,
+                                     t.remat, t.moe.capacity_factor);
   const double flops_per_token = t.model.train_flops_per_token(t.max_target_length);
   if (t.peak_tflops > 0) {
     result.peak_gflops = t.peak_tflops * 1e3;
@@ -216,6 +222,18 @@ TrainResult run_training(const Config& config, const std::string& config_name,
   log_info("model: {} params ({} non-embedding), {} layers, dim {}, heads {}/{}, ffn {}, vocab {}",
            t.model.total_params(), t.model.non_embedding_params(), t.model.n_layers, t.model.dim,
            t.model.n_heads, t.model.n_kv_heads, t.model.ffn_dim, t.model.vocab_size);
+  if (moe) {
+    const MoeShape& ms = model.moe_shape();
+    log_info(
+        "moe: {} of {} layers, {} experts (ffn {}), top-{}, {} ({} rows per layer), "
+        "{} active params per token, load-balance weight {}, z-loss weight {}",
+        t.model.n_moe_layers(), t.model.n_layers, ms.e, ms.f, ms.k,
+        ms.capacity >= 0 ? fmt::format("capped: capacity {} per expert per sequence (factor {})",
+                                       ms.capacity, t.moe.capacity_factor)
+                         : std::string("dropless"),
+        ms.rows, t.model.active_non_embedding_params(), t.moe.load_balance_weight,
+        t.moe.z_loss_weight);
+  }
   log_info(
       "memory: weights {} + bf16 copy {} + grads {} + adam {}; activations {} (remat {}), "
       "scratch {} (allocated: activations {}, scratch {})",
@@ -261,12 +279,22 @@ TrainResult run_training(const Config& config, const std::string& config_name,
   while (state.step < last_step) {
     Timer step_timer;
     double data_wait = 0, loss = 0;
+    MoeStats ms;
     params.zero_grads();
     for (int64_t micro = 0; micro < t.gradient_accumulation_steps; ++micro) {
       Timer dt;
       loader.next(in.data(), tg.data());
       data_wait += dt.seconds();
       loss += model.forward_backward(in.data(), tg.data(), dloss).loss * dloss;
+      if (moe) {
+        const MoeStats& s = model.moe_stats();
+        ms.lb_loss += s.lb_loss * dloss;
+        ms.z_loss += s.z_loss * dloss;
+        ms.dropped_fraction += s.dropped_fraction * dloss;
+        ms.load_cv += s.load_cv * dloss;
+        ms.load_min = micro == 0 ? s.load_min : std::min(ms.load_min, s.load_min);
+        ms.load_max = std::max(ms.load_max, s.load_max);
+      }
     }
     comm->all_reduce(params.grads(), static_cast<size_t>(params.size()), dist::ReduceOp::kAvg);
     const double lr = t.schedule.lr(state.step);
@@ -276,7 +304,9 @@ TrainResult run_training(const Config& config, const std::string& config_name,
 
     StepMetrics m;
     m.step = state.step;
-    m.loss = loss;
+    m.lm_loss = loss;
+    m.loss = loss + ms.lb_loss + ms.z_loss;
+    m.moe = ms;
     m.grad_norm = opt.grad_norm;
     m.lr = lr;
     m.step_s = step_timer.seconds();
@@ -299,6 +329,15 @@ TrainResult run_training(const Config& config, const std::string& config_name,
     j["mfu"] = m.mfu;
     j["data_wait_s"] = m.data_wait_s;
     j["tokens_seen"] = state.tokens_seen;
+    if (moe) {
+      j["lm_loss"] = m.lm_loss;
+      j["moe_lb_loss"] = ms.lb_loss;
+      j["moe_z_loss"] = ms.z_loss;
+      j["moe_dropped_fraction"] = ms.dropped_fraction;
+      j["expert_load_min"] = ms.load_min;
+      j["expert_load_max"] = ms.load_max;
+      j["expert_load_cv"] = ms.load_cv;
+    }
     if (m.skipped) j["skipped"] = true;
     metrics << j.dump() << "\n";
     metrics.flush();
@@ -315,6 +354,12 @@ TrainResult run_training(const Config& config, const std::string& config_name,
           "{:.3f} TFLOP/s  MFU {:.1f}%  data {:.1f} ms",
           m.step, m.loss, m.grad_norm, m.lr, m.step_s, m.tokens_per_s, m.tflops, 100 * m.mfu,
           1e3 * m.data_wait_s);
+    if (!options.quiet && moe &&
+        (state.step % t.log_period == 0 || state.step == 1 || state.step == t.steps))
+      log_info(
+          "           moe: lb_loss {:.4f}  z_loss {:.4f}  dropped {:.2f}%  expert load "
+          "min {:.2f} max {:.2f} cv {:.3f}",
+          ms.lb_loss, ms.z_loss, 100 * ms.dropped_fraction, ms.load_min, ms.load_max, ms.load_cv);
     if (val_loader && t.eval_interval > 0 && state.step % t.eval_interval == 0 &&
         state.step < t.steps) {
       EvalResult e = evaluate(model, *val_loader, t.eval_batches);

@@ -9,14 +9,16 @@
 #include <vector>
 
 #include "base/config.h"
+#include "model/llama_model.h"
 #include "train/train_config.h"
 
 namespace hyperion {
 
 // Per-step metrics (one line of metrics.jsonl).
 struct StepMetrics {
-  int64_t step = 0;  // 1-based: optimizer steps completed
-  double loss = 0;
+  int64_t step = 0;    // 1-based: optimizer steps completed
+  double loss = 0;     // the objective: cross-entropy + MoE auxiliary losses
+  double lm_loss = 0;  // cross-entropy alone
   double grad_norm = 0;
   double lr = 0;
   double step_s = 0;
@@ -25,6 +27,8 @@ struct StepMetrics {
   double mfu = 0;
   double data_wait_s = 0;
   bool skipped = false;
+  // MoE models: averages over the step's micro-batches (see MoeStats).
+  MoeStats moe;
 };
 
 struct TrainResult {

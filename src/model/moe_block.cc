@@ -1,0 +1,123 @@
+#include "model/moe_block.h"
+
+#include <cstring>
+
+#include "base/error.h"
+#include "base/threads.h"
+#include "kernels/grouped_gemm.h"
+#include "kernels/swiglu.h"
+#include "model/linear.h"
+#include "tensor/convert.h"
+
+namespace hyperion {
+
+MoeShape moe_shape(const LlamaConfig& c, const MoeOptions& o, int64_t batch, int64_t seq_len) {
+  MoeShape s;
+  s.b = batch;
+  s.t = seq_len;
+  s.n = batch * seq_len;
+  s.d = c.dim;
+  s.f = c.expert_ffn_dim();
+  s.e = c.n_experts;
+  s.k = c.n_experts_per_tok;
+  s.normalize = c.norm_topk_prob;
+  if (o.capacity_factor > 0) {
+    s.capacity = moe_capacity(seq_len, s.k, s.e, o.capacity_factor);
+    s.rows = s.e * s.b * s.capacity;
+  } else {
+    s.rows = s.n * s.k;
+  }
+  return s;
+}
+
+namespace moe {
+
+namespace {
+
+std::span<const int64_t> sizes_of(const MoeActs& m) {
+  return {m.plan->group_sizes.data(), m.plan->group_sizes.size()};
+}
+
+}  // namespace
+
+void forward(const ParamStore& ps, const LayerParamIndex& p, const MoeShape& s, const MoeOptions& o,
+             const void* h, DType act, MoeActs& m, float* out) {
+  const int ne = static_cast<int>(s.e);
+  linear::forward(h, act, ps.compute_weight(p.router), m.logits, DType::kF32, s.n);
+  router_topk_forward(m.logits, s.n, s.e, s.k, s.normalize, m.probs, m.experts, m.weights);
+  moe_dispatch_plan(m.experts, s.b, s.t, s.k, s.e, s.capacity, m.plan);
+  HYP_CHECK(m.plan->rows == s.rows, "moe: dispatch produced {} rows, buffers hold {}", m.plan->rows,
+            s.rows);
+  m.lb_loss = o.load_balance_weight > 0 ? load_balance_loss(m.probs, m.experts, s.b, s.t, s.e, s.k,
+                                                            o.load_balance_weight, nullptr, 0.0f)
+                                        : 0.0f;
+  m.z_loss = o.z_loss_weight > 0 ? router_z_loss(m.logits, s.n, s.e, o.z_loss_weight, nullptr, 0.0f)
+                                 : 0.0f;
+
+  moe_gather_rows(h, act, m.plan->row_token.data(), s.rows, s.d, m.xs);
+  const auto sizes = sizes_of(m);
+  const TensorView xs(m.xs, act, {s.rows, s.d});
+  const TensorView g(m.g, act, {s.rows, s.f}), u(m.u, act, {s.rows, s.f});
+  const TensorView a(m.a, act, {s.rows, s.f});
+  grouped_gemm(xs, ps.stacked_compute_weight(p.gate, ne), sizes, g);
+  grouped_gemm(xs, ps.stacked_compute_weight(p.up, ne), sizes, u);
+  swiglu_forward(g, u, a);
+  grouped_gemm(a, ps.stacked_compute_weight(p.down, ne), sizes,
+               TensorView(m.y, act, {s.rows, s.d}));
+  if (out != nullptr) moe_combine(m.y, act, m.plan->pair_row.data(), m.weights, s.n, s.k, s.d, out);
+}
+
+void recompute(const MoeShape& s, const void* h, DType act, MoeActs& m) {
+  moe_gather_rows(h, act, m.plan->row_token.data(), s.rows, s.d, m.xs);
+  swiglu_forward(TensorView(m.g, act, {s.rows, s.f}), TensorView(m.u, act, {s.rows, s.f}),
+                 TensorView(m.a, act, {s.rows, s.f}));
+}
+
+void backward(const ParamStore& ps, const LayerParamIndex& p, const MoeShape& s,
+              const MoeOptions& o, const void* h, DType act, MoeActs& m, const float* dout,
+              float dloss, const MoeGradScratch& sc, float* dh) {
+  const int ne = static_cast<int>(s.e);
+  const auto sizes = sizes_of(m);
+  // Combine: out = sum_j w_j y_j  ->  dy rows and d(weights).
+  moe_combine_backward(dout, m.y, act, m.plan->pair_row.data(), m.plan->row_token.data(), m.weights,
+                       s.n, s.k, s.d, s.rows, sc.dy, sc.dweights);
+  const TensorView dy(sc.dy, act, {s.rows, s.d});
+  const TensorView da(sc.da, act, {s.rows, s.f});
+  grouped_gemm_input_grad(dy, ps.stacked_compute_weight(p.down, ne), sizes, da);
+  grouped_gemm_weight_grad(TensorView(m.a, act, {s.rows, s.f}), dy, sizes,
+                           ps.stacked_grad(p.down, ne));
+  // dg and du overwrite the saved g and u (read before written, never needed again).
+  const TensorView g(m.g, act, {s.rows, s.f}), u(m.u, act, {s.rows, s.f});
+  swiglu_backward(da, g, u, g, u);
+  const TensorView dxs(sc.dxs, DType::kF32, {s.rows, s.d});
+  grouped_gemm_input_grad(g, ps.stacked_compute_weight(p.gate, ne), sizes, dxs);
+  grouped_gemm_input_grad(u, ps.stacked_compute_weight(p.up, ne), sizes, dxs, 1.0f);
+  const TensorView xs(m.xs, act, {s.rows, s.d});
+  grouped_gemm_weight_grad(xs, g, sizes, ps.stacked_grad(p.gate, ne));
+  grouped_gemm_weight_grad(xs, u, sizes, ps.stacked_grad(p.up, ne));
+
+  // Router: the combine weights' gradient, plus the aux losses' through probs / logits.
+  const float* dprobs = nullptr;
+  if (o.load_balance_weight > 0) {
+    std::memset(sc.dprobs, 0, static_cast<size_t>(s.n * s.e) * sizeof(float));
+    load_balance_loss(m.probs, m.experts, s.b, s.t, s.e, s.k, o.load_balance_weight, sc.dprobs,
+                      dloss);
+    dprobs = sc.dprobs;
+  }
+  router_topk_backward(m.probs, m.experts, m.weights, sc.dweights, dprobs, s.n, s.e, s.k,
+                       s.normalize, sc.dlogits);
+  if (o.z_loss_weight > 0) router_z_loss(m.logits, s.n, s.e, o.z_loss_weight, sc.dlogits, dloss);
+  const void* dl = sc.dlogits;
+  if (act == DType::kBF16) {
+    convert_f32_to_bf16(sc.dlogits, static_cast<bf16*>(sc.dlogits_c),
+                        static_cast<size_t>(s.n * s.e));
+    dl = sc.dlogits_c;
+  }
+  linear::backward_input(dl, act, ps.compute_weight(p.router), dh, DType::kF32, s.n);
+  linear::backward_weight(dl, h, act, ps.grad(p.router), s.n);
+  moe_scatter_add_rows(sc.dxs, DType::kF32, m.plan->pair_row.data(), s.n, s.k, s.d, dh);
+}
+
+}  // namespace moe
+
+}  // namespace hyperion
