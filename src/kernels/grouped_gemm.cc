@@ -1,5 +1,6 @@
 #include "kernels/grouped_gemm.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "base/error.h"
@@ -40,12 +41,18 @@ const unsigned char* at_row(const TensorView& t, int64_t row) {
          row * t.shape[1] * static_cast<int64_t>(dtype_size(t.dtype));
 }
 
-// Runs one GEMM per non-empty group; `gemm_for(group, first_row, rows)` issues it.
+// Runs the GEMMs of every non-empty group; `gemm_for(group, first_row, rows)` issues one.
+// A group is cut into chunks of at most kGroupChunkRows rows: oneDNN compiles a kernel per
+// GEMM shape, and dropless routing gives every group a new row count at every step, so
+// without chunking each step would pay a JIT compilation per group and projection. With
+// row counts that are multiples of the MoE dispatch's alignment, the chunk shapes come
+// from a small fixed set and are all cached after warm-up.
 template <typename GemmFor>
 void for_each_group(std::span<const int64_t> sizes, GemmFor&& gemm_for) {
   int64_t row = 0;
   for (size_t g = 0; g < sizes.size(); ++g) {
-    if (sizes[g] > 0) gemm_for(static_cast<int64_t>(g), row, sizes[g]);
+    for (int64_t done = 0; done < sizes[g]; done += kGroupChunkRows)
+      gemm_for(static_cast<int64_t>(g), row + done, std::min(kGroupChunkRows, sizes[g] - done));
     row += sizes[g];
   }
 }

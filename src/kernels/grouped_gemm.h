@@ -8,8 +8,10 @@
 //
 // W holds G experts' [out, in] matrices back to back, as Hugging Face Mixtral stores each
 // expert's w1/w2/w3. dtypes: A, W, dC f32 (C f32) or bf16 (C f32 or bf16); dW is f32.
-// Every group is one GEMM on oneDNN (so group sizes need no padding and no tile masks:
-// the tile straddling a group boundary of a TPU kernel is the GEMM's own edge handling).
+// Every group runs as oneDNN GEMMs over chunks of its rows (so group sizes need no padding
+// and no tile masks for correctness: the tile straddling a group boundary of a TPU kernel
+// is the GEMM's own edge handling). For speed the MoE dispatch still pads each group to a
+// multiple of a small row alignment, which keeps the set of GEMM shapes small and cached.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +20,10 @@
 #include "tensor/tensor.h"
 
 namespace hyperion {
+
+// Rows of one GEMM call: larger groups are processed in chunks of this many rows (see
+// grouped_gemm.cc), so the set of GEMM shapes stays small when sizes vary per call.
+inline constexpr int64_t kGroupChunkRows = 512;
 
 void grouped_gemm(const TensorView& a, const TensorView& w, std::span<const int64_t> sizes,
                   const TensorView& c, float beta = 0.0f);

@@ -1,9 +1,9 @@
-// MoE routing kernels. The per-row float work (router softmax, z-loss logsumexp, the
-// row scatter-add / combine / combine backward) is vectorised with Highway dynamic
-// dispatch; the top-k selection, the router backward (e is small: 8..256) and the
-// dispatch plan (integer counting sort) are plain loops. Row ops are memory bound and
-// stream each row once; all reductions have a fixed order, so every result is bitwise
-// independent of the thread count.
+// MoE routing kernels. The per-row float work (router softmax + top-k, router backward,
+// z-loss logsumexp, the row scatter-add / combine / combine backward) is vectorised with
+// Highway dynamic dispatch; the dispatch plan (integer counting sort) and the load
+// balance counts are plain serial loops. Row ops are memory bound and stream each row
+// once; all reductions have a fixed order, so every result is bitwise independent of the
+// thread count.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/moe_routing.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -12,13 +12,76 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 
 #include "kernels/moe_routing.h"
 #include "tensor/convert.h"
 
+// Scalar helpers shared by every target (compiled once: foreach_target.h re-includes
+// this file per target).
+#ifndef HYPERION_KERNELS_MOE_ROUTING_SCALAR_
+#define HYPERION_KERNELS_MOE_ROUTING_SCALAR_
+namespace hyperion::moe_detail {
+
+// Top-k of one probability row: descending probability, ties to the lower index. One
+// pass keeping a sorted buffer: an element enters only if strictly larger than the
+// current k-th (equal later indices rank lower), so typical cost is O(e). The buffer
+// always holds k distinct valid ids, even for NaN probabilities.
+inline void select_topk(const float* p, int64_t e, int64_t k, int32_t* idx, float* val) {
+  int64_t size = 0;
+  for (int64_t x = 0; x < e; ++x) {
+    const float v = p[x];
+    if (size == k && !(v > val[k - 1])) continue;
+    int64_t pos = size < k ? size : k - 1;
+    while (pos > 0 && v > val[pos - 1]) {
+      val[pos] = val[pos - 1];
+      idx[pos] = idx[pos - 1];
+      --pos;
+    }
+    val[pos] = v;
+    idx[pos] = static_cast<int32_t>(x);
+    if (size < k) ++size;
+  }
+}
+
+}  // namespace hyperion::moe_detail
+#endif  // HYPERION_KERNELS_MOE_ROUTING_SCALAR_
+
 HWY_BEFORE_NAMESPACE();
 namespace hyperion {
 namespace HWY_NAMESPACE {
+
+// f32 row tails for the router rows, where e (8..64) is often below one vector so the
+// tail is most of the row: a single masked load/store on AVX2/AVX-512 (fault-suppressing)
+// instead of the stack-buffer round trip of simd-inl.h's LoadTail/StoreTail, which the
+// other targets keep (their MaskedLoad reads the whole vector).
+HWY_INLINE VF LoadTailF(DF d, const float* p, size_t count, float pad) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  const auto m = hn::FirstN(d, count);
+  return hn::IfThenElse(m, hn::MaskedLoad(m, d, p), hn::Set(d, pad));
+#else
+  return LoadTail(d, p, count, pad);
+#endif
+}
+HWY_INLINE void StoreTailF(DF d, VF v, float* p, size_t count) {
+  hn::BlendedStore(v, hn::FirstN(d, count), d, p);
+}
+
+// Largest element of an f32 row; starts at -FLT_MAX as RowMax of simd-inl.h does.
+HWY_INLINE float RowMaxF(DF d, const float* x, size_t cols) {
+  const size_t n = hn::Lanes(d);
+  VF m0 = hn::Set(d, -FLT_MAX), m1 = m0;
+  size_t i = 0;
+  for (; i + 2 * n <= cols; i += 2 * n) {
+    m0 = hn::Max(m0, hn::LoadU(d, x + i));
+    m1 = hn::Max(m1, hn::LoadU(d, x + i + n));
+  }
+  for (; i + n <= cols; i += n) m0 = hn::Max(m0, hn::LoadU(d, x + i));
+  if (i < cols)
+    m0 = hn::Max(m0, LoadTailF(d, x + i, cols - i, -std::numeric_limits<float>::infinity()));
+  return hn::GetLane(hn::MaxOfLanes(d, hn::Max(m0, m1)));
+}
 
 // Sum of exp(x - m) over a row; with kStore the exps are written to out as well.
 template <bool kStore>
@@ -45,27 +108,153 @@ HWY_INLINE float ExpRow(DF d, const float* x, size_t cols, float m, float* out) 
   if (i < cols) {
     // Padding lanes are -inf, whose exp is 0.
     const VF e0 = FastExp(
-        d, hn::Sub(LoadTail(d, x + i, cols - i, -std::numeric_limits<float>::infinity()), vm));
-    if constexpr (kStore) StoreTail(d, e0, out + i, cols - i);
+        d, hn::Sub(LoadTailF(d, x + i, cols - i, -std::numeric_limits<float>::infinity()), vm));
+    if constexpr (kStore) StoreTailF(d, e0, out + i, cols - i);
     s0 = hn::Add(s0, e0);
   }
   return hn::GetLane(hn::SumOfLanes(d, hn::Add(s0, s1)));
 }
 
-// probs = softmax(logits) for `rows` rows of `cols`.
-void SoftmaxRows(const float* x, float* p, size_t rows, size_t cols) {
+// probs = softmax(logits) of one row of `cols`.
+HWY_INLINE void SoftmaxRow(DF d, const float* x, float* p, size_t cols) {
+  const size_t n = hn::Lanes(d);
+  const float sum = ExpRow<true>(d, x, cols, RowMaxF(d, x, cols), p);
+  // sum == 0 only for an all -inf row: zeros. A NaN sum stays NaN.
+  const VF vinv = hn::Set(d, sum == 0.0f ? 0.0f : 1.0f / sum);
+  size_t i = 0;
+  for (; i + n <= cols; i += n) hn::StoreU(hn::Mul(hn::LoadU(d, p + i), vinv), d, p + i);
+  if (i < cols) StoreTailF(d, hn::Mul(LoadTailF(d, p + i, cols - i, 0.0f), vinv), p + i, cols - i);
+}
+
+// Top-k by k passes of a vector argmax over a scratch copy of the row: the max, then the
+// first lane equal to it (ties -> lower index), which is then knocked out with -inf.
+// Branch-free per element, unlike an insertion scan whose compares mispredict on random
+// probabilities (it took most of the router time). Returns false when no lane equals
+// the max (NaN in the row); the caller then uses the scalar selection.
+HWY_INLINE bool TopKVector(DF d, const float* p, size_t e, size_t k, int32_t* idx, float* val,
+                           float* scratch) {
+  const size_t n = hn::Lanes(d);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  std::memcpy(scratch, p, e * sizeof(float));
+  for (size_t j = 0; j < k; ++j) {
+    // The max is >= -FLT_MAX (the start value) or NaN, so it never equals a knocked-out
+    // -inf: the chosen ids are distinct.
+    const VF vm = hn::Set(d, RowMaxF(d, scratch, e));
+    intptr_t pos = -1;
+    size_t i = 0;
+    for (; pos < 0 && i + n <= e; i += n) {
+      const intptr_t f = hn::FindFirstTrue(d, hn::Eq(hn::LoadU(d, scratch + i), vm));
+      if (f >= 0) pos = static_cast<intptr_t>(i) + f;
+    }
+    if (pos < 0 && i < e) {
+      const intptr_t f =
+          hn::FindFirstTrue(d, hn::Eq(LoadTailF(d, scratch + i, e - i, neg_inf), vm));
+      if (f >= 0) pos = static_cast<intptr_t>(i) + f;
+    }
+    if (pos < 0) return false;
+    idx[j] = static_cast<int32_t>(pos);
+    val[j] = scratch[pos];
+    scratch[pos] = neg_inf;
+  }
+  return true;
+}
+
+// Largest k handled by TopKVector (k vector passes); above it (k close to e, rare) the
+// scalar insertion selection is cheaper.
+constexpr size_t kVectorTopK = 8;
+
+// Softmax and top-k of a row that fits one vector (e <= Lanes: Mixtral's 8 experts on
+// AVX-512), kept in registers: going through memory would put a store-to-load
+// forwarding stall (masked or scalar store, then a vector load of the same bytes) into
+// every pass. Same results as SoftmaxRow + TopKVector. Returns false as TopKVector does.
+HWY_INLINE bool RouterRowOneVector(DF d, const float* x, float* p, size_t e, size_t k, int32_t* idx,
+                                   float* val) {
+  const hn::RebindToSigned<DF> di;
+  const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  const auto valid = hn::FirstN(d, e);
+  const VF xv = LoadTailF(d, x, e, -std::numeric_limits<float>::infinity());
+  const VF m = hn::MaxOfLanes(d, hn::Max(xv, hn::Set(d, -FLT_MAX)));
+  const VF ev = FastExp(d, hn::Sub(xv, m));  // 0 in the padding lanes
+  const float sum = hn::GetLane(hn::SumOfLanes(d, ev));
+  const VF pv = hn::Mul(ev, hn::Set(d, sum == 0.0f ? 0.0f : 1.0f / sum));
+  StoreTailF(d, pv, p, e);
+  VF v = hn::IfThenElse(valid, pv, neg_inf);
+  const auto iota = hn::Iota(di, 0);
+  for (size_t j = 0; j < k; ++j) {
+    const VF vm = hn::MaxOfLanes(d, hn::Max(v, hn::Set(d, -FLT_MAX)));
+    const intptr_t f = hn::FindFirstTrue(d, hn::Eq(v, vm));
+    if (f < 0) return false;
+    idx[j] = static_cast<int32_t>(f);
+    val[j] = hn::GetLane(vm);
+    v = hn::IfThenElse(hn::RebindMask(d, hn::Eq(iota, hn::Set(di, int32_t(f)))), neg_inf, v);
+  }
+  return true;
+}
+
+// Router forward for `rows` rows: softmax, top-k, combine weights. scratch: e floats.
+void RouterForwardRows(const float* x, float* p, int32_t* ex, float* w, size_t rows, size_t e,
+                       size_t k, bool normalize, float* scratch) {
+  const DF d;
+  const bool one_vector = e <= hn::Lanes(d) && k <= kVectorTopK;
+  for (size_t r = 0; r < rows; ++r) {
+    const float* pr = p + r * e;
+    int32_t* er = ex + r * k;
+    float* wr = w + r * k;  // holds the chosen probs first
+    bool done;
+    if (one_vector) {
+      done = RouterRowOneVector(d, x + r * e, p + r * e, e, k, er, wr);
+    } else {
+      SoftmaxRow(d, x + r * e, p + r * e, e);
+      done = k <= kVectorTopK && TopKVector(d, pr, e, k, er, wr, scratch);
+    }
+    if (!done) moe_detail::select_topk(pr, int64_t(e), int64_t(k), er, wr);
+    if (!normalize) continue;
+    float s = 0.0f;
+    for (size_t j = 0; j < k; ++j) s += wr[j];
+    for (size_t j = 0; j < k; ++j) wr[j] /= s;
+  }
+}
+
+// Router backward for `rows` rows (see router_topk_backward). dp is built in the dlogits
+// row, then turned into dlogits in place by the vectorised softmax backward.
+void RouterBackwardRows(const float* probs, const int32_t* experts, const float* weights,
+                        const float* dweights, const float* dprobs, size_t rows, size_t e, size_t k,
+                        bool normalize, float* dlogits) {
   const DF d;
   const size_t n = hn::Lanes(d);
   for (size_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
-    float* pr = p + r * cols;
-    const float sum = ExpRow<true>(d, xr, cols, RowMax<false>(d, xr, cols), pr);
-    // sum == 0 only for an all -inf row: zeros. A NaN sum stays NaN.
-    const VF vinv = hn::Set(d, sum == 0.0f ? 0.0f : 1.0f / sum);
+    const float* p = probs + r * e;
+    const int32_t* c = experts + r * k;
+    const float* w = weights + r * k;
+    const float* dw = dweights + r * k;
+    float* dp = dlogits + r * e;
+    if (dprobs != nullptr) {
+      std::memcpy(dp, dprobs + r * e, e * sizeof(float));
+    } else {
+      std::memset(dp, 0, e * sizeof(float));
+    }
+    if (normalize) {
+      float s = 0.0f, g = 0.0f;
+      for (size_t j = 0; j < k; ++j) {
+        s += p[c[j]];
+        g += dw[j] * w[j];
+      }
+      for (size_t j = 0; j < k; ++j) dp[c[j]] += (dw[j] - g) / s;
+    } else {
+      for (size_t j = 0; j < k; ++j) dp[c[j]] += dw[j];
+    }
+    VF a0 = hn::Zero(d);
     size_t i = 0;
-    for (; i + n <= cols; i += n) hn::StoreU(hn::Mul(hn::LoadU(d, pr + i), vinv), d, pr + i);
-    if (i < cols)
-      StoreTail(d, hn::Mul(LoadTail(d, pr + i, cols - i, 0.0f), vinv), pr + i, cols - i);
+    for (; i + n <= e; i += n) a0 = hn::MulAdd(hn::LoadU(d, p + i), hn::LoadU(d, dp + i), a0);
+    if (i < e)
+      a0 = hn::MulAdd(LoadTailF(d, p + i, e - i, 0.0f), LoadTailF(d, dp + i, e - i, 0.0f), a0);
+    const VF dot = hn::Set(d, hn::GetLane(hn::SumOfLanes(d, a0)));
+    for (i = 0; i + n <= e; i += n)
+      hn::StoreU(hn::Mul(hn::LoadU(d, p + i), hn::Sub(hn::LoadU(d, dp + i), dot)), d, dp + i);
+    if (i < e) {
+      const VF pv = LoadTailF(d, p + i, e - i, 0.0f), gv = LoadTailF(d, dp + i, e - i, 0.0f);
+      StoreTailF(d, hn::Mul(pv, hn::Sub(gv, dot)), dp + i, e - i);
+    }
   }
 }
 
@@ -76,7 +265,7 @@ double ZLossRows(const float* x, size_t rows, size_t cols, float gcoef, float* d
   double acc = 0;
   for (size_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
-    const float m = RowMax<false>(d, xr, cols);
+    const float m = RowMaxF(d, xr, cols);
     const float sum = ExpRow<false>(d, xr, cols, m, nullptr);
     const float lse = m + std::log(sum);
     acc += double(lse) * lse;
@@ -91,8 +280,8 @@ double ZLossRows(const float* x, size_t rows, size_t cols, float gcoef, float* d
     }
     if (i < cols) {
       const VF e0 = FastExp(
-          d, hn::Sub(LoadTail(d, xr + i, cols - i, -std::numeric_limits<float>::infinity()), vm));
-      StoreTail(d, hn::MulAdd(c, e0, LoadTail(d, g + i, cols - i, 0.0f)), g + i, cols - i);
+          d, hn::Sub(LoadTailF(d, xr + i, cols - i, -std::numeric_limits<float>::infinity()), vm));
+      StoreTailF(d, hn::MulAdd(c, e0, LoadTailF(d, g + i, cols - i, 0.0f)), g + i, cols - i);
     }
   }
   return acc;
@@ -243,7 +432,8 @@ HWY_AFTER_NAMESPACE();
 
 namespace hyperion {
 
-HWY_EXPORT(SoftmaxRows);
+HWY_EXPORT(RouterForwardRows);
+HWY_EXPORT(RouterBackwardRows);
 HWY_EXPORT(ZLossRows);
 HWY_EXPORT(ScatterAddRows);
 HWY_EXPORT(CombineRows);
@@ -285,27 +475,6 @@ int64_t token_grain(int64_t width) {
   return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1));
 }
 
-// Top-k of one probability row: descending probability, ties to the lower index. One
-// pass keeping a sorted buffer: an element enters only if strictly larger than the
-// current k-th (equal later indices rank lower), so typical cost is O(e). The buffer
-// always holds k distinct valid ids, even for NaN probabilities.
-void select_topk(const float* p, int64_t e, int64_t k, int32_t* idx, float* val) {
-  int64_t size = 0;
-  for (int64_t x = 0; x < e; ++x) {
-    const float v = p[x];
-    if (size == k && !(v > val[k - 1])) continue;
-    int64_t pos = size < k ? size : k - 1;
-    while (pos > 0 && v > val[pos - 1]) {
-      val[pos] = val[pos - 1];
-      idx[pos] = idx[pos - 1];
-      --pos;
-    }
-    val[pos] = v;
-    idx[pos] = static_cast<int32_t>(x);
-    if (size < k) ++size;
-  }
-}
-
 // Fixed-size row blocks for the loss reductions: per-block partial sums combined in
 // block order make the loss independent of the thread count.
 constexpr int64_t kLossBlock = 64;
@@ -321,17 +490,10 @@ void router_topk_forward(const float* logits, int64_t n, int64_t e, int64_t k, b
   check_ptr(op, "experts", experts, n * k);
   check_ptr(op, "weights", weights, n * k);
   parallel_chunks(n, token_grain(e * 4), [&](int64_t begin, int64_t end) {
-    HWY_DYNAMIC_DISPATCH(SoftmaxRows)
-    (logits + begin * e, probs + begin * e, size_t(end - begin), size_t(e));
-    for (int64_t r = begin; r < end; ++r) {
-      int32_t* ex = experts + r * k;
-      float* w = weights + r * k;
-      select_topk(probs + r * e, e, k, ex, w);  // w holds the chosen probs
-      if (!normalize) continue;
-      float s = 0.0f;
-      for (int64_t j = 0; j < k; ++j) s += w[j];
-      for (int64_t j = 0; j < k; ++j) w[j] /= s;
-    }
+    std::vector<float> scratch(static_cast<size_t>(e));
+    HWY_DYNAMIC_DISPATCH(RouterForwardRows)
+    (logits + begin * e, probs + begin * e, experts + begin * k, weights + begin * k,
+     size_t(end - begin), size_t(e), size_t(k), normalize, scratch.data());
   });
 }
 
@@ -347,32 +509,10 @@ void router_topk_backward(const float* probs, const int32_t* experts, const floa
   check_ptr(op, "dlogits", dlogits, n * e);
   check_experts(op, experts, n, k, e);
   parallel_chunks(n, token_grain(e * 3), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* p = probs + r * e;
-      const int32_t* c = experts + r * k;
-      const float* w = weights + r * k;
-      const float* dw = dweights + r * k;
-      float* dp = dlogits + r * e;  // dp is built in place, then turned into dlogits
-      if (dprobs != nullptr) {
-        std::memcpy(dp, dprobs + r * e, size_t(e) * sizeof(float));
-      } else {
-        std::fill(dp, dp + e, 0.0f);
-      }
-      if (normalize) {
-        float s = 0.0f, g = 0.0f;
-        for (int64_t j = 0; j < k; ++j) {
-          s += p[c[j]];
-          g += dw[j] * w[j];
-        }
-        const float inv = 1.0f / s;
-        for (int64_t j = 0; j < k; ++j) dp[c[j]] += (dw[j] - g) * inv;
-      } else {
-        for (int64_t j = 0; j < k; ++j) dp[c[j]] += dw[j];
-      }
-      float dot = 0.0f;
-      for (int64_t x = 0; x < e; ++x) dot += p[x] * dp[x];
-      for (int64_t x = 0; x < e; ++x) dp[x] = p[x] * (dp[x] - dot);
-    }
+    HWY_DYNAMIC_DISPATCH(RouterBackwardRows)
+    (probs + begin * e, experts + begin * k, weights + begin * k, dweights + begin * k,
+     dprobs == nullptr ? nullptr : dprobs + begin * e, size_t(end - begin), size_t(e), size_t(k),
+     normalize, dlogits + begin * e);
   });
 }
 
@@ -414,13 +554,16 @@ float load_balance_loss(const float* probs, const int32_t* experts, int64_t b, i
   // loss = weight * e^2 / (b e) * sum_{s,x} (c/t) (P/t) = weight * e / (b t^2) * total.
   const double scale = double(weight) * double(e) / (double(b) * double(t) * double(t));
   if (dprobs != nullptr) {
-    // d loss / d probs[r][x] = scale * counts[s][x].
+    // d loss / d probs[r][x] = scale * counts[s][x]: one f32 row per sequence, added to
+    // each of its tokens' rows (a plain vectorisable add).
     const double g = double(dscale) * scale;
+    std::vector<float> grad(counts.size());
+    for (size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(g * double(counts[i]));
     parallel_chunks(n, token_grain(e), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        const int64_t* c = counts.data() + (r / t) * e;
+        const float* gr = grad.data() + (r / t) * e;
         float* dp = dprobs + r * e;
-        for (int64_t x = 0; x < e; ++x) dp[x] += static_cast<float>(g * double(c[x]));
+        for (int64_t x = 0; x < e; ++x) dp[x] += gr[x];
       }
     });
   }
@@ -466,12 +609,13 @@ int64_t moe_capacity(int64_t t, int64_t k, int64_t e, double capacity_factor) {
 }
 
 void moe_dispatch_plan(const int32_t* experts, int64_t b, int64_t t, int64_t k, int64_t e,
-                       int64_t capacity, MoeDispatch* out) {
+                       int64_t capacity, MoeDispatch* out, int64_t row_align) {
   const char* op = "moe_dispatch_plan";
   HYP_CHECK(b >= 0 && t >= 0, "{}: b = {} and t = {} must be >= 0", op, b, t);
   const int64_t n = b * t, pairs = n * k;
   check_router_dims(op, n, e, k);
   HYP_CHECK(out != nullptr, "{}: out is null", op);
+  HYP_CHECK(row_align >= 1, "{}: row_align = {} must be >= 1", op, row_align);
   check_ptr(op, "experts", experts, pairs);
   HYP_CHECK(pairs <= kI32Max, "{}: {} pairs (n = {}, k = {}) exceed the int32 row ids", op, pairs,
             n, k);
@@ -488,15 +632,17 @@ void moe_dispatch_plan(const int32_t* experts, int64_t b, int64_t t, int64_t k, 
 
   if (capacity < 0) {
     // Dropless: counting sort by expert; pairs visited in index order keep it stable.
-    plan.rows = pairs;
-    plan.group_sizes.assign(plan.expert_load.begin(), plan.expert_load.end());
-    plan.row_token.resize(size_t(pairs));
+    plan.group_sizes.resize(size_t(e));
     std::vector<int64_t> next(static_cast<size_t>(e));
     int64_t start = 0;
     for (int64_t x = 0; x < e; ++x) {
+      plan.group_sizes[x] = (plan.expert_load[x] + row_align - 1) / row_align * row_align;
       next[x] = start;
       start += plan.group_sizes[x];
     }
+    HYP_CHECK(start <= kI32Max, "{}: {} padded rows exceed the int32 row ids", op, start);
+    plan.rows = start;
+    plan.row_token.assign(size_t(start), -1);
     for (int64_t p = 0; p < pairs; ++p) {
       const int64_t row = next[experts[p]]++;
       plan.pair_row[p] = static_cast<int32_t>(row);

@@ -72,8 +72,12 @@ struct MoeDispatch {
 // integer (floor of that value). cf must be > 0.
 int64_t moe_capacity(int64_t t, int64_t k, int64_t e, double capacity_factor);
 // experts [b*t, k] from router_topk_forward.
-// Dropless (capacity < 0): rows = n*k; pairs sorted by expert, stably (token order, then
-//   slot order within a token); group_sizes = bincount; no padding, nothing dropped.
+// Dropless (capacity < 0): pairs sorted by expert, stably (token order, then slot order
+//   within a token); nothing dropped. Each expert's group is padded with zero rows
+//   (row_token -1) up to a multiple of row_align, so group_sizes[x] =
+//   round_up(load[x], row_align) and rows = their sum (n*k when row_align is 1). The
+//   padding keeps the grouped GEMM's shapes few (each shape is a compiled kernel) at a
+//   cost of < row_align rows per expert; it never changes a result.
 // Capped (capacity >= 0): per sequence, a running count per expert over the pairs in
 //   pair index order; a pair whose count exceeds `capacity` is dropped (pair_row -1).
 //   Every expert owns exactly b*capacity rows (fixed cost): expert x's rows start at
@@ -83,7 +87,11 @@ int64_t moe_capacity(int64_t t, int64_t k, int64_t e, double capacity_factor);
 // Reuses the vectors' storage across calls (resize, no shrink). O(n*k + e + rows) time,
 // serial. rows and n must fit in int32 (the row/token ids are i32).
 void moe_dispatch_plan(const int32_t* experts, int64_t b, int64_t t, int64_t k, int64_t e,
-                       int64_t capacity, MoeDispatch* out);
+                       int64_t capacity, MoeDispatch* out, int64_t row_align = 1);
+// Largest row count a dropless plan can have: n*k + e*(row_align - 1).
+inline int64_t moe_dropless_max_rows(int64_t n, int64_t k, int64_t e, int64_t row_align) {
+  return n * k + e * (row_align - 1);
+}
 
 // ---- Data movement (dtype dt of rows: f32 or bf16; d columns).
 // dst[r] = src[row_token[r]], zeros for padding rows (-1). Parallel over rows.

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "model/moe_block.h"
 
 namespace hyperion {
 
@@ -239,37 +240,51 @@ MemoryPlan memory_plan(const LlamaConfig& c, int64_t batch, int64_t seq_len, boo
   const int64_t attn_other = 4 * d + 4 * c.n_heads;  // x2 (f32), lse
   // Dense MLP: gate and up (matmul outputs), swiglu out.
   const int64_t mlp_mm = a * 2 * f, mlp_other = a * f;
-  // MoE MLP, per token: r rows of the permuted buffer (k when dropless, E x capacity / T
-  // when capped); routing state (logits, probs, choices, weights) is always kept.
+  // MoE MLP: its expert buffers have `rows` rows (moe_shape: n*k plus the dropless
+  // alignment padding, or E x batch x capacity when capped); the routing state (logits,
+  // probs, choices, weights) is per token and always kept.
   const int64_t e = c.n_experts, k = c.n_experts_per_tok, fe = c.expert_ffn_dim();
-  double r = double(k);
-  if (c.is_moe() && capacity_factor > 0) {
-    const double cap =
-        std::max(std::ceil(double(seq_len * k) / double(e)) * capacity_factor, capacity_factor);
-    r = double(e) * std::floor(cap) / double(seq_len);
+  int64_t rows = 0;
+  if (c.is_moe()) {
+    MoeOptions o;
+    o.capacity_factor = capacity_factor;
+    rows = moe_shape(c, o, batch, seq_len).rows;
   }
   const int64_t routing = 8 * e + 8 * k;
-  const int64_t moe_mm = int64_t(double(a * (2 * fe + d)) * r);  // g, u, y
-  const int64_t moe_other = int64_t(double(a * (d + fe)) * r);   // gathered x, swiglu out
+  const int64_t moe_mm = rows * a * (2 * fe + d);  // g, u, y
+  const int64_t moe_other = rows * a * (d + fe);   // gathered x, swiglu out
   const int64_t n_moe = c.n_moe_layers(), n_dense = c.n_layers - n_moe;
+  // Per-token bytes of a layer (dense MLP) or of an MoE layer's per-token part.
   auto saved = [&](int64_t mm, int64_t other, int64_t keep) {
     int64_t s = always + keep;
     if (remat == RematPolicy::kNone) s += norms + attn + attn_other + mm + other;
     if (remat == RematPolicy::kMinimal) s += attn + attn_other + mm;
     return s;
   };
-  p.activation_bytes = n * (n_dense * saved(mlp_mm, mlp_other, 0) +
-                            n_moe * saved(moe_mm, moe_other, routing) + 4 * d);
+  const int64_t moe_rows_saved = remat == RematPolicy::kNone
+                                     ? moe_mm + moe_other
+                                     : (remat == RematPolicy::kMinimal ? moe_mm : 0);
+  p.activation_bytes =
+      n * (n_dense * saved(mlp_mm, mlp_other, 0) + n_moe * saved(0, 0, routing) + 4 * d) +
+      n_moe * moe_rows_saved;
   // One layer's worth of recomputation buffers, gradient buffers, and the logits.
-  int64_t recompute = 0;
-  if (remat == RematPolicy::kMinimal)
-    recompute = norms + (n_dense > 0 ? mlp_other : 0) + (n_moe > 0 ? moe_other : 0);
-  if (remat == RematPolicy::kFull)
-    recompute = norms + attn + attn_other + (n_dense > 0 ? mlp_mm + mlp_other : 0) +
-                (n_moe > 0 ? moe_mm + moe_other : 0);
+  int64_t recompute = 0, recompute_rows = 0;
+  if (remat == RematPolicy::kMinimal) {
+    recompute = norms + (n_dense > 0 ? mlp_other : 0);
+    recompute_rows = n_moe > 0 ? moe_other : 0;
+  }
+  if (remat == RematPolicy::kFull) {
+    recompute = norms + attn + attn_other + (n_dense > 0 ? mlp_mm + mlp_other : 0);
+    recompute_rows = n_moe > 0 ? moe_mm + moe_other : 0;
+  }
   int64_t grads = 4 * d * 2 + a * d + a * (q + 2 * kv) + a * q + (n_dense > 0 ? a * f : 0);
-  if (n_moe > 0) grads += int64_t(double(a * d + a * fe + 4 * d) * r) + 8 * e + a * e + 4 * k;
-  p.scratch_bytes = n * (recompute + grads + a * c.vocab_size + a * d + 4);
+  int64_t grads_rows = 0;
+  if (n_moe > 0) {
+    grads += 8 * e + a * e + 4 * k;
+    grads_rows = rows * (a * d + a * fe + 4 * d);
+  }
+  p.scratch_bytes =
+      n * (recompute + grads + a * c.vocab_size + a * d + 4) + recompute_rows + grads_rows;
   return p;
 }
 

@@ -106,7 +106,7 @@ const float* LlamaGenerator::feed(const int32_t* tokens, int64_t n) {
       m.u = moe_u_.data();
       m.a = moe_a_.data();
       m.y = moe_y_.data();
-      moe::forward(ps, p, moe_shape(cfg_, MoeOptions{}, 1, n), MoeOptions{}, h_.data(), act_, m,
+      moe::forward(ps, p, moe_shape(cfg_, MoeOptions{}, 1, n, 1), MoeOptions{}, h_.data(), act_, m,
                    x_.data());
       continue;
     }

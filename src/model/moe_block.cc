@@ -11,7 +11,8 @@
 
 namespace hyperion {
 
-MoeShape moe_shape(const LlamaConfig& c, const MoeOptions& o, int64_t batch, int64_t seq_len) {
+MoeShape moe_shape(const LlamaConfig& c, const MoeOptions& o, int64_t batch, int64_t seq_len,
+                   int64_t row_align) {
   MoeShape s;
   s.b = batch;
   s.t = seq_len;
@@ -25,7 +26,8 @@ MoeShape moe_shape(const LlamaConfig& c, const MoeOptions& o, int64_t batch, int
     s.capacity = moe_capacity(seq_len, s.k, s.e, o.capacity_factor);
     s.rows = s.e * s.b * s.capacity;
   } else {
-    s.rows = s.n * s.k;
+    s.row_align = row_align;
+    s.rows = moe_dropless_max_rows(s.n, s.k, s.e, row_align);
   }
   return s;
 }
@@ -45,32 +47,33 @@ void forward(const ParamStore& ps, const LayerParamIndex& p, const MoeShape& s, 
   const int ne = static_cast<int>(s.e);
   linear::forward(h, act, ps.compute_weight(p.router), m.logits, DType::kF32, s.n);
   router_topk_forward(m.logits, s.n, s.e, s.k, s.normalize, m.probs, m.experts, m.weights);
-  moe_dispatch_plan(m.experts, s.b, s.t, s.k, s.e, s.capacity, m.plan);
-  HYP_CHECK(m.plan->rows == s.rows, "moe: dispatch produced {} rows, buffers hold {}", m.plan->rows,
+  moe_dispatch_plan(m.experts, s.b, s.t, s.k, s.e, s.capacity, m.plan, s.row_align);
+  HYP_CHECK(m.plan->rows <= s.rows, "moe: dispatch produced {} rows, buffers hold {}", m.plan->rows,
             s.rows);
+  const int64_t rows = m.plan->rows;
   m.lb_loss = o.load_balance_weight > 0 ? load_balance_loss(m.probs, m.experts, s.b, s.t, s.e, s.k,
                                                             o.load_balance_weight, nullptr, 0.0f)
                                         : 0.0f;
   m.z_loss = o.z_loss_weight > 0 ? router_z_loss(m.logits, s.n, s.e, o.z_loss_weight, nullptr, 0.0f)
                                  : 0.0f;
 
-  moe_gather_rows(h, act, m.plan->row_token.data(), s.rows, s.d, m.xs);
+  moe_gather_rows(h, act, m.plan->row_token.data(), rows, s.d, m.xs);
   const auto sizes = sizes_of(m);
-  const TensorView xs(m.xs, act, {s.rows, s.d});
-  const TensorView g(m.g, act, {s.rows, s.f}), u(m.u, act, {s.rows, s.f});
-  const TensorView a(m.a, act, {s.rows, s.f});
+  const TensorView xs(m.xs, act, {rows, s.d});
+  const TensorView g(m.g, act, {rows, s.f}), u(m.u, act, {rows, s.f});
+  const TensorView a(m.a, act, {rows, s.f});
   grouped_gemm(xs, ps.stacked_compute_weight(p.gate, ne), sizes, g);
   grouped_gemm(xs, ps.stacked_compute_weight(p.up, ne), sizes, u);
   swiglu_forward(g, u, a);
-  grouped_gemm(a, ps.stacked_compute_weight(p.down, ne), sizes,
-               TensorView(m.y, act, {s.rows, s.d}));
+  grouped_gemm(a, ps.stacked_compute_weight(p.down, ne), sizes, TensorView(m.y, act, {rows, s.d}));
   if (out != nullptr) moe_combine(m.y, act, m.plan->pair_row.data(), m.weights, s.n, s.k, s.d, out);
 }
 
 void recompute(const MoeShape& s, const void* h, DType act, MoeActs& m) {
-  moe_gather_rows(h, act, m.plan->row_token.data(), s.rows, s.d, m.xs);
-  swiglu_forward(TensorView(m.g, act, {s.rows, s.f}), TensorView(m.u, act, {s.rows, s.f}),
-                 TensorView(m.a, act, {s.rows, s.f}));
+  const int64_t rows = m.plan->rows;
+  moe_gather_rows(h, act, m.plan->row_token.data(), rows, s.d, m.xs);
+  swiglu_forward(TensorView(m.g, act, {rows, s.f}), TensorView(m.u, act, {rows, s.f}),
+                 TensorView(m.a, act, {rows, s.f}));
 }
 
 void backward(const ParamStore& ps, const LayerParamIndex& p, const MoeShape& s,
@@ -78,21 +81,22 @@ void backward(const ParamStore& ps, const LayerParamIndex& p, const MoeShape& s,
               float dloss, const MoeGradScratch& sc, float* dh) {
   const int ne = static_cast<int>(s.e);
   const auto sizes = sizes_of(m);
+  const int64_t rows = m.plan->rows;
   // Combine: out = sum_j w_j y_j  ->  dy rows and d(weights).
   moe_combine_backward(dout, m.y, act, m.plan->pair_row.data(), m.plan->row_token.data(), m.weights,
-                       s.n, s.k, s.d, s.rows, sc.dy, sc.dweights);
-  const TensorView dy(sc.dy, act, {s.rows, s.d});
-  const TensorView da(sc.da, act, {s.rows, s.f});
+                       s.n, s.k, s.d, rows, sc.dy, sc.dweights);
+  const TensorView dy(sc.dy, act, {rows, s.d});
+  const TensorView da(sc.da, act, {rows, s.f});
   grouped_gemm_input_grad(dy, ps.stacked_compute_weight(p.down, ne), sizes, da);
-  grouped_gemm_weight_grad(TensorView(m.a, act, {s.rows, s.f}), dy, sizes,
+  grouped_gemm_weight_grad(TensorView(m.a, act, {rows, s.f}), dy, sizes,
                            ps.stacked_grad(p.down, ne));
   // dg and du overwrite the saved g and u (read before written, never needed again).
-  const TensorView g(m.g, act, {s.rows, s.f}), u(m.u, act, {s.rows, s.f});
+  const TensorView g(m.g, act, {rows, s.f}), u(m.u, act, {rows, s.f});
   swiglu_backward(da, g, u, g, u);
-  const TensorView dxs(sc.dxs, DType::kF32, {s.rows, s.d});
+  const TensorView dxs(sc.dxs, DType::kF32, {rows, s.d});
   grouped_gemm_input_grad(g, ps.stacked_compute_weight(p.gate, ne), sizes, dxs);
   grouped_gemm_input_grad(u, ps.stacked_compute_weight(p.up, ne), sizes, dxs, 1.0f);
-  const TensorView xs(m.xs, act, {s.rows, s.d});
+  const TensorView xs(m.xs, act, {rows, s.d});
   grouped_gemm_weight_grad(xs, g, sizes, ps.stacked_grad(p.gate, ne));
   grouped_gemm_weight_grad(xs, u, sizes, ps.stacked_grad(p.up, ne));
 

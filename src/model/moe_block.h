@@ -40,10 +40,15 @@ struct MoeShape {
   int64_t d = 0, f = 0;         // model dim, expert intermediate size
   int64_t e = 0, k = 0;         // experts, experts per token
   int64_t capacity = -1;        // per expert and sequence; -1 = dropless
-  int64_t rows = 0;             // rows of the permuted buffer (n*k, or e*b*capacity)
+  int64_t row_align = 1;        // dropless: each expert's rows padded to a multiple of this
+  int64_t rows = 0;             // most rows of the permuted buffer (its allocation)
   bool normalize = true;
 };
-MoeShape moe_shape(const LlamaConfig& c, const MoeOptions& o, int64_t batch, int64_t seq_len);
+// Dropless training pads each expert's rows to a multiple of 32 (see moe_dispatch_plan):
+// at most 31 zero rows per expert, against a JIT-compiled GEMM kernel per new row count.
+inline constexpr int64_t kMoeTrainRowAlign = 32;
+MoeShape moe_shape(const LlamaConfig& c, const MoeOptions& o, int64_t batch, int64_t seq_len,
+                   int64_t row_align = kMoeTrainRowAlign);
 
 // One MoE layer's forward state: what the backward needs (or what is recomputed).
 struct MoeActs {

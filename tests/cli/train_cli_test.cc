@@ -162,6 +162,26 @@ TEST(PlanCli, JsonForPresetsAndErrors) {
   EXPECT_TRUE(contains(missing.out, "no-such-preset")) << missing.out;
 }
 
+TEST(PlanCli, MoePresetsReportExpertsAndCapacity) {
+  Result r = run("plan mixtral-8x7b --json", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["params"], 46702792704);
+  EXPECT_EQ(j["active_params"], 12879925248);
+  EXPECT_EQ(j["moe"]["experts"], 8);
+  EXPECT_EQ(j["moe"]["experts_per_token"], 2);
+  EXPECT_EQ(j["moe"]["dropless"], true);
+  // FLOPs follow the active parameters, not the total.
+  EXPECT_LT(j["flops_per_token"].get<double>(), 6.0 * 14e9);
+  Result c = run("plan mixtral-tiny capacity_factor=1.25 --json", false);
+  ASSERT_EQ(c.code, 0) << c.out;
+  auto jc = nlohmann::json::parse(c.out);
+  EXPECT_EQ(jc["moe"]["capacity"], 80);  // ceil(256 * 2 / 8) * 1.25
+  EXPECT_EQ(jc["moe"]["dropless"], false);
+  Result text = run("plan mixtral-tiny", false);
+  EXPECT_TRUE(contains(text.out, "dropless")) << text.out;
+}
+
 TEST(DataCli, PrepareJson) {
   const std::string dir = testing::TempDir() + "hyperion_data_cli_" + std::to_string(::getpid());
   fs::create_directories(dir);

@@ -157,13 +157,23 @@ TEST(MoeRouter, TiesPickLowerIndex) {
 
 TEST(MoeRouter, NaNLogitsPropagateWithValidExperts) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  const std::vector<float> logits = {0.5f, nan, 1.0f, 2.0f};
-  std::vector<float> p(4), w(2);
-  std::vector<int32_t> ex(2);
-  router_topk_forward(logits.data(), 1, 4, 2, true, p.data(), ex.data(), w.data());
-  EXPECT_TRUE(std::isnan(w[0]));
-  EXPECT_NE(ex[0], ex[1]);
-  for (int32_t x : ex) EXPECT_TRUE(x >= 0 && x < 4);
+  for_each_target([&] {
+    for (int64_t e : {4, 40}) {  // one vector and several
+      for (int64_t k : {1, 2, 4}) {
+        SCOPED_TRACE(fmt::format("e {} k {}", e, k));
+        std::vector<float> logits(size_t(e), 0.5f);
+        logits[1] = nan;
+        std::vector<float> p(static_cast<size_t>(e)), w(static_cast<size_t>(k));
+        std::vector<int32_t> ex(static_cast<size_t>(k));
+        router_topk_forward(logits.data(), 1, e, k, true, p.data(), ex.data(), w.data());
+        EXPECT_TRUE(std::isnan(w[0]));
+        std::vector<int32_t> sorted = ex;
+        std::sort(sorted.begin(), sorted.end());
+        EXPECT_EQ(std::unique(sorted.begin(), sorted.end()), sorted.end());  // distinct
+        for (int32_t x : ex) EXPECT_TRUE(x >= 0 && x < e);
+      }
+    }
+  });
 }
 
 // ---------------------------------------------------------------- router backward
@@ -443,6 +453,21 @@ TEST(MoeDispatchPlan, DroplessEmptyGroupsAndOneExpertTakingAll) {
   EXPECT_EQ(plan.group_sizes, (std::vector<int64_t>{3, 0, 0, 3}));
   EXPECT_EQ(plan.row_token, (std::vector<int32_t>{0, 1, 2, 0, 1, 2}));
   EXPECT_EQ(plan.pair_row, (std::vector<int32_t>{3, 0, 4, 1, 5, 2}));
+}
+
+TEST(MoeDispatchPlan, DroplessRowAlignPadsEachGroupWithZeroRows) {
+  // Loads 3, 0, 5 with row_align 4: groups 4, 0, 8; padding rows hold no token.
+  const int64_t e = 3, k = 1;
+  std::vector<int32_t> ex = {2, 0, 2, 2, 0, 2, 0, 2};
+  MoeDispatch plan;
+  moe_dispatch_plan(ex.data(), 1, 8, k, e, -1, &plan, 4);
+  EXPECT_EQ(plan.group_sizes, (std::vector<int64_t>{4, 0, 8}));
+  EXPECT_EQ(plan.rows, 12);
+  EXPECT_EQ(plan.row_token, (std::vector<int32_t>{1, 4, 6, -1, 0, 2, 3, 5, 7, -1, -1, -1}));
+  EXPECT_EQ(plan.pair_row, (std::vector<int32_t>{4, 0, 5, 6, 1, 7, 2, 8}));
+  EXPECT_EQ(plan.dropped, 0);
+  EXPECT_LE(plan.rows, moe_dropless_max_rows(8, k, e, 4));
+  EXPECT_THROW(moe_dispatch_plan(ex.data(), 1, 8, k, e, -1, &plan, 0), Error);
 }
 
 TEST(MoeDispatchPlan, CappedDropsExactlyPairsOverCapacityPerSequence) {

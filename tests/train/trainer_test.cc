@@ -242,7 +242,8 @@ TEST(TrainConfig, EmbeddedTinyPresetEqualsConfigsFile) {
 
 TEST(TrainConfig, EveryPresetParses) {
   for (const char* name :
-       {"tiny", "llama-25m", "llama-110m", "llama2-7b", "llama2-70b", "llama3-8b"}) {
+       {"tiny", "llama-25m", "llama-110m", "llama2-7b", "llama2-70b", "llama3-8b", "mixtral-tiny",
+        "mixtral-8x7b", "moe-e4", "moe-e8", "moe-e16", "moe-e32"}) {
     Config c =
         load_train_config(std::string(HYPERION_SOURCE_DIR) + "/configs/" + name + ".yml", {});
     TrainConfig t = parse_train_config(c, name);
@@ -257,6 +258,49 @@ TEST(TrainConfig, EveryPresetParses) {
   TrainConfig t8 = parse_train_config(
       load_train_config(std::string(HYPERION_SOURCE_DIR) + "/configs/llama3-8b.yml", {}), "x");
   EXPECT_EQ(t8.model.total_params(), 8030261248);
+  // Mixtral-8x7B: 46.7B parameters, 12.9B active per token (as published).
+  TrainConfig mx = parse_train_config(
+      load_train_config(std::string(HYPERION_SOURCE_DIR) + "/configs/mixtral-8x7b.yml", {}), "x");
+  EXPECT_EQ(mx.model.total_params(), 46702792704);
+  EXPECT_EQ(mx.model.active_non_embedding_params() + mx.model.embedding_params(), 12879925248);
+  EXPECT_EQ(mx.model.n_moe_layers(), 32);
+  // The weak-scaling family: FLOPs per token equal (but for the router), parameters
+  // growing with the experts.
+  double flops = 0;
+  int64_t params = 0;
+  for (const char* name : {"moe-e4", "moe-e8", "moe-e16", "moe-e32"}) {
+    TrainConfig t = parse_train_config(
+        load_train_config(std::string(HYPERION_SOURCE_DIR) + "/configs/" + name + ".yml", {}),
+        name);
+    const double f = t.model.train_flops_per_token(t.max_target_length);
+    if (flops > 0) {
+      EXPECT_NEAR(f, flops, 0.01 * flops) << name;  // only the router grows with E
+    }
+    EXPECT_GT(t.model.total_params(), params) << name;
+    flops = f;
+    params = t.model.total_params();
+  }
+}
+
+TEST(TrainConfig, MoeKeysAreValidated) {
+  auto expect_error = [](std::vector<std::string> overrides, const std::string& needle) {
+    try {
+      parse_train_config(load_train_config("tiny", overrides), "x");
+      ADD_FAILURE() << "no error for " << overrides.back();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error({"num_experts=4", "num_experts_per_tok=5"}, "num_experts_per_tok");
+  expect_error({"num_experts=4", "capacity_factor=0"}, "capacity_factor");
+  expect_error({"num_experts=4", "sparse_matmul=false"}, "sparse_matmul");
+  expect_error({"num_experts=4", "first_num_dense_layers=4"}, "first_num_dense_layers");
+  expect_error({"num_experts=4", "load_balance_loss_weight=-1"}, "load_balance_loss_weight");
+  // Capped experts need no sparse matmul flag.
+  TrainConfig t = parse_train_config(
+      load_train_config("tiny", {"num_experts=4", "capacity_factor=1.25", "sparse_matmul=false"}),
+      "x");
+  EXPECT_DOUBLE_EQ(t.moe.capacity_factor, 1.25);
 }
 
 TEST(TrainConfig, UnknownKeyInFileNamesKeyAndFile) {
