@@ -5,7 +5,10 @@
 //   1. converts the checkpoint with hyperion,
 //   2. parses the file with @huggingface/gguf (an independent GGUF reader) and checks the
 //      structure: key types as llama.cpp reads them, tensor names/types/shapes, alignment,
-//      data offsets and the file size,
+//      data offsets and the file size; for a Mixtral checkpoint (config.json model_type
+//      "mixtral") also llama.expert_count / llama.expert_used_count and, per layer, the
+//      router ffn_gate_inp (f32, ggml shape [D, E]) and the stacked experts
+//      ffn_{gate,up}_exps [D, F, E] and ffn_down_exps [F, D, E] in place of the dense MLP,
 //   3. loads it in llama.cpp (node-llama-cpp's prebuilt CPU build; f32 KV cache, no flash
 //      attention, so the f32 file is compared in full f32),
 //   4. checks llama.cpp's tokenization against SentencePiece (spm_encode) on sample texts and
@@ -15,12 +18,20 @@
 //      hyperion's tokens to llama.cpp (teacher forcing) and reports, at every step, how far
 //      hyperion's pick is below llama.cpp's best logit. A divergence counts as a near-tie
 //      when that gap is within the type's tolerance.
+//   6. compares the mean next-token loss of llama.cpp (teacher-forced, full softmax at every
+//      position) with `hyperion eval --shard --json` on the same token stream, the first
+//      --loss-lines lines of --tokenizer-text each as BOS + SentencePiece ids + EOS (written
+//      as a token shard, so that both sides see identical ids), in the same windows of
+//      --loss-seq-len tokens. Unlike greedy ids, this sees every logit, so it also catches
+//      small errors in a barely trained model (e.g. one expert mixed up: a MoE model whose
+//      greedy output is a repeated token can still agree on every argmax).
 //
-// Exit code 0 when every type loads, tokenization matches, and decoding agrees (f32: token
+// Exit code 0 when every type loads, tokenization matches, decoding agrees (f32: token
 // ids equal, or a divergence that is a near-tie; f16/bf16/q8_0: every teacher-forced gap within
-// that type's tolerance). Needs node >= 18 and, in --llamacpp-dir (default $HYPERION_LLAMACPP_DIR
-// or /tmp/llamacpp), the npm packages node-llama-cpp@3.22.1, @node-llama-cpp/linux-x64@3.22.1
-// and @huggingface/gguf@0.4.6; `--install` installs them there with
+// that type's tolerance) and the losses agree within the type's LOSS_TOL. Needs node >= 18
+// and, in --llamacpp-dir (default $HYPERION_LLAMACPP_DIR or /tmp/llamacpp), the npm packages
+// node-llama-cpp@3.22.1, @node-llama-cpp/linux-x64@3.22.1 and @huggingface/gguf@0.4.6;
+// `--install` installs them there with
 //   npm install --ignore-scripts --omit=optional node-llama-cpp@3.22.1 \
 //       @node-llama-cpp/linux-x64@3.22.1 @huggingface/gguf@0.4.6
 // (--ignore-scripts: the postinstall would try to fetch/build llama.cpp; the prebuilt binaries
@@ -29,7 +40,8 @@
 // Usage:
 //   node bench/gguf_llamacpp_check.mjs --checkpoint DIR [--types f32,f16,bf16,q8_0]
 //       [--tokens 16] [--prompt TEXT]... [--hyperion PATH] [--workdir DIR]
-//       [--llamacpp-dir DIR] [--tokenizer-text FILE] [--tokenizer-lines N] [--install]
+//       [--llamacpp-dir DIR] [--tokenizer-text FILE] [--tokenizer-lines N]
+//       [--loss-lines N] [--loss-seq-len N] [--install]
 //       [--json] [--verbose]
 
 import {execFileSync, spawnSync} from "node:child_process";
@@ -54,6 +66,8 @@ function parseArgs(argv) {
     llamacppDir: process.env.HYPERION_LLAMACPP_DIR || "/tmp/llamacpp",
     tokenizerText: path.resolve(here, "../data/corpus/fortunes.txt"),
     tokenizerLines: 500,
+    lossLines: 24,
+    lossSeqLen: 64,
     install: false,
     json: false,
     verbose: false,
@@ -73,6 +87,8 @@ function parseArgs(argv) {
     else if (k === "--llamacpp-dir") a.llamacppDir = val();
     else if (k === "--tokenizer-text") a.tokenizerText = val();
     else if (k === "--tokenizer-lines") a.tokenizerLines = Number.parseInt(val(), 10);
+    else if (k === "--loss-lines") a.lossLines = Number.parseInt(val(), 10);
+    else if (k === "--loss-seq-len") a.lossSeqLen = Number.parseInt(val(), 10);
     else if (k === "--install") a.install = true;
     else if (k === "--json") a.json = true;
     else if (k === "--verbose") a.verbose = true;
@@ -84,6 +100,9 @@ function parseArgs(argv) {
   }
   if (!a.checkpoint) throw new Error("--checkpoint DIR is required");
   if (!(a.tokens > 0)) throw new Error("--tokens must be a positive integer");
+  if (!(a.lossLines >= 0)) throw new Error("--loss-lines must be a non-negative integer");
+  if (!(a.lossSeqLen > 0 && a.lossSeqLen < 256))
+    throw new Error("--loss-seq-len must be in [1, 255] (the llama.cpp context holds 256)");
   for (const t of a.types)
     if (!TYPE_TOL[t]) throw new Error(`unknown type '${t}' (expected f32, f16, bf16, q8_0)`);
   if (a.prompts.length === 0) a.prompts = ["", "The meaning of life is"];
@@ -96,6 +115,9 @@ function parseArgs(argv) {
 // the f32 checkpoint), so their gaps are larger; these bounds are for small models whose
 // logits are O(10).
 const TYPE_TOL = {f32: 1e-3, f16: 0.05, bf16: 0.25, q8_0: 0.25};
+// Largest allowed |mean loss (llama.cpp) - mean loss (hyperion eval)| in nats, for the same
+// reasons: f32 differs by summation order only; the others by their weight rounding.
+const LOSS_TOL = {f32: 1e-4, f16: 2e-3, bf16: 2e-2, q8_0: 2e-2};
 // llama.cpp's LLAMA_FTYPE for general.file_type and the ggml type of 2-D weights.
 const FILE_TYPE = {f32: 0, f16: 1, q8_0: 7, bf16: 32};
 const GGML = {F32: 0, F16: 1, Q8_0: 8, BF16: 30};
@@ -198,6 +220,11 @@ const EXPECTED_KEYS = {
   "tokenizer.ggml.bos_token_id": [V.U32],
   "tokenizer.ggml.eos_token_id": [V.U32],
 };
+// Mixtral (mixture of experts) checkpoints: llama.cpp's llama architecture with experts.
+const MOE_KEYS = {
+  "llama.expert_count": [V.U32],
+  "llama.expert_used_count": [V.U32],
+};
 const OPTIONAL_KEYS = {
   "llama.attention.key_length": [V.U32],
   "llama.attention.value_length": [V.U32],
@@ -207,12 +234,19 @@ const OPTIONAL_KEYS = {
   "tokenizer.ggml.add_eos_token": [V.BOOL],
 };
 
+function isMoe(cfg) {
+  return cfg.model_type === "mixtral" ||
+         (cfg.model_type === undefined && cfg.architectures?.[0] === "MixtralForCausalLM");
+}
+
 async function checkStructure(hfg, file, type, cfg) {
   const problems = [];
   const p = await hfg.gguf(file, {allowLocalFile: true, typedMetadata: true});
   const md = p.typedMetadata;
+  const moe = isMoe(cfg);
   if (md.version.value !== 3) problems.push(`version ${md.version.value}, expected 3`);
-  for (const [table, required] of [[EXPECTED_KEYS, true], [OPTIONAL_KEYS, false]]) {
+  for (const [table, required] of [[EXPECTED_KEYS, true], [OPTIONAL_KEYS, false],
+                                   [MOE_KEYS, moe]]) {
     for (const [k, [t, sub]] of Object.entries(table)) {
       const e = md[k];
       if (!e) {
@@ -239,6 +273,13 @@ async function checkStructure(hfg, file, type, cfg) {
     "tokenizer.ggml.bos_token_id": cfg.bos_token_id ?? 1,
     "tokenizer.ggml.eos_token_id": cfg.eos_token_id ?? 2,
   };
+  if (moe) {  // MixtralConfig's defaults; feed_forward_length above is the expert's size
+    want["llama.expert_count"] = cfg.num_local_experts ?? 8;
+    want["llama.expert_used_count"] = cfg.num_experts_per_tok ?? 2;
+  } else {
+    for (const k of Object.keys(MOE_KEYS))
+      if (md[k]) problems.push(`dense model has key ${k} = ${val(k)}`);
+  }
   for (const [k, w] of Object.entries(want))
     if (val(k) !== w) problems.push(`key ${k} = ${val(k)}, expected ${w}`);
   // llama.cpp derives the head size as n_embd / n_head unless key_length is given.
@@ -261,9 +302,17 @@ async function checkStructure(hfg, file, type, cfg) {
     expected.set(b + "attn_v.weight", [D, kvHeads * headDim]);
     expected.set(b + "attn_output.weight", [heads * headDim, D]);
     expected.set(b + "ffn_norm.weight", [D]);
-    expected.set(b + "ffn_gate.weight", [D, F]);
-    expected.set(b + "ffn_up.weight", [D, F]);
-    expected.set(b + "ffn_down.weight", [F, D]);
+    if (moe) {  // llama.cpp's create_tensor shapes, e.g. {n_embd, n_ff, n_expert} for gate/up
+      const E = cfg.num_local_experts ?? 8;
+      expected.set(b + "ffn_gate_inp.weight", [D, E]);
+      expected.set(b + "ffn_gate_exps.weight", [D, F, E]);
+      expected.set(b + "ffn_up_exps.weight", [D, F, E]);
+      expected.set(b + "ffn_down_exps.weight", [F, D, E]);
+    } else {
+      expected.set(b + "ffn_gate.weight", [D, F]);
+      expected.set(b + "ffn_up.weight", [D, F]);
+      expected.set(b + "ffn_down.weight", [F, D]);
+    }
   }
   const align = BigInt(val("general.alignment") ?? 32);
   if (p.tensorDataOffset % align !== 0n)
@@ -278,7 +327,8 @@ async function checkStructure(hfg, file, type, cfg) {
     if (!exp) problems.push(`unexpected tensor ${t.name}`);
     else if (JSON.stringify(exp) !== JSON.stringify(shape))
       problems.push(`tensor ${t.name} has ggml shape [${shape}], expected [${exp}]`);
-    const wantType = shape.length === 1 ? GGML.F32
+    // The MoE router stays f32 like the norms (convert_hf_to_gguf.py; llama-quantize skips it).
+    const wantType = shape.length === 1 || t.name.endsWith(".ffn_gate_inp.weight") ? GGML.F32
                      : (MATRIX_GGML[type] === GGML.Q8_0 && shape[0] % 32 !== 0) ? GGML.F16
                      : MATRIX_GGML[type];
     if (t.dtype !== wantType) problems.push(`tensor ${t.name} has ggml type ${t.dtype}, expected ${wantType}`);
@@ -374,6 +424,42 @@ function checkTokenizer(model, modelFile, corpus, corpusLines) {
   return {lines: lines.length, equal: lines.length - mismatches.length, mismatches: mismatches.slice(0, 10)};
 }
 
+// hyperion's token shard (src/io/token_shard.h): "HYPTOKS1", u32 version 1, u32 token bytes,
+// u64 count, u32 vocab_size, u32 0, then the ids.
+function writeTokenShard(file, tokens, vocabSize) {
+  const wide = vocabSize > 65536;
+  const buf = Buffer.alloc(32 + tokens.length * (wide ? 4 : 2));
+  buf.write("HYPTOKS1", 0, "latin1");
+  buf.writeUInt32LE(1, 8);
+  buf.writeUInt32LE(wide ? 4 : 2, 12);
+  buf.writeBigUInt64LE(BigInt(tokens.length), 16);
+  buf.writeUInt32LE(vocabSize, 24);
+  tokens.forEach((t, i) => (wide ? buf.writeUInt32LE(t, 32 + 4 * i) : buf.writeUInt16LE(t, 32 + 2 * i)));
+  fs.writeFileSync(file, buf);
+}
+
+// Mean next-token cross-entropy (nats) of `tokens` as `hyperion eval` computes it: windows of
+// seqLen + 1 tokens with stride seqLen, each evaluated from an empty context, every token
+// after the first predicted once.
+async function streamLoss(seq, tokens, seqLen) {
+  let nll = 0, count = 0;
+  for (let s = 0; s + 1 < tokens.length; s += seqLen) {
+    const win = tokens.slice(s, Math.min(s + seqLen + 1, tokens.length));
+    await seq.clearHistory();
+    const res = await seq.controlledEvaluate(
+        win.slice(0, -1).map((t) => [t, {generateNext: {logits: true}}]));
+    for (let i = 0; i + 1 < win.length; ++i) {
+      const logits = res[i].next.logits;
+      let m = -Infinity, z = 0;
+      for (const v of logits.values()) m = Math.max(m, v);
+      for (const v of logits.values()) z += Math.exp(v - m);
+      nll += m + Math.log(z) - logits.get(win[i + 1]);
+      ++count;
+    }
+  }
+  return {loss: nll / count, tokens: count};
+}
+
 // ---------------------------------------------------------------------------------------------
 
 async function main() {
@@ -413,7 +499,28 @@ async function main() {
     reference.push({prompt, promptIds, tokens: out.tokens});
   }
 
-  const report = {checkpoint: ckpt, versions, llamaCppRelease: llama.llamaCppRelease, types: {}};
+  // hyperion's loss on the token stream of one document per line.
+  let lossRef = null;
+  if (a.lossLines > 0 && fs.existsSync(a.tokenizerText)) {
+    const docs = fs.readFileSync(a.tokenizerText, "utf8").split("\n")
+                     .filter((l) => l.trim().length > 0).slice(0, a.lossLines);
+    const bos = cfg.bos_token_id ?? 1, eos = cfg.eos_token_id ?? 2;
+    const stream = spmEncodeLines(tokModel, docs).flatMap((ids) => [bos, ...ids, eos]);
+    const shard = path.join(work, "loss-tokens.bin");
+    writeTokenShard(shard, stream, cfg.vocab_size);
+    const seqLen = Math.min(a.lossSeqLen, cfg.max_position_embeddings ?? a.lossSeqLen);
+    const ev = JSON.parse(run(a.hyperion, ["eval", "--checkpoint", ckpt, "--shard", shard,
+                                           "--seq-len", String(seqLen), "--json",
+                                           "--dtype", "float32"], "hyperion eval"));
+    lossRef = {docs: docs.length, seqLen, stream, loss: ev.loss, tokens: ev.tokens};
+    log(`hyperion eval: loss ${ev.loss.toFixed(6)} over ${ev.tokens} tokens (${docs.length} ` +
+        `documents, seq_len ${seqLen})`);
+  }
+
+  const report = {checkpoint: ckpt, versions, llamaCppRelease: llama.llamaCppRelease, types: {},
+                  moe: isMoe(cfg),
+                  hyperionLoss: lossRef && {loss: lossRef.loss, tokens: lossRef.tokens,
+                                            documents: lossRef.docs, seqLen: lossRef.seqLen}};
   let ok = true;
   for (const type of a.types) {
     const r = {type};
@@ -449,6 +556,17 @@ async function main() {
             `${r.tokenizer.lines} lines tokenize identically`);
         for (const t of r.tokenizer.mismatches)
           log(`    ${JSON.stringify(t.text)}: spm ${JSON.stringify(t.spm)} llama.cpp ${JSON.stringify(t.llamacpp)}`);
+        if (lossRef) {
+          const lc = await streamLoss(seq, lossRef.stream, lossRef.seqLen);
+          const diff = Math.abs(lc.loss - lossRef.loss);
+          r.loss = {llamacpp: lc.loss, hyperion: lossRef.loss, absDiff: diff, tokens: lc.tokens,
+                    tol: LOSS_TOL[type],
+                    pass: lc.tokens === lossRef.tokens && diff <= LOSS_TOL[type]};
+          if (!r.loss.pass) ok = false;
+          log(`[${type}] loss llama.cpp ${lc.loss.toFixed(6)} vs hyperion ${lossRef.loss.toFixed(6)}` +
+              ` over ${lc.tokens}/${lossRef.tokens} tokens: |diff| ${diff.toExponential(2)}` +
+              ` (tol ${LOSS_TOL[type]}) -> ${r.loss.pass ? "ok" : "FAIL"}`);
+        }
         r.prompts = [];
         for (const ref of reference) {
           const prefix = [model.tokens.bos, ...ref.promptIds];

@@ -94,9 +94,9 @@ class ConvertMoeTest : public ::testing::Test {
   static void TearDownTestSuite() { fs::remove_all(tok_dir_); }
 
   struct Options {
-    std::string drop;     // a tensor to leave out
-    std::string reshape;  // a tensor whose first dim grows by 2
-    std::string extra;    // an extra tensor to add
+    std::string drop;                               // a tensor to leave out
+    std::string reshape;                            // a tensor whose first dim grows by 2
+    std::string extra;                              // an extra tensor to add
     nlohmann::json set = nlohmann::json::object();  // config.json keys to set (null: erase)
   };
 
@@ -265,8 +265,7 @@ TEST_F(ConvertMoeTest, F32KeysTensorsAndStackedExperts) {
     // {n_ff, n_embd, n_expert} for down and {n_embd, n_expert} for the router.
     EXPECT_EQ(raw_ne(out_, b + "ffn_gate_exps.weight"),
               (std::vector<uint64_t>{kDim, kFf, kExperts}));
-    EXPECT_EQ(raw_ne(out_, b + "ffn_up_exps.weight"),
-              (std::vector<uint64_t>{kDim, kFf, kExperts}));
+    EXPECT_EQ(raw_ne(out_, b + "ffn_up_exps.weight"), (std::vector<uint64_t>{kDim, kFf, kExperts}));
     EXPECT_EQ(raw_ne(out_, b + "ffn_down_exps.weight"),
               (std::vector<uint64_t>{kFf, kDim, kExperts}));
     EXPECT_EQ(raw_ne(out_, b + "ffn_gate_inp.weight"), (std::vector<uint64_t>{kDim, kExperts}));
@@ -278,7 +277,8 @@ TEST_F(ConvertMoeTest, F32KeysTensorsAndStackedExperts) {
     EXPECT_EQ(f.dequantize(b + "ffn_gate_exps.weight"), stacked(i, "w1"));
     EXPECT_EQ(f.dequantize(b + "ffn_up_exps.weight"), stacked(i, "w3"));  // one expert bf16
     EXPECT_EQ(f.dequantize(b + "ffn_down_exps.weight"), stacked(i, "w2"));
-    EXPECT_EQ(f.dequantize(b + "ffn_norm.weight"), weights_.at(p + "post_attention_layernorm.weight"));
+    EXPECT_EQ(f.dequantize(b + "ffn_norm.weight"),
+              weights_.at(p + "post_attention_layernorm.weight"));
     EXPECT_EQ(f.dequantize(b + "attn_v.weight"), weights_.at(p + "self_attn.v_proj.weight"));
   }
   // Expert e of the stacked tensor is the slice [e], e.g. expert 3's down projection.
@@ -393,9 +393,10 @@ TEST_F(ConvertMoeTest, ConfigErrorsNameTheKey) {
   expect_fails(o, {"config.json", "unknown key 'hyperion_shared_experts'"});
   o.set = {{"model_type", "qwen2_moe"}};
   expect_fails(o, {"config.json", "'model_type'", "qwen2_moe"});
-  // Missing num_local_experts means MixtralConfig's 8: experts 4..7 are then missing.
+  // Missing num_local_experts means MixtralConfig's 8, which the router's shape contradicts.
   o.set = {{"num_local_experts", nullptr}};
-  expect_fails(o, {"model.safetensors", "missing tensor '" + expert_name(0, 4, "w1") + "'"});
+  expect_fails(o, {"model.safetensors", "'model.layers.0.block_sparse_moe.gate.weight'", "[8, 64]",
+                   "num_local_experts 8"});
 }
 
 TEST_F(ConvertMoeTest, TensorErrorsNameTheTensor) {
