@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/threads.h"
 #include "kernels/gemm.h"
 #include "tensor/convert.h"
 
@@ -47,14 +48,36 @@ const unsigned char* at_row(const TensorView& t, int64_t row) {
 // without chunking each step would pay a JIT compilation per group and projection. With
 // row counts that are multiples of the MoE dispatch's alignment, the chunk shapes come
 // from a small fixed set and are all cached after warm-up.
+//
+// Threads: a group of at least kThreadedGroupRows rows runs its GEMMs on every thread,
+// one group after another. Smaller groups run side by side instead, one group per thread
+// (largest first, dynamically scheduled): a GEMM of a few hundred rows split over
+// threads spends its time synchronising, and measured no faster on two threads than on
+// one. A group's chunks stay on one thread, so the weight gradient's accumulation into
+// dW_g never races.
 template <typename GemmFor>
 void for_each_group(std::span<const int64_t> sizes, GemmFor&& gemm_for) {
-  int64_t row = 0;
-  for (size_t g = 0; g < sizes.size(); ++g) {
+  auto run_group = [&](size_t g, int64_t row) {
     for (int64_t done = 0; done < sizes[g]; done += kGroupChunkRows)
       gemm_for(static_cast<int64_t>(g), row + done, std::min(kGroupChunkRows, sizes[g] - done));
+  };
+  std::vector<int64_t> first_row(sizes.size());
+  std::vector<size_t> small;
+  int64_t row = 0;
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    first_row[g] = row;
+    if (sizes[g] >= kThreadedGroupRows)
+      run_group(g, row);
+    else if (sizes[g] > 0)
+      small.push_back(g);
     row += sizes[g];
   }
+  std::stable_sort(small.begin(), small.end(),
+                   [&](size_t x, size_t y) { return sizes[x] > sizes[y]; });
+  parallel_for_dynamic(static_cast<int64_t>(small.size()), [&](int64_t i) {
+    const size_t g = small[static_cast<size_t>(i)];
+    run_group(g, first_row[g]);
+  });
 }
 
 const unsigned char* expert(const TensorView& w, int64_t g) {

@@ -24,6 +24,8 @@ namespace hyperion {
 // Rows of one GEMM call: larger groups are processed in chunks of this many rows (see
 // grouped_gemm.cc), so the set of GEMM shapes stays small when sizes vary per call.
 inline constexpr int64_t kGroupChunkRows = 512;
+// Groups with fewer rows run side by side, one per thread; larger ones use every thread.
+inline constexpr int64_t kThreadedGroupRows = 4096;
 
 void grouped_gemm(const TensorView& a, const TensorView& w, std::span<const int64_t> sizes,
                   const TensorView& c, float beta = 0.0f);

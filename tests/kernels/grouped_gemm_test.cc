@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -15,9 +16,15 @@ namespace {
 using namespace testing_util;
 
 // Group layouts: balanced, empty groups, one group taking every row, sizes that are not
-// multiples of any tile, and a single row.
-const std::vector<std::vector<int64_t>> kLayouts = {
-    {16, 16, 16, 16}, {0, 37, 0, 11}, {0, 0, 53, 0}, {7, 1, 29, 3, 17}, {1}, {0, 0, 0}};
+// multiples of any tile, a single row, and groups above the chunk size (512 rows) and the
+// threaded-group threshold (4096 rows) beside small ones run side by side.
+const std::vector<std::vector<int64_t>> kLayouts = {{16, 16, 16, 16},
+                                                    {0, 37, 0, 11},
+                                                    {0, 0, 53, 0},
+                                                    {7, 1, 29, 3, 17},
+                                                    {1},
+                                                    {0, 0, 0},
+                                                    {kThreadedGroupRows + 5, 600, 0, 1030, 3}};
 
 double tol(DType d) {
   return d == DType::kF32 ? 2e-5 : 1.0 / 64;
@@ -55,7 +62,8 @@ TEST(GroupedGemm, ForwardInputAndWeightGradsMatchReference) {
       Tensor dw_ref = dw.clone(), dw_before = dw.clone();
       grouped_gemm_weight_grad(a, dc, sizes, dw);
       ref::grouped_gemm_weight_grad(a, dc, sizes, dw_ref);
-      expect_close(dw, dw_ref, tol(dt));
+      // The weight gradient sums over a group's rows: f32 rounding grows with sqrt(rows).
+      expect_close(dw, dw_ref, tol(dt) * std::sqrt(std::max(1.0, double(m) / 256)));
       for (int64_t gi = 0; gi < g; ++gi) {
         if (sizes[size_t(gi)] != 0) continue;
         for (int64_t i = gi * n * k; i < (gi + 1) * n * k; ++i) {
