@@ -1,6 +1,7 @@
 #include "kernels/grouped_gemm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "base/error.h"
@@ -11,6 +12,8 @@
 namespace hyperion {
 
 namespace {
+
+std::atomic<double> g_threaded_group_flops{kThreadedGroupFlops};
 
 // Checks the shapes shared by the three ops: rows [M, *] split by sizes over G groups,
 // weights [G, N, K]. Returns G.
@@ -49,14 +52,14 @@ const unsigned char* at_row(const TensorView& t, int64_t row) {
 // row counts that are multiples of the MoE dispatch's alignment, the chunk shapes come
 // from a small fixed set and are all cached after warm-up.
 //
-// Threads: a group of at least kThreadedGroupRows rows runs its GEMMs on every thread,
-// one group after another. Smaller groups run side by side instead, one group per thread
+// Threads: a group of at least kThreadedGroupFlops runs its GEMMs on every thread, one
+// group after another. Smaller groups run side by side instead, one group per thread
 // (largest first, dynamically scheduled): a GEMM of a few hundred rows split over
 // threads spends its time synchronising, and measured no faster on two threads than on
 // one. A group's chunks stay on one thread, so the weight gradient's accumulation into
-// dW_g never races.
+// dW_g never races. `flops_per_row` = 2 x the GEMM's other two dimensions.
 template <typename GemmFor>
-void for_each_group(std::span<const int64_t> sizes, GemmFor&& gemm_for) {
+void for_each_group(std::span<const int64_t> sizes, double flops_per_row, GemmFor&& gemm_for) {
   auto run_group = [&](size_t g, int64_t row) {
     for (int64_t done = 0; done < sizes[g]; done += kGroupChunkRows)
       gemm_for(static_cast<int64_t>(g), row + done, std::min(kGroupChunkRows, sizes[g] - done));
@@ -66,7 +69,7 @@ void for_each_group(std::span<const int64_t> sizes, GemmFor&& gemm_for) {
   int64_t row = 0;
   for (size_t g = 0; g < sizes.size(); ++g) {
     first_row[g] = row;
-    if (sizes[g] >= kThreadedGroupRows)
+    if (double(sizes[g]) * flops_per_row >= g_threaded_group_flops.load())
       run_group(g, row);
     else if (sizes[g] > 0)
       small.push_back(g);
@@ -87,6 +90,10 @@ const unsigned char* expert(const TensorView& w, int64_t g) {
 
 }  // namespace
 
+double set_threaded_group_flops(double flops) {
+  return g_threaded_group_flops.exchange(flops);
+}
+
 void grouped_gemm(const TensorView& a, const TensorView& w, std::span<const int64_t> sizes,
                   const TensorView& c, float beta) {
   const char* op = "grouped_gemm";
@@ -97,7 +104,7 @@ void grouped_gemm(const TensorView& a, const TensorView& w, std::span<const int6
   const int64_t n = w.shape[1], k = w.shape[2];
   HYP_CHECK(a.shape[1] == k && c.shape[0] == a.shape[0] && c.shape[1] == n,
             "{}: a {}, w {} and c {} disagree", op, a.str(), w.str(), c.str());
-  for_each_group(sizes, [&](int64_t g, int64_t row, int64_t m) {
+  for_each_group(sizes, 2.0 * double(n * k), [&](int64_t g, int64_t row, int64_t m) {
     gemm_contiguous(Trans::kN, Trans::kT, m, n, k, at_row(a, row), a.dtype, expert(w, g), w.dtype,
                     const_cast<unsigned char*>(at_row(c, row)), c.dtype, beta);
   });
@@ -113,7 +120,7 @@ void grouped_gemm_input_grad(const TensorView& dc, const TensorView& w,
   const int64_t n = w.shape[1], k = w.shape[2];
   HYP_CHECK(dc.shape[1] == n && da.shape[0] == dc.shape[0] && da.shape[1] == k,
             "{}: dc {}, w {} and da {} disagree", op, dc.str(), w.str(), da.str());
-  for_each_group(sizes, [&](int64_t g, int64_t row, int64_t m) {
+  for_each_group(sizes, 2.0 * double(n * k), [&](int64_t g, int64_t row, int64_t m) {
     gemm_contiguous(Trans::kN, Trans::kN, m, k, n, at_row(dc, row), dc.dtype, expert(w, g), w.dtype,
                     const_cast<unsigned char*>(at_row(da, row)), da.dtype, beta);
   });
@@ -130,7 +137,7 @@ void grouped_gemm_weight_grad(const TensorView& a, const TensorView& dc,
   check_contiguous(op, "dc", dc);
   HYP_CHECK(a.shape[1] == k && dc.shape[0] == a.shape[0] && dc.shape[1] == n,
             "{}: a {}, dc {} and dw {} disagree", op, a.str(), dc.str(), dw.str());
-  for_each_group(sizes, [&](int64_t g, int64_t row, int64_t m) {
+  for_each_group(sizes, 2.0 * double(n * k), [&](int64_t g, int64_t row, int64_t m) {
     gemm_contiguous(Trans::kT, Trans::kN, n, k, m, at_row(dc, row), dc.dtype, at_row(a, row),
                     a.dtype, const_cast<unsigned char*>(expert(dw, g)), DType::kF32, 1.0f);
   });

@@ -24,8 +24,12 @@ namespace hyperion {
 // Rows of one GEMM call: larger groups are processed in chunks of this many rows (see
 // grouped_gemm.cc), so the set of GEMM shapes stays small when sizes vary per call.
 inline constexpr int64_t kGroupChunkRows = 512;
-// Groups with fewer rows run side by side, one per thread; larger ones use every thread.
-inline constexpr int64_t kThreadedGroupRows = 4096;
+// Groups whose GEMM is smaller (in FLOPs) run side by side, one per thread; larger ones
+// use every thread.
+inline constexpr double kThreadedGroupFlops = 1e9;
+// Changes that threshold (process-wide; tests use it to run both schedules on small
+// shapes). Returns the previous value.
+double set_threaded_group_flops(double flops);
 
 void grouped_gemm(const TensorView& a, const TensorView& w, std::span<const int64_t> sizes,
                   const TensorView& c, float beta = 0.0f);

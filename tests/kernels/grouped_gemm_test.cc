@@ -17,14 +17,10 @@ using namespace testing_util;
 
 // Group layouts: balanced, empty groups, one group taking every row, sizes that are not
 // multiples of any tile, a single row, and groups above the chunk size (512 rows) and the
-// threaded-group threshold (4096 rows) beside small ones run side by side.
-const std::vector<std::vector<int64_t>> kLayouts = {{16, 16, 16, 16},
-                                                    {0, 37, 0, 11},
-                                                    {0, 0, 53, 0},
-                                                    {7, 1, 29, 3, 17},
-                                                    {1},
-                                                    {0, 0, 0},
-                                                    {kThreadedGroupRows + 5, 600, 0, 1030, 3}};
+// threaded-group threshold (lowered by the test to 2000 rows) beside small ones.
+const std::vector<std::vector<int64_t>> kLayouts = {
+    {16, 16, 16, 16}, {0, 37, 0, 11},         {0, 0, 53, 0}, {7, 1, 29, 3, 17}, {1},
+    {0, 0, 0},        {4101, 600, 0, 1030, 3}};
 
 double tol(DType d) {
   return d == DType::kF32 ? 2e-5 : 1.0 / 64;
@@ -37,6 +33,8 @@ void expect_close(const Tensor& got, const Tensor& want, double rel) {
 }
 
 TEST(GroupedGemm, ForwardInputAndWeightGradsMatchReference) {
+  // Groups of >= 2000 rows use every thread, smaller ones run side by side.
+  const double saved = set_threaded_group_flops(2000.0 * 2 * 24 * 40);
   std::mt19937 rng(5);
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (const auto& sizes : kLayouts) {
@@ -72,6 +70,7 @@ TEST(GroupedGemm, ForwardInputAndWeightGradsMatchReference) {
       }
     }
   }
+  set_threaded_group_flops(saved);
 }
 
 TEST(GroupedGemm, EqualsOneDenseGemmPerGroup) {

@@ -17,6 +17,7 @@
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/trainer.h"
+#include "train_test_util.h"
 
 namespace hyperion {
 namespace {
@@ -25,7 +26,7 @@ namespace fs = std::filesystem;
 
 std::string temp_root() {
   static const std::string root = [] {
-    std::string r = testing::TempDir() + "hyperion_moe_train_test_" + std::to_string(::getpid());
+    const std::string r = testing_util::process_temp_root("hyperion_moe_train_test");
     fs::remove_all(r);
     fs::create_directories(r);
     return r;
@@ -66,13 +67,7 @@ std::vector<std::string> small_moe_run(const std::string& run_name, double capac
 }
 
 class MoeTraining : public testing::TestWithParam<double> {
- protected:
-  void SetUp() override {
-    saved_threads_ = num_threads();
-    set_num_threads(1);  // see trainer_test.cc: CTest runs tests in parallel
-  }
-  void TearDown() override { set_num_threads(saved_threads_); }
-  int saved_threads_ = 1;
+  testing_util::ScopedSingleThread single_thread_;  // see train_test_util.h
 };
 
 TEST_P(MoeTraining, LossFallsAndRoutingIsLogged) {

@@ -17,6 +17,7 @@
 #include "model/llama_model.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
+#include "train_test_util.h"
 
 namespace hyperion {
 namespace {
@@ -25,7 +26,7 @@ namespace fs = std::filesystem;
 
 std::string temp_root() {
   static const std::string root = [] {
-    std::string r = testing::TempDir() + "hyperion_trainer_test_" + std::to_string(::getpid());
+    const std::string r = testing_util::process_temp_root("hyperion_trainer_test");
     fs::remove_all(r);
     fs::create_directories(r);
     return r;
@@ -67,17 +68,8 @@ std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
   return out;
 }
 
-// The trainer tests run single-threaded: CTest runs tests in parallel on a small
-// machine, and OpenMP regions waiting on a descheduled second thread would make these
-// end-to-end runs slow without testing anything more (kernels test thread counts).
 class Trainer : public testing::Test {
- protected:
-  void SetUp() override {
-    saved_threads_ = num_threads();
-    set_num_threads(1);
-  }
-  void TearDown() override { set_num_threads(saved_threads_); }
-  int saved_threads_ = 1;
+  testing_util::ScopedSingleThread single_thread_;  // see train_test_util.h
 };
 
 TrainResult train(const std::vector<std::string>& overrides, TrainOptions opts = {}) {
