@@ -1,0 +1,154 @@
+#include "serve/kv_page_pool.h"
+
+#include <algorithm>
+
+#include "base/error.h"
+#include "kernels/fill.h"
+
+namespace hyperion::serve {
+
+uint64_t page_hash(uint64_t parent, const int32_t* tokens, int64_t n) {
+  uint64_t h = splitmix64(parent ^ 0x9e3779b97f4a7c15ull);
+  for (int64_t i = 0; i < n; ++i) h = splitmix64(h ^ static_cast<uint32_t>(tokens[i]));
+  // 0 means "not published" in the pool.
+  return h == 0 ? 1 : h;
+}
+
+KvPagePool::KvPagePool(int64_t num_pages, int64_t page_tokens) : page_tokens_(page_tokens) {
+  HYP_CHECK(num_pages > 0 && num_pages < (int64_t{1} << 31),
+            "kv cache: the page count must be in [1, 2^31), got {}", num_pages);
+  HYP_CHECK(page_tokens > 0, "kv cache: kv_page_tokens must be > 0, got {}", page_tokens);
+  const size_t n = static_cast<size_t>(num_pages);
+  refcount_.assign(n, 0);
+  page_hash_.assign(n, 0);
+  lru_pos_.resize(n);
+  in_lru_.assign(n, 0);
+  free_.reserve(n);
+  // Lowest ids are handed out first.
+  for (int64_t p = num_pages - 1; p >= 0; --p) free_.push_back(static_cast<PageId>(p));
+}
+
+void KvPagePool::check_page(PageId p, const char* op) const {
+  HYP_CHECK(p >= 0 && p < num_pages(), "kv cache: {} of page {} outside [0, {})", op, p,
+            num_pages());
+}
+
+PageId KvPagePool::allocate() {
+  PageId p = kNoPage;
+  if (!free_.empty()) {
+    p = free_.back();
+    free_.pop_back();
+  } else if (!lru_.empty()) {
+    p = lru_.front();  // evict the least recently used cached page
+    lru_.pop_front();
+    in_lru_[static_cast<size_t>(p)] = 0;
+    by_hash_.erase(page_hash_[static_cast<size_t>(p)]);
+    page_hash_[static_cast<size_t>(p)] = 0;
+  } else {
+    return kNoPage;
+  }
+  refcount_[static_cast<size_t>(p)] = 1;
+  return p;
+}
+
+void KvPagePool::retain(PageId p) {
+  check_page(p, "retain");
+  const size_t i = static_cast<size_t>(p);
+  if (in_lru_[i]) {  // a cached page comes back into use
+    lru_.erase(lru_pos_[i]);
+    in_lru_[i] = 0;
+  } else {
+    HYP_CHECK(refcount_[i] > 0, "kv cache: retain of free page {}", p);
+  }
+  ++refcount_[i];
+}
+
+void KvPagePool::release(PageId p) {
+  check_page(p, "release");
+  const size_t i = static_cast<size_t>(p);
+  HYP_CHECK(refcount_[i] > 0, "kv cache: release of page {} that is not in use", p);
+  if (--refcount_[i] > 0) return;
+  if (page_hash_[i] != 0) {
+    lru_pos_[i] = lru_.insert(lru_.end(), p);
+    in_lru_[i] = 1;
+  } else {
+    free_.push_back(p);
+  }
+}
+
+bool KvPagePool::publish(PageId p, uint64_t hash) {
+  check_page(p, "publish");
+  const size_t i = static_cast<size_t>(p);
+  HYP_CHECK(refcount_[i] > 0, "kv cache: publish of page {} that is not in use", p);
+  HYP_CHECK(hash != 0, "kv cache: publish with hash 0");
+  if (page_hash_[i] != 0) return page_hash_[i] == hash;
+  if (!by_hash_.emplace(hash, p).second) return false;
+  page_hash_[i] = hash;
+  return true;
+}
+
+PageId KvPagePool::lookup(uint64_t hash) {
+  ++lookups_;
+  auto it = by_hash_.find(hash);
+  if (it == by_hash_.end()) return kNoPage;
+  ++hits_;
+  retain(it->second);
+  return it->second;
+}
+
+int64_t SequencePages::acquire_prefix(KvPagePool& pool, const std::vector<int32_t>& prompt) {
+  HYP_CHECK(pages_.empty() && length_ == 0, "kv cache: acquire_prefix on a started sequence");
+  const int64_t pt = pool.page_tokens();
+  const int64_t usable = prompt.empty() ? 0 : (static_cast<int64_t>(prompt.size()) - 1) / pt;
+  uint64_t parent = 0;
+  for (int64_t i = 0; i < usable; ++i) {
+    const uint64_t h = page_hash(parent, prompt.data() + i * pt, pt);
+    const PageId p = pool.lookup(h);
+    if (p == kNoPage) break;
+    pages_.push_back(p);
+    hashes_.push_back(h);
+    tokens_.insert(tokens_.end(), prompt.begin() + i * pt, prompt.begin() + (i + 1) * pt);
+    parent = h;
+  }
+  length_ = static_cast<int64_t>(pages_.size()) * pt;
+  cached_tokens_ = length_;
+  published_ = static_cast<int64_t>(pages_.size());
+  return length_;
+}
+
+bool SequencePages::append(KvPagePool& pool, const int32_t* tokens, int64_t n) {
+  HYP_CHECK(n >= 0, "kv cache: append of {} tokens", n);
+  const int64_t pt = pool.page_tokens();
+  const int64_t need = (length_ + n + pt - 1) / pt - static_cast<int64_t>(pages_.size());
+  if (need > pool.pages_available()) return false;
+  for (int64_t i = 0; i < need; ++i) {
+    const PageId p = pool.allocate();
+    HYP_CHECK(p != kNoPage, "kv cache: allocation failed with pages available");
+    pages_.push_back(p);
+  }
+  tokens_.insert(tokens_.end(), tokens, tokens + n);
+  length_ += n;
+  return true;
+}
+
+void SequencePages::publish_full_pages(KvPagePool& pool) {
+  const int64_t pt = pool.page_tokens();
+  const int64_t full = length_ / pt;
+  for (int64_t i = published_; i < full; ++i) {
+    const uint64_t parent = i == 0 ? 0 : hashes_[static_cast<size_t>(i - 1)];
+    const uint64_t h = page_hash(parent, tokens_.data() + i * pt, pt);
+    hashes_.push_back(h);
+    pool.publish(pages_[static_cast<size_t>(i)], h);
+  }
+  published_ = std::max(published_, full);
+}
+
+void SequencePages::release(KvPagePool& pool) {
+  for (PageId p : pages_) pool.release(p);
+  pages_.clear();
+  tokens_.clear();
+  hashes_.clear();
+  length_ = cached_tokens_ = published_ = 0;
+}
+
+}  // namespace hyperion::serve
