@@ -25,13 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string temp_root() {
-  static const std::string root = [] {
-    const std::string r = testing_util::process_temp_root("hyperion_moe_train_test");
-    fs::remove_all(r);
-    fs::create_directories(r);
-    return r;
-  }();
-  return root;
+  return testing_util::process_temp_root("hyperion_moe_train_test");
 }
 
 // mixtral-tiny's shape scaled down: 2 layers of 4 experts (top-2, ffn 48) on vocab 512.

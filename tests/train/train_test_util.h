@@ -5,17 +5,22 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <set>
 #include <string>
 
 #include "base/threads.h"
 
 namespace hyperion::testing_util {
 
-// One temporary directory per test process and prefix, created on first use: the runs
-// of a test file share it, so the bundled corpus is prepared once.
+// A fresh temporary directory per test process and prefix (emptied on first use, then
+// the same path): the runs of a test file share it, so the bundled corpus is prepared once.
 inline std::string process_temp_root(const std::string& prefix) {
-  std::string r = testing::TempDir() + prefix + "_" + std::to_string(::getpid());
-  if (!std::filesystem::exists(r)) std::filesystem::create_directories(r);
+  static std::set<std::string> made;
+  const std::string r = testing::TempDir() + prefix + "_" + std::to_string(::getpid());
+  if (made.insert(r).second) {
+    std::filesystem::remove_all(r);
+    std::filesystem::create_directories(r);
+  }
   return r;
 }
 

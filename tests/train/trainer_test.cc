@@ -25,13 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string temp_root() {
-  static const std::string root = [] {
-    const std::string r = testing_util::process_temp_root("hyperion_trainer_test");
-    fs::remove_all(r);
-    fs::create_directories(r);
-    return r;
-  }();
-  return root;
+  return testing_util::process_temp_root("hyperion_trainer_test");
 }
 
 // A small model on the bundled corpus (vocab 512, prepared once and shared by the tests).
