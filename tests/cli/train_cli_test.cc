@@ -182,6 +182,27 @@ TEST(PlanCli, MoePresetsReportExpertsAndCapacity) {
   EXPECT_TRUE(contains(text.out, "dropless")) << text.out;
 }
 
+TEST(BenchMoeCli, LayerSuiteJsonAndErrors) {
+  Result r =
+      run("--threads 1 bench moe --suite layer --config mixtral-tiny --steps 1 --warmup 0 "
+          "--peak-tflops 1 --json",
+          false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["layer"].size(), 5u);  // dense peer, dropless, cf 1.0 / 1.25 / 2.0
+  for (const auto& row : j["layer"])
+    for (const char* k : {"name", "fwd_ms", "bwd_ms", "tokens_per_s", "active_tflops", "vs_dense",
+                          "dropped_fraction"})
+      EXPECT_TRUE(row.contains(k)) << k;
+  EXPECT_EQ(j["layer"][0]["vs_dense"].get<double>(), 1.0);
+  Result bad = run("bench moe --suite nope");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_TRUE(contains(bad.out, "--suite")) << bad.out;
+  Result dense = run("bench moe --suite layer --config tiny --peak-tflops 1");
+  EXPECT_EQ(dense.code, 1);
+  EXPECT_TRUE(contains(dense.out, "no experts")) << dense.out;
+}
+
 TEST(DataCli, PrepareJson) {
   const std::string dir = testing::TempDir() + "hyperion_data_cli_" + std::to_string(::getpid());
   fs::create_directories(dir);
