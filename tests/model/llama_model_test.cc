@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "kernels/cross_entropy.h"
 #include "model/param_store.h"
+#include "model_test_util.h"
 
 namespace hyperion {
 namespace {
@@ -168,33 +169,8 @@ TEST_P(LlamaModelTest, GradientsMatchFiniteDifferences) {
   tg[3] = kIgnoreIndex;
   ps.zero_grads();
   m.forward_backward(in.data(), tg.data(), 1.0f);
-  std::mt19937 rng(9);
-  int checked = 0;
-  for (const ParamInfo& p : ps.infos()) {
-    // A few elements of every tensor, incl. embedding rows that are actually used.
-    for (int rep = 0; rep < 4; ++rep) {
-      int64_t i = static_cast<int64_t>(rng() % p.numel);
-      if (p.kind == ParamKind::kEmbedding)
-        i = in[rep] * c.dim + static_cast<int64_t>(rng() % c.dim);
-      float* w = ps.params() + p.offset + i;
-      const float saved = *w;
-      // Central differences at h and h/2 combined by Richardson extrapolation: the
-      // O(h^2) truncation error cancels, leaving f32 rounding of the loss (~1e-4).
-      auto central = [&](double h) {
-        *w = saved + static_cast<float>(h);
-        const double lp = loss_of(m, in, tg);
-        *w = saved - static_cast<float>(h);
-        const double lm = loss_of(m, in, tg);
-        *w = saved;
-        return (lp - lm) / (2 * h);
-      };
-      const double fd = (4 * central(5e-3) - central(1e-2)) / 3;
-      const double an = ps.grads()[p.offset + i];
-      EXPECT_NEAR(an, fd, 2e-3 * std::max(std::fabs(fd), std::fabs(an)) + 2e-4)
-          << p.name << "[" << i << "]";
-      ++checked;
-    }
-  }
+  const int checked = testing_util::check_gradients_fd(
+      ps, in, [&] { return loss_of(m, in, tg); }, testing_util::FdOptions{});
   EXPECT_GT(checked, 40);
 }
 

@@ -13,6 +13,7 @@
 #include "model/llama_generator.h"
 #include "model/llama_model.h"
 #include "model/param_store.h"
+#include "model_test_util.h"
 
 namespace hyperion {
 namespace {
@@ -135,30 +136,13 @@ TEST_P(MoeModelTest, GradientsMatchFiniteDifferences) {
   if (GetParam() > 0) {
     EXPECT_GT(m.moe_stats().dropped_fraction, 0.0);
   }
-  std::mt19937 rng(9);
-  int checked = 0;
-  for (const ParamInfo& p : ps.infos()) {
-    for (int rep = 0; rep < 3; ++rep) {
-      int64_t i = static_cast<int64_t>(rng() % p.numel);
-      if (p.kind == ParamKind::kEmbedding)
-        i = in[static_cast<size_t>(rep)] * c.dim + static_cast<int64_t>(rng() % c.dim);
-      float* w = ps.params() + p.offset + i;
-      const float saved = *w;
-      auto central = [&](double h) {
-        *w = saved + static_cast<float>(h);
-        const double lp = objective(m, in, tg);
-        *w = saved - static_cast<float>(h);
-        const double lm = objective(m, in, tg);
-        *w = saved;
-        return (lp - lm) / (2 * h);
-      };
-      const double fd = (4 * central(2.5e-3) - central(5e-3)) / 3;
-      const double an = ps.grads()[p.offset + i];
-      EXPECT_NEAR(an, fd, 3e-3 * std::max(std::fabs(fd), std::fabs(an)) + 3e-4)
-          << p.name << "[" << i << "]";
-      ++checked;
-    }
-  }
+  testing_util::FdOptions fo;
+  fo.per_tensor = 3;
+  fo.h = 2.5e-3;
+  fo.rel = 3e-3;
+  fo.abs = 3e-4;
+  const int checked = testing_util::check_gradients_fd(
+      ps, in, [&] { return objective(m, in, tg); }, fo);
   EXPECT_GT(checked, 80);
 }
 

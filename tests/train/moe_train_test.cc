@@ -31,33 +31,14 @@ std::string temp_root() {
 // mixtral-tiny's shape scaled down: 2 layers of 4 experts (top-2, ffn 48) on vocab 512.
 std::vector<std::string> small_moe_run(const std::string& run_name, double capacity_factor,
                                        int64_t steps) {
-  return {"dataset_path=" + std::string(HYPERION_SOURCE_DIR) + "/data/corpus/fortunes.txt",
-          "vocab_size=512",
-          "base_emb_dim=64",
-          "base_num_decoder_layers=2",
-          "base_num_query_heads=4",
-          "base_num_kv_heads=2",
-          "base_mlp_dim=96",
-          "num_experts=4",
-          "num_experts_per_tok=2",
-          "base_moe_mlp_dim=48",
-          fmt::format("capacity_factor={}", capacity_factor),
-          "load_balance_loss_weight=0.01",
-          "router_z_loss_weight=0.001",
-          "max_target_length=64",
-          "per_device_batch_size=8",
-          "steps=" + std::to_string(steps),
-          "learning_rate=3e-3",
-          "warmup_steps_fraction=0.05",
-          "dtype=bfloat16",
-          "remat_policy=minimal",
-          "base_output_directory=" + temp_root(),
-          "run_name=" + run_name,
-          "peak_tflops=1",
-          "sample_count=1",
-          "sample_max_tokens=8",
-          "eval_batches=4",
-          "log_period=1000"};
+  std::vector<std::string> o =
+      testing_util::small_run_overrides(temp_root(), run_name, "bfloat16", steps);
+  for (std::string kv :
+       {"base_mlp_dim=96", "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=48",
+        "load_balance_loss_weight=0.01", "router_z_loss_weight=0.001"})
+    o.push_back(kv);
+  o.push_back(fmt::format("capacity_factor={}", capacity_factor));
+  return o;
 }
 
 class MoeTraining : public testing::TestWithParam<double> {

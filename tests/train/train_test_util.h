@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "base/threads.h"
 
@@ -22,6 +23,35 @@ inline std::string process_temp_root(const std::string& prefix) {
     std::filesystem::create_directories(r);
   }
   return r;
+}
+
+// A small Llama on the bundled corpus (vocab 512, dim 64, 2 layers, 64-token sequences,
+// batch 8): the overrides of every end-to-end training test; callers append their own
+// (later overrides win).
+inline std::vector<std::string> small_run_overrides(const std::string& root,
+                                                    const std::string& run_name,
+                                                    const std::string& dtype, int64_t steps) {
+  return {"dataset_path=" + std::string(HYPERION_SOURCE_DIR) + "/data/corpus/fortunes.txt",
+          "vocab_size=512",
+          "base_emb_dim=64",
+          "base_num_decoder_layers=2",
+          "base_num_query_heads=4",
+          "base_num_kv_heads=2",
+          "base_mlp_dim=176",
+          "max_target_length=64",
+          "per_device_batch_size=8",
+          "steps=" + std::to_string(steps),
+          "learning_rate=3e-3",
+          "warmup_steps_fraction=0.05",
+          "dtype=" + dtype,
+          "remat_policy=minimal",
+          "base_output_directory=" + root,
+          "run_name=" + run_name,
+          "peak_tflops=1",
+          "sample_count=1",
+          "sample_max_tokens=8",
+          "eval_batches=4",
+          "log_period=1000"};
 }
 
 // End-to-end training tests run single-threaded: CTest runs tests in parallel on a small

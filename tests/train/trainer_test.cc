@@ -31,27 +31,7 @@ std::string temp_root() {
 // A small model on the bundled corpus (vocab 512, prepared once and shared by the tests).
 std::vector<std::string> small_run(const std::string& run_name, const std::string& dtype,
                                    int64_t steps) {
-  return {"dataset_path=" + std::string(HYPERION_SOURCE_DIR) + "/data/corpus/fortunes.txt",
-          "vocab_size=512",
-          "base_emb_dim=64",
-          "base_num_decoder_layers=2",
-          "base_num_query_heads=4",
-          "base_num_kv_heads=2",
-          "base_mlp_dim=176",
-          "max_target_length=64",
-          "per_device_batch_size=8",
-          "steps=" + std::to_string(steps),
-          "learning_rate=3e-3",
-          "warmup_steps_fraction=0.05",
-          "dtype=" + dtype,
-          "remat_policy=minimal",
-          "base_output_directory=" + temp_root(),
-          "run_name=" + run_name,
-          "peak_tflops=1",
-          "sample_count=1",
-          "sample_max_tokens=8",
-          "eval_batches=4",
-          "log_period=1000"};
+  return testing_util::small_run_overrides(temp_root(), run_name, dtype, steps);
 }
 
 std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
