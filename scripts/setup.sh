@@ -11,6 +11,7 @@ PACKAGES=(
   nlohmann-json3-dev # JSON
   libyaml-cpp-dev    # YAML configs
   libsentencepiece-dev  # tokenizer training and encoding
+  libcpp-httplib-dev # HTTP server (hyperion serve) and client (bench serve)
   libgtest-dev libgmock-dev  # tests
   libbenchmark-dev   # microbenchmarks
   libopenblas-dev    # GEMM comparison benchmark only (never linked into libhyperion)

@@ -67,6 +67,7 @@ std::shared_ptr<Tensor> random_tensor(DType dtype, Shape shape, unsigned seed, f
 
 std::vector<KernelBench> loss_benches();       // softmax, cross-entropy, embedding
 std::vector<KernelBench> layer_benches();      // rmsnorm, rope, swiglu, adamw, global norm
-std::vector<KernelBench> attention_benches();  // flash attention
+std::vector<KernelBench> attention_benches();        // flash attention
+std::vector<KernelBench> paged_attention_benches();  // serving decode over the paged KV cache
 
 }  // namespace hyperion::cli

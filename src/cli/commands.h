@@ -20,5 +20,6 @@ int cmd_plan(const Args& args);
 int cmd_eval(const Args& args);
 int cmd_generate(const Args& args);
 int cmd_convert(const Args& args);
+int cmd_serve(const Args& args);
 
 }  // namespace hyperion::cli

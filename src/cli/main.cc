@@ -27,8 +27,13 @@ commands:
                              sample from a checkpoint with a KV cache
   convert --checkpoint DIR --to gguf [--type f32|f16|bf16|q8_0] [--output FILE]
                              write a GGUF file llama.cpp can load
+  serve CHECKPOINT [--host H] [--port P] [key=value ...]
+                             OpenAI-compatible server (continuous batching, paged KV);
+                             keys: docs/SERVING.md
   bench peak [--json]        measure this machine's peak FLOP/s and memory bandwidth
   bench kernels [--json]     measure every kernel against the peak
+  bench serve [--url URL] [--num-prompts N] [--request-rate R] [--json]
+                             load-test a running server (TTFT, TPOT, tokens/s)
   info [--json]              CPU features, threads and library versions
 
 global options:
@@ -78,6 +83,7 @@ int main(int argc, char** argv) {
     if (command == "eval") return cli::cmd_eval(rest);
     if (command == "generate") return cli::cmd_generate(rest);
     if (command == "convert") return cli::cmd_convert(rest);
+    if (command == "serve") return cli::cmd_serve(rest);
     std::fprintf(stderr, "hyperion: unknown command '%s'\n\n%s", command.c_str(), kUsage);
     return 2;
   } catch (const Error& e) {

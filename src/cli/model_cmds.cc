@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/loaded_checkpoint.h"
 #include "io/gguf_convert.h"
 #include "io/tokenizer.h"
 #include "model/llama_generator.h"
@@ -13,15 +14,6 @@
 #include "train/evaluate.h"
 
 namespace hyperion::cli {
-
-namespace {
-
-struct LoadedCheckpoint {
-  std::string dir;
-  LlamaConfig config;
-  std::unique_ptr<ParamStore> params;
-  io::Tokenizer tokenizer;
-};
 
 LoadedCheckpoint load_checkpoint(const std::string& path, bool bf16) {
   LoadedCheckpoint c{resolve_checkpoint_dir(path),
@@ -33,6 +25,8 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool bf16) {
   load_model_weights(c.dir, *c.params);
   return c;
 }
+
+namespace {
 
 bool parse_dtype_flag(const Flags& f) {
   const std::string d = f.get("dtype", "float32");

@@ -1,0 +1,147 @@
+// `hyperion bench serve`: load generator against an OpenAI-compatible completion server
+// (hyperion's own, or vLLM / JetStream / llama.cpp), in the style of vLLM's
+// benchmark_serving.py. Sends --num-prompts streaming requests at --request-rate (Poisson;
+// inf = all at once) with at most --max-concurrency in flight, and reports throughput and
+// TTFT / TPOT / ITL / end-to-end latency (definitions in src/serve/load_generator.h).
+//
+// Prompts, in order of precedence:
+//   --dataset-path F.jsonl   one {"prompt": "text" | [ids], "max_tokens"|"output_len": N}
+//                            per line (missing output lengths drawn like below)
+//   --tokenizer T            windows of --corpus (default: the bundled data/corpus/*.txt)
+//                            tokenized with T (a .model file, or a checkpoint directory
+//                            holding tokenizer.model): BOS + input_len - 1 corpus tokens
+//   --vocab-size V           no tokenizer: BOS + uniform random ids in [3, V)
+// with input_len uniform in [--min-input-len, --max-input-len] and max_tokens uniform in
+// [--min-output-len, --max-output-len], all from --seed. With ignore_eos (default; turn off
+// with --no-ignore-eos) the server generates exactly max_tokens.
+//
+// --json prints one object with the stable keys
+//   request_throughput, output_tokens_per_s, input_tokens_per_s, completed, failed,
+//   duration_s, total_input_tokens, total_output_tokens, num_prompts,
+//   request_rate (number or "inf"), max_concurrency (null when unlimited),
+//   ttft_ms, tpot_ms, itl_ms, e2e_latency_ms (each {mean, p50, p90, p99, std, min, max,
+//   count}), errors (up to 5 strings)
+// plus concurrency, model, url, ignore_eos, temperature. Exit code 1 when no request
+// completed.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "base/error.h"
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "io/tokenizer.h"
+#include "serve/load_generator.h"
+
+namespace hyperion::cli {
+
+namespace {
+
+// A .model file, or a directory holding tokenizer.model (a checkpoint or prepared dataset).
+std::string tokenizer_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (fs::is_directory(path)) {
+    const std::string f = (fs::path(path) / "tokenizer.model").string();
+    HYP_CHECK(fs::exists(f), "bench serve: --tokenizer {}: the directory has no tokenizer.model",
+              path);
+    return f;
+  }
+  HYP_CHECK(fs::exists(path), "bench serve: --tokenizer {}: no such file or directory", path);
+  return path;
+}
+
+int64_t positive(const Flags& f, const char* name, int64_t fallback) {
+  const int64_t v = f.integer(name, fallback);
+  HYP_CHECK(v >= 1, "bench serve: --{} must be >= 1, got {}", name, v);
+  return v;
+}
+
+}  // namespace
+
+int cmd_bench_serve(const Args& args) {
+  Flags f("bench serve", args,
+          {"url", "model", "dataset-path", "tokenizer", "corpus", "vocab-size", "num-prompts",
+           "request-rate", "max-concurrency", "min-input-len", "max-input-len", "min-output-len",
+           "max-output-len", "temperature", "seed", "endpoint", "timeout"},
+          {"no-ignore-eos", "json"});
+  HYP_CHECK(f.positional().empty(), "bench serve: unexpected argument '{}'", f.positional()[0]);
+
+  serve::LoadOptions opts;
+  const std::string url = f.get("url", "http://127.0.0.1:8000");
+  try {
+    opts.server = serve::parse_url(url);
+  } catch (const Error& e) {
+    fail("bench serve: --url: {}", e.what());
+  }
+  opts.endpoint = f.get("endpoint", "/v1/completions");
+  HYP_CHECK(!opts.endpoint.empty() && opts.endpoint.front() == '/',
+            "bench serve: --endpoint must start with '/', got '{}'", opts.endpoint);
+  opts.model = f.get("model");
+  opts.request_rate = f.number("request-rate", INFINITY);
+  HYP_CHECK(opts.request_rate > 0, "bench serve: --request-rate must be > 0 or inf, got '{}'",
+            f.get("request-rate"));
+  opts.max_concurrency = f.has("max-concurrency") ? positive(f, "max-concurrency", 1) : 0;
+  opts.temperature = f.number("temperature", 0.0);
+  HYP_CHECK(opts.temperature >= 0 && std::isfinite(opts.temperature),
+            "bench serve: --temperature must be >= 0, got '{}'", f.get("temperature"));
+  const int64_t seed = f.integer("seed", 0);
+  HYP_CHECK(seed >= 0, "bench serve: --seed must be >= 0, got {}", seed);
+  opts.seed = static_cast<uint64_t>(seed);
+  opts.ignore_eos = !f.has("no-ignore-eos");
+  opts.timeout_s = f.number("timeout", 600);
+  HYP_CHECK(opts.timeout_s > 0 && std::isfinite(opts.timeout_s),
+            "bench serve: --timeout must be > 0 seconds, got '{}'", f.get("timeout"));
+  const bool as_json = f.has("json");
+
+  serve::PromptShape shape;
+  shape.num_prompts = positive(f, "num-prompts", 64);
+  shape.min_input_len = positive(f, "min-input-len", 32);
+  shape.max_input_len = positive(f, "max-input-len", 512);
+  shape.min_output_len = positive(f, "min-output-len", 16);
+  shape.max_output_len = positive(f, "max-output-len", 256);
+  HYP_CHECK(shape.min_input_len <= shape.max_input_len,
+            "bench serve: --min-input-len ({}) exceeds --max-input-len ({})", shape.min_input_len,
+            shape.max_input_len);
+  HYP_CHECK(shape.min_output_len <= shape.max_output_len,
+            "bench serve: --min-output-len ({}) exceeds --max-output-len ({})",
+            shape.min_output_len, shape.max_output_len);
+  shape.seed = opts.seed;
+
+  std::vector<serve::BenchRequest> requests;
+  std::string source;
+  if (f.has("dataset-path")) {
+    HYP_CHECK(!f.has("tokenizer") && !f.has("corpus") && !f.has("vocab-size"),
+              "bench serve: --dataset-path excludes --tokenizer, --corpus and --vocab-size");
+    requests = serve::load_jsonl_prompts(f.get("dataset-path"), shape);
+    source = f.get("dataset-path");
+  } else if (f.has("tokenizer")) {
+    HYP_CHECK(!f.has("vocab-size"), "bench serve: --tokenizer excludes --vocab-size");
+    const io::Tokenizer tok = io::Tokenizer::load(tokenizer_file(f.get("tokenizer")));
+    const std::string corpus = f.has("corpus") ? f.get("corpus") : serve::bundled_corpus_path();
+    requests = serve::corpus_prompts(tok, corpus, shape);
+    source = fmt::format("{} tokenized with {}", corpus, tok.origin());
+  } else if (f.has("vocab-size")) {
+    HYP_CHECK(!f.has("corpus"), "bench serve: --corpus needs --tokenizer");
+    const int64_t vocab = f.integer("vocab-size", 0);
+    HYP_CHECK(vocab > 3, "bench serve: --vocab-size must be > 3, got {}", vocab);
+    requests = serve::random_prompts(vocab, shape);
+    source = fmt::format("random token ids in [3, {})", vocab);
+  } else {
+    fail(
+        "bench serve: no prompts: give --dataset-path FILE.jsonl, --tokenizer PATH (with "
+        "--corpus, default the bundled corpus) or --vocab-size N (random ids)");
+  }
+
+  if (opts.model.empty()) opts.model = serve::fetch_model_name(opts.server, 10);
+  if (!as_json)
+    std::printf("bench serve: %zu requests from %s -> %s%s (model %s)\n", requests.size(),
+                source.c_str(), url.c_str(), opts.endpoint.c_str(), opts.model.c_str());
+  const serve::BenchResult r = serve::run_benchmark(requests, opts);
+  if (as_json)
+    std::printf("%s\n", serve::result_json(r, opts).c_str());
+  else
+    std::printf("%s", serve::result_table(r, opts).c_str());
+  return r.completed > 0 ? 0 : 1;  // a run where nothing completed fails scripts
+}
+
+}  // namespace hyperion::cli

@@ -1,0 +1,119 @@
+#include "serve/async_engine.h"
+
+#include "base/log.h"
+
+namespace hyperion::serve {
+
+AsyncEngine::AsyncEngine(Engine& engine) : engine_(engine) {
+  stats_ = engine_.stats();
+  capacity_ = engine_.queue_capacity();
+  thread_ = std::thread([this] { loop(); });
+}
+
+AsyncEngine::~AsyncEngine() {
+  stop();
+}
+
+int64_t AsyncEngine::submit(GenerationRequest request, TokenCallback callback) {
+  engine_.validate(request);
+  std::lock_guard<std::mutex> lock(mu_);
+  HYP_CHECK(!stop_, "serve: the engine is shutting down");
+  if (stats_.waiting + static_cast<int64_t>(inbox_.size()) >= capacity_)
+    throw QueueFullError(fmt::format("the queue is full ({} requests waiting for {} slots)",
+                                     stats_.waiting + static_cast<int64_t>(inbox_.size()),
+                                     stats_.slots_total));
+  const int64_t id = next_id_++;
+  inbox_.push_back(Pending{id, std::move(request), std::move(callback)});
+  cv_.notify_one();
+  return id;
+}
+
+void AsyncEngine::cancel(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancels_.push_back(id);
+  cv_.notify_one();
+}
+
+EngineStats AsyncEngine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void AsyncEngine::snapshot() {
+  EngineStats st = engine_.stats();
+  const int64_t cap = engine_.queue_capacity();
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_ = st;
+  capacity_ = cap;
+}
+
+void AsyncEngine::loop() {
+  for (;;) {
+    std::vector<Pending> inbox;
+    std::vector<int64_t> cancels;
+    bool stopping = false;
+    {
+      const bool busy = engine_.has_work();
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] {
+        return stop_ || (!paused_ && (busy || !inbox_.empty() || !cancels_.empty()));
+      });
+      inbox.swap(inbox_);
+      cancels.swap(cancels_);
+      stopping = stop_;
+    }
+    for (Pending& p : inbox) {
+      TokenCallback cb = p.callback;
+      try {
+        engine_.add(std::move(p.request), std::move(p.callback), p.id);
+      } catch (const Error& e) {
+        TokenEvent ev;
+        ev.finish = FinishReason::kError;
+        ev.error = e.what();
+        if (cb) cb(ev);
+      }
+    }
+    for (int64_t id : cancels) engine_.cancel(id);
+    if (stopping) {
+      engine_.fail_all("the server is shutting down");
+      snapshot();
+      return;
+    }
+    std::chrono::milliseconds delay;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      delay = step_delay_;
+    }
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    try {
+      engine_.step();
+    } catch (const std::exception& e) {
+      log_error("serve: engine step failed: {}", e.what());
+      engine_.fail_all(fmt::format("engine step failed: {}", e.what()));
+    }
+    snapshot();
+  }
+}
+
+void AsyncEngine::set_paused(bool paused) {
+  std::lock_guard<std::mutex> lock(mu_);
+  paused_ = paused;
+  cv_.notify_one();
+}
+
+void AsyncEngine::set_step_delay(std::chrono::milliseconds delay) {
+  std::lock_guard<std::mutex> lock(mu_);
+  step_delay_ = delay;
+}
+
+void AsyncEngine::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ && !thread_.joinable()) return;
+    stop_ = true;
+    cv_.notify_one();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace hyperion::serve

@@ -1,0 +1,371 @@
+#include "serve/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "base/log.h"
+
+namespace hyperion::serve {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+    case FinishReason::kError:
+      return "error";
+    case FinishReason::kNone:
+      break;
+  }
+  return "";
+}
+
+struct Engine::Sequence {
+  Sequence(int64_t id_, GenerationRequest r, TokenCallback cb, const io::Tokenizer* tok)
+      : id(id_),
+        req(std::move(r)),
+        callback(std::move(cb)),
+        sampler(req.sampling),
+        text(tok, req.prompt.back(), req.stop) {}
+  int64_t id;
+  GenerationRequest req;
+  TokenCallback callback;
+  Sampler sampler;
+  TextStream text;
+  SequencePages pages;  // ragged mode
+  int slot = -1;
+  int64_t order = 0;     // admission order
+  int64_t computed = 0;  // positions whose KV is in the cache
+  int64_t cached = 0;    // prompt tokens reused from the prefix cache
+  int64_t reserved = 0;  // pages reserved but not yet allocated
+  std::vector<int32_t> output;
+  bool prefilling() const { return computed < static_cast<int64_t>(req.prompt.size()); }
+  int64_t prompt_len() const { return static_cast<int64_t>(req.prompt.size()); }
+};
+
+Engine::Engine(const ParamStore& params, const io::Tokenizer* tokenizer, EngineConfig config)
+    : cfg_(std::move(config)),
+      tok_(tokenizer),
+      pool_(
+          [&] {
+            resolve_engine_config(cfg_, params.config());
+            return cfg_.kv_pages;
+          }(),
+          cfg_.kv_page_tokens) {
+  eos_id_ = params.config().eos_id;
+  if (tok_ != nullptr) {
+    eos_id_ = tok_->eos_id();
+    HYP_CHECK(tok_->vocab_size() <= params.config().vocab_size,
+              "serve: the tokenizer has {} tokens, the model's vocabulary {}", tok_->vocab_size(),
+              params.config().vocab_size);
+  }
+  RunnerOptions ro;
+  ro.weights = cfg_.weights;
+  ro.kv_dtype = cfg_.kv_dtype;
+  ro.num_pages = cfg_.kv_pages;
+  ro.page_tokens = cfg_.kv_page_tokens;
+  ro.max_positions = cfg_.max_seq_len;
+  ro.padded_attention = cfg_.padded_attention;
+  runner_ = std::make_unique<ModelRunner>(params, ro);
+  slots_.resize(static_cast<size_t>(cfg_.max_concurrent_decodes));
+  pages_per_slot_ = (cfg_.max_seq_len + cfg_.kv_page_tokens - 1) / cfg_.kv_page_tokens;
+  if (cfg_.padded_attention) {
+    static_tables_.resize(static_cast<size_t>(pages_per_slot_ * cfg_.max_concurrent_decodes));
+    for (size_t i = 0; i < static_tables_.size(); ++i) static_tables_[i] = static_cast<int32_t>(i);
+  }
+}
+
+Engine::~Engine() = default;
+
+void Engine::validate(const GenerationRequest& request) const {
+  const int64_t vocab = runner_->config().vocab_size;
+  const int64_t n = static_cast<int64_t>(request.prompt.size());
+  if (n == 0) throw RequestError("prompt", "the prompt must hold at least one token");
+  for (int32_t t : request.prompt)
+    if (t < 0 || t >= vocab)
+      throw RequestError("prompt",
+                         fmt::format("token id {} is outside the vocabulary [0, {})", t, vocab));
+  if (n >= cfg_.max_seq_len)
+    throw RequestError("prompt", fmt::format("the prompt is {} tokens; the context is {} (at least "
+                                             "one position must remain for the output)",
+                                             n, cfg_.max_seq_len));
+  if (request.max_tokens < 1)
+    throw RequestError("max_tokens",
+                       fmt::format("max_tokens must be >= 1, got {}", request.max_tokens));
+  if (n + request.max_tokens > cfg_.max_seq_len)
+    throw RequestError("max_tokens",
+                       fmt::format("prompt ({} tokens) + max_tokens ({}) exceeds the context of {}",
+                                   n, request.max_tokens, cfg_.max_seq_len));
+  try {
+    hyperion::validate(request.sampling);
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    const char* field = m.find("top_k") != std::string::npos   ? "top_k"
+                        : m.find("top_p") != std::string::npos ? "top_p"
+                                                               : "temperature";
+    throw RequestError(field, m);
+  }
+}
+
+int64_t Engine::add(GenerationRequest request, TokenCallback callback, int64_t id) {
+  validate(request);
+  if (static_cast<int64_t>(waiting_.size()) >= queue_capacity())
+    throw QueueFullError(fmt::format("the queue is full ({} requests waiting for {} slots)",
+                                     waiting_.size(), cfg_.max_concurrent_decodes));
+  if (id <= 0) id = next_id_++;
+  waiting_.push_back(std::make_unique<Sequence>(id, std::move(request), std::move(callback), tok_));
+  return id;
+}
+
+void Engine::cancel(int64_t id) {
+  cancelled_.push_back(id);
+}
+
+int64_t Engine::pages_needed(const Sequence& s) const {
+  const int64_t total = s.prompt_len() + s.req.max_tokens;
+  return (total + cfg_.kv_page_tokens - 1) / cfg_.kv_page_tokens;
+}
+
+const int32_t* Engine::page_table(const Sequence& s) const {
+  if (cfg_.padded_attention) return static_tables_.data() + s.slot * pages_per_slot_;
+  return s.pages.pages().data();
+}
+
+int64_t Engine::kv_slot(const Sequence& s, int64_t pos) const {
+  const int64_t pt = cfg_.kv_page_tokens;
+  return static_cast<int64_t>(page_table(s)[pos / pt]) * pt + pos % pt;
+}
+
+bool Engine::take_pages(Sequence& s, const int32_t* tokens, int64_t n) {
+  if (cfg_.padded_attention) return true;
+  const int64_t before = static_cast<int64_t>(s.pages.pages().size());
+  if (!s.pages.append(pool_, tokens, n)) return false;
+  const int64_t got = static_cast<int64_t>(s.pages.pages().size()) - before;
+  s.reserved -= got;
+  reserved_pages_ -= got;
+  return true;
+}
+
+void Engine::release(Sequence& s) {
+  if (!cfg_.padded_attention) {
+    s.pages.release(pool_);
+    reserved_pages_ -= s.reserved;
+    s.reserved = 0;
+  }
+  if (s.slot >= 0) {
+    --live_;
+    s.slot = -1;
+  }
+}
+
+void Engine::finish(Sequence& s, FinishReason reason, TokenEvent ev) {
+  ev.finish = reason;
+  ev.prompt_tokens = s.prompt_len();
+  ev.completion_tokens = static_cast<int64_t>(s.output.size());
+  ev.cached_tokens = s.cached;
+  if (reason == FinishReason::kLength || reason == FinishReason::kStop) {
+    if (reason == FinishReason::kLength) ev.text += s.text.flush();
+  }
+  if (s.callback) s.callback(ev);
+  const int slot = s.slot;
+  release(s);
+  if (slot >= 0) slots_[static_cast<size_t>(slot)].reset();
+}
+
+void Engine::process_cancellations() {
+  if (cancelled_.empty()) return;
+  std::vector<int64_t> ids;
+  ids.swap(cancelled_);
+  for (int64_t id : ids) {
+    for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+      if ((*it)->id != id) continue;
+      std::unique_ptr<Sequence> s = std::move(*it);
+      waiting_.erase(it);
+      finish(*s, FinishReason::kAbort, TokenEvent{});
+      break;
+    }
+    for (auto& slot : slots_)
+      if (slot && slot->id == id) {
+        finish(*slot, FinishReason::kAbort, TokenEvent{});
+        break;
+      }
+  }
+}
+
+void Engine::admit() {
+  for (size_t i = 0; i < slots_.size() && !waiting_.empty(); ++i) {
+    if (slots_[i]) continue;
+    Sequence& s = *waiting_.front();
+    if (!cfg_.padded_attention) {
+      const int64_t need = pages_needed(s);
+      if (need > pool_.pages_available() - reserved_pages_) return;  // FIFO: wait for pages
+      if (cfg_.prefix_caching) s.cached = s.pages.acquire_prefix(pool_, s.req.prompt);
+      s.computed = s.cached;
+      s.reserved = need - static_cast<int64_t>(s.pages.pages().size());
+      reserved_pages_ += s.reserved;
+    }
+    s.slot = static_cast<int>(i);
+    s.order = admitted_seq_++;
+    prompt_tokens_ += s.prompt_len();
+    slots_[i] = std::move(waiting_.front());
+    waiting_.pop_front();
+    ++live_;
+  }
+}
+
+void Engine::emit_token(Sequence& s, int32_t token, float logprob) {
+  s.output.push_back(token);
+  ++generated_tokens_;
+  TokenEvent ev;
+  ev.token = token;
+  ev.logprob = logprob;
+  const bool eos = token == eos_id_ && !s.req.ignore_eos;
+  bool stopped = false;
+  if (!eos) ev.text = s.text.push(token, &stopped);
+  if (eos || stopped) return finish(s, FinishReason::kStop, std::move(ev));
+  const int64_t length = s.prompt_len() + static_cast<int64_t>(s.output.size());
+  if (static_cast<int64_t>(s.output.size()) >= s.req.max_tokens || length >= cfg_.max_seq_len)
+    return finish(s, FinishReason::kLength, std::move(ev));
+  if (s.callback) s.callback(ev);
+}
+
+void Engine::step() {
+  process_cancellations();
+  admit();
+  if (live_ == 0) return;
+  batch_.clear();
+  // Rows: first every decoding slot's last token, then prefill chunks (oldest first).
+  std::vector<Sequence*> logit_seqs;
+  for (auto& slot : slots_) {
+    if (!slot || slot->prefilling()) continue;
+    Sequence& s = *slot;
+    const int32_t tok = s.output.back();
+    const int64_t pos = s.computed;
+    HYP_CHECK(take_pages(s, &tok, 1), "serve: KV pool exhausted despite the reservation");
+    batch_.tokens.push_back(tok);
+    batch_.positions.push_back(static_cast<int32_t>(pos));
+    batch_.slots.push_back(kv_slot(s, pos));
+    batch_.attn.push_back(PagedAttentionRow{nullptr, pos + 1});
+    batch_.logit_rows.push_back(static_cast<int32_t>(batch_.tokens.size() - 1));
+    logit_seqs.push_back(&s);
+  }
+  const size_t decode_rows = batch_.tokens.size();
+  std::vector<Sequence*> prefill;
+  for (auto& slot : slots_)
+    if (slot && slot->prefilling()) prefill.push_back(slot.get());
+  std::sort(prefill.begin(), prefill.end(),
+            [](const Sequence* a, const Sequence* b) { return a->order < b->order; });
+  int64_t budget = cfg_.prefill_chunk;
+  std::vector<std::pair<Sequence*, int64_t>> chunks;
+  for (Sequence* s : prefill) {
+    if (budget == 0) break;
+    const int64_t c = std::min(budget, s->prompt_len() - s->computed);
+    HYP_CHECK(take_pages(*s, s->req.prompt.data() + s->computed, c),
+              "serve: KV pool exhausted despite the reservation");
+    for (int64_t j = 0; j < c; ++j) {
+      const int64_t pos = s->computed + j;
+      batch_.tokens.push_back(s->req.prompt[static_cast<size_t>(pos)]);
+      batch_.positions.push_back(static_cast<int32_t>(pos));
+      batch_.slots.push_back(kv_slot(*s, pos));
+      batch_.attn.push_back(PagedAttentionRow{nullptr, pos + 1});
+    }
+    if (s->computed + c == s->prompt_len()) {
+      batch_.logit_rows.push_back(static_cast<int32_t>(batch_.tokens.size() - 1));
+      logit_seqs.push_back(s);
+    }
+    chunks.emplace_back(s, c);
+    budget -= c;
+  }
+  // Page tables are final now (appends may have moved them): point the rows at them.
+  size_t row = 0;
+  for (size_t i = 0; i < decode_rows; ++i, ++row)
+    batch_.attn[row].pages = page_table(*logit_seqs[i]);
+  for (const auto& [s, c] : chunks)
+    for (int64_t j = 0; j < c; ++j, ++row) batch_.attn[row].pages = page_table(*s);
+
+  const float* logits = runner_->forward(batch_);
+  ++steps_;
+  for (size_t i = 0; i < decode_rows; ++i) ++logit_seqs[i]->computed;
+  for (const auto& [s, c] : chunks) s->computed += c;
+  if (cfg_.prefix_caching && !cfg_.padded_attention)
+    for (auto& slot : slots_)
+      if (slot) slot->pages.publish_full_pages(pool_);
+  const int64_t vocab = runner_->config().vocab_size;
+  for (size_t i = 0; i < logit_seqs.size(); ++i) {
+    Sequence& s = *logit_seqs[i];
+    float lp = 0.0f;
+    const int32_t tok = s.sampler.sample(logits + static_cast<int64_t>(i) * vocab, vocab,
+                                         s.req.logprobs ? &lp : nullptr);
+    emit_token(s, tok, lp);
+  }
+}
+
+void Engine::fail_all(const std::string& message) {
+  TokenEvent ev;
+  ev.error = message;
+  while (!waiting_.empty()) {
+    std::unique_ptr<Sequence> s = std::move(waiting_.front());
+    waiting_.pop_front();
+    finish(*s, FinishReason::kError, ev);
+  }
+  for (auto& slot : slots_)
+    if (slot) finish(*slot, FinishReason::kError, ev);
+}
+
+double Engine::warmup() {
+  HYP_CHECK(!has_work(), "serve: warmup must run before any request");
+  const auto start = std::chrono::steady_clock::now();
+  const int32_t page0 = 0;
+  const int64_t max_rows = std::min(cfg_.max_concurrent_decodes + cfg_.prefill_chunk,
+                                    cfg_.kv_pages * cfg_.kv_page_tokens);
+  int64_t last = 0;
+  for (int64_t r = 1; r <= max_rows; ++r) {
+    const int64_t b = padded_rows(r);
+    if (b == last) continue;
+    if (b > cfg_.kv_pages * cfg_.kv_page_tokens) break;
+    last = b;
+    batch_.clear();
+    for (int64_t i = 0; i < b; ++i) {
+      batch_.tokens.push_back(0);
+      batch_.positions.push_back(0);
+      batch_.slots.push_back(i);  // distinct cache slots, overwritten before any use
+      batch_.attn.push_back(PagedAttentionRow{&page0, 1});
+      batch_.logit_rows.push_back(static_cast<int32_t>(i));
+    }
+    runner_->forward(batch_);
+  }
+  batch_.clear();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void Engine::run_until_idle() {
+  while (has_work()) step();
+}
+
+EngineStats Engine::stats() const {
+  EngineStats st;
+  st.running = live_;
+  st.waiting = static_cast<int64_t>(waiting_.size());
+  st.slots_total = cfg_.max_concurrent_decodes;
+  st.pages_total = pool_.num_pages();
+  if (cfg_.padded_attention) {
+    st.pages_used = live_ * pages_per_slot_;
+    st.pages_free = st.pages_total - st.pages_used;
+  } else {
+    st.pages_used = pool_.pages_used();
+    st.pages_free = pool_.pages_free();
+    st.pages_cached = pool_.pages_cached();
+  }
+  st.prefix_queries = pool_.prefix_lookups();
+  st.prefix_hits = pool_.prefix_hits();
+  st.prompt_tokens = prompt_tokens_;
+  st.generated_tokens = generated_tokens_;
+  st.steps = steps_;
+  st.kv_bytes_per_token = runner_->kv_bytes_per_token();
+  return st;
+}
+
+}  // namespace hyperion::serve

@@ -1,0 +1,113 @@
+#include "serve/engine_config.h"
+
+#include "base/config.h"
+#include "base/error.h"
+
+namespace hyperion::serve {
+
+namespace {
+
+std::vector<ConfigKey> schema() {
+  return {
+      {"max_concurrent_decodes", ConfigType::kInt, "16", "decode slots"},
+      {"max_queue", ConfigType::kInt, "256", "waiting requests before 429"},
+      {"max_seq_len", ConfigType::kInt, "0", "context length; 0 = the model's"},
+      {"prefill_chunk", ConfigType::kInt, "256", "prompt tokens prefilled per step"},
+      {"kv_page_tokens", ConfigType::kInt, "16", "positions per KV page"},
+      {"kv_pages", ConfigType::kInt, "0", "KV pages; 0 = every slot's whole context"},
+      {"kv_dtype", ConfigType::kString, "bfloat16", "bfloat16 | int8 | fp8_e4m3 | float32"},
+      {"weights", ConfigType::kString, "bfloat16", "bfloat16 | float32"},
+      {"quantize_weights", ConfigType::kString, "none", "none | int8"},
+      {"attention", ConfigType::kString, "ragged", "ragged | padded"},
+      {"prefix_caching", ConfigType::kBool, "true", "reuse KV pages of shared prefixes"},
+      {"chat_template", ConfigType::kString, "plain", "plain | llama2"},
+      {"model_name", ConfigType::kString, "", "model id for /v1/models"},
+  };
+}
+
+}  // namespace
+
+const char* weight_format_name(WeightFormat w) {
+  switch (w) {
+    case WeightFormat::kF32:
+      return "float32";
+    case WeightFormat::kBF16:
+      return "bfloat16";
+    case WeightFormat::kInt8:
+      return "int8";
+  }
+  return "?";
+}
+
+EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
+  Config cfg(schema());
+  for (const std::string& o : overrides) cfg.apply_override(o);
+  EngineConfig c;
+  c.max_concurrent_decodes = cfg.get_int("max_concurrent_decodes");
+  c.max_queue = cfg.get_int("max_queue");
+  c.max_seq_len = cfg.get_int("max_seq_len");
+  c.prefill_chunk = cfg.get_int("prefill_chunk");
+  c.kv_page_tokens = cfg.get_int("kv_page_tokens");
+  c.kv_pages = cfg.get_int("kv_pages");
+  HYP_CHECK(c.max_concurrent_decodes >= 1 && c.max_concurrent_decodes <= 4096,
+            "serve: max_concurrent_decodes must be in [1, 4096], got {}", c.max_concurrent_decodes);
+  HYP_CHECK(c.max_queue >= 0, "serve: max_queue must be >= 0, got {}", c.max_queue);
+  HYP_CHECK(c.max_seq_len >= 0, "serve: max_seq_len must be >= 0, got {}", c.max_seq_len);
+  HYP_CHECK(c.prefill_chunk >= 1, "serve: prefill_chunk must be >= 1, got {}", c.prefill_chunk);
+  HYP_CHECK(c.kv_page_tokens >= 1 && c.kv_page_tokens <= 4096,
+            "serve: kv_page_tokens must be in [1, 4096], got {}", c.kv_page_tokens);
+  HYP_CHECK(c.kv_pages >= 0, "serve: kv_pages must be >= 0, got {}", c.kv_pages);
+  const std::string kv = cfg.get_string("kv_dtype");
+  if (kv == "bfloat16" || kv == "bf16")
+    c.kv_dtype = DType::kBF16;
+  else if (kv == "int8")
+    c.kv_dtype = DType::kI8;
+  else if (kv == "fp8_e4m3" || kv == "fp8" || kv == "e4m3")
+    c.kv_dtype = DType::kE4M3;
+  else if (kv == "float32" || kv == "f32")
+    c.kv_dtype = DType::kF32;
+  else
+    fail("serve: kv_dtype must be bfloat16, int8, fp8_e4m3 or float32, got '{}'", kv);
+  const std::string w = cfg.get_string("weights");
+  if (w == "bfloat16" || w == "bf16")
+    c.weights = WeightFormat::kBF16;
+  else if (w == "float32" || w == "f32")
+    c.weights = WeightFormat::kF32;
+  else
+    fail("serve: weights must be bfloat16 or float32, got '{}'", w);
+  const std::string q = cfg.get_string("quantize_weights");
+  HYP_CHECK(q == "none" || q == "int8", "serve: quantize_weights must be none or int8, got '{}'",
+            q);
+  if (q == "int8") c.weights = WeightFormat::kInt8;
+  const std::string a = cfg.get_string("attention");
+  HYP_CHECK(a == "ragged" || a == "padded", "serve: attention must be ragged or padded, got '{}'",
+            a);
+  c.padded_attention = a == "padded";
+  c.prefix_caching = cfg.get_bool("prefix_caching");
+  c.chat_template = cfg.get_string("chat_template");
+  HYP_CHECK(c.chat_template == "plain" || c.chat_template == "llama2",
+            "serve: chat_template must be plain or llama2, got '{}'", c.chat_template);
+  c.model_name = cfg.get_string("model_name");
+  return c;
+}
+
+void resolve_engine_config(EngineConfig& c, const LlamaConfig& model) {
+  if (c.max_seq_len == 0) c.max_seq_len = model.max_seq_len;
+  const int64_t per_slot = (c.max_seq_len + c.kv_page_tokens - 1) / c.kv_page_tokens;
+  if (c.padded_attention) {
+    // The padded baseline gives every slot a static region of its whole context.
+    HYP_CHECK(c.kv_pages == 0 || c.kv_pages == per_slot * c.max_concurrent_decodes,
+              "serve: attention=padded reserves max_seq_len per slot ({} pages); kv_pages={} "
+              "must be 0 or that",
+              per_slot * c.max_concurrent_decodes, c.kv_pages);
+    c.kv_pages = per_slot * c.max_concurrent_decodes;
+    c.prefix_caching = false;
+  } else if (c.kv_pages == 0) {
+    c.kv_pages = per_slot * c.max_concurrent_decodes;
+  }
+  HYP_CHECK(c.kv_pages >= per_slot,
+            "serve: kv_pages={} cannot hold one sequence of max_seq_len={} ({} pages of {})",
+            c.kv_pages, c.max_seq_len, per_slot, c.kv_page_tokens);
+}
+
+}  // namespace hyperion::serve

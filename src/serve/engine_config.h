@@ -1,0 +1,53 @@
+// Serving engine settings (`hyperion serve CHECKPOINT key=value ...`), checked against a
+// schema so a misspelt key or a wrong value is an error naming it.
+//
+//   max_concurrent_decodes  decode slots (requests generating at once)        16
+//   max_queue               requests waiting for a slot before 429            256
+//   max_seq_len             context (prompt + output); 0 = the model's          0
+//   prefill_chunk           prompt tokens prefilled per engine step           256
+//   kv_page_tokens          positions per KV page                              16
+//   kv_pages                pages in the pool; 0 = every slot's full context    0
+//   kv_dtype                bfloat16 | int8 | fp8_e4m3 | float32         bfloat16
+//   weights                 bfloat16 | float32                           bfloat16
+//   quantize_weights        none | int8 (per output channel)                 none
+//   attention               ragged | padded                                ragged
+//   prefix_caching          reuse full KV pages of shared prompt prefixes    true
+//   chat_template           plain | llama2                                  plain
+//   model_name              id reported by /v1/models; "" = checkpoint name    ""
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/llama_config.h"
+#include "serve/model_runner.h"
+#include "tensor/dtype.h"
+
+namespace hyperion::serve {
+
+struct EngineConfig {
+  int64_t max_concurrent_decodes = 16;
+  int64_t max_queue = 256;
+  int64_t max_seq_len = 0;
+  int64_t prefill_chunk = 256;
+  int64_t kv_page_tokens = 16;
+  int64_t kv_pages = 0;
+  DType kv_dtype = DType::kBF16;
+  WeightFormat weights = WeightFormat::kBF16;
+  bool padded_attention = false;
+  bool prefix_caching = true;
+  std::string chat_template = "plain";
+  std::string model_name;
+};
+
+// Parses `key=value` overrides (errors name the key and the accepted values).
+EngineConfig parse_engine_config(const std::vector<std::string>& overrides);
+
+// Fills the automatic values for this model: max_seq_len (the model's), kv_pages
+// (every slot's whole context); padded attention always gets one static region per slot.
+void resolve_engine_config(EngineConfig& c, const LlamaConfig& model);
+
+const char* weight_format_name(WeightFormat w);
+
+}  // namespace hyperion::serve

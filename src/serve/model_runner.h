@@ -1,0 +1,108 @@
+// The serving engine's forward pass: one batched step over a flat list of token rows
+// from many requests at once (decode rows of every live slot plus prefill chunks),
+// with keys and values kept in a paged KV cache (kernels/paged_attention.h).
+//
+// Row i carries a token, its absolute position in its sequence, the cache slot its key
+// and value go to (page * page_tokens + offset) and its sequence's page table; it
+// attends to positions [0, position] of that table, so a prefill chunk (rows at
+// consecutive positions of one sequence) is causal by construction. Logits are computed
+// only for the rows asked for (the last prompt row of a finished prefill and every
+// decode row).
+//
+// Weights: f32 or bf16 from the ParamStore (its bf16 copy), or int8 per output channel
+// (`quantize_weights=int8`): each matrix row quantised once at load
+// (kernels/quantize.h), activations quantised per row on the fly, and the product is an
+// int8 GEMM (oneDNN VNNI/AMX; the decode GEMV path uses AVX512-VNNI) dequantised by the
+// row and channel scales. MoE expert matrices stay in the compute dtype under int8 (the
+// grouped GEMM reads them stacked); attention, dense MLP and lm_head are quantised.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "base/aligned.h"
+#include "kernels/paged_attention.h"
+#include "kernels/rope.h"
+#include "model/moe_block.h"
+#include "model/param_store.h"
+
+namespace hyperion::serve {
+
+enum class WeightFormat : uint8_t { kF32, kBF16, kInt8 };
+
+struct RunnerOptions {
+  WeightFormat weights = WeightFormat::kBF16;
+  DType kv_dtype = DType::kBF16;  // kF32 | kBF16 | kI8 | kE4M3
+  int64_t num_pages = 0;
+  int64_t page_tokens = 16;
+  int64_t max_positions = 0;  // longest sequence (rope table size)
+  bool padded_attention = false;
+};
+
+// One step's rows (plain arrays, all of length n except logit_rows).
+struct StepBatch {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> positions;
+  std::vector<int64_t> slots;           // KV cache slot of each row
+  std::vector<PagedAttentionRow> attn;  // page table and visible length (position + 1)
+  std::vector<int32_t> logit_rows;      // rows whose next-token logits are wanted
+  void clear();
+  int64_t size() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+// The row count the matmuls of a step with n rows run on (see forward()).
+int64_t padded_rows(int64_t n);
+
+class ModelRunner {
+ public:
+  // `params` must hold a bf16 copy for WeightFormat::kBF16 and outlive the runner.
+  ModelRunner(const ParamStore& params, const RunnerOptions& options);
+
+  const LlamaConfig& config() const { return cfg_; }
+  const RunnerOptions& options() const { return opt_; }
+  DType act_dtype() const { return act_; }
+  // Bytes of KV cache per token over all layers (with scales), and the whole pool.
+  int64_t kv_bytes_per_token() const;
+  int64_t kv_cache_bytes() const {
+    return kv_bytes_per_token() * opt_.num_pages * opt_.page_tokens;
+  }
+  // Bytes of weights read per decode step (matrices in their serving format).
+  int64_t weight_bytes() const { return weight_bytes_; }
+
+  // Runs the batch; returns logits f32 [logit_rows.size(), vocab] (valid until the next
+  // call). Positions must be < max_positions; slots and page ids are the caller's.
+  const float* forward(const StepBatch& batch);
+
+ private:
+  struct QuantMatrix {
+    AlignedBuffer<int8_t> w;  // [out, in]
+    AlignedBuffer<float> scale;
+    int64_t out = 0, in = 0;
+  };
+  void ensure_capacity(int64_t n);
+  // y[n, out] = x[n, in] W^T (+ y when accumulate), W = parameter `index`.
+  void linear(int index, const void* x, void* y, DType yd, int64_t n, bool accumulate);
+
+  const ParamStore& params_;
+  LlamaConfig cfg_;
+  RunnerOptions opt_;
+  DType act_;
+  RopeTable rope_;
+  std::vector<AlignedBuffer<unsigned char>> k_pages_, v_pages_;
+  std::vector<AlignedBuffer<float>> k_scales_, v_scales_;
+  std::vector<PagedKvCache> caches_;
+  std::unordered_map<int, QuantMatrix> quant_;
+  int64_t weight_bytes_ = 0;
+  int64_t capacity_ = 0;
+  std::vector<int32_t> tokens_, positions_;  // the batch's, padded to padded_rows()
+  AlignedBuffer<float> x_, rstd_, xl_, logits_, qscale_;
+  AlignedBuffer<unsigned char> h_, q_, k_, v_, att_, g_, u_;
+  AlignedBuffer<int8_t> qx_;
+  AlignedBuffer<float> moe_logits_, moe_probs_, moe_weights_;
+  AlignedBuffer<int32_t> moe_experts_;
+  AlignedBuffer<unsigned char> moe_xs_, moe_g_, moe_u_, moe_a_, moe_y_;
+  MoeDispatch moe_plan_;
+};
+
+}  // namespace hyperion::serve

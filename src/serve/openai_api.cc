@@ -1,0 +1,413 @@
+#include "serve/openai_api.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <set>
+
+namespace hyperion::serve {
+
+using nlohmann::json;
+
+namespace {
+
+[[noreturn]] void bad(const std::string& param, const std::string& message, int status = 400) {
+  ApiError e;
+  e.status = status;
+  e.param = param;
+  e.message = message;
+  if (status == 404) e.type = "not_found_error";
+  throw ApiException(std::move(e));
+}
+
+json parse_body(const std::string& body) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    bad("", fmt::format("the request body is not valid JSON: {}", e.what()));
+  }
+  if (!j.is_object()) bad("", "the request body must be a JSON object");
+  return j;
+}
+
+const char* type_name(const json& v) {
+  return v.type_name();
+}
+
+int64_t get_int(const json& j, const char* key, int64_t lo, int64_t hi) {
+  const json& v = j.at(key);
+  if (!v.is_number_integer() && !v.is_number_unsigned())
+    bad(key, fmt::format("'{}' must be an integer, got {}", key, type_name(v)));
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    bad(key, fmt::format("'{}' is out of range", key));
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, x));
+  return x;
+}
+
+double get_number(const json& j, const char* key) {
+  const json& v = j.at(key);
+  if (!v.is_number()) bad(key, fmt::format("'{}' must be a number, got {}", key, type_name(v)));
+  return v.get<double>();
+}
+
+bool get_bool(const json& j, const char* key) {
+  const json& v = j.at(key);
+  if (!v.is_boolean()) bad(key, fmt::format("'{}' must be a boolean, got {}", key, type_name(v)));
+  return v.get<bool>();
+}
+
+// Fields both endpoints share; returns false for a key it does not know.
+bool parse_common(const json& j, const std::string& key, const ApiContext& ctx, ApiRequest& r) {
+  GenerationRequest& g = r.gen;
+  if (key == "model") {
+    if (!j[key].is_string())
+      bad("model", fmt::format("'model' must be a string, got {}", type_name(j[key])));
+    const std::string m = j[key].get<std::string>();
+    if (m != ctx.model_name)
+      bad("model",
+          fmt::format("the model '{}' does not exist; this server serves '{}'", m, ctx.model_name),
+          404);
+  } else if (key == "max_tokens" || key == "max_completion_tokens") {
+    if (!j[key].is_null()) g.max_tokens = get_int(j, key.c_str(), 1, INT32_MAX);
+  } else if (key == "temperature") {
+    if (!j[key].is_null()) {
+      const double t = get_number(j, "temperature");
+      if (!(t >= 0.0 && t <= 2.0))
+        bad(key, fmt::format("'temperature' must be in [0, 2], got {}", t));
+      g.sampling.temperature = static_cast<float>(t);
+    }
+  } else if (key == "top_p") {
+    if (!j[key].is_null()) {
+      const double p = get_number(j, "top_p");
+      if (!(p > 0.0 && p <= 1.0)) bad(key, fmt::format("'top_p' must be in (0, 1], got {}", p));
+      g.sampling.top_p = static_cast<float>(p);
+    }
+  } else if (key == "top_k") {
+    if (!j[key].is_null()) {
+      const int64_t k = get_int(j, "top_k", -1, INT32_MAX);
+      g.sampling.top_k = static_cast<int>(k < 0 ? 0 : k);  // -1 = off, as in vLLM
+    }
+  } else if (key == "seed") {
+    if (!j[key].is_null()) {
+      const json& v = j[key];
+      if (!v.is_number_integer() && !v.is_number_unsigned())
+        bad(key, fmt::format("'seed' must be an integer, got {}", type_name(v)));
+      g.sampling.seed =
+          v.is_number_unsigned() ? v.get<uint64_t>() : static_cast<uint64_t>(v.get<int64_t>());
+    }
+  } else if (key == "stop") {
+    const json& v = j[key];
+    if (v.is_null()) return true;
+    if (v.is_string()) {
+      g.stop.push_back(v.get<std::string>());
+    } else if (v.is_array()) {
+      if (v.size() > 4) bad(key, fmt::format("'stop' holds at most 4 strings, got {}", v.size()));
+      for (const json& s : v) {
+        if (!s.is_string())
+          bad(key, fmt::format("'stop' entries must be strings, got {}", type_name(s)));
+        g.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      bad(key, fmt::format("'stop' must be a string or an array of strings, got {}", type_name(v)));
+    }
+  } else if (key == "stream") {
+    if (!j[key].is_null()) r.stream = get_bool(j, "stream");
+  } else if (key == "stream_options") {
+    const json& v = j[key];
+    if (v.is_null()) return true;
+    if (!v.is_object())
+      bad(key, fmt::format("'stream_options' must be an object, got {}", type_name(v)));
+    for (const auto& [k, val] : v.items()) {
+      if (k != "include_usage")
+        bad("stream_options." + k, fmt::format("unknown field 'stream_options.{}'", k));
+      if (!val.is_boolean())
+        bad("stream_options.include_usage", "'stream_options.include_usage' must be a boolean");
+      r.include_usage = val.get<bool>();
+    }
+  } else if (key == "n") {
+    if (!j[key].is_null() && get_int(j, "n", 1, INT32_MAX) != 1)
+      bad(key, "only n = 1 is supported (send separate requests; they are batched)");
+  } else if (key == "user") {
+    if (!j[key].is_string() && !j[key].is_null()) bad(key, "'user' must be a string");
+  } else if (key == "presence_penalty" || key == "frequency_penalty") {
+    if (!j[key].is_null() && get_number(j, key.c_str()) != 0.0)
+      bad(key, fmt::format("'{}' is not supported (only 0)", key));
+  } else if (key == "ignore_eos") {
+    g.ignore_eos = get_bool(j, "ignore_eos");
+  } else {
+    return false;
+  }
+  return true;
+}
+
+std::vector<int32_t> encode_with_bos(const ApiContext& ctx, const std::string& text) {
+  if (ctx.tokenizer == nullptr) bad("prompt", "this server has no tokenizer: send token ids");
+  std::vector<int32_t> ids{ctx.tokenizer->bos_id()};
+  const std::vector<int32_t> enc = ctx.tokenizer->encode(text);
+  ids.insert(ids.end(), enc.begin(), enc.end());
+  return ids;
+}
+
+void check_stream_options(const json& j, const ApiRequest& r) {
+  if (j.contains("stream_options") && !j["stream_options"].is_null() && !r.stream)
+    bad("stream_options", "'stream_options' is only allowed with stream: true");
+}
+
+}  // namespace
+
+std::string error_body(const ApiError& e) {
+  json j;
+  j["error"] = {{"message", e.message},
+                {"type", e.type},
+                {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+                {"code", e.status}};
+  return j.dump();
+}
+
+ApiRequest parse_completion_request(const std::string& body, const ApiContext& ctx) {
+  const json j = parse_body(body);
+  ApiRequest r;
+  bool have_prompt = false;
+  for (const auto& [key, value] : j.items()) {
+    if (parse_common(j, key, ctx, r)) continue;
+    if (key == "prompt") {
+      have_prompt = true;
+      if (value.is_string()) {
+        r.gen.prompt = encode_with_bos(ctx, value.get<std::string>());
+      } else if (value.is_array() && value.size() == 1 && value[0].is_string()) {
+        r.gen.prompt = encode_with_bos(ctx, value[0].get<std::string>());
+      } else if (value.is_array() && !value.empty() && value[0].is_number()) {
+        for (const json& t : value) {
+          if (!t.is_number_integer() && !t.is_number_unsigned())
+            bad("prompt", "a token-id prompt must hold only integers");
+          const int64_t id = t.get<int64_t>();
+          if (id < 0 || id > INT32_MAX)
+            bad("prompt", fmt::format("token id {} is out of range", id));
+          r.gen.prompt.push_back(static_cast<int32_t>(id));
+        }
+      } else {
+        bad("prompt",
+            "'prompt' must be a string, an array of one string, or a non-empty array of "
+            "token ids (batches of prompts: send separate requests)");
+      }
+    } else if (key == "logprobs") {
+      if (!value.is_null()) r.logprobs = static_cast<int>(get_int(j, "logprobs", 0, 5));
+    } else if (key == "echo") {
+      if (!value.is_null() && get_bool(j, "echo")) bad("echo", "'echo' is not supported");
+    } else {
+      bad(key, fmt::format("unknown field '{}'", key));
+    }
+  }
+  if (!have_prompt) bad("prompt", "'prompt' is required");
+  check_stream_options(j, r);
+  r.gen.logprobs = r.logprobs >= 0;
+  return r;
+}
+
+std::vector<int32_t> apply_chat_template(const json& messages, const ApiContext& ctx) {
+  if (ctx.tokenizer == nullptr) bad("messages", "this server has no tokenizer for chat");
+  const io::Tokenizer& tok = *ctx.tokenizer;
+  std::vector<int32_t> ids{tok.bos_id()};
+  auto append = [&](const std::string& text) {
+    const std::vector<int32_t> enc = tok.encode(text);
+    ids.insert(ids.end(), enc.begin(), enc.end());
+  };
+  if (ctx.chat_template == "llama2") {
+    std::string system;
+    bool open = false;  // an [INST] waiting for its answer
+    for (const json& m : messages) {
+      const std::string role = m["role"].get<std::string>(),
+                        content = m["content"].get<std::string>();
+      if (role == "system") {
+        system = content;
+      } else if (role == "user") {
+        std::string text = "[INST] ";
+        if (!system.empty()) text += "<<SYS>>\n" + system + "\n<</SYS>>\n\n";
+        system.clear();
+        append(text + content + " [/INST]");
+        open = true;
+      } else {
+        append(" " + content + " ");
+        ids.push_back(tok.eos_id());
+        ids.push_back(tok.bos_id());
+        open = false;
+      }
+    }
+    (void)open;
+    return ids;
+  }
+  std::string text;
+  for (const json& m : messages) {
+    const std::string role = m["role"].get<std::string>();
+    const char* label = role == "system" ? "System" : role == "user" ? "User" : "Assistant";
+    text += fmt::format("{}: {}\n", label, m["content"].get<std::string>());
+  }
+  text += "Assistant:";
+  append(text);
+  return ids;
+}
+
+ApiRequest parse_chat_request(const std::string& body, const ApiContext& ctx) {
+  const json j = parse_body(body);
+  ApiRequest r;
+  r.chat = true;
+  const json* messages = nullptr;
+  for (const auto& [key, value] : j.items()) {
+    if (parse_common(j, key, ctx, r)) continue;
+    if (key == "messages") {
+      if (!value.is_array() || value.empty())
+        bad("messages", "'messages' must be a non-empty array");
+      for (size_t i = 0; i < value.size(); ++i) {
+        const json& m = value[i];
+        const std::string where = fmt::format("messages[{}]", i);
+        if (!m.is_object()) bad(where, fmt::format("'{}' must be an object", where));
+        for (const auto& [k, v] : m.items()) {
+          if (k == "role") {
+            if (!v.is_string() || (v != "system" && v != "user" && v != "assistant"))
+              bad(where + ".role",
+                  fmt::format("'{}.role' must be system, user or assistant", where));
+          } else if (k == "content") {
+            if (!v.is_string())
+              bad(where + ".content", fmt::format("'{}.content' must be a string", where));
+          } else if (k != "name") {
+            bad(where + "." + k, fmt::format("unknown field '{}.{}'", where, k));
+          }
+        }
+        if (!m.contains("role") || !m.contains("content"))
+          bad(where, fmt::format("'{}' needs 'role' and 'content'", where));
+      }
+      messages = &value;
+    } else if (key == "logprobs") {
+      if (!value.is_null()) r.logprobs = get_bool(j, "logprobs") ? 1 : -1;
+    } else if (key == "top_logprobs") {
+      if (!value.is_null() && get_int(j, "top_logprobs", 0, 20) != 0)
+        bad("top_logprobs", "only top_logprobs = 0 is supported");
+    } else {
+      bad(key, fmt::format("unknown field '{}'", key));
+    }
+  }
+  if (messages == nullptr) bad("messages", "'messages' is required");
+  check_stream_options(j, r);
+  r.gen.prompt = apply_chat_template(*messages, ctx);
+  if (ctx.chat_template == "plain") r.gen.stop.push_back("\nUser:");
+  r.gen.logprobs = r.logprobs >= 0;
+  return r;
+}
+
+json usage_json(const Completion& c) {
+  json u;
+  u["prompt_tokens"] = c.prompt_tokens;
+  u["completion_tokens"] = c.completion_tokens;
+  u["total_tokens"] = c.prompt_tokens + c.completion_tokens;
+  u["prompt_tokens_details"] = {{"cached_tokens", c.cached_tokens}};
+  return u;
+}
+
+namespace {
+
+json finish_json(FinishReason f) {
+  if (f == FinishReason::kNone) return nullptr;
+  return finish_reason_name(f);
+}
+
+std::string piece_text(const ApiContext& ctx, int32_t token) {
+  return ctx.tokenizer != nullptr ? ctx.tokenizer->id_to_piece(token) : std::to_string(token);
+}
+
+json completion_logprobs(const Completion& c, const ApiContext& ctx) {
+  json lp;
+  json tokens = json::array(), values = json::array();
+  for (size_t i = 0; i < c.tokens.size(); ++i) {
+    tokens.push_back(piece_text(ctx, c.tokens[i]));
+    values.push_back(i < c.logprobs.size() ? c.logprobs[i] : 0.0f);
+  }
+  lp["tokens"] = tokens;
+  lp["token_logprobs"] = values;
+  lp["top_logprobs"] = nullptr;
+  return lp;
+}
+
+json chat_logprobs(const Completion& c, const ApiContext& ctx, size_t from) {
+  json content = json::array();
+  for (size_t i = from; i < c.tokens.size(); ++i)
+    content.push_back({{"token", piece_text(ctx, c.tokens[i])},
+                       {"logprob", i < c.logprobs.size() ? c.logprobs[i] : 0.0f},
+                       {"top_logprobs", json::array()}});
+  return {{"content", content}};
+}
+
+json envelope(const ApiRequest& r, const Completion& c, const ApiContext& ctx, bool chunk) {
+  json j;
+  j["id"] = c.id;
+  j["object"] = r.chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+  j["created"] = c.created;
+  j["model"] = ctx.model_name;
+  return j;
+}
+
+std::string sse(const json& j) {
+  return "data: " + j.dump() + "\n\n";
+}
+
+}  // namespace
+
+std::string completion_response(const ApiRequest& r, const Completion& c, const ApiContext& ctx) {
+  json j = envelope(r, c, ctx, false);
+  json choice;
+  choice["index"] = 0;
+  if (r.chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    choice["logprobs"] = r.logprobs > 0 ? chat_logprobs(c, ctx, 0) : json(nullptr);
+  } else {
+    choice["text"] = c.text;
+    choice["logprobs"] = r.logprobs >= 0 ? completion_logprobs(c, ctx) : json(nullptr);
+  }
+  choice["finish_reason"] = finish_json(c.finish);
+  j["choices"] = json::array({choice});
+  j["usage"] = usage_json(c);
+  return j.dump();
+}
+
+std::string stream_token_event(const ApiRequest& r, const Completion& c, const TokenEvent& ev,
+                               bool first, const ApiContext& ctx) {
+  json j = envelope(r, c, ctx, true);
+  json choice;
+  choice["index"] = 0;
+  const bool has_token = ev.token >= 0;
+  if (r.chat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    delta["content"] = ev.text;
+    choice["delta"] = delta;
+    choice["logprobs"] =
+        r.logprobs > 0 && has_token ? chat_logprobs(c, ctx, c.tokens.size() - 1) : json(nullptr);
+  } else {
+    choice["text"] = ev.text;
+    if (r.logprobs >= 0 && has_token) {
+      choice["logprobs"] = {{"tokens", {piece_text(ctx, ev.token)}},
+                            {"token_logprobs", {ev.logprob}},
+                            {"top_logprobs", nullptr}};
+    } else {
+      choice["logprobs"] = nullptr;
+    }
+  }
+  choice["finish_reason"] = finish_json(ev.finish);
+  j["choices"] = json::array({choice});
+  if (r.include_usage) j["usage"] = nullptr;
+  return sse(j);
+}
+
+std::string stream_usage_event(const ApiRequest& r, const Completion& c, const ApiContext& ctx) {
+  json j = envelope(r, c, ctx, true);
+  j["choices"] = json::array();
+  j["usage"] = usage_json(c);
+  return sse(j);
+}
+
+std::string stream_error_event(const ApiError& e) {
+  return "data: " + error_body(e) + "\n\n";
+}
+
+}  // namespace hyperion::serve

@@ -1,0 +1,94 @@
+// The OpenAI wire format of `hyperion serve`: request parsing and validation for
+// POST /v1/completions and POST /v1/chat/completions, the chat template, and the JSON
+// of responses, stream chunks and errors. No sockets here (serve/http_server.h).
+//
+// Accepted request fields (anything else is a 400 naming the field):
+//   both:  model (must be the served id when given), max_tokens (>= 1, default 16;
+//          chat also max_completion_tokens), temperature [0, 2] (default 1), top_p (0, 1],
+//          top_k (>= 0, extension), seed (integer), stop (string or up to 4 strings),
+//          stream, stream_options {include_usage}, n (1 only), user (ignored),
+//          presence_penalty / frequency_penalty (0 only), ignore_eos (bool, extension:
+//          generate exactly max_tokens)
+//   completions: prompt (string, or array of token ids, or array of one string),
+//          logprobs (null or 0..5: the chosen token's log probability is returned;
+//          alternatives are not), echo (false only)
+//   chat:  messages [{role: system|user|assistant, content: string}, ...] (non-empty),
+//          logprobs (bool), top_logprobs (0 only)
+// Prompts get BOS prepended (a token-id prompt is taken as given).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "io/tokenizer.h"
+#include "serve/request.h"
+
+namespace hyperion::serve {
+
+// A request the API rejects: HTTP status, OpenAI error type and the field at fault.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // "" when no single field is at fault
+};
+struct ApiException : std::exception {
+  explicit ApiException(ApiError e) : error(std::move(e)) {}
+  const char* what() const noexcept override { return error.message.c_str(); }
+  ApiError error;
+};
+
+// {"error": {"message", "type", "param", "code"}}
+std::string error_body(const ApiError& e);
+
+struct ApiContext {
+  const io::Tokenizer* tokenizer = nullptr;
+  std::string model_name;
+  std::string chat_template = "plain";  // plain | llama2
+};
+
+struct ApiRequest {
+  bool chat = false;
+  GenerationRequest gen;
+  bool stream = false;
+  bool include_usage = false;
+  int logprobs = -1;  // completions: -1 = none; chat: 0/1
+};
+
+// Parses and validates a request body (throws ApiException with status 400, or 404 for
+// an unknown model).
+ApiRequest parse_completion_request(const std::string& body, const ApiContext& ctx);
+ApiRequest parse_chat_request(const std::string& body, const ApiContext& ctx);
+
+// The chat template as token ids (BOS first). plain:
+//   "System: ...\nUser: ...\nAssistant: ...\n" per message, then "Assistant:"; generation
+//   also stops at "\nUser:" (added to the request's stop strings).
+// llama2: "[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s><s>[INST] ..."
+std::vector<int32_t> apply_chat_template(const nlohmann::json& messages, const ApiContext& ctx);
+
+// Everything a finished (or streaming) request has produced so far.
+struct Completion {
+  std::string id;
+  int64_t created = 0;
+  std::string text;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  FinishReason finish = FinishReason::kNone;
+  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+};
+
+nlohmann::json usage_json(const Completion& c);
+// Whole (non-streaming) responses.
+std::string completion_response(const ApiRequest& r, const Completion& c, const ApiContext& ctx);
+// One server-sent event ("data: {...}\n\n") for a token (its text, and the finish reason
+// when it is the last), the usage chunk, and the end marker.
+std::string stream_token_event(const ApiRequest& r, const Completion& c, const TokenEvent& ev,
+                               bool first, const ApiContext& ctx);
+std::string stream_usage_event(const ApiRequest& r, const Completion& c, const ApiContext& ctx);
+std::string stream_error_event(const ApiError& e);
+inline const char* kStreamDone = "data: [DONE]\n\n";
+
+}  // namespace hyperion::serve

@@ -1,0 +1,41 @@
+// What a client asks the serving engine for, and what it gets back token by token.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/sampler.h"
+
+namespace hyperion::serve {
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;  // token ids, BOS included when wanted
+  SamplingParams sampling;      // temperature 0 = greedy
+  int64_t max_tokens = 16;
+  std::vector<std::string> stop;  // stop strings (not included in the output)
+  bool ignore_eos = false;        // keep going past EOS up to max_tokens
+  bool logprobs = false;          // report log p(chosen token)
+};
+
+enum class FinishReason : uint8_t { kNone, kStop, kLength, kAbort, kError };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", "error"
+
+// One event per generated token (token >= 0), the last one with finish != kNone. An
+// abort or error ends the stream with token = -1.
+struct TokenEvent {
+  int32_t token = -1;
+  float logprob = 0.0f;
+  std::string text;  // new text this token makes printable (may be empty)
+  FinishReason finish = FinishReason::kNone;
+  int64_t prompt_tokens = 0;      // set on the final event
+  int64_t completion_tokens = 0;  // set on the final event
+  int64_t cached_tokens = 0;      // prompt tokens served from the prefix cache (final event)
+  std::string error;              // kError only
+};
+
+// Called on the engine thread; must not block for long (hand off to the HTTP thread).
+using TokenCallback = std::function<void(const TokenEvent&)>;
+
+}  // namespace hyperion::serve

@@ -1,0 +1,86 @@
+#include "serve/text_stream.h"
+
+#include <algorithm>
+
+namespace hyperion::serve {
+
+namespace {
+
+const std::string kReplacement = "\xEF\xBF\xBD";
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+TextStream::TextStream(const io::Tokenizer* tokenizer, int32_t context_token,
+                       std::vector<std::string> stop)
+    : tok_(tokenizer), stop_(std::move(stop)) {
+  stop_.erase(std::remove(stop_.begin(), stop_.end(), std::string()), stop_.end());
+  if (tok_ != nullptr) {
+    ids_.push_back(context_token);
+    context_text_ = tok_->decode(ids_);
+  }
+}
+
+std::string TextStream::decoded() const {
+  std::string full = tok_->decode(ids_);
+  if (full.compare(0, context_text_.size(), context_text_) == 0)
+    return full.substr(context_text_.size());
+  // The context token merged with what follows (should not happen with SentencePiece):
+  // fall back to decoding the generated tokens alone.
+  return tok_->decode(std::vector<int32_t>(ids_.begin() + 1, ids_.end()));
+}
+
+std::string TextStream::push(int32_t token, bool* stopped) {
+  *stopped = false;
+  if (tok_ == nullptr || stopped_) return {};
+  ids_.push_back(token);
+  std::string text = decoded();
+  while (ends_with(text, kReplacement)) text.resize(text.size() - kReplacement.size());
+  if (text.size() < released_.size() || text.compare(0, released_.size(), released_) != 0)
+    return {};  // not yet consistent with what was sent (a character still forming)
+  // A stop string anywhere after the text already released (it may straddle it).
+  size_t cut = std::string::npos;
+  for (const std::string& s : stop_) {
+    const size_t from = released_.size() >= s.size() ? released_.size() - s.size() + 1 : 0;
+    const size_t at = text.find(s, from);
+    if (at != std::string::npos) cut = std::min(cut, at);
+  }
+  if (cut != std::string::npos) {
+    stopped_ = true;
+    *stopped = true;
+    const size_t end = std::max(cut, released_.size());
+    std::string out = text.substr(released_.size(), end - released_.size());
+    released_ += out;
+    return out;
+  }
+  // Hold back the longest suffix that is a proper prefix of a stop string.
+  size_t hold = 0;
+  for (const std::string& s : stop_) {
+    for (size_t len = std::min(s.size() - 1, text.size()); len > hold; --len) {
+      if (text.compare(text.size() - len, len, s, 0, len) == 0) {
+        hold = len;
+        break;
+      }
+    }
+  }
+  const size_t end = std::max(text.size() - hold, released_.size());
+  std::string out = text.substr(released_.size(), end - released_.size());
+  released_ += out;
+  return out;
+}
+
+std::string TextStream::flush() {
+  if (tok_ == nullptr || stopped_) return {};
+  std::string text = decoded();
+  if (text.size() <= released_.size() || text.compare(0, released_.size(), released_) != 0)
+    return {};
+  std::string out = text.substr(released_.size());
+  released_ += out;
+  return out;
+}
+
+}  // namespace hyperion::serve

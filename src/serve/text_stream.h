@@ -1,0 +1,47 @@
+// Incremental detokenisation for streaming, with stop strings.
+//
+// The text of the generated tokens is decoded as a continuation of the prompt's last
+// token (decode([last, out...]) minus decode([last])), so a leading space that
+// SentencePiece would strip at the start of a text is kept. Text is released only when
+// it is final:
+//   - a trailing U+FFFD (a multi-byte character split over byte-fallback tokens) waits
+//     for the next token;
+//   - a suffix that could be the start of a stop string waits until it cannot be;
+//   - when a stop string appears, the text before it is released and the stream stops
+//     (the stop string itself is never sent, as in the OpenAI API).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/tokenizer.h"
+
+namespace hyperion::serve {
+
+class TextStream {
+ public:
+  // `tokenizer` may be null: no text, no stop strings (token ids only).
+  TextStream(const io::Tokenizer* tokenizer, int32_t context_token, std::vector<std::string> stop);
+
+  // Adds a generated token; returns the text it makes final. Sets *stopped when a stop
+  // string matched (the returned text ends right before it).
+  std::string push(int32_t token, bool* stopped);
+  // At the end of the stream: whatever is still held back (an incomplete character or a
+  // partial stop string that never completed).
+  std::string flush();
+  // Everything released so far.
+  const std::string& text() const { return released_; }
+
+ private:
+  std::string decoded() const;
+
+  const io::Tokenizer* tok_;
+  std::vector<int32_t> ids_;  // context token, then the generated tokens
+  std::string context_text_;
+  std::vector<std::string> stop_;
+  std::string released_;
+  bool stopped_ = false;
+};
+
+}  // namespace hyperion::serve

@@ -1,0 +1,381 @@
+// `hyperion serve`'s HTTP API over a real loopback socket: the OpenAI routes, streaming,
+// every error status, queue-full, client disconnects, and the page accounting seen
+// through /metrics after a saturating load.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "../test_files.h"
+#include "serve/http_server.h"
+#include "serve/metrics.h"
+
+namespace hyperion::serve {
+namespace {
+
+using nlohmann::json;
+using testing_util::TempDir;
+
+std::vector<std::string> corpus_lines(size_t n) {
+  std::ifstream in(std::string(HYPERION_SOURCE_DIR) + "/data/corpus/fortunes.txt");
+  std::vector<std::string> lines;
+  std::string line;
+  while (lines.size() < n && std::getline(in, line))
+    if (line.size() > 20) lines.push_back(line);
+  return lines;
+}
+
+// A small random model with a tokenizer trained on the bundled corpus, served on a free
+// port for the whole suite.
+struct Stack {
+  Stack(const io::Tokenizer& tok, const ParamStore& params, EngineConfig ec)
+      : engine(params, &tok, ec), async(engine) {
+    ApiContext ctx;
+    ctx.tokenizer = &tok;
+    ctx.model_name = "test-model";
+    ctx.chat_template = engine.config().chat_template;
+    server = std::make_unique<HttpServer>(async, ctx);
+    port = server->bind("127.0.0.1", 0);
+    thread = std::thread([this] { server->run(); });
+  }
+  ~Stack() {
+    server->stop();
+    thread.join();
+    async.stop();
+  }
+  Engine engine;
+  AsyncEngine async;
+  std::unique_ptr<HttpServer> server;
+  int port = 0;
+  std::thread thread;
+};
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    io::TokenizerTrainOptions o;
+    o.vocab_size = 400;
+    tok_ = new io::Tokenizer(io::Tokenizer::train(corpus_lines(2000), dir_->file("t.model"), o));
+    LlamaConfig c;
+    c.vocab_size = 400;
+    c.dim = 64;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 16;
+    c.ffn_dim = 96;
+    c.max_seq_len = 128;
+    params_ = new ParamStore(c, false);
+    params_->init(11, 0.3);
+    stack_ = new Stack(*tok_, *params_, config());
+  }
+  static void TearDownTestSuite() {
+    delete stack_;
+    delete params_;
+    delete tok_;
+    delete dir_;
+  }
+  static EngineConfig config() {
+    EngineConfig ec;
+    ec.weights = WeightFormat::kF32;
+    ec.kv_dtype = DType::kF32;
+    ec.kv_page_tokens = 8;
+    ec.prefill_chunk = 32;
+    ec.max_concurrent_decodes = 4;
+    return ec;
+  }
+  void TearDown() override {
+    stack_->async.set_paused(false);
+    stack_->async.set_step_delay(std::chrono::milliseconds(0));
+  }
+
+  static httplib::Client client(int port = 0) {
+    httplib::Client c("127.0.0.1", port ? port : stack_->port);
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+  static httplib::Result post(const std::string& path, const json& body, int port = 0) {
+    return client(port).Post(path.c_str(), body.dump(), "application/json");
+  }
+  static double metric(const std::string& name, const Labels& labels = {}) {
+    auto r = client().Get("/metrics");
+    EXPECT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    const auto v = parse_prometheus_value(r->body, name, labels);
+    EXPECT_TRUE(v.has_value()) << name;
+    return v.value_or(-1);
+  }
+  // Polls /metrics (bounded: no timing assertion) until no request is running.
+  static void wait_idle() {
+    for (int i = 0; i < 400; ++i) {
+      if (metric("hyperion_requests_running") == 0 && metric("hyperion_requests_waiting") == 0)
+        return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+  }
+
+  static TempDir* dir_;
+  static io::Tokenizer* tok_;
+  static ParamStore* params_;
+  static Stack* stack_;
+};
+TempDir* HttpServerTest::dir_ = nullptr;
+io::Tokenizer* HttpServerTest::tok_ = nullptr;
+ParamStore* HttpServerTest::params_ = nullptr;
+Stack* HttpServerTest::stack_ = nullptr;
+
+// The JSON payloads of a server-sent event stream ("data: ..." lines), and whether it
+// ended with [DONE].
+std::vector<json> sse_events(const std::string& body, bool* done) {
+  std::vector<json> out;
+  *done = false;
+  size_t pos = 0;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    const std::string payload = body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (payload == "[DONE]") {
+      *done = true;
+      continue;
+    }
+    out.push_back(json::parse(payload));
+  }
+  return out;
+}
+
+json greedy_body(const std::string& prompt, int max_tokens) {
+  return {{"model", "test-model"},
+          {"prompt", prompt},
+          {"max_tokens", max_tokens},
+          {"temperature", 0},
+          {"ignore_eos", true}};
+}
+
+TEST_F(HttpServerTest, HealthModelsAndUnknownRoutes) {
+  auto h = client().Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto m = client().Get("/v1/models");
+  ASSERT_TRUE(m);
+  const json j = json::parse(m->body);
+  EXPECT_EQ(j["object"], "list");
+  EXPECT_EQ(j["data"][0]["id"], "test-model");
+  EXPECT_EQ(j["data"][0]["max_model_len"], 128);
+  auto nf = client().Get("/v1/nothing");
+  ASSERT_TRUE(nf);
+  EXPECT_EQ(nf->status, 404);
+  EXPECT_TRUE(json::parse(nf->body).contains("error"));
+}
+
+TEST_F(HttpServerTest, CompletionStreamsTheSameTextAsWhole) {
+  json body = greedy_body("The quick brown fox", 12);
+  body["logprobs"] = 1;
+  auto whole = post("/v1/completions", body);
+  ASSERT_TRUE(whole);
+  ASSERT_EQ(whole->status, 200) << whole->body;
+  const json w = json::parse(whole->body);
+  EXPECT_EQ(w["object"], "text_completion");
+  EXPECT_EQ(w["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(w["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(w["choices"][0]["logprobs"]["token_logprobs"].size(), 12u);
+  for (const json& lp : w["choices"][0]["logprobs"]["token_logprobs"])
+    EXPECT_LE(lp.get<double>(), 0.0);
+  const int prompt_tokens = w["usage"]["prompt_tokens"];
+  EXPECT_EQ(prompt_tokens, static_cast<int>(tok_->encode("The quick brown fox").size()) + 1);
+
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  auto streamed = post("/v1/completions", body);
+  ASSERT_TRUE(streamed);
+  ASSERT_EQ(streamed->status, 200);
+  EXPECT_NE(streamed->get_header_value("Content-Type").find("text/event-stream"),
+            std::string::npos);
+  bool done = false;
+  const auto events = sse_events(streamed->body, &done);
+  EXPECT_TRUE(done);
+  ASSERT_EQ(events.size(), 13u);  // one per token, then usage
+  std::string text;
+  for (size_t i = 0; i < 12; ++i) {
+    text += events[i]["choices"][0]["text"].get<std::string>();
+    EXPECT_EQ(events[i]["choices"][0]["finish_reason"].is_null(), i < 11);
+  }
+  EXPECT_EQ(events[11]["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(events[12]["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(text, w["choices"][0]["text"].get<std::string>());
+}
+
+TEST_F(HttpServerTest, ConcurrentGreedyRequestsMatchASingleOne) {
+  const json body = greedy_body("A penny saved", 16);
+  auto single = post("/v1/completions", body);
+  ASSERT_TRUE(single);
+  const std::string want = json::parse(single->body)["choices"][0]["text"];
+  std::vector<std::string> got(7);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < got.size(); ++i)
+    threads.emplace_back([&, i] {
+      // Different neighbours in every batch: other prompts run alongside.
+      json b = i % 2 ? greedy_body("Something else entirely " + std::to_string(i), 10) : body;
+      auto r = post("/v1/completions", b);
+      if (r && r->status == 200) got[i] = json::parse(r->body)["choices"][0]["text"];
+    });
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < got.size(); i += 2) EXPECT_EQ(got[i], want) << i;
+}
+
+TEST_F(HttpServerTest, ChatCompletionWholeAndStreamed) {
+  json body = {{"messages",
+                {{{"role", "system"}, {"content", "Be brief."}},
+                 {{"role", "user"}, {"content", "Say something."}}}},
+               {"max_tokens", 6},
+               {"temperature", 0},
+               {"ignore_eos", true}};
+  auto whole = post("/v1/chat/completions", body);
+  ASSERT_TRUE(whole);
+  ASSERT_EQ(whole->status, 200) << whole->body;
+  const json w = json::parse(whole->body);
+  EXPECT_EQ(w["object"], "chat.completion");
+  EXPECT_EQ(w["choices"][0]["message"]["role"], "assistant");
+  EXPECT_TRUE(w["choices"][0]["message"]["content"].is_string());
+  body["stream"] = true;
+  auto streamed = post("/v1/chat/completions", body);
+  ASSERT_TRUE(streamed);
+  bool done = false;
+  const auto events = sse_events(streamed->body, &done);
+  EXPECT_TRUE(done);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events[0]["object"], "chat.completion.chunk");
+  EXPECT_EQ(events[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  for (const json& e : events) text += e["choices"][0]["delta"]["content"].get<std::string>();
+  EXPECT_EQ(text, w["choices"][0]["message"]["content"].get<std::string>());
+}
+
+TEST_F(HttpServerTest, BadRequestsGet400NamingTheField) {
+  auto expect_error = [](const std::string& path, const std::string& body, int status,
+                         const std::string& param) {
+    auto r = client().Post(path.c_str(), body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, status) << body << " -> " << r->body;
+    const json j = json::parse(r->body);
+    ASSERT_TRUE(j.contains("error")) << r->body;
+    EXPECT_FALSE(j["error"]["message"].get<std::string>().empty());
+    if (param.empty())
+      EXPECT_TRUE(j["error"]["param"].is_null()) << r->body;
+    else
+      EXPECT_EQ(j["error"]["param"], param) << r->body;
+  };
+  expect_error("/v1/completions", "{\"prompt\": \"hi\",", 400, "");
+  expect_error("/v1/completions", "[1, 2]", 400, "");
+  expect_error("/v1/completions", R"({"prompt": "hi", "foo": 1})", 400, "foo");
+  expect_error("/v1/completions", R"({"prompt": "hi", "max_tokens": "ten"})", 400, "max_tokens");
+  expect_error("/v1/completions", R"({"prompt": 5})", 400, "prompt");
+  expect_error("/v1/completions", R"({"max_tokens": 5})", 400, "prompt");
+  expect_error("/v1/completions", R"({"prompt": "hi", "temperature": -1})", 400, "temperature");
+  expect_error("/v1/completions", R"({"prompt": "hi", "stream": "yes"})", 400, "stream");
+  expect_error("/v1/completions", R"({"prompt": "hi", "stream_options": {"include_usage": true}})",
+               400, "stream_options");
+  expect_error("/v1/completions", R"({"prompt": "hi", "model": "other"})", 404, "model");
+  std::string long_prompt = "[1";
+  for (int i = 0; i < 130; ++i) long_prompt += ",5";
+  expect_error("/v1/completions", "{\"prompt\": " + long_prompt + "]}", 400, "prompt");
+  expect_error("/v1/completions", R"({"prompt": "hi", "max_tokens": 500})", 400, "max_tokens");
+  expect_error("/v1/completions", R"({"prompt": [1, 9999]})", 400, "prompt");
+  expect_error("/v1/chat/completions", R"({"messages": []})", 400, "messages");
+  expect_error("/v1/chat/completions", R"({"messages": [{"role": "robot", "content": "x"}]})", 400,
+               "messages[0].role");
+  EXPECT_GE(metric("hyperion_requests_rejected_total", {{"reason", "invalid"}}), 13);
+}
+
+TEST_F(HttpServerTest, FullQueueGets429) {
+  EngineConfig ec = config();
+  ec.max_concurrent_decodes = 1;
+  ec.max_queue = 0;  // room for exactly one request (the free slot)
+  Stack small(*tok_, *params_, ec);
+  small.async.set_paused(true);
+  std::vector<int> status(2, 0);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i)
+    threads.emplace_back([&, i] {
+      auto r = post("/v1/completions", greedy_body("hello", 4), small.port);
+      status[static_cast<size_t>(i)] = r ? r->status : -1;
+      if (r && r->status == 429) {
+        EXPECT_EQ(json::parse(r->body)["error"]["type"], "rate_limit_error");
+        small.async.set_paused(false);  // let the accepted one finish
+      }
+    });
+  for (auto& t : threads) t.join();
+  std::sort(status.begin(), status.end());
+  EXPECT_EQ(status, (std::vector<int>{200, 429}));
+}
+
+TEST_F(HttpServerTest, DisconnectMidStreamFreesSlotAndPages) {
+  const double aborted = metric("hyperion_requests_total", {{"finish_reason", "abort"}});
+  stack_->async.set_step_delay(std::chrono::milliseconds(20));
+  json body = greedy_body("Once upon a time", 100);
+  body["stream"] = true;
+  httplib::Client c = client();
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  int chunks = 0;
+  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+    if (std::string(data, len).find("data: ") != std::string::npos) ++chunks;
+    return chunks < 2;  // hang up after the second token
+  };
+  httplib::Response res;
+  httplib::Error err;
+  c.send(req, res, err);
+  EXPECT_GE(chunks, 1);
+  wait_idle();
+  EXPECT_EQ(metric("hyperion_requests_running"), 0);
+  EXPECT_EQ(metric("hyperion_kv_pages_used"), 0);
+  EXPECT_EQ(metric("hyperion_requests_total", {{"finish_reason", "abort"}}), aborted + 1);
+  // Far fewer than 100 tokens were generated for it.
+  EXPECT_EQ(metric("hyperion_slots_used"), 0);
+}
+
+TEST_F(HttpServerTest, SaturatingLoadReturnsEveryPage) {
+  const double before = metric("hyperion_generation_tokens_total");
+  const auto prompts = corpus_lines(24);
+  std::vector<int> completion(prompts.size(), -1);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    threads.emplace_back([&, i] {
+      json b = greedy_body(prompts[i], 5 + static_cast<int>(i % 7) * 4);
+      b["stream"] = i % 2 == 0;
+      b["stream_options"] = b["stream"].get<bool>() ? json{{"include_usage", true}} : json(nullptr);
+      b["temperature"] = 0.8;
+      b["seed"] = i;
+      auto r = post("/v1/completions", b);
+      ASSERT_TRUE(r) << "request " << i << ": " << httplib::to_string(r.error());
+      ASSERT_EQ(r->status, 200) << "request " << i << ": " << r->body;
+      if (b["stream"].get<bool>()) {
+        bool done = false;
+        const auto ev = sse_events(r->body, &done);
+        if (done && !ev.empty()) completion[i] = ev.back()["usage"]["completion_tokens"];
+      } else {
+        completion[i] = json::parse(r->body)["usage"]["completion_tokens"];
+      }
+    });
+  for (auto& t : threads) t.join();
+  int64_t total = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(completion[i], 5 + static_cast<int>(i % 7) * 4) << i;
+    total += completion[i];
+  }
+  wait_idle();
+  EXPECT_EQ(metric("hyperion_kv_pages_used"), 0);
+  EXPECT_EQ(metric("hyperion_kv_pages_free") + metric("hyperion_kv_pages_cached"),
+            metric("hyperion_kv_pages_total"));
+  EXPECT_EQ(metric("hyperion_generation_tokens_total") - before, double(total));
+  EXPECT_GT(metric("hyperion_time_to_first_token_seconds_count"), 0);
+}
+
+}  // namespace
+}  // namespace hyperion::serve
