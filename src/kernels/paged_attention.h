@@ -39,6 +39,13 @@ int64_t paged_kv_bytes_per_token(DType dtype, int64_t n_kv_heads, int64_t head_d
 void paged_kv_write(const PagedKvCache& cache, const TensorView& k, const TensorView& v,
                     const int64_t* slots);
 
+// Reads positions [0, length) of one sequence (its page table `pages`) back into
+// contiguous k, v [length, n_kv_heads, head_dim] (f32 or bf16), dequantising int8 / e4m3
+// (value = q * scale). Chunked prefill uses it to run the tiled flash-attention kernel
+// over a sequence's whole cached context; decode never copies the cache.
+void paged_kv_read(const PagedKvCache& cache, const int32_t* pages, int64_t length,
+                   const TensorView& k, const TensorView& v);
+
 struct PagedAttentionRow {
   const int32_t* pages = nullptr;  // this row's page table (page ids in position order)
   int64_t length = 0;              // keys visible: positions [0, length), length >= 1

@@ -253,6 +253,7 @@ void Engine::step() {
     logit_seqs.push_back(&s);
   }
   const size_t decode_rows = batch_.tokens.size();
+  batch_.decode_rows = static_cast<int64_t>(decode_rows);
   std::vector<Sequence*> prefill;
   for (auto& slot : slots_)
     if (slot && slot->prefilling()) prefill.push_back(slot.get());
@@ -272,6 +273,7 @@ void Engine::step() {
       batch_.slots.push_back(kv_slot(*s, pos));
       batch_.attn.push_back(PagedAttentionRow{nullptr, pos + 1});
     }
+    batch_.segments.emplace_back(static_cast<int64_t>(batch_.tokens.size()) - c, c);
     if (s->computed + c == s->prompt_len()) {
       batch_.logit_rows.push_back(static_cast<int32_t>(batch_.tokens.size() - 1));
       logit_seqs.push_back(s);
@@ -335,6 +337,7 @@ double Engine::warmup() {
       batch_.attn.push_back(PagedAttentionRow{&page0, 1});
       batch_.logit_rows.push_back(static_cast<int32_t>(i));
     }
+    batch_.decode_rows = b;
     runner_->forward(batch_);
   }
   batch_.clear();

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "kernels/attention.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
 #include "kernels/quantize.h"
@@ -13,6 +14,8 @@
 namespace hyperion::serve {
 
 void StepBatch::clear() {
+  decode_rows = 0;
+  segments.clear();
   tokens.clear();
   positions.clear();
   slots.clear();
@@ -104,6 +107,9 @@ ModelRunner::ModelRunner(const ParamStore& params, const RunnerOptions& options)
     }
   }
   logits_ = AlignedBuffer<float>(static_cast<size_t>(cfg_.vocab_size));
+  const size_t ctx = static_cast<size_t>(opt_.max_positions * cfg_.kv_dim()) * dtype_size(act_);
+  kctx_ = AlignedBuffer<unsigned char>(ctx);
+  vctx_ = AlignedBuffer<unsigned char>(ctx);
 }
 
 int64_t ModelRunner::kv_bytes_per_token() const {
@@ -128,6 +134,7 @@ void ModelRunner::ensure_capacity(int64_t n) {
   xl_ = AlignedBuffer<float>(rows * d);
   logits_ = AlignedBuffer<float>(rows * static_cast<size_t>(cfg_.vocab_size));
   qscale_ = AlignedBuffer<float>(rows);
+  lse_ = AlignedBuffer<float>(rows * static_cast<size_t>(cfg_.n_heads));
   qx_ = AlignedBuffer<int8_t>(rows * widest);
   h_ = AlignedBuffer<unsigned char>(rows * d * a);
   q_ = AlignedBuffer<unsigned char>(rows * q * a);
@@ -213,12 +220,28 @@ const float* ModelRunner::forward(const StepBatch& batch) {
   const TensorView xv(x_.data(), DType::kF32, {n, d});
   const TensorView rstd(rstd_.data(), DType::kF32, {n});
   const TensorView pos(positions_.data(), DType::kI32, {n});
+  const int64_t nd = batch.decode_rows;
+  HYP_CHECK(nd >= 0 && nd <= rows, "serve: {} decode rows in a batch of {}", nd, rows);
   PagedAttentionParams ap;
   if (opt_.padded_attention) {
     ap.mode = PagedAttentionMode::kPadded;
-    for (const PagedAttentionRow& r : batch.attn)
-      ap.padded_length = std::max(ap.padded_length, r.length);
+    for (int64_t i = 0; i < nd; ++i)
+      ap.padded_length = std::max(ap.padded_length, batch.attn[static_cast<size_t>(i)].length);
   }
+  const size_t a = dtype_size(act_);
+  const int64_t qd = cfg_.q_dim();
+  int64_t covered = nd;
+  for (const auto& [r0, c] : batch.segments) {
+    HYP_CHECK(r0 == covered && c >= 1, "serve: prefill segment ({}, {}) out of order", r0, c);
+    const PagedAttentionRow& last = batch.attn[static_cast<size_t>(r0 + c - 1)];
+    HYP_CHECK(batch.positions[static_cast<size_t>(r0)] == last.length - c &&
+                  last.length <= opt_.max_positions,
+              "serve: prefill segment at row {} is not consecutive positions ending at {}", r0,
+              last.length);
+    covered += c;
+  }
+  HYP_CHECK(covered == rows, "serve: {} decode rows and segments cover {} of {} rows", nd, covered,
+            rows);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const LayerParamIndex& p = ps.layer(l);
     rmsnorm_forward(xv, ps.param(p.input_norm), eps, TensorView(h_.data(), act_, {n, d}), rstd);
@@ -231,8 +254,21 @@ const float* ModelRunner::forward(const StepBatch& batch) {
     const PagedKvCache& cache = caches_[static_cast<size_t>(l)];
     paged_kv_write(cache, TensorView(k_.data(), act_, {rows, hkv, hd}),
                    TensorView(v_.data(), act_, {rows, hkv, hd}), batch.slots.data());
-    paged_attention(cache, TensorView(q_.data(), act_, {rows, hq, hd}), batch.attn.data(),
-                    TensorView(att_.data(), act_, {rows, hq, hd}), ap);
+    if (nd > 0)
+      paged_attention(cache, TensorView(q_.data(), act_, {nd, hq, hd}), batch.attn.data(),
+                      TensorView(att_.data(), act_, {nd, hq, hd}), ap);
+    for (const auto& [r0, c] : batch.segments) {
+      const PagedAttentionRow& last = batch.attn[static_cast<size_t>(r0 + c - 1)];
+      const int64_t tk = last.length;
+      paged_kv_read(cache, last.pages, tk, TensorView(kctx_.data(), act_, {tk, hkv, hd}),
+                    TensorView(vctx_.data(), act_, {tk, hkv, hd}));
+      attention_forward(
+          TensorView(q_.data() + static_cast<size_t>(r0 * qd) * a, act_, {1, c, hq, hd}),
+          TensorView(kctx_.data(), act_, {1, tk, hkv, hd}),
+          TensorView(vctx_.data(), act_, {1, tk, hkv, hd}),
+          TensorView(att_.data() + static_cast<size_t>(r0 * qd) * a, act_, {1, c, hq, hd}),
+          TensorView(lse_.data(), DType::kF32, {1, hq, c}));
+    }
     linear(p.o, att_.data(), x_.data(), DType::kF32, n, true);
     rmsnorm_forward(xv, ps.param(p.post_norm), eps, TensorView(h_.data(), act_, {n, d}), rstd);
     if (p.moe()) {

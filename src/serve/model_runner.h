@@ -2,6 +2,11 @@
 // from many requests at once (decode rows of every live slot plus prefill chunks),
 // with keys and values kept in a paged KV cache (kernels/paged_attention.h).
 //
+// Decode rows attend with paged_attention (ragged or padded), reading the pages in
+// place. A prefill chunk reads its sequence's cached context back into a contiguous
+// scratch (paged_kv_read) and runs the tiled causal flash-attention kernel: the
+// one-query-at-a-time decode kernel would redo the work per row.
+//
 // Row i carries a token, its absolute position in its sequence, the cache slot its key
 // and value go to (page * page_tokens + offset) and its sequence's page table; it
 // attends to positions [0, position] of that table, so a prefill chunk (rows at
@@ -47,6 +52,11 @@ struct StepBatch {
   std::vector<int64_t> slots;           // KV cache slot of each row
   std::vector<PagedAttentionRow> attn;  // page table and visible length (position + 1)
   std::vector<int32_t> logit_rows;      // rows whose next-token logits are wanted
+  // Rows [0, decode_rows) are single-token decode rows (paged attention straight from
+  // the cache); every later row belongs to a prefill segment: consecutive rows of one
+  // sequence at consecutive positions, given as (first row, row count).
+  int64_t decode_rows = 0;
+  std::vector<std::pair<int64_t, int64_t>> segments;
   void clear();
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
 };
@@ -98,6 +108,8 @@ class ModelRunner {
   std::vector<int32_t> tokens_, positions_;  // the batch's, padded to padded_rows()
   AlignedBuffer<float> x_, rstd_, xl_, logits_, qscale_;
   AlignedBuffer<unsigned char> h_, q_, k_, v_, att_, g_, u_;
+  AlignedBuffer<unsigned char> kctx_, vctx_;  // a prefill segment's context [max_positions, kv]
+  AlignedBuffer<float> lse_;
   AlignedBuffer<int8_t> qx_;
   AlignedBuffer<float> moe_logits_, moe_probs_, moe_weights_;
   AlignedBuffer<int32_t> moe_experts_;

@@ -178,6 +178,39 @@ TEST(PagedAttention, WriteStoresRows) {
     }
 }
 
+TEST(PagedAttention, ReadReturnsTheWrittenRows) {
+  std::mt19937 rng(4);
+  const Batch b({1, 9, 33}, 4, 2, 24, 5, rng);
+  for (DType out : {DType::kF32, DType::kBF16})
+    for (DType dt : kCacheDTypes) {
+      const CacheStore s = b.cache(dt, DType::kF32);
+      for (size_t i = 0; i < b.lengths.size(); ++i) {
+        const int64_t len = b.lengths[i];
+        Tensor k(out, {len, b.hkv, b.d}), v(out, {len, b.hkv, b.d});
+        paged_kv_read(s.c, b.tables[i].data(), len, k, v);
+        for (int64_t j = 0; j < len * b.hkv * b.d; ++j) {
+          const float want_k = b.keys[i].as<float>()[j], want_v = b.values[i].as<float>()[j];
+          const float got_k = load_as_f32(k.data(), out, size_t(j));
+          const float got_v = load_as_f32(v.data(), out, size_t(j));
+          // Exact for f32 into f32; else the cache's (and the output's) rounding: int8 is
+          // within half a step of its row's absmax / 127.
+          const float tol = dt == DType::kF32 && out == DType::kF32 ? 0.0f
+                            : dt == DType::kI8                       ? 0.03f
+                            : dt == DType::kE4M3                     ? 0.25f
+                                                                     : 0.02f;
+          ASSERT_NEAR(got_k, want_k, tol * std::max(1.0f, std::fabs(want_k)))
+              << dtype_name(dt) << " -> " << dtype_name(out) << " row " << i << " element " << j;
+          ASSERT_NEAR(got_v, want_v, tol * std::max(1.0f, std::fabs(want_v)));
+        }
+      }
+    }
+  const CacheStore s = b.cache(DType::kBF16, DType::kF32);
+  Tensor k(DType::kF32, {9, b.hkv, b.d}), v(DType::kF32, {9, b.hkv, b.d});
+  EXPECT_THROW(paged_kv_read(s.c, b.tables[1].data(), 10, k, v), Error);
+  std::vector<int32_t> bad{999, 999};
+  EXPECT_THROW(paged_kv_read(s.c, bad.data(), 9, k, v), Error);
+}
+
 TEST(PagedAttention, MatchesContiguousAttentionF32) {
   std::mt19937 rng(2);
   for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{8, 2}, {4, 4}})
