@@ -95,7 +95,7 @@ if [ "$SUITE" = single ] || [ "$SUITE" = all ]; then
     start_server "single_$w" max_concurrent_decodes=1 quantize_weights=$w
     run_case "single_weights_$w" "1 slot, weights $w" --num-prompts 4 --max-concurrency 1 \
       --min-input-len 16 --max-input-len 16 --min-output-len 256 --max-output-len 256 --seed 3
-    grep -o "weights read per token [^)]*" "$LOG_DIR/single_$w.log" || true
+    grep -o "weights read per token [^)]*" "$LOG_DIR/single_$w.log" >&2 || true
     stop_server
   done
 fi
