@@ -6,7 +6,8 @@
 #   bench/serve_bench.sh CHECKPOINT [concurrency|kv|single|all]
 #
 # concurrency: output tokens/s at 1, 8, 32 and 64 concurrent requests (inputs 64..512
-#              tokens, 256 output tokens each, bf16 KV, ragged attention).
+#              tokens, 256 output tokens each, ragged attention), with bf16 and with
+#              int8 KV (CONC_KV="bfloat16 int8").
 # kv:          64 concurrent requests with contexts up to 2048 (inputs 64..1792, 256
 #              out): int8 KV + ragged attention against bf16 KV + padded attention.
 # single:      one request at a time, 16-token prompts, 256 output tokens: decode
@@ -66,14 +67,17 @@ EOF
 }
 
 if [ "$SUITE" = concurrency ] || [ "$SUITE" = all ]; then
-  start_server conc max_concurrent_decodes=64 max_seq_len=1024 kv_dtype=bfloat16
-  for c in 1 8 32 64; do
-    n=$((c * 2))
-    [ "$n" -lt 8 ] && n=8
-    run_case "concurrency_$c" "bf16 KV, ragged, 64 slots" --num-prompts "$n" --max-concurrency "$c" \
-      --min-input-len 64 --max-input-len 512 --min-output-len 256 --max-output-len 256 --seed 1
+  for kv in ${CONC_KV:-bfloat16 int8}; do
+    start_server "conc_$kv" max_concurrent_decodes=64 max_seq_len=1024 kv_dtype="$kv"
+    for c in 1 8 32 64; do
+      n=$((c * 2))
+      [ "$n" -lt 8 ] && n=8
+      run_case "concurrency_${c}_$kv" "$kv KV, ragged, 64 slots" --num-prompts "$n" \
+        --max-concurrency "$c" --min-input-len 64 --max-input-len 512 --min-output-len 256 \
+        --max-output-len 256 --seed 1
+    done
+    stop_server
   done
-  stop_server
 fi
 
 if [ "$SUITE" = kv ] || [ "$SUITE" = all ]; then

@@ -19,15 +19,17 @@ int cmd_bench_peak(const Args& args);
 int cmd_bench_kernels(const Args& args);
 int cmd_bench_moe(const Args& args);
 int cmd_bench_serve(const Args& args);
+int cmd_bench_decode(const Args& args);
 
 int cmd_bench(const Args& args) {
-  HYP_CHECK(!args.empty(), "bench: expected a benchmark name: peak, kernels, moe or serve");
+  HYP_CHECK(!args.empty(), "bench: expected a benchmark name: peak, kernels, moe, serve or decode");
   Args rest(args.begin() + 1, args.end());
   if (args[0] == "peak") return cmd_bench_peak(rest);
   if (args[0] == "kernels") return cmd_bench_kernels(rest);
   if (args[0] == "moe") return cmd_bench_moe(rest);
   if (args[0] == "serve") return cmd_bench_serve(rest);
-  fail("bench: unknown benchmark '{}' (expected peak, kernels, moe or serve)", args[0]);
+  if (args[0] == "decode") return cmd_bench_decode(rest);
+  fail("bench: unknown benchmark '{}' (expected peak, kernels, moe, serve or decode)", args[0]);
 }
 
 }  // namespace hyperion::cli

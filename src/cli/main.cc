@@ -36,6 +36,8 @@ commands:
   bench kernels [--json]     measure every kernel against the peak
   bench serve [--url URL] [--num-prompts N] [--request-rate R] [--json]
                              load-test a running server (TTFT, TPOT, tokens/s)
+  bench decode CHECKPOINT [--batch B] [--context-min N] [--context-max N] [key=value] [--json]
+                             the serving engine's decode step vs the bandwidth bound
   info [--json]              CPU features, threads and library versions
 
 global options:

@@ -1,0 +1,138 @@
+// `hyperion bench decode CHECKPOINT [--batch B] [--context-min N] [--context-max N]
+// [--steps S] [key=value ...] [--json]`: the serving engine's decode step alone (what
+// llama-bench calls tg), with no HTTP and no prefill in the timed part. B requests with
+// prompt lengths uniform in [context-min, context-max] are prefilled, then S decode
+// steps (each one token for every request) are timed. Reports tokens/s, the step time,
+// the bytes a step must read (weights once + every request's KV), and the rate those
+// bytes allow at the machine's measured read bandwidth (`--bandwidth-gbps`, else
+// the memory figure of `hyperion bench peak` is measured).
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "cli/loaded_checkpoint.h"
+#include "kernels/peak.h"
+#include "serve/engine.h"
+
+namespace hyperion::cli {
+
+int cmd_bench_decode(const Args& args) {
+  Flags f("bench decode", args,
+          {"batch", "context-min", "context-max", "steps", "warmup", "seed", "bandwidth-gbps"},
+          {"json"});
+  std::string checkpoint;
+  std::vector<std::string> overrides;
+  for (const std::string& a : f.positional()) {
+    if (a.find('=') != std::string::npos)
+      overrides.push_back(a);
+    else if (checkpoint.empty())
+      checkpoint = a;
+    else
+      fail("bench decode: expected one CHECKPOINT, got '{}' and '{}'", checkpoint, a);
+  }
+  HYP_CHECK(!checkpoint.empty(), "bench decode: expected a CHECKPOINT directory");
+  const int64_t batch = f.integer("batch", 1), cmin = f.integer("context-min", 16);
+  const int64_t cmax = f.integer("context-max", cmin), steps = f.integer("steps", 20);
+  const int64_t warm = f.integer("warmup", 3);
+  HYP_CHECK(batch >= 1, "bench decode: --batch must be >= 1");
+  HYP_CHECK(cmin >= 1 && cmax >= cmin, "bench decode: need 1 <= --context-min <= --context-max");
+  HYP_CHECK(steps >= 1 && warm >= 0, "bench decode: --steps >= 1 and --warmup >= 0");
+  serve::EngineConfig ec = serve::parse_engine_config(overrides);
+  bool has_slots = false;
+  for (const std::string& o : overrides) has_slots |= o.rfind("max_concurrent_decodes=", 0) == 0;
+  if (!has_slots) ec.max_concurrent_decodes = batch;
+  HYP_CHECK(ec.max_concurrent_decodes >= batch,
+            "bench decode: --batch {} exceeds max_concurrent_decodes={}", batch,
+            ec.max_concurrent_decodes);
+  LoadedCheckpoint c = load_checkpoint(checkpoint, ec.weights != serve::WeightFormat::kF32);
+  serve::Engine engine(*c.params, &c.tokenizer, ec);
+  const serve::EngineConfig& rc = engine.config();
+  HYP_CHECK(cmax + warm + steps + 1 <= rc.max_seq_len,
+            "bench decode: context {} + {} steps exceeds max_seq_len={} (set max_seq_len=)", cmax,
+            warm + steps, rc.max_seq_len);
+  engine.warmup();
+  std::mt19937 rng(static_cast<uint32_t>(f.integer("seed", 0)));
+  std::vector<int64_t> produced(static_cast<size_t>(batch), 0), lengths;
+  const int64_t vocab = c.config.vocab_size;
+  for (int64_t b = 0; b < batch; ++b) {
+    serve::GenerationRequest r;
+    const int64_t len = cmin + static_cast<int64_t>(rng() % static_cast<uint32_t>(cmax - cmin + 1));
+    r.prompt.push_back(1);
+    for (int64_t i = 1; i < len; ++i)
+      r.prompt.push_back(3 + static_cast<int32_t>(rng() % (vocab - 3)));
+    r.max_tokens = rc.max_seq_len - len;
+    r.sampling.temperature = 0.0f;
+    r.ignore_eos = true;
+    lengths.push_back(len);
+    engine.add(r, [&produced, b](const serve::TokenEvent& ev) {
+      if (ev.token >= 0) ++produced[static_cast<size_t>(b)];
+    });
+  }
+  // Until every prompt is prefilled (early ones decode meanwhile: not timed).
+  auto all_started = [&] {
+    for (int64_t p : produced)
+      if (p == 0) return false;
+    return true;
+  };
+  while (!all_started()) engine.step();
+  for (int64_t s = 0; s < warm; ++s) engine.step();
+  HYP_CHECK(engine.stats().running == batch,
+            "bench decode: requests reached max_seq_len={} while others prefilled; raise "
+            "max_seq_len= or prefill_chunk=",
+            rc.max_seq_len);
+  int64_t context_now = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    context_now += lengths[static_cast<size_t>(b)] + produced[static_cast<size_t>(b)];
+  const int64_t before = engine.stats().generated_tokens;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t s = 0; s < steps; ++s) engine.step();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int64_t tokens = engine.stats().generated_tokens - before;
+  HYP_CHECK(tokens == batch * steps, "bench decode: {} tokens in {} steps of {} requests", tokens,
+            steps, batch);
+
+  double bw = f.number("bandwidth-gbps", 0.0);
+  if (bw <= 0) bw = measure_peak().mem_gbps;  // the best STREAM figure, as every ratio uses
+  const double mean_context = double(context_now) / double(batch) + double(steps) / 2;
+  const double kv_bytes =
+      double(batch) * mean_context * double(engine.runner().kv_bytes_per_token());
+  const double step_bytes = double(engine.runner().weight_bytes()) + kv_bytes;
+  const double step_ms = secs * 1000.0 / double(steps);
+  const double tps = double(tokens) / secs;
+  const double bound_tps = double(batch) / (step_bytes / (bw * 1e9));
+  if (f.has("json")) {
+    nlohmann::ordered_json j;
+    j["checkpoint"] = c.dir;
+    j["batch"] = batch;
+    j["mean_context"] = mean_context;
+    j["kv_dtype"] = dtype_name(rc.kv_dtype);
+    j["weights"] = serve::weight_format_name(rc.weights);
+    j["attention"] = rc.padded_attention ? "padded" : "ragged";
+    j["step_ms"] = step_ms;
+    j["tokens_per_s"] = tps;
+    j["weight_bytes"] = engine.runner().weight_bytes();
+    j["kv_bytes_per_token"] = engine.runner().kv_bytes_per_token();
+    j["step_bytes"] = step_bytes;
+    j["read_gbps"] = bw;
+    j["bandwidth_bound_tokens_per_s"] = bound_tps;
+    j["fraction_of_bound"] = tps / bound_tps;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf(
+        "decode: batch %lld, mean context %.0f, KV %s, weights %s, %s attention\n"
+        "  %.2f ms/step, %.1f tokens/s; a step reads %.1f MiB (weights %.1f + KV %.1f)\n"
+        "  at %.1f GB/s that allows %.1f tokens/s: %.0f%% of the bound\n",
+        static_cast<long long>(batch), mean_context, std::string(dtype_name(rc.kv_dtype)).c_str(),
+        serve::weight_format_name(rc.weights), rc.padded_attention ? "padded" : "ragged", step_ms,
+        tps, step_bytes / (1 << 20), double(engine.runner().weight_bytes()) / (1 << 20),
+        kv_bytes / (1 << 20), bw, bound_tps, 100.0 * tps / bound_tps);
+  }
+  return 0;
+}
+
+}  // namespace hyperion::cli
