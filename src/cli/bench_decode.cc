@@ -27,15 +27,7 @@ int cmd_bench_decode(const Args& args) {
           {"json"});
   std::string checkpoint;
   std::vector<std::string> overrides;
-  for (const std::string& a : f.positional()) {
-    if (a.find('=') != std::string::npos)
-      overrides.push_back(a);
-    else if (checkpoint.empty())
-      checkpoint = a;
-    else
-      fail("bench decode: expected one CHECKPOINT, got '{}' and '{}'", checkpoint, a);
-  }
-  HYP_CHECK(!checkpoint.empty(), "bench decode: expected a CHECKPOINT directory");
+  split_checkpoint_args("bench decode", f.positional(), &checkpoint, &overrides);
   const int64_t batch = f.integer("batch", 1), cmin = f.integer("context-min", 16);
   const int64_t cmax = f.integer("context-max", cmin), steps = f.integer("steps", 20);
   const int64_t warm = f.integer("warmup", 3);

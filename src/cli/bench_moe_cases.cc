@@ -7,7 +7,6 @@
 
 #include "cli/bench_registry.h"
 #include "kernels/gemm.h"
-#include "kernels/gemm.h"
 #include "kernels/grouped_gemm.h"
 
 namespace hyperion::cli {

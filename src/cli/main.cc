@@ -1,8 +1,8 @@
 // hyperion <command> [options]: the single entry point of the CLI.
-#include <cstdio>
-#include <cstring>
-#include <cstdlib>
 #include <unistd.h>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "base/error.h"

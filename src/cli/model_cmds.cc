@@ -26,6 +26,21 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool bf16) {
   return c;
 }
 
+void split_checkpoint_args(const char* command, const std::vector<std::string>& positional,
+                           std::string* checkpoint, std::vector<std::string>* overrides) {
+  checkpoint->clear();
+  for (const std::string& a : positional) {
+    if (a.find('=') != std::string::npos)
+      overrides->push_back(a);
+    else if (checkpoint->empty())
+      *checkpoint = a;
+    else
+      fail("{}: expected one CHECKPOINT, got '{}' and '{}'", command, *checkpoint, a);
+  }
+  HYP_CHECK(!checkpoint->empty(),
+            "{}: expected a CHECKPOINT directory (or a training run directory)", command);
+}
+
 namespace {
 
 bool parse_dtype_flag(const Flags& f) {

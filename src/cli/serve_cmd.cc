@@ -21,16 +21,7 @@ int cmd_serve(const Args& args) {
   Flags f("serve", args, {"host", "port"}, {});
   std::string checkpoint;
   std::vector<std::string> overrides;
-  for (const std::string& a : f.positional()) {
-    if (a.find('=') != std::string::npos)
-      overrides.push_back(a);
-    else if (checkpoint.empty())
-      checkpoint = a;
-    else
-      fail("serve: expected one CHECKPOINT, got '{}' and '{}'", checkpoint, a);
-  }
-  HYP_CHECK(!checkpoint.empty(),
-            "serve: expected a CHECKPOINT directory (or a training run directory)");
+  split_checkpoint_args("serve", f.positional(), &checkpoint, &overrides);
   serve::EngineConfig ec = serve::parse_engine_config(overrides);
   const std::string host = f.get("host", "127.0.0.1");
   const int64_t port = f.integer("port", 8000);

@@ -41,20 +41,7 @@ void LlamaGenerator::ensure_capacity(int64_t n) {
   att_ = AlignedBuffer<unsigned char>(rows * q * a);
   g_ = AlignedBuffer<unsigned char>(rows * f * a);
   u_ = AlignedBuffer<unsigned char>(rows * f * a);
-  if (cfg_.is_moe()) {
-    const size_t e = static_cast<size_t>(cfg_.n_experts);
-    const size_t pairs = rows * static_cast<size_t>(cfg_.n_experts_per_tok);
-    const size_t fe = static_cast<size_t>(cfg_.expert_ffn_dim());
-    moe_logits_ = AlignedBuffer<float>(rows * e);
-    moe_probs_ = AlignedBuffer<float>(rows * e);
-    moe_weights_ = AlignedBuffer<float>(pairs);
-    moe_experts_ = AlignedBuffer<int32_t>(pairs);
-    moe_xs_ = AlignedBuffer<unsigned char>(pairs * d * a);
-    moe_g_ = AlignedBuffer<unsigned char>(pairs * fe * a);
-    moe_u_ = AlignedBuffer<unsigned char>(pairs * fe * a);
-    moe_a_ = AlignedBuffer<unsigned char>(pairs * fe * a);
-    moe_y_ = AlignedBuffer<unsigned char>(pairs * d * a);
-  }
+  if (cfg_.is_moe()) moe_.reserve(moe_shape(cfg_, MoeOptions{}, 1, n, 1), act_);
   capacity_ = n;
 }
 
@@ -95,17 +82,7 @@ const float* LlamaGenerator::feed(const int32_t* tokens, int64_t n) {
     linear::forward(att_.data(), act_, ps.compute_weight(p.o), x_.data(), DType::kF32, n, 1.0f);
     rmsnorm_forward(xv, ps.param(p.post_norm), eps, TensorView(h_.data(), act_, {n, d}), rstd);
     if (p.moe()) {
-      MoeActs m;
-      m.logits = moe_logits_.data();
-      m.probs = moe_probs_.data();
-      m.experts = moe_experts_.data();
-      m.weights = moe_weights_.data();
-      m.plan = &moe_plan_;
-      m.xs = moe_xs_.data();
-      m.g = moe_g_.data();
-      m.u = moe_u_.data();
-      m.a = moe_a_.data();
-      m.y = moe_y_.data();
+      MoeActs m = moe_.acts();
       moe::forward(ps, p, moe_shape(cfg_, MoeOptions{}, 1, n, 1), MoeOptions{}, h_.data(), act_, m,
                    x_.data());
       continue;

@@ -44,10 +44,7 @@ class LlamaGenerator {
   AlignedBuffer<float> x_, rstd_, lse_, logits_;
   AlignedBuffer<unsigned char> h_, q_, att_, g_, u_;
   // MoE layers: routing state and expert buffers for up to capacity_ tokens.
-  AlignedBuffer<float> moe_logits_, moe_probs_, moe_weights_;
-  AlignedBuffer<int32_t> moe_experts_;
-  AlignedBuffer<unsigned char> moe_xs_, moe_g_, moe_u_, moe_a_, moe_y_;
-  MoeDispatch moe_plan_;
+  MoeInferenceBuffers moe_;
 };
 
 struct GenerateOptions {

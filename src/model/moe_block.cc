@@ -11,6 +11,36 @@
 
 namespace hyperion {
 
+void MoeInferenceBuffers::reserve(const MoeShape& s, DType act) {
+  const size_t as = dtype_size(act);
+  const size_t n = static_cast<size_t>(s.n), rows = static_cast<size_t>(s.rows);
+  const size_t pairs = n * static_cast<size_t>(s.k);
+  logits = AlignedBuffer<float>(n * static_cast<size_t>(s.e));
+  probs = AlignedBuffer<float>(n * static_cast<size_t>(s.e));
+  weights = AlignedBuffer<float>(pairs);
+  experts = AlignedBuffer<int32_t>(pairs);
+  xs = AlignedBuffer<unsigned char>(rows * static_cast<size_t>(s.d) * as);
+  g = AlignedBuffer<unsigned char>(rows * static_cast<size_t>(s.f) * as);
+  u = AlignedBuffer<unsigned char>(rows * static_cast<size_t>(s.f) * as);
+  a = AlignedBuffer<unsigned char>(rows * static_cast<size_t>(s.f) * as);
+  y = AlignedBuffer<unsigned char>(rows * static_cast<size_t>(s.d) * as);
+}
+
+MoeActs MoeInferenceBuffers::acts() {
+  MoeActs m;
+  m.logits = logits.data();
+  m.probs = probs.data();
+  m.experts = experts.data();
+  m.weights = weights.data();
+  m.plan = &plan;
+  m.xs = xs.data();
+  m.g = g.data();
+  m.u = u.data();
+  m.a = a.data();
+  m.y = y.data();
+  return m;
+}
+
 MoeShape moe_shape(const LlamaConfig& c, const MoeOptions& o, int64_t batch, int64_t seq_len,
                    int64_t row_align) {
   MoeShape s;

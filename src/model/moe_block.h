@@ -21,6 +21,8 @@
 
 #include <cstdint>
 
+#include "base/aligned.h"
+
 #include "kernels/moe_routing.h"
 #include "model/llama_config.h"
 #include "model/param_store.h"
@@ -63,6 +65,18 @@ struct MoeActs {
   void* a = nullptr;                    // silu(g) * u [rows, f]
   void* y = nullptr;                    // expert outputs [rows, d]
   float lb_loss = 0.0f, z_loss = 0.0f;  // weighted, as added to the loss
+};
+
+// Owned buffers behind MoeActs for inference (the generator and the serving runner):
+// one set, reused by every MoE layer of a forward pass.
+struct MoeInferenceBuffers {
+  // Sizes the buffers for shape `s` (dropless) and activation dtype `act`.
+  void reserve(const MoeShape& s, DType act);
+  MoeActs acts();
+  AlignedBuffer<float> logits, probs, weights;
+  AlignedBuffer<int32_t> experts;
+  AlignedBuffer<unsigned char> xs, g, u, a, y;
+  MoeDispatch plan;
 };
 
 // Scratch the backward needs (sized by moe_shape; shareable by all layers).

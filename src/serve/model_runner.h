@@ -111,10 +111,7 @@ class ModelRunner {
   AlignedBuffer<unsigned char> kctx_, vctx_;  // a prefill segment's context [max_positions, kv]
   AlignedBuffer<float> lse_;
   AlignedBuffer<int8_t> qx_;
-  AlignedBuffer<float> moe_logits_, moe_probs_, moe_weights_;
-  AlignedBuffer<int32_t> moe_experts_;
-  AlignedBuffer<unsigned char> moe_xs_, moe_g_, moe_u_, moe_a_, moe_y_;
-  MoeDispatch moe_plan_;
+  MoeInferenceBuffers moe_;
 };
 
 }  // namespace hyperion::serve

@@ -16,28 +16,17 @@
 #include <string>
 #include <thread>
 
+#include "cli_test_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct Result {
-  int code;
-  std::string out;
-};
+using Result = hyperion::testing_util::CliResult;
 
 Result run(const std::string& args, bool with_stderr = false) {
-  const std::string cmd = std::string(HYPERION_CLI_PATH) + " --threads 1 " + args +
-                          (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  EXPECT_NE(p, nullptr);
-  Result r{-1, ""};
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return hyperion::testing_util::run_cli(args, with_stderr);
 }
 
 std::string read_file(const std::string& path) {
@@ -164,6 +153,21 @@ TEST_F(ServeCli, ServesGenerateTextAndBenchServeReports) {
     for (const char* s : {"mean", "p50", "p90", "p99"})
       EXPECT_TRUE(j[k][s].is_number()) << k << "." << s;
   EXPECT_EQ(server.stop(), 0);  // SIGTERM shuts down cleanly
+}
+
+TEST_F(ServeCli, BenchDecodeReportsTheBound) {
+  const Result r = run("bench decode " + checkpoint_ +
+                       " --batch 3 --context-min 8 --context-max 20 --steps 4 --bandwidth-gbps 10"
+                       " kv_dtype=int8 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["batch"], 3);
+  EXPECT_EQ(j["kv_dtype"], "int8");
+  EXPECT_EQ(j["read_gbps"], 10.0);
+  for (const char* k : {"step_ms", "tokens_per_s", "step_bytes", "bandwidth_bound_tokens_per_s",
+                        "fraction_of_bound", "mean_context"})
+    EXPECT_GT(j[k].get<double>(), 0) << k;
+  EXPECT_NE(run("bench decode " + checkpoint_ + " --batch 2 --context-min 90", true).code, 0);
 }
 
 TEST_F(ServeCli, BadSettingsNameTheKey) {

@@ -11,27 +11,16 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli_test_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int code;
-  std::string out;  // stdout (and stderr unless split)
-};
+using Result = hyperion::testing_util::CliResult;
 
 Result run(const std::string& args, bool with_stderr = true) {
-  std::string cmd = std::string(HYPERION_CLI_PATH) + " --threads 1 " + args +
-                    (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  EXPECT_NE(p, nullptr);
-  Result r{-1, ""};
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return hyperion::testing_util::run_cli(args, with_stderr);
 }
 
 bool contains(const std::string& s, const std::string& needle) {
