@@ -32,16 +32,20 @@
 #include "cli/flags.h"
 #include "io/tokenizer.h"
 #include "serve/load_generator.h"
+#include "train/checkpoint.h"
 
 namespace hyperion::cli {
 
 namespace {
 
-// A .model file, or a directory holding tokenizer.model (a checkpoint or prepared dataset).
+// A .model file, or a directory holding tokenizer.model (a checkpoint or prepared
+// dataset), or a training run directory (its latest checkpoint's tokenizer).
 std::string tokenizer_file(const std::string& path) {
   namespace fs = std::filesystem;
   if (fs::is_directory(path)) {
-    const std::string f = (fs::path(path) / "tokenizer.model").string();
+    std::string f = (fs::path(path) / "tokenizer.model").string();
+    if (!fs::exists(f) && fs::is_directory(fs::path(path) / "checkpoints"))
+      f = (fs::path(resolve_checkpoint_dir(path)) / "tokenizer.model").string();
     HYP_CHECK(fs::exists(f), "bench serve: --tokenizer {}: the directory has no tokenizer.model",
               path);
     return f;

@@ -140,9 +140,10 @@ TEST_F(ServeCli, ServesGenerateTextAndBenchServeReports) {
     text.erase(0, 1);
   EXPECT_EQ(text, g["text"].get<std::string>());
 
-  const Result b = run("bench serve --url " + url + " --tokenizer " + checkpoint_ +
-                       " --num-prompts 6 --min-input-len 8 --max-input-len 40 --min-output-len 4"
-                       " --max-output-len 8 --max-concurrency 3 --json");
+  const Result b =
+      run("bench serve --url " + url + " --tokenizer " + root_ + "/r" +  // a run directory
+          " --num-prompts 6 --min-input-len 8 --max-input-len 40 --min-output-len 4"
+          " --max-output-len 8 --max-concurrency 3 --json");
   ASSERT_EQ(b.code, 0) << b.out;
   const json j = json::parse(b.out);
   EXPECT_EQ(j["completed"], 6);
