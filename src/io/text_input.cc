@@ -1,6 +1,7 @@
 #include "io/text_input.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string_view>
 
@@ -102,6 +103,21 @@ std::vector<std::string> read_documents(const std::string& path) {
   std::string_view text = content;
   if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);  // UTF-8 byte order mark
   return txt ? parse_txt(text) : parse_jsonl(path, text);
+}
+
+std::optional<std::string> find_bundled_corpus() {
+  namespace fs = std::filesystem;
+  for (const std::string& dir :
+       {std::string("data/corpus"), std::string(HYPERION_SOURCE_DIR) + "/data/corpus"}) {
+    if (!fs::is_directory(dir)) continue;
+    std::vector<std::string> found;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".txt" || e.path().extension() == ".jsonl")
+        found.push_back(e.path().string());
+    std::sort(found.begin(), found.end());
+    if (!found.empty()) return found.front();
+  }
+  return std::nullopt;
 }
 
 }  // namespace hyperion::io

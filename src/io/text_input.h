@@ -1,6 +1,7 @@
 // Reading raw training text into documents.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,5 +16,9 @@ namespace hyperion::io {
 // Carriage returns before '\n' are dropped. Empty documents are skipped. Other
 // extensions, unreadable files and bad JSON throw hyperion::Error naming the file.
 std::vector<std::string> read_documents(const std::string& path);
+
+// The bundled corpus: the first data/corpus/*.txt or *.jsonl (by name) under the working
+// directory, else under the source tree; nullopt when neither has one.
+std::optional<std::string> find_bundled_corpus();
 
 }  // namespace hyperion::io

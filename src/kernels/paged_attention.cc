@@ -13,6 +13,7 @@
 // Each key/value row is loaded (and widened from bf16 / int8 / e4m3) once per block for
 // all query heads of the group; nothing is ever dequantised into a copy.
 #include "kernels/paged_attention.h"
+#include "kernels/exp2_avx512.h"
 
 // GCC 12's AVX-512 intrinsic headers fill "don't care" operands from self-initialised
 // _mm*_undefined_*() values, which -Wuninitialized flags once inlined here.
@@ -257,21 +258,7 @@ void block_portable(const TaskArgs& a, const Block& b) {
 // ---------------------------------------------------------------------------------------
 // AVX-512 path
 
-// 2^x, Cephes exp2f as in attention_tiles.cc: x = n + f, |f| <= 1/2, degree-6 polynomial
-// (relative error ~2e-7), scaled by 2^n. Clamped at -125 so results stay normal.
-HYP_AVX512 inline __m512 exp2_avx512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-125.0f));
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
+using detail::exp2_avx512;
 
 // E4M3 codes (one per 32-bit lane) to f32, exactly: the 7 magnitude bits shifted into an
 // f32 pattern with the exponent rebased by 120 give every normal value; subnormals

@@ -183,15 +183,7 @@ std::vector<BenchRequest> load_jsonl_prompts(const std::string& path, const Prom
 }
 
 std::string bundled_corpus_path() {
-  for (const std::string& dir :
-       {std::string("data/corpus"), std::string(HYPERION_SOURCE_DIR) + "/data/corpus"}) {
-    if (!fs::is_directory(dir)) continue;
-    std::vector<std::string> found;
-    for (const auto& e : fs::directory_iterator(dir))
-      if (e.path().extension() == ".txt") found.push_back(e.path().string());
-    std::sort(found.begin(), found.end());
-    if (!found.empty()) return found.front();
-  }
+  if (auto path = io::find_bundled_corpus()) return *path;
   fail(
       "the bundled corpus (data/corpus/*.txt) was not found in the working directory or in {}; "
       "give a text file with --corpus",

@@ -13,6 +13,7 @@
 #include "base/timer.h"
 #include "dist/communicator.h"
 #include "io/atomic_file.h"
+#include "io/text_input.h"
 #include "io/tokenizer.h"
 #include "kernels/peak.h"
 #include "model/llama_generator.h"
@@ -33,16 +34,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string bundled_corpus() {
-  for (const std::string& dir :
-       {std::string("data/corpus"), std::string(HYPERION_SOURCE_DIR) + "/data/corpus"}) {
-    if (!fs::is_directory(dir)) continue;
-    std::vector<std::string> found;
-    for (const auto& e : fs::directory_iterator(dir))
-      if (e.path().extension() == ".txt" || e.path().extension() == ".jsonl")
-        found.push_back(e.path().string());
-    std::sort(found.begin(), found.end());
-    if (!found.empty()) return found.front();
-  }
+  if (auto path = io::find_bundled_corpus()) return *path;
   fail(
       "dataset_path is empty and the bundled corpus (data/corpus/*.txt) was not found in the "
       "working directory or in {}",
