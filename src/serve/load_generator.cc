@@ -1,17 +1,7 @@
 #include "serve/load_generator.h"
 
-// Debian's cpp-httplib is a compiled library (libcpp-httplib.so) built with these options;
-// its classes change layout with them, so every includer must define the same ones
-// (pkg-config --cflags cpp-httplib).
-#ifndef CPPHTTPLIB_OPENSSL_SUPPORT
-#define CPPHTTPLIB_OPENSSL_SUPPORT
-#endif
-#ifndef CPPHTTPLIB_ZLIB_SUPPORT
-#define CPPHTTPLIB_ZLIB_SUPPORT
-#endif
-#ifndef CPPHTTPLIB_BROTLI_SUPPORT
-#define CPPHTTPLIB_BROTLI_SUPPORT
-#endif
+// Debian builds cpp-httplib as a library with OpenSSL/zlib/brotli: its CPPHTTPLIB_*
+// defines (they change class layouts) come from pkg-config through CMake.
 #include <httplib.h>
 
 #include <algorithm>

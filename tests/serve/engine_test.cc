@@ -9,37 +9,17 @@
 
 #include "model/llama_generator.h"
 #include "serve/engine.h"
+#include "serve_test_util.h"
 
 namespace hyperion::serve {
 namespace {
 
 LlamaConfig small_config(bool moe = false) {
-  LlamaConfig c;
-  c.vocab_size = 97;
-  c.dim = 64;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 16;
-  c.ffn_dim = 96;
-  c.max_seq_len = 128;
-  c.norm_eps = 1e-5;
-  c.rope_theta = 10000;
-  if (moe) {
-    c.n_experts = 4;
-    c.n_experts_per_tok = 2;
-    c.moe_ffn_dim = 48;
-  }
-  return c;
+  return testing_util::small_serving_config(97, moe);
 }
 
 std::unique_ptr<ParamStore> make_params(const LlamaConfig& c, bool bf16, uint64_t seed = 7) {
-  auto p = std::make_unique<ParamStore>(c, bf16);
-  // A larger init than training's 0.02 gives peaked logits, so greedy choices are not
-  // decided by round-off.
-  p->init(seed, 0.3);
-  if (bf16) p->sync_bf16();
-  return p;
+  return testing_util::small_serving_params(c, bf16, seed);
 }
 
 std::vector<int32_t> random_prompt(int64_t n, uint32_t seed) {
@@ -104,6 +84,17 @@ GenerationRequest greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
   return r;
 }
 
+// Runs every request through `engine` at once and checks each output against the
+// single-sequence generator with the request's own sampling settings.
+void expect_equal_to_generator(Engine& engine, const ParamStore& p,
+                               const std::vector<GenerationRequest>& reqs) {
+  std::vector<std::vector<int32_t>> want;
+  for (const GenerationRequest& r : reqs)
+    want.push_back(reference(p, r.prompt, r.max_tokens, r.sampling));
+  const auto got = run_all(engine, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, want[i]) << "request " << i;
+}
+
 void expect_pool_empty(const Engine& e) {
   const EngineStats st = e.stats();
   EXPECT_EQ(st.running, 0);
@@ -137,18 +128,14 @@ TEST(Engine, BatchedRequestsEqualSingleRequests) {
   // More requests than slots, different lengths: admission, chunked prefill next to
   // running decodes, and slots reused as requests finish.
   std::vector<GenerationRequest> reqs;
-  std::vector<std::vector<int32_t>> want;
   for (int i = 0; i < 9; ++i) {
-    const auto prompt = random_prompt(3 + 5 * i, 100 + i);
-    GenerationRequest r = greedy(prompt, 8 + 3 * i);
+    GenerationRequest r = greedy(random_prompt(3 + 5 * i, 100 + i), 8 + 3 * i);
     if (i % 3 == 1) {  // seeded sampling is per request too
       r.sampling = SamplingParams{0.9f, 20, 0.95f, static_cast<uint64_t>(i)};
     }
-    want.push_back(reference(*p, prompt, r.max_tokens, r.sampling));
     reqs.push_back(r);
   }
-  const auto got = run_all(engine, reqs);
-  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, want[i]) << "request " << i;
+  expect_equal_to_generator(engine, *p, reqs);
   expect_pool_empty(engine);
 }
 
@@ -160,14 +147,8 @@ TEST(Engine, PaddedAttentionEqualsRagged) {
   Engine engine(*p, nullptr, ec);
   EXPECT_FALSE(engine.config().prefix_caching);
   std::vector<GenerationRequest> reqs;
-  std::vector<std::vector<int32_t>> want;
-  for (int i = 0; i < 6; ++i) {
-    const auto prompt = random_prompt(2 + 7 * i, 300 + i);
-    want.push_back(reference(*p, prompt, 10));
-    reqs.push_back(greedy(prompt, 10));
-  }
-  const auto got = run_all(engine, reqs);
-  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, want[i]) << "request " << i;
+  for (int i = 0; i < 6; ++i) reqs.push_back(greedy(random_prompt(2 + 7 * i, 300 + i), 10));
+  expect_equal_to_generator(engine, *p, reqs);
   expect_pool_empty(engine);
 }
 
@@ -196,14 +177,8 @@ TEST(Engine, MoeModelEqualsGenerator) {
   auto p = make_params(c, false);
   Engine engine(*p, nullptr, f32_config());
   std::vector<GenerationRequest> reqs;
-  std::vector<std::vector<int32_t>> want;
-  for (int i = 0; i < 5; ++i) {
-    const auto prompt = random_prompt(4 + 6 * i, 500 + i);
-    want.push_back(reference(*p, prompt, 12));
-    reqs.push_back(greedy(prompt, 12));
-  }
-  const auto got = run_all(engine, reqs);
-  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, want[i]) << "request " << i;
+  for (int i = 0; i < 5; ++i) reqs.push_back(greedy(random_prompt(4 + 6 * i, 500 + i), 12));
+  expect_equal_to_generator(engine, *p, reqs);
 }
 
 // Fraction of positions where two runs chose the same greedy token, compared up to the

@@ -12,11 +12,14 @@
 #include "../test_files.h"
 #include "serve/http_server.h"
 #include "serve/metrics.h"
+#include "serve_test_util.h"
 
 namespace hyperion::serve {
 namespace {
 
 using nlohmann::json;
+using testing_util::small_serving_config;
+using testing_util::small_serving_params;
 using testing_util::TempDir;
 
 std::vector<std::string> corpus_lines(size_t n) {
@@ -60,17 +63,7 @@ class HttpServerTest : public ::testing::Test {
     io::TokenizerTrainOptions o;
     o.vocab_size = 400;
     tok_ = new io::Tokenizer(io::Tokenizer::train(corpus_lines(2000), dir_->file("t.model"), o));
-    LlamaConfig c;
-    c.vocab_size = 400;
-    c.dim = 64;
-    c.n_layers = 2;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.head_dim = 16;
-    c.ffn_dim = 96;
-    c.max_seq_len = 128;
-    params_ = new ParamStore(c, false);
-    params_->init(11, 0.3);
+    params_ = small_serving_params(small_serving_config(400), false, 11).release();
     stack_ = new Stack(*tok_, *params_, config());
   }
   static void TearDownTestSuite() {

@@ -3,16 +3,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-// Same options as Debian's compiled libcpp-httplib (see load_generator.cc).
-#ifndef CPPHTTPLIB_OPENSSL_SUPPORT
-#define CPPHTTPLIB_OPENSSL_SUPPORT
-#endif
-#ifndef CPPHTTPLIB_ZLIB_SUPPORT
-#define CPPHTTPLIB_ZLIB_SUPPORT
-#endif
-#ifndef CPPHTTPLIB_BROTLI_SUPPORT
-#define CPPHTTPLIB_BROTLI_SUPPORT
-#endif
+// Debian builds cpp-httplib as a library with OpenSSL/zlib/brotli: its CPPHTTPLIB_*
+// defines (they change class layouts) come from pkg-config through CMake.
 #include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
