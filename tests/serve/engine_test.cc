@@ -210,7 +210,7 @@ TEST(Engine, QuantizedKvAndWeightsAgreeWithBf16) {
     return out;
   };
   const auto base = run(DType::kBF16, WeightFormat::kBF16);
-  // Stated agreement bounds (measured 1.0 / 1.0 / 1.0 on this model; the bound leaves
+  // Stated agreement bounds (measured 0.945 / 0.805 / 0.932 on this model; the bound leaves
   // room for a near-tie flip).
   EXPECT_GE(top1_agreement(base, run(DType::kI8, WeightFormat::kBF16)), 0.9);
   EXPECT_GE(top1_agreement(base, run(DType::kE4M3, WeightFormat::kBF16)), 0.8);
