@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Installs every system dependency hyperion needs from Debian 12 packages.
 # Non-interactive and idempotent: packages already present are skipped.
+# `scripts/setup.sh --list` prints the package names, one per line, and installs nothing
+# (scripts/check-deps.sh reads them).
 set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git ccache
   libdnnl-dev        # oneDNN: GEMM (f32, bf16, int8), OpenMP runtime
+  ocl-icd-opencl-dev # OpenCL headers + loader: Debian's oneDNN CMake package requires them
+                     # (libdnnl-dev only recommends it, and recommends are not installed)
   libhwy-dev         # Highway: portable SIMD with run-time dispatch
   libfmt-dev         # formatting
   nlohmann-json3-dev # JSON
@@ -18,6 +22,11 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin  # MPI: multi-process training (hyperion train --nproc)
   python3-torch      # reference tests and bench/compare_torch.py only (/usr/bin/python3)
 )
+
+if [ "${1:-}" = "--list" ]; then
+  printf '%s\n' "${PACKAGES[@]}"
+  exit 0
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Proves the README's two commands on a fresh Debian 12: builds a minimal root with
+# `debootstrap --variant=minbase bookworm` (from the mirror in this machine's apt sources),
+# clones this repository's committed HEAD into it, and runs `scripts/run.sh` and then
+# `scripts/test.sh` inside it with chroot. /proc, /sys and /dev/shm are mounted for the run
+# and unmounted afterwards, whatever happens.
+#
+# Usage: scripts/fresh-machine.sh [--root DIR] [--only run|test] [--keep]
+#   --root DIR   where to build the root (default /tmp/hyperion-fresh; replaced if present)
+#   --only X     run only scripts/run.sh or only scripts/test.sh
+#   --keep       keep the root afterwards (default: delete it)
+# Needs root and Debian's archive; installs debootstrap on this machine if missing.
+# Prints each command's exit status and time; exits non-zero if any failed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+src=$(pwd -P)
+
+root=/tmp/hyperion-fresh
+only=""
+keep=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --root) root=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
+    --keep) keep=1; shift ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "fresh-machine: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+case "$only" in ""|run|test) ;; *) echo "fresh-machine: --only takes run or test" >&2; exit 2 ;; esac
+[ "$(id -u)" -eq 0 ] || { echo "fresh-machine: needs root (debootstrap, chroot, mount)" >&2; exit 2; }
+
+# The Debian mirror this machine installs from (deb822 sources, or the classic list).
+mirror=$(sed -n 's/^URIs: *\(http[^ ]*\/debian\)\/\{0,1\} *$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -1)
+[ -n "$mirror" ] || mirror=$(awk '$1 == "deb" && $2 ~ /\/debian\/?$/ { print $2; exit }' /etc/apt/sources.list 2>/dev/null)
+[ -n "$mirror" ] || mirror=http://deb.debian.org/debian
+command -v debootstrap >/dev/null || {
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
+}
+
+mounted=()
+cleanup() {
+  local i
+  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do
+    umount "${mounted[i]}" 2>/dev/null || umount -l "${mounted[i]}" 2>/dev/null || true
+  done
+  if [ "$keep" -eq 0 ] && [ -d "$root" ]; then rm -rf --one-file-system "$root"; fi
+}
+trap cleanup EXIT
+
+if [ -d "$root" ]; then
+  grep -q " $root/" /proc/mounts && { echo "fresh-machine: $root has mounts; unmount them first" >&2; exit 1; }
+  rm -rf --one-file-system "$root"
+fi
+start=$(date +%s)
+echo "fresh-machine: debootstrap --variant=minbase bookworm $root $mirror"
+debootstrap --variant=minbase bookworm "$root" "$mirror" >"$root.debootstrap.log" 2>&1 ||
+  { tail -20 "$root.debootstrap.log" >&2; exit 1; }
+# The same suites a Debian 12 install has (main, updates, security), from this mirror.
+cat >"$root/etc/apt/sources.list" <<EOF
+deb $mirror bookworm main
+deb $mirror bookworm-updates main
+deb ${mirror%/debian}/debian-security bookworm-security main
+EOF
+cp /etc/resolv.conf "$root/etc/resolv.conf"
+git clone -q --no-local "$src" "$root/root/hyperion"
+echo "fresh-machine: root ready in $(( $(date +%s) - start )) s; cloned $(git -C "$src" rev-parse --short HEAD)"
+
+for m in proc sys dev/shm; do mkdir -p "$root/$m"; done
+mount -t proc proc "$root/proc" && mounted+=("$root/proc")
+mount -t sysfs sysfs "$root/sys" && mounted+=("$root/sys")
+mount -t tmpfs -o mode=1777 shm "$root/dev/shm" && mounted+=("$root/dev/shm")
+
+status=0
+in_root() {  # $1: label; rest: the command, run in the clone inside the root
+  local label=$1 t0 rc
+  shift
+  t0=$(date +%s)
+  echo "fresh-machine: $label: $*"
+  set +e
+  chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    /bin/bash -c "cd /root/hyperion && $*" >"$root.$label.log" 2>&1
+  rc=$?
+  set -e
+  tail -15 "$root.$label.log"
+  echo "fresh-machine: $label: exit $rc after $(( $(date +%s) - t0 )) s (log: $root.$label.log)"
+  [ "$rc" -eq 0 ] || status=1
+}
+[ "$only" = test ] || in_root run scripts/run.sh
+[ "$only" = run ] || in_root test scripts/test.sh
+echo "fresh-machine: $([ $status -eq 0 ] && echo PASSED || echo FAILED) in $(( $(date +%s) - start )) s"
+exit $status
