@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
     --root) root=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --keep) keep=1; shift ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "fresh-machine: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
