@@ -76,21 +76,29 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
+// `seen`: every (dotted) key of this file with its line, so that a key given twice
+// (`steps: 5` ... `steps: 50`, or `a: {b: 1}` and `a.b: 2`) is an error rather than
+// one of them silently winning.
 void flatten(const YAML::Node& node, const std::string& prefix, const std::string& source,
-             Config* config) {
+             std::map<std::string, int>& seen, Config* config) {
   for (const auto& item : node) {
     const std::string key =
         prefix.empty() ? item.first.Scalar() : prefix + "." + item.first.Scalar();
     const YAML::Node& value = item.second;
-    const std::string where = source + ":" + std::to_string(value.Mark().line + 1);
+    const int line = item.first.Mark().line + 1;
+    const std::string where = source + ":" + std::to_string(line);
     if (value.IsMap()) {
-      flatten(value, key, source, config);
-    } else if (value.IsScalar()) {
+      flatten(value, key, source, seen, config);
+      continue;
+    }
+    const auto [it, fresh] = seen.emplace(key, line);
+    if (!fresh) usage_fail("{}: key '{}' is given twice (first on line {})", where, key, it->second);
+    if (value.IsScalar()) {
       config->set(key, value.Scalar(), where);
     } else if (value.IsNull()) {
-      fail("{}: key '{}' has no value", where, key);
+      usage_fail("{}: key '{}' has no value", where, key);
     } else {
-      fail("{}: key '{}' must be a single value, not a list", where, key);
+      usage_fail("{}: key '{}' must be a single value, not a list", where, key);
     }
   }
 }
@@ -117,8 +125,9 @@ const ConfigKey& Config::key_info(const std::string& key, const std::string& sou
       best = k.name;
     }
   }
-  if (!best.empty()) fail("{}: unknown config key '{}' (did you mean '{}'?)", source, key, best);
-  fail("{}: unknown config key '{}'", source, key);
+  if (!best.empty())
+    usage_fail("{}: unknown config key '{}' (did you mean '{}'?)", source, key, best);
+  usage_fail("{}: unknown config key '{}'", source, key);
 }
 
 void Config::set(const std::string& key, const std::string& value, const std::string& source) {
@@ -146,8 +155,8 @@ void Config::set(const std::string& key, const std::string& value, const std::st
     case ConfigType::kString:
       break;
   }
-  HYP_CHECK(ok, "{}: config key '{}' must be {}, got '{}'", source, key, type_name(info.type),
-            value);
+  HYP_USAGE_CHECK(ok, "{}: config key '{}' must be {}, got '{}'", source, key,
+                  type_name(info.type), value);
   values_[key] = Value{canonical, source};
 }
 
@@ -160,7 +169,8 @@ void Config::load_yaml_string(const std::string& text, const std::string& source
   }
   if (root.IsNull()) return;  // empty file
   HYP_CHECK(root.IsMap(), "{}: a config file must be a mapping of keys to values", source);
-  flatten(root, "", source, this);
+  std::map<std::string, int> seen;
+  flatten(root, "", source, seen, this);
 }
 
 void Config::load_yaml_file(const std::string& path) {
@@ -174,12 +184,14 @@ void Config::load_yaml_file(const std::string& path) {
   }
   if (root.IsNull()) return;
   HYP_CHECK(root.IsMap(), "{}: a config file must be a mapping of keys to values", path);
-  flatten(root, "", path, this);
+  std::map<std::string, int> seen;
+  flatten(root, "", path, seen, this);
 }
 
 void Config::apply_override(const std::string& kv) {
   const size_t eq = kv.find('=');
-  HYP_CHECK(eq != std::string::npos && eq > 0, "command line: expected key=value, got '{}'", kv);
+  HYP_USAGE_CHECK(eq != std::string::npos && eq > 0, "command line: expected key=value, got '{}'",
+                  kv);
   set(kv.substr(0, eq), kv.substr(eq + 1), "command line");
 }
 

@@ -21,13 +21,25 @@
 
 namespace hyperion::cli {
 
+const CommandSpec kBenchDecodeSpec = {
+    "bench decode",
+    "CHECKPOINT [key=value ...]",
+    "time the serving engine's decode step against the memory-bandwidth bound",
+    {{"batch", "B", "requests decoding at once (default 1)"},
+     {"context-min", "N", "shortest prompt, tokens (default 16)"},
+     {"context-max", "N", "longest prompt, tokens (default: --context-min)"},
+     {"steps", "S", "timed decode steps (default 20)"},
+     {"warmup", "S", "untimed decode steps first (default 3)"},
+     {"seed", "S", "seed of the prompt lengths and ids (default 0)"},
+     {"bandwidth-gbps", "G", "read bandwidth for the bound (default: measured now)"},
+     {"json", "", "print the result as one JSON object"}},
+    "key=value: the serving engine's keys (see hyperion serve --help).",
+    "bench decode runs/tiny --batch 8 --context-min 64 --context-max 256 kv_dtype=int8"};
+
 int cmd_bench_decode(const Args& args) {
-  Flags f("bench decode", args,
-          {"batch", "context-min", "context-max", "steps", "warmup", "seed", "bandwidth-gbps"},
-          {"json"});
-  std::string checkpoint;
-  std::vector<std::string> overrides;
-  split_checkpoint_args("bench decode", f.positional(), &checkpoint, &overrides);
+  const Flags f(kBenchDecodeSpec, args);
+  const auto [checkpoint, overrides] = split_positional(f, "CHECKPOINT");
+  HYP_USAGE_CHECK(!checkpoint.empty(), "bench decode: expected a CHECKPOINT directory");
   const int64_t batch = f.integer("batch", 1), cmin = f.integer("context-min", 16);
   const int64_t cmax = f.integer("context-max", cmin), steps = f.integer("steps", 20);
   const int64_t warm = f.integer("warmup", 3);

@@ -14,6 +14,7 @@
 #include "base/timer.h"
 #include "cli/bench_registry.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "kernels/peak.h"
 
 namespace hyperion::cli {
@@ -36,24 +37,24 @@ Timing time_calls(const std::function<void()>& fn, double min_seconds) {
   return {times.front(), times[times.size() / 2]};
 }
 
+const CommandSpec kBenchKernelsSpec = {
+    "bench kernels",
+    "",
+    "time every kernel (best and median call) as a ratio to the machine's peak",
+    {{"filter", "SUBSTRING", "only the kernels whose name contains SUBSTRING"},
+     {"seconds", "S", "time per kernel, in (0, 60) (default 0.3)"},
+     {"json", "", "print the figures as one JSON object"}},
+    "",
+    "bench kernels --filter gemm --json"};
+
 int cmd_bench_kernels(const Args& args) {
-  bool json = false;
-  std::string filter;
-  double seconds = 0.3;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--json") {
-      json = true;
-    } else if (args[i] == "--filter" && i + 1 < args.size()) {
-      filter = args[++i];
-    } else if (args[i] == "--seconds" && i + 1 < args.size()) {
-      seconds = parse_number(args[++i], "--seconds");
-      HYP_CHECK(seconds > 0 && seconds < 60, "bench kernels: --seconds must be in (0, 60)");
-    } else {
-      fail(
-          "bench kernels: unknown argument '{}' (expected --json, --filter SUBSTRING, --seconds S)",
-          args[i]);
-    }
-  }
+  const Flags f(kBenchKernelsSpec, args);
+  HYP_USAGE_CHECK(f.positional().empty(), "bench kernels: unexpected argument '{}'",
+                  f.positional()[0]);
+  const bool json = f.has("json");
+  const std::string filter = f.get("filter");
+  const double seconds = f.number("seconds", 0.3);
+  HYP_USAGE_CHECK(seconds > 0 && seconds < 60, "bench kernels: --seconds must be in (0, 60)");
   // A longer peak run than the default: on a shared host the best burst needs samples.
   const PeakResult peak = measure_peak(std::min(4 * seconds, 1.0));
   std::vector<KernelBench> cases = all_kernel_benches();

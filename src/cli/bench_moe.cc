@@ -192,11 +192,26 @@ std::string cf_name(double cf) {
 
 }  // namespace
 
+const CommandSpec kBenchMoeSpec = {
+    "bench moe",
+    "",
+    "mixture-of-experts layer and training-step throughput (capped vs dropless paths)",
+    {{"suite", "NAME", "layer, paths, scaling or all (default)"},
+     {"config", "PRESET", "MoE preset to measure (default moe-e8)"},
+     {"steps", "N", "timed steps (default 5)"},
+     {"warmup", "N", "untimed steps first (default 2)"},
+     {"peak-tflops", "T", "bf16 peak for the ratios (default: measured now)"},
+     {"json", "", "print the figures as one JSON object"}},
+    "Guide: docs/MOE.md.",
+    "bench moe --suite layer --json"};
+
 int cmd_bench_moe(const Args& args) {
-  Flags f("bench moe", args, {"suite", "config", "steps", "warmup", "peak-tflops"}, {"json"});
+  const Flags f(kBenchMoeSpec, args);
+  HYP_USAGE_CHECK(f.positional().empty(), "bench moe: unexpected argument '{}'",
+                  f.positional()[0]);
   const std::string suite = f.get("suite", "all");
-  HYP_CHECK(suite == "all" || suite == "layer" || suite == "paths" || suite == "scaling",
-            "bench moe: --suite must be layer, paths, scaling or all; got '{}'", suite);
+  HYP_USAGE_CHECK(suite == "all" || suite == "layer" || suite == "paths" || suite == "scaling",
+                  "bench moe: --suite must be layer, paths, scaling or all; got '{}'", suite);
   const std::string config = f.get("config", "moe-e8");
   const int64_t steps = f.integer("steps", 5), warmup = f.integer("warmup", 2);
   HYP_CHECK(steps >= 1 && warmup >= 0, "bench moe: --steps must be >= 1 and --warmup >= 0");

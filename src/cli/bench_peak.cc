@@ -5,23 +5,27 @@
 #include "base/cpu.h"
 #include "base/error.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "kernels/peak.h"
 
 namespace hyperion::cli {
 
+const CommandSpec kBenchPeakSpec = {
+    "bench peak",
+    "",
+    "measure this machine's peak f32/bf16/int8 FLOP/s and memory bandwidth",
+    {{"seconds", "S", "time per measurement, in (0, 60) (default 0.5)"},
+     {"json", "", "print the figures as one JSON object"}},
+    "Every other benchmark reports its throughput as a ratio to these figures.",
+    "bench peak --json"};
+
 int cmd_bench_peak(const Args& args) {
-  bool json = false;
-  double seconds = 0.5;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--json") {
-      json = true;
-    } else if (args[i] == "--seconds" && i + 1 < args.size()) {
-      seconds = parse_number(args[++i], "--seconds");
-      HYP_CHECK(seconds > 0 && seconds < 60, "bench peak: --seconds must be in (0, 60)");
-    } else {
-      fail("bench peak: unknown argument '{}' (expected --json, --seconds S)", args[i]);
-    }
-  }
+  const Flags f(kBenchPeakSpec, args);
+  HYP_USAGE_CHECK(f.positional().empty(), "bench peak: unexpected argument '{}'",
+                  f.positional()[0]);
+  const bool json = f.has("json");
+  const double seconds = f.number("seconds", 0.5);
+  HYP_USAGE_CHECK(seconds > 0 && seconds < 60, "bench peak: --seconds must be in (0, 60)");
   PeakResult r = measure_peak(seconds);
   if (json) {
     nlohmann::json j = {{"threads", r.threads},

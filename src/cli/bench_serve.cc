@@ -62,13 +62,37 @@ int64_t positive(const Flags& f, const char* name, int64_t fallback) {
 
 }  // namespace
 
+const CommandSpec kBenchServeSpec = {
+    "bench serve",
+    "",
+    "load-test a running OpenAI-compatible server (throughput, TTFT, TPOT, ITL)",
+    {{"url", "URL", "server (default http://127.0.0.1:8000)"},
+     {"model", "NAME", "model id (default: the server's first in /v1/models)"},
+     {"endpoint", "PATH", "/v1/completions (default) or /v1/chat/completions"},
+     {"dataset-path", "FILE", "prompts, one JSON object per line"},
+     {"tokenizer", "PATH", "tokenize --corpus windows with this .model or checkpoint/run dir"},
+     {"corpus", "FILE", "text for --tokenizer prompts (default: the bundled corpus)"},
+     {"vocab-size", "V", "random token-id prompts in [3, V) instead"},
+     {"num-prompts", "N", "requests to send (default 64)"},
+     {"request-rate", "R", "requests per second, Poisson arrivals (default inf: all at once)"},
+     {"max-concurrency", "N", "requests in flight at most (default unlimited)"},
+     {"min-input-len", "N", "shortest prompt, tokens (default 32)"},
+     {"max-input-len", "N", "longest prompt, tokens (default 512, capped to fit the model)"},
+     {"min-output-len", "N", "fewest tokens to generate (default 16)"},
+     {"max-output-len", "N", "most tokens to generate (default 256, capped to fit the model)"},
+     {"temperature", "T", "sampling temperature (default 0)"},
+     {"seed", "S", "seed of the prompt sample (default 0)"},
+     {"timeout", "S", "per-request timeout in seconds (default 600)"},
+     {"no-ignore-eos", "", "let requests stop at end-of-sequence (default: exact lengths)"},
+     {"json", "", "print the figures as one JSON object"}},
+    "Prompt lengths and outputs are sized to the server's max_model_len (/v1/models). Any\n"
+    "failed request makes the exit status 1 and prints the first errors.",
+    "bench serve --url http://127.0.0.1:8000 --tokenizer runs/tiny --num-prompts 32 --json"};
+
 int cmd_bench_serve(const Args& args) {
-  Flags f("bench serve", args,
-          {"url", "model", "dataset-path", "tokenizer", "corpus", "vocab-size", "num-prompts",
-           "request-rate", "max-concurrency", "min-input-len", "max-input-len", "min-output-len",
-           "max-output-len", "temperature", "seed", "endpoint", "timeout"},
-          {"no-ignore-eos", "json"});
-  HYP_CHECK(f.positional().empty(), "bench serve: unexpected argument '{}'", f.positional()[0]);
+  const Flags f(kBenchServeSpec, args);
+  HYP_USAGE_CHECK(f.positional().empty(), "bench serve: unexpected argument '{}'",
+                  f.positional()[0]);
 
   serve::LoadOptions opts;
   const std::string url = f.get("url", "http://127.0.0.1:8000");

@@ -5,78 +5,59 @@
 
 #include "base/error.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "train/data_prepare.h"
 
 namespace hyperion::cli {
 
+const CommandSpec kDataPrepareSpec = {
+    "data prepare",
+    "",
+    "train a SentencePiece tokenizer on text and write token shards",
+    {{"input", "FILE", "input text: .txt (documents split by '%' or blank lines) or .jsonl "
+                       "({\"text\": ...} per line)",
+      true},
+     {"output", "DIR", "output directory, created if missing"},
+     {"vocab-size", "N", "tokenizer vocabulary size (default 8192)"},
+     {"tokenizer", "MODEL", "use this SentencePiece .model instead of training one"},
+     {"val-fraction", "F", "fraction of documents held out for validation, in [0, 1) (default "
+                           "0.05)"},
+     {"seed", "N", "seed of the held-out split (default 1234)"},
+     {"json", "", "print the summary as one JSON object"}},
+    "Writes DIR/{tokenizer.model, train.bin, val.bin, meta.json}; the tokenizer follows "
+    "Llama's\nconventions (BOS 1, EOS 2, byte fallback). --input and --output are required.",
+    "data prepare --input corpus.txt --output data/my --vocab-size 8192"};
+
 namespace {
 
-constexpr const char* kDataUsage =
-    R"(usage: hyperion data prepare --input FILE [--input FILE ...] --output DIR [options]
-
-Reads .txt (documents separated by '%' lines or blank lines) and .jsonl ({"text": ...}
-per line) files, trains a SentencePiece tokenizer (Llama conventions) on the training
-split, and writes DIR/{tokenizer.model, train.bin, val.bin, meta.json}.
-
-options:
-  --input FILE         input text; repeat for several files (required)
-  --output DIR         output directory, created if missing (required)
-  --vocab-size N       tokenizer vocabulary size (default 8192)
-  --tokenizer MODEL    use this existing SentencePiece .model instead of training one
-  --val-fraction F     fraction of documents held out for validation, in [0, 1) (default 0.05)
-  --seed N             seed of the held-out split (default 1234)
-  --json               print the summary as one JSON object
-)";
-
-// A non-negative integer given to `flag`, within [lo, hi].
-int64_t parse_integer(const std::string& value, const char* flag, double lo, double hi) {
-  const double v = parse_number(value, flag);
-  HYP_CHECK(std::floor(v) == v && v >= lo && v <= hi,
-            "{}: expected an integer in [{}, {}], got '{}'", flag, lo, hi, value);
-  return static_cast<int64_t>(v);
+// An integer given to `flag`, within [lo, hi].
+int64_t integer_in(const Flags& f, const char* flag, int64_t fallback, double lo, double hi) {
+  const int64_t v = f.integer(flag, fallback);
+  HYP_USAGE_CHECK(double(v) >= lo && double(v) <= hi, "data prepare: --{} must be in [{}, {}], got {}",
+                  flag, lo, hi, v);
+  return v;
 }
 
+}  // namespace
+
 int cmd_data_prepare(const Args& args) {
+  const Flags f(kDataPrepareSpec, args);
+  HYP_USAGE_CHECK(f.positional().empty(), "data prepare: unexpected argument '{}'",
+                  f.positional()[0]);
   train::PrepareOptions opts;
-  bool json = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--json") {
-      json = true;
-      continue;
-    }
-    if (a == "-h" || a == "--help") {
-      std::fputs(kDataUsage, stdout);
-      return 0;
-    }
-    const bool takes_value = a == "--input" || a == "--output" || a == "--vocab-size" ||
-                             a == "--tokenizer" || a == "--val-fraction" || a == "--seed";
-    if (!takes_value) {
-      fail(
-          "data prepare: unknown argument '{}' (expected --input, --output, --vocab-size, "
-          "--tokenizer, --val-fraction, --seed, --json)",
-          a);
-    }
-    HYP_CHECK(i + 1 < args.size(), "data prepare: {} needs a value", a);
-    const std::string& v = args[++i];
-    if (a == "--input") {
-      opts.inputs.push_back(v);
-    } else if (a == "--output") {
-      opts.output_dir = v;
-    } else if (a == "--vocab-size") {
-      opts.vocab_size = static_cast<int>(parse_integer(v, "--vocab-size", 1, 1 << 24));
-    } else if (a == "--tokenizer") {
-      opts.tokenizer_model = v;
-    } else if (a == "--val-fraction") {
-      opts.val_fraction = parse_number(v, "--val-fraction");
-      HYP_CHECK(opts.val_fraction >= 0 && opts.val_fraction < 1,
-                "--val-fraction: expected a value in [0, 1), got '{}'", v);
-    } else {  // --seed; integers above 2^53 are not exactly representable as parsed
-      opts.seed = static_cast<uint64_t>(parse_integer(v, "--seed", 0, 9007199254740992.0));
-    }
-  }
-  HYP_CHECK(!opts.inputs.empty(), "data prepare: --input FILE is required");
-  HYP_CHECK(!opts.output_dir.empty(), "data prepare: --output DIR is required");
+  const bool json = f.has("json");
+  opts.inputs = f.all("input");
+  opts.output_dir = f.get("output");
+  opts.vocab_size = static_cast<int>(integer_in(f, "vocab-size", opts.vocab_size, 1, 1 << 24));
+  opts.tokenizer_model = f.get("tokenizer");
+  opts.val_fraction = f.number("val-fraction", opts.val_fraction);
+  HYP_USAGE_CHECK(opts.val_fraction >= 0 && opts.val_fraction < 1,
+                  "data prepare: --val-fraction must be in [0, 1), got '{}'", f.get("val-fraction"));
+  // integers above 2^53 are not exactly representable as parsed
+  opts.seed = static_cast<uint64_t>(
+      integer_in(f, "seed", static_cast<int64_t>(opts.seed), 0, 9007199254740992.0));
+  HYP_USAGE_CHECK(!opts.inputs.empty(), "data prepare: --input FILE is required");
+  HYP_USAGE_CHECK(!opts.output_dir.empty(), "data prepare: --output DIR is required");
 
   const train::PrepareResult r = train::prepare_dataset(opts);
   if (json) {
@@ -103,18 +84,6 @@ int cmd_data_prepare(const Args& args) {
     std::printf("time        %.2f s\n", r.seconds);
   }
   return 0;
-}
-
-}  // namespace
-
-int cmd_data(const Args& args) {
-  if (args.empty() || args[0] == "-h" || args[0] == "--help") {
-    std::fputs(kDataUsage, args.empty() ? stderr : stdout);
-    return args.empty() ? 2 : 0;
-  }
-  if (args[0] == "prepare") return cmd_data_prepare(Args(args.begin() + 1, args.end()));
-  std::fprintf(stderr, "hyperion data: unknown subcommand '%s'\n\n%s", args[0].c_str(), kDataUsage);
-  return 2;
 }
 
 }  // namespace hyperion::cli

@@ -2,13 +2,57 @@
 
 #include <cmath>
 
-#include "base/error.h"
-
 namespace hyperion::cli {
 
-Flags::Flags(const char* command, const Args& args, std::set<std::string> with_value,
-             std::set<std::string> switches)
-    : command_(command) {
+std::string help_text(const CommandSpec& spec) {
+  std::string out = fmt::format("usage: hyperion {}", spec.name);
+  if (!spec.args.empty()) out += " " + spec.args;
+  if (!spec.flags.empty()) out += " [options]";
+  out += "\n\n" + spec.summary + "\n";
+  if (!spec.flags.empty()) {
+    out += "\noptions:\n";
+    std::vector<std::string> left;
+    size_t width = 0;
+    for (const FlagSpec& f : spec.flags) {
+      std::string l = "--" + f.name + (f.value.empty() ? "" : " " + f.value);
+      width = std::max(width, l.size());
+      left.push_back(std::move(l));
+    }
+    left.push_back("-h, --help");
+    width = std::min<size_t>(std::max(width, left.back().size()), 28);
+    for (size_t i = 0; i < left.size(); ++i) {
+      const std::string help = i < spec.flags.size()
+                                    ? spec.flags[i].help +
+                                          (spec.flags[i].repeatable ? " (repeatable)" : "")
+                                    : "show this help";
+      if (left[i].size() > width)
+        out += fmt::format("  {}\n  {:<{}}  {}\n", left[i], "", width, help);
+      else
+        out += fmt::format("  {:<{}}  {}\n", left[i], width, help);
+    }
+  }
+  if (!spec.details.empty()) out += "\n" + spec.details + "\n";
+  if (spec.config_keys != nullptr) {
+    out += "\nconfig keys (key=value on the command line, or in a YAML file):\n";
+    for (const ConfigKey& k : spec.config_keys()) {
+      const std::string def = k.default_value.empty() ? "\"\"" : k.default_value;
+      out += fmt::format("  {:<36} {} (default {})\n", k.name, k.help, def);
+    }
+  }
+  if (!spec.example.empty()) out += "\nexample:\n  hyperion " + spec.example + "\n";
+  return out;
+}
+
+Flags::Flags(const CommandSpec& spec, const Args& args) : spec_(spec) {
+  auto find = [&](const std::string& name) -> const FlagSpec* {
+    for (const FlagSpec& f : spec_.flags)
+      if (f.name == name) return &f;
+    return nullptr;
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-h" || a == "--help") throw HelpRequest{help_text(spec_)};
+  }
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a.rfind("--", 0) != 0 || a == "--") {
@@ -21,35 +65,45 @@ Flags::Flags(const char* command, const Args& args, std::set<std::string> with_v
     const size_t eq = body.find('=');
     const bool inline_value = eq != std::string::npos;
     const std::string name = inline_value ? std::string(body.begin(), body.begin() + eq) : body;
-    std::string value =
-        inline_value ? std::string(body.begin() + eq + 1, body.end()) : std::string();
-    if (switches.count(name)) {
-      HYP_CHECK(!inline_value, "{}: --{} takes no value", command_, name);
-      values_[name].assign(1, '1');  // (not `= "1"`: GCC 12 -Wrestrict false positive)
-    } else if (with_value.count(name)) {
-      if (!inline_value) {
-        HYP_CHECK(i + 1 < args.size(), "{}: --{} needs a value", command_, name);
-        value = args[++i];
-      }
-      values_[name] = value;
-    } else {
+    const FlagSpec* f = find(name);
+    if (f == nullptr) {
       std::string known;
-      for (const auto& s : with_value) known += fmt::format(" --{}", s);
-      for (const auto& s : switches) known += fmt::format(" --{}", s);
-      fail("{}: unknown flag --{} (known:{})", command_, name, known);
+      for (const FlagSpec& s : spec_.flags) known += " --" + s.name;
+      usage_fail("{}: unknown flag --{} (known:{}; see hyperion {} --help)", spec_.name, name,
+                 known, spec_.name);
     }
+    std::string value;
+    if (f->value.empty()) {
+      HYP_USAGE_CHECK(!inline_value, "{}: --{} takes no value", spec_.name, name);
+      value.assign(1, '1');  // (not `= "1"`: GCC 12 -Wrestrict false positive)
+    } else if (inline_value) {
+      value.assign(body.begin() + eq + 1, body.end());
+    } else {
+      HYP_USAGE_CHECK(i + 1 < args.size(), "{}: --{} needs a value ({})", spec_.name, name,
+                      f->value);
+      value = args[++i];
+    }
+    std::vector<std::string>& slot = values_[name];
+    HYP_USAGE_CHECK(slot.empty() || f->repeatable || f->value.empty(),
+                    "{}: --{} given twice ('{}' and '{}')", spec_.name, name, slot.empty() ? "" : slot.back(), value);
+    slot.push_back(std::move(value));
   }
 }
 
 std::string Flags::get(const std::string& name, const std::string& fallback) const {
   auto it = values_.find(name);
-  return it == values_.end() ? fallback : it->second;
+  return it == values_.end() ? fallback : it->second.back();
+}
+
+std::vector<std::string> Flags::all(const std::string& name) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? std::vector<std::string>{} : it->second;
 }
 
 std::string Flags::require(const std::string& name) const {
-  auto it = values_.find(name);
-  HYP_CHECK(it != values_.end(), "{}: missing required flag --{}", command_, name);
-  return it->second;
+  HYP_USAGE_CHECK(has(name), "{}: missing required flag --{} (see hyperion {} --help)",
+                  spec_.name, name, spec_.name);
+  return get(name);
 }
 
 double Flags::number(const std::string& name, double fallback) const {
@@ -60,9 +114,36 @@ double Flags::number(const std::string& name, double fallback) const {
 
 int64_t Flags::integer(const std::string& name, int64_t fallback) const {
   const double v = number(name, static_cast<double>(fallback));
-  HYP_CHECK(v == std::floor(v) && std::fabs(v) < 9e15, "{}: --{} must be an integer, got '{}'",
-            command_, name, get(name));
+  HYP_USAGE_CHECK(v == std::floor(v) && std::fabs(v) < 9e15,
+                  "{}: --{} must be an integer, got '{}'", spec_.name, name, get(name));
   return static_cast<int64_t>(v);
+}
+
+NameAndOverrides split_positional(const Flags& flags, const char* what) {
+  NameAndOverrides out;
+  for (const std::string& a : flags.positional()) {
+    if (a.find('=') != std::string::npos) {
+      out.overrides.push_back(a);
+    } else {
+      HYP_USAGE_CHECK(out.name.empty(), "{}: expected one {}, got '{}' and '{}'",
+                      flags.spec().name, what, out.name, a);
+      out.name = a;
+    }
+  }
+  return out;
+}
+
+double parse_number(const std::string& value, const char* flag) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  HYP_USAGE_CHECK(used == value.size() && used > 0, "{}: expected a number, got '{}'", flag,
+                  value);
+  return v;
 }
 
 }  // namespace hyperion::cli

@@ -3,21 +3,28 @@
 
 #include <cstdio>
 
+#include "cli/build_info.h"
 #include "base/cpu.h"
 #include "base/error.h"
 #include "base/threads.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 
 namespace hyperion::cli {
 
+const CommandSpec kInfoSpec = {
+    "info",
+    "",
+    "CPU features, threads, build and library versions",
+    {{"json", "", "print everything as one JSON object"}},
+    "",
+    "info --json"};
+
 int cmd_info(const Args& args) {
-  bool json = false;
-  for (const auto& a : args) {
-    if (a == "--json")
-      json = true;
-    else
-      fail("info: unknown argument '{}'", a);
-  }
+  const Flags flags(kInfoSpec, args);
+  HYP_USAGE_CHECK(flags.positional().empty(), "info: unexpected argument '{}'",
+                  flags.positional()[0]);
+  const bool json = flags.has("json");
   const CpuFeatures& f = cpu_features();
   const dnnl_version_t* v = dnnl_version();
   nlohmann::json j = {
@@ -31,11 +38,19 @@ int cmd_info(const Args& args) {
       {"amx_int8", f.amx_int8},
       {"onednn_version", fmt::format("{}.{}.{}", v->major, v->minor, v->patch)},
   };
+  const BuildInfo& b = build_info();
+  j["version"] = b.version;
+  j["git_commit"] = b.git_commit;
+  j["build_type"] = b.build_type;
+  j["compiler"] = b.compiler;
+  j["simd_compiled"] = b.simd_compiled;
+  j["simd_active"] = b.simd_active;
+  for (const auto& [name, version] : b.libraries) j["libraries"][name] = version;
   if (json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("cpu:      %s\nthreads:  %d of %d cores\noneDNN:   %s\n", cpu_summary().c_str(),
-                num_threads(), hardware_cores(), j["onednn_version"].get<std::string>().c_str());
+    std::printf("cpu:       %s\nthreads:   %d of %d cores\n%s", cpu_summary().c_str(),
+                num_threads(), hardware_cores(), build_info_text().c_str());
   }
   return 0;
 }

@@ -22,9 +22,4 @@ struct LoadedCheckpoint {
 // `path` is a checkpoint directory or a run directory (its latest checkpoint).
 LoadedCheckpoint load_checkpoint(const std::string& path, bool bf16);
 
-// Splits positional arguments into exactly one CHECKPOINT and `key=value` overrides
-// (`hyperion serve`, `hyperion bench decode`); errors name `command`.
-void split_checkpoint_args(const char* command, const std::vector<std::string>& positional,
-                           std::string* checkpoint, std::vector<std::string>* overrides);
-
 }  // namespace hyperion::cli

@@ -1,50 +1,84 @@
 // hyperion <command> [options]: the single entry point of the CLI.
+//
+// Exit status: 0 on success, 1 when the command fails at run time (bad data, a file that
+// cannot be written, a model that does not fit), 2 for usage errors (unknown command,
+// flag or config key, a missing or malformed argument).
 #include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <new>
 #include <string>
 
+#include "cli/build_info.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/threads.h"
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "dist/communicator.h"
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: hyperion [--threads N] <command> [args...]
+using hyperion::cli::all_commands;
+using hyperion::cli::Command;
 
-commands:
-  train [CONFIG] [key=value ...] [--resume DIR] [--nproc N [--allow-run-as-root]] [--json]
-                             pre-train a Llama model (no CONFIG: the embedded tiny preset
-                             on the bundled corpus)
-  plan CONFIG [key=value ...] [--json]
-                             parameters, FLOPs per token and training memory per process
-  data prepare --input FILE --output DIR [--vocab-size N] [--tokenizer MODEL] [--json]
-                             train a tokenizer and write token shards
-  eval --checkpoint DIR (--text FILE | --shard FILE) [--json]
-                             held-out loss and perplexity of a checkpoint
-  generate --checkpoint DIR [--prompt TEXT] [--max-tokens N] [--temperature T]
-           [--top-k K] [--top-p P] [--seed S] [--json]
-                             sample from a checkpoint with a KV cache
-  convert --checkpoint DIR --to gguf [--type f32|f16|bf16|q8_0] [--output FILE]
-                             write a GGUF file llama.cpp can load
-  serve CHECKPOINT [--host H] [--port P] [key=value ...]
-                             OpenAI-compatible server (continuous batching, paged KV);
-                             keys: docs/SERVING.md
-  bench peak [--json]        measure this machine's peak FLOP/s and memory bandwidth
-  bench kernels [--json]     measure every kernel against the peak
-  bench serve [--url URL] [--num-prompts N] [--request-rate R] [--json]
-                             load-test a running server (TTFT, TPOT, tokens/s)
-  bench decode CHECKPOINT [--batch B] [--context-min N] [--context-max N] [key=value] [--json]
-                             the serving engine's decode step vs the bandwidth bound
-  info [--json]              CPU features, threads and library versions
+// The commands whose name starts with `group ` ("bench" -> bench peak, bench serve...).
+std::vector<const Command*> group_members(const std::string& group) {
+  std::vector<const Command*> out;
+  for (const Command& c : all_commands())
+    if (c.spec->name.rfind(group + " ", 0) == 0) out.push_back(&c);
+  return out;
+}
 
-global options:
-  --threads N                worker threads (default: HYPERION_THREADS or all cores)
-  -h, --help                 show this help
-)";
+std::string usage_text() {
+  std::string out =
+      "usage: hyperion [--threads N] <command> [args...]\n"
+      "       hyperion <command> --help     (flags, config keys and an example)\n\n"
+      "commands:\n";
+  for (const Command& c : all_commands())
+    out += fmt::format("  {:<16} {}\n", c.spec->name, c.spec->summary);
+  out +=
+      "\nglobal options:\n"
+      "  --threads N      worker threads (default: HYPERION_THREADS or all cores)\n"
+      "  --version        version, git commit, build type, SIMD paths, library versions\n"
+      "  -h, --help       show this help\n\n"
+      "exit status: 0 success, 1 failure at run time, 2 usage error\n";
+  return out;
+}
+
+std::string group_usage(const std::string& group) {
+  std::string out = fmt::format("usage: hyperion {} <name> [options]\n\n", group);
+  for (const Command* c : group_members(group))
+    out += fmt::format("  {:<16} {}\n", c->spec->name, c->spec->summary);
+  out += fmt::format("\nhyperion {} <name> --help shows a command's flags.\n", group);
+  return out;
+}
+
+bool is_help(const std::string& a) {
+  return a == "-h" || a == "--help";
+}
+
+int dispatch(int argc, char** argv, int i) {
+  using namespace hyperion;
+  const std::string first = argv[i];
+  const std::string second = i + 1 < argc ? argv[i + 1] : "";
+  for (const Command& c : all_commands()) {
+    if (c.spec->name == first) return c.run(cli::Args(argv + i + 1, argv + argc));
+    if (c.spec->name == first + " " + second) return c.run(cli::Args(argv + i + 2, argv + argc));
+  }
+  if (!group_members(first).empty()) {
+    if (is_help(second)) {
+      std::fputs(group_usage(first).c_str(), stdout);
+      return 0;
+    }
+    if (second.empty()) usage_fail("{}: expected a name\n\n{}", first, group_usage(first));
+    usage_fail("{}: unknown name '{}'\n\n{}", first, second, group_usage(first));
+  }
+  usage_fail("unknown command '{}'\n\n{}", first, usage_text());
+}
 
 }  // namespace
 
@@ -66,20 +100,26 @@ int main(int argc, char** argv) {
     int threads = 0;
     for (; i < argc; ++i) {
       std::string a = argv[i];
-      if (a == "-h" || a == "--help") {
-        std::fputs(kUsage, stdout);
+      if (is_help(a)) {
+        std::fputs(usage_text().c_str(), stdout);
+        return 0;
+      } else if (a == "--version" || a == "-V") {
+        std::fputs(build_info_text().c_str(), stdout);
         return 0;
       } else if (a == "--threads" || a.rfind("--threads=", 0) == 0) {
         std::string v = a == "--threads" ? (i + 1 < argc ? argv[++i] : "") : a.substr(10);
         char* end = nullptr;
         long n = std::strtol(v.c_str(), &end, 10);
-        HYP_CHECK(!v.empty() && *end == '\0' && n >= 1 && n <= 4096,
-                  "--threads: expected an integer between 1 and 4096, got '{}'", v);
+        HYP_USAGE_CHECK(!v.empty() && *end == '\0' && n >= 1 && n <= 4096,
+                        "--threads: expected an integer between 1 and 4096, got '{}'", v);
         threads = static_cast<int>(n);
+      } else if (a.rfind("-", 0) == 0) {
+        usage_fail("unknown option '{}' (global options: --threads N, --version, --help)", a);
       } else {
         break;
       }
     }
+    if (i >= argc) usage_fail("expected a command\n\n{}", usage_text());
     if (threads > 0) {
       set_num_threads(threads);
     } else if (const dist::LaunchInfo launch = dist::detect_launch();
@@ -91,25 +131,26 @@ int main(int argc, char** argv) {
     } else {
       init_threads();
     }
-    if (i >= argc) {
-      std::fputs(kUsage, stderr);
-      return 2;
-    }
-    std::string command = argv[i];
-    cli::Args rest(argv + i + 1, argv + argc);
-    if (command == "bench") return cli::cmd_bench(rest);
-    if (command == "info") return cli::cmd_info(rest);
-    if (command == "train") return cli::cmd_train(rest);
-    if (command == "plan") return cli::cmd_plan(rest);
-    if (command == "data") return cli::cmd_data(rest);
-    if (command == "eval") return cli::cmd_eval(rest);
-    if (command == "generate") return cli::cmd_generate(rest);
-    if (command == "convert") return cli::cmd_convert(rest);
-    if (command == "serve") return cli::cmd_serve(rest);
-    std::fprintf(stderr, "hyperion: unknown command '%s'\n\n%s", command.c_str(), kUsage);
+    return dispatch(argc, argv, i);
+  } catch (const cli::HelpRequest& h) {
+    std::fputs(h.text.c_str(), stdout);
+    return 0;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "hyperion: usage error: %s\n", e.what());
     return 2;
   } catch (const Error& e) {
     std::fprintf(stderr, "hyperion: error: %s\n", e.what());
+    return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // create_directories and friends: an environment problem (read-only, disk full,
+    // permissions), named with the path, not an internal error.
+    std::fprintf(stderr, "hyperion: error: %s: %s\n", e.path1().c_str(),
+                 os_error_text(e.code().value()).c_str());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "hyperion: error: out of memory (an allocation failed; reduce the model, "
+                 "batch or context size)\n");
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hyperion: internal error: %s\n", e.what());

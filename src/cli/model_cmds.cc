@@ -28,43 +28,82 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool bf16) {
   return c;
 }
 
-void split_checkpoint_args(const char* command, const std::vector<std::string>& positional,
-                           std::string* checkpoint, std::vector<std::string>* overrides) {
-  checkpoint->clear();
-  for (const std::string& a : positional) {
-    if (a.find('=') != std::string::npos)
-      overrides->push_back(a);
-    else if (checkpoint->empty())
-      *checkpoint = a;
-    else
-      fail("{}: expected one CHECKPOINT, got '{}' and '{}'", command, *checkpoint, a);
-  }
-  HYP_CHECK(!checkpoint->empty(),
-            "{}: expected a CHECKPOINT directory (or a training run directory)", command);
-}
-
 namespace {
 
 bool parse_dtype_flag(const Flags& f) {
   const std::string d = f.get("dtype", "float32");
-  HYP_CHECK(d == "float32" || d == "bfloat16", "--dtype must be float32 or bfloat16, got '{}'", d);
+  HYP_USAGE_CHECK(d == "float32" || d == "bfloat16",
+                  "{}: --dtype must be float32 or bfloat16, got '{}'", f.spec().name, d);
   return d == "bfloat16";
 }
 
+const FlagSpec kCheckpointFlag = {"checkpoint", "DIR",
+                                  "checkpoint directory, or a training run directory (its latest "
+                                  "checkpoint)"};
+const FlagSpec kDtypeFlag = {"dtype", "T", "float32 (default) or bfloat16 compute"};
+
 }  // namespace
 
+const CommandSpec kEvalSpec = {
+    "eval",
+    "",
+    "held-out loss and perplexity of a checkpoint",
+    {kCheckpointFlag,
+     {"text", "FILE", "text file to score (tokenized with the checkpoint's tokenizer)"},
+     {"shard", "FILE", "token shard to score (.bin from `hyperion data prepare`)"},
+     {"seq-len", "N", "window length (default: min(context, 1024))"},
+     {"batch", "N", "windows per forward pass (default 4)"},
+     kDtypeFlag,
+     {"json", "", "print the result as one JSON object"}},
+    "Give exactly one of --text or --shard.",
+    "eval --checkpoint runs/tiny --text data/corpus/fortunes.txt --json"};
+
+const CommandSpec kGenerateSpec = {
+    "generate",
+    "",
+    "sample a continuation from a checkpoint with a KV cache",
+    {kCheckpointFlag,
+     {"prompt", "TEXT", "prompt text (default: empty, after BOS)"},
+     {"max-tokens", "N", "tokens to generate at most (default 64)"},
+     {"temperature", "T", "sampling temperature; 0 is greedy (default 0.8)"},
+     {"top-k", "K", "sample from the K most likely tokens (default 0: all)"},
+     {"top-p", "P", "nucleus sampling mass (default 1)"},
+     {"seed", "S", "random seed (default 0)"},
+     {"ignore-eos", "", "keep going past the end-of-sequence token"},
+     kDtypeFlag,
+     {"json", "", "print the result as one JSON object"}},
+    "",
+    "generate --checkpoint runs/tiny --prompt \"Once upon a time\" --top-p 0.9 --seed 1"};
+
+const CommandSpec kConvertSpec = {
+    "convert",
+    "",
+    "convert a checkpoint to GGUF (llama.cpp) or to one Hugging Face safetensors file",
+    {kCheckpointFlag,
+     {"to", "FORMAT", "gguf or safetensors"},
+     {"type", "T", "GGUF tensor type: f32, f16 (default), bf16 or q8_0"},
+     {"output", "PATH", "output file (gguf; default DIR/model-TYPE.gguf) or directory "
+                        "(safetensors; required)"}},
+    "A sharded (multi-process) checkpoint converts to safetensors first; that output then "
+    "converts to gguf.",
+    "convert --checkpoint runs/tiny --to gguf --type q8_0"};
+
 int cmd_eval(const Args& args) {
-  Flags f("eval", args, {"checkpoint", "text", "shard", "seq-len", "batch", "dtype"}, {"json"});
-  HYP_CHECK(f.has("text") != f.has("shard"),
-            "eval: give exactly one of --text FILE or --shard FILE");
+  const Flags f(kEvalSpec, args);
+  HYP_USAGE_CHECK(f.positional().empty(), "eval: unexpected argument '{}'", f.positional()[0]);
+  HYP_USAGE_CHECK(f.has("text") != f.has("shard"),
+                  "eval: give exactly one of --text FILE or --shard FILE");
+  const int64_t batch = f.integer("batch", 4);
+  const int64_t seq_flag = f.integer("seq-len", 0);  // checked before the (slow) load
+  HYP_USAGE_CHECK(batch >= 1, "eval: --batch must be >= 1, got {}", batch);
   LoadedCheckpoint c = load_checkpoint(f.require("checkpoint"), parse_dtype_flag(f));
-  const int64_t seq = f.integer("seq-len", std::min<int64_t>(c.config.max_seq_len, 1024));
+  const int64_t seq = f.has("seq-len") ? seq_flag : std::min<int64_t>(c.config.max_seq_len, 1024);
   HYP_CHECK(seq > 0 && seq <= c.config.max_seq_len, "eval: --seq-len must be in [1, {}], got {}",
             c.config.max_seq_len, seq);
   const std::vector<int32_t> tokens = f.has("text")
                                           ? tokenize_file(c.tokenizer, f.get("text"))
                                           : read_shard_tokens(f.get("shard"), c.config.vocab_size);
-  const EvalReport r = evaluate_stream(*c.params, tokens, seq, f.integer("batch", 4));
+  const EvalReport r = evaluate_stream(*c.params, tokens, seq, batch);
   if (f.has("json")) {
     nlohmann::ordered_json j;
     j["loss"] = r.loss;
@@ -82,18 +121,19 @@ int cmd_eval(const Args& args) {
 }
 
 int cmd_generate(const Args& args) {
-  Flags f("generate", args,
-          {"checkpoint", "prompt", "max-tokens", "temperature", "top-k", "top-p", "seed", "dtype"},
-          {"json", "ignore-eos"});
-  LoadedCheckpoint c = load_checkpoint(f.require("checkpoint"), parse_dtype_flag(f));
+  const Flags f(kGenerateSpec, args);
+  HYP_USAGE_CHECK(f.positional().empty(), "generate: unexpected argument '{}'",
+                  f.positional()[0]);
   GenerateOptions go;
   go.sampling.temperature = static_cast<float>(f.number("temperature", 0.8));
   go.sampling.top_k = static_cast<int>(f.integer("top-k", 0));
   go.sampling.top_p = static_cast<float>(f.number("top-p", 1.0));
   go.sampling.seed = static_cast<uint64_t>(f.integer("seed", 0));
   go.max_tokens = f.integer("max-tokens", 64);
-  HYP_CHECK(go.max_tokens >= 0, "generate: --max-tokens must be >= 0");
+  HYP_USAGE_CHECK(go.max_tokens >= 0, "generate: --max-tokens must be >= 0");
   go.stop_at_eos = !f.has("ignore-eos");
+  // Every flag is checked before the (slow) checkpoint load.
+  LoadedCheckpoint c = load_checkpoint(f.require("checkpoint"), parse_dtype_flag(f));
   go.eos_id = c.tokenizer.eos_id();
   const std::string prompt = f.get("prompt");
   std::vector<int32_t> ids{c.tokenizer.bos_id()};
@@ -140,16 +180,18 @@ int cmd_generate(const Args& args) {
 }
 
 int cmd_convert(const Args& args) {
-  Flags f("convert", args, {"checkpoint", "to", "type", "output"}, {});
+  const Flags f(kConvertSpec, args);
+  HYP_USAGE_CHECK(f.positional().empty(), "convert: unexpected argument '{}'",
+                  f.positional()[0]);
   const std::string to = f.require("to");
-  HYP_CHECK(to == "gguf" || to == "safetensors",
-            "convert: --to must be gguf or safetensors, got '{}'", to);
+  HYP_USAGE_CHECK(to == "gguf" || to == "safetensors",
+                  "convert: --to must be gguf or safetensors, got '{}'", to);
   const std::string dir = resolve_checkpoint_dir(f.require("checkpoint"));
   if (to == "safetensors") {
     // One model.safetensors (f32) + config.json + tokenizer.model, from a single-file or
     // sharded (multi-process) checkpoint: what Hugging Face tools load most simply.
     const std::string out = f.require("output");
-    std::filesystem::create_directories(out);
+    io::make_directories(out);
     ParamStore params(read_checkpoint_config(dir), false);
     load_model_weights(dir, params);
     io::SafetensorsWriter w;

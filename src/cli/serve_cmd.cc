@@ -17,15 +17,28 @@
 
 namespace hyperion::cli {
 
+const CommandSpec kServeSpec = {
+    "serve",
+    "CHECKPOINT [key=value ...]",
+    "OpenAI-compatible HTTP server for a checkpoint (continuous batching, paged KV cache)",
+    {{"host", "H", "address to listen on (default 127.0.0.1)"},
+     {"port", "P", "port to listen on (default 8000; 0 picks a free one)"}},
+    "Routes: POST /v1/completions, /v1/chat/completions; GET /v1/models, /health, /metrics.\n"
+    "SIGTERM or SIGINT drains: no new requests, running ones finish within drain_timeout_s.\n"
+    "Guide: docs/SERVING.md.",
+    "serve runs/tiny --port 8000 kv_dtype=int8 max_concurrent_decodes=32",
+    serve::engine_config_schema};
+
 int cmd_serve(const Args& args) {
-  Flags f("serve", args, {"host", "port"}, {});
-  std::string checkpoint;
-  std::vector<std::string> overrides;
-  split_checkpoint_args("serve", f.positional(), &checkpoint, &overrides);
+  const Flags f(kServeSpec, args);
+  const auto [checkpoint, overrides] = split_positional(f, "CHECKPOINT");
+  HYP_USAGE_CHECK(!checkpoint.empty(),
+                  "serve: expected a CHECKPOINT directory (or a training run directory)");
   serve::EngineConfig ec = serve::parse_engine_config(overrides);
   const std::string host = f.get("host", "127.0.0.1");
   const int64_t port = f.integer("port", 8000);
-  HYP_CHECK(port >= 0 && port <= 65535, "serve: --port must be in [0, 65535], got {}", port);
+  HYP_USAGE_CHECK(port >= 0 && port <= 65535, "serve: --port must be in [0, 65535], got {}",
+                  port);
 
   // SIGINT/SIGTERM are handled by one thread (sigwait), so no handler runs inside the
   // engine or the HTTP threads; block them before any thread starts.

@@ -24,33 +24,44 @@ namespace hyperion::cli {
 
 namespace {
 
-// Splits positional arguments into the config (first without '=') and overrides.
-void split_config_args(const std::vector<std::string>& pos, std::string* config,
-                       std::vector<std::string>* overrides) {
-  for (const std::string& a : pos) {
-    if (a.find('=') != std::string::npos) {
-      overrides->push_back(a);
-    } else {
-      HYP_CHECK(config->empty(), "expected one config (file or preset), got '{}' and '{}'", *config,
-                a);
-      *config = a;
-    }
-  }
-}
-
 std::string config_name(const std::string& arg) {
   return arg.empty() ? "tiny" : std::filesystem::path(arg).stem().string();
 }
 
 }  // namespace
 
+const CommandSpec kTrainSpec = {
+    "train",
+    "[CONFIG] [key=value ...]",
+    "pre-train a Llama or Mixtral model (no CONFIG: the embedded tiny preset on the bundled "
+    "corpus)",
+    {{"resume", "DIR", "continue a run from its latest checkpoint (restores its config)"},
+     {"stop-at", "STEP", "stop after this step, as if interrupted (the run can be resumed)"},
+     {"nproc", "N", "run N MPI ranks on this host (data / FSDP / expert parallel)"},
+     {"allow-run-as-root", "", "let --nproc start mpirun as root"},
+     {"quiet", "", "no per-step log lines"},
+     {"json", "", "print the result as one JSON object"}},
+    "CONFIG is a YAML file or a preset name (tiny, llama-25m, llama-110m, mixtral-tiny, "
+    "llama2-7b, ...;\nconfigs/). Later key=value overrides win. Guide: docs/TRAINING.md, "
+    "docs/MOE.md, docs/SCALING.md.",
+    "train llama-25m steps=200 learning_rate=1e-3",
+    train_config_schema};
+
+const CommandSpec kPlanSpec = {
+    "plan",
+    "CONFIG [key=value ...]",
+    "parameters, FLOPs per token and training memory per process of a config",
+    {{"json", "", "print the plan as one JSON object"}},
+    "CONFIG and keys as for `hyperion train` (see hyperion train --help).",
+    "plan llama2-7b per_device_batch_size=1 --json"};
+
 namespace {
 
 // `--nproc N`: re-runs this command as N MPI ranks through mpirun (one host). Ranks are
 // bound to cores when there are enough, and the cores are split between them.
 [[noreturn]] void launch_ranks(const Args& args, int64_t nproc, bool allow_root) {
-  HYP_CHECK(nproc >= 1 && nproc <= 4096, "train: --nproc must be between 1 and 4096, got {}",
-            nproc);
+  HYP_USAGE_CHECK(nproc >= 1 && nproc <= 4096,
+                  "train: --nproc must be between 1 and 4096, got {}", nproc);
   HYP_CHECK(::geteuid() != 0 || allow_root || std::getenv("OMPI_ALLOW_RUN_AS_ROOT") != nullptr,
             "train --nproc: running as root, which Open MPI refuses by default; pass "
             "--allow-run-as-root to allow it");
@@ -91,13 +102,14 @@ namespace {
 }  // namespace
 
 int cmd_train(const Args& args) {
-  Flags f("train", args, {"resume", "stop-at", "nproc"}, {"json", "quiet", "allow-run-as-root"});
+  const Flags f(kTrainSpec, args);
+  const auto [config, overrides] = split_positional(f, "CONFIG (file or preset)");
+  // Read and check the whole config first: with --nproc, a bad path or key is reported
+  // once, here, before mpirun starts N copies of the mistake.
+  Config c = load_train_config(config, overrides);
+  parse_train_config(c, config_name(config));
   if (f.has("nproc") && !dist::detect_launch().under_mpi)
     launch_ranks(args, f.integer("nproc", 1), f.has("allow-run-as-root"));
-  std::string config;
-  std::vector<std::string> overrides;
-  split_config_args(f.positional(), &config, &overrides);
-  Config c = load_train_config(config, overrides);
   TrainOptions opts;
   opts.resume = f.get("resume");
   opts.quiet = f.has("quiet");
@@ -139,11 +151,9 @@ int cmd_train(const Args& args) {
 }
 
 int cmd_plan(const Args& args) {
-  Flags f("plan", args, {}, {"json"});
-  std::string config;
-  std::vector<std::string> overrides;
-  split_config_args(f.positional(), &config, &overrides);
-  HYP_CHECK(!config.empty(), "plan: expected a config file or preset name");
+  const Flags f(kPlanSpec, args);
+  const auto [config, overrides] = split_positional(f, "CONFIG (file or preset)");
+  HYP_USAGE_CHECK(!config.empty(), "plan: expected a config file or preset name");
   Config c = load_train_config(config, overrides);
   TrainConfig t = parse_train_config(c, config_name(config));
   const MemoryPlan m = memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16,

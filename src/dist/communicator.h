@@ -154,6 +154,10 @@ struct LaunchInfo {
 };
 LaunchInfo detect_launch();
 
+// The MPI library's own name and version ("Open MPI v4.1.4"), for --version; needs no
+// MPI_Init.
+std::string mpi_library_version();
+
 // The MPI communicator over MPI_COMM_WORLD (initialises MPI; one per process). Its
 // collectives run on a communication thread that polls with short sleeps, so waiting
 // never spins on a core the compute threads need. A collective that has not finished

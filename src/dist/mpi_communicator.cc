@@ -389,6 +389,16 @@ int env_int(const char* name, int fallback) {
 
 }  // namespace
 
+std::string mpi_library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int len = 0;
+  MPI_Get_library_version(text, &len);  // one of the few calls allowed before MPI_Init
+  std::string out(text, static_cast<size_t>(std::max(len, 0)));
+  if (const size_t comma = out.find(','); comma != std::string::npos) out.resize(comma);
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\0')) out.pop_back();
+  return out;
+}
+
 LaunchInfo detect_launch() {
   LaunchInfo info;
   // Open MPI's mpirun, then PMIx/PMI launchers (srun, hydra).

@@ -22,27 +22,54 @@ std::string parent_dir(const std::string& path) {
   return dir.empty() ? "." : dir;
 }
 
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// An output may replace a regular file only: renaming over /dev/full (as root), a
+// directory or a symbolic link would destroy something that is not ours to replace.
+void check_replaceable(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;  // absent: fine (other errors surface later)
+  if (!S_ISREG(st.st_mode))
+    fail("cannot write '{}': it exists and is {}; only a regular file is replaced (remove it or "
+         "choose another output path)",
+         path, file_kind(st.st_mode));
+}
+
 }  // namespace
+
+void make_directories(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail("cannot create directory '{}': {}", dir, os_error_text(ec.value()));
+}
 
 void fsync_directory(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) fail("cannot open directory '{}' to fsync it: {}", dir, std::strerror(errno));
+  if (fd < 0) fail("cannot open directory '{}' to fsync it: {}", dir, os_error_text(errno));
   int rc = ::fsync(fd);
   int err = errno;
   ::close(fd);
   // Some file systems do not support fsync on directories; that is not a failure of ours.
   if (rc != 0 && err != EINVAL && err != ENOTSUP)
-    fail("cannot fsync directory '{}': {}", dir, std::strerror(err));
+    fail("cannot fsync directory '{}': {}", dir, os_error_text(err));
 }
 
 std::string read_file(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("cannot open '{}' for reading: {}", path, std::strerror(errno));
+  if (fd < 0) fail("cannot open '{}' for reading: {}", path, os_error_text(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);
-    fail("cannot stat '{}': {}", path, std::strerror(err));
+    fail("cannot stat '{}': {}", path, os_error_text(err));
   }
   if (S_ISDIR(st.st_mode)) {
     ::close(fd);
@@ -57,7 +84,7 @@ std::string read_file(const std::string& path) {
       if (errno == EINTR) continue;
       int err = errno;
       ::close(fd);
-      fail("cannot read '{}': {}", path, std::strerror(err));
+      fail("cannot read '{}': {}", path, os_error_text(err));
     }
     if (n == 0) break;
     out.append(chunk, static_cast<size_t>(n));
@@ -68,12 +95,12 @@ std::string read_file(const std::string& path) {
 
 MappedFile MappedFile::open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("cannot open '{}' for reading: {}", path, std::strerror(errno));
+  if (fd < 0) fail("cannot open '{}' for reading: {}", path, os_error_text(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);
-    fail("cannot stat '{}': {}", path, std::strerror(err));
+    fail("cannot stat '{}': {}", path, os_error_text(err));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
@@ -85,7 +112,7 @@ MappedFile MappedFile::open(const std::string& path) {
     if (p == MAP_FAILED) {
       int err = errno;
       ::close(fd);
-      fail("cannot mmap '{}': {}", path, std::strerror(err));
+      fail("cannot mmap '{}': {}", path, os_error_text(err));
     }
     m.data_ = static_cast<const unsigned char*>(p);
     m.size_ = static_cast<size_t>(st.st_size);
@@ -107,10 +134,11 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
 AtomicFileWriter::AtomicFileWriter(std::string path)
     : path_(std::move(path)), temp_path_(path_ + ".tmp." + std::to_string(::getpid())) {
   HYP_CHECK(!path_.empty(), "AtomicFileWriter: empty output path");
-  fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  check_replaceable(path_);
+  fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd_ < 0)
     fail("cannot create '{}' (temporary file for '{}'): {}", temp_path_, path_,
-         std::strerror(errno));
+         os_error_text(errno));
   buffer_.reserve(kBufferSize);
 }
 
@@ -134,7 +162,7 @@ void AtomicFileWriter::write_fd(const void* data, size_t n) {
     if (k < 0) {
       if (errno == EINTR) continue;
       fail("cannot write '{}' (temporary file for '{}'): {}", temp_path_, path_,
-           std::strerror(errno));
+           os_error_text(errno));
     }
     p += k;
     n -= static_cast<size_t>(k);
@@ -167,14 +195,15 @@ void AtomicFileWriter::commit() {
   flush_buffer();
   if (::fsync(fd_) != 0)
     fail("cannot fsync '{}' (temporary file for '{}'): {}", temp_path_, path_,
-         std::strerror(errno));
+         os_error_text(errno));
   int rc = ::close(fd_);
   fd_ = -1;
   if (rc != 0)
     fail("cannot close '{}' (temporary file for '{}'): {}", temp_path_, path_,
-         std::strerror(errno));
+         os_error_text(errno));
+  check_replaceable(path_);  // again: it may have appeared while we wrote
   if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
-    fail("cannot rename '{}' to '{}': {}", temp_path_, path_, std::strerror(errno));
+    fail("cannot rename '{}' to '{}': {}", temp_path_, path_, os_error_text(errno));
   committed_ = true;
   fsync_directory(parent_dir(path_));
 }

@@ -3,7 +3,9 @@
 // Outputs (checkpoints, converted models, configs) are written to a temporary file in the
 // destination's directory ("<path>.tmp.<pid>"), flushed to disk with fsync, renamed over
 // the destination and the directory is fsynced, so after a crash the destination holds
-// either the complete old contents or the complete new ones, never a torn mix.
+// either the complete old contents or the complete new ones, never a torn mix. Only a
+// regular file is ever replaced: an existing directory, device, FIFO, socket or symbolic
+// link at the destination is refused with an error naming it.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +21,10 @@ void write_file_atomic(const std::string& path, std::string_view bytes);
 
 // Reads the whole file. Throws hyperion::Error naming the path and the OS error.
 std::string read_file(const std::string& path);
+
+// Creates `dir` and its parents if missing. Throws hyperion::Error naming the directory
+// and the cause ("read-only file system", "disk full", "permission denied").
+void make_directories(const std::string& dir);
 
 // fsyncs a directory so that a rename or create inside it is durable.
 void fsync_directory(const std::string& dir);

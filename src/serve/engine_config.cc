@@ -5,9 +5,7 @@
 
 namespace hyperion::serve {
 
-namespace {
-
-std::vector<ConfigKey> schema() {
+std::vector<ConfigKey> engine_config_schema() {
   return {
       {"max_concurrent_decodes", ConfigType::kInt, "16", "decode slots"},
       {"max_queue", ConfigType::kInt, "256", "waiting requests before 429"},
@@ -25,8 +23,6 @@ std::vector<ConfigKey> schema() {
   };
 }
 
-}  // namespace
-
 const char* weight_format_name(WeightFormat w) {
   switch (w) {
     case WeightFormat::kF32:
@@ -40,7 +36,7 @@ const char* weight_format_name(WeightFormat w) {
 }
 
 EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
-  Config cfg(schema());
+  Config cfg(engine_config_schema());
   for (const std::string& o : overrides) cfg.apply_override(o);
   EngineConfig c;
   c.max_concurrent_decodes = cfg.get_int("max_concurrent_decodes");

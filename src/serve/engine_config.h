@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "base/config.h"
 #include "model/llama_config.h"
 #include "serve/model_runner.h"
 #include "tensor/dtype.h"
@@ -40,6 +41,9 @@ struct EngineConfig {
   std::string chat_template = "plain";
   std::string model_name;
 };
+
+// The keys above, with types, defaults and help (`hyperion serve --help` lists them).
+std::vector<ConfigKey> engine_config_schema();
 
 // Parses `key=value` overrides (errors name the key and the accepted values).
 EngineConfig parse_engine_config(const std::vector<std::string>& overrides);

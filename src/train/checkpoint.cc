@@ -44,7 +44,7 @@ CheckpointManager::CheckpointManager(std::string run_dir, int64_t keep, bool asy
     : dir_(std::move(run_dir) + "/checkpoints"), keep_(std::max<int64_t>(keep, 1)), async_(async) {
   comm_ = comm != nullptr && comm->world_size() > 1 ? comm : nullptr;
   writers_ = std::move(writers);
-  fs::create_directories(dir_);
+  io::make_directories(dir_);
   // Leftovers of a save that was killed: never complete, safe to remove (by one rank).
   if (comm_ == nullptr || comm_->rank() == 0)
     for (const auto& e : fs::directory_iterator(dir_))
@@ -124,7 +124,7 @@ void CheckpointManager::save(const ParamStore& params, const AdamW& optimizer,
     const std::string tmp = dir_ + "/.tmp-" + std::to_string(state.step);
     if (snap->rank == 0) {
       fs::remove_all(tmp);
-      fs::create_directories(tmp);
+      io::make_directories(tmp);
     }
     comm_->barrier();
     write_files(*snap, tmp);
@@ -228,7 +228,7 @@ void CheckpointManager::write(const Snapshot& s) {
   const std::string tmp =
       dir_ + "/.tmp-" + std::to_string(s.state.step) + "-" + std::to_string(::getpid());
   fs::remove_all(tmp);
-  fs::create_directories(tmp);
+  io::make_directories(tmp);
   write_files(s, tmp);
   write_common(s, tmp);
   publish(tmp, s.state.step);

@@ -97,10 +97,7 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
   HYP_CHECK(n > 0, "data prepare: the inputs hold no documents ({})", fmt::join(opts.inputs, ", "));
   const std::vector<bool> is_val = split_validation(n, opts.val_fraction, opts.seed);
 
-  std::error_code ec;
-  std::filesystem::create_directories(opts.output_dir, ec);
-  HYP_CHECK(!ec, "data prepare: cannot create output directory '{}': {}", opts.output_dir,
-            ec.message());
+  io::make_directories(opts.output_dir);
   const std::filesystem::path dir(opts.output_dir);
   PrepareResult r;
   r.tokenizer_path = (dir / "tokenizer.model").string();

@@ -200,10 +200,10 @@ TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions&
     run_dir = t.base_output_directory + "/" + name;
   }
   run_dir = agree(*comm, run_dir);
-  fs::create_directories(run_dir);
+  io::make_directories(run_dir);
   result.run_dir = run_dir;
   if (world > 1) {
-    fs::create_directories(run_dir + "/logs");
+    io::make_directories(run_dir + "/logs");
     set_log_rank(rank, fmt::format("{}/logs/rank-{}.log", run_dir, rank),
                  rank == 0 ? LogLevel::kDebug : LogLevel::kWarn);
     log_info("rank {} of {}: pid {}, {} threads, mesh data {} fsdp {} expert {}, mode {}", rank,
@@ -348,7 +348,8 @@ TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions&
   std::ofstream metrics;
   if (rank == 0) {
     metrics.open(run_dir + "/metrics.jsonl", std::ios::app);
-    HYP_CHECK(metrics.good(), "cannot open {}/metrics.jsonl for writing", run_dir);
+    HYP_CHECK(metrics.good(), "cannot open {}/metrics.jsonl for writing: {}", run_dir,
+              os_error_text(errno));
   }
   const int64_t n = model.tokens_per_batch();
   std::vector<int32_t> in(static_cast<size_t>(n)), tg(static_cast<size_t>(n));
@@ -447,6 +448,8 @@ TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions&
     if (rank == 0) {
       metrics << j.dump() << "\n";
       metrics.flush();
+      HYP_CHECK(metrics.good(), "cannot append to {}/metrics.jsonl: {}", run_dir,
+                os_error_text(errno));
     }
     result.history.push_back(m);
     if (state.step > result.start_step + 1) {  // the first step warms caches up

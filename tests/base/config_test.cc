@@ -99,6 +99,26 @@ TEST(Config, MalformedYamlAndStructure) {
   EXPECT_EQ(c.get_int("steps"), 100);
 }
 
+TEST(Config, DuplicateKeysAreUsageErrorsNamingBothLines) {
+  Config c = make_config();
+  std::string msg;
+  try {
+    c.load_yaml_string("steps: 5\nlearning_rate: 0.1\nsteps: 50\n", "dup.yml");
+    ADD_FAILURE() << "a duplicate key was accepted";
+  } catch (const UsageError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("dup.yml:3: key 'steps' is given twice (first on line 1)"), std::string::npos)
+      << msg;
+  // A nested map and a dotted key that flatten to the same key are the same key twice.
+  Config n({{"optimizer.lr", ConfigType::kFloat, "1", ""}});
+  msg = error_of([&] { n.load_yaml_string("optimizer:\n  lr: 2\noptimizer.lr: 3\n", "n.yml"); });
+  EXPECT_NE(msg.find("'optimizer.lr' is given twice"), std::string::npos) << msg;
+  // Unknown keys and wrong types are usage errors too (exit status 2 in the CLI).
+  EXPECT_THROW(c.apply_override("no_such_key=1"), UsageError);
+  EXPECT_THROW(c.apply_override("steps=many"), UsageError);
+}
+
 TEST(Config, FilesAreReadAndMissingFilesNamed) {
   char path[] = "/tmp/hyperion_config_testXXXXXX";
   int fd = mkstemp(path);

@@ -33,7 +33,7 @@ TEST(Cli, ThreadsFlagAndEnvironment) {
   ASSERT_EQ(env.code, 0) << env.out;
   EXPECT_EQ(nlohmann::json::parse(env.out)["threads"], 2);
   auto bad = run("--threads 0 info");
-  EXPECT_EQ(bad.code, 1);
+  EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.out.find("--threads"), std::string::npos) << bad.out;
   auto bad_env = run("info", "HYPERION_THREADS=lots");
   EXPECT_EQ(bad_env.code, 1);
@@ -66,11 +66,11 @@ TEST(Cli, BenchKernelsFilterAndJson) {
   EXPECT_EQ(none.code, 1);
   EXPECT_NE(none.out.find("no_such_kernel"), std::string::npos) << none.out;
   auto nan_seconds = run("bench peak --seconds abc");
-  EXPECT_EQ(nan_seconds.code, 1);
+  EXPECT_EQ(nan_seconds.code, 2);
   EXPECT_NE(nan_seconds.out.find("--seconds: expected a number, got 'abc'"), std::string::npos)
       << nan_seconds.out;
   auto bad = run("bench kernels --bogus");
-  EXPECT_EQ(bad.code, 1);
+  EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.out.find("--bogus"), std::string::npos) << bad.out;
 }
 

@@ -89,7 +89,7 @@ TEST_F(TrainCli, EvalOnTextAndShard) {
   // Errors: missing file, both sources, bad checkpoint.
   EXPECT_EQ(run("eval --checkpoint " + run_dir_ + " --text /nonexistent.txt").code, 1);
   Result both = run("eval --checkpoint " + run_dir_ + " --text a --shard b");
-  EXPECT_EQ(both.code, 1);
+  EXPECT_EQ(both.code, 2);
   EXPECT_TRUE(contains(both.out, "exactly one")) << both.out;
   Result bad = run("eval --checkpoint " + root_ + " --text " + text);
   EXPECT_EQ(bad.code, 1);
@@ -111,7 +111,7 @@ TEST_F(TrainCli, GenerateIsDeterministicPerSeed) {
   EXPECT_EQ(bad.code, 1);
   EXPECT_TRUE(contains(bad.out, "top_p")) << bad.out;
   Result unknown = run(base + "--temprature 1");
-  EXPECT_EQ(unknown.code, 1);
+  EXPECT_EQ(unknown.code, 2);
   EXPECT_TRUE(contains(unknown.out, "--temprature")) << unknown.out;
 }
 
@@ -124,7 +124,7 @@ TEST_F(TrainCli, ConvertToGguf) {
   f.read(magic, 4);
   EXPECT_EQ(std::string(magic, 4), "GGUF");
   Result bad = run("convert --checkpoint " + run_dir_ + " --to onnx");
-  EXPECT_EQ(bad.code, 1);
+  EXPECT_EQ(bad.code, 2);
   EXPECT_TRUE(contains(bad.out, "--to")) << bad.out;
 }
 
@@ -144,7 +144,7 @@ TEST(PlanCli, JsonForPresetsAndErrors) {
   EXPECT_GT(act("none"), act("minimal"));
   EXPECT_GT(act("minimal"), act("full"));
   Result bad = run("plan llama2-7b stepz=3");
-  EXPECT_EQ(bad.code, 1);
+  EXPECT_EQ(bad.code, 2);
   EXPECT_TRUE(contains(bad.out, "stepz")) << bad.out;
   Result missing = run("plan no-such-preset");
   EXPECT_EQ(missing.code, 1);
@@ -185,7 +185,7 @@ TEST(BenchMoeCli, LayerSuiteJsonAndErrors) {
       EXPECT_TRUE(row.contains(k)) << k;
   EXPECT_EQ(j["layer"][0]["vs_dense"].get<double>(), 1.0);
   Result bad = run("bench moe --suite nope");
-  EXPECT_EQ(bad.code, 1);
+  EXPECT_EQ(bad.code, 2);
   EXPECT_TRUE(contains(bad.out, "--suite")) << bad.out;
   Result dense = run("bench moe --suite layer --config tiny --peak-tflops 1");
   EXPECT_EQ(dense.code, 1);

@@ -1,6 +1,7 @@
 #include "io/atomic_file.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -28,6 +29,33 @@ std::string error_of(Fn&& fn) {
   }
   ADD_FAILURE() << "expected hyperion::Error";
   return "";
+}
+
+TEST(AtomicFile, RefusesToReplaceAnythingButARegularFile) {
+  TempDir dir;
+  // A device: /dev/null stays a character device (as root the rename would replace it).
+  std::string msg = error_of([] { write_file_atomic("/dev/null", "x"); });
+  EXPECT_NE(msg.find("'/dev/null'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("a character device"), std::string::npos) << msg;
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
+  EXPECT_FALSE(fs::exists("/dev/null.tmp." + std::to_string(::getpid())));
+  // A directory.
+  fs::create_directories(dir.file("sub"));
+  msg = error_of([&] { write_file_atomic(dir.file("sub"), "x"); });
+  EXPECT_NE(msg.find("a directory"), std::string::npos) << msg;
+  EXPECT_TRUE(fs::is_directory(dir.file("sub")));
+  // A symbolic link: neither the link nor its target is replaced.
+  const std::string target = dir.write("target.txt", "keep");
+  fs::create_symlink(target, dir.file("link"));
+  msg = error_of([&] { write_file_atomic(dir.file("link"), "x"); });
+  EXPECT_NE(msg.find("a symbolic link"), std::string::npos) << msg;
+  EXPECT_TRUE(fs::is_symlink(dir.file("link")));
+  EXPECT_EQ(read_file(target), "keep");
+  // A FIFO (opening it for writing would block forever).
+  ASSERT_EQ(::mkfifo(dir.file("fifo").c_str(), 0600), 0);
+  msg = error_of([&] { AtomicFileWriter w(dir.file("fifo")); });
+  EXPECT_NE(msg.find("a FIFO"), std::string::npos) << msg;
+  EXPECT_EQ(dir.listing(), (std::vector<std::string>{"fifo", "link", "sub", "target.txt"}));
 }
 
 TEST(AtomicFile, WriteCreatesFileAndLeavesNoTemporary) {

@@ -1,0 +1,25 @@
+// The command table: main's dispatch and the order of `hyperion --help`.
+#include "cli/commands.h"
+
+namespace hyperion::cli {
+
+const std::vector<Command>& all_commands() {
+  static const std::vector<Command> table = {
+      {&kTrainSpec, cmd_train},
+      {&kPlanSpec, cmd_plan},
+      {&kDataPrepareSpec, cmd_data_prepare},
+      {&kEvalSpec, cmd_eval},
+      {&kGenerateSpec, cmd_generate},
+      {&kConvertSpec, cmd_convert},
+      {&kServeSpec, cmd_serve},
+      {&kBenchPeakSpec, cmd_bench_peak},
+      {&kBenchKernelsSpec, cmd_bench_kernels},
+      {&kBenchMoeSpec, cmd_bench_moe},
+      {&kBenchServeSpec, cmd_bench_serve},
+      {&kBenchDecodeSpec, cmd_bench_decode},
+      {&kInfoSpec, cmd_info},
+  };
+  return table;
+}
+
+}  // namespace hyperion::cli
