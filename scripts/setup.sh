@@ -15,7 +15,8 @@ PACKAGES=(
   nlohmann-json3-dev # JSON
   libyaml-cpp-dev    # YAML configs
   libsentencepiece-dev  # tokenizer training and encoding
-  libcpp-httplib-dev # HTTP server (hyperion serve) and client (bench serve)
+  libboost1.81-dev   # Boost.Beast + Asio: the HTTP server of hyperion serve
+  libcpp-httplib-dev # HTTP client (bench serve, tests)
   libgtest-dev libgmock-dev  # tests
   libbenchmark-dev   # microbenchmarks
   libopenblas-dev    # GEMM comparison benchmark only (never linked into libhyperion)

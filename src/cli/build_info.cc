@@ -1,5 +1,6 @@
 #include "cli/build_info.h"
 
+#include <boost/version.hpp>
 #include <fmt/format.h>
 #include <hwy/highway.h>
 #include <hwy/targets.h>
@@ -53,6 +54,9 @@ BuildInfo collect() {
                                        NLOHMANN_JSON_VERSION_MINOR, NLOHMANN_JSON_VERSION_PATCH));
   b.libraries.emplace_back("yaml-cpp", HYPERION_YAML_CPP_VERSION);
   b.libraries.emplace_back("SentencePiece", HYPERION_SENTENCEPIECE_VERSION);
+  b.libraries.emplace_back("Boost.Beast/Asio", fmt::format("{}.{}.{}", BOOST_VERSION / 100000,
+                                                           BOOST_VERSION / 100 % 1000,
+                                                           BOOST_VERSION % 100));
   b.libraries.emplace_back("cpp-httplib", HYPERION_HTTPLIB_VERSION);
   return b;
 }

@@ -2,6 +2,7 @@
 // server (serve/http_server.h) on a checkpoint, until SIGINT or SIGTERM.
 #include <signal.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -22,9 +23,17 @@ const CommandSpec kServeSpec = {
     "CHECKPOINT [key=value ...]",
     "OpenAI-compatible HTTP server for a checkpoint (continuous batching, paged KV cache)",
     {{"host", "H", "address to listen on (default 127.0.0.1)"},
-     {"port", "P", "port to listen on (default 8000; 0 picks a free one)"}},
+     {"port", "P", "port to listen on (default 8000; 0 picks a free one)"},
+     {"drain-timeout", "S", "on SIGTERM/SIGINT, seconds running requests may take to finish "
+                            "(default 30)"},
+     {"max-connections", "N", "open connections at most; more get 503 (default 1024)"},
+     {"header-timeout", "S", "seconds a client has to send a request head (default 10)"},
+     {"request-timeout", "S", "seconds a client has to send a request body (default 60)"},
+     {"idle-timeout", "S", "seconds an idle keep-alive connection stays open (default 60)"},
+     {"io-threads", "N", "threads serving the HTTP connections (default 2)"}},
     "Routes: POST /v1/completions, /v1/chat/completions; GET /v1/models, /health, /metrics.\n"
-    "SIGTERM or SIGINT drains: no new requests, running ones finish within drain_timeout_s.\n"
+    "SIGTERM or SIGINT drains: no new connections or requests (503), running requests finish\n"
+    "within --drain-timeout, the rest end with an error event and [DONE]; exit status 0.\n"
     "Guide: docs/SERVING.md.",
     "serve runs/tiny --port 8000 kv_dtype=int8 max_concurrent_decodes=32",
     serve::engine_config_schema};
@@ -39,6 +48,23 @@ int cmd_serve(const Args& args) {
   const int64_t port = f.integer("port", 8000);
   HYP_USAGE_CHECK(port >= 0 && port <= 65535, "serve: --port must be in [0, 65535], got {}",
                   port);
+  auto positive = [&f](const char* name, double fallback) {
+    const double v = f.number(name, fallback);
+    HYP_USAGE_CHECK(v > 0 && v < 1e7, "serve: --{} must be > 0, got '{}'", name, f.get(name));
+    return v;
+  };
+  serve::HttpOptions http;
+  http.max_connections = static_cast<int64_t>(positive("max-connections", 1024));
+  http.header_timeout_s = positive("header-timeout", http.header_timeout_s);
+  http.request_timeout_s = positive("request-timeout", http.request_timeout_s);
+  http.idle_timeout_s = positive("idle-timeout", http.idle_timeout_s);
+  http.io_threads = static_cast<int>(positive("io-threads", http.io_threads));
+  const double drain_s = f.number("drain-timeout", 30);
+  HYP_USAGE_CHECK(drain_s >= 0, "serve: --drain-timeout must be >= 0, got '{}'",
+                  f.get("drain-timeout"));
+  // Fail before the (slow) load when the port is taken.
+  serve::check_port_available(host, static_cast<int>(port));
+  serve::raise_open_file_limit(http.max_connections + 64);
 
   // SIGINT/SIGTERM are handled by one thread (sigwait), so no handler runs inside the
   // engine or the HTTP threads; block them before any thread starts.
@@ -62,8 +88,10 @@ int cmd_serve(const Args& args) {
   ctx.tokenizer = &c.tokenizer;
   ctx.model_name = rc.model_name;
   ctx.chat_template = rc.chat_template;
+  ctx.context_tokens = rc.max_seq_len;
+  ctx.max_prompt_bytes = serve::prompt_byte_bound(c.tokenizer, rc.max_seq_len);
   serve::AsyncEngine async(engine);
-  serve::HttpServer server(async, ctx);
+  serve::HttpServer server(async, ctx, http);
   const int bound = server.bind(host, static_cast<int>(port));
   const serve::ModelRunner& runner = engine.runner();
   log_info(
@@ -75,15 +103,18 @@ int cmd_serve(const Args& args) {
       rc.padded_attention ? "padded" : "ragged", rc.prefix_caching ? "on" : "off");
   log_info("serve: weights read per token {:.1f} MiB ({} B)",
            double(runner.weight_bytes()) / (1 << 20), runner.weight_bytes());
+  std::atomic<bool> serving{true};
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&signals, &sig);
-    log_info("serve: signal {}: shutting down", sig);
-    server.stop();
+    if (!serving) return;  // woken by run() returning on its own
+    log_info("serve: signal {}: draining (up to {} s for running requests)", sig, drain_s);
+    const int64_t cut = server.drain(drain_s);
+    log_info("serve: drained; {} requests were cut short", cut);
   });
   server.run();
-  // run() also returns if the listener fails; wake the signal thread in that case.
-  pthread_kill(waiter.native_handle(), SIGTERM);
+  serving = false;
+  pthread_kill(waiter.native_handle(), SIGTERM);  // wake the signal thread if still waiting
   waiter.join();
   async.stop();
   return 0;

@@ -191,6 +191,13 @@ std::string Tokenizer::id_to_piece(int32_t id) const {
   return impl_->sp.IdToPiece(id);
 }
 
+size_t Tokenizer::max_piece_bytes() const {
+  size_t longest = 1;
+  for (int32_t id = 0; id < vocab_size(); ++id)
+    longest = std::max(longest, impl_->sp.IdToPiece(id).size());
+  return longest;
+}
+
 int32_t Tokenizer::vocab_size() const {
   return impl_->sp.GetPieceSize();
 }

@@ -49,6 +49,10 @@ class Tokenizer {
   std::string id_to_piece(int32_t id) const;
 
   int32_t vocab_size() const;
+  // The longest piece in bytes (the word-start mark counted as its 3 UTF-8 bytes): with
+  // identity normalisation no token stands for more input bytes, so a text of B bytes
+  // is at least B / max_piece_bytes() tokens. (A scan of the vocabulary; callers keep it.)
+  size_t max_piece_bytes() const;
   int32_t bos_id() const;
   int32_t eos_id() const;
   int32_t unk_id() const;

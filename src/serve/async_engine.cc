@@ -6,7 +6,6 @@ namespace hyperion::serve {
 
 AsyncEngine::AsyncEngine(Engine& engine) : engine_(engine) {
   stats_ = engine_.stats();
-  capacity_ = engine_.queue_capacity();
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -17,15 +16,33 @@ AsyncEngine::~AsyncEngine() {
 int64_t AsyncEngine::submit(GenerationRequest request, TokenCallback callback) {
   engine_.validate(request);
   std::lock_guard<std::mutex> lock(mu_);
-  HYP_CHECK(!stop_, "serve: the engine is shutting down");
-  if (stats_.waiting + static_cast<int64_t>(inbox_.size()) >= capacity_)
-    throw QueueFullError(fmt::format("the queue is full ({} requests waiting for {} slots)",
-                                     stats_.waiting + static_cast<int64_t>(inbox_.size()),
-                                     stats_.slots_total));
+  if (stop_) throw ShuttingDownError("the server is shutting down");
+  // Admission is decided here, once, against the requests this engine has accepted and
+  // not yet finished: a stale snapshot of the engine's queue would let more in than
+  // max_queue allows, and the engine would then reject them after the HTTP layer had
+  // already answered 200.
+  const EngineConfig& c = engine_.config();
+  if (outstanding_ >= c.max_concurrent_decodes + c.max_queue)
+    throw QueueFullError(fmt::format(
+        "the queue is full ({} requests accepted for {} slots and max_queue={}); retry later",
+        outstanding_, c.max_concurrent_decodes, c.max_queue));
+  ++outstanding_;
   const int64_t id = next_id_++;
-  inbox_.push_back(Pending{id, std::move(request), std::move(callback)});
+  TokenCallback counted = [this, cb = std::move(callback)](const TokenEvent& ev) {
+    if (cb) cb(ev);
+    if (ev.finish != FinishReason::kNone) {
+      std::lock_guard<std::mutex> l(mu_);
+      --outstanding_;
+    }
+  };
+  inbox_.push_back(Pending{id, std::move(request), std::move(counted)});
   cv_.notify_one();
   return id;
+}
+
+int64_t AsyncEngine::outstanding() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return outstanding_;
 }
 
 void AsyncEngine::cancel(int64_t id) {
@@ -41,10 +58,8 @@ EngineStats AsyncEngine::stats() const {
 
 void AsyncEngine::snapshot() {
   EngineStats st = engine_.stats();
-  const int64_t cap = engine_.queue_capacity();
   std::lock_guard<std::mutex> lock(mu_);
   stats_ = st;
-  capacity_ = cap;
 }
 
 void AsyncEngine::loop() {
@@ -52,6 +67,7 @@ void AsyncEngine::loop() {
     std::vector<Pending> inbox;
     std::vector<int64_t> cancels;
     bool stopping = false;
+    std::string stop_message;
     {
       const bool busy = engine_.has_work();
       std::unique_lock<std::mutex> lock(mu_);
@@ -61,6 +77,7 @@ void AsyncEngine::loop() {
       inbox.swap(inbox_);
       cancels.swap(cancels_);
       stopping = stop_;
+      if (stopping) stop_message = stop_reason_;
     }
     for (Pending& p : inbox) {
       TokenCallback cb = p.callback;
@@ -75,7 +92,7 @@ void AsyncEngine::loop() {
     }
     for (int64_t id : cancels) engine_.cancel(id);
     if (stopping) {
-      engine_.fail_all("the server is shutting down");
+      engine_.fail_all(stop_message);
       snapshot();
       return;
     }
@@ -106,11 +123,12 @@ void AsyncEngine::set_step_delay(std::chrono::milliseconds delay) {
   step_delay_ = delay;
 }
 
-void AsyncEngine::stop() {
+void AsyncEngine::stop(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_ && !thread_.joinable()) return;
     stop_ = true;
+    stop_reason_ = reason;
     cv_.notify_one();
   }
   if (thread_.joinable()) thread_.join();

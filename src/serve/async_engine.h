@@ -24,9 +24,13 @@ class AsyncEngine {
   AsyncEngine(const AsyncEngine&) = delete;
   AsyncEngine& operator=(const AsyncEngine&) = delete;
 
-  // Validates (RequestError) and queues (QueueFullError when max_queue requests already
-  // wait); returns the request id at once.
+  // Validates (RequestError) and queues; returns the request id at once. Throws
+  // QueueFullError when max_concurrent_decodes + max_queue requests are already accepted
+  // and unfinished (so with every slot busy exactly max_queue wait), and
+  // ShuttingDownError after stop(). A request accepted here is never rejected later.
   int64_t submit(GenerationRequest request, TokenCallback callback);
+  // Requests accepted and not yet finished (their last event not yet delivered).
+  int64_t outstanding() const;
   void cancel(int64_t id);
   // The engine's counters after its last step.
   EngineStats stats() const;
@@ -35,8 +39,9 @@ class AsyncEngine {
   // before every step (holds requests in flight for disconnect and queue tests).
   void set_paused(bool paused);
   void set_step_delay(std::chrono::milliseconds delay);
-  // Ends every request (abort) and joins the engine thread.
-  void stop();
+  // Ends every unfinished request with FinishReason::kError and `reason`, refuses new
+  // ones, and joins the engine thread. Idempotent.
+  void stop(const std::string& reason = "the server is shutting down");
 
  private:
   struct Pending {
@@ -53,11 +58,12 @@ class AsyncEngine {
   std::vector<Pending> inbox_;
   std::vector<int64_t> cancels_;
   bool stop_ = false;
+  std::string stop_reason_;
+  int64_t outstanding_ = 0;  // accepted by submit(), final event not yet delivered
   bool paused_ = false;
   std::chrono::milliseconds step_delay_{0};
   int64_t next_id_ = 1;
   EngineStats stats_;
-  int64_t capacity_ = 0;  // engine queue capacity after the last step
   std::thread thread_;
 };
 

@@ -54,6 +54,10 @@ struct RequestError : Error {
 struct QueueFullError : Error {
   using Error::Error;
 };
+// Thrown by AsyncEngine::submit once the server is shutting down (HTTP 503).
+struct ShuttingDownError : Error {
+  using Error::Error;
+};
 
 struct EngineStats {
   int64_t running = 0;  // requests holding a slot (prefilling or decoding)

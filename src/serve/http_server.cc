@@ -1,61 +1,32 @@
 #include "serve/http_server.h"
 
-#include <httplib.h>
-#include <sys/socket.h>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <mutex>
+#include <thread>
 
 #include "base/log.h"
+#include "serve/http_connection.h"
 #include "serve/metrics.h"
 
 namespace hyperion::serve {
 
-namespace {
-
+namespace net = boost::asio;
+namespace http = boost::beast::http;
+using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
-constexpr size_t kMaxBody = 8u << 20;
+
+namespace {
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// Token events of one request, handed from the engine thread to the HTTP thread. The
-// engine-side callback also records the request's latency metrics, so they are counted
-// even when the client has gone.
-struct Channel {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<TokenEvent> events;
-
-  void push(const TokenEvent& e) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      events.push_back(e);
-    }
-    cv.notify_all();
-  }
-  // Waits up to `timeout` for an event.
-  bool pop(TokenEvent& e, std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mu);
-    if (!cv.wait_for(lock, timeout, [&] { return !events.empty(); })) return false;
-    e = std::move(events.front());
-    events.pop_front();
-    return true;
-  }
-};
-
-struct Tracker {
-  Clock::time_point arrival = Clock::now();
-  Clock::time_point first{};
-  int64_t tokens = 0;
-};
-
-void send_error(httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  res.set_content(error_body(e), "application/json");
 }
 
 ApiError make_error(int status, const std::string& message, const std::string& param = "",
@@ -73,29 +44,167 @@ ApiError make_error(int status, const std::string& message, const std::string& p
   return e;
 }
 
+// Latency of one request, recorded on the engine thread (counted even when the client
+// has gone).
+struct Tracker {
+  Clock::time_point arrival = Clock::now();
+  Clock::time_point first{};
+  int64_t tokens = 0;
+};
+
+// One generation request's state on its connection's strand.
+struct Generation {
+  ApiRequest api;
+  Completion completion;
+  bool first = true;
+};
+
+struct Route {
+  const char* path;
+  http::verb method;
+};
+constexpr Route kRoutes[] = {{"/v1/completions", http::verb::post},
+                             {"/v1/chat/completions", http::verb::post},
+                             {"/v1/models", http::verb::get},
+                             {"/health", http::verb::get},
+                             {"/metrics", http::verb::get}};
+
 }  // namespace
 
-struct HttpServer::Impl {
-  Impl(AsyncEngine& e, ApiContext c) : engine(e), ctx(std::move(c)), metrics(registry) {}
+struct HttpServer::Impl : HttpApplication, std::enable_shared_from_this<HttpServer::Impl> {
+  Impl(AsyncEngine& e, ApiContext c, HttpOptions o)
+      : engine(e), ctx(std::move(c)), options(o), metrics_(registry) {
+    limits.header_timeout_s = o.header_timeout_s;
+    limits.request_timeout_s = o.request_timeout_s;
+    limits.idle_timeout_s = o.idle_timeout_s;
+    limits.write_timeout_s = o.write_timeout_s;
+  }
 
   AsyncEngine& engine;
   ApiContext ctx;
+  HttpOptions options;
+  HttpLimits limits;
   MetricsRegistry registry;
-  ServerMetrics metrics;
-  httplib::Server server;
-  std::mutex metrics_mu;  // counters synced from engine totals at scrape time
+  ServerMetrics metrics_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> connections{0};
+  std::mutex mu;  // guards: live, active, next_completion; metrics sync at scrape
+  std::condition_variable idle_cv;
+  std::vector<std::weak_ptr<HttpConnection>> live;
+  int64_t active = 0;  // generation requests not yet answered
   int64_t next_completion = 1;
-  std::mutex id_mu;
+  // Last, so destroyed first: handlers still queued hold connections, whose destructors
+  // use the members above.
+  net::io_context ioc{1};
+  tcp::acceptor acceptor{ioc};
 
-  std::string completion_id(bool chat) {
-    std::lock_guard<std::mutex> lock(id_mu);
-    return fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", next_completion++);
+  // HttpApplication.
+  bool draining() const override { return draining_.load(); }
+  ServerMetrics& metrics() override { return metrics_; }
+  void connection_closed() override {
+    const int64_t left = --connections;
+    metrics_.http_connections.set(double(left));
+    std::lock_guard<std::mutex> lock(mu);
+    idle_cv.notify_all();
+  }
+
+  void accept() {
+    acceptor.async_accept(net::make_strand(ioc), [self = shared_from_this()](
+                                                     boost::system::error_code ec, tcp::socket s) {
+      if (ec) {
+        if (ec == net::error::operation_aborted || !self->acceptor.is_open()) return;
+        log_warn("serve: accept failed: {}", ec.message());  // e.g. out of descriptors
+      } else {
+        self->admit(std::move(s));
+      }
+      self->accept();
+    });
+  }
+
+  void admit(tcp::socket socket) {
+    if (connections.load() >= options.max_connections) {
+      // Over the cap: say so and close, instead of letting the client wait in a backlog.
+      metrics_.http_connections_rejected.inc();
+      auto sock = std::make_shared<tcp::socket>(std::move(socket));
+      auto msg = std::make_shared<std::string>(
+          "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: "
+          "close\r\nRetry-After: 1\r\n");
+      const std::string body = error_body(make_error(
+          503, fmt::format("too many connections (max_connections={})", options.max_connections)));
+      *msg += fmt::format("Content-Length: {}\r\n\r\n{}", body.size(), body);
+      net::async_write(*sock, net::buffer(*msg), [sock, msg](boost::system::error_code, size_t) {
+        boost::system::error_code ignored;
+        sock->shutdown(tcp::socket::shutdown_both, ignored);
+      });
+      return;
+    }
+    metrics_.http_connections.set(double(++connections));
+    auto conn = std::make_shared<HttpConnection>(std::move(socket), *this, limits);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      std::erase_if(live, [](const std::weak_ptr<HttpConnection>& w) { return w.expired(); });
+      live.push_back(conn);
+    }
+    conn->start();
+  }
+
+  void handle(const std::shared_ptr<HttpConnection>& conn, HttpRequest req) override {
+    std::string path(req.target());
+    if (const size_t q = path.find('?'); q != std::string::npos) path.resize(q);
+    std::string allow;
+    bool found = false;
+    for (const Route& r : kRoutes) {
+      if (path != r.path) continue;
+      found = true;
+      if (r.method == req.method()) {
+        allow.clear();
+        break;
+      }
+      allow = std::string(http::to_string(r.method));
+    }
+    if (!found)
+      return send_error(*conn, make_error(404,
+                                          fmt::format("no route {} {}",
+                                                      std::string(req.method_string()), path),
+                                          "", "not_found_error"));
+    if (!allow.empty())
+      return send_error(*conn,
+                        make_error(405,
+                                   fmt::format("{} does not accept {} (allowed: {})", path,
+                                               std::string(req.method_string()), allow),
+                                   "", "invalid_request_error"),
+                        {{"Allow", allow}});
+    if (draining()) {
+      metrics_.rejected_draining.inc();
+      return send_error(*conn, make_error(503, "the server is shutting down"), {}, true);
+    }
+    if (path == "/health")
+      return conn->respond(200, "application/json", "{\"status\":\"ok\"}");
+    if (path == "/metrics")
+      return conn->respond(200, "text/plain; version=0.0.4; charset=utf-8", render_metrics());
+    if (path == "/v1/models") return conn->respond(200, "application/json", models_json());
+    handle_generate(conn, req.body(), path == "/v1/chat/completions");
+  }
+
+  void send_error(HttpConnection& conn, const ApiError& e, const HttpHeaders& extra = {},
+                  bool close = false) {
+    conn.respond(e.status, "application/json", error_body(e), extra, close);
+  }
+
+  std::string models_json() {
+    const EngineConfig& c = engine.engine().config();
+    nlohmann::json m = {{"id", ctx.model_name},
+                        {"object", "model"},
+                        {"created", 0},
+                        {"owned_by", "hyperion"},
+                        {"max_model_len", c.max_seq_len}};
+    return nlohmann::json({{"object", "list"}, {"data", nlohmann::json::array({m})}}).dump();
   }
 
   std::string render_metrics() {
-    std::lock_guard<std::mutex> lock(metrics_mu);
+    std::lock_guard<std::mutex> lock(mu);
     const EngineStats st = engine.stats();
-    ServerMetrics& m = metrics;
+    ServerMetrics& m = metrics_;
     m.requests_running.set(double(st.running));
     m.requests_waiting.set(double(st.waiting));
     m.slots_used.set(double(st.running));
@@ -122,212 +231,233 @@ struct HttpServer::Impl {
     if (ev.token >= 0) {
       if (t.tokens == 0) {
         t.first = Clock::now();
-        metrics.ttft.observe(std::chrono::duration<double>(t.first - t.arrival).count());
+        metrics_.ttft.observe(std::chrono::duration<double>(t.first - t.arrival).count());
       }
       ++t.tokens;
     }
     if (ev.finish == FinishReason::kNone) return;
-    const double e2e = seconds_since(t.arrival);
-    metrics.e2e.observe(e2e);
+    metrics_.e2e.observe(seconds_since(t.arrival));
     if (t.tokens >= 2)
-      metrics.tpot.observe(std::chrono::duration<double>(Clock::now() - t.first).count() /
-                           double(t.tokens - 1));
-    metrics.finished(finish_reason_name(ev.finish)).inc();
+      metrics_.tpot.observe(std::chrono::duration<double>(Clock::now() - t.first).count() /
+                            double(t.tokens - 1));
+    metrics_.finished(finish_reason_name(ev.finish)).inc();
   }
 
-  void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat) {
-    ApiRequest api;
+  void handle_generate(const std::shared_ptr<HttpConnection>& conn, const std::string& body,
+                       bool chat) {
+    auto gen = std::make_shared<Generation>();
     try {
-      api = chat ? parse_chat_request(req.body, ctx) : parse_completion_request(req.body, ctx);
+      gen->api = chat ? parse_chat_request(body, ctx) : parse_completion_request(body, ctx);
     } catch (const ApiException& e) {
-      metrics.rejected_invalid.inc();
-      return send_error(res, e.error);
+      metrics_.rejected_invalid.inc();
+      return send_error(*conn, e.error);
     } catch (const std::exception& e) {
-      metrics.rejected_invalid.inc();
-      return send_error(res, make_error(400, e.what()));
+      metrics_.rejected_invalid.inc();
+      return send_error(*conn, make_error(400, e.what()));
     }
-    auto channel = std::make_shared<Channel>();
     auto tracker = std::make_shared<Tracker>();
     int64_t id = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++active;  // before submit: the final event may arrive before submit returns
+    }
     try {
-      id = engine.submit(api.gen, [this, channel, tracker](const TokenEvent& ev) {
+      // Engine thread: record metrics, then hand the event to the connection's strand.
+      id = engine.submit(gen->api.gen, [this, conn, gen, tracker](const TokenEvent& ev) {
         observe(*tracker, ev);
-        channel->push(ev);
+        conn->post([this, conn, gen, ev] { on_event(*conn, *gen, ev); });
       });
-    } catch (const RequestError& e) {
-      metrics.rejected_invalid.inc();
-      return send_error(res, make_error(400, e.what(), e.param));
-    } catch (const QueueFullError& e) {
-      metrics.rejected_queue_full.inc();
-      return send_error(res, make_error(429, e.what()));
-    } catch (const Error& e) {
-      return send_error(res, make_error(503, e.what()));
+    } catch (const std::exception& e) {
+      request_done();
+      if (const auto* r = dynamic_cast<const RequestError*>(&e)) {
+        metrics_.rejected_invalid.inc();
+        return send_error(*conn, make_error(400, r->what(), r->param));
+      }
+      if (dynamic_cast<const QueueFullError*>(&e) != nullptr) {
+        metrics_.rejected_queue_full.inc();
+        return send_error(*conn, make_error(429, e.what()), {{"Retry-After", "1"}});
+      }
+      return send_error(*conn, make_error(503, e.what()));
     }
-    auto completion = std::make_shared<Completion>();
-    completion->id = completion_id(chat);
-    completion->created = std::chrono::duration_cast<std::chrono::seconds>(
-                              std::chrono::system_clock::now().time_since_epoch())
-                              .count();
-    auto absorb = [completion](const TokenEvent& ev) {
-      if (ev.token >= 0) {
-        completion->tokens.push_back(ev.token);
-        completion->logprobs.push_back(ev.logprob);
-      }
-      completion->text += ev.text;
-      if (ev.finish != FinishReason::kNone) {
-        completion->finish = ev.finish;
-        completion->prompt_tokens = ev.prompt_tokens;
-        completion->completion_tokens = ev.completion_tokens;
-        completion->cached_tokens = ev.cached_tokens;
-      }
-    };
-
-    if (!api.stream) {
-      TokenEvent ev;
-      for (;;) {
-        if (!channel->pop(ev, std::chrono::milliseconds(200))) continue;
-        absorb(ev);
-        if (ev.finish != FinishReason::kNone) break;
-      }
-      if (ev.finish == FinishReason::kError)
-        return send_error(res, make_error(500, "generation failed: " + ev.error));
-      if (ev.finish == FinishReason::kAbort)
-        return send_error(res, make_error(503, "the request was cancelled"));
-      res.set_content(completion_response(api, *completion, ctx), "application/json");
-      return;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      gen->completion.id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", next_completion++);
     }
-
-    res.set_header("Cache-Control", "no-cache");
-    auto first = std::make_shared<bool>(true);
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, api, channel, completion, absorb, first](size_t, httplib::DataSink& sink) {
-          TokenEvent ev;
-          if (!channel->pop(ev, std::chrono::milliseconds(50))) {
-            // Nothing yet (queued or a long prefill): make sure the client is still there.
-            return sink.is_writable();
-          }
-          absorb(ev);
-          std::string out;
-          if (ev.finish == FinishReason::kError || ev.finish == FinishReason::kAbort) {
-            out = stream_error_event(make_error(ev.finish == FinishReason::kError ? 500 : 503,
-                                                ev.finish == FinishReason::kError
-                                                    ? "generation failed: " + ev.error
-                                                    : "the request was cancelled"));
-          } else {
-            out = stream_token_event(api, *completion, ev, *first, ctx);
-            *first = false;
-          }
-          if (ev.finish != FinishReason::kNone) {
-            if (api.include_usage && ev.finish != FinishReason::kError &&
-                ev.finish != FinishReason::kAbort)
-              out += stream_usage_event(api, *completion, ctx);
-            out += kStreamDone;
-          }
-          if (!sink.write(out.data(), out.size())) return false;
-          if (ev.finish != FinishReason::kNone) sink.done();
-          return true;
-        },
-        [this, id, completion](bool success) {
-          // The stream ended early (client gone): free the slot and pages now.
-          if (!success || completion->finish == FinishReason::kNone) engine.cancel(id);
-        });
+    gen->completion.created = std::chrono::duration_cast<std::chrono::seconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count();
+    // A client that goes away frees its slot and pages at the engine's next step.
+    conn->set_cancel_hook([this, id] { engine.cancel(id); });
+    if (gen->api.stream) conn->begin_stream("text/event-stream");
   }
 
-  void routes() {
-    server.set_payload_max_length(kMaxBody);
-    server.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      handle_generate(req, res, false);
-    });
-    server.Post("/v1/chat/completions",
-                [this](const httplib::Request& req, httplib::Response& res) {
-                  handle_generate(req, res, true);
-                });
-    server.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      const EngineConfig& c = engine.engine().config();
-      nlohmann::json m = {{"id", ctx.model_name},
-                          {"object", "model"},
-                          {"created", 0},
-                          {"owned_by", "hyperion"},
-                          {"max_model_len", c.max_seq_len}};
-      nlohmann::json j = {{"object", "list"}, {"data", nlohmann::json::array({m})}};
-      res.set_content(j.dump(), "application/json");
-    });
-    server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content("{\"status\":\"ok\"}", "application/json");
-    });
-    server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(render_metrics(), "text/plain; version=0.0.4; charset=utf-8");
-    });
-    server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return;  // a handler already wrote an error body
-      if (res.status == 404)
-        send_error(res, make_error(404, fmt::format("no route {} {}", req.method, req.path), "",
-                                   "not_found_error"));
-      else if (res.status == 413)
-        send_error(res,
-                   make_error(413, fmt::format("the request body exceeds {} bytes", kMaxBody)));
-      else
-        send_error(res, make_error(res.status, fmt::format("HTTP {}", res.status)));
-    });
-    server.set_exception_handler(
-        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-          std::string what = "internal error";
-          try {
-            if (ep) std::rethrow_exception(ep);
-          } catch (const std::exception& e) {
-            what = e.what();
-          } catch (...) {
-          }
-          send_error(res, make_error(500, what));
-        });
-    // Every slot and queue entry may hold a streaming connection at once.
-    const EngineConfig& c = engine.engine().config();
-    const size_t threads = static_cast<size_t>(
-        std::clamp<int64_t>(c.max_concurrent_decodes + c.max_queue + 8, 16, 1024));
-    server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  void request_done() {
+    std::lock_guard<std::mutex> lock(mu);
+    --active;
+    idle_cv.notify_all();
+  }
+
+  // One token event on the connection's strand.
+  void on_event(HttpConnection& conn, Generation& g, const TokenEvent& ev) {
+    Completion& c = g.completion;
+    if (ev.token >= 0) {
+      c.tokens.push_back(ev.token);
+      c.logprobs.push_back(ev.logprob);
+    }
+    c.text += ev.text;
+    const bool last = ev.finish != FinishReason::kNone;
+    if (last) {
+      c.finish = ev.finish;
+      c.prompt_tokens = ev.prompt_tokens;
+      c.completion_tokens = ev.completion_tokens;
+      c.cached_tokens = ev.cached_tokens;
+      request_done();
+    }
+    const bool failed = ev.finish == FinishReason::kError || ev.finish == FinishReason::kAbort;
+    const ApiError failure =
+        ev.finish == FinishReason::kError
+            ? make_error(ev.error.find("shutting down") != std::string::npos ? 503 : 500,
+                         ev.error.find("shutting down") != std::string::npos
+                             ? ev.error
+                             : "generation failed: " + ev.error)
+            : make_error(503, "the request was cancelled");
+    if (!g.api.stream) {
+      if (!last) return;
+      if (failed) return send_error(conn, failure);
+      return conn.respond(200, "application/json", completion_response(g.api, c, ctx));
+    }
+    std::string out;
+    if (failed) {
+      out = stream_error_event(failure);
+    } else {
+      out = stream_token_event(g.api, c, ev, g.first, ctx);
+      g.first = false;
+    }
+    if (last) {
+      if (g.api.include_usage && !failed) out += stream_usage_event(g.api, c, ctx);
+      out += kStreamDone;
+    }
+    conn.stream_write(std::move(out));
+    if (last) conn.stream_end();
+  }
+
+  std::vector<std::shared_ptr<HttpConnection>> live_connections() {
+    std::vector<std::shared_ptr<HttpConnection>> out;
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& w : live)
+      if (auto c = w.lock()) out.push_back(std::move(c));
+    return out;
   }
 };
 
-HttpServer::HttpServer(AsyncEngine& engine, ApiContext context)
-    : impl_(std::make_unique<Impl>(engine, std::move(context))) {
-  impl_->routes();
-}
+HttpServer::HttpServer(AsyncEngine& engine, ApiContext context, HttpOptions options)
+    : impl_(std::make_shared<Impl>(engine, std::move(context), options)) {}
 
 HttpServer::~HttpServer() {
   stop();
+  // No engine callback may outlive the server: they hold its connections and metrics.
+  if (impl_) impl_->engine.stop("the server is shutting down");
+}
+
+namespace {
+
+void listen_on(tcp::acceptor& acceptor, const std::string& host, int port) {
+  boost::system::error_code ec;
+  tcp::resolver resolver(acceptor.get_executor());
+  const auto endpoints = resolver.resolve(host, std::to_string(port), ec);
+  HYP_CHECK(!ec && !endpoints.empty(), "serve: cannot resolve --host '{}': {}", host,
+            ec.message());
+  const tcp::endpoint ep = endpoints.begin()->endpoint();
+  acceptor.open(ep.protocol(), ec);
+  HYP_CHECK(!ec, "serve: cannot open a socket for {}:{}: {}", host, port, ec.message());
+  // SO_REUSEADDR only (restart while old connections sit in TIME_WAIT); never
+  // SO_REUSEPORT, with which a second server would share the port and split requests.
+  acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  acceptor.bind(ep, ec);
+  if (ec == net::error::address_in_use)
+    fail("serve: cannot listen on {}:{}: the port is in use (another server is listening "
+         "there; stop it or choose another --port)",
+         host, port);
+  HYP_CHECK(!ec, "serve: cannot listen on {}:{}: {}", host, port, ec.message());
+  acceptor.listen(1024, ec);  // a burst of clients must not overflow a small backlog
+  HYP_CHECK(!ec, "serve: cannot listen on {}:{}: {}", host, port, ec.message());
+}
+
+}  // namespace
+
+void check_port_available(const std::string& host, int port) {
+  net::io_context ioc;
+  tcp::acceptor probe(ioc);
+  listen_on(probe, host, port);
+}
+
+void raise_open_file_limit(int64_t wanted) {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  if (lim.rlim_cur != RLIM_INFINITY && static_cast<int64_t>(lim.rlim_cur) >= wanted) return;
+  const rlim_t target = lim.rlim_max == RLIM_INFINITY
+                            ? static_cast<rlim_t>(wanted)
+                            : std::min<rlim_t>(lim.rlim_max, static_cast<rlim_t>(wanted));
+  if (target > lim.rlim_cur) {
+    lim.rlim_cur = target;
+    ::setrlimit(RLIMIT_NOFILE, &lim);
+  }
+  if (static_cast<int64_t>(target) < wanted)
+    log_warn("serve: the open-file limit is {} (hard); fewer than {} connections will fit",
+             static_cast<int64_t>(target), wanted);
 }
 
 int HttpServer::bind(const std::string& host, int port) {
-  // httplib listens with a backlog of 5; a burst of clients (a benchmark opening 64
-  // streams at once) overflows that and connections stall or fail. Keep the listening
-  // socket and raise its backlog once bound (listen() again only updates it).
-  int listen_fd = -1;
-  impl_->server.set_socket_options([&listen_fd](socket_t sock) {
-    httplib::default_socket_options(sock);
-    listen_fd = sock;
-  });
-  auto raise_backlog = [&listen_fd] {
-    if (listen_fd >= 0) ::listen(listen_fd, 1024);
-  };
-  if (port == 0) {
-    const int p = impl_->server.bind_to_any_port(host);
-    HYP_CHECK(p > 0, "serve: cannot bind {} (any port)", host);
-    raise_backlog();
-    return p;
-  }
-  HYP_CHECK(impl_->server.bind_to_port(host, port), "serve: cannot bind {}:{} (in use?)", host,
-            port);
-  raise_backlog();
-  return port;
+  Impl& s = *impl_;
+  listen_on(s.acceptor, host, port);
+  return s.acceptor.local_endpoint().port();
 }
 
 void HttpServer::run() {
-  impl_->server.listen_after_bind();
+  Impl& s = *impl_;
+  HYP_CHECK(s.acceptor.is_open(), "HttpServer::run: call bind() first");
+  auto guard = net::make_work_guard(s.ioc);
+  s.accept();
+  std::vector<std::thread> threads;
+  for (int i = 1; i < std::max(1, s.options.io_threads); ++i)
+    threads.emplace_back([&s] { s.ioc.run(); });
+  s.ioc.run();
+  for (auto& t : threads) t.join();
 }
 
 void HttpServer::stop() {
-  if (impl_) impl_->server.stop();
+  if (impl_) impl_->ioc.stop();
+}
+
+int64_t HttpServer::drain(double grace_s) {
+  auto s = impl_;
+  s->draining_ = true;
+  net::post(s->ioc, [s] {
+    boost::system::error_code ignored;
+    s->acceptor.close(ignored);
+  });
+  for (auto& c : s->live_connections()) c->close_when_idle();
+  int64_t cut = 0;
+  {
+    std::unique_lock<std::mutex> lock(s->mu);
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(grace_s));
+    s->idle_cv.wait_until(lock, deadline, [&] { return s->active == 0; });
+    cut = s->active;
+  }
+  if (cut > 0) log_warn("serve: drain: {} requests still running after {} s; ending them", cut,
+                        grace_s);
+  // Ends whatever is left with an error event (streams also get [DONE]).
+  s->engine.stop("the server is shutting down");
+  {
+    // Let those last replies reach their clients (bounded).
+    std::unique_lock<std::mutex> lock(s->mu);
+    s->idle_cv.wait_for(lock, std::chrono::seconds(5), [&] {
+      return s->active == 0 && s->connections.load() == 0;
+    });
+  }
+  s->ioc.stop();
+  return cut;
 }
 
 std::string HttpServer::metrics_text() {

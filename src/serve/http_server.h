@@ -1,15 +1,29 @@
-// `hyperion serve`'s HTTP front end (cpp-httplib): the OpenAI-compatible routes on top
-// of an AsyncEngine.
+// `hyperion serve`'s HTTP/1.1 front end: the OpenAI-compatible routes on top of an
+// AsyncEngine, on Boost.Beast and Asio (event-driven: a connection costs a socket and
+// a buffer, not a thread).
 //
 //   POST /v1/completions, POST /v1/chat/completions   (stream: true -> server-sent events)
-//   GET  /v1/models, GET /health, GET /metrics (Prometheus text format 0.0.4)
+//   GET  /v1/models (with max_model_len), GET /health, GET /metrics (Prometheus 0.0.4)
 //
-// Errors are OpenAI-style JSON bodies: 400 for a bad request (naming the field), 404 for
-// an unknown model or route, 413 for a body over 8 MiB, 429 when the queue is full, 500
-// when the engine fails. A streaming client that disconnects has its request cancelled:
-// the engine frees its slot and pages on its next step. Each HTTP connection is served
-// by one of httplib's I/O threads (sized for every slot and queue entry to stream at
-// once); they only wait on sockets and queues, the engine thread does the compute.
+// Status codes: 400 for a bad request (the JSON body names the field) or malformed HTTP
+// (conflicting or negative Content-Length, bad chunking), 404 for an unknown route or
+// model, 405 with `Allow` for a wrong method on a real route, 413 for a body over 8 MiB,
+// 431 for headers over 16 KiB, 429 when the queue
+// is full (always before any byte of a response), 503 while draining or when
+// max_connections are open, 500 when the engine fails. Pipelined requests on one
+// connection are answered in order.
+//
+// Slow or idle clients cannot starve others: every connection has a deadline to send a
+// whole request head (header_timeout_s), its body (request_timeout_s) and to take each
+// write (write_timeout_s), past which it is closed; idle keep-alive connections are
+// closed after idle_timeout_s,
+// and at most max_connections are open at once. A fixed number of I/O threads serves
+// every connection; the engine thread does the compute.
+//
+// A client that disconnects has its request cancelled at once (the engine frees its
+// slot and pages on its next step). drain() is the graceful shutdown: stop accepting,
+// answer 503 to new requests, let running ones finish within a grace period, then end
+// the rest with an error event and [DONE].
 #pragma once
 
 #include <memory>
@@ -20,23 +34,45 @@
 
 namespace hyperion::serve {
 
+struct HttpOptions {
+  int io_threads = 2;
+  int64_t max_connections = 1024;
+  double header_timeout_s = 10;   // first byte of a request -> end of its head
+  double request_timeout_s = 60;  // end of the head -> end of the body
+  double idle_timeout_s = 60;     // keep-alive connection with no request
+  double write_timeout_s = 60;    // each write to a client that stopped reading
+};
+
+// Throws naming host:port when nothing can listen there now (a port in use is said to
+// be), so `hyperion serve` fails before loading a model it could not serve.
+void check_port_available(const std::string& host, int port);
+// Raises this process's open-file limit (soft, up to the hard limit) to `wanted`, so
+// max_connections sockets fit; logs when the hard limit is lower.
+void raise_open_file_limit(int64_t wanted);
+
 class HttpServer {
  public:
-  HttpServer(AsyncEngine& engine, ApiContext context);
+  HttpServer(AsyncEngine& engine, ApiContext context, HttpOptions options = {});
   ~HttpServer();
 
-  // Binds host:port (port 0 picks a free one); returns the port. Throws naming the
-  // address when it cannot bind.
+  // Binds host:port (port 0 picks a free one) and starts listening; returns the port.
+  // Throws naming the address when it cannot (a port in use is said to be in use).
   int bind(const std::string& host, int port);
-  // Serves until stop() (call bind first).
+  // Serves until stop() or the end of drain() (call bind first).
   void run();
+  // Closes every connection at once and makes run() return.
   void stop();
+  // Graceful shutdown (blocks up to `grace_s` + a few seconds): stops accepting, answers
+  // 503 to new requests on open connections, waits up to `grace_s` for the running
+  // requests, ends the rest with an error (a stream gets an error event and [DONE]),
+  // stops the engine, then makes run() return. Returns the requests that were cut.
+  int64_t drain(double grace_s);
   // The /metrics text as it would be served now.
   std::string metrics_text();
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;
 };
 
 }  // namespace hyperion::serve

@@ -462,6 +462,17 @@ ServerMetrics::ServerMetrics(MetricsRegistry& r)
           r.counter("hyperion_requests_rejected_total", kRejectedHelp, {{"reason", "invalid"}})),
       rejected_queue_full(
           r.counter("hyperion_requests_rejected_total", kRejectedHelp, {{"reason", "queue_full"}})),
+      rejected_draining(
+          r.counter("hyperion_requests_rejected_total", kRejectedHelp, {{"reason", "draining"}})),
+      http_connections(r.gauge("hyperion_http_connections", "Open HTTP connections.")),
+      http_connections_rejected(
+          r.counter("hyperion_http_connections_rejected_total",
+                    "Connections refused (HTTP 503) because max_connections were open.")),
+      http_timeouts(r.counter("hyperion_http_timeouts_total",
+                              "Connections closed because a request or a write was too slow, "
+                              "or a keep-alive connection sat idle.")),
+      http_bad_requests(r.counter("hyperion_http_bad_requests_total",
+                                  "Requests rejected as malformed HTTP (HTTP 400/413/431).")),
       ttft(r.histogram("hyperion_time_to_first_token_seconds",
                        "Time from request arrival to its first generated token.", kTtftBuckets)),
       tpot(r.histogram("hyperion_time_per_output_token_seconds",

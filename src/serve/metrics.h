@@ -157,7 +157,14 @@ struct ServerMetrics {
   Counter& finished_error;   // internal failure
   // hyperion_requests_rejected_total{reason=...}: requests refused before admission.
   Counter& rejected_invalid;     // bad request (HTTP 400)
-  Counter& rejected_queue_full;  // queue at capacity (HTTP 429/503)
+  Counter& rejected_queue_full;  // queue at capacity (HTTP 429)
+  Counter& rejected_draining;    // arrived while the server drains for shutdown (HTTP 503)
+
+  // The HTTP front end.
+  Gauge& http_connections;              // hyperion_http_connections: open connections
+  Counter& http_connections_rejected;   // hyperion_http_connections_rejected_total: over the cap
+  Counter& http_timeouts;               // hyperion_http_timeouts_total: slow or idle clients cut
+  Counter& http_bad_requests;           // hyperion_http_bad_requests_total: malformed HTTP
 
   // Latency histograms, seconds.
   Histogram& ttft;  // hyperion_time_to_first_token_seconds: arrival -> first token

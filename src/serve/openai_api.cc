@@ -20,15 +20,116 @@ namespace {
   throw ApiException(std::move(e));
 }
 
+// Where a JSON parse failed: the path of the value being read ("messages[0].content")
+// and the parser's message. Only run after a failed parse, to name the field at fault.
+class ErrorLocator : public nlohmann::json_sax<json> {
+ public:
+  std::string path() const {
+    std::string out;
+    for (const Level& l : stack_) {
+      if (l.array)
+        out += fmt::format("[{}]", l.index < 0 ? 0 : l.index);
+      else if (!l.key.empty() && !l.done)
+        out += (out.empty() ? "" : ".") + l.key;
+      else
+        break;  // between two members: no field is being read
+    }
+    return out;
+  }
+  size_t position = 0;
+  std::string message;
+
+  bool null() override { return scalar(); }
+  bool boolean(bool) override { return scalar(); }
+  bool number_integer(number_integer_t) override { return scalar(); }
+  bool number_unsigned(number_unsigned_t) override { return scalar(); }
+  bool number_float(number_float_t, const string_t&) override { return scalar(); }
+  bool string(string_t&) override { return scalar(); }
+  bool binary(binary_t&) override { return scalar(); }
+  bool start_object(std::size_t) override { return open(false); }
+  bool start_array(std::size_t) override { return open(true); }
+  bool key(string_t& k) override {
+    stack_.back().key = k;
+    stack_.back().done = false;
+    return true;
+  }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool parse_error(std::size_t pos, const std::string&,
+                   const nlohmann::detail::exception& e) override {
+    position = pos;
+    message = e.what();
+    // In an array the error is in the element after the last complete one.
+    if (!stack_.empty() && stack_.back().array) ++stack_.back().index;
+    return false;
+  }
+
+ private:
+  struct Level {
+    bool array;
+    int64_t index = -1;  // arrays: the element being read
+    std::string key;     // objects: the member being read ...
+    bool done = false;   // ... or the last one, complete
+  };
+  bool scalar() {
+    if (!stack_.empty()) {
+      if (stack_.back().array)
+        ++stack_.back().index;
+      else
+        stack_.back().done = true;
+    }
+    return true;
+  }
+  bool open(bool array) {
+    if (!stack_.empty() && stack_.back().array) ++stack_.back().index;
+    stack_.push_back(Level{array, -1, "", false});
+    return true;
+  }
+  bool close() {
+    stack_.pop_back();
+    if (!stack_.empty() && !stack_.back().array) stack_.back().done = true;
+    return true;
+  }
+  std::vector<Level> stack_;
+};
+
+// Bytes that are not printable ASCII as \xNN: error messages quote the request, and the
+// request may hold anything.
+std::string printable(std::string_view text) {
+  std::string out;
+  for (const unsigned char c : text) {
+    if (c >= 0x20 && c < 0x7f)
+      out += static_cast<char>(c);
+    else
+      out += fmt::format("\\x{:02x}", c);
+  }
+  return out;
+}
+
 json parse_body(const std::string& body) {
-  json j;
-  try {
-    j = json::parse(body);
-  } catch (const json::parse_error& e) {
-    bad("", fmt::format("the request body is not valid JSON: {}", e.what()));
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    ErrorLocator where;
+    json::sax_parse(body, &where);
+    const std::string field = where.path();
+    if (where.message.find("UTF-8") != std::string::npos ||
+        where.message.find("surrogate") != std::string::npos)
+      bad(field, fmt::format("{} is not valid UTF-8 (byte {} of the body)",
+                             field.empty() ? "the request body" : "'" + field + "'",
+                             where.position));
+    // nlohmann's message quotes what it read last; keep it, made printable.
+    bad(field, fmt::format("the request body is not valid JSON{}: {}",
+                           field.empty() ? "" : " (in '" + field + "')", printable(where.message)));
   }
   if (!j.is_object()) bad("", "the request body must be a JSON object");
   return j;
+}
+
+// Every JSON this API writes: a string that is not valid UTF-8 (a token sequence that
+// stops inside a character) is written with U+FFFD in place of the bad bytes instead of
+// making the whole response fail.
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 const char* type_name(const json& v) {
@@ -142,8 +243,18 @@ bool parse_common(const json& j, const std::string& key, const ApiContext& ctx, 
   return true;
 }
 
+// A text longer than this cannot fit the context whatever its tokens: refuse it before
+// spending time and memory tokenizing it.
+void check_text_bytes(const ApiContext& ctx, size_t bytes, const char* param) {
+  if (ctx.max_prompt_bytes > 0 && bytes > ctx.max_prompt_bytes)
+    bad(param, fmt::format("the prompt is {} bytes; a prompt over {} bytes cannot fit the "
+                           "context of {} tokens",
+                           bytes, ctx.max_prompt_bytes, ctx.context_tokens));
+}
+
 std::vector<int32_t> encode_with_bos(const ApiContext& ctx, const std::string& text) {
   if (ctx.tokenizer == nullptr) bad("prompt", "this server has no tokenizer: send token ids");
+  check_text_bytes(ctx, text.size(), "prompt");
   std::vector<int32_t> ids{ctx.tokenizer->bos_id()};
   const std::vector<int32_t> enc = ctx.tokenizer->encode(text);
   ids.insert(ids.end(), enc.begin(), enc.end());
@@ -157,13 +268,18 @@ void check_stream_options(const json& j, const ApiRequest& r) {
 
 }  // namespace
 
+size_t prompt_byte_bound(const io::Tokenizer& tokenizer, int64_t context_tokens) {
+  return static_cast<size_t>(std::max<int64_t>(context_tokens, 1)) *
+         std::max<size_t>(tokenizer.max_piece_bytes(), 4) * 2;
+}
+
 std::string error_body(const ApiError& e) {
   json j;
   j["error"] = {{"message", e.message},
                 {"type", e.type},
                 {"param", e.param.empty() ? json(nullptr) : json(e.param)},
                 {"code", e.status}};
-  return j.dump();
+  return dump(j);
 }
 
 ApiRequest parse_completion_request(const std::string& body, const ApiContext& ctx) {
@@ -179,6 +295,10 @@ ApiRequest parse_completion_request(const std::string& body, const ApiContext& c
       } else if (value.is_array() && value.size() == 1 && value[0].is_string()) {
         r.gen.prompt = encode_with_bos(ctx, value[0].get<std::string>());
       } else if (value.is_array() && !value.empty() && value[0].is_number()) {
+        if (ctx.context_tokens > 0 && static_cast<int64_t>(value.size()) >= ctx.context_tokens)
+          bad("prompt", fmt::format("the prompt is {} tokens; the context is {} (at least one "
+                                    "position must remain for the output)",
+                                    value.size(), ctx.context_tokens));
         for (const json& t : value) {
           if (!t.is_number_integer() && !t.is_number_unsigned())
             bad("prompt", "a token-id prompt must hold only integers");
@@ -208,6 +328,9 @@ ApiRequest parse_completion_request(const std::string& body, const ApiContext& c
 
 std::vector<int32_t> apply_chat_template(const json& messages, const ApiContext& ctx) {
   if (ctx.tokenizer == nullptr) bad("messages", "this server has no tokenizer for chat");
+  size_t bytes = 0;
+  for (const json& m : messages) bytes += m["content"].get_ref<const std::string&>().size();
+  check_text_bytes(ctx, bytes, "messages");
   const io::Tokenizer& tok = *ctx.tokenizer;
   std::vector<int32_t> ids{tok.bos_id()};
   auto append = [&](const std::string& text) {
@@ -348,7 +471,7 @@ json envelope(const ApiRequest& r, const Completion& c, const ApiContext& ctx, b
 }
 
 std::string sse(const json& j) {
-  return "data: " + j.dump() + "\n\n";
+  return "data: " + dump(j) + "\n\n";
 }
 
 }  // namespace
@@ -367,7 +490,7 @@ std::string completion_response(const ApiRequest& r, const Completion& c, const 
   choice["finish_reason"] = finish_json(c.finish);
   j["choices"] = json::array({choice});
   j["usage"] = usage_json(c);
-  return j.dump();
+  return dump(j);
 }
 
 std::string stream_token_event(const ApiRequest& r, const Completion& c, const TokenEvent& ev,

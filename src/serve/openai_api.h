@@ -2,6 +2,9 @@
 // POST /v1/completions and POST /v1/chat/completions, the chat template, and the JSON
 // of responses, stream chunks and errors. No sockets here (serve/http_server.h).
 //
+// A body that is not valid JSON, or holds a string that is not valid UTF-8, is a 400
+// naming the field ("messages[0].content"); everything written back is valid UTF-8.
+//
 // Accepted request fields (anything else is a 400 naming the field):
 //   both:  model (must be the served id when given), max_tokens (>= 1, default 16;
 //          chat also max_completion_tokens), temperature [0, 2] (default 1), top_p (0, 1],
@@ -48,7 +51,15 @@ struct ApiContext {
   const io::Tokenizer* tokenizer = nullptr;
   std::string model_name;
   std::string chat_template = "plain";  // plain | llama2
+  int64_t context_tokens = 0;           // the engine's max_seq_len (0: unchecked here)
+  // Text prompts (chat: all message contents) over this many bytes are refused before
+  // tokenization (0: no bound); see prompt_byte_bound().
+  size_t max_prompt_bytes = 0;
 };
+
+// The byte bound of a context: no prompt of more bytes can fit `context_tokens` tokens,
+// as no token stands for more than the tokenizer's longest piece (x2 of slack).
+size_t prompt_byte_bound(const io::Tokenizer& tokenizer, int64_t context_tokens);
 
 struct ApiRequest {
   bool chat = false;

@@ -12,6 +12,7 @@
 #include "../test_files.h"
 #include "serve/http_server.h"
 #include "serve/metrics.h"
+#include "http_test_util.h"
 #include "serve_test_util.h"
 
 namespace hyperion::serve {
@@ -22,39 +23,10 @@ using testing_util::small_serving_config;
 using testing_util::small_serving_params;
 using testing_util::TempDir;
 
-std::vector<std::string> corpus_lines(size_t n) {
-  std::ifstream in(std::string(HYPERION_SOURCE_DIR) + "/data/corpus/fortunes.txt");
-  std::vector<std::string> lines;
-  std::string line;
-  while (lines.size() < n && std::getline(in, line))
-    if (line.size() > 20) lines.push_back(line);
-  return lines;
-}
-
-// A small random model with a tokenizer trained on the bundled corpus, served on a free
-// port for the whole suite.
-struct Stack {
-  Stack(const io::Tokenizer& tok, const ParamStore& params, EngineConfig ec)
-      : engine(params, &tok, ec), async(engine) {
-    ApiContext ctx;
-    ctx.tokenizer = &tok;
-    ctx.model_name = "test-model";
-    ctx.chat_template = engine.config().chat_template;
-    server = std::make_unique<HttpServer>(async, ctx);
-    port = server->bind("127.0.0.1", 0);
-    thread = std::thread([this] { server->run(); });
-  }
-  ~Stack() {
-    server->stop();
-    thread.join();
-    async.stop();
-  }
-  Engine engine;
-  AsyncEngine async;
-  std::unique_ptr<HttpServer> server;
-  int port = 0;
-  std::thread thread;
-};
+using Stack = testing_util::ServedStack;
+using testing_util::corpus_lines;
+using testing_util::greedy_body;
+using testing_util::sse_events;
 
 class HttpServerTest : public ::testing::Test {
  protected:
@@ -120,33 +92,6 @@ TempDir* HttpServerTest::dir_ = nullptr;
 io::Tokenizer* HttpServerTest::tok_ = nullptr;
 ParamStore* HttpServerTest::params_ = nullptr;
 Stack* HttpServerTest::stack_ = nullptr;
-
-// The JSON payloads of a server-sent event stream ("data: ..." lines), and whether it
-// ended with [DONE].
-std::vector<json> sse_events(const std::string& body, bool* done) {
-  std::vector<json> out;
-  *done = false;
-  size_t pos = 0;
-  while ((pos = body.find("data: ", pos)) != std::string::npos) {
-    const size_t end = body.find("\n\n", pos);
-    const std::string payload = body.substr(pos + 6, end - pos - 6);
-    pos = end;
-    if (payload == "[DONE]") {
-      *done = true;
-      continue;
-    }
-    out.push_back(json::parse(payload));
-  }
-  return out;
-}
-
-json greedy_body(const std::string& prompt, int max_tokens) {
-  return {{"model", "test-model"},
-          {"prompt", prompt},
-          {"max_tokens", max_tokens},
-          {"temperature", 0},
-          {"ignore_eos", true}};
-}
 
 TEST_F(HttpServerTest, HealthModelsAndUnknownRoutes) {
   auto h = client().Get("/health");
