@@ -451,7 +451,7 @@ ServerAddress parse_url(const std::string& url) {
   return a;
 }
 
-std::string fetch_model_name(const ServerAddress& server, double timeout_s) {
+ServerModel fetch_model(const ServerAddress& server, const std::string& id, double timeout_s) {
   httplib::Client cli(server.host, server.port);
   set_timeouts(cli, timeout_s, timeout_s);
   const std::string where = url_of(server) + "/v1/models";
@@ -463,10 +463,58 @@ std::string fetch_model_name(const ServerAddress& server, double timeout_s) {
     const json j = json::parse(res->body);
     const json& data = j.at("data");
     HYP_CHECK(data.is_array() && !data.empty(), "GET {}: the model list is empty", where);
-    return data.at(0).at("id").get<std::string>();
+    const json* chosen = &data.at(0);
+    if (!id.empty()) {
+      chosen = nullptr;
+      for (const json& m : data)
+        if (m.at("id") == id) chosen = &m;
+      if (chosen == nullptr) return ServerModel{id, 0};  // not listed: nothing known
+    }
+    ServerModel m;
+    m.id = chosen->at("id").get<std::string>();
+    // vLLM's and hyperion's field; other servers may not report it (0: unknown).
+    if (chosen->contains("max_model_len") && chosen->at("max_model_len").is_number_integer())
+      m.max_model_len = chosen->at("max_model_len").get<int64_t>();
+    return m;
   } catch (const json::exception& e) {
     fail("GET {}: expected {{\"data\": [{{\"id\": ...}}]}}: {}", where, e.what());
   }
+}
+
+std::string fetch_model_name(const ServerAddress& server, double timeout_s) {
+  return fetch_model(server, "", timeout_s).id;
+}
+
+PromptShape fit_shape(PromptShape shape, int64_t max_model_len) {
+  if (max_model_len <= 1 || shape.max_input_len + shape.max_output_len <= max_model_len)
+    return shape;
+  // Keep the asked proportion of input to output; every pair then fits.
+  const double in_share = double(shape.max_input_len) /
+                          double(shape.max_input_len + shape.max_output_len);
+  const int64_t in = std::clamp<int64_t>(
+      static_cast<int64_t>(double(max_model_len) * in_share), 1, max_model_len - 1);
+  shape.max_input_len = in;
+  shape.max_output_len = max_model_len - in;
+  shape.min_input_len = std::min(shape.min_input_len, shape.max_input_len);
+  shape.min_output_len = std::min(shape.min_output_len, shape.max_output_len);
+  return shape;
+}
+
+int64_t fit_requests(std::vector<BenchRequest>& requests, int64_t max_model_len) {
+  if (max_model_len <= 1) return 0;
+  int64_t dropped = 0;
+  std::vector<BenchRequest> kept;
+  kept.reserve(requests.size());
+  for (BenchRequest& r : requests) {
+    if (r.input_len >= max_model_len) {
+      ++dropped;  // cannot fit at all
+      continue;
+    }
+    if (r.input_len > 0) r.max_tokens = std::min(r.max_tokens, max_model_len - r.input_len);
+    kept.push_back(std::move(r));
+  }
+  requests = std::move(kept);
+  return dropped;
 }
 
 std::string request_body(const BenchRequest& r, const LoadOptions& opts) {

@@ -190,9 +190,26 @@ struct LoadOptions {
   double connect_timeout_s = 10;
 };
 
-// The first model id listed by GET /v1/models; throws naming the URL when the server is
-// unreachable or the answer is not an OpenAI model list.
+// A model the server lists under GET /v1/models, with its context (vLLM's and hyperion's
+// max_model_len; 0 when the server does not say).
+struct ServerModel {
+  std::string id;
+  int64_t max_model_len = 0;
+};
+// The model `id` (empty: the first listed); throws naming the URL when the server is
+// unreachable or the answer is not an OpenAI model list. An id the list lacks comes back
+// with max_model_len 0.
+ServerModel fetch_model(const ServerAddress& server, const std::string& id,
+                        double timeout_s = 10);
 std::string fetch_model_name(const ServerAddress& server, double timeout_s = 10);
+
+// A shape whose every prompt + output fits `max_model_len` (0: unchanged): when the
+// longest input plus the longest output do not fit, both maxima shrink in their asked
+// proportion (and the minima to at most the maxima).
+PromptShape fit_shape(PromptShape shape, int64_t max_model_len);
+// Requests of known input length (token ids) made to fit: max_tokens is capped to the
+// room left, and prompts that alone fill the context are dropped (returns how many).
+int64_t fit_requests(std::vector<BenchRequest>& requests, int64_t max_model_len);
 
 // The JSON body of one completion request (exposed for tests).
 std::string request_body(const BenchRequest& r, const LoadOptions& opts);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -153,7 +154,67 @@ TEST_F(ServeCli, ServesGenerateTextAndBenchServeReports) {
   for (const char* k : {"ttft_ms", "tpot_ms", "itl_ms"})
     for (const char* s : {"mean", "p50", "p90", "p99"})
       EXPECT_TRUE(j[k][s].is_number()) << k << "." << s;
+  // Defaults (inputs up to 512, outputs up to 256) against a 96-token model: sized to
+  // its max_model_len, so every request is served.
+  const Result fitted = run("bench serve --url " + url + " --tokenizer " + checkpoint_ +
+                                " --num-prompts 4 --max-concurrency 4 --json",
+                            false);
+  ASSERT_EQ(fitted.code, 0) << fitted.out;
+  EXPECT_EQ(json::parse(fitted.out)["failed"], 0);
+  // A failed request (a text prompt too long for the context) fails the run, naming why.
+  const std::string dataset = root_ + "/too_long.jsonl";
+  std::string words;
+  for (int i = 0; i < 200; ++i) words += "the fool and the wise ";
+  {
+    std::ofstream out(dataset);
+    out << json{{"prompt", "A short one"}, {"max_tokens", 4}}.dump() << "\n";
+    out << json{{"prompt", words}, {"max_tokens", 4}}.dump() << "\n";
+  }
+  const Result failing = run("bench serve --url " + url + " --dataset-path " + dataset, true);
+  EXPECT_EQ(failing.code, 1) << failing.out;
+  EXPECT_NE(failing.out.find("1 of 2 requests failed"), std::string::npos) << failing.out;
+  EXPECT_NE(failing.out.find("HTTP 400"), std::string::npos) << failing.out;
   EXPECT_EQ(server.stop(), 0);  // SIGTERM shuts down cleanly
+}
+
+TEST_F(ServeCli, SigtermDrainsStreamsAndExitsZero) {
+  ServerProcess server(checkpoint_, {"--drain-timeout", "0", "max_concurrent_decodes=2"},
+                       root_ + "/drain.log");
+  ASSERT_GT(server.port(), 0);
+  // A second server on the same port is refused, by name, before loading anything.
+  const Result second = run("serve " + checkpoint_ + " --port " + std::to_string(server.port()),
+                            true);
+  EXPECT_EQ(second.code, 1) << second.out;
+  EXPECT_NE(second.out.find("in use"), std::string::npos) << second.out;
+  EXPECT_EQ(second.out.find("serve: kernels compiled"), std::string::npos) << second.out;
+
+  std::string streamed;
+  std::atomic<bool> first_chunk{false};
+  std::thread client_thread([&] {
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(60, 0);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = R"({"prompt": "The", "max_tokens": 90, "ignore_eos": true, "stream": true})";
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+      streamed.append(data, len);
+      first_chunk = true;
+      return true;
+    };
+    httplib::Response res;
+    httplib::Error err;
+    client.send(req, res, err);
+  });
+  for (int i = 0; i < 2000 && !first_chunk; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(server.stop(), 0);  // SIGTERM: drain, then a clean exit
+  client_thread.join();
+  // The stream ended properly either way: finished, or cut with an error event; [DONE].
+  EXPECT_NE(streamed.find("data: [DONE]"), std::string::npos) << streamed;
+  const std::string log = read_file(root_ + "/drain.log");
+  EXPECT_NE(log.find("draining"), std::string::npos) << log;
 }
 
 TEST_F(ServeCli, BenchDecodeReportsTheBound) {

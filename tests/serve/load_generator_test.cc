@@ -41,7 +41,8 @@ class FakeServer {
   FakeServer() {
     svr_.new_task_queue = [] { return new httplib::ThreadPool(24); };
     svr_.Get("/v1/models", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(R"({"object":"list","data":[{"id":"fake-model","object":"model"}]})",
+      res.set_content(R"({"object":"list","data":[{"id":"fake-model","object":"model",)"
+                      R"("max_model_len":300},{"id":"other","object":"model"}]})",
                       "application/json");
     });
     svr_.Post("/v1/completions",
@@ -546,6 +547,40 @@ TEST(LoadGeneratorPrompts, JsonlDataset) {
                {"nope.jsonl"});
 }
 
+TEST(LoadGeneratorPrompts, SizedToTheServersContext) {
+  PromptShape asked;  // the defaults: inputs 32..512, outputs 16..256
+  // The tiny model's context: both maxima shrink in proportion (2:1), minima stay.
+  PromptShape fit = fit_shape(asked, 256);
+  EXPECT_EQ(fit.max_input_len, 170);
+  EXPECT_EQ(fit.max_output_len, 86);
+  EXPECT_EQ(fit.min_input_len, 32);
+  EXPECT_EQ(fit.min_output_len, 16);
+  EXPECT_LE(fit.max_input_len + fit.max_output_len, 256);
+  // A context smaller than the minima: the minima follow the maxima down.
+  fit = fit_shape(asked, 24);
+  EXPECT_EQ(fit.max_input_len + fit.max_output_len, 24);
+  EXPECT_LE(fit.min_input_len, fit.max_input_len);
+  EXPECT_LE(fit.min_output_len, fit.max_output_len);
+  EXPECT_GE(fit.max_output_len, 1);
+  // Room enough, or unknown (0): unchanged.
+  EXPECT_EQ(fit_shape(asked, 4096).max_input_len, 512);
+  EXPECT_EQ(fit_shape(asked, 0).max_output_len, 256);
+  // Every generated request then fits.
+  for (const BenchRequest& r : random_prompts(300, fit_shape(asked, 100)))
+    EXPECT_LE(r.input_len + r.max_tokens, 100);
+
+  std::vector<BenchRequest> reqs(4);
+  reqs[0].input_len = 50, reqs[0].max_tokens = 80;   // capped to 50
+  reqs[1].input_len = 100, reqs[1].max_tokens = 5;   // fills the context: dropped
+  reqs[2].is_text = true, reqs[2].max_tokens = 500;  // unknown length: left to the server
+  reqs[3].input_len = 10, reqs[3].max_tokens = 20;   // fits
+  EXPECT_EQ(fit_requests(reqs, 100), 1);
+  ASSERT_EQ(reqs.size(), 3u);
+  EXPECT_EQ(reqs[0].max_tokens, 50);
+  EXPECT_EQ(reqs[1].max_tokens, 500);
+  EXPECT_EQ(reqs[2].max_tokens, 20);
+}
+
 TEST(LoadGeneratorClient, ParseUrlAndRequestBody) {
   ServerAddress a = parse_url("http://127.0.0.1:8000");
   EXPECT_EQ(a.host, "127.0.0.1");
@@ -591,6 +626,10 @@ TEST(LoadGeneratorServer, AllAtOnceCountsTokensAndTimings) {
   opts.server = server.address();
   opts.timeout_s = 20;  // a broken build fails instead of hanging
   EXPECT_EQ(fetch_model_name(opts.server), "fake-model");
+  EXPECT_EQ(fetch_model(opts.server, "").max_model_len, 300);
+  EXPECT_EQ(fetch_model(opts.server, "other").max_model_len, 0);  // not reported
+  EXPECT_EQ(fetch_model(opts.server, "absent").id, "absent");
+  EXPECT_EQ(fetch_model(opts.server, "absent").max_model_len, 0);
   const auto prompts = random_prompts(500, small_shape(12, 2));
   int64_t want_out = 0, want_in = 0;
   for (const auto& p : prompts) want_out += p.max_tokens, want_in += p.input_len;
