@@ -18,12 +18,13 @@
 namespace hyperion::cli {
 
 LoadedCheckpoint load_checkpoint(const std::string& path, bool bf16) {
-  LoadedCheckpoint c{resolve_checkpoint_dir(path),
-                     {},
-                     nullptr,
-                     io::Tokenizer::load(resolve_checkpoint_dir(path) + "/tokenizer.model")};
-  c.config = read_checkpoint_config(c.dir);
-  c.params = std::make_unique<ParamStore>(c.config, bf16);
+  const std::string dir = resolve_checkpoint_dir(path);
+  LlamaConfig config = read_checkpoint_config(dir);
+  // Everything that can be checked is, before the weights are allocated.
+  check_weights_match_config(dir, config);
+  check_load_fits_in_memory(dir, config, bf16);
+  LoadedCheckpoint c{dir, config, nullptr, load_checkpoint_tokenizer(dir, config)};
+  c.params = std::make_unique<ParamStore>(c.config, bf16, /*gradients=*/false);
   load_model_weights(c.dir, *c.params);
   return c;
 }
@@ -191,8 +192,12 @@ int cmd_convert(const Args& args) {
     // One model.safetensors (f32) + config.json + tokenizer.model, from a single-file or
     // sharded (multi-process) checkpoint: what Hugging Face tools load most simply.
     const std::string out = f.require("output");
+    const LlamaConfig config = read_checkpoint_config(dir);
+    check_weights_match_config(dir, config);
+    check_load_fits_in_memory(dir, config, false);
+    load_checkpoint_tokenizer(dir, config);
     io::make_directories(out);
-    ParamStore params(read_checkpoint_config(dir), false);
+    ParamStore params(config, false, /*gradients=*/false);
     load_model_weights(dir, params);
     io::SafetensorsWriter w;
     for (size_t i = 0; i < params.infos().size(); ++i) {
@@ -213,6 +218,9 @@ int cmd_convert(const Args& args) {
             dir, dir);
   const std::string type = f.get("type", "f16");
   const std::string out = f.get("output", dir + "/model-" + type + ".gguf");
+  // The config must describe these weights exactly (the writer then checks every tensor
+  // for non-finite values as it converts it).
+  check_weights_match_config(dir, read_checkpoint_config(dir));
   io::convert_checkpoint_to_gguf(dir, out, type);
   std::printf("wrote %s (%s, %.1f MiB)\n", out.c_str(), type.c_str(),
               double(std::filesystem::file_size(out)) / (1024.0 * 1024.0));

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "base/threads.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
@@ -105,9 +106,20 @@ int cmd_train(const Args& args) {
   const Flags f(kTrainSpec, args);
   const auto [config, overrides] = split_positional(f, "CONFIG (file or preset)");
   // Read and check the whole config first: with --nproc, a bad path or key is reported
-  // once, here, before mpirun starts N copies of the mistake.
-  Config c = load_train_config(config, overrides);
-  parse_train_config(c, config_name(config));
+  // once, here, before mpirun starts N copies of the mistake. A resumed run restores the
+  // config it saved; key=value arguments are explicit changes to it.
+  const bool resuming = f.has("resume");
+  HYP_USAGE_CHECK(!resuming || config.empty(),
+                  "train: --resume restores the run's saved config; give only key=value changes, "
+                  "not a CONFIG ('{}')",
+                  config);
+  std::vector<std::string> changes;
+  Config c = resuming ? load_resumed_train_config(f.get("resume"), overrides, &changes)
+                      : load_train_config(config, overrides);
+  const std::string name =
+      resuming ? std::filesystem::path(f.get("resume")).lexically_normal().filename().string()
+               : config_name(config);
+  parse_train_config(c, name);
   if (f.has("nproc") && !dist::detect_launch().under_mpi)
     launch_ranks(args, f.integer("nproc", 1), f.has("allow-run-as-root"));
   TrainOptions opts;
@@ -115,7 +127,9 @@ int cmd_train(const Args& args) {
   opts.quiet = f.has("quiet");
   opts.stop_at = f.integer("stop-at", 0);
   HYP_CHECK(opts.stop_at >= 0, "train: --stop-at must be >= 0");
-  TrainResult r = run_training(c, config_name(config), opts);
+  if (dist::detect_launch().rank == 0)
+    for (const std::string& change : changes) log_info("resume: changed {}", change);
+  TrainResult r = run_training(c, name, opts);
   if (dist::detect_launch().rank != 0) return 0;  // rank 0 reports for the job
   if (f.has("json")) {
     nlohmann::ordered_json j;

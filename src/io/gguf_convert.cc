@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "kernels/finite.h"
 #include "io/atomic_file.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
@@ -355,6 +356,21 @@ void permute_rope_rows_for_gguf(const float* in, float* out, int64_t rows, int64
                     size_t(cols) * sizeof(float));
 }
 
+namespace {
+
+// Reads tensor `name` and refuses NaN or infinity: a GGUF of a diverged or corrupt
+// checkpoint would load in llama.cpp and print nothing but garbage.
+void read_finite(const SafetensorsFile& st, const std::string& name, const TensorView& dst) {
+  st.read_into(name, dst);
+  const int64_t at = first_nonfinite(dst);
+  HYP_CHECK(at < 0,
+            "gguf convert: {}: tensor {} {} holds a non-finite value ({}) at element {}: the "
+            "checkpoint is corrupt or its training diverged; nothing was written",
+            st.path(), name, dst.shape.str(), dst.as<float>()[at], at);
+}
+
+}  // namespace
+
 void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::string& out_path,
                                 const std::string& out_type) {
   const OutType ot = parse_out_type(checkpoint_dir, out_type);
@@ -449,11 +465,11 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
         gg, expect,
         [&st, hf, expect, permute_heads](float* dst) {
           if (permute_heads == 0) {
-            st.read_into(hf, TensorView(dst, DType::kF32, expect));
+            read_finite(st, hf, TensorView(dst, DType::kF32, expect));
             return;
           }
           std::vector<float> tmp(size_t(expect.numel()));
-          st.read_into(hf, TensorView(tmp.data(), DType::kF32, expect));
+          read_finite(st, hf, TensorView(tmp.data(), DType::kF32, expect));
           permute_rope_rows_for_gguf(tmp.data(), dst, expect[0], expect[1], permute_heads);
         },
         type_for(gg, expect));
@@ -476,8 +492,8 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
         gg, stacked,
         [&st, names, expert](float* dst) {
           for (size_t e = 0; e < names.size(); ++e)
-            st.read_into(names[e],
-                         TensorView(dst + e * size_t(expert.numel()), DType::kF32, expert));
+            read_finite(st, names[e],
+                        TensorView(dst + e * size_t(expert.numel()), DType::kF32, expert));
         },
         type_for(gg, stacked));
   };

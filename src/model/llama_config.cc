@@ -21,6 +21,19 @@ void LlamaConfig::validate(const std::string& origin) const {
   positive(head_dim, "head_dim");
   positive(ffn_dim, "ffn_dim");
   positive(max_seq_len, "max_seq_len");
+  // Upper bounds far past any real model: beyond them the sizes overflow or cannot be
+  // allocated, and a typo (1e12) must be named here rather than fail inside malloc.
+  auto at_most = [&](int64_t v, int64_t hi, const char* name) {
+    HYP_CHECK(v <= hi, "{}: {} = {} is out of range (at most {})", origin, name, v, hi);
+  };
+  at_most(vocab_size, int64_t{1} << 24, "vocab_size");  // token ids are int32; 16.7M
+  at_most(dim, int64_t{1} << 17, "dim");
+  at_most(n_layers, 4096, "n_layers");
+  at_most(n_heads, 4096, "n_heads");
+  at_most(head_dim, 4096, "head_dim");
+  at_most(ffn_dim, int64_t{1} << 20, "ffn_dim");
+  at_most(max_seq_len, int64_t{1} << 24, "max_seq_len");
+  at_most(n_experts, 4096, "num_experts");
   HYP_CHECK(n_heads % n_kv_heads == 0, "{}: n_kv_heads ({}) must divide n_heads ({})", origin,
             n_kv_heads, n_heads);
   HYP_CHECK(head_dim % 2 == 0, "{}: head_dim must be even for RoPE, got {}", origin, head_dim);
@@ -147,6 +160,31 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
     fail("{}: invalid JSON: {}", origin, e.what());
   }
   HYP_CHECK(j.is_object(), "{}: expected a JSON object", origin);
+  // Keys that change the computation in ways this decoder does not implement: refused by
+  // name, never silently ignored (the outputs would be wrong without any error).
+  auto require_one_of = [&](const char* key, std::initializer_list<const char*> accepted) {
+    if (!j.contains(key) || j[key].is_null()) return;
+    const std::string v = j[key].is_string() ? j[key].get<std::string>() : j[key].dump();
+    for (const char* a : accepted)
+      if (v == a) return;
+    fail("{}: {} '{}' is not supported (supported: {})", origin, key, v,
+         fmt::join(accepted, ", "));
+  };
+  require_one_of("model_type", {"llama", "mixtral"});
+  require_one_of("hidden_act", {"silu"});
+  if (j.contains("architectures") && j["architectures"].is_array())
+    for (const auto& a : j["architectures"]) {
+      const std::string name = a.is_string() ? a.get<std::string>() : a.dump();
+      HYP_CHECK(name == "LlamaForCausalLM" || name == "MixtralForCausalLM",
+                "{}: architectures '{}' is not supported (LlamaForCausalLM, MixtralForCausalLM)",
+                origin, name);
+    }
+  for (const char* key : {"attention_bias", "mlp_bias"})
+    HYP_CHECK(!j.contains(key) || j[key].is_null() || j[key] == false,
+              "{}: {} = {} is not supported (Llama has no biases)", origin, key, j[key].dump());
+  HYP_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null(),
+            "{}: rope_scaling {} is not supported (plain RoPE only)", origin,
+            j.contains("rope_scaling") ? j["rope_scaling"].dump() : "");
   auto get_int = [&](const char* key, bool required, int64_t fallback) -> int64_t {
     if (!j.contains(key) || j[key].is_null()) {
       HYP_CHECK(!required, "{}: missing key '{}'", origin, key);

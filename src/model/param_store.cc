@@ -13,8 +13,40 @@ namespace {
 constexpr int64_t kAlignElems = 16;  // 64 bytes of f32
 }
 
-ParamStore::ParamStore(const LlamaConfig& config, bool bf16_copy)
+ParamStore::ParamStore(const LlamaConfig& config, bool bf16_copy, bool gradients)
     : config_(config), tie_(config.tie_embeddings) {
+  describe();
+  params_ = AlignedBuffer<float>(static_cast<size_t>(size_));
+  // Padding between tensors stays zero, so whole-buffer reductions (norms) are exact.
+  std::memset(params_.data(), 0, size_ * sizeof(float));
+  if (gradients) {
+    grads_ = AlignedBuffer<float>(static_cast<size_t>(size_));
+    zero_grads();
+  }
+  if (bf16_copy) {
+    bf16_ = AlignedBuffer<bf16>(static_cast<size_t>(size_));
+    std::memset(bf16_.data(), 0, size_ * sizeof(bf16));
+  }
+}
+
+std::vector<ParamInfo> ParamStore::layout(const LlamaConfig& config) {
+  ParamStore s;
+  s.config_ = config;
+  s.tie_ = config.tie_embeddings;
+  s.describe();
+  return std::move(s.infos_);
+}
+
+int64_t ParamStore::bytes(const LlamaConfig& config, ParamBuffers buffers) {
+  ParamStore s;
+  s.config_ = config;
+  s.tie_ = config.tie_embeddings;
+  s.describe();
+  return s.size_ * (4 + (buffers.gradients ? 4 : 0) + (buffers.bf16_copy ? 2 : 0));
+}
+
+void ParamStore::describe() {
+  const LlamaConfig& config = config_;
   config.validate("model");
   const int64_t d = config.dim, q = config.q_dim(), kv = config.kv_dim(), f = config.ffn_dim;
   const int64_t fe = config.expert_ffn_dim();
@@ -44,16 +76,6 @@ ParamStore::ParamStore(const LlamaConfig& config, bool bf16_copy)
   }
   final_norm_ = add("model.norm.weight", {d}, -1, ParamKind::kNorm);
   if (!tie_) lm_head_ = add("lm_head.weight", {config.vocab_size, d}, -1, ParamKind::kMatrix);
-
-  params_ = AlignedBuffer<float>(static_cast<size_t>(size_));
-  grads_ = AlignedBuffer<float>(static_cast<size_t>(size_));
-  // Padding between tensors stays zero, so whole-buffer reductions (norms) are exact.
-  std::memset(params_.data(), 0, size_ * sizeof(float));
-  zero_grads();
-  if (bf16_copy) {
-    bf16_ = AlignedBuffer<bf16>(static_cast<size_t>(size_));
-    std::memset(bf16_.data(), 0, size_ * sizeof(bf16));
-  }
 }
 
 int ParamStore::add(std::string name, Shape shape, int layer, ParamKind kind) {
@@ -118,6 +140,8 @@ TensorView ParamStore::param(int i) const {
 }
 
 TensorView ParamStore::grad(int i) const {
+  HYP_CHECK(has_grads(), "ParamStore: gradients of {} requested from a store built without them",
+            infos_[static_cast<size_t>(i)].name);
   const ParamInfo& p = infos_[static_cast<size_t>(i)];
   return TensorView(const_cast<float*>(grads_.data()) + p.offset, DType::kF32, p.shape);
 }
@@ -164,6 +188,7 @@ void ParamStore::init(uint64_t seed, double std) {
 }
 
 void ParamStore::zero_grads() {
+  if (grads_.size() == 0) return;
   parallel_chunks(size_, 1 << 18, [&](int64_t b, int64_t e) {
     std::memset(grads_.data() + b, 0, static_cast<size_t>(e - b) * sizeof(float));
   });

@@ -43,9 +43,21 @@ struct LayerParamIndex {
   bool moe() const { return router >= 0; }
 };
 
+// What a ParamStore holds besides the f32 master weights.
+struct ParamBuffers {
+  bool bf16_copy = false;  // the bf16 copy the matmuls read in bf16 mode
+  bool gradients = true;   // f32 gradients: training only (inference skips 4 B/param)
+};
+
 class ParamStore {
  public:
-  ParamStore(const LlamaConfig& config, bool bf16_copy);
+  ParamStore(const LlamaConfig& config, bool bf16_copy, bool gradients = true);
+
+  // The tensors of a model of `config` (names, shapes, offsets) without allocating them:
+  // what a checkpoint must hold, checked before anything large is allocated.
+  static std::vector<ParamInfo> layout(const LlamaConfig& config);
+  // Bytes a ParamStore of `config` allocates with `buffers`.
+  static int64_t bytes(const LlamaConfig& config, ParamBuffers buffers);
 
   const LlamaConfig& config() const { return config_; }
   const std::vector<ParamInfo>& infos() const { return infos_; }
@@ -55,6 +67,7 @@ class ParamStore {
 
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
+  bool has_grads() const { return grads_.size() > 0; }
   float* grads() { return grads_.data(); }
   const float* grads() const { return grads_.data(); }
   bf16* params_bf16() { return bf16_.data(); }
@@ -97,6 +110,9 @@ class ParamStore {
   int add_stacked(const std::string& prefix, const std::string& suffix, int count, Shape shape,
                   int layer);
   static TensorView stack(const TensorView& first, int count);
+  ParamStore() = default;  // for layout() and bytes(): described, never allocated
+  // Lays out every tensor (infos_, layers_, size_) without allocating.
+  void describe();
 
   LlamaConfig config_;
   bool tie_ = false;

@@ -2,6 +2,8 @@
 
 #include "base/config.h"
 #include "base/error.h"
+#include "base/system_memory.h"
+#include "kernels/paged_attention.h"
 
 namespace hyperion::serve {
 
@@ -47,12 +49,16 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
   c.kv_pages = cfg.get_int("kv_pages");
   HYP_CHECK(c.max_concurrent_decodes >= 1 && c.max_concurrent_decodes <= 4096,
             "serve: max_concurrent_decodes must be in [1, 4096], got {}", c.max_concurrent_decodes);
-  HYP_CHECK(c.max_queue >= 0, "serve: max_queue must be >= 0, got {}", c.max_queue);
-  HYP_CHECK(c.max_seq_len >= 0, "serve: max_seq_len must be >= 0, got {}", c.max_seq_len);
-  HYP_CHECK(c.prefill_chunk >= 1, "serve: prefill_chunk must be >= 1, got {}", c.prefill_chunk);
+  HYP_CHECK(c.max_queue >= 0 && c.max_queue <= 1000000,
+            "serve: max_queue must be in [0, 1000000], got {}", c.max_queue);
+  HYP_CHECK(c.max_seq_len >= 0 && c.max_seq_len <= (int64_t{1} << 24),
+            "serve: max_seq_len must be in [0, 16777216], got {}", c.max_seq_len);
+  HYP_CHECK(c.prefill_chunk >= 1 && c.prefill_chunk <= (int64_t{1} << 20),
+            "serve: prefill_chunk must be in [1, 1048576], got {}", c.prefill_chunk);
   HYP_CHECK(c.kv_page_tokens >= 1 && c.kv_page_tokens <= 4096,
             "serve: kv_page_tokens must be in [1, 4096], got {}", c.kv_page_tokens);
-  HYP_CHECK(c.kv_pages >= 0, "serve: kv_pages must be >= 0, got {}", c.kv_pages);
+  HYP_CHECK(c.kv_pages >= 0 && c.kv_pages <= (int64_t{1} << 31),
+            "serve: kv_pages must be in [0, 2147483648], got {}", c.kv_pages);
   const std::string kv = cfg.get_string("kv_dtype");
   if (kv == "bfloat16" || kv == "bf16")
     c.kv_dtype = DType::kBF16;
@@ -89,6 +95,7 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
 
 void resolve_engine_config(EngineConfig& c, const LlamaConfig& model) {
   if (c.max_seq_len == 0) c.max_seq_len = model.max_seq_len;
+  const bool automatic_pages = c.kv_pages == 0 || c.padded_attention;
   const int64_t per_slot = (c.max_seq_len + c.kv_page_tokens - 1) / c.kv_page_tokens;
   if (c.padded_attention) {
     // The padded baseline gives every slot a static region of its whole context.
@@ -104,6 +111,19 @@ void resolve_engine_config(EngineConfig& c, const LlamaConfig& model) {
   HYP_CHECK(c.kv_pages >= per_slot,
             "serve: kv_pages={} cannot hold one sequence of max_seq_len={} ({} pages of {})",
             c.kv_pages, c.max_seq_len, per_slot, c.kv_page_tokens);
+  // The pool is allocated whole at start-up: check it fits before trying.
+  const int64_t kv_bytes = c.kv_pages * c.kv_page_tokens * model.n_layers *
+                           paged_kv_bytes_per_token(c.kv_dtype, model.n_kv_heads, model.head_dim);
+  check_fits_in_memory(
+      kv_bytes,
+      fmt::format("serve: the KV cache ({} pages x {} tokens, {})", c.kv_pages, c.kv_page_tokens,
+                  dtype_name(c.kv_dtype)),
+      automatic_pages
+          ? fmt::format("it holds max_seq_len={}{} for each of max_concurrent_decodes={}; set "
+                        "max_seq_len=, max_concurrent_decodes=, kv_pages= or kv_dtype=int8",
+                        c.max_seq_len, c.max_seq_len == model.max_seq_len ? " (the model's)" : "",
+                        c.max_concurrent_decodes)
+          : "set a smaller kv_pages= or kv_dtype=int8");
 }
 
 }  // namespace hyperion::serve

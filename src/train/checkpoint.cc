@@ -265,33 +265,14 @@ LlamaConfig read_checkpoint_config(const std::string& dir) {
 }
 
 void load_model_weights(const std::string& dir, ParamStore& params) {
-  const std::string index_path = dir + "/model.safetensors.index.json";
-  if (!fs::exists(dir + "/model.safetensors") && fs::exists(index_path)) {
-    // Hugging Face sharded layout: the index maps each tensor to its file.
-    std::map<std::string, std::string> weight_map;
-    try {
-      const nlohmann::json index = nlohmann::json::parse(io::read_file(index_path));
-      weight_map = index.at("weight_map").get<std::map<std::string, std::string>>();
-    } catch (const nlohmann::json::exception& e) {
-      fail("{}: invalid index: {}", index_path, e.what());
-    }
-    std::map<std::string, io::SafetensorsFile> files;
-    for (size_t i = 0; i < params.infos().size(); ++i) {
-      const std::string& name = params.infos()[i].name;
-      auto it = weight_map.find(name);
-      HYP_CHECK(it != weight_map.end(), "{}: no entry for tensor {}", index_path, name);
-      HYP_CHECK(it->second.find('/') == std::string::npos,
-                "{}: tensor {} maps to '{}', not a file in the checkpoint directory", index_path,
-                name, it->second);
-      auto f = files.find(it->second);
-      if (f == files.end())
-        f = files.emplace(it->second, io::SafetensorsFile::open(dir + "/" + it->second)).first;
-      f->second.read_into(name, params.param(static_cast<int>(i)));
-    }
-  } else {
-    io::SafetensorsFile f = io::SafetensorsFile::open(dir + "/model.safetensors");
-    for (size_t i = 0; i < params.infos().size(); ++i)
-      f.read_into(params.infos()[i].name, params.param(static_cast<int>(i)));
+  check_weights_match_config(dir, params.config());
+  const WeightFiles files(dir);
+  for (size_t i = 0; i < params.infos().size(); ++i) {
+    const std::string& name = params.infos()[i].name;
+    const io::SafetensorsFile& f = *files.file_of(name);
+    const TensorView dst = params.param(static_cast<int>(i));
+    f.read_into(name, dst);
+    check_finite(dst, name, f.path());
   }
   params.sync_bf16();
 }

@@ -31,6 +31,8 @@
 #include <thread>
 #include <vector>
 
+#include "io/safetensors.h"
+#include "io/tokenizer.h"
 #include "model/llama_config.h"
 #include "model/param_store.h"
 #include "train/data_loader.h"
@@ -94,8 +96,37 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir);
 std::string resolve_checkpoint_dir(const std::string& path);
 
 LlamaConfig read_checkpoint_config(const std::string& checkpoint_dir);
-// Loads model.safetensors into params (shapes checked; f32/bf16/f16 files accepted),
-// then refreshes the bf16 copy. Errors name the file and the tensor.
+
+// A checkpoint's weight files, opened (headers parsed, data mapped lazily): the single
+// model.safetensors or every file of a sharded model.safetensors.index.json.
+class WeightFiles {
+ public:
+  explicit WeightFiles(const std::string& checkpoint_dir);
+  const io::SafetensorsTensor* find(const std::string& name) const;
+  const io::SafetensorsFile* file_of(const std::string& name) const;  // null: not held
+  std::vector<std::string> names() const;                             // sorted
+
+ private:
+  std::vector<io::SafetensorsFile> files_;
+  std::map<std::string, size_t> where_;
+};
+
+// Before anything is allocated: the weight files hold exactly the tensors config.json
+// describes, with the same shapes (a config that disagrees with its weights - fewer
+// layers, a tied head next to a different lm_head, other sizes - is refused naming the
+// file, the key and both shapes).
+void check_weights_match_config(const std::string& checkpoint_dir, const LlamaConfig& config);
+// The weights (f32, + bf16 copy) of an inference load fit this machine's memory.
+void check_load_fits_in_memory(const std::string& checkpoint_dir, const LlamaConfig& config,
+                               bool bf16);
+// tokenizer.model of the checkpoint, refused when its vocabulary is not the model's.
+io::Tokenizer load_checkpoint_tokenizer(const std::string& checkpoint_dir,
+                                        const LlamaConfig& config);
+// Throws naming the file, the tensor and the element when `t` holds a NaN or infinity.
+void check_finite(const TensorView& t, const std::string& name, const std::string& file);
+// Loads model.safetensors (or a sharded index) into params (checked as
+// check_weights_match_config does; f32/bf16/f16 files accepted; non-finite values
+// refused), then refreshes the bf16 copy. Errors name the file and the tensor.
 void load_model_weights(const std::string& checkpoint_dir, ParamStore& params);
 // Loads the optimizer moments and trainer state for an exact resume.
 TrainerState load_training_state(const std::string& checkpoint_dir, ParamStore& params,

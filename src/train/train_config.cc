@@ -1,8 +1,11 @@
 #include "train/train_config.h"
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "io/atomic_file.h"
+#include "train/checkpoint.h"
 
 #ifndef HYPERION_SOURCE_DIR
 #define HYPERION_SOURCE_DIR "."
@@ -152,6 +155,54 @@ Config load_train_config(const std::string& config_arg, const std::vector<std::s
   else
     c.load_yaml_file(resolve_preset(config_arg));
   for (const std::string& o : overrides) c.apply_override(o);
+  return c;
+}
+
+bool is_model_shape_key(const std::string& key) {
+  static const char* const kShape[] = {
+      "vocab_size",      "base_emb_dim",           "base_num_decoder_layers",
+      "base_num_query_heads", "base_num_kv_heads", "head_dim",
+      "base_mlp_dim",    "logits_via_embedding",   "num_experts",
+      "num_experts_per_tok", "base_moe_mlp_dim",   "first_num_dense_layers",
+      "interleave_moe_layer_step"};
+  for (const char* k : kShape)
+    if (key == k) return true;
+  return false;
+}
+
+Config load_resumed_train_config(const std::string& resume, const std::vector<std::string>& overrides,
+                                 std::vector<std::string>* changes) {
+  const std::string dir = resolve_checkpoint_dir(resume);
+  const std::string state_path = dir + "/trainer_state.json";
+  nlohmann::json saved;
+  try {
+    saved = nlohmann::json::parse(io::read_file(state_path)).at("config");
+  } catch (const nlohmann::json::exception& e) {
+    fail("--resume {}: {} holds no saved config ({}); resume with the run's CONFIG instead",
+         resume, state_path, e.what());
+  }
+  HYP_CHECK(saved.is_object(), "--resume {}: {}: 'config' must be an object", resume, state_path);
+  Config c(train_config_schema());
+  for (const auto& [key, value] : saved.items()) {
+    HYP_CHECK(value.is_string(), "{}: config.{} must be a string", state_path, key);
+    c.set(key, value.get<std::string>(), state_path);
+  }
+  for (const std::string& o : overrides) {
+    const size_t eq = o.find('=');
+    HYP_USAGE_CHECK(eq != std::string::npos && eq > 0, "command line: expected key=value, got '{}'",
+                    o);
+    const std::string key = o.substr(0, eq);
+    Config probe = c;  // canonical form of the new value, checked against the schema
+    probe.apply_override(o);
+    const std::string before = c.values().at(key), after = probe.values().at(key);
+    if (before == after) continue;
+    HYP_USAGE_CHECK(!is_model_shape_key(key),
+                    "--resume {}: {} cannot change on resume (the checkpoint's model has {}, the "
+                    "command line asks {}); start a new run to train another shape",
+                    resume, key, before, after);
+    c.apply_override(o);
+    if (changes != nullptr) changes->push_back(fmt::format("{}: {} -> {}", key, before, after));
+  }
   return c;
 }
 

@@ -28,6 +28,14 @@ extern const char* const kTinyPresetYaml;
 // working directory and the source tree; empty = the embedded tiny preset), then applies
 // the overrides in order. Errors name the file/key.
 Config load_train_config(const std::string& config_arg, const std::vector<std::string>& overrides);
+// The config a run saved with its latest checkpoint (`resume`: a run or checkpoint
+// directory), then `overrides` as explicit changes: each one that changes a value is
+// appended to `changes` ("steps: 40 -> 80"), and a change of the model's shape is
+// refused (a usage error naming the key and both values).
+Config load_resumed_train_config(const std::string& resume, const std::vector<std::string>& overrides,
+                                 std::vector<std::string>* changes);
+// Keys that fix the shape of the model's tensors (a resumed run cannot change them).
+bool is_model_shape_key(const std::string& key);
 
 // Parallelism axes as configured (-1: the ranks left over), see resolve_mesh.
 struct MeshConfig {

@@ -9,15 +9,18 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/system_memory.h"
 #include "base/threads.h"
 #include "base/timer.h"
 #include "dist/communicator.h"
 #include "io/atomic_file.h"
+#include "io/directory_lock.h"
 #include "io/text_input.h"
 #include "io/tokenizer.h"
 #include "kernels/peak.h"
@@ -59,9 +62,49 @@ std::string timestamp() {
   return buf;
 }
 
-std::string format_bytes(int64_t b) {
-  const double mib = double(b) / (1024.0 * 1024.0);
-  return mib >= 1024 ? fmt::format("{:.2f} GiB", mib / 1024) : fmt::format("{:.1f} MiB", mib);
+// Refuses a training that cannot fit this machine's memory, naming the sizes and, when
+// the model's shape keys were left at their defaults (a 7B Llama), saying so.
+void check_training_memory(const Config& config, const TrainConfig& t, const MemoryPlan& mem,
+                           int ranks_on_host) {
+  std::vector<std::string> defaulted;
+  for (const char* key : {"vocab_size", "base_emb_dim", "base_num_decoder_layers", "base_mlp_dim",
+                          "max_target_length", "per_device_batch_size"})
+    if (config.source_of(key) == "default") defaulted.push_back(key);
+  std::string hint = fmt::format(
+      "sizes: weights {}, bf16 copy {}, gradients {}, AdamW {}, activations {} "
+      "(per_device_batch_size={} x max_target_length={}, remat_policy={}), scratch {}",
+      format_bytes(mem.weight_bytes), format_bytes(mem.compute_weight_bytes),
+      format_bytes(mem.grad_bytes), format_bytes(mem.optimizer_bytes),
+      format_bytes(mem.activation_bytes), t.per_device_batch_size, t.max_target_length,
+      remat_policy_name(t.remat), format_bytes(mem.scratch_bytes));
+  if (!defaulted.empty())
+    hint += fmt::format(
+        "; {} are at their defaults (a Llama-2 7B): set them, or start from a preset "
+        "(hyperion train tiny, llama-25m)",
+        fmt::join(defaulted, ", "));
+  const int64_t ranks = std::max(ranks_on_host, 1);
+  check_fits_in_memory(mem.total() * ranks,
+                       fmt::format("training {} ({} parameters{})", t.name, t.model.total_params(),
+                                   ranks > 1 ? fmt::format(", {} ranks on this host", ranks) : ""),
+                       hint);
+}
+
+// Auto-resume (the same command run again): the checkpoint's config is what the run
+// used; differences are explicit in the log. (Shape changes are refused below.)
+void log_config_changes(const Config& config, const std::string& checkpoint) {
+  nlohmann::json saved;
+  try {
+    saved = nlohmann::json::parse(io::read_file(checkpoint + "/trainer_state.json")).at("config");
+  } catch (const std::exception&) {
+    return;
+  }
+  for (const auto& [key, value] : config.values()) {
+    if (!saved.contains(key) || !saved[key].is_string()) continue;
+    const std::string before = saved[key].get<std::string>();
+    if (before != value)
+      log_info("resume: {} differs from the checkpoint's config: {} -> {} ({})", key, before,
+               value, config.source_of(key));
+  }
 }
 
 // Keeps the metrics of steps <= `step` (a resumed run rewrites what came after).
@@ -187,6 +230,13 @@ TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions&
                                                                            : ParallelMode::kData;
   // Every rank sees different data: the mesh's axes all split the batch.
   t.data_ranks = world;
+  // Everything this process will hold, checked before any of it is allocated or any
+  // data is prepared (data parallelism holds the whole plan on every rank; the sharded
+  // modes hold less, and are not checked against it).
+  const MemoryPlan mem = memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16,
+                                     t.remat, t.moe.capacity_factor);
+  if (mode == ParallelMode::kData)
+    check_training_memory(config, t, mem, dist::detect_launch().local_size);
 
   // Run directory: base_output_directory/run_name, or the directory being resumed.
   std::string run_dir;
@@ -202,6 +252,15 @@ TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions&
   run_dir = agree(*comm, run_dir);
   io::make_directories(run_dir);
   result.run_dir = run_dir;
+  // One training per run directory: a second one would interleave checkpoints and
+  // metrics with this one's.
+  std::optional<io::DirectoryLock> lock;
+  if (rank == 0) {
+    lock.emplace(run_dir, "run directory");
+    if (!lock->previous_holder().empty())
+      log_info("run directory {}: took over the lock of {} (no longer running)", run_dir,
+               lock->previous_holder());
+  }
   if (world > 1) {
     io::make_directories(run_dir + "/logs");
     set_log_rank(rank, fmt::format("{}/logs/rank-{}.log", run_dir, rank),
@@ -250,6 +309,7 @@ TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions&
       options.resume.empty() ? latest_checkpoint(run_dir)
                              : std::optional<std::string>(resolve_checkpoint_dir(options.resume));
   if (resume_from) {
+    if (options.resume.empty()) log_config_changes(config, *resume_from);
     const LlamaConfig saved = read_checkpoint_config(*resume_from);
     HYP_CHECK(saved.dim == t.model.dim && saved.n_layers == t.model.n_layers &&
                   saved.vocab_size == t.model.vocab_size && saved.ffn_dim == t.model.ffn_dim &&
@@ -273,8 +333,6 @@ TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions&
   result.start_step = state.step;
 
   // Start-up report: sizes, memory by category, FLOPs and the MFU denominator.
-  const MemoryPlan mem = memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16,
-                                     t.remat, t.moe.capacity_factor);
   const double flops_per_token = t.model.train_flops_per_token(t.max_target_length);
   if (t.peak_tflops > 0) {
     result.peak_gflops = t.peak_tflops * 1e3;

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -237,6 +239,54 @@ TEST(ParamStore, LayoutIsContiguousPerLayerAndAligned) {
   ParamStore tied(tiny_config(true), false);
   EXPECT_EQ(tied.find("lm_head.weight"), nullptr);
   EXPECT_EQ(tied.lm_head(), tied.embed());
+}
+
+TEST(ParamStore, LayoutAndBytesWithoutAllocatingAndInferenceWithoutGradients) {
+  const LlamaConfig c = tiny_config();
+  const ParamStore full(c, true);
+  const std::vector<ParamInfo> layout = ParamStore::layout(c);
+  ASSERT_EQ(layout.size(), full.infos().size());
+  for (size_t i = 0; i < layout.size(); ++i) {
+    EXPECT_EQ(layout[i].name, full.infos()[i].name);
+    EXPECT_EQ(layout[i].offset, full.infos()[i].offset);
+  }
+  EXPECT_EQ(ParamStore::bytes(c, {true, true}), full.size() * (4 + 4 + 2));
+  EXPECT_EQ(ParamStore::bytes(c, {false, false}), full.size() * 4);
+  const ParamStore inference(c, true, /*gradients=*/false);
+  EXPECT_FALSE(inference.has_grads());
+  EXPECT_TRUE(full.has_grads());
+  EXPECT_THROW(inference.grad(0), Error);
+}
+
+TEST(LlamaConfig, UnsupportedKeysAndAbsurdSizesAreRefusedByName) {
+  const std::string base = tiny_config().to_hf_json();
+  auto with = [&](const std::string& key, const nlohmann::json& value) {
+    nlohmann::json j = nlohmann::json::parse(base);
+    j[key] = value;
+    return j.dump();
+  };
+  auto message = [](const std::string& text) {
+    try {
+      LlamaConfig::from_hf_json(text, "m/config.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message(with("hidden_act", "gelu")).find("m/config.json: hidden_act 'gelu'"),
+            std::string::npos);
+  EXPECT_NE(message(with("model_type", "qwen2")).find("model_type 'qwen2' is not supported"),
+            std::string::npos);
+  EXPECT_NE(message(with("architectures", {"GPT2LMHeadModel"})).find("GPT2LMHeadModel"),
+            std::string::npos);
+  EXPECT_NE(message(with("attention_bias", true)).find("attention_bias"), std::string::npos);
+  EXPECT_NE(message(with("rope_scaling", {{"rope_type", "llama3"}})).find("rope_scaling"),
+            std::string::npos);
+  EXPECT_EQ(message(with("rope_scaling", nullptr)), "");
+  EXPECT_EQ(message(with("attention_bias", false)), "");
+  EXPECT_NE(message(with("vocab_size", 1000000000000)).find("vocab_size = 1000000000000"),
+            std::string::npos);
+  EXPECT_NE(message(with("num_hidden_layers", 1000000)).find("out of range"), std::string::npos);
 }
 
 TEST(LlamaConfig, HfJsonRoundTripAndErrors) {

@@ -1,0 +1,80 @@
+#include "base/system_memory.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "base/error.h"
+
+namespace hyperion {
+
+namespace {
+
+// A number of bytes with an optional K/M/G/T (binary) suffix; -1 when malformed.
+int64_t parse_size(const std::string& text) {
+  if (text.empty()) return -1;
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return -1;
+  }
+  double scale = 1;
+  if (used < text.size()) {
+    if (used + 1 != text.size()) return -1;
+    switch (text[used]) {
+      case 'K': case 'k': scale = 1024.0; break;
+      case 'M': case 'm': scale = 1024.0 * 1024; break;
+      case 'G': case 'g': scale = 1024.0 * 1024 * 1024; break;
+      case 'T': case 't': scale = 1024.0 * 1024 * 1024 * 1024; break;
+      default: return -1;
+    }
+  }
+  return v > 0 ? static_cast<int64_t>(v * scale) : -1;
+}
+
+// The first line of a file as a byte count; -1 when absent or "max".
+int64_t read_limit(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line) || line == "max") return -1;
+  return parse_size(line);
+}
+
+}  // namespace
+
+int64_t machine_memory_bytes() {
+  if (const char* env = std::getenv("HYPERION_MEMORY_LIMIT")) {
+    const int64_t v = parse_size(env);
+    HYP_CHECK(v > 0, "HYPERION_MEMORY_LIMIT: expected bytes (or with a K/M/G/T suffix), got '{}'",
+              env);
+    return v;
+  }
+  int64_t bytes = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
+  for (const char* cgroup :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    const int64_t limit = read_limit(cgroup);
+    if (limit > 0) bytes = std::min(bytes, limit);  // v1's "no limit" is a huge number
+  }
+  return bytes;
+}
+
+std::string format_bytes(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.1f} GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024));
+  return fmt::format("{:.1f} KiB", b / 1024.0);
+}
+
+void check_fits_in_memory(int64_t bytes, const std::string& what, const std::string& hint) {
+  const int64_t have = machine_memory_bytes();
+  if (bytes <= have) return;
+  fail("{} needs {} ({} bytes) but this machine has {}{}{}", what, format_bytes(bytes), bytes,
+       format_bytes(have), hint.empty() ? "" : "; ", hint);
+}
+
+}  // namespace hyperion

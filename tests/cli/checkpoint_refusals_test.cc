@@ -1,0 +1,254 @@
+// Checkpoints, configs and runs that must be refused, through the hyperion binary: a
+// config.json that disagrees with its weights, absurd sizes, a foreign tokenizer,
+// non-finite weights, outputs that are not regular files, resumes that would silently
+// change the run, and two trainings in one run directory.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli_test_util.h"
+#include "io/atomic_file.h"
+#include "io/directory_lock.h"
+#include "io/safetensors.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Result = hyperion::testing_util::CliResult;
+
+Result run(const std::string& args, bool with_stderr = true) {
+  return hyperion::testing_util::run_cli(args, with_stderr);
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+std::string train_args(const std::string& root, const std::string& run_name) {
+  return "dataset_path=" + std::string(HYPERION_SOURCE_DIR) +
+         "/data/corpus/fortunes.txt vocab_size=512 base_emb_dim=64 base_num_decoder_layers=2"
+         " base_num_query_heads=4 base_num_kv_heads=2 base_mlp_dim=192 max_target_length=64"
+         " per_device_batch_size=4 peak_tflops=1 sample_count=0 eval_batches=1"
+         " base_output_directory=" +
+         root + " run_name=" + run_name;
+}
+
+class CheckpointRefusals : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = testing::TempDir() + "hyperion_refusals_" + std::to_string(::getpid());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    const Result r = run("train --json " + train_args(root_, "base") + " steps=4", false);
+    ASSERT_EQ(r.code, 0) << r.out;
+    checkpoint_ = json::parse(r.out)["checkpoint"];
+  }
+  static void TearDownTestSuite() { fs::remove_all(root_); }
+
+  // A copy of the trained checkpoint to tamper with.
+  static std::string copy(const std::string& name) {
+    const std::string dir = root_ + "/" + name;
+    fs::remove_all(dir);
+    fs::copy(checkpoint_, dir, fs::copy_options::recursive);
+    return dir;
+  }
+  static void edit_config(const std::string& dir, const std::function<void(json&)>& edit) {
+    json c = json::parse(hyperion::io::read_file(dir + "/config.json"));
+    edit(c);
+    hyperion::io::write_file_atomic(dir + "/config.json", c.dump(2));
+  }
+  // Every command that loads a checkpoint refuses it with exit status 1 and `message`.
+  static void expect_refused(const std::string& dir, const std::string& message) {
+    for (const std::string& cmd :
+         {"eval --checkpoint " + dir + " --text " + std::string(HYPERION_SOURCE_DIR) +
+              "/data/corpus/fortunes.txt",
+          "generate --checkpoint " + dir + " --prompt hi", "convert --checkpoint " + dir +
+                                                                " --to gguf --output " + dir +
+                                                                "/m.gguf"}) {
+      const Result r = run(cmd);
+      EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
+      EXPECT_TRUE(contains(r.out, message)) << cmd << "\n" << r.out;
+      EXPECT_FALSE(contains(r.out, "internal error")) << r.out;
+    }
+    EXPECT_FALSE(fs::exists(dir + "/m.gguf"));
+  }
+
+  static inline std::string root_, checkpoint_;
+};
+
+TEST_F(CheckpointRefusals, ConfigThatDisagreesWithTheWeights) {
+  std::string dir = copy("fewer_layers");
+  edit_config(dir, [](json& c) { c["num_hidden_layers"] = 1; });
+  expect_refused(dir, "num_hidden_layers is 1 but the weights hold 2 layers");
+
+  dir = copy("tied");
+  edit_config(dir, [](json& c) { c["tie_word_embeddings"] = true; });
+  expect_refused(dir, "tie_word_embeddings is true but");
+  expect_refused(dir, "lm_head.weight [512, 64]");
+
+  dir = copy("wider");
+  edit_config(dir, [](json& c) { c["intermediate_size"] = 256; });
+  expect_refused(dir, "mlp.gate_proj.weight is [192, 64]");
+  expect_refused(dir, "gives [256, 64] (intermediate_size 256, hidden_size 64)");
+
+  dir = copy("act");
+  edit_config(dir, [](json& c) { c["hidden_act"] = "gelu"; });
+  expect_refused(dir, "hidden_act 'gelu' is not supported");
+  dir = copy("type");
+  edit_config(dir, [](json& c) { c["model_type"] = "gpt2"; });
+  expect_refused(dir, "model_type 'gpt2' is not supported");
+  dir = copy("scaling");
+  edit_config(dir, [](json& c) { c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; });
+  expect_refused(dir, "rope_scaling");
+}
+
+TEST_F(CheckpointRefusals, AbsurdSizesAreNamedBeforeAnyAllocation) {
+  std::string dir = copy("vocab");
+  edit_config(dir, [](json& c) { c["vocab_size"] = 1000000000000; });
+  expect_refused(dir, "vocab_size = 1000000000000 is out of range");
+  dir = copy("layers");
+  edit_config(dir, [](json& c) { c["num_hidden_layers"] = 1000000; });
+  expect_refused(dir, "n_layers = 1000000 is out of range");
+  dir = copy("positions");
+  edit_config(dir, [](json& c) { c["max_position_embeddings"] = 1000000000; });
+  expect_refused(dir, "max_seq_len = 1000000000 is out of range");
+
+  // More than the machine has: the error names the bytes and the keys that size them.
+  const Result small =
+      run("eval --checkpoint " + checkpoint_ + " --text x.txt", true);  // (file checked later)
+  EXPECT_FALSE(contains(small.out, "needs"));
+  const Result limited = hyperion::testing_util::run_shell(
+      "HYPERION_MEMORY_LIMIT=64K " + std::string(HYPERION_CLI_PATH) + " --threads 1 eval " +
+      "--checkpoint " + checkpoint_ + " --text x.txt 2>&1");
+  EXPECT_EQ(limited.code, 1) << limited.out;
+  EXPECT_TRUE(contains(limited.out, "needs")) << limited.out;
+  EXPECT_TRUE(contains(limited.out, "this machine has 64.0 KiB")) << limited.out;
+  EXPECT_TRUE(contains(limited.out, "vocab_size 512, hidden_size 64")) << limited.out;
+
+  // A YAML with only `steps: 5` is a 7B Llama by default: refused up front, saying so.
+  const std::string yml = root_ + "/steps_only.yml";
+  hyperion::io::write_file_atomic(yml, "steps: 5\n");
+  const Result seven = run("train " + yml + " base_output_directory=" + root_);
+  EXPECT_EQ(seven.code, 1) << seven.out;
+  EXPECT_TRUE(contains(seven.out, "needs")) << seven.out;
+  EXPECT_TRUE(contains(seven.out, "at their defaults")) << seven.out;
+  EXPECT_TRUE(contains(seven.out, "base_emb_dim")) << seven.out;
+
+  // Serving: a KV cache past the machine's memory names the keys that size it.
+  const Result kv = run("serve " + checkpoint_ + " --port 0 max_seq_len=16777216");
+  EXPECT_EQ(kv.code, 1) << kv.out;
+  EXPECT_TRUE(contains(kv.out, "KV cache")) << kv.out;
+  EXPECT_TRUE(contains(kv.out, "max_seq_len=16777216")) << kv.out;
+  const Result pages = run("serve " + checkpoint_ + " --port 0 kv_pages=2000000000");
+  EXPECT_EQ(pages.code, 1) << pages.out;
+  EXPECT_TRUE(contains(pages.out, "kv_pages")) << pages.out;
+}
+
+TEST_F(CheckpointRefusals, ATokenizerOfAnotherModel) {
+  const std::string other = root_ + "/other_tokenizer";
+  const Result p = run("data prepare --vocab-size 600 --input " + std::string(HYPERION_SOURCE_DIR) +
+                       "/data/corpus/fortunes.txt --output " + other);
+  ASSERT_EQ(p.code, 0) << p.out;
+  const std::string dir = copy("foreign_tokenizer");
+  fs::copy_file(other + "/tokenizer.model", dir + "/tokenizer.model",
+                fs::copy_options::overwrite_existing);
+  for (const std::string& cmd :
+       {"eval --checkpoint " + dir + " --text " + std::string(HYPERION_SOURCE_DIR) +
+            "/data/corpus/fortunes.txt",
+        "generate --checkpoint " + dir + " --prompt hi",
+        "serve " + dir + " --port 0",
+        "convert --checkpoint " + dir + " --to safetensors --output " + dir + "/merged"}) {
+    const Result r = run(cmd);
+    EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
+    EXPECT_TRUE(contains(r.out, dir + "/tokenizer.model has 600 tokens")) << r.out;
+    EXPECT_TRUE(contains(r.out, dir + "/config.json has vocab_size 512")) << r.out;
+  }
+}
+
+TEST_F(CheckpointRefusals, NonFiniteWeights) {
+  const std::string dir = copy("nan");
+  {
+    // Rewrite model.safetensors with one NaN in layer 1's v_proj.
+    const auto in = hyperion::io::SafetensorsFile::open(dir + "/model.safetensors");
+    std::vector<std::vector<float>> data;
+    hyperion::io::SafetensorsWriter w;
+    for (const auto& t : in.tensors()) {
+      data.emplace_back(static_cast<size_t>(t.shape.numel()));
+      in.read_into(t.name, hyperion::TensorView(data.back().data(), hyperion::DType::kF32, t.shape));
+      if (t.name == "model.layers.1.self_attn.v_proj.weight")
+        data.back()[7] = std::numeric_limits<float>::quiet_NaN();
+      w.add(t.name, hyperion::DType::kF32, t.shape, data.back().data());
+    }
+    w.write(dir + "/model.safetensors");
+  }
+  expect_refused(dir, "model.layers.1.self_attn.v_proj.weight");
+  const Result r = run("eval --checkpoint " + dir + " --text x.txt");
+  EXPECT_TRUE(contains(r.out, "NaN at element 7")) << r.out;
+}
+
+TEST_F(CheckpointRefusals, OutputsThatAreNotRegularFiles) {
+  const Result dev = run("convert --checkpoint " + checkpoint_ + " --to gguf --output /dev/null");
+  EXPECT_EQ(dev.code, 1) << dev.out;
+  EXPECT_TRUE(contains(dev.out, "'/dev/null': it exists and is a character device")) << dev.out;
+  struct stat st {};
+  ASSERT_EQ(::stat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  const std::string dir_out = root_ + "/a_directory.gguf";
+  fs::create_directories(dir_out);
+  const Result d = run("convert --checkpoint " + checkpoint_ + " --to gguf --output " + dir_out);
+  EXPECT_EQ(d.code, 1) << d.out;
+  EXPECT_TRUE(contains(d.out, "is a directory")) << d.out;
+  EXPECT_TRUE(fs::is_directory(dir_out));
+}
+
+TEST_F(CheckpointRefusals, ResumeRestoresTheSavedConfigAndNamesChanges) {
+  const std::string run_dir = root_ + "/resumed";
+  const Result first = run("train --json " + train_args(root_, "resumed") +
+                               " steps=6 dtype=float32 --stop-at 3",
+                           false);
+  ASSERT_EQ(first.code, 0) << first.out;
+  // No CONFIG: the run's own settings (6 steps, float32), not the tiny preset's.
+  const Result again = run("train --resume " + run_dir + " --json");
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_TRUE(contains(again.out, "dtype f32")) << again.out;
+  const std::string js = again.out.substr(again.out.find("{\n"));
+  EXPECT_EQ(json::parse(js)["steps"], 6);
+  EXPECT_EQ(json::parse(js)["start_step"], 3);
+  // An override is an explicit, logged change.
+  const Result more = run("train --resume " + run_dir + " steps=8 --json");
+  ASSERT_EQ(more.code, 0) << more.out;
+  EXPECT_TRUE(contains(more.out, "resume: changed steps: 6 -> 8")) << more.out;
+  EXPECT_EQ(json::parse(more.out.substr(more.out.find("{\n")))["steps"], 8);
+  // The model's shape cannot change, and a CONFIG cannot replace the saved one.
+  const Result shape = run("train --resume " + run_dir + " base_emb_dim=128");
+  EXPECT_EQ(shape.code, 2) << shape.out;
+  EXPECT_TRUE(contains(shape.out, "base_emb_dim cannot change on resume")) << shape.out;
+  const Result config = run("train tiny --resume " + run_dir);
+  EXPECT_EQ(config.code, 2) << config.out;
+}
+
+TEST_F(CheckpointRefusals, OneTrainingPerRunDirectory) {
+  const std::string run_dir = root_ + "/locked";
+  fs::create_directories(run_dir);
+  {
+    hyperion::io::DirectoryLock held(run_dir, "run directory");
+    const Result second = run("train " + train_args(root_, "locked") + " steps=2");
+    EXPECT_EQ(second.code, 1) << second.out;
+    EXPECT_TRUE(contains(second.out, "run directory " + run_dir + " is in use")) << second.out;
+    EXPECT_TRUE(contains(second.out, "pid " + std::to_string(::getpid()))) << second.out;
+  }
+  // A lock left by a process that died (its record, no flock) is taken over.
+  hyperion::io::write_file_atomic(run_dir + "/.lock", "pid 99999 on host gone since then\n");
+  const Result after = run("train " + train_args(root_, "locked") + " steps=2");
+  EXPECT_EQ(after.code, 0) << after.out;
+  EXPECT_TRUE(contains(after.out, "took over the lock of pid 99999")) << after.out;
+}
+
+}  // namespace
