@@ -18,6 +18,8 @@ PACKAGES=(
   libboost1.81-dev   # Boost.Beast + Asio: the HTTP server of hyperion serve
   libcpp-httplib-dev # HTTP client (bench serve, tests)
   libgtest-dev libgmock-dev  # tests
+  clang-14 libclang-rt-14-dev  # libFuzzer fuzzers (scripts/fuzz.sh)
+  clang-tidy-14      # scripts/lint.sh
   libbenchmark-dev   # microbenchmarks
   libopenblas-dev    # GEMM comparison benchmark only (never linked into libhyperion)
   libopenmpi-dev openmpi-bin  # MPI: multi-process training (hyperion train --nproc)

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string_view>
 
+#include "base/source_dir.h"
 #include "base/error.h"
 #include "io/atomic_file.h"
 
@@ -108,7 +109,7 @@ std::vector<std::string> read_documents(const std::string& path) {
 std::optional<std::string> find_bundled_corpus() {
   namespace fs = std::filesystem;
   for (const std::string& dir :
-       {std::string("data/corpus"), std::string(HYPERION_SOURCE_DIR) + "/data/corpus"}) {
+       {std::string("data/corpus"), std::string(source_dir()) + "/data/corpus"}) {
     if (!fs::is_directory(dir)) continue;
     std::vector<std::string> found;
     for (const auto& e : fs::directory_iterator(dir))

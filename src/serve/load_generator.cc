@@ -13,15 +13,12 @@
 #include <random>
 #include <thread>
 
+#include "base/source_dir.h"
 #include "base/error.h"
 #include "base/timer.h"
 #include "io/atomic_file.h"
 #include "io/text_input.h"
 #include "io/tokenizer.h"
-
-#ifndef HYPERION_SOURCE_DIR
-#define HYPERION_SOURCE_DIR "."
-#endif
 
 namespace hyperion::serve {
 
@@ -177,7 +174,7 @@ std::string bundled_corpus_path() {
   fail(
       "the bundled corpus (data/corpus/*.txt) was not found in the working directory or in {}; "
       "give a text file with --corpus",
-      HYPERION_SOURCE_DIR);
+      source_dir());
 }
 
 namespace {

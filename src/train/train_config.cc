@@ -3,13 +3,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "base/source_dir.h"
 #include "base/error.h"
 #include "io/atomic_file.h"
 #include "train/checkpoint.h"
-
-#ifndef HYPERION_SOURCE_DIR
-#define HYPERION_SOURCE_DIR "."
-#endif
 
 namespace hyperion {
 
@@ -135,7 +132,7 @@ namespace {
 std::string resolve_preset(const std::string& arg) {
   if (fs::exists(arg)) return arg;
   for (const std::string& dir :
-       {std::string("configs"), std::string(HYPERION_SOURCE_DIR) + "/configs"}) {
+       {std::string("configs"), std::string(source_dir()) + "/configs"}) {
     const std::string p = dir + "/" + arg + ".yml";
     if (fs::exists(p)) return p;
   }

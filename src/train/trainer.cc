@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "base/source_dir.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/system_memory.h"
@@ -32,10 +33,6 @@
 #include "train/optimizer.h"
 #include "train/parallel.h"
 
-#ifndef HYPERION_SOURCE_DIR
-#define HYPERION_SOURCE_DIR "."
-#endif
-
 namespace hyperion {
 
 namespace fs = std::filesystem;
@@ -47,7 +44,7 @@ std::string bundled_corpus() {
   fail(
       "dataset_path is empty and the bundled corpus (data/corpus/*.txt) was not found in the "
       "working directory or in {}",
-      HYPERION_SOURCE_DIR);
+      source_dir());
 }
 
 bool is_prepared(const std::string& dir) {

@@ -85,19 +85,13 @@ void expect_same_weights(const std::string& run_a, const std::string& run_b) {
 // Environment for multi-rank runs. Open MPI leaks at MPI_Finalize from components it has
 // already unloaded (LeakSanitizer cannot name them), so sanitizer builds turn leak
 // checking off for the ranks; address and UB checks stay on.
+// (The longest multi-rank runs are labelled `long` in CMakeLists.txt: the release suite
+// runs them, the sanitizer suites do not.)
 #if defined(__SANITIZE_ADDRESS__)
 constexpr const char* kRankEnv = "ASAN_OPTIONS=detect_leaks=0 ";
-constexpr bool kSanitized = true;
 #else
 constexpr const char* kRankEnv = "";
-constexpr bool kSanitized = false;
 #endif
-
-// The longest multi-rank runs (4 oversubscribed ranks, MoE) run in the release suite
-// only: under the sanitizers they take minutes, and their code paths (ZeRO-1 and FSDP
-// at 2 ranks, expert parallel MoE layers in hyperion_mpi_tests) are still covered there.
-#define SKIP_WHEN_SANITIZED() \
-  if (kSanitized) GTEST_SKIP() << "release suite only (slow under the sanitizers)"
 
 // `hyperion train --nproc N ARGS` (stderr joined).
 testing_util::CliResult run_ranks(int nproc, const std::string& args, bool with_stderr = true) {
@@ -130,7 +124,6 @@ TEST(DistributedTrain, DataParallelTwoRanksEqualsOneProcess) {
 }
 
 TEST(DistributedTrain, FourRanksDataParallelZeroOneAndFsdpEqualOneProcess) {
-  SKIP_WHEN_SANITIZED();
   const std::string one =
       train("four_one", "steps=6 per_device_batch_size=4 gradient_accumulation_steps=2");
   const std::string base = "steps=6 per_device_batch_size=1 gradient_accumulation_steps=2";
@@ -189,7 +182,6 @@ TEST(DistributedTrain, ShardedCheckpointsResumeAtAnotherRankCount) {
 }
 
 TEST(DistributedTrain, ExpertParallelEqualsOneProcessMoe) {
-  SKIP_WHEN_SANITIZED();
   const std::string moe =
       "num_experts=4 num_experts_per_tok=2 base_moe_mlp_dim=64 load_balance_loss_weight=0.01 "
       "router_z_loss_weight=0.001 steps=8";
