@@ -34,7 +34,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
           .string();
   std::filesystem::create_directories(dir);
   hyperion::io::TokenizerTrainOptions o;
-  o.vocab_size = 120;
+  o.vocab_size = 300;
   g_tokenizer = new hyperion::io::Tokenizer(hyperion::io::Tokenizer::train(docs, dir + "/t.model", o));
   std::filesystem::remove_all(dir);
   return 0;

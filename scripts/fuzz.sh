@@ -28,7 +28,7 @@ for name in "${names[@]}"; do
     echo "fuzz $name: ${runs:-?} inputs in ${seconds} s, no failure"
   else
     echo "fuzz $name: FAILED (log $log):"
-    grep -E "ERROR|SUMMARY|Test unit written|==[0-9]+==" "$log" | head -20
+    grep -E "ERROR|SUMMARY|Test unit written|==[0-9]+==|terminate|what\(\)" "$log" | head -20 || true
     status=1
   fi
 done

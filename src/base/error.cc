@@ -6,11 +6,11 @@
 namespace hyperion {
 
 void throw_error(std::string message) {
-  throw Error(std::move(message));
+  throw Error(message);
 }
 
 void throw_usage_error(std::string message) {
-  throw UsageError(std::move(message));
+  throw UsageError(message);
 }
 
 std::string os_error_text(int err) {

@@ -21,7 +21,9 @@
 // GCC 12 reports the deliberately uninitialised pass-through operand
 // (_mm512_undefined_ps) of max/roundscale/scalef as uninitialised once inlined.
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)  // a GCC-only warning
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace hyperion::attn {
 namespace {

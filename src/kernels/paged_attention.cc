@@ -18,7 +18,9 @@
 // GCC 12's AVX-512 intrinsic headers fill "don't care" operands from self-initialised
 // _mm*_undefined_*() values, which -Wuninitialized flags once inlined here.
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)  // a GCC-only warning
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <algorithm>

@@ -1,5 +1,6 @@
 #include "train/train_config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -282,7 +283,7 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
   const double wf = c.get_float("warmup_steps_fraction");
   HYP_CHECK(wf >= 0 && wf <= 1, "config key {} must be in [0, 1], got {}",
             where("warmup_steps_fraction"), wf);
-  s.warmup_steps = static_cast<int64_t>(wf * double(t.steps) + 0.5);
+  s.warmup_steps = std::llround(wf * double(t.steps));
   s.final_lr_fraction = c.get_float("cosine_learning_rate_final_fraction");
   s.wsd_decay_fraction = c.get_float("wsd_decay_steps_fraction");
   s.wsd_decay_shape = c.get_string("wsd_decay_style");

@@ -119,7 +119,8 @@ TEST(Sampler, ValidateNamesTheField) {
       {params(1.0f, 0, -0.1f, 0), "top_p"},       {params(1.0f, 0, NAN, 0), "top_p"},
   };
   for (const auto& [p, field] : bad) {
-    const std::string msg = error_of([&] { validate(p); });
+    const SamplingParams sp = p;  // (clang 14 cannot capture a structured binding)
+    const std::string msg = error_of([&] { validate(sp); });
     EXPECT_NE(msg.find(field), std::string::npos) << msg;
     EXPECT_THROW(Sampler{p}, Error) << field;
   }
