@@ -1,9 +1,10 @@
-// Bench cases: RMSNorm, RoPE, SwiGLU, AdamW, global norm. Sizes are those of a
-// 2048-token batch of a Llama-7B-width layer, beyond the last-level cache.
+// Bench cases: RMSNorm, RoPE, SwiGLU, AdamW, global norm, the non-finite scan. Sizes
+// are those of a 2048-token batch of a Llama-7B-width layer, beyond the last-level cache.
 #include <array>
 
 #include "cli/bench_registry.h"
 #include "kernels/adamw.h"
+#include "kernels/finite.h"
 #include "kernels/global_norm.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -90,6 +91,17 @@ std::vector<KernelBench> layer_benches() {
                    (void)n;
                  });
                }});
+  // The non-finite scan every checkpoint load runs over the weights (read once).
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    v.push_back({"first_nonfinite_" + std::string(dtype_name(dt)) + "_64M", Bound::kMemory, 0,
+                 double(params) * dtype_size(dt), [=] {
+                   auto w = random_tensor(dt, {params}, 12);
+                   return make_state([=] {
+                     volatile int64_t at = first_nonfinite(*w);
+                     (void)at;
+                   });
+                 }});
+  }
   return v;
 }
 

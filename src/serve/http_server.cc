@@ -71,7 +71,7 @@ constexpr Route kRoutes[] = {{"/v1/completions", http::verb::post},
 
 }  // namespace
 
-struct HttpServer::Impl : HttpApplication, std::enable_shared_from_this<HttpServer::Impl> {
+struct HttpServer::Impl : HttpApplication {
   Impl(AsyncEngine& e, ApiContext c, HttpOptions o)
       : engine(e), ctx(std::move(c)), options(o), metrics_(registry) {
     limits.header_timeout_s = o.header_timeout_s;
@@ -108,17 +108,20 @@ struct HttpServer::Impl : HttpApplication, std::enable_shared_from_this<HttpServ
     idle_cv.notify_all();
   }
 
+  // (Handlers capture `this`, not a shared pointer: the io_context is a member, so a
+  // handler still queued when the server goes is destroyed with it, never run, and a
+  // shared pointer in it would keep the server alive forever.)
   void accept() {
-    acceptor.async_accept(net::make_strand(ioc), [self = shared_from_this()](
-                                                     boost::system::error_code ec, tcp::socket s) {
-      if (ec) {
-        if (ec == net::error::operation_aborted || !self->acceptor.is_open()) return;
-        log_warn("serve: accept failed: {}", ec.message());  // e.g. out of descriptors
-      } else {
-        self->admit(std::move(s));
-      }
-      self->accept();
-    });
+    acceptor.async_accept(net::make_strand(ioc),
+                          [this](boost::system::error_code ec, tcp::socket s) {
+                            if (ec) {
+                              if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
+                              log_warn("serve: accept failed: {}", ec.message());  // e.g. no fds
+                            } else {
+                              admit(std::move(s));
+                            }
+                            accept();
+                          });
   }
 
   void admit(tcp::socket socket) {
