@@ -1,8 +1,26 @@
 #include "serve/async_engine.h"
 
+#include <exception>
+#include <string>
+
 #include "base/log.h"
 
 namespace hyperion::serve {
+
+namespace {
+
+// The message of the exception being handled.
+std::string current_error() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an unknown exception";
+  }
+}
+
+}  // namespace
 
 AsyncEngine::AsyncEngine(Engine& engine) : engine_(engine) {
   stats_ = engine_.stats();
@@ -26,16 +44,31 @@ int64_t AsyncEngine::submit(GenerationRequest request, TokenCallback callback) {
     throw QueueFullError(fmt::format(
         "the queue is full ({} requests accepted for {} slots and max_queue={}); retry later",
         outstanding_, c.max_concurrent_decodes, c.max_queue));
-  ++outstanding_;
   const int64_t id = next_id_++;
-  TokenCallback counted = [this, cb = std::move(callback)](const TokenEvent& ev) {
-    if (cb) cb(ev);
-    if (ev.finish != FinishReason::kNone) {
-      std::lock_guard<std::mutex> l(mu_);
-      --outstanding_;
+  TokenCallback counted = [this, id, cb = std::move(callback)](const TokenEvent& ev) {
+    // The admission is given back on the request's last event, however the caller's
+    // callback ends.
+    struct Release {
+      AsyncEngine* self;
+      bool last;
+      ~Release() {
+        if (!last) return;
+        std::lock_guard<std::mutex> l(self->mu_);
+        --self->outstanding_;
+      }
+    } release{this, ev.finish != FinishReason::kNone};
+    try {
+      if (cb) cb(ev);
+    } catch (...) {
+      // The caller could not take the event (a bad_alloc, say). Kept out of the engine,
+      // whose step it would cut short (the request's slot and pages never freed, every
+      // other request failed); the request is ended instead.
+      if (!release.last) cancel(id);
+      log_error("serve: request {}: the token callback failed: {}", id, current_error());
     }
   };
   inbox_.push_back(Pending{id, std::move(request), std::move(counted)});
+  ++outstanding_;  // after the last step that can throw (the engine takes it under mu_)
   cv_.notify_one();
   return id;
 }
@@ -83,7 +116,7 @@ void AsyncEngine::loop() {
       TokenCallback cb = p.callback;
       try {
         engine_.add(std::move(p.request), std::move(p.callback), p.id);
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {
         TokenEvent ev;
         ev.finish = FinishReason::kError;
         ev.error = e.what();

@@ -28,6 +28,8 @@ class AsyncEngine {
   // QueueFullError when max_concurrent_decodes + max_queue requests are already accepted
   // and unfinished (so with every slot busy exactly max_queue wait), and
   // ShuttingDownError after stop(). A request accepted here is never rejected later.
+  // A callback that throws ends its own request (cancelled; the last event still comes)
+  // and nothing else: the exception is logged, never passed to the engine.
   int64_t submit(GenerationRequest request, TokenCallback callback);
   // Requests accepted and not yet finished (their last event not yet delivered).
   int64_t outstanding() const;

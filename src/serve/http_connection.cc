@@ -43,15 +43,18 @@ HttpConnection::~HttpConnection() {
 }
 
 void HttpConnection::start() {
-  net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->wait_for_request(); });
+  // A new connection owes a request head from the moment it is accepted: its deadline is
+  // header_timeout_s, not the idle keep-alive timeout, or silent connections would hold
+  // every max_connections place for idle_timeout_s.
+  net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_header(); });
 }
 
 void HttpConnection::post(std::function<void()> fn) {
   net::post(stream_.get_executor(), std::move(fn));
 }
 
-// Between requests: wait for the first byte of the next one (idle timeout), unless
-// pipelined bytes are already here.
+// Between requests on a kept-alive connection: wait for the first byte of the next one
+// (idle timeout), unless pipelined bytes are already here.
 void HttpConnection::wait_for_request() {
   if (closed_) return;
   if (buffer_.size() > 0) return read_header();
@@ -274,7 +277,11 @@ void HttpConnection::on_watch(beast::error_code ec, size_t n) {
 void HttpConnection::close_when_idle() {
   post([self = shared_from_this()] {
     self->keep_alive_ = false;
-    if (!self->busy_ && !self->writing_ && !self->parser_) self->close();
+    // Idle: no reply under way and not a byte of a request (a request begun is read and
+    // answered, with a 503).
+    const bool waiting =
+        !self->parser_ || (!self->parser_->got_some() && self->buffer_.size() == 0);
+    if (!self->busy_ && !self->writing_ && waiting) self->close();
   });
 }
 

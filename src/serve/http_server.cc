@@ -3,10 +3,12 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -24,6 +26,10 @@ using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// Wait before accepting again after accept failed (out of file descriptors, say): the
+// connection stays in the backlog, so an immediate retry fails at once, a busy loop.
+constexpr std::chrono::milliseconds kAcceptRetry{100};
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -93,10 +99,16 @@ struct HttpServer::Impl : HttpApplication {
   std::vector<std::weak_ptr<HttpConnection>> live;
   int64_t active = 0;  // generation requests not yet answered
   int64_t next_completion = 1;
+  int64_t accept_failures = 0;  // in a row (on accept_strand)
   // Last, so destroyed first: handlers still queued hold connections, whose destructors
-  // use the members above.
-  net::io_context ioc{1};
-  tcp::acceptor acceptor{ioc};
+  // use the members above. The hint is the number of threads that run it (1 would tell
+  // Asio it is single-threaded).
+  net::io_context ioc{std::max(1, options.io_threads)};
+  // The acceptor, its retry timer and drain's close of it run on any I/O thread; neither
+  // object may be used from two at once, so they share a strand.
+  net::strand<net::io_context::executor_type> accept_strand{ioc.get_executor()};
+  tcp::acceptor acceptor{accept_strand};
+  net::steady_timer accept_retry{accept_strand};
 
   // HttpApplication.
   bool draining() const override { return draining_.load(); }
@@ -112,16 +124,27 @@ struct HttpServer::Impl : HttpApplication {
   // handler still queued when the server goes is destroyed with it, never run, and a
   // shared pointer in it would keep the server alive forever.)
   void accept() {
-    acceptor.async_accept(net::make_strand(ioc),
-                          [this](boost::system::error_code ec, tcp::socket s) {
-                            if (ec) {
-                              if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
-                              log_warn("serve: accept failed: {}", ec.message());  // e.g. no fds
-                            } else {
-                              admit(std::move(s));
-                            }
-                            accept();
-                          });
+    acceptor.async_accept(
+        net::make_strand(ioc), [this](boost::system::error_code ec, tcp::socket s) {
+          if (!ec) {
+            if (accept_failures > 0)
+              log_info("serve: accepting connections again (after {} failed attempts)",
+                       accept_failures);
+            accept_failures = 0;
+            admit(std::move(s));
+            return accept();
+          }
+          if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
+          // E.g. out of file descriptors: back off instead of spinning, and warn once per
+          // burst, not per attempt.
+          if (accept_failures++ == 0)
+            log_warn("serve: accept failed: {} (retrying every {} ms)", ec.message(),
+                     kAcceptRetry.count());
+          accept_retry.expires_after(kAcceptRetry);
+          accept_retry.async_wait([this](boost::system::error_code e) {
+            if (!e && acceptor.is_open()) accept();
+          });
+        });
   }
 
   void admit(tcp::socket socket) {
@@ -268,7 +291,15 @@ struct HttpServer::Impl : HttpApplication {
       // Engine thread: record metrics, then hand the event to the connection's strand.
       id = engine.submit(gen->api.gen, [this, conn, gen, tracker](const TokenEvent& ev) {
         observe(*tracker, ev);
-        conn->post([this, conn, gen, ev] { on_event(*conn, *gen, ev); });
+        try {
+          conn->post([this, conn, gen, ev] { on_event(*conn, *gen, ev); });
+        } catch (...) {
+          // The event never reaches the strand (out of memory): a last one must still
+          // count the request as done, or drain would wait its whole grace period for
+          // it. The engine ends a request whose callback throws.
+          if (ev.finish != FinishReason::kNone) request_done();
+          throw;
+        }
       });
     } catch (const std::exception& e) {
       request_done();
@@ -420,7 +451,7 @@ void HttpServer::run() {
   Impl& s = *impl_;
   HYP_CHECK(s.acceptor.is_open(), "HttpServer::run: call bind() first");
   auto guard = net::make_work_guard(s.ioc);
-  s.accept();
+  net::post(s.accept_strand, [&s] { s.accept(); });
   std::vector<std::thread> threads;
   for (int i = 1; i < std::max(1, s.options.io_threads); ++i)
     threads.emplace_back([&s] { s.ioc.run(); });
@@ -435,9 +466,14 @@ void HttpServer::stop() {
 int64_t HttpServer::drain(double grace_s) {
   auto s = impl_;
   s->draining_ = true;
-  net::post(s->ioc, [s] {
+  // A raw pointer: a shared one in a handler that never runs (the server stopped first)
+  // would be a cycle through the io_context, leaking the server. A handler that runs
+  // finds the server alive, since the io_context is part of it.
+  Impl* impl = s.get();
+  net::post(impl->accept_strand, [impl] {
     boost::system::error_code ignored;
-    s->acceptor.close(ignored);
+    impl->acceptor.close(ignored);
+    impl->accept_retry.cancel();
   });
   for (auto& c : s->live_connections()) c->close_when_idle();
   int64_t cut = 0;

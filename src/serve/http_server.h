@@ -14,9 +14,9 @@
 // connection are answered in order.
 //
 // Slow or idle clients cannot starve others: every connection has a deadline to send a
-// whole request head (header_timeout_s), its body (request_timeout_s) and to take each
-// write (write_timeout_s), past which it is closed; idle keep-alive connections are
-// closed after idle_timeout_s,
+// whole request head (header_timeout_s, from the accept for its first request), its body
+// (request_timeout_s) and to take each write (write_timeout_s), past which it is closed;
+// idle keep-alive connections are closed after idle_timeout_s,
 // and at most max_connections are open at once. A fixed number of I/O threads serves
 // every connection; the engine thread does the compute.
 //
@@ -37,9 +37,9 @@ namespace hyperion::serve {
 struct HttpOptions {
   int io_threads = 2;
   int64_t max_connections = 1024;
-  double header_timeout_s = 10;   // first byte of a request -> end of its head
+  double header_timeout_s = 10;   // accept, or a later request's first byte -> end of head
   double request_timeout_s = 60;  // end of the head -> end of the body
-  double idle_timeout_s = 60;     // keep-alive connection with no request
+  double idle_timeout_s = 60;     // kept-alive connection between requests
   double write_timeout_s = 60;    // each write to a client that stopped reading
 };
 

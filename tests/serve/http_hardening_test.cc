@@ -2,17 +2,22 @@
 // huge prompts, slow clients, too many connections, a taken port, a graceful drain,
 // and the HTTP/1.1 edges (pipelining, conflicting or negative Content-Length, wrong
 // methods). Every case gets a clean status code, never a crash, a hang or a 500.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "../test_files.h"
+#include "base/log.h"
 #include "http_test_util.h"
 #include "serve_test_util.h"
 
@@ -413,6 +418,164 @@ TEST_F(HttpHardening, DrainEndsStreamsPastTheGracePeriodWithAnErrorAndDone) {
   EXPECT_TRUE(contains(events.back()["error"]["message"].get<std::string>(), "shutting down"));
   idle.read();
   EXPECT_TRUE(idle.saw_eof());
+}
+
+// A connection that never sends a byte is cut at the head deadline, counted from the
+// accept, not kept for the idle keep-alive timeout (1024 of them would hold every
+// connection place, /health answering 503, for that long). Between requests on a
+// kept-alive connection the idle timeout still applies.
+TEST_F(HttpHardening, SilentConnectionsAreCutAtTheHeadDeadline) {
+  HttpOptions http;
+  http.header_timeout_s = 1;
+  http.idle_timeout_s = 600;
+  http.max_connections = 2;
+  auto s = stack(config(), http);
+  RawClient kept(s->port);
+  kept.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(status_of(kept.read("\r\n\r\n")), 200);
+  // With `kept`, this one takes the last place.
+  RawClient silent(s->port, /*timeout_s=*/10);  // a liveness bound: 10x the deadline
+  ASSERT_TRUE(silent.connected());
+  EXPECT_EQ(silent.read(), "");
+  EXPECT_TRUE(silent.saw_eof());
+  // Its place is free again (polled: the server notices asynchronously).
+  int status = -1;
+  for (int i = 0; i < 200 && status != 200; ++i) {
+    RawClient again(s->port);
+    again.send("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    status = status_of(again.read());
+    if (status != 200) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(status, 200);
+  // `kept`, idle for longer than the head deadline by now, still serves.
+  kept.send("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(status_of(kept.read()), 200);
+}
+
+// Out of file descriptors (EMFILE), accept fails until some are freed: the server
+// retries after a pause and warns once, instead of spinning on accept and flooding the
+// log, and takes the waiting connection once it can.
+TEST_F(HttpHardening, AcceptFailuresBackOffAndWarnOnce) {
+  auto s = stack();
+  // The client's socket exists before the limit drops; connect() needs no descriptor.
+  RawClient c(s->port, 20, /*connect_now=*/false);
+  testing_util::TempDir dir;
+  const int log_fd = ::open(dir.file("stderr").c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(log_fd, 0);
+  rlimit saved_limit{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved_limit), 0);
+  const int saved_stderr = ::dup(STDERR_FILENO);
+  ASSERT_GE(saved_stderr, 0);
+  const LogLevel saved_level = log_level();
+  auto logged = [&] {
+    std::string text(1 << 20, '\0');
+    const ssize_t n = ::pread(log_fd, text.data(), text.size(), 0);
+    text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    return text;
+  };
+  {
+    // Undone on every way out, a failed assertion included.
+    struct Restore {
+      rlimit limit;
+      int stderr_copy;
+      LogLevel level;
+      ~Restore() {
+        ::setrlimit(RLIMIT_NOFILE, &limit);
+        ::dup2(stderr_copy, STDERR_FILENO);
+        ::close(stderr_copy);
+        set_log_level(level);
+      }
+    } restore{saved_limit, saved_stderr, saved_level};
+    ::dup2(log_fd, STDERR_FILENO);  // the server's log, read back below
+    if (saved_level > LogLevel::kWarn) set_log_level(LogLevel::kWarn);
+    // The lowest free descriptor number becomes the limit: no new one can be opened.
+    const int lowest_free = ::fcntl(log_fd, F_DUPFD, 0);
+    ASSERT_GE(lowest_free, 0);
+    ::close(lowest_free);
+    rlimit low = saved_limit;
+    low.rlim_cur = static_cast<rlim_t>(lowest_free);
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+    ASSERT_TRUE(c.connect());  // completed by the kernel; the server cannot accept it
+    for (int i = 0; i < 1000 && !contains(logged(), "accept failed"); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    // A server that spins on accept logs thousands of failures meanwhile.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  const std::string text = logged();
+  ::close(log_fd);
+  EXPECT_EQ(RawClient::occurrences(text, "accept failed"), 1) << text.substr(0, 2000);
+  EXPECT_TRUE(contains(text, "Too many open files")) << text.substr(0, 2000);
+  // Descriptors are back: the waiting connection is accepted and served.
+  c.send("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(status_of(c.read()), 200);
+}
+
+// A token callback that throws (the HTTP layer out of memory, say) ends only its own
+// request, which gets exactly one last event and gives its admission back; the
+// engine's other requests finish normally.
+TEST_F(HttpHardening, AThrowingTokenCallbackEndsOnlyItsRequest) {
+  auto s = stack(config(4, 4));
+  s->async.set_paused(true);  // all three start in the same step
+  auto request = [](int64_t max_tokens) {
+    GenerationRequest r;
+    r.prompt = {1, 5, 6, 7};
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    return r;
+  };
+  struct Seen {
+    std::atomic<int> finals{0};
+    std::atomic<FinishReason> last{FinishReason::kNone};
+    void take(const TokenEvent& ev) {
+      if (ev.finish == FinishReason::kNone) return;
+      last = ev.finish;
+      ++finals;
+    }
+  };
+  Seen a, b, d;
+  // `a` throws on its first token, `b` when its answer is complete.
+  std::atomic<bool> a_threw{false};
+  s->async.submit(request(6), [&](const TokenEvent& ev) {
+    a.take(ev);
+    if (ev.finish == FinishReason::kNone && !a_threw.exchange(true)) throw std::bad_alloc();
+  });
+  s->async.submit(request(2), [&](const TokenEvent& ev) {
+    b.take(ev);
+    if (ev.finish == FinishReason::kLength) throw std::bad_alloc();
+  });
+  s->async.submit(request(8), [&](const TokenEvent& ev) { d.take(ev); });
+  s->async.set_paused(false);
+  for (int i = 0; i < 2000 && (a.finals == 0 || b.finals == 0 || d.finals == 0); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(d.last.load(), FinishReason::kLength);  // not failed with the others
+  EXPECT_EQ(a.last.load(), FinishReason::kAbort);   // ended at once
+  EXPECT_EQ(b.last.load(), FinishReason::kLength);
+  for (int i = 0; i < 2000 && s->async.outstanding() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(s->async.outstanding(), 0);
+  EXPECT_EQ(a.finals.load(), 1);
+  EXPECT_EQ(b.finals.load(), 1);
+  EXPECT_EQ(d.finals.load(), 1);
+  // Still serving.
+  auto ok =
+      client(s->port).Post("/v1/completions", greedy_body("after", 2).dump(), "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+// drain() has the I/O threads close the acceptor; a server whose I/O never ran that
+// (drained before run(), or stopped first) is still destroyed when it goes, its
+// listening socket with it.
+TEST_F(HttpHardening, ADrainedServerIsFreedEvenIfItsIoNeverRan) {
+  Engine engine(*params_, tok_, config());
+  AsyncEngine async(engine);
+  int port = 0;
+  {
+    HttpServer server(async, ApiContext{});
+    port = server.bind("127.0.0.1", 0);
+    EXPECT_EQ(server.drain(0), 0);
+  }
+  EXPECT_NO_THROW(check_port_available("127.0.0.1", port));
 }
 
 }  // namespace

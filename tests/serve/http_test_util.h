@@ -61,20 +61,25 @@ struct ServedStack {
 };
 
 // A plain TCP connection to 127.0.0.1:port with a receive timeout (a test that waits
-// for bytes that never come fails instead of hanging).
+// for bytes that never come fails instead of hanging). `connect_now` false: the socket
+// only, connected by connect().
 class RawClient {
  public:
-  explicit RawClient(int port, double timeout_s = 20) {
+  explicit RawClient(int port, double timeout_s = 20, bool connect_now = true) : port_(port) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     timeval tv{};
     tv.tv_sec = static_cast<time_t>(timeout_s);
     tv.tv_usec = static_cast<suseconds_t>((timeout_s - double(tv.tv_sec)) * 1e6);
     ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (connect_now) connect();
+  }
+  bool connect() {
     sockaddr_in a{};
     a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_port = htons(static_cast<uint16_t>(port_));
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    return connected_;
   }
   ~RawClient() { close(); }
   RawClient(const RawClient&) = delete;
@@ -117,6 +122,7 @@ class RawClient {
   }
 
  private:
+  int port_ = 0;
   int fd_ = -1;
   bool connected_ = false;
   bool eof_ = false;
