@@ -7,14 +7,26 @@
 # happened to have it; on a fresh machine the build would fail. Fails naming the file and
 # the package to add to scripts/setup.sh.
 #
-# Usage: scripts/check-deps.sh [BUILD_DIR ...]   (default: every configured build/*)
+# Usage: scripts/check-deps.sh [--without PKG]... [BUILD_DIR ...]
+#   (default: every configured build/*). --without drops a package from setup's list, to
+#   show what would fail without it (the test `check_deps_names_a_missing_package`).
 # Headers come from the build's dependency log (ninja -t deps) when the tree is built,
 # otherwise from preprocessing every translation unit in compile_commands.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=$(pwd -P)
 
-dirs=("$@")
+without=()
+dirs=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --without) [ $# -ge 2 ] || { echo "check-deps: --without needs a package" >&2; exit 2; }
+               without+=("$2"); shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "check-deps: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    *) dirs+=("$1"); shift ;;
+  esac
+done
 if [ ${#dirs[@]} -eq 0 ]; then
   for d in build/*/; do [ -f "$d/build.ninja" ] && dirs+=("${d%/}"); done
 fi
@@ -83,7 +95,7 @@ awk '{ p = FILENAME; sub(/.*\//, "", p); sub(/\.list$/, "", p); sub(/:.*/, "", p
   /var/lib/dpkg/info/*.list >"$tmp/owners"
 
 # Allowed packages: setup's, their Depends closure, and the base system.
-scripts/setup.sh --list >"$tmp/setup"
+scripts/setup.sh --list | grep -vxF -f <(printf '%s\n' "${without[@]}" "") >"$tmp/setup" || true
 apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
   --no-replaces --no-enhances $(cat "$tmp/setup") 2>/dev/null |
   sed -n 's/^\([^ ].*\)$/\1/p; s/^ *|\{0,1\}\(Pre\)\{0,1\}Depends: \(.*\)$/\2/p' |

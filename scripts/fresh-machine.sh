@@ -5,10 +5,13 @@
 # `scripts/test.sh` inside it with chroot. /proc, /sys and /dev/shm are mounted for the run
 # and unmounted afterwards, whatever happens.
 #
-# Usage: scripts/fresh-machine.sh [--root DIR] [--only run|test] [--keep]
+# Usage: scripts/fresh-machine.sh [--root DIR] [--only run|test] [--keep] [--ccache DIR]
 #   --root DIR   where to build the root (default /tmp/hyperion-fresh; replaced if present)
 #   --only X     run only scripts/run.sh or only scripts/test.sh
 #   --keep       keep the root afterwards (default: delete it)
+#   --ccache DIR bind-mount this compiler cache as the root's (default: none, every file
+#                compiles). Packages, configuring, headers and linking stay the fresh
+#                root's own: a hit needs every header it read to be there, unchanged.
 # Needs root and Debian's archive; installs debootstrap on this machine if missing.
 # Prints each command's exit status and time; exits non-zero if any failed.
 set -euo pipefail
@@ -18,12 +21,14 @@ src=$(pwd -P)
 root=/tmp/hyperion-fresh
 only=""
 keep=0
+cache=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --root) root=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --keep) keep=1; shift ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --ccache) cache=$(realpath -m "$2"); shift 2 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "fresh-machine: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -70,6 +75,11 @@ for m in proc sys dev/shm; do mkdir -p "$root/$m"; done
 mount -t proc proc "$root/proc" && mounted+=("$root/proc")
 mount -t sysfs sysfs "$root/sys" && mounted+=("$root/sys")
 mount -t tmpfs -o mode=1777 shm "$root/dev/shm" && mounted+=("$root/dev/shm")
+if [ -n "$cache" ]; then
+  mkdir -p "$cache" "$root/root/.cache/ccache"
+  mount --bind "$cache" "$root/root/.cache/ccache" && mounted+=("$root/root/.cache/ccache")
+  echo "fresh-machine: compiler cache $cache mounted as the root's"
+fi
 
 status=0
 in_root() {  # $1: label; rest: the command, run in the clone inside the root
