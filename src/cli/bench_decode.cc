@@ -43,16 +43,17 @@ int cmd_bench_decode(const Args& args) {
   const int64_t batch = f.integer("batch", 1), cmin = f.integer("context-min", 16);
   const int64_t cmax = f.integer("context-max", cmin), steps = f.integer("steps", 20);
   const int64_t warm = f.integer("warmup", 3);
-  HYP_CHECK(batch >= 1, "bench decode: --batch must be >= 1");
-  HYP_CHECK(cmin >= 1 && cmax >= cmin, "bench decode: need 1 <= --context-min <= --context-max");
-  HYP_CHECK(steps >= 1 && warm >= 0, "bench decode: --steps >= 1 and --warmup >= 0");
+  HYP_USAGE_CHECK(batch >= 1, "bench decode: --batch must be >= 1");
+  HYP_USAGE_CHECK(cmin >= 1 && cmax >= cmin,
+                  "bench decode: need 1 <= --context-min <= --context-max");
+  HYP_USAGE_CHECK(steps >= 1 && warm >= 0, "bench decode: --steps >= 1 and --warmup >= 0");
   serve::EngineConfig ec = serve::parse_engine_config(overrides);
   bool has_slots = false;
   for (const std::string& o : overrides) has_slots |= o.rfind("max_concurrent_decodes=", 0) == 0;
   if (!has_slots) ec.max_concurrent_decodes = batch;
-  HYP_CHECK(ec.max_concurrent_decodes >= batch,
-            "bench decode: --batch {} exceeds max_concurrent_decodes={}", batch,
-            ec.max_concurrent_decodes);
+  HYP_USAGE_CHECK(ec.max_concurrent_decodes >= batch,
+                  "bench decode: --batch {} exceeds max_concurrent_decodes={}", batch,
+                  ec.max_concurrent_decodes);
   LoadedCheckpoint c = load_checkpoint(checkpoint, ec.weights != serve::WeightFormat::kF32);
   serve::Engine engine(*c.params, &c.tokenizer, ec);
   const serve::EngineConfig& rc = engine.config();

@@ -110,7 +110,7 @@ int cmd_bench_kernels(const Args& args) {
       std::fflush(stdout);
     }
   }
-  HYP_CHECK(ran > 0, "bench kernels: no benchmark matches --filter '{}'", filter);
+  HYP_USAGE_CHECK(ran > 0, "bench kernels: no benchmark matches --filter '{}'", filter);
   if (json) {
     nlohmann::json j = {{"peak",
                          {{"threads", peak.threads},

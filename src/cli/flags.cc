@@ -1,5 +1,6 @@
 #include "cli/flags.h"
 
+#include <cctype>
 #include <cmath>
 
 namespace hyperion::cli {
@@ -55,6 +56,12 @@ Flags::Flags(const CommandSpec& spec, const Args& args) : spec_(spec) {
   }
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
+    // `-x` is no positional (a config, a checkpoint, key=value) and no flag this parser
+    // knows: a usage error rather than "no such file '-x'". A negative number passes.
+    const bool single_dash = a.size() > 1 && a[0] == '-' && a[1] != '-';
+    if (single_dash && !std::isdigit(static_cast<unsigned char>(a[1])) && a[1] != '.')
+      usage_fail("{}: unknown flag {} (flags take two dashes; see hyperion {} --help)",
+                 spec_.name, a, spec_.name);
     if (a.rfind("--", 0) != 0 || a == "--") {
       positional_.push_back(a);
       continue;

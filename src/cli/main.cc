@@ -45,7 +45,8 @@ std::string usage_text() {
       "  --threads N      worker threads (default: HYPERION_THREADS or all cores)\n"
       "  --version        version, git commit, build type, SIMD paths, library versions\n"
       "  -h, --help       show this help\n\n"
-      "exit status: 0 success, 1 failure at run time, 2 usage error\n";
+      "exit status: 0 success, 1 failure at run time, 2 usage error\n\n"
+      "example:\n  hyperion train tiny steps=200\n";
   return out;
 }
 
@@ -54,6 +55,10 @@ std::string group_usage(const std::string& group) {
   for (const Command* c : group_members(group))
     out += fmt::format("  {:<16} {}\n", c->spec->name, c->spec->summary);
   out += fmt::format("\nhyperion {} <name> --help shows a command's flags.\n", group);
+  // One example: the first member's (the table lists the members in a useful order).
+  const std::vector<const Command*> members = group_members(group);
+  if (!members.empty() && !members.front()->spec->example.empty())
+    out += "\nexample:\n  hyperion " + members.front()->spec->example + "\n";
   return out;
 }
 

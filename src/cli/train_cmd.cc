@@ -63,9 +63,10 @@ namespace {
 [[noreturn]] void launch_ranks(const Args& args, int64_t nproc, bool allow_root) {
   HYP_USAGE_CHECK(nproc >= 1 && nproc <= 4096,
                   "train: --nproc must be between 1 and 4096, got {}", nproc);
-  HYP_CHECK(::geteuid() != 0 || allow_root || std::getenv("OMPI_ALLOW_RUN_AS_ROOT") != nullptr,
-            "train --nproc: running as root, which Open MPI refuses by default; pass "
-            "--allow-run-as-root to allow it");
+  HYP_USAGE_CHECK(
+      ::geteuid() != 0 || allow_root || std::getenv("OMPI_ALLOW_RUN_AS_ROOT") != nullptr,
+      "train --nproc: running as root, which Open MPI refuses by default; pass "
+      "--allow-run-as-root to allow it");
   const int cores = hardware_cores();
   const int threads = std::max<int>(1, cores / static_cast<int>(nproc));
   std::vector<std::string> cmd = {"mpirun", "-np", std::to_string(nproc)};
@@ -126,7 +127,7 @@ int cmd_train(const Args& args) {
   opts.resume = f.get("resume");
   opts.quiet = f.has("quiet");
   opts.stop_at = f.integer("stop-at", 0);
-  HYP_CHECK(opts.stop_at >= 0, "train: --stop-at must be >= 0");
+  HYP_USAGE_CHECK(opts.stop_at >= 0, "train: --stop-at must be >= 0");
   if (dist::detect_launch().rank == 0)
     for (const std::string& change : changes) log_info("resume: changed {}", change);
   TrainResult r = run_training(c, name, opts);

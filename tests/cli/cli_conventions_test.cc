@@ -59,6 +59,8 @@ TEST(CliConventions, GroupsTopLevelHelpAndVersion) {
   auto bench = run_cli("bench --help", false);
   EXPECT_EQ(bench.code, 0);
   EXPECT_TRUE(contains(bench.out, "bench serve")) << bench.out;
+  EXPECT_TRUE(contains(bench.out, "example:\n  hyperion bench ")) << bench.out;
+  EXPECT_TRUE(contains(top.out, "example:\n  hyperion ")) << top.out;
   EXPECT_EQ(run_cli("bench").code, 2);
   auto unknown = run_cli("bench nosuch");
   EXPECT_EQ(unknown.code, 2);
@@ -95,6 +97,29 @@ TEST(CliConventions, UsageErrorsExitTwoAndRunTimeFailuresOne) {
   EXPECT_EQ(absent.code, 1) << absent.out;
   EXPECT_TRUE(contains(absent.out, "/nonexistent/run")) << absent.out;
   EXPECT_FALSE(contains(absent.out, "internal error")) << absent.out;
+}
+
+TEST(CliConventions, OutOfRangeFlagValuesAndSingleDashFlagsAreUsageErrors) {
+  // Values that parse but make no sense are usage errors too, found before any file is
+  // read (the checkpoints named here do not exist: a run-time check would exit 1).
+  for (const char* line :
+       {"train tiny --stop-at -1", "bench decode /nonexistent/run --batch 0",
+        "bench decode /nonexistent/run --steps 0", "bench decode /nonexistent/run --context-min 0",
+        "bench moe --steps 0", "convert --checkpoint /nonexistent/run --to gguf --type q3_k",
+        "convert --checkpoint /nonexistent/run --to safetensors",
+        "convert --checkpoint /nonexistent/run --to safetensors --type f16 --output o",
+        "bench kernels --filter no_such_kernel_name"}) {
+    auto r = run_cli(line);
+    EXPECT_EQ(r.code, 2) << line << ": " << r.out;
+    EXPECT_TRUE(contains(r.out, "usage error")) << line << ": " << r.out;
+  }
+  EXPECT_TRUE(contains(run_cli("convert --checkpoint /x --to safetensors").out,
+                       "missing required flag --output"));
+  // `-q` is an unknown flag (exit 2), not a config file named "-q" that is missing.
+  auto dash = run_cli("train -q");
+  EXPECT_EQ(dash.code, 2) << dash.out;
+  EXPECT_TRUE(contains(dash.out, "unknown flag -q")) << dash.out;
+  EXPECT_EQ(run_cli("generate --checkpoint x -n 5").code, 2);
 }
 
 TEST(CliConventions, DuplicateYamlKeyIsAUsageError) {

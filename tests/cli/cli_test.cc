@@ -63,7 +63,7 @@ TEST(Cli, BenchKernelsFilterAndJson) {
   EXPECT_GT(k["achieved"].get<double>(), 0.0);
   EXPECT_GT(k["ratio"].get<double>(), 0.0);
   auto none = run("bench kernels --filter no_such_kernel --seconds 0.01");
-  EXPECT_EQ(none.code, 1);
+  EXPECT_EQ(none.code, 2);  // a filter matching nothing is a usage error
   EXPECT_NE(none.out.find("no_such_kernel"), std::string::npos) << none.out;
   auto nan_seconds = run("bench peak --seconds abc");
   EXPECT_EQ(nan_seconds.code, 2);
