@@ -34,7 +34,9 @@ int64_t parse_size(const std::string& text) {
       default: return -1;
     }
   }
-  return v > 0 ? static_cast<int64_t>(v * scale) : -1;
+  if (!(v > 0)) return -1;
+  // Clamped: converting a double past int64's range is undefined.
+  return v * scale >= 9.0e18 ? int64_t{9000000000000000000} : static_cast<int64_t>(v * scale);
 }
 
 // The first line of a file as a byte count; -1 when absent or "max".
@@ -72,7 +74,10 @@ std::string format_bytes(int64_t bytes) {
 
 void check_fits_in_memory(int64_t bytes, const std::string& what, const std::string& hint) {
   const int64_t have = machine_memory_bytes();
-  if (bytes <= have) return;
+  if (bytes >= 0 && bytes < kSaturatedBytes && bytes <= have) return;
+  if (bytes < 0 || bytes == kSaturatedBytes)
+    fail("{} needs more bytes than a 64-bit count holds but this machine has {}{}{}", what,
+         format_bytes(have), hint.empty() ? "" : "; ", hint);
   fail("{} needs {} ({} bytes) but this machine has {}{}{}", what, format_bytes(bytes), bytes,
        format_bytes(have), hint.empty() ? "" : "; ", hint);
 }

@@ -2,6 +2,7 @@
 // weights (with a bf16 copy when asked) and tokenizer.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +21,11 @@ struct LoadedCheckpoint {
 };
 
 // `path` is a checkpoint directory or a run directory (its latest checkpoint).
-LoadedCheckpoint load_checkpoint(const std::string& path, bool bf16);
+// `before_load` runs once config.json is checked against the weight files and the
+// weights against the machine's memory, before they are allocated (serve checks its KV
+// cache beside them there).
+LoadedCheckpoint load_checkpoint(
+    const std::string& path, bool bf16,
+    const std::function<void(const LlamaConfig&)>& before_load = nullptr);
 
 }  // namespace hyperion::cli

@@ -17,12 +17,14 @@
 
 namespace hyperion::cli {
 
-LoadedCheckpoint load_checkpoint(const std::string& path, bool bf16) {
+LoadedCheckpoint load_checkpoint(const std::string& path, bool bf16,
+                                 const std::function<void(const LlamaConfig&)>& before_load) {
   const std::string dir = resolve_checkpoint_dir(path);
   LlamaConfig config = read_checkpoint_config(dir);
   // Everything that can be checked is, before the weights are allocated.
   check_weights_match_config(dir, config);
   check_load_fits_in_memory(dir, config, bf16);
+  if (before_load) before_load(config);
   LoadedCheckpoint c{dir, config, nullptr, load_checkpoint_tokenizer(dir, config)};
   c.params = std::make_unique<ParamStore>(c.config, bf16, /*gradients=*/false);
   load_model_weights(c.dir, *c.params);
@@ -99,8 +101,8 @@ int cmd_eval(const Args& args) {
   HYP_USAGE_CHECK(batch >= 1, "eval: --batch must be >= 1, got {}", batch);
   LoadedCheckpoint c = load_checkpoint(f.require("checkpoint"), parse_dtype_flag(f));
   const int64_t seq = f.has("seq-len") ? seq_flag : std::min<int64_t>(c.config.max_seq_len, 1024);
-  HYP_CHECK(seq > 0 && seq <= c.config.max_seq_len, "eval: --seq-len must be in [1, {}], got {}",
-            c.config.max_seq_len, seq);
+  HYP_USAGE_CHECK(seq > 0 && seq <= c.config.max_seq_len,
+                  "eval: --seq-len must be in [1, {}], got {}", c.config.max_seq_len, seq);
   const std::vector<int32_t> tokens = f.has("text")
                                           ? tokenize_file(c.tokenizer, f.get("text"))
                                           : read_shard_tokens(f.get("shard"), c.config.vocab_size);
@@ -187,6 +189,13 @@ int cmd_convert(const Args& args) {
   const std::string to = f.require("to");
   HYP_USAGE_CHECK(to == "gguf" || to == "safetensors",
                   "convert: --to must be gguf or safetensors, got '{}'", to);
+  // Every flag is checked before the checkpoint is looked at: a usage error is reported
+  // as one (exit 2) even when the checkpoint is also wrong.
+  const std::string type = f.get("type", "f16");
+  HYP_USAGE_CHECK(type == "f32" || type == "f16" || type == "bf16" || type == "q8_0",
+                  "convert: --type must be f32, f16, bf16 or q8_0, got '{}'", type);
+  HYP_USAGE_CHECK(to == "gguf" || !f.has("type"), "convert: --type applies to --to gguf only");
+  if (to == "safetensors") f.require("output");
   const std::string dir = resolve_checkpoint_dir(f.require("checkpoint"));
   if (to == "safetensors") {
     // One model.safetensors (f32) + config.json + tokenizer.model, from a single-file or
@@ -216,11 +225,13 @@ int cmd_convert(const Args& args) {
             "convert: {} is a sharded (multi-rank) checkpoint; merge it first with `hyperion "
             "convert --checkpoint {} --to safetensors --output DIR`, then convert DIR to gguf",
             dir, dir);
-  const std::string type = f.get("type", "f16");
   const std::string out = f.get("output", dir + "/model-" + type + ".gguf");
   // The config must describe these weights exactly (the writer then checks every tensor
-  // for non-finite values as it converts it).
-  check_weights_match_config(dir, read_checkpoint_config(dir));
+  // for non-finite values as it converts it), and the tokenizer must be the model's, as
+  // eval, generate and serve require: the GGUF embeds it.
+  const LlamaConfig config = read_checkpoint_config(dir);
+  check_weights_match_config(dir, config);
+  load_checkpoint_tokenizer(dir, config);
   io::convert_checkpoint_to_gguf(dir, out, type);
   std::printf("wrote %s (%s, %.1f MiB)\n", out.c_str(), type.c_str(),
               double(std::filesystem::file_size(out)) / (1024.0 * 1024.0));

@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/loaded_checkpoint.h"
+#include "model/param_store.h"
 #include "serve/async_engine.h"
 #include "serve/engine.h"
 #include "serve/http_server.h"
@@ -74,7 +75,15 @@ int cmd_serve(const Args& args) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  LoadedCheckpoint c = load_checkpoint(checkpoint, ec.weights != serve::WeightFormat::kF32);
+  // The weights and the KV cache together, before the (slow) load of the weights: both
+  // are sized by config.json, checked against the weight files by then. (The engine
+  // checks its KV cache again once the weights are in.)
+  const bool bf16_copy = ec.weights != serve::WeightFormat::kF32;
+  LoadedCheckpoint c = load_checkpoint(checkpoint, bf16_copy, [&](const LlamaConfig& model) {
+    serve::EngineConfig planned = ec;
+    serve::resolve_engine_config(planned, model,
+                                 ParamStore::bytes(model, {bf16_copy, /*gradients=*/false}));
+  });
   if (ec.model_name.empty()) {
     std::filesystem::path p(checkpoint);
     if (!p.has_filename()) p = p.parent_path();

@@ -5,54 +5,85 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/system_memory.h"
 #include "model/moe_block.h"
 
 namespace hyperion {
 
-void LlamaConfig::validate(const std::string& origin) const {
+void LlamaConfig::validate(const std::string& origin, ConfigKeyNames names) const {
+  // Errors name the key as the user wrote it: a config.json's Hugging Face key or a
+  // training YAML's (MaxText) key, never this struct's field.
+  const bool hf = names == ConfigKeyNames::kHuggingFace;
+  auto key = [hf](const char* hf_key, const char* train_key) { return hf ? hf_key : train_key; };
+  const char* k_vocab = "vocab_size";
+  const char* k_dim = key("hidden_size", "base_emb_dim");
+  const char* k_layers = key("num_hidden_layers", "base_num_decoder_layers");
+  const char* k_heads = key("num_attention_heads", "base_num_query_heads");
+  const char* k_kv_heads = key("num_key_value_heads", "base_num_kv_heads");
+  const char* k_head_dim = "head_dim";
+  // A Mixtral config.json's intermediate_size is the expert's; a dense layer's differs
+  // only when hyperion_dense_intermediate_size is set.
+  const char* k_ffn =
+      key(is_moe() && moe_ffn_dim != 0 && moe_ffn_dim != ffn_dim
+              ? "hyperion_dense_intermediate_size"
+              : "intermediate_size",
+          "base_mlp_dim");
+  const char* k_moe_ffn = key("intermediate_size", "base_moe_mlp_dim");
+  const char* k_positions = "max_position_embeddings";
+  const char* k_experts = key("num_local_experts", "num_experts");
   auto positive = [&](int64_t v, const char* name) {
     HYP_CHECK(v > 0, "{}: {} must be > 0, got {}", origin, name, v);
   };
-  positive(vocab_size, "vocab_size");
-  positive(dim, "dim");
-  positive(n_layers, "n_layers");
-  positive(n_heads, "n_heads");
-  positive(n_kv_heads, "n_kv_heads");
-  positive(head_dim, "head_dim");
-  positive(ffn_dim, "ffn_dim");
-  positive(max_seq_len, "max_seq_len");
+  positive(vocab_size, k_vocab);
+  positive(dim, k_dim);
+  positive(n_layers, k_layers);
+  positive(n_heads, k_heads);
+  positive(n_kv_heads, k_kv_heads);
+  positive(head_dim, k_head_dim);
+  positive(ffn_dim, k_ffn);
+  positive(max_seq_len, k_positions);
   // Upper bounds far past any real model: beyond them the sizes overflow or cannot be
   // allocated, and a typo (1e12) must be named here rather than fail inside malloc.
+  // Within them every parameter count fits int64 (the largest, 4096 layers of 4096
+  // experts of 2^17 x 2^20, is 3 x 2^61); byte counts can still overflow and saturate
+  // (base/system_memory.h).
   auto at_most = [&](int64_t v, int64_t hi, const char* name) {
     HYP_CHECK(v <= hi, "{}: {} = {} is out of range (at most {})", origin, name, v, hi);
   };
-  at_most(vocab_size, int64_t{1} << 24, "vocab_size");  // token ids are int32; 16.7M
-  at_most(dim, int64_t{1} << 17, "dim");
-  at_most(n_layers, 4096, "n_layers");
-  at_most(n_heads, 4096, "n_heads");
-  at_most(head_dim, 4096, "head_dim");
-  at_most(ffn_dim, int64_t{1} << 20, "ffn_dim");
-  at_most(max_seq_len, int64_t{1} << 24, "max_seq_len");
-  at_most(n_experts, 4096, "num_experts");
-  HYP_CHECK(n_heads % n_kv_heads == 0, "{}: n_kv_heads ({}) must divide n_heads ({})", origin,
-            n_kv_heads, n_heads);
-  HYP_CHECK(head_dim % 2 == 0, "{}: head_dim must be even for RoPE, got {}", origin, head_dim);
-  HYP_CHECK(norm_eps > 0, "{}: norm_eps must be > 0, got {}", origin, norm_eps);
-  HYP_CHECK(rope_theta > 0, "{}: rope_theta must be > 0, got {}", origin, rope_theta);
+  at_most(vocab_size, int64_t{1} << 24, k_vocab);  // token ids are int32; 16.7M
+  at_most(dim, int64_t{1} << 17, k_dim);
+  at_most(n_layers, 4096, k_layers);
+  at_most(n_heads, 4096, k_heads);
+  at_most(head_dim, 4096, k_head_dim);
+  at_most(ffn_dim, int64_t{1} << 20, k_ffn);
+  at_most(moe_ffn_dim, int64_t{1} << 20, k_moe_ffn);
+  at_most(max_seq_len, int64_t{1} << 24, k_positions);
+  at_most(n_experts, 4096, k_experts);
+  HYP_CHECK(n_heads % n_kv_heads == 0, "{}: {} ({}) must divide {} ({})", origin, k_kv_heads,
+            n_kv_heads, k_heads, n_heads);
+  HYP_CHECK(head_dim % 2 == 0, "{}: {} must be even for RoPE, got {}", origin, k_head_dim,
+            head_dim);
+  HYP_CHECK(norm_eps > 0, "{}: {} must be > 0, got {}", origin,
+            key("rms_norm_eps", "normalization_layer_epsilon"), norm_eps);
+  HYP_CHECK(rope_theta > 0, "{}: {} must be > 0, got {}", origin,
+            key("rope_theta", "rope_max_timescale"), rope_theta);
   if (n_experts != 0) {
-    HYP_CHECK(n_experts > 0, "{}: num_experts must be >= 0, got {}", origin, n_experts);
+    HYP_CHECK(n_experts > 0, "{}: {} must be >= 0, got {}", origin, k_experts, n_experts);
     HYP_CHECK(n_experts_per_tok >= 1 && n_experts_per_tok <= n_experts,
-              "{}: num_experts_per_tok must lie in [1, num_experts={}], got {}", origin, n_experts,
-              n_experts_per_tok);
-    HYP_CHECK(moe_ffn_dim >= 0, "{}: moe_ffn_dim must be >= 0, got {}", origin, moe_ffn_dim);
+              "{}: num_experts_per_tok must lie in [1, {}={}], got {}", origin, k_experts,
+              n_experts, n_experts_per_tok);
+    HYP_CHECK(moe_ffn_dim >= 0, "{}: {} must be >= 0, got {}", origin, k_moe_ffn, moe_ffn_dim);
     HYP_CHECK(first_dense_layers >= 0 && first_dense_layers <= n_layers,
-              "{}: first_num_dense_layers must lie in [0, n_layers={}], got {}", origin, n_layers,
+              "{}: {} must lie in [0, {}={}], got {}", origin,
+              key("hyperion_first_dense_layers", "first_num_dense_layers"), k_layers, n_layers,
               first_dense_layers);
-    HYP_CHECK(moe_layer_step >= 1, "{}: interleave_moe_layer_step must be >= 1, got {}", origin,
-              moe_layer_step);
+    HYP_CHECK(moe_layer_step >= 1, "{}: {} must be >= 1, got {}", origin,
+              key("hyperion_moe_layer_step", "interleave_moe_layer_step"), moe_layer_step);
   }
+  // (A training config has no token-id keys: its ids are the tokenizer's.)
   HYP_CHECK(bos_id >= 0 && bos_id < vocab_size && eos_id >= 0 && eos_id < vocab_size,
-            "{}: bos_id {} / eos_id {} must lie in [0, vocab_size={})", origin, bos_id, eos_id,
+            "{}: {} {} / {} {} must lie in [0, vocab_size={})", origin,
+            key("bos_token_id", "bos_id"), bos_id, key("eos_token_id", "eos_id"), eos_id,
             vocab_size);
 }
 
@@ -262,14 +293,17 @@ const char* remat_policy_name(RematPolicy p) {
 
 MemoryPlan memory_plan(const LlamaConfig& c, int64_t batch, int64_t seq_len, bool bf16_compute,
                        RematPolicy remat, double capacity_factor) {
+  // The byte counts saturate (sat_mul, sat_add) rather than wrap: batch and seq_len come
+  // from the user, and a wrapped plan would pass the memory check it exists for. The
+  // per-token and per-row figures need no care: validate()'s caps keep them below 2^42.
   MemoryPlan p;
   p.params = c.total_params();
-  p.weight_bytes = 4 * p.params;
-  p.compute_weight_bytes = bf16_compute ? 2 * p.params : 0;
-  p.grad_bytes = 4 * p.params;
-  p.optimizer_bytes = 8 * p.params;
+  p.weight_bytes = sat_mul(4, p.params);
+  p.compute_weight_bytes = bf16_compute ? sat_mul(2, p.params) : 0;
+  p.grad_bytes = sat_mul(4, p.params);
+  p.optimizer_bytes = sat_mul(8, p.params);
   const int64_t a = bf16_compute ? 2 : 4;
-  const int64_t n = batch * seq_len;
+  const int64_t n = sat_mul(batch, seq_len);
   const int64_t d = c.dim, q = c.q_dim(), kv = c.kv_dim(), f = c.ffn_dim;
   // Per token and layer, as LlamaModel allocates them (see llama_model.h).
   const int64_t always = 4 * d + 8;                  // layer input (f32) + two rstd
@@ -289,8 +323,8 @@ MemoryPlan memory_plan(const LlamaConfig& c, int64_t batch, int64_t seq_len, boo
     rows = moe_shape(c, o, batch, seq_len).rows;
   }
   const int64_t routing = 8 * e + 8 * k;
-  const int64_t moe_mm = rows * a * (2 * fe + d);  // g, u, y
-  const int64_t moe_other = rows * a * (d + fe);   // gathered x, swiglu out
+  const int64_t moe_mm = sat_mul(rows, a * (2 * fe + d));  // g, u, y
+  const int64_t moe_other = sat_mul(rows, a * (d + fe));   // gathered x, swiglu out
   const int64_t n_moe = c.n_moe_layers(), n_dense = c.n_layers - n_moe;
   // Per-token bytes of a layer (dense MLP) or of an MoE layer's per-token part.
   auto saved = [&](int64_t mm, int64_t other, int64_t keep) {
@@ -300,11 +334,11 @@ MemoryPlan memory_plan(const LlamaConfig& c, int64_t batch, int64_t seq_len, boo
     return s;
   };
   const int64_t moe_rows_saved = remat == RematPolicy::kNone
-                                     ? moe_mm + moe_other
+                                     ? sat_add(moe_mm, moe_other)
                                      : (remat == RematPolicy::kMinimal ? moe_mm : 0);
-  p.activation_bytes =
-      n * (n_dense * saved(mlp_mm, mlp_other, 0) + n_moe * saved(0, 0, routing) + 4 * d) +
-      n_moe * moe_rows_saved;
+  const int64_t per_token =
+      n_dense * saved(mlp_mm, mlp_other, 0) + n_moe * saved(0, 0, routing) + 4 * d;
+  p.activation_bytes = sat_add(sat_mul(n, per_token), sat_mul(n_moe, moe_rows_saved));
   // One layer's worth of recomputation buffers, gradient buffers, and the logits.
   int64_t recompute = 0, recompute_rows = 0;
   if (remat == RematPolicy::kMinimal) {
@@ -313,16 +347,17 @@ MemoryPlan memory_plan(const LlamaConfig& c, int64_t batch, int64_t seq_len, boo
   }
   if (remat == RematPolicy::kFull) {
     recompute = norms + attn + attn_other + (n_dense > 0 ? mlp_mm + mlp_other : 0);
-    recompute_rows = n_moe > 0 ? moe_mm + moe_other : 0;
+    recompute_rows = n_moe > 0 ? sat_add(moe_mm, moe_other) : 0;
   }
   int64_t grads = 4 * d * 2 + a * d + a * (q + 2 * kv) + a * q + (n_dense > 0 ? a * f : 0);
   int64_t grads_rows = 0;
   if (n_moe > 0) {
     grads += 8 * e + a * e + 4 * k;
-    grads_rows = rows * (a * d + a * fe + 4 * d);
+    grads_rows = sat_mul(rows, a * d + a * fe + 4 * d);
   }
   p.scratch_bytes =
-      n * (recompute + grads + a * c.vocab_size + a * d + 4) + recompute_rows + grads_rows;
+      sat_add(sat_add(sat_mul(n, recompute + grads + a * c.vocab_size + a * d + 4), recompute_rows),
+              grads_rows);
   return p;
 }
 

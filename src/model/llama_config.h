@@ -6,7 +6,15 @@
 #include <cstdint>
 #include <string>
 
+#include "base/system_memory.h"
+
 namespace hyperion {
+
+// Where a config's keys came from, so errors name the key as the user wrote it.
+enum class ConfigKeyNames {
+  kHuggingFace,  // config.json: hidden_size, num_hidden_layers, intermediate_size, ...
+  kTraining,     // a training YAML: base_emb_dim, base_num_decoder_layers, base_mlp_dim, ...
+};
 
 struct LlamaConfig {
   int64_t vocab_size = 32000;
@@ -42,8 +50,10 @@ struct LlamaConfig {
   int64_t n_moe_layers() const;
   int64_t expert_ffn_dim() const { return moe_ffn_dim > 0 ? moe_ffn_dim : ffn_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
-  // Errors name the field (e.g. "n_heads must divide ... ") and `origin` (file or preset).
-  void validate(const std::string& origin) const;
+  // Errors name `origin` (file or preset) and the key as `names` spells it (e.g.
+  // "num_hidden_layers = 1000000 is out of range" for a config.json).
+  void validate(const std::string& origin,
+                ConfigKeyNames names = ConfigKeyNames::kHuggingFace) const;
 
   // Parameters of decoder layer l (attention + MLP or router and experts + two norms),
   // and the ones a token actually uses there (only its k experts).
@@ -89,9 +99,13 @@ struct MemoryPlan {
   int64_t optimizer_bytes = 0;       // AdamW m and v, f32
   int64_t activation_bytes = 0;      // saved for backward, all layers, per the remat policy
   int64_t scratch_bytes = 0;         // recomputation and temporary buffers, logits
+  // Saturates at INT64_MAX (an absurd batch must fail the memory check, not wrap past it).
   int64_t total() const {
-    return weight_bytes + compute_weight_bytes + grad_bytes + optimizer_bytes + activation_bytes +
-           scratch_bytes;
+    int64_t t = 0;
+    for (int64_t b : {weight_bytes, compute_weight_bytes, grad_bytes, optimizer_bytes,
+                      activation_bytes, scratch_bytes})
+      t = sat_add(t, b);
+    return t;
   }
 };
 

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/system_memory.h"
 #include "base/threads.h"
 #include "kernels/fill.h"
 #include "tensor/convert.h"
@@ -42,7 +43,8 @@ int64_t ParamStore::bytes(const LlamaConfig& config, ParamBuffers buffers) {
   s.config_ = config;
   s.tie_ = config.tie_embeddings;
   s.describe();
-  return s.size_ * (4 + (buffers.gradients ? 4 : 0) + (buffers.bf16_copy ? 2 : 0));
+  // Saturating: the element count fits int64 (validate()'s caps), its bytes may not.
+  return sat_mul(s.size_, 4 + (buffers.gradients ? 4 : 0) + (buffers.bf16_copy ? 2 : 0));
 }
 
 void ParamStore::describe() {

@@ -93,7 +93,7 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
   return c;
 }
 
-void resolve_engine_config(EngineConfig& c, const LlamaConfig& model) {
+void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t weight_bytes) {
   if (c.max_seq_len == 0) c.max_seq_len = model.max_seq_len;
   const bool automatic_pages = c.kv_pages == 0 || c.padded_attention;
   const int64_t per_slot = (c.max_seq_len + c.kv_page_tokens - 1) / c.kv_page_tokens;
@@ -111,19 +111,30 @@ void resolve_engine_config(EngineConfig& c, const LlamaConfig& model) {
   HYP_CHECK(c.kv_pages >= per_slot,
             "serve: kv_pages={} cannot hold one sequence of max_seq_len={} ({} pages of {})",
             c.kv_pages, c.max_seq_len, per_slot, c.kv_page_tokens);
-  // The pool is allocated whole at start-up: check it fits before trying.
-  const int64_t kv_bytes = c.kv_pages * c.kv_page_tokens * model.n_layers *
-                           paged_kv_bytes_per_token(c.kv_dtype, model.n_kv_heads, model.head_dim);
-  check_fits_in_memory(
-      kv_bytes,
-      fmt::format("serve: the KV cache ({} pages x {} tokens, {})", c.kv_pages, c.kv_page_tokens,
-                  dtype_name(c.kv_dtype)),
+  // The pool is allocated whole at start-up: check it fits (beside the weights, when
+  // given) before trying. Saturating: kv_pages x layers x bytes can pass 2^63.
+  const int64_t kv_bytes =
+      sat_mul(sat_mul(c.kv_pages, c.kv_page_tokens),
+              sat_mul(model.n_layers,
+                      paged_kv_bytes_per_token(c.kv_dtype, model.n_kv_heads, model.head_dim)));
+  const std::string kv = fmt::format("the KV cache ({} pages x {} tokens, {}", c.kv_pages,
+                                     c.kv_page_tokens, dtype_name(c.kv_dtype));
+  std::string hint =
       automatic_pages
           ? fmt::format("it holds max_seq_len={}{} for each of max_concurrent_decodes={}; set "
                         "max_seq_len=, max_concurrent_decodes=, kv_pages= or kv_dtype=int8",
                         c.max_seq_len, c.max_seq_len == model.max_seq_len ? " (the model's)" : "",
                         c.max_concurrent_decodes)
-          : "set a smaller kv_pages= or kv_dtype=int8");
+          : std::string("set a smaller kv_pages= or kv_dtype=int8");
+  if (weight_bytes > kv_bytes && c.weights != WeightFormat::kF32)
+    hint += "; the weights are most of it: weights=float32 keeps no bf16 copy (4 bytes per "
+            "parameter instead of 6)";
+  check_fits_in_memory(
+      sat_add(kv_bytes, weight_bytes),
+      weight_bytes > 0 ? fmt::format("serve: the weights ({}) plus {}: {})",
+                                     format_bytes(weight_bytes), kv, format_bytes(kv_bytes))
+                       : "serve: " + kv + ")",
+      hint);
 }
 
 }  // namespace hyperion::serve

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/system_memory.h"
 #include "base/threads.h"
 #include "tensor/convert.h"
 
@@ -21,6 +22,33 @@ const char* parallel_mode_name(ParallelMode m) {
       return "expert";
   }
   return "invalid";
+}
+
+MemoryPlan rank_memory_plan(const MemoryPlan& full, const LlamaConfig& c, ParallelMode mode,
+                            int world) {
+  MemoryPlan p = full;
+  if (world <= 1 || mode == ParallelMode::kData) return p;
+  // Of `bytes`, `per_param` bytes for each of `sharded` parameters are split over the
+  // ranks. Saturated counts stay saturated (the part is then no longer within them).
+  auto shard = [&](int64_t& bytes, int64_t per_param, int64_t sharded) {
+    if (bytes == kSaturatedBytes) return;
+    const int64_t part = sat_mul(per_param, sharded);
+    bytes = bytes - part + part / world;
+  };
+  const int64_t bf16_bytes = full.compute_weight_bytes > 0 ? 2 : 0;
+  if (mode == ParallelMode::kZero1) {
+    shard(p.optimizer_bytes, 8, p.params);
+    return p;
+  }
+  const int64_t sharded =
+      mode == ParallelMode::kFsdp
+          ? p.params
+          : sat_mul(sat_mul(c.n_moe_layers(), c.n_experts), sat_mul(3 * c.dim, c.expert_ffn_dim()));
+  shard(p.weight_bytes, 4, sharded);
+  shard(p.compute_weight_bytes, bf16_bytes, sharded);
+  shard(p.grad_bytes, 4, sharded);
+  shard(p.optimizer_bytes, 8, sharded);
+  return p;
 }
 
 namespace {

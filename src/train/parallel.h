@@ -38,6 +38,15 @@ namespace hyperion {
 enum class ParallelMode { kData, kZero1, kFsdp, kExpert };
 const char* parallel_mode_name(ParallelMode m);
 
+// The memory one rank of `mode` over `world` ranks holds during its training steps, from
+// the one-process plan `full` (memory_plan): fsdp shards the weights, their bf16 copy,
+// the gradients and the AdamW state; zero1 the AdamW state; expert the experts' share of
+// all four. Activations and scratch are every rank's own. A lower bound, so the memory
+// check refuses only runs that cannot fit: fsdp's buckets in flight and the moments
+// every weight is gathered (fsdp saving, expert parallelism sampling) are not counted.
+MemoryPlan rank_memory_plan(const MemoryPlan& full, const LlamaConfig& c, ParallelMode mode,
+                            int world);
+
 class GradientSync final : public BucketHooks {
  public:
   // overlap = false: every collective waits until the micro-batch's backward is done

@@ -218,6 +218,13 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
     HYP_CHECK(v >= 0, "config key {} must be >= 0, got {}", where(key), v);
     return v;
   };
+  // Keys that size buffers are bounded far past any real run, so a typo (1e12) is named
+  // here rather than overflowing the memory plan or failing inside malloc.
+  auto positive_at_most = [&](const char* key, int64_t hi) {
+    const int64_t v = positive(key);
+    HYP_CHECK(v <= hi, "config key {} = {} is out of range (at most {})", where(key), v, hi);
+    return v;
+  };
   LlamaConfig& m = t.model;
   m.vocab_size = positive("vocab_size");
   m.dim = positive("base_emb_dim");
@@ -229,7 +236,9 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
   m.norm_eps = c.get_float("normalization_layer_epsilon");
   m.rope_theta = c.get_float("rope_max_timescale");
   m.tie_embeddings = c.get_bool("logits_via_embedding");
-  t.max_target_length = positive("max_target_length");
+  // The model's bound (max_position_embeddings), checked here so the error names the key
+  // that was set.
+  t.max_target_length = positive_at_most("max_target_length", int64_t{1} << 24);
   m.max_seq_len = c.get_int("max_position_embeddings") > 0 ? c.get_int("max_position_embeddings")
                                                            : t.max_target_length;
   HYP_CHECK(m.max_seq_len >= t.max_target_length,
@@ -264,12 +273,12 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
     HYP_CHECK(o.z_loss_weight >= 0, "config key {} must be >= 0", where("router_z_loss_weight"));
     m.router_aux_loss_coef = o.load_balance_weight;
   }
-  m.validate("config");
+  m.validate("config", ConfigKeyNames::kTraining);
 
   t.dataset_path = c.get_string("dataset_path");
   t.tokenizer_path = c.get_string("tokenizer_path");
-  t.per_device_batch_size = positive("per_device_batch_size");
-  t.gradient_accumulation_steps = positive("gradient_accumulation_steps");
+  t.per_device_batch_size = positive_at_most("per_device_batch_size", 65536);
+  t.gradient_accumulation_steps = positive_at_most("gradient_accumulation_steps", 1 << 20);
   t.data_shuffle_seed = static_cast<uint64_t>(c.get_int("data_shuffle_seed"));
   t.eval_fraction = c.get_float("eval_fraction");
   HYP_CHECK(t.eval_fraction > 0 && t.eval_fraction < 1, "config key {} must be in (0, 1), got {}",

@@ -60,9 +60,10 @@ std::string timestamp() {
 }
 
 // Refuses a training that cannot fit this machine's memory, naming the sizes and, when
-// the model's shape keys were left at their defaults (a 7B Llama), saying so.
+// the model's shape keys were left at their defaults (a 7B Llama), saying so. `mem` is
+// one rank's plan (rank_memory_plan); `ranks_on_host` ranks share the machine.
 void check_training_memory(const Config& config, const TrainConfig& t, const MemoryPlan& mem,
-                           int ranks_on_host) {
+                           ParallelMode mode, int world, int ranks_on_host) {
   std::vector<std::string> defaulted;
   for (const char* key : {"vocab_size", "base_emb_dim", "base_num_decoder_layers", "base_mlp_dim",
                           "max_target_length", "per_device_batch_size"})
@@ -80,8 +81,14 @@ void check_training_memory(const Config& config, const TrainConfig& t, const Mem
         "(hyperion train tiny, llama-25m)",
         fmt::join(defaulted, ", "));
   const int64_t ranks = std::max(ranks_on_host, 1);
-  check_fits_in_memory(mem.total() * ranks,
-                       fmt::format("training {} ({} parameters{})", t.name, t.model.total_params(),
+  const std::string per_rank =
+      mode != ParallelMode::kData && world > 1
+          ? fmt::format(", each rank holding its {} share of {} ranks", parallel_mode_name(mode),
+                        world)
+          : "";
+  check_fits_in_memory(sat_mul(mem.total(), ranks),
+                       fmt::format("training {} ({} parameters{}{})", t.name,
+                                   t.model.total_params(), per_rank,
                                    ranks > 1 ? fmt::format(", {} ranks on this host", ranks) : ""),
                        hint);
 }
@@ -229,11 +236,12 @@ TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions&
   t.data_ranks = world;
   // Everything this process will hold, checked before any of it is allocated or any
   // data is prepared (data parallelism holds the whole plan on every rank; the sharded
-  // modes hold less, and are not checked against it).
-  const MemoryPlan mem = memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16,
-                                     t.remat, t.moe.capacity_factor);
-  if (mode == ParallelMode::kData)
-    check_training_memory(config, t, mem, dist::detect_launch().local_size);
+  // modes their share of it).
+  const MemoryPlan mem =
+      rank_memory_plan(memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16,
+                                   t.remat, t.moe.capacity_factor),
+                       t.model, mode, world);
+  check_training_memory(config, t, mem, mode, world, dist::detect_launch().local_size);
 
   // Run directory: base_output_directory/run_name, or the directory being resumed.
   std::string run_dir;
@@ -275,9 +283,14 @@ TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions&
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   comm->barrier();
   io::Tokenizer tokenizer = io::Tokenizer::load(data.tokenizer);
-  HYP_CHECK(tokenizer.vocab_size() <= t.model.vocab_size,
-            "tokenizer {} has {} tokens but the model's vocab_size is {} (config key vocab_size)",
-            data.tokenizer, tokenizer.vocab_size(), t.model.vocab_size);
+  // Exactly equal: eval, generate, serve and convert refuse a checkpoint whose tokenizer
+  // differs from its vocab_size, so a run that trained with fewer pieces would write
+  // checkpoints nothing can load. (Tokenizers trained here always have vocab_size pieces.)
+  HYP_CHECK(tokenizer.vocab_size() == t.model.vocab_size,
+            "tokenizer {} has {} tokens but config key vocab_size ({}) is {}; they must be equal "
+            "(set vocab_size={})",
+            data.tokenizer, tokenizer.vocab_size(), config.source_of("vocab_size"),
+            t.model.vocab_size, tokenizer.vocab_size());
   t.model.bos_id = tokenizer.bos_id();
   t.model.eos_id = tokenizer.eos_id();
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "base/error.h"
@@ -47,6 +48,33 @@ TEST(SystemMemory, CheckNamesWhatNeedsTheBytesAndTheHint) {
   }
   EXPECT_EQ(format_bytes(512), "0.5 KiB");
   EXPECT_EQ(format_bytes(int64_t{5} << 20), "5.0 MiB");
+}
+
+TEST(SystemMemory, ByteArithmeticSaturatesAndASaturatedCountIsRefused) {
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(sat_mul(int64_t{1} << 40, int64_t{1} << 20), int64_t{1} << 60);
+  EXPECT_EQ(sat_mul(int64_t{1} << 40, int64_t{1} << 30), max);
+  EXPECT_EQ(sat_mul(sat_mul(int64_t{1} << 62, 4), 0), 0);
+  EXPECT_EQ(sat_add(max - 1, 1), max);
+  EXPECT_EQ(sat_add(max, 1), max);
+  EXPECT_EQ(sat_add(2, 3), 5);
+  ScopedLimit l("1T");
+  for (const int64_t bytes : {max, int64_t{-5}}) {
+    try {
+      check_fits_in_memory(bytes, "training x", "set per_device_batch_size=");
+      ADD_FAILURE() << "no error for " << bytes;
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("training x needs more bytes than a 64-bit count holds but this machine "
+                       "has 1024.0 GiB; set per_device_batch_size="),
+                std::string::npos)
+          << m;
+    }
+  }
+  {
+    ScopedLimit huge("1e30");  // clamped, not undefined
+    EXPECT_GT(machine_memory_bytes(), int64_t{1} << 62);
+  }
 }
 
 }  // namespace

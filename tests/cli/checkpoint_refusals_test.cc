@@ -115,10 +115,13 @@ TEST_F(CheckpointRefusals, AbsurdSizesAreNamedBeforeAnyAllocation) {
   expect_refused(dir, "vocab_size = 1000000000000 is out of range");
   dir = copy("layers");
   edit_config(dir, [](json& c) { c["num_hidden_layers"] = 1000000; });
-  expect_refused(dir, "n_layers = 1000000 is out of range");
+  expect_refused(dir, "num_hidden_layers = 1000000 is out of range");
   dir = copy("positions");
   edit_config(dir, [](json& c) { c["max_position_embeddings"] = 1000000000; });
-  expect_refused(dir, "max_seq_len = 1000000000 is out of range");
+  expect_refused(dir, "max_position_embeddings = 1000000000 is out of range");
+  dir = copy("hidden");
+  edit_config(dir, [](json& c) { c["hidden_size"] = 1000000000; });
+  expect_refused(dir, "hidden_size = 1000000000 is out of range");
 
   // More than the machine has: the error names the bytes and the keys that size them.
   const Result small =
@@ -133,22 +136,73 @@ TEST_F(CheckpointRefusals, AbsurdSizesAreNamedBeforeAnyAllocation) {
   EXPECT_TRUE(contains(limited.out, "vocab_size 512, hidden_size 64")) << limited.out;
 
   // A YAML with only `steps: 5` is a 7B Llama by default: refused up front, saying so.
+  // (The limit makes it so on any host: the 7B plan needs far more than 16 GiB.)
   const std::string yml = root_ + "/steps_only.yml";
   hyperion::io::write_file_atomic(yml, "steps: 5\n");
-  const Result seven = run("train " + yml + " base_output_directory=" + root_);
+  const Result seven = hyperion::testing_util::run_shell(
+      "HYPERION_MEMORY_LIMIT=16G " + std::string(HYPERION_CLI_PATH) + " --threads 1 train " + yml +
+      " base_output_directory=" + root_ + " 2>&1");
   EXPECT_EQ(seven.code, 1) << seven.out;
   EXPECT_TRUE(contains(seven.out, "needs")) << seven.out;
   EXPECT_TRUE(contains(seven.out, "at their defaults")) << seven.out;
   EXPECT_TRUE(contains(seven.out, "base_emb_dim")) << seven.out;
 
-  // Serving: a KV cache past the machine's memory names the keys that size it.
-  const Result kv = run("serve " + checkpoint_ + " --port 0 max_seq_len=16777216");
+  // Serving: a KV cache past the machine's memory names the keys that size it. (The
+  // limits make these refusals deterministic: on a large host the 64 GiB cache of
+  // max_seq_len=16777216 would fit, and the server would start.)
+  auto serve = [&](const std::string& limit, const std::string& args) {
+    return hyperion::testing_util::run_shell("HYPERION_MEMORY_LIMIT=" + limit + " timeout 120 " +
+                                             std::string(HYPERION_CLI_PATH) + " --threads 1 serve " +
+                                             checkpoint_ + " --port 0 " + args + " 2>&1");
+  };
+  const Result kv = serve("16G", "max_seq_len=16777216");
   EXPECT_EQ(kv.code, 1) << kv.out;
   EXPECT_TRUE(contains(kv.out, "KV cache")) << kv.out;
   EXPECT_TRUE(contains(kv.out, "max_seq_len=16777216")) << kv.out;
-  const Result pages = run("serve " + checkpoint_ + " --port 0 kv_pages=2000000000");
+  const Result pages = serve("16G", "kv_pages=2000000000");
   EXPECT_EQ(pages.code, 1) << pages.out;
   EXPECT_TRUE(contains(pages.out, "kv_pages")) << pages.out;
+  // The weights (164160 parameters, f32 + bf16: 962 KiB) fit 1100 KiB, and so does the
+  // KV cache alone (16 slots x 64 positions x 256 bytes: 256 KiB); together they do not,
+  // which is refused before the weights are loaded, naming both and the keys.
+  const Result both = serve("1100K", "");
+  EXPECT_EQ(both.code, 1) << both.out;
+  EXPECT_TRUE(contains(both.out, "serve: the weights (961.9 KiB) plus the KV cache (64 pages x "
+                                 "16 tokens, bf16: 256.0 KiB) needs 1.2 MiB"))
+      << both.out;
+  EXPECT_TRUE(contains(both.out, "max_seq_len=64 (the model's)")) << both.out;
+  EXPECT_TRUE(contains(both.out, "max_concurrent_decodes=16")) << both.out;
+  EXPECT_TRUE(contains(both.out, "kv_pages=")) << both.out;
+}
+
+TEST_F(CheckpointRefusals, AbsurdBatchIsNamedAndNeverWrapsPastTheMemoryCheck) {
+  // 10^12 sequences would overflow the plan's byte counts (and wrap to a size that
+  // passes); the key is capped and named instead.
+  const Result huge =
+      run("train tiny per_device_batch_size=1000000000000 base_output_directory=" + root_);
+  EXPECT_EQ(huge.code, 1) << huge.out;
+  EXPECT_TRUE(contains(huge.out, "per_device_batch_size (command line) = 1000000000000 is out "
+                                 "of range (at most 65536)"))
+      << huge.out;
+  EXPECT_FALSE(contains(huge.out, "bad_alloc")) << huge.out;
+  // Within the cap, the memory check refuses it naming the batch.
+  const Result big = hyperion::testing_util::run_shell(
+      "HYPERION_MEMORY_LIMIT=16G " + std::string(HYPERION_CLI_PATH) +
+      " --threads 1 train tiny per_device_batch_size=65536 base_output_directory=" + root_ +
+      " 2>&1");
+  EXPECT_EQ(big.code, 1) << big.out;
+  EXPECT_TRUE(contains(big.out, "needs")) << big.out;
+  EXPECT_TRUE(contains(big.out, "per_device_batch_size=65536 x max_target_length=256")) << big.out;
+  EXPECT_FALSE(contains(big.out, "bad_alloc")) << big.out;
+  // Training keys name themselves, not the model's fields.
+  const Result layers = run("train tiny base_num_decoder_layers=100000");
+  EXPECT_EQ(layers.code, 1) << layers.out;
+  EXPECT_TRUE(contains(layers.out, "base_num_decoder_layers = 100000 is out of range")) << layers.out;
+  const Result dim = run("train tiny base_emb_dim=1000000");
+  EXPECT_TRUE(contains(dim.out, "base_emb_dim = 1000000 is out of range")) << dim.out;
+  const Result length = run("train tiny max_target_length=100000000");
+  EXPECT_TRUE(contains(length.out, "max_target_length (command line) = 100000000 is out of range"))
+      << length.out;
 }
 
 TEST_F(CheckpointRefusals, ATokenizerOfAnotherModel) {
@@ -164,11 +218,24 @@ TEST_F(CheckpointRefusals, ATokenizerOfAnotherModel) {
             "/data/corpus/fortunes.txt",
         "generate --checkpoint " + dir + " --prompt hi",
         "serve " + dir + " --port 0",
-        "convert --checkpoint " + dir + " --to safetensors --output " + dir + "/merged"}) {
+        "convert --checkpoint " + dir + " --to safetensors --output " + dir + "/merged",
+        "convert --checkpoint " + dir + " --to gguf --output " + dir + "/m.gguf"}) {
     const Result r = run(cmd);
     EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
     EXPECT_TRUE(contains(r.out, dir + "/tokenizer.model has 600 tokens")) << r.out;
     EXPECT_TRUE(contains(r.out, dir + "/config.json has vocab_size 512")) << r.out;
+  }
+  EXPECT_FALSE(fs::exists(dir + "/m.gguf"));
+  // Training refuses a tokenizer whose piece count differs from vocab_size, larger or
+  // smaller: the checkpoints it wrote would be refused by every command above.
+  for (const std::string vocab : {"512", "700"}) {
+    const Result r = run("train " + train_args(root_, "tok_" + vocab) + " tokenizer_path=" + other +
+                         "/tokenizer.model vocab_size=" + vocab + " steps=1");
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(contains(r.out, "tokenizer " + other + "/tokenizer.model has 600 tokens but "
+                                "config key vocab_size (command line) is " + vocab))
+        << r.out;
+    EXPECT_FALSE(fs::exists(root_ + "/tok_" + vocab + "/checkpoints")) << vocab;
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -286,7 +287,52 @@ TEST(LlamaConfig, UnsupportedKeysAndAbsurdSizesAreRefusedByName) {
   EXPECT_EQ(message(with("attention_bias", false)), "");
   EXPECT_NE(message(with("vocab_size", 1000000000000)).find("vocab_size = 1000000000000"),
             std::string::npos);
-  EXPECT_NE(message(with("num_hidden_layers", 1000000)).find("out of range"), std::string::npos);
+  // Errors name the config.json key the user wrote, not the decoder's field.
+  EXPECT_NE(message(with("num_hidden_layers", 1000000))
+                .find("m/config.json: num_hidden_layers = 1000000 is out of range"),
+            std::string::npos);
+  EXPECT_NE(message(with("hidden_size", 1000000)).find("hidden_size = 1000000 is out of range"),
+            std::string::npos);
+  EXPECT_NE(message(with("intermediate_size", 10000000))
+                .find("intermediate_size = 10000000 is out of range"),
+            std::string::npos);
+  EXPECT_NE(message(with("max_position_embeddings", 1000000000))
+                .find("max_position_embeddings = 1000000000 is out of range"),
+            std::string::npos);
+  EXPECT_NE(message(with("num_key_value_heads", 3))
+                .find("num_key_value_heads (3) must divide num_attention_heads"),
+            std::string::npos);
+  EXPECT_NE(message(with("head_dim", 0)).find("head_dim must be > 0"), std::string::npos);
+}
+
+TEST(LlamaConfig, MemoryPlanSaturatesInsteadOfWrapping) {
+  // The largest dense shape validate() accepts, 2^16 sequences of 2^24 tokens: the
+  // activations alone pass 2^63 bytes, and the plan must say so rather than wrap.
+  LlamaConfig c;
+  c.vocab_size = int64_t{1} << 24;
+  c.dim = int64_t{1} << 17;
+  c.n_layers = 4096;
+  c.n_heads = 4096;
+  c.n_kv_heads = 4096;
+  c.head_dim = 4096;
+  c.ffn_dim = int64_t{1} << 20;
+  c.max_seq_len = int64_t{1} << 24;
+  c.validate("x");
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  for (const RematPolicy r : {RematPolicy::kNone, RematPolicy::kMinimal, RematPolicy::kFull}) {
+    const MemoryPlan p = memory_plan(c, 65536, int64_t{1} << 24, true, r);
+    EXPECT_EQ(p.activation_bytes, max);
+    EXPECT_EQ(p.scratch_bytes, max);
+    EXPECT_EQ(p.total(), max);
+    EXPECT_GT(p.weight_bytes, 0);
+  }
+  // An ordinary plan is unchanged by the saturation.
+  const LlamaConfig t = tiny_config();
+  const MemoryPlan small = memory_plan(t, 2, 8, true, RematPolicy::kNone);
+  EXPECT_EQ(small.weight_bytes, 4 * t.total_params());
+  EXPECT_EQ(small.total(), small.weight_bytes + small.compute_weight_bytes + small.grad_bytes +
+                               small.optimizer_bytes + small.activation_bytes +
+                               small.scratch_bytes);
 }
 
 TEST(LlamaConfig, HfJsonRoundTripAndErrors) {

@@ -225,6 +225,23 @@ TEST(DistributedTrain, MeshErrorsNameTheKeys) {
   }
 }
 
+TEST(DistributedTrain, ShardedModesAreCheckedAgainstMemory) {
+  // Every mode checks its per-rank plan before allocating (not only data parallelism).
+  for (const std::string mode : {"fsdp_parallelism=2 data_parallelism=1",
+                                 "shard_optimizer_over_data=true"}) {
+    const auto r = testing_util::run_shell(fmt::format(
+        "HYPERION_MEMORY_LIMIT=64K {}{} --threads 1 train --nproc 2 --allow-run-as-root {} "
+        "steps=1 {} 2>&1",
+        kRankEnv, HYPERION_CLI_PATH, common(root_dir(), "memory"), mode));
+    EXPECT_NE(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("needs"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("this machine has 64.0 KiB"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(mode[0] == 'f' ? "its fsdp share of 2 ranks" : "its zero1 share of 2 ranks"),
+              std::string::npos)
+        << r.out;
+  }
+}
+
 // Starts a long 2-rank job, waits for rank 1's log to show its pid, sends it `signal`,
 // and returns the job's exit code and output (the CTest timeout bounds the whole test).
 testing_util::CliResult disrupt_rank_1(const std::string& run, const std::string& signal,

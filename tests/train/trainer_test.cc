@@ -17,6 +17,8 @@
 #include "model/llama_model.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
+#include "train/parallel.h"
+#include "train/train_config.h"
 #include "train_test_util.h"
 
 namespace hyperion {
@@ -267,6 +269,72 @@ TEST(TrainConfig, MoeKeysAreValidated) {
       load_train_config("tiny", {"num_experts=4", "capacity_factor=1.25", "sparse_matmul=false"}),
       "x");
   EXPECT_DOUBLE_EQ(t.moe.capacity_factor, 1.25);
+}
+
+TEST(TrainConfig, SizeErrorsNameTheTrainingKeys) {
+  auto error_of = [](std::vector<std::string> overrides) {
+    try {
+      parse_train_config(load_train_config("tiny", overrides), "x");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of({"base_num_decoder_layers=5000"})
+                .find("config: base_num_decoder_layers = 5000 is out of range (at most 4096)"),
+            std::string::npos);
+  EXPECT_NE(error_of({"base_mlp_dim=2000000"}).find("base_mlp_dim = 2000000 is out of range"),
+            std::string::npos);
+  EXPECT_NE(error_of({"base_num_kv_heads=3"})
+                .find("base_num_kv_heads (3) must divide base_num_query_heads (8)"),
+            std::string::npos);
+  EXPECT_NE(error_of({"num_experts=5000"}).find("num_experts = 5000 is out of range"),
+            std::string::npos);
+  EXPECT_NE(error_of({"max_position_embeddings=100000000"})
+                .find("max_position_embeddings = 100000000 is out of range"),
+            std::string::npos);
+  EXPECT_NE(error_of({"max_target_length=100000000"})
+                .find("max_target_length (command line) = 100000000 is out of range"),
+            std::string::npos);
+  EXPECT_NE(error_of({"per_device_batch_size=1000000000000"})
+                .find("per_device_batch_size (command line) = 1000000000000 is out of range"),
+            std::string::npos);
+  EXPECT_NE(error_of({"gradient_accumulation_steps=1000000000000"})
+                .find("gradient_accumulation_steps (command line) = 1000000000000 is out of range"),
+            std::string::npos);
+  EXPECT_EQ(error_of({"per_device_batch_size=65536"}), "no error");
+}
+
+TEST(TrainConfig, RankMemoryPlanShardsWhatEachModeShards) {
+  const TrainConfig t = parse_train_config(load_train_config("tiny", {}), "x");
+  const MemoryPlan full = memory_plan(t.model, 16, 256, true, RematPolicy::kNone);
+  const int64_t n = full.params;
+  auto same_activations = [&](const MemoryPlan& p) {
+    EXPECT_EQ(p.activation_bytes, full.activation_bytes);
+    EXPECT_EQ(p.scratch_bytes, full.scratch_bytes);
+  };
+  const MemoryPlan data = rank_memory_plan(full, t.model, ParallelMode::kData, 4);
+  EXPECT_EQ(data.total(), full.total());
+  const MemoryPlan zero1 = rank_memory_plan(full, t.model, ParallelMode::kZero1, 4);
+  EXPECT_EQ(zero1.optimizer_bytes, 8 * n / 4);
+  EXPECT_EQ(zero1.weight_bytes, 4 * n);
+  EXPECT_EQ(zero1.grad_bytes, 4 * n);
+  same_activations(zero1);
+  const MemoryPlan fsdp = rank_memory_plan(full, t.model, ParallelMode::kFsdp, 4);
+  EXPECT_EQ(fsdp.weight_bytes, 4 * n / 4);
+  EXPECT_EQ(fsdp.compute_weight_bytes, 2 * n / 4);
+  EXPECT_EQ(fsdp.grad_bytes, 4 * n / 4);
+  EXPECT_EQ(fsdp.optimizer_bytes, 8 * n / 4);
+  same_activations(fsdp);
+  // Expert parallelism shards the experts only: 4 MoE layers of 4 experts of 3 x 256 x 704.
+  const TrainConfig m = parse_train_config(load_train_config("tiny", {"num_experts=4"}), "x");
+  const MemoryPlan mfull = memory_plan(m.model, 16, 256, true, RematPolicy::kNone);
+  const MemoryPlan ep = rank_memory_plan(mfull, m.model, ParallelMode::kExpert, 2);
+  const int64_t experts = 4 * 4 * 3 * 256 * 704;
+  EXPECT_EQ(ep.weight_bytes, mfull.weight_bytes - 4 * experts / 2);
+  EXPECT_EQ(ep.optimizer_bytes, mfull.optimizer_bytes - 8 * experts / 2);
+  // One rank: nothing to shard.
+  EXPECT_EQ(rank_memory_plan(full, t.model, ParallelMode::kFsdp, 1).total(), full.total());
 }
 
 TEST(TrainConfig, UnknownKeyInFileNamesKeyAndFile) {
