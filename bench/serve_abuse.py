@@ -4,11 +4,12 @@ server), with the figures docs/PERFORMANCE.md records for the HTTP front end:
 
   queue      N requests (half streaming), C at a time, against a server started with a
              small max_concurrent_decodes / max_queue: the status of every response,
-             how many were 429, and whether any 200 stream carried an error event
+             how many were 429, whether any 200 stream carried an error event, and
+             the most requests running + waiting seen on /metrics
   slowloris  S connections that each send one header line every 2 s, while /health is
              polled: /health latency (p50, max) and failures
-  huge       one text prompt of B bytes: time to the answer and the server's RSS
-             before and after (--pid)
+  huge       ten text prompts of B bytes: status, time to the answer and the server's
+             RSS before and after them (--pid)
   edges      pipelining, conflicting and negative Content-Length, a wrong method
 
   bench/serve_abuse.py --url http://127.0.0.1:8000 [--pid PID] [--scenario all] [--json]
@@ -74,13 +75,46 @@ def queue(url, n, concurrency, max_tokens):
         st = status_of(out)
         error_after_200 = st == 200 and b'"error"' in out
         return st, error_after_200
+    # The server's own gauges, sampled while the load runs: running + waiting must never
+    # pass max_concurrent_decodes + max_queue.
+    stop, peak = threading.Event(), {"running": 0, "waiting": 0, "sum": 0}
+
+    def sample():
+        while not stop.is_set():
+            g = gauges(url)
+            if g:
+                r, w = g.get("hyperion_requests_running", 0), g.get("hyperion_requests_waiting", 0)
+                peak["running"] = max(peak["running"], r)
+                peak["waiting"] = max(peak["waiting"], w)
+                peak["sum"] = max(peak["sum"], r + w)
+            stop.wait(0.01)
+    t = threading.Thread(target=sample)
+    t.start()
     with cf.ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(one, range(n)))
+    stop.set()
+    t.join()
     statuses = {}
     for st, _ in results:
         statuses[str(st)] = statuses.get(str(st), 0) + 1
     return {"requests": n, "concurrency": concurrency, "statuses": statuses,
-            "errors_after_200": sum(1 for _, e in results if e)}
+            "errors_after_200": sum(1 for _, e in results if e),
+            "max_running": int(peak["running"]), "max_waiting": int(peak["waiting"]),
+            "max_running_plus_waiting": int(peak["sum"])}
+
+
+def gauges(url):
+    """The unlabelled gauges of /metrics, by name (empty when unreachable)."""
+    out = raw(url, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 5)
+    g = {}
+    for line in out.split(b"\r\n\r\n", 1)[-1].decode(errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and not line.startswith("#") and "{" not in parts[0]:
+            try:
+                g[parts[0]] = float(parts[1])
+            except ValueError:
+                pass
+    return g
 
 
 def rss_kib(pid):
@@ -139,12 +173,18 @@ def slowloris(url, conns, seconds, probes):
             "health_max_ms": 1e3 * max(latencies) if latencies else None}
 
 
-def huge(url, size, pid):
+def huge(url, size, pid, repeats=10):
+    """`repeats` prompts of `size` bytes, one after another: the status and time of each,
+    and the server's RSS before and after all of them (memory must come back)."""
     before = rss_kib(pid)
-    out, secs = post(url, "/v1/completions", {"prompt": "a " * (size // 2), "max_tokens": 1})
+    statuses, seconds = {}, []
+    for _ in range(repeats):
+        out, secs = post(url, "/v1/completions", {"prompt": "a " * (size // 2), "max_tokens": 1})
+        statuses[str(status_of(out))] = statuses.get(str(status_of(out)), 0) + 1
+        seconds.append(secs)
     after = rss_kib(pid)
-    return {"bytes": size, "status": status_of(out), "seconds": secs,
-            "rss_before_kib": before, "rss_after_kib": after}
+    return {"bytes": size, "requests": repeats, "statuses": statuses,
+            "seconds_max": max(seconds), "rss_before_kib": before, "rss_after_kib": after}
 
 
 def edges(url):

@@ -456,6 +456,12 @@ TEST_F(HttpHardening, SilentConnectionsAreCutAtTheHeadDeadline) {
 // retries after a pause and warns once, instead of spinning on accept and flooding the
 // log, and takes the waiting connection once it can.
 TEST_F(HttpHardening, AcceptFailuresBackOffAndWarnOnce) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // The sanitizer runtimes open files of their own (/proc/self/maps) from any thread; out
+  // of descriptors they die with exit status 1, reporting into the redirected stderr.
+  // The release suite runs this test.
+  GTEST_SKIP() << "needs a process with no sanitizer runtime";
+#endif
   auto s = stack();
   // The client's socket exists before the limit drops; connect() needs no descriptor.
   RawClient c(s->port, 20, /*connect_now=*/false);
