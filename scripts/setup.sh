@@ -19,6 +19,9 @@ PACKAGES=(
   libcpp-httplib-dev # HTTP client (bench serve, tests)
   libgtest-dev libgmock-dev  # tests
   clang-14 libclang-rt-14-dev  # libFuzzer fuzzers (scripts/fuzz.sh)
+  libomp-14-dev      # clang's OpenMP runtime (the fuzz build compiles with clang -fopenmp)
+  llvm-14 lld-14     # the tools CMake picks for a clang build (llvm-ar, ld.lld), and
+                     # llvm-symbolizer for sanitizer stack traces
   clang-tidy-14      # scripts/lint.sh
   libbenchmark-dev   # microbenchmarks
   libopenblas-dev    # GEMM comparison benchmark only (never linked into libhyperion)

@@ -33,9 +33,11 @@ release() {
   scripts/check-deps.sh build/ci
   ctest --preset ci -j "$jobs"
 }
-asan() { build ci-asan && ctest --preset ci-asan -j "$jobs"; }
-tsan() { build ci-tsan && ctest --preset ci-tsan -j "$jobs"; }
-fuzz() { scripts/fuzz.sh 20; }
+# Each build's system files are checked too: the sanitizer and fuzz builds read their own
+# (clang's OpenMP and tools, the sanitizer runtimes).
+asan() { build ci-asan && scripts/check-deps.sh build/ci-asan && ctest --preset ci-asan -j "$jobs"; }
+tsan() { build ci-tsan && scripts/check-deps.sh build/ci-tsan && ctest --preset ci-tsan -j "$jobs"; }
+fuzz() { scripts/fuzz.sh 20 && scripts/check-deps.sh build/fuzz; }
 lint() {
   [ -f build/ci/compile_commands.json ] || build ci
   scripts/lint.sh build/ci
