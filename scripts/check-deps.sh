@@ -95,7 +95,9 @@ awk '{ p = FILENAME; sub(/.*\//, "", p); sub(/\.list$/, "", p); sub(/:.*/, "", p
   /var/lib/dpkg/info/*.list >"$tmp/owners"
 
 # Allowed packages: setup's, their Depends closure, and the base system.
-scripts/setup.sh --list | grep -vxF -f <(printf '%s\n' "${without[@]}" "") >"$tmp/setup" || true
+scripts/setup.sh --list >"$tmp/listed"
+# grep exits 1 when it selects nothing (every package dropped); anything else is an error.
+grep -vxF -f <(printf '%s\n' "${without[@]}" "") "$tmp/listed" >"$tmp/setup" || [ $? -eq 1 ]
 apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
   --no-replaces --no-enhances $(cat "$tmp/setup") 2>/dev/null |
   sed -n 's/^\([^ ].*\)$/\1/p; s/^ *|\{0,1\}\(Pre\)\{0,1\}Depends: \(.*\)$/\2/p' |

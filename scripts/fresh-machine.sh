@@ -27,7 +27,8 @@ while [ $# -gt 0 ]; do
     --root) root=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --keep) keep=1; shift ;;
-    --ccache) cache=$(realpath -m "$2"); shift 2 ;;
+    --ccache) [ $# -ge 2 ] || { echo "fresh-machine: --ccache needs a directory" >&2; exit 2; }
+              cache=$(realpath -m "$2"); shift 2 ;;
     -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "fresh-machine: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -77,7 +78,8 @@ mount -t sysfs sysfs "$root/sys" && mounted+=("$root/sys")
 mount -t tmpfs -o mode=1777 shm "$root/dev/shm" && mounted+=("$root/dev/shm")
 if [ -n "$cache" ]; then
   mkdir -p "$cache" "$root/root/.cache/ccache"
-  mount --bind "$cache" "$root/root/.cache/ccache" && mounted+=("$root/root/.cache/ccache")
+  mount --bind "$cache" "$root/root/.cache/ccache" || exit 1
+  mounted+=("$root/root/.cache/ccache")
   echo "fresh-machine: compiler cache $cache mounted as the root's"
 fi
 

@@ -46,7 +46,12 @@ void HttpConnection::start() {
   // A new connection owes a request head from the moment it is accepted: its deadline is
   // header_timeout_s, not the idle keep-alive timeout, or silent connections would hold
   // every max_connections place for idle_timeout_s.
-  net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_header(); });
+  // One accepted just before drain() closed the acceptor is missed by its sweep of idle
+  // connections: it closes itself.
+  net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
+    if (self->app_.draining()) return self->close();
+    self->read_header();
+  });
 }
 
 void HttpConnection::post(std::function<void()> fn) {

@@ -290,8 +290,8 @@ struct HttpServer::Impl : HttpApplication {
     try {
       // Engine thread: record metrics, then hand the event to the connection's strand.
       id = engine.submit(gen->api.gen, [this, conn, gen, tracker](const TokenEvent& ev) {
-        observe(*tracker, ev);
         try {
+          observe(*tracker, ev);
           conn->post([this, conn, gen, ev] { on_event(*conn, *gen, ev); });
         } catch (...) {
           // The event never reaches the strand (out of memory): a last one must still

@@ -59,6 +59,18 @@ std::string timestamp() {
   return buf;
 }
 
+// Exactly equal: eval, generate, serve and convert refuse a checkpoint whose tokenizer
+// differs from its vocab_size, so a run that trained with fewer pieces would write
+// checkpoints nothing can load. (Tokenizers trained here always have vocab_size pieces.)
+void check_tokenizer_size(const io::Tokenizer& tokenizer, const std::string& path,
+                          const Config& config, const TrainConfig& t) {
+  HYP_CHECK(tokenizer.vocab_size() == t.model.vocab_size,
+            "tokenizer {} has {} tokens but config key vocab_size ({}) is {}; they must be equal "
+            "(set vocab_size={})",
+            path, tokenizer.vocab_size(), config.source_of("vocab_size"), t.model.vocab_size,
+            tokenizer.vocab_size());
+}
+
 // Refuses a training that cannot fit this machine's memory, naming the sizes and, when
 // the model's shape keys were left at their defaults (a 7B Llama), saying so. `mem` is
 // one rank's plan (rank_memory_plan); `ranks_on_host` ranks share the machine.
@@ -242,6 +254,10 @@ TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions&
                                    t.remat, t.moe.capacity_factor),
                        t.model, mode, world);
   check_training_memory(config, t, mem, mode, world, dist::detect_launch().local_size);
+  // A given tokenizer is checked before the run directory or the dataset exists (a
+  // mismatch found after preparing the data leaves an empty run behind).
+  if (!t.tokenizer_path.empty())
+    check_tokenizer_size(io::Tokenizer::load(t.tokenizer_path), t.tokenizer_path, config, t);
 
   // Run directory: base_output_directory/run_name, or the directory being resumed.
   std::string run_dir;
@@ -283,14 +299,7 @@ TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions&
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   comm->barrier();
   io::Tokenizer tokenizer = io::Tokenizer::load(data.tokenizer);
-  // Exactly equal: eval, generate, serve and convert refuse a checkpoint whose tokenizer
-  // differs from its vocab_size, so a run that trained with fewer pieces would write
-  // checkpoints nothing can load. (Tokenizers trained here always have vocab_size pieces.)
-  HYP_CHECK(tokenizer.vocab_size() == t.model.vocab_size,
-            "tokenizer {} has {} tokens but config key vocab_size ({}) is {}; they must be equal "
-            "(set vocab_size={})",
-            data.tokenizer, tokenizer.vocab_size(), config.source_of("vocab_size"),
-            t.model.vocab_size, tokenizer.vocab_size());
+  check_tokenizer_size(tokenizer, data.tokenizer, config, t);
   t.model.bos_id = tokenizer.bos_id();
   t.model.eos_id = tokenizer.eos_id();
 
