@@ -8,7 +8,7 @@
 #include "kernels/global_norm.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
-#include "kernels/swiglu.h"
+#include "kernels/gated_activation.h"
 
 namespace hyperion::cli {
 

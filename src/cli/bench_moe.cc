@@ -24,7 +24,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "kernels/peak.h"
-#include "kernels/swiglu.h"
+#include "kernels/gated_activation.h"
 #include "model/linear.h"
 #include "model/llama_model.h"
 #include "model/moe_block.h"

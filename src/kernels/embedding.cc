@@ -18,29 +18,54 @@ namespace HWY_NAMESPACE {
 // Columns [h0, h1) of every referenced dtable row. A plain add (no FMA) is the same
 // in the vector body and the scalar tail, so results do not depend on where the
 // column split falls.
-template <typename T>
+// kScaled: dtable += scale * dout (a scaled embedding's gradient), one rounding of the
+// product as in the scalar tail.
+template <bool kScaled, typename T>
 void ScatterAddT(const int32_t* ids, size_t count, const T* dout, size_t hidden, float* dtable,
-                 size_t h0, size_t h1) {
+                 size_t h0, size_t h1, float scale) {
   const DF d;
   const size_t n = hn::Lanes(d);
   const size_t width = h1 - h0;
+  const VF vs = hn::Set(d, scale);
   for (size_t p = 0; p < count; ++p) {
     const T* src = dout + p * hidden + h0;
     float* dst = dtable + static_cast<size_t>(ids[p]) * hidden + h0;
     size_t i = 0;
-    for (; i + n <= width; i += n)
-      hn::StoreU(hn::Add(hn::LoadU(d, dst + i), LoadF(d, src + i)), d, dst + i);
-    for (; i < width; ++i) dst[i] += ToF32(src[i]);
+    for (; i + n <= width; i += n) {
+      VF v = LoadF(d, src + i);
+      if constexpr (kScaled) v = hn::Mul(v, vs);
+      hn::StoreU(hn::Add(hn::LoadU(d, dst + i), v), d, dst + i);
+    }
+    for (; i < width; ++i) dst[i] += kScaled ? ToF32(src[i]) * scale : ToF32(src[i]);
   }
 }
 
 void ScatterAddCols(const int32_t* ids, size_t count, const void* dout, DType dtype, size_t hidden,
-                    float* dtable, size_t h0, size_t h1) {
+                    float* dtable, size_t h0, size_t h1, float scale) {
+  const bool scaled = scale != 1.0f;
   if (dtype == DType::kF32) {
-    ScatterAddT(ids, count, static_cast<const float*>(dout), hidden, dtable, h0, h1);
+    const auto* src = static_cast<const float*>(dout);
+    if (scaled)
+      ScatterAddT<true>(ids, count, src, hidden, dtable, h0, h1, scale);
+    else
+      ScatterAddT<false>(ids, count, src, hidden, dtable, h0, h1, scale);
   } else {
-    ScatterAddT(ids, count, static_cast<const bf16*>(dout), hidden, dtable, h0, h1);
+    const auto* src = static_cast<const bf16*>(dout);
+    if (scaled)
+      ScatterAddT<true>(ids, count, src, hidden, dtable, h0, h1, scale);
+    else
+      ScatterAddT<false>(ids, count, src, hidden, dtable, h0, h1, scale);
   }
+}
+
+// x[i] *= scale (a gathered f32 row of a scaled embedding).
+void ScaleRow(float* x, size_t count, float scale) {
+  const DF d;
+  const size_t n = hn::Lanes(d);
+  const VF vs = hn::Set(d, scale);
+  size_t i = 0;
+  for (; i + n <= count; i += n) hn::StoreU(hn::Mul(hn::LoadU(d, x + i), vs), d, x + i);
+  for (; i < count; ++i) x[i] *= scale;
 }
 
 }  // namespace HWY_NAMESPACE
@@ -57,6 +82,7 @@ HWY_AFTER_NAMESPACE();
 namespace hyperion {
 
 HWY_EXPORT(ScatterAddCols);
+HWY_EXPORT(ScaleRow);
 
 namespace {
 
@@ -108,8 +134,12 @@ void check_backward(const char* op, const TensorView& ids, const TensorView& dou
 
 }  // namespace
 
-void embedding_forward(const TensorView& table, const TensorView& ids, const TensorView& out) {
+void embedding_forward(const TensorView& table, const TensorView& ids, const TensorView& out,
+                       float scale) {
   check_forward("embedding_forward", table, ids, out);
+  HYP_CHECK(scale == 1.0f || out.dtype == DType::kF32,
+            "embedding_forward: a scaled embedding ({}) needs an f32 out, got {}", scale,
+            out.str());
   const int64_t rows = ids.shape[0], hidden = table.shape[1];
   if (rows == 0 || hidden == 0) return;
   const int32_t* id = static_cast<const int32_t*>(ids.data);
@@ -129,11 +159,13 @@ void embedding_forward(const TensorView& table, const TensorView& ids, const Ten
       } else {
         convert_f32_to_bf16(reinterpret_cast<const float*>(s), reinterpret_cast<bf16*>(o), h);
       }
+      if (scale != 1.0f) HWY_DYNAMIC_DISPATCH(ScaleRow)(reinterpret_cast<float*>(o), h, scale);
     }
   });
 }
 
-void embedding_backward(const TensorView& ids, const TensorView& dout, const TensorView& dtable) {
+void embedding_backward(const TensorView& ids, const TensorView& dout, const TensorView& dtable,
+                        float scale) {
   check_backward("embedding_backward", ids, dout, dtable);
   const int64_t count = ids.shape[0], hidden = dtable.shape[1];
   if (count == 0 || hidden == 0) return;
@@ -144,13 +176,14 @@ void embedding_backward(const TensorView& ids, const TensorView& dout, const Ten
     const int64_t h0 = begin * kColumnBlock, h1 = std::min(hidden, end * kColumnBlock);
     HWY_DYNAMIC_DISPATCH(ScatterAddCols)
     (static_cast<const int32_t*>(ids.data), size_t(count), dout.data, dout.dtype, size_t(hidden),
-     static_cast<float*>(dtable.data), size_t(h0), size_t(h1));
+     static_cast<float*>(dtable.data), size_t(h0), size_t(h1), scale);
   });
 }
 
 namespace ref {
 
-void embedding_forward(const TensorView& table, const TensorView& ids, const TensorView& out) {
+void embedding_forward(const TensorView& table, const TensorView& ids, const TensorView& out,
+                       float scale) {
   check_forward("ref::embedding_forward", table, ids, out);
   const int32_t* id = static_cast<const int32_t*>(ids.data);
   const int64_t hidden = table.shape[1];
@@ -159,7 +192,7 @@ void embedding_forward(const TensorView& table, const TensorView& ids, const Ten
       const float v = load_as_f32(table.data, table.dtype, size_t(id[r] * hidden + j));
       const size_t o = size_t(r * hidden + j);
       if (out.dtype == DType::kF32) {
-        static_cast<float*>(out.data)[o] = v;
+        static_cast<float*>(out.data)[o] = v * scale;
       } else {
         static_cast<bf16*>(out.data)[o] = f32_to_bf16(v);
       }
@@ -167,14 +200,15 @@ void embedding_forward(const TensorView& table, const TensorView& ids, const Ten
   }
 }
 
-void embedding_backward(const TensorView& ids, const TensorView& dout, const TensorView& dtable) {
+void embedding_backward(const TensorView& ids, const TensorView& dout, const TensorView& dtable,
+                        float scale) {
   check_backward("ref::embedding_backward", ids, dout, dtable);
   const int32_t* id = static_cast<const int32_t*>(ids.data);
   const int64_t hidden = dtable.shape[1];
   float* g = static_cast<float*>(dtable.data);
   for (int64_t r = 0; r < ids.shape[0]; ++r) {
     for (int64_t j = 0; j < hidden; ++j)
-      g[id[r] * hidden + j] += load_as_f32(dout.data, dout.dtype, size_t(r * hidden + j));
+      g[id[r] * hidden + j] += load_as_f32(dout.data, dout.dtype, size_t(r * hidden + j)) * scale;
   }
 }
 

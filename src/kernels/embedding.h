@@ -12,19 +12,24 @@
 
 namespace hyperion {
 
-// out[n, :] = table[ids[n], :]
-void embedding_forward(const TensorView& table, const TensorView& ids, const TensorView& out);
+// out[n, :] = table[ids[n], :] * scale. A scale other than 1 (Gemma's sqrt(hidden))
+// needs an f32 out: the product is rounded once, in f32.
+void embedding_forward(const TensorView& table, const TensorView& ids, const TensorView& out,
+                       float scale = 1.0f);
 
-// dtable[ids[n], :] += dout[n, :] for n = 0..N-1. Accumulates into dtable (zero it
+// dtable[ids[n], :] += scale * dout[n, :] for n = 0..N-1. Accumulates into dtable (zero it
 // first for a fresh gradient). Repeated ids are summed in ascending n for every
 // element, so the result is bitwise identical for any thread count: threads split the
 // H dimension, never the ids.
-void embedding_backward(const TensorView& ids, const TensorView& dout, const TensorView& dtable);
+void embedding_backward(const TensorView& ids, const TensorView& dout, const TensorView& dtable,
+                        float scale = 1.0f);
 
 namespace ref {
 // Scalar references (plain loops), same contracts as above.
-void embedding_forward(const TensorView& table, const TensorView& ids, const TensorView& out);
-void embedding_backward(const TensorView& ids, const TensorView& dout, const TensorView& dtable);
+void embedding_forward(const TensorView& table, const TensorView& ids, const TensorView& out,
+                       float scale = 1.0f);
+void embedding_backward(const TensorView& ids, const TensorView& dout, const TensorView& dtable,
+                        float scale = 1.0f);
 }  // namespace ref
 
 }  // namespace hyperion

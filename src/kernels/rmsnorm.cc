@@ -19,8 +19,9 @@ namespace HWY_NAMESPACE {
 
 template <typename T, typename TY>
 void ForwardRows(const T* x, const float* w, TY* y, float* rstd, int64_t rows, int64_t h,
-                 float eps) {
+                 float eps, float woff) {
   const DF df;
+  const VF vwoff = hn::Set(df, woff);
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * h;
@@ -59,17 +60,21 @@ void ForwardRows(const T* x, const float* w, TY* y, float* rstd, int64_t rows, i
         __builtin_prefetch(xn + i * sizeof(T));
         __builtin_prefetch(yn + i * sizeof(TY), 1);
       }
-      StoreF(df, hn::Mul(hn::Mul(LoadF(df, xr + i), vr), hn::LoadU(df, w + i)), yr + i);
+      StoreF(df, hn::Mul(hn::Mul(LoadF(df, xr + i), vr), hn::Add(hn::LoadU(df, w + i), vwoff)),
+             yr + i);
     }
-    for (; i < h; ++i) yr[i] = FromF32<TY>(ToF32(xr[i]) * rs * w[i]);
+    for (; i < h; ++i) yr[i] = FromF32<TY>(ToF32(xr[i]) * rs * (w[i] + woff));
   }
 }
 
 // dx[j] = r*w[j]*dy[j] - x[j] * r^3/H * sum_k dy[k]*w[k]*x[k];  dw[j] += dy[j]*x[j]*r.
 template <typename T, bool kAccumulate>
 void BackwardRows(const T* dy, const T* x, const float* w, const float* rstd, T* dx,
-                  float* dw_partial, int64_t rows, int64_t h) {
+                  float* dw_partial, int64_t rows, int64_t h, float woff) {
   const DF df;
+  const VF vwoff = hn::Set(df, woff);
+  // The effective weight w + woff (Gemma's 1 + w); the weight's own gradient is the same.
+  const auto weff = [&](int64_t i) { return hn::Add(hn::LoadU(df, w + i), vwoff); };
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   for (int64_t r = 0; r < rows; ++r) {
     const T* dyr = dy + r * h;
@@ -79,14 +84,13 @@ void BackwardRows(const T* dy, const T* x, const float* w, const float* rstd, T*
     VF a0 = hn::Zero(df), a1 = hn::Zero(df);
     int64_t i = 0;
     for (; i + 2 * n <= h; i += 2 * n) {
-      a0 = hn::MulAdd(hn::Mul(LoadF(df, dyr + i), hn::LoadU(df, w + i)), LoadF(df, xr + i), a0);
-      a1 = hn::MulAdd(hn::Mul(LoadF(df, dyr + i + n), hn::LoadU(df, w + i + n)),
-                      LoadF(df, xr + i + n), a1);
+      a0 = hn::MulAdd(hn::Mul(LoadF(df, dyr + i), weff(i)), LoadF(df, xr + i), a0);
+      a1 = hn::MulAdd(hn::Mul(LoadF(df, dyr + i + n), weff(i + n)), LoadF(df, xr + i + n), a1);
     }
     for (; i + n <= h; i += n)
-      a0 = hn::MulAdd(hn::Mul(LoadF(df, dyr + i), hn::LoadU(df, w + i)), LoadF(df, xr + i), a0);
+      a0 = hn::MulAdd(hn::Mul(LoadF(df, dyr + i), weff(i)), LoadF(df, xr + i), a0);
     float dot = hn::GetLane(hn::SumOfLanes(df, hn::Add(a0, a1)));
-    for (; i < h; ++i) dot += ToF32(dyr[i]) * w[i] * ToF32(xr[i]);
+    for (; i < h; ++i) dot += ToF32(dyr[i]) * (w[i] + woff) * ToF32(xr[i]);
     const float c = rs * rs * rs * dot / static_cast<float>(h);
     const VF vr = hn::Set(df, rs), vnc = hn::Set(df, -c);
     // Prefetch the next row (as in the forward pass) so its DRAM reads overlap this pass.
@@ -105,44 +109,44 @@ void BackwardRows(const T* dy, const T* x, const float* w, const float* rstd, T*
       // dw before dx: dx may alias dy.
       const VF gr = hn::Mul(g, vr);
       hn::StoreU(hn::MulAdd(gr, xv, hn::LoadU(df, dw_partial + i)), df, dw_partial + i);
-      VF d = hn::MulAdd(vnc, xv, hn::Mul(gr, hn::LoadU(df, w + i)));
+      VF d = hn::MulAdd(vnc, xv, hn::Mul(gr, weff(i)));
       if constexpr (kAccumulate) d = hn::Add(d, LoadF(df, dxr + i));
       StoreF(df, d, dxr + i);
     }
     for (; i < h; ++i) {
       const float g = ToF32(dyr[i]), xv = ToF32(xr[i]);
       dw_partial[i] += g * rs * xv;
-      const float d = g * rs * w[i] - c * xv;
+      const float d = g * rs * (w[i] + woff) - c * xv;
       dxr[i] = FromF32<T>(kAccumulate ? ToF32(dxr[i]) + d : d);
     }
   }
 }
 
 void ForwardF32(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t h,
-                float eps) {
-  ForwardRows(x, w, y, rstd, rows, h, eps);
+                float eps, float woff) {
+  ForwardRows(x, w, y, rstd, rows, h, eps, woff);
 }
 void ForwardBF16(const bf16* x, const float* w, bf16* y, float* rstd, int64_t rows, int64_t h,
-                 float eps) {
-  ForwardRows(x, w, y, rstd, rows, h, eps);
+                 float eps, float woff) {
+  ForwardRows(x, w, y, rstd, rows, h, eps, woff);
 }
 void ForwardF32ToBF16(const float* x, const float* w, bf16* y, float* rstd, int64_t rows, int64_t h,
-                      float eps) {
-  ForwardRows(x, w, y, rstd, rows, h, eps);
+                      float eps, float woff) {
+  ForwardRows(x, w, y, rstd, rows, h, eps, woff);
 }
 void BackwardF32(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
-                 float* dw_partial, int64_t rows, int64_t h, bool accumulate) {
+                 float* dw_partial, int64_t rows, int64_t h, bool accumulate, float woff) {
   if (accumulate)
-    BackwardRows<float, true>(dy, x, w, rstd, dx, dw_partial, rows, h);
+    BackwardRows<float, true>(dy, x, w, rstd, dx, dw_partial, rows, h, woff);
   else
-    BackwardRows<float, false>(dy, x, w, rstd, dx, dw_partial, rows, h);
+    BackwardRows<float, false>(dy, x, w, rstd, dx, dw_partial, rows, h, woff);
 }
 void BackwardBF16(const bf16* dy, const bf16* x, const float* w, const float* rstd, bf16* dx,
-                  float* dw_partial, int64_t rows, int64_t h, bool accumulate) {
+                  float* dw_partial, int64_t rows, int64_t h, bool accumulate, float woff) {
   if (accumulate)
-    BackwardRows<bf16, true>(dy, x, w, rstd, dx, dw_partial, rows, h);
+    BackwardRows<bf16, true>(dy, x, w, rstd, dx, dw_partial, rows, h, woff);
   else
-    BackwardRows<bf16, false>(dy, x, w, rstd, dx, dw_partial, rows, h);
+    BackwardRows<bf16, false>(dy, x, w, rstd, dx, dw_partial, rows, h, woff);
 }
 
 // dweight[j] += sum_g partials[g][j] for j in [begin, end), g in a fixed order.
@@ -261,7 +265,7 @@ void store(const TensorView& t, int64_t i, double v) {
 }  // namespace
 
 void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps, const TensorView& y,
-                     const TensorView& rstd) {
+                     const TensorView& rstd, float weight_offset) {
   check_forward(x, weight, eps, y, rstd);
   const int64_t rows = x.shape[0], h = x.shape[1];
   if (rows == 0) return;
@@ -274,20 +278,20 @@ void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps, c
   parallel_chunks(rows, row_grain(h), [&](int64_t begin, int64_t end) {
     if (x.dtype == DType::kF32 && y.dtype == DType::kBF16) {
       HWY_DYNAMIC_DISPATCH(ForwardF32ToBF16)
-      (x.as<float>() + begin * h, w, y.as<bf16>() + begin * h, rs + begin, end - begin, h, eps);
+      (x.as<float>() + begin * h, w, y.as<bf16>() + begin * h, rs + begin, end - begin, h, eps, weight_offset);
     } else if (x.dtype == DType::kF32) {
       HWY_DYNAMIC_DISPATCH(ForwardF32)
-      (x.as<float>() + begin * h, w, y.as<float>() + begin * h, rs + begin, end - begin, h, eps);
+      (x.as<float>() + begin * h, w, y.as<float>() + begin * h, rs + begin, end - begin, h, eps, weight_offset);
     } else {
       HWY_DYNAMIC_DISPATCH(ForwardBF16)
-      (x.as<bf16>() + begin * h, w, y.as<bf16>() + begin * h, rs + begin, end - begin, h, eps);
+      (x.as<bf16>() + begin * h, w, y.as<bf16>() + begin * h, rs + begin, end - begin, h, eps, weight_offset);
     }
   });
 }
 
 void rmsnorm_backward(const TensorView& dy, const TensorView& x, const TensorView& weight,
                       const TensorView& rstd, const TensorView& dx, const TensorView& dweight,
-                      bool accumulate_dx) {
+                      bool accumulate_dx, float weight_offset) {
   HYP_CHECK(!accumulate_dx || dx.data != dy.data,
             "rmsnorm_backward: dx may not alias dy when accumulating into dx");
   check_backward(dy, x, weight, rstd, dx, dweight);
@@ -308,11 +312,11 @@ void rmsnorm_backward(const TensorView& dy, const TensorView& x, const TensorVie
     if (x.dtype == DType::kF32) {
       HWY_DYNAMIC_DISPATCH(BackwardF32)
       (dy.as<float>() + begin * h, x.as<float>() + begin * h, w, rs + begin,
-       dx.as<float>() + begin * h, part, end - begin, h, accumulate_dx);
+       dx.as<float>() + begin * h, part, end - begin, h, accumulate_dx, weight_offset);
     } else {
       HWY_DYNAMIC_DISPATCH(BackwardBF16)
       (dy.as<bf16>() + begin * h, x.as<bf16>() + begin * h, w, rs + begin,
-       dx.as<bf16>() + begin * h, part, end - begin, h, accumulate_dx);
+       dx.as<bf16>() + begin * h, part, end - begin, h, accumulate_dx, weight_offset);
     }
   });
   parallel_chunks(h, 4096, [&](int64_t begin, int64_t end) {
@@ -324,37 +328,39 @@ void rmsnorm_backward(const TensorView& dy, const TensorView& x, const TensorVie
 namespace ref {
 
 void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps, const TensorView& y,
-                     const TensorView& rstd) {
+                     const TensorView& rstd, float weight_offset) {
   check_forward(x, weight, eps, y, rstd);
   const int64_t rows = x.shape[0], h = x.shape[1];
   const float* w = weight.as<float>();
+  const double off = weight_offset;
   for (int64_t r = 0; r < rows; ++r) {
     double ss = 0;
     for (int64_t j = 0; j < h; ++j) ss += load(x, r * h + j) * load(x, r * h + j);
     const double rs = 1.0 / std::sqrt((h > 0 ? ss / double(h) : 0.0) + double(eps));
     rstd.as<float>()[r] = static_cast<float>(rs);
-    for (int64_t j = 0; j < h; ++j) store(y, r * h + j, load(x, r * h + j) * rs * w[j]);
+    for (int64_t j = 0; j < h; ++j) store(y, r * h + j, load(x, r * h + j) * rs * (w[j] + off));
   }
 }
 
 void rmsnorm_backward(const TensorView& dy, const TensorView& x, const TensorView& weight,
                       const TensorView& rstd, const TensorView& dx, const TensorView& dweight,
-                      bool accumulate_dx) {
+                      bool accumulate_dx, float weight_offset) {
   HYP_CHECK(!accumulate_dx || dx.data != dy.data,
             "rmsnorm_backward: dx may not alias dy when accumulating into dx");
   check_backward(dy, x, weight, rstd, dx, dweight);
   const int64_t rows = x.shape[0], h = x.shape[1];
   const float* w = weight.as<float>();
+  const double off = weight_offset;
   std::vector<double> dw(static_cast<size_t>(h), 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     const double rs = rstd.as<float>()[r];
     double dot = 0;
-    for (int64_t j = 0; j < h; ++j) dot += load(dy, r * h + j) * w[j] * load(x, r * h + j);
+    for (int64_t j = 0; j < h; ++j) dot += load(dy, r * h + j) * (w[j] + off) * load(x, r * h + j);
     const double c = rs * rs * rs * dot / double(h);
     for (int64_t j = 0; j < h; ++j) {
       const double g = load(dy, r * h + j), xv = load(x, r * h + j);
       dw[j] += g * xv * rs;
-      const double d = g * rs * w[j] - c * xv;
+      const double d = g * rs * (w[j] + off) - c * xv;
       store(dx, r * h + j, accumulate_dx ? load(dx, r * h + j) + d : d);
     }
   }

@@ -1,7 +1,10 @@
 // RMSNorm with Llama / Hugging Face LlamaRMSNorm semantics:
 //
 //   rstd[n]  = 1 / sqrt(mean_j(x[n, j]^2) + eps)
-//   y[n, j]  = x[n, j] * rstd[n] * weight[j]
+//   y[n, j]  = x[n, j] * rstd[n] * (weight[j] + weight_offset)
+//
+// weight_offset is 0 for Llama and 1 for Gemma, whose GemmaRMSNorm scales by (1 + w)
+// with w initialised to zero; the weight gradient is the same either way.
 //
 // Shapes: x, y, dy, dx [N, H] (f32 or bf16, all the same dtype, contiguous); weight and
 // dweight [H] f32; rstd [N] f32. Math is f32 inside; bf16 outputs are rounded once (RNE)
@@ -16,7 +19,7 @@ namespace hyperion {
 // Writes y and rstd (rstd is saved for the backward pass). y may alias x. y may also be
 // bf16 for an f32 x: the f32 residual stream normalised straight into a bf16 matmul input.
 void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps, const TensorView& y,
-                     const TensorView& rstd);
+                     const TensorView& rstd, float weight_offset = 0.0f);
 
 // Given dy, x, weight and the rstd of the forward pass, writes dx and ACCUMULATES the
 // weight gradient into dweight (dweight += sum_n dy * x * rstd), so gradient
@@ -26,15 +29,15 @@ void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps, c
 // instead (the residual branch's gradient joining the residual stream's; no aliasing).
 void rmsnorm_backward(const TensorView& dy, const TensorView& x, const TensorView& weight,
                       const TensorView& rstd, const TensorView& dx, const TensorView& dweight,
-                      bool accumulate_dx = false);
+                      bool accumulate_dx = false, float weight_offset = 0.0f);
 
 namespace ref {
 // Scalar references (double math), same contracts as above.
 void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps, const TensorView& y,
-                     const TensorView& rstd);
+                     const TensorView& rstd, float weight_offset = 0.0f);
 void rmsnorm_backward(const TensorView& dy, const TensorView& x, const TensorView& weight,
                       const TensorView& rstd, const TensorView& dx, const TensorView& dweight,
-                      bool accumulate_dx = false);
+                      bool accumulate_dx = false, float weight_offset = 0.0f);
 }  // namespace ref
 
 }  // namespace hyperion

@@ -1,14 +1,19 @@
-// The three matmuls of a Linear layer y = x W^T (W [out, in], as Hugging Face stores
-// it) on raw activation buffers: forward, input gradient and weight gradient. Shared by
-// the training model and the generator.
+// Linear layers y = x W^T (W [out, in], as Hugging Face stores it): the three matmuls
+// on raw activation buffers (forward, input gradient, weight gradient), and the weight
+// formats a decoder's matrices can be read in (LinearWeights).
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
 
+#include "base/aligned.h"
 #include "kernels/gemm.h"
+#include "model/param_store.h"
 #include "tensor/tensor.h"
 
-namespace hyperion::linear {
+namespace hyperion {
+
+namespace linear {
 
 // y[n, out] = x[n, in] W^T + beta * y, W [out, in] (a Linear layer).
 inline void forward(const void* x, DType xd, const TensorView& w, void* y, DType yd, int64_t n,
@@ -31,4 +36,53 @@ inline void backward_weight(const void* dy, const void* x, DType d, const Tensor
                   DType::kF32, 1.0f);
 }
 
-}  // namespace hyperion::linear
+}  // namespace linear
+
+// How a model's matrices are read by its matmuls.
+//   kF32, kBF16  the parameter store's f32 master weights or its bf16 copy (training,
+//                and inference in the compute dtype)
+//   kInt8        int8 per output channel: each matrix row quantised once at load
+//                (kernels/quantize.h), activations quantised per row on the fly, an int8
+//                GEMM (oneDNN VNNI/AMX; GEMV with AVX512-VNNI for decode) dequantised by
+//                the row and channel scales. Stacked MoE experts stay in the compute
+//                dtype (the grouped GEMM reads them stacked).
+// fp8 weights are the next format here.
+enum class WeightFormat : uint8_t { kF32, kBF16, kInt8 };
+
+// The activation dtype a weight format computes in (bf16 for bf16 and int8 weights).
+inline DType act_dtype_for(WeightFormat w) {
+  return w == WeightFormat::kF32 ? DType::kF32 : DType::kBF16;
+}
+
+// Every matrix of a ParamStore in one weight format. Not thread-safe (the int8 path
+// quantises activations into a scratch buffer it owns); one per model runner.
+class LinearWeights {
+ public:
+  // kBF16 and kInt8 need the store's bf16 copy; the store must outlive this object.
+  LinearWeights(const ParamStore& params, WeightFormat format);
+
+  WeightFormat format() const { return format_; }
+  DType act_dtype() const { return act_dtype_for(format_); }
+  // Bytes of matrices read by one forward pass in this format (embedding counted only
+  // when it is the LM head too).
+  int64_t weight_bytes() const { return weight_bytes_; }
+
+  // y[n, out] = x[n, in] W^T + beta * y for parameter `index`; x in act_dtype().
+  void forward(int index, const void* x, void* y, DType yd, int64_t n, float beta = 0.0f);
+
+ private:
+  struct QuantMatrix {
+    AlignedBuffer<int8_t> w;  // [out, in]
+    AlignedBuffer<float> scale;
+    int64_t out = 0, in = 0;
+  };
+
+  const ParamStore& params_;
+  WeightFormat format_;
+  std::unordered_map<int, QuantMatrix> quant_;
+  int64_t weight_bytes_ = 0;
+  AlignedBuffer<int8_t> qx_;  // quantised activations, grown on demand
+  AlignedBuffer<float> qscale_;
+};
+
+}  // namespace hyperion

@@ -80,6 +80,17 @@ void LlamaConfig::validate(const std::string& origin, ConfigKeyNames names) cons
     HYP_CHECK(moe_layer_step >= 1, "{}: {} must be >= 1, got {}", origin,
               key("hyperion_moe_layer_step", "interleave_moe_layer_step"), moe_layer_step);
   }
+  // The family's fields the decoder does not implement yet (architecture.h).
+  HYP_CHECK(!arch.qk_norm, "{}: qk-norm is not supported yet", origin);
+  HYP_CHECK(arch.final_logit_softcap == 0.0, "{}: {} = {} is not supported yet (0: off)", origin,
+            key("final_logit_softcapping", "final_logits_soft_cap"), arch.final_logit_softcap);
+  HYP_CHECK(arch.sliding_window == 0 && arch.sliding_window_pattern == 0,
+            "{}: sliding_window = {} is not supported yet (global attention only)", origin,
+            arch.sliding_window);
+  HYP_CHECK(n_experts == 0 || arch.activation == GatedActivation::kSilu,
+            "{}: {} experts use SwiGLU; the {} family's activation {} has no MoE form", origin,
+            k_experts, family_info(arch.family).decoder_block,
+            gated_activation_name(arch.activation));
   // (A training config has no token-id keys: its ids are the tokenizer's.)
   HYP_CHECK(bos_id >= 0 && bos_id < vocab_size && eos_id >= 0 && eos_id < vocab_size,
             "{}: {} {} / {} {} must lie in [0, vocab_size={})", origin,
@@ -146,8 +157,9 @@ double LlamaConfig::forward_flops_per_token(int64_t seq_len) const {
 
 std::string LlamaConfig::to_hf_json() const {
   nlohmann::ordered_json j;
-  j["architectures"] = {is_moe() ? "MixtralForCausalLM" : "LlamaForCausalLM"};
-  j["model_type"] = is_moe() ? "mixtral" : "llama";
+  const FamilyInfo& fam = family_info(arch.family);
+  j["architectures"] = {is_moe() ? "MixtralForCausalLM" : fam.hf_class};
+  j["model_type"] = is_moe() ? "mixtral" : fam.hf_model_type;
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = dim;
   // Mixtral's intermediate_size is the expert's; a dense layer's is kept beside it.
@@ -169,7 +181,10 @@ std::string LlamaConfig::to_hf_json() const {
   j["num_attention_heads"] = n_heads;
   j["num_key_value_heads"] = n_kv_heads;
   j["head_dim"] = head_dim;
-  j["hidden_act"] = "silu";
+  j["hidden_act"] = gated_activation_name(arch.activation);
+  // GemmaConfig reads hidden_activation (hidden_act is its legacy key).
+  if (arch.family == DecoderFamily::kGemma)
+    j["hidden_activation"] = gated_activation_name(arch.activation);
   j["max_position_embeddings"] = max_seq_len;
   j["rms_norm_eps"] = norm_eps;
   j["rope_theta"] = rope_theta;
@@ -201,15 +216,40 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
     fail("{}: {} '{}' is not supported (supported: {})", origin, key, v,
          fmt::join(accepted, ", "));
   };
-  require_one_of("model_type", {"llama", "mixtral"});
-  require_one_of("hidden_act", {"silu"});
+  require_one_of("model_type", {"llama", "mixtral", "gemma"});
+  bool gemma = j.contains("model_type") && j["model_type"] == "gemma";
   if (j.contains("architectures") && j["architectures"].is_array())
     for (const auto& a : j["architectures"]) {
       const std::string name = a.is_string() ? a.get<std::string>() : a.dump();
-      HYP_CHECK(name == "LlamaForCausalLM" || name == "MixtralForCausalLM",
-                "{}: architectures '{}' is not supported (LlamaForCausalLM, MixtralForCausalLM)",
+      HYP_CHECK(name == "LlamaForCausalLM" || name == "MixtralForCausalLM" ||
+                    name == "GemmaForCausalLM",
+                "{}: architectures '{}' is not supported (LlamaForCausalLM, MixtralForCausalLM, "
+                "GemmaForCausalLM)",
                 origin, name);
+      gemma = gemma || name == "GemmaForCausalLM";
     }
+  LlamaConfig c;
+  if (gemma) {
+    c.arch = family_info(DecoderFamily::kGemma).defaults;
+    // GemmaConfig: hidden_activation wins; without it Hugging Face runs the tanh form even
+    // when the legacy hidden_act says "gelu".
+    const char* act_key = j.contains("hidden_activation") && !j["hidden_activation"].is_null()
+                              ? "hidden_activation"
+                              : "hidden_act";
+    if (j.contains(act_key) && !j[act_key].is_null()) {
+      const std::string v = j[act_key].is_string() ? j[act_key].get<std::string>() : j[act_key].dump();
+      const bool legacy_gelu = v == "gelu" && std::string(act_key) == "hidden_act";
+      HYP_CHECK(legacy_gelu || (parse_gated_activation(v, &c.arch.activation) &&
+                                c.arch.activation == GatedActivation::kGeluTanh),
+                "{}: {} '{}' is not supported for Gemma (supported: gelu_pytorch_tanh)", origin,
+                act_key, v);
+    }
+  } else {
+    require_one_of("hidden_act", {"silu"});
+  }
+  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"})
+    HYP_CHECK(!j.contains(key) || j[key].is_null(), "{}: {} = {} is not supported yet", origin,
+              key, j.contains(key) ? j[key].dump() : "");
   for (const char* key : {"attention_bias", "mlp_bias"})
     HYP_CHECK(!j.contains(key) || j[key].is_null() || j[key] == false,
               "{}: {} = {} is not supported (Llama has no biases)", origin, key, j[key].dump());
@@ -231,7 +271,6 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
               j[key].dump());
     return j[key].get<double>();
   };
-  LlamaConfig c;
   c.vocab_size = get_int("vocab_size", true, 0);
   c.dim = get_int("hidden_size", true, 0);
   c.ffn_dim = get_int("intermediate_size", true, 0);
@@ -243,6 +282,7 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
   c.max_seq_len = get_int("max_position_embeddings", false, 2048);
   c.norm_eps = get_num("rms_norm_eps", 1e-6);
   c.rope_theta = get_num("rope_theta", 10000.0);
+  c.tie_embeddings = gemma;  // GemmaConfig's default: the head is the embedding
   if (j.contains("tie_word_embeddings")) {
     HYP_CHECK(j["tie_word_embeddings"].is_boolean(), "{}: key 'tie_word_embeddings' must be a bool",
               origin);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "base/system_memory.h"
+#include "model/architecture.h"
 
 namespace hyperion {
 
@@ -16,7 +17,10 @@ enum class ConfigKeyNames {
   kTraining,     // a training YAML: base_emb_dim, base_num_decoder_layers, base_mlp_dim, ...
 };
 
+// The decoder's shape and family. The name is historic: Llama, Mixtral and Gemma are all
+// described by it (arch says how a family differs, model/architecture.h).
 struct LlamaConfig {
+  DecoderArch arch;
   int64_t vocab_size = 32000;
   int64_t dim = 4096;           // hidden_size
   int64_t n_layers = 32;        // num_hidden_layers
@@ -78,9 +82,9 @@ struct LlamaConfig {
   // Forward-only FLOPs per token (evaluation, prefill): a third of the training figure.
   double forward_flops_per_token(int64_t seq_len) const;
 
-  // Hugging Face config.json: LlamaConfig keys and LlamaForCausalLM, or MixtralConfig keys
+  // Hugging Face config.json: LlamaConfig keys and LlamaForCausalLM, MixtralConfig keys
   // and MixtralForCausalLM for MoE (plus hyperion_* keys for dense/MoE interleaving, which
-  // Hugging Face's Mixtral cannot express).
+  // Hugging Face's Mixtral cannot express), or GemmaConfig keys and GemmaForCausalLM.
   std::string to_hf_json() const;
   // Reads a config.json; errors name the file and the key.
   static LlamaConfig from_hf_json(const std::string& text, const std::string& origin);

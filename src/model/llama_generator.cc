@@ -1,30 +1,47 @@
 #include "model/llama_generator.h"
 
-#include <cstring>
+#include <algorithm>
 
 #include "base/error.h"
 #include "kernels/attention.h"
-#include "kernels/embedding.h"
-#include "kernels/gemm.h"
-#include "kernels/rmsnorm.h"
-#include "kernels/swiglu.h"
-#include "model/linear.h"
 
 namespace hyperion {
 
+ContiguousKvCache::ContiguousKvCache(const LlamaConfig& cfg, DType act, int64_t max_len)
+    : row_bytes_(cfg.kv_dim() * static_cast<int64_t>(dtype_size(act))) {
+  const size_t bytes = static_cast<size_t>(max_len * row_bytes_);
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    k_.emplace_back(bytes);
+    v_.emplace_back(bytes);
+  }
+}
+
+void ContiguousKvCache::place(const Decoder& dec, int l, const PassRows& rows, DecoderActs& s) {
+  const size_t at = static_cast<size_t>(rows.position * row_bytes_);
+  s.k = k_[static_cast<size_t>(l)].data() + at;
+  s.v = v_[static_cast<size_t>(l)].data() + at;
+}
+
+void ContiguousKvCache::attend(const Decoder& dec, int l, const PassRows& rows, DecoderActs& s) {
+  const LlamaConfig& c = dec.config();
+  const DType a = dec.act();
+  const int64_t n = rows.n(), hq = c.n_heads, hkv = c.n_kv_heads, hd = c.head_dim;
+  const int64_t tk = rows.position + n;
+  attention_forward(TensorView(s.q, a, {1, n, hq, hd}),
+                    TensorView(k_[static_cast<size_t>(l)].data(), a, {1, tk, hkv, hd}),
+                    TensorView(v_[static_cast<size_t>(l)].data(), a, {1, tk, hkv, hd}),
+                    TensorView(s.att, a, {1, n, hq, hd}), TensorView(s.lse, DType::kF32, {1, hq, n}));
+}
+
 LlamaGenerator::LlamaGenerator(const ParamStore& params, int64_t max_len)
-    : params_(params),
-      cfg_(params.config()),
+    : cfg_(params.config()),
       act_(params.has_bf16() ? DType::kBF16 : DType::kF32),
       max_len_(max_len),
-      rope_(std::max<int64_t>(max_len, 1), params.config().head_dim, params.config().rope_theta) {
+      weights_(params, params.has_bf16() ? WeightFormat::kBF16 : WeightFormat::kF32),
+      decoder_(params, weights_, max_len),
+      cache_(params.config(), act_, std::clamp<int64_t>(max_len, 0, params.config().max_seq_len)) {
   HYP_CHECK(max_len > 0 && max_len <= cfg_.max_seq_len,
             "generator: max_len {} must be in [1, max_seq_len={}]", max_len, cfg_.max_seq_len);
-  const size_t bytes = static_cast<size_t>(max_len * cfg_.kv_dim()) * dtype_size(act_);
-  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-    k_cache_.emplace_back(bytes);
-    v_cache_.emplace_back(bytes);
-  }
   logits_ = AlignedBuffer<float>(static_cast<size_t>(cfg_.vocab_size));
 }
 
@@ -51,53 +68,27 @@ const float* LlamaGenerator::feed(const int32_t* tokens, int64_t n) {
             "generator: {} cached + {} new tokens exceed the context of {} positions", pos_, n,
             max_len_);
   ensure_capacity(n);
-  const int64_t d = cfg_.dim, f = cfg_.ffn_dim, hq = cfg_.n_heads, hkv = cfg_.n_kv_heads;
-  const int64_t hd = cfg_.head_dim, kv = cfg_.kv_dim();
-  const size_t a = dtype_size(act_);
-  const float eps = static_cast<float>(cfg_.norm_eps);
-  const ParamStore& ps = params_;
-  embedding_forward(ps.param(ps.embed()),
-                    TensorView(const_cast<int32_t*>(tokens), DType::kI32, {n}),
-                    TensorView(x_.data(), DType::kF32, {n, d}));
-  const TensorView xv(x_.data(), DType::kF32, {n, d});
-  const TensorView rstd(rstd_.data(), DType::kF32, {n});
+  const int64_t d = cfg_.dim;
+  decoder_.embed(tokens, n, x_.data());
+  // One scratch set, in place: x2 = x, h2 = h, a = g (the activation overwrites the gate).
+  DecoderActs s;
+  s.x = s.x2 = x_.data();
+  s.rstd1 = s.rstd2 = rstd_.data();
+  s.h = s.h2 = h_.data();
+  s.q = q_.data();
+  s.att = att_.data();
+  s.lse = lse_.data();
+  s.g = s.a = g_.data();
+  s.u = u_.data();
+  if (cfg_.is_moe()) s.moe = moe_.acts();
+  const PassRows rows{1, n, pos_};
+  const MoeShape ms = cfg_.is_moe() ? moe_shape(cfg_, MoeOptions{}, 1, n, 1) : MoeShape{};
   for (int l = 0; l < cfg_.n_layers; ++l) {
-    const LayerParamIndex& p = ps.layer(l);
-    unsigned char* kc = k_cache_[static_cast<size_t>(l)].data();
-    unsigned char* vc = v_cache_[static_cast<size_t>(l)].data();
-    unsigned char* k_new = kc + static_cast<size_t>(pos_ * kv) * a;
-    unsigned char* v_new = vc + static_cast<size_t>(pos_ * kv) * a;
-    rmsnorm_forward(xv, ps.param(p.input_norm), eps, TensorView(h_.data(), act_, {n, d}), rstd);
-    linear::forward(h_.data(), act_, ps.compute_weight(p.q), q_.data(), act_, n);
-    linear::forward(h_.data(), act_, ps.compute_weight(p.k), k_new, act_, n);
-    linear::forward(h_.data(), act_, ps.compute_weight(p.v), v_new, act_, n);
-    const TensorView qv(q_.data(), act_, {1, n, hq, hd}), knv(k_new, act_, {1, n, hkv, hd});
-    rope_forward(qv, qv, pos_, rope_);
-    rope_forward(knv, knv, pos_, rope_);
-    const int64_t tk = pos_ + n;
-    attention_forward(qv, TensorView(kc, act_, {1, tk, hkv, hd}),
-                      TensorView(vc, act_, {1, tk, hkv, hd}),
-                      TensorView(att_.data(), act_, {1, n, hq, hd}),
-                      TensorView(lse_.data(), DType::kF32, {1, hq, n}));
-    linear::forward(att_.data(), act_, ps.compute_weight(p.o), x_.data(), DType::kF32, n, 1.0f);
-    rmsnorm_forward(xv, ps.param(p.post_norm), eps, TensorView(h_.data(), act_, {n, d}), rstd);
-    if (p.moe()) {
-      MoeActs m = moe_.acts();
-      moe::forward(ps, p, moe_shape(cfg_, MoeOptions{}, 1, n, 1), MoeOptions{}, h_.data(), act_, m,
-                   x_.data());
-      continue;
-    }
-    linear::forward(h_.data(), act_, ps.compute_weight(p.gate), g_.data(), act_, n);
-    linear::forward(h_.data(), act_, ps.compute_weight(p.up), u_.data(), act_, n);
-    swiglu_forward(TensorView(g_.data(), act_, {n, f}), TensorView(u_.data(), act_, {n, f}),
-                   TensorView(g_.data(), act_, {n, f}));
-    linear::forward(g_.data(), act_, ps.compute_weight(p.down), x_.data(), DType::kF32, n, 1.0f);
+    decoder_.attention_block(l, rows, s, cache_);
+    decoder_.mlp_block(l, n, s, ms, MoeOptions{}, x_.data());
   }
   // Only the last position's logits are needed.
-  const TensorView last(x_.data() + (n - 1) * d, DType::kF32, {1, d});
-  rmsnorm_forward(last, ps.param(ps.final_norm()), eps, TensorView(h_.data(), act_, {1, d}),
-                  TensorView(rstd_.data(), DType::kF32, {1}));
-  linear::forward(h_.data(), act_, ps.compute_weight(ps.lm_head()), logits_.data(), DType::kF32, 1);
+  decoder_.head(x_.data() + (n - 1) * d, 1, h_.data(), rstd_.data(), logits_.data(), DType::kF32);
   pos_ += n;
   return logits_.data();
 }

@@ -1,21 +1,37 @@
-// Autoregressive inference of one sequence with a KV cache, on the same kernels as
-// training: prefill feeds the prompt in one pass (causal attention of the new tokens
-// against everything cached), then each decode step feeds one token. Weights are read
-// from a ParamStore (the f32 master weights, or its bf16 copy when it has one). MoE
-// layers route every token (dropless: inference never drops a token).
+// Autoregressive inference of one sequence with a contiguous KV cache, on the decoder
+// that training and serving run (model/decoder.h): prefill feeds the prompt in one pass
+// (causal attention of the new tokens against everything cached), then each decode step
+// feeds one token. Weights are read from a ParamStore (the f32 master weights, or its
+// bf16 copy when it has one). MoE layers route every token (dropless: inference never
+// drops a token).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "base/aligned.h"
-#include "kernels/rope.h"
+#include "model/decoder.h"
+#include "model/linear.h"
 #include "model/moe_block.h"
 #include "model/param_store.h"
 #include "model/sampler.h"
 
 namespace hyperion {
+
+// Keys and values of one sequence, contiguous per layer: [max_len, Hkv, hd]. The
+// projections write new rows in place at the sequence's position.
+class ContiguousKvCache final : public KvSource {
+ public:
+  ContiguousKvCache(const LlamaConfig& cfg, DType act, int64_t max_len);
+  void place(const Decoder& dec, int l, const PassRows& rows, DecoderActs& s) override;
+  void attend(const Decoder& dec, int l, const PassRows& rows, DecoderActs& s) override;
+
+ private:
+  int64_t row_bytes_;
+  std::vector<AlignedBuffer<unsigned char>> k_, v_;
+};
 
 class LlamaGenerator {
  public:
@@ -33,13 +49,13 @@ class LlamaGenerator {
  private:
   void ensure_capacity(int64_t n);
 
-  const ParamStore& params_;
   LlamaConfig cfg_;
   DType act_;
   int64_t max_len_;
   int64_t pos_ = 0;
-  RopeTable rope_;
-  std::vector<AlignedBuffer<unsigned char>> k_cache_, v_cache_;  // per layer [max_len, Hkv, hd]
+  LinearWeights weights_;
+  Decoder decoder_;
+  ContiguousKvCache cache_;
   int64_t capacity_ = 0;  // rows of the per-call buffers below
   AlignedBuffer<float> x_, rstd_, lse_, logits_;
   AlignedBuffer<unsigned char> h_, q_, att_, g_, u_;

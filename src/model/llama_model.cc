@@ -6,25 +6,9 @@
 
 #include "base/error.h"
 #include "base/threads.h"
-#include "kernels/attention.h"
-#include "kernels/embedding.h"
-#include "kernels/gemm.h"
-#include "kernels/rmsnorm.h"
-#include "kernels/swiglu.h"
-#include "model/linear.h"
 #include "tensor/convert.h"
 
 namespace hyperion {
-
-namespace {
-
-void copy_f32(const float* src, float* dst, int64_t n) {
-  parallel_chunks(n, 1 << 16, [&](int64_t b, int64_t e) {
-    std::memcpy(dst + b, src + b, static_cast<size_t>(e - b) * sizeof(float));
-  });
-}
-
-}  // namespace
 
 void* LlamaModel::alloc(int64_t bytes, int64_t* counter) {
   storage_.emplace_back(static_cast<size_t>(bytes));
@@ -37,8 +21,10 @@ LlamaModel::LlamaModel(ParamStore& params, const ModelOptions& options)
       cfg_(params.config()),
       options_(options),
       act_(options.bf16 ? DType::kBF16 : DType::kF32),
-      rope_(std::max<int64_t>(options.seq_len, 1), params.config().head_dim,
-            params.config().rope_theta) {
+      // (f32 when the store lacks the bf16 copy: the check below then names the mismatch.)
+      weights_(params,
+               options.bf16 && params.has_bf16() ? WeightFormat::kBF16 : WeightFormat::kF32),
+      decoder_(params, weights_, options.seq_len) {
   HYP_CHECK(options.batch > 0 && options.seq_len > 0,
             "model: batch ({}) and seq_len ({}) must be > 0", options.batch, options.seq_len);
   HYP_CHECK(options.seq_len <= cfg_.max_seq_len,
@@ -139,69 +125,34 @@ LlamaModel::LlamaModel(ParamStore& params, const ModelOptions& options)
   hf_ = alloc(n * d * a, scr);
   rstd_f_ = static_cast<float*>(alloc(n * 4, scr));
   logits_ = alloc(n * cfg_.vocab_size * a, scr);
-  dres_ = static_cast<float*>(alloc(n * d * 4, scr));
-  dres_c_ = act_ == DType::kBF16 ? alloc(n * d * 2, scr) : nullptr;
-  dh_ = static_cast<float*>(alloc(n * d * 4, scr));
-  datt_ = alloc(n * q * a, scr);
-  dq_ = alloc(n * q * a, scr);
-  dk_ = alloc(n * kv * a, scr);
-  dv_ = alloc(n * kv * a, scr);
-  if (any_dense) da_ = alloc(n * f * a, scr);
+  DecoderGrads& g = grads_;
+  g.dres = static_cast<float*>(alloc(n * d * 4, scr));
+  g.dres_c = act_ == DType::kBF16 ? alloc(n * d * 2, scr) : nullptr;
+  g.dh = static_cast<float*>(alloc(n * d * 4, scr));
+  g.datt = alloc(n * q * a, scr);
+  g.dq = alloc(n * q * a, scr);
+  g.dk = alloc(n * kv * a, scr);
+  g.dv = alloc(n * kv * a, scr);
+  if (any_dense) g.da = alloc(n * f * a, scr);
   if (n_moe > 0) {
-    moe_grad_.dy = alloc(rows * d * a, scr);
-    moe_grad_.da = alloc(rows * fe * a, scr);
-    moe_grad_.dxs = static_cast<float*>(alloc(rows * d * 4, scr));
-    moe_grad_.dlogits = static_cast<float*>(alloc(n * ne * 4, scr));
-    moe_grad_.dprobs = static_cast<float*>(alloc(n * ne * 4, scr));
-    moe_grad_.dlogits_c = alloc(n * ne * a, scr);
-    moe_grad_.dweights = static_cast<float*>(alloc(n * topk * 4, scr));
+    g.moe.dy = alloc(rows * d * a, scr);
+    g.moe.da = alloc(rows * fe * a, scr);
+    g.moe.dxs = static_cast<float*>(alloc(rows * d * 4, scr));
+    g.moe.dlogits = static_cast<float*>(alloc(n * ne * 4, scr));
+    g.moe.dprobs = static_cast<float*>(alloc(n * ne * 4, scr));
+    g.moe.dlogits_c = alloc(n * ne * a, scr);
+    g.moe.dweights = static_cast<float*>(alloc(n * topk * 4, scr));
   }
 }
 
 void LlamaModel::embed(const int32_t* inputs) {
-  const int64_t n = tokens_per_batch();
   inputs_ = inputs;
-  embedding_forward(
-      params_.param(params_.embed()), TensorView(const_cast<int32_t*>(inputs), DType::kI32, {n}),
-      TensorView(layers_.empty() ? x_final_ : layers_[0].x, DType::kF32, {n, cfg_.dim}));
+  decoder_.embed(inputs, tokens_per_batch(), layers_.empty() ? x_final_ : layers_[0].x);
 }
 
 void LlamaModel::layer_forward(int l, LayerActs& s, float* x_out) {
-  const LayerParamIndex& p = params_.layer(l);
-  const int64_t n = tokens_per_batch(), b = options_.batch, t = options_.seq_len;
-  const int64_t d = cfg_.dim, f = cfg_.ffn_dim;
-  const int64_t hq = cfg_.n_heads, hkv = cfg_.n_kv_heads, hd = cfg_.head_dim;
-  const float eps = static_cast<float>(cfg_.norm_eps);
-
-  rmsnorm_forward(TensorView(s.x, DType::kF32, {n, d}), params_.param(p.input_norm), eps,
-                  TensorView(s.h, act_, {n, d}), TensorView(s.rstd1, DType::kF32, {n}));
-  linear::forward(s.h, act_, params_.compute_weight(p.q), s.q, act_, n);
-  linear::forward(s.h, act_, params_.compute_weight(p.k), s.k, act_, n);
-  linear::forward(s.h, act_, params_.compute_weight(p.v), s.v, act_, n);
-  const TensorView qv(s.q, act_, {b, t, hq, hd}), kview(s.k, act_, {b, t, hkv, hd});
-  rope_forward(qv, qv, 0, rope_);
-  rope_forward(kview, kview, 0, rope_);
-  attention_forward(qv, kview, TensorView(s.v, act_, {b, t, hkv, hd}),
-                    TensorView(s.att, act_, {b, t, hq, hd}),
-                    TensorView(s.lse, DType::kF32, {b, hq, t}));
-  copy_f32(s.x, s.x2, n * d);
-  linear::forward(s.att, act_, params_.compute_weight(p.o), s.x2, DType::kF32, n, 1.0f);
-
-  rmsnorm_forward(TensorView(s.x2, DType::kF32, {n, d}), params_.param(p.post_norm), eps,
-                  TensorView(s.h2, act_, {n, d}), TensorView(s.rstd2, DType::kF32, {n}));
-  if (p.moe()) {
-    if (x_out != nullptr) copy_f32(s.x2, x_out, n * d);
-    moe::forward(params_, p, moe_shape_, options_.moe, s.h2, act_, s.moe, x_out);
-    return;
-  }
-  linear::forward(s.h2, act_, params_.compute_weight(p.gate), s.g, act_, n);
-  linear::forward(s.h2, act_, params_.compute_weight(p.up), s.u, act_, n);
-  swiglu_forward(TensorView(s.g, act_, {n, f}), TensorView(s.u, act_, {n, f}),
-                 TensorView(s.a, act_, {n, f}));
-  if (x_out != nullptr) {
-    copy_f32(s.x2, x_out, n * d);
-    linear::forward(s.a, act_, params_.compute_weight(p.down), x_out, DType::kF32, n, 1.0f);
-  }
+  decoder_.attention_block(l, rows(), s, self_attention_);
+  decoder_.mlp_block(l, tokens_per_batch(), s, moe_shape_, options_.moe, x_out);
 }
 
 void LlamaModel::recompute(int l) {
@@ -212,105 +163,26 @@ void LlamaModel::recompute(int l) {
     case RematPolicy::kFull:
       layer_forward(l, s, nullptr);
       return;
-    case RematPolicy::kMinimal: {
-      const LayerParamIndex& p = params_.layer(l);
-      const int64_t n = tokens_per_batch(), d = cfg_.dim, f = cfg_.ffn_dim;
-      const float eps = static_cast<float>(cfg_.norm_eps);
-      rmsnorm_forward(TensorView(s.x, DType::kF32, {n, d}), params_.param(p.input_norm), eps,
-                      TensorView(s.h, act_, {n, d}), TensorView(s.rstd1, DType::kF32, {n}));
-      rmsnorm_forward(TensorView(s.x2, DType::kF32, {n, d}), params_.param(p.post_norm), eps,
-                      TensorView(s.h2, act_, {n, d}), TensorView(s.rstd2, DType::kF32, {n}));
-      if (p.moe()) {
-        moe::recompute(moe_shape_, s.h2, act_, s.moe);
-        return;
-      }
-      swiglu_forward(TensorView(s.g, act_, {n, f}), TensorView(s.u, act_, {n, f}),
-                     TensorView(s.a, act_, {n, f}));
+    case RematPolicy::kMinimal:
+      decoder_.recompute_elementwise(l, tokens_per_batch(), s, moe_shape_);
       return;
-    }
   }
-}
-
-const void* LlamaModel::dres_compute() {
-  if (act_ == DType::kF32) return dres_;
-  const int64_t total = tokens_per_batch() * cfg_.dim;
-  bf16* dst = static_cast<bf16*>(dres_c_);
-  parallel_chunks(total, 1 << 16, [&](int64_t b, int64_t e) {
-    convert_f32_to_bf16(dres_ + b, dst + b, static_cast<size_t>(e - b));
-  });
-  return dres_c_;
 }
 
 void LlamaModel::layer_backward(int l) {
   recompute(l);
-  LayerActs& s = layers_[static_cast<size_t>(l)];
-  const LayerParamIndex& p = params_.layer(l);
-  const int64_t n = tokens_per_batch(), b = options_.batch, t = options_.seq_len;
-  const int64_t d = cfg_.dim, f = cfg_.ffn_dim;
-  const int64_t hq = cfg_.n_heads, hkv = cfg_.n_kv_heads, hd = cfg_.head_dim;
-
-  const void* g_out = nullptr;
-  if (p.moe()) {
-    // MLP branch: x' = x2 + moe(h2).
-    moe::backward(params_, p, moe_shape_, options_.moe, s.h2, act_, s.moe, dres_, dloss_, moe_grad_,
-                  dh_);
-  } else {
-    // MLP branch: x' = x2 + swiglu(h2 Wg^T, h2 Wu^T) Wd^T.
-    g_out = dres_compute();
-    linear::backward_input(g_out, act_, params_.compute_weight(p.down), da_, act_, n);
-    linear::backward_weight(g_out, s.a, act_, params_.grad(p.down), n);
-    // dg and du overwrite the saved gate and up (read before written, never needed again).
-    const TensorView gv(s.g, act_, {n, f}), uv(s.u, act_, {n, f});
-    swiglu_backward(TensorView(da_, act_, {n, f}), gv, uv, gv, uv);
-    linear::backward_input(s.g, act_, params_.compute_weight(p.gate), dh_, DType::kF32, n);
-    linear::backward_input(s.u, act_, params_.compute_weight(p.up), dh_, DType::kF32, n, 1.0f);
-    linear::backward_weight(s.g, s.h2, act_, params_.grad(p.gate), n);
-    linear::backward_weight(s.u, s.h2, act_, params_.grad(p.up), n);
-  }
-  rmsnorm_backward(TensorView(dh_, DType::kF32, {n, d}), TensorView(s.x2, DType::kF32, {n, d}),
-                   params_.param(p.post_norm), TensorView(s.rstd2, DType::kF32, {n}),
-                   TensorView(dres_, DType::kF32, {n, d}), params_.grad(p.post_norm), true);
-
-  // Attention branch: x2 = x + attention(rope(h Wq^T), rope(h Wk^T), h Wv^T) Wo^T.
-  g_out = dres_compute();
-  linear::backward_input(g_out, act_, params_.compute_weight(p.o), datt_, act_, n);
-  linear::backward_weight(g_out, s.att, act_, params_.grad(p.o), n);
-  const TensorView dqv(dq_, act_, {b, t, hq, hd}), dkv(dk_, act_, {b, t, hkv, hd});
-  attention_backward(
-      TensorView(s.q, act_, {b, t, hq, hd}), TensorView(s.k, act_, {b, t, hkv, hd}),
-      TensorView(s.v, act_, {b, t, hkv, hd}), TensorView(s.att, act_, {b, t, hq, hd}),
-      TensorView(datt_, act_, {b, t, hq, hd}), TensorView(s.lse, DType::kF32, {b, hq, t}), dqv, dkv,
-      TensorView(dv_, act_, {b, t, hkv, hd}));
-  rope_backward(dqv, dqv, 0, rope_);
-  rope_backward(dkv, dkv, 0, rope_);
-  linear::backward_input(dq_, act_, params_.compute_weight(p.q), dh_, DType::kF32, n);
-  linear::backward_input(dk_, act_, params_.compute_weight(p.k), dh_, DType::kF32, n, 1.0f);
-  linear::backward_input(dv_, act_, params_.compute_weight(p.v), dh_, DType::kF32, n, 1.0f);
-  linear::backward_weight(dq_, s.h, act_, params_.grad(p.q), n);
-  linear::backward_weight(dk_, s.h, act_, params_.grad(p.k), n);
-  linear::backward_weight(dv_, s.h, act_, params_.grad(p.v), n);
-  rmsnorm_backward(TensorView(dh_, DType::kF32, {n, d}), TensorView(s.x, DType::kF32, {n, d}),
-                   params_.param(p.input_norm), TensorView(s.rstd1, DType::kF32, {n}),
-                   TensorView(dres_, DType::kF32, {n, d}), params_.grad(p.input_norm), true);
+  decoder_.layer_backward(l, rows(), layers_[static_cast<size_t>(l)], grads_, moe_shape_,
+                          options_.moe, dloss_);
 }
 
 CrossEntropyResult LlamaModel::head(const int32_t* targets, bool backward, float dloss) {
-  const int64_t n = tokens_per_batch(), d = cfg_.dim, v = cfg_.vocab_size;
-  const float eps = static_cast<float>(cfg_.norm_eps);
-  const TensorView xv(x_final_, DType::kF32, {n, d});
-  rmsnorm_forward(xv, params_.param(params_.final_norm()), eps, TensorView(hf_, act_, {n, d}),
-                  TensorView(rstd_f_, DType::kF32, {n}));
-  const TensorView w = params_.compute_weight(params_.lm_head());
-  linear::forward(hf_, act_, w, logits_, act_, n);
+  const int64_t n = tokens_per_batch(), v = cfg_.vocab_size;
+  decoder_.head(x_final_, n, hf_, rstd_f_, logits_, act_);
   const TensorView lv(logits_, act_, {n, v});
   const TensorView tv(const_cast<int32_t*>(targets), DType::kI32, {n});
   if (!backward) return cross_entropy_forward(lv, tv);
   CrossEntropyResult r = cross_entropy_fused(lv, tv, lv, dloss);
-  linear::backward_input(logits_, act_, w, dh_, DType::kF32, n);
-  linear::backward_weight(logits_, hf_, act_, params_.grad(params_.lm_head()), n);
-  rmsnorm_backward(TensorView(dh_, DType::kF32, {n, d}), xv, params_.param(params_.final_norm()),
-                   TensorView(rstd_f_, DType::kF32, {n}), TensorView(dres_, DType::kF32, {n, d}),
-                   params_.grad(params_.final_norm()));
+  decoder_.head_backward(x_final_, n, hf_, rstd_f_, logits_, grads_);
   return r;
 }
 
@@ -385,9 +257,7 @@ CrossEntropyResult LlamaModel::forward_backward(const int32_t* inputs, const int
     done(l + 1);
     grads_ready(l + 1);
   }
-  const int64_t n = tokens_per_batch();
-  embedding_backward(TensorView(const_cast<int32_t*>(inputs), DType::kI32, {n}),
-                     TensorView(dres_, DType::kF32, {n, cfg_.dim}), params_.grad(params_.embed()));
+  decoder_.embed_backward(inputs, tokens_per_batch(), grads_);
   grads_ready(0);
   return r;
 }

@@ -1,5 +1,6 @@
-// Llama decoder (Hugging Face LlamaForCausalLM semantics) for training: explicit
-// forward and backward per layer on the kernel layer, in the style of llm.c.
+// The decoder (model/decoder.h) for training: activation storage per the remat policy,
+// the bucket hooks of data-parallel and FSDP training, and the loss. Explicit forward
+// and backward per layer on the kernel layer, in the style of llm.c.
 //
 //   x = embed(tokens)                                   residual stream, always f32
 //   per layer:  h  = rmsnorm(x) ; q,k,v = h Wq^T, h Wk^T, h Wv^T ; rope(q, k)
@@ -26,8 +27,9 @@
 
 #include "base/aligned.h"
 #include "kernels/cross_entropy.h"
-#include "kernels/rope.h"
+#include "model/decoder.h"
 #include "model/llama_config.h"
+#include "model/linear.h"
 #include "model/moe_block.h"
 #include "model/param_store.h"
 
@@ -109,25 +111,9 @@ class LlamaModel {
   int64_t scratch_bytes() const { return scratch_bytes_; }
 
  private:
-  // Pointers to one layer's forward activations: either its own saved storage or the
-  // shared recompute scratch, depending on the remat policy.
-  struct LayerActs {
-    float* x = nullptr;  // layer input [N, D] f32
-    float* rstd1 = nullptr;
-    void* h = nullptr;  // [N, D]
-    void* q = nullptr;  // [N, Hq * hd], after RoPE
-    void* k = nullptr;  // [N, Hkv * hd], after RoPE
-    void* v = nullptr;
-    void* att = nullptr;   // [N, Hq * hd]
-    float* lse = nullptr;  // [B, Hq, T]
-    float* x2 = nullptr;   // [N, D] f32, after the attention residual
-    float* rstd2 = nullptr;
-    void* h2 = nullptr;  // [N, D]
-    void* g = nullptr;   // [N, F]
-    void* u = nullptr;
-    void* a = nullptr;  // swiglu output [N, F]
-    MoeActs moe;        // an MoE layer's MLP state (instead of g, u, a)
-  };
+  // A layer's activations point either at its own saved storage or at the shared
+  // recompute scratch, depending on the remat policy.
+  using LayerActs = DecoderActs;
 
   void embed(const int32_t* inputs);
   // Runs layer l's forward from acts.x; writes x_out unless it is null (recompute).
@@ -139,8 +125,6 @@ class LlamaModel {
   void layer_backward(int l);
   // Final norm + LM head + loss (and its backward when dloss != 0).
   CrossEntropyResult head(const int32_t* targets, bool backward, float dloss);
-  // dres (f32) -> the matmul-input dtype (a copy in bf16 mode, the buffer itself in f32).
-  const void* dres_compute();
 
   void* alloc(int64_t bytes, int64_t* counter);
 
@@ -156,12 +140,16 @@ class LlamaModel {
   // Forward through every layer, with the hooks (backward: keep the last layer).
   void forward_layers(const int32_t* inputs, bool backward);
 
+  PassRows rows() const { return PassRows{options_.batch, options_.seq_len}; }
+
   BucketHooks* hooks_ = nullptr;
   ParamStore& params_;
   LlamaConfig cfg_;
   ModelOptions options_;
   DType act_;
-  RopeTable rope_;
+  LinearWeights weights_;
+  Decoder decoder_;
+  SelfAttentionOnly self_attention_;
   std::vector<AlignedBuffer<unsigned char>> storage_;
   int64_t activation_bytes_ = 0, scratch_bytes_ = 0;
 
@@ -169,7 +157,7 @@ class LlamaModel {
   MoeShape moe_shape_;
   std::vector<MoeDispatch> plans_;     // per layer (empty for dense layers)
   std::vector<MoeEpState> ep_states_;  // per layer, expert parallel only
-  MoeGradScratch moe_grad_;
+  DecoderGrads grads_;
   MoeStats moe_stats_;
   float dloss_ = 0.0f;
   float* x_final_ = nullptr;  // output of the last layer [N, D] f32
@@ -178,14 +166,6 @@ class LlamaModel {
   void* hf_ = nullptr;
   float* rstd_f_ = nullptr;
   void* logits_ = nullptr;  // [N, V]
-  float* dres_ = nullptr;   // [N, D] f32
-  void* dres_c_ = nullptr;  // [N, D] bf16 copy (bf16 mode)
-  float* dh_ = nullptr;     // [N, D] f32 (gradient at a norm's output)
-  void* datt_ = nullptr;    // [N, Hq * hd]
-  void* dq_ = nullptr;
-  void* dk_ = nullptr;
-  void* dv_ = nullptr;
-  void* da_ = nullptr;  // [N, F]
 };
 
 }  // namespace hyperion

@@ -5,7 +5,7 @@
 #include "base/error.h"
 #include "base/threads.h"
 #include "kernels/grouped_gemm.h"
-#include "kernels/swiglu.h"
+#include "kernels/gated_activation.h"
 #include "model/linear.h"
 #include "tensor/convert.h"
 

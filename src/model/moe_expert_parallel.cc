@@ -17,7 +17,7 @@
 #include "base/error.h"
 #include "dist/communicator.h"
 #include "kernels/grouped_gemm.h"
-#include "kernels/swiglu.h"
+#include "kernels/gated_activation.h"
 #include "model/moe_block.h"
 
 namespace hyperion {

@@ -180,8 +180,9 @@ std::pair<int64_t, int64_t> ParamStore::bucket_range(int b) const {
 void ParamStore::init(uint64_t seed, double std) {
   for (size_t i = 0; i < infos_.size(); ++i) {
     const ParamInfo& p = infos_[i];
+    // A norm starts as the identity scale: w = 1, or 0 where the scale is (1 + w).
     if (p.kind == ParamKind::kNorm)
-      fill_constant(param(static_cast<int>(i)), 1.0f);
+      fill_constant(param(static_cast<int>(i)), 1.0f - config_.arch.norm_weight_offset);
     else
       fill_normal(param(static_cast<int>(i)), seed ^ hash_string(p.name.c_str()), 0.0f,
                   static_cast<float>(std));

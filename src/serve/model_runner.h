@@ -14,27 +14,24 @@
 // only for the rows asked for (the last prompt row of a finished prefill and every
 // decode row).
 //
+// The layers are the decoder's (model/decoder.h), the paged cache its KvSource.
 // Weights: f32 or bf16 from the ParamStore (its bf16 copy), or int8 per output channel
-// (`quantize_weights=int8`): each matrix row quantised once at load
-// (kernels/quantize.h), activations quantised per row on the fly, and the product is an
-// int8 GEMM (oneDNN VNNI/AMX; the decode GEMV path uses AVX512-VNNI) dequantised by the
-// row and channel scales. MoE expert matrices stay in the compute dtype under int8 (the
-// grouped GEMM reads them stacked); attention, dense MLP and lm_head are quantised.
+// (`quantize_weights=int8`), see model/linear.h.
 #pragma once
 
 #include <cstdint>
-#include <unordered_map>
 #include <vector>
 
 #include "base/aligned.h"
 #include "kernels/paged_attention.h"
-#include "kernels/rope.h"
+#include "model/decoder.h"
+#include "model/linear.h"
 #include "model/moe_block.h"
 #include "model/param_store.h"
 
 namespace hyperion::serve {
 
-enum class WeightFormat : uint8_t { kF32, kBF16, kInt8 };
+using hyperion::WeightFormat;
 
 struct RunnerOptions {
   WeightFormat weights = WeightFormat::kBF16;
@@ -64,6 +61,19 @@ struct StepBatch {
 // The row count the matmuls of a step with n rows run on (see forward()).
 int64_t padded_rows(int64_t n);
 
+// The paged KV cache as the decoder's key/value source for one step's batch.
+class PagedKvSource final : public KvSource {
+ public:
+  void attend(const Decoder& dec, int l, const PassRows& rows, DecoderActs& s) override;
+  const StepBatch* batch = nullptr;
+  const std::vector<PagedKvCache>* caches = nullptr;
+  PagedAttentionParams params;
+  int64_t rows = 0;                 // the batch's rows (s.k, s.v hold the padded count)
+  unsigned char* kctx = nullptr;    // a prefill segment's context [max_positions, kv]
+  unsigned char* vctx = nullptr;
+  float* lse = nullptr;             // [rows, Hq] scratch of the prefill attention
+};
+
 class ModelRunner {
  public:
   // `params` must hold a bf16 copy for WeightFormat::kBF16 and outlive the runner.
@@ -78,39 +88,30 @@ class ModelRunner {
     return kv_bytes_per_token() * opt_.num_pages * opt_.page_tokens;
   }
   // Bytes of weights read per decode step (matrices in their serving format).
-  int64_t weight_bytes() const { return weight_bytes_; }
+  int64_t weight_bytes() const { return weights_.weight_bytes(); }
 
   // Runs the batch; returns logits f32 [logit_rows.size(), vocab] (valid until the next
   // call). Positions must be < max_positions; slots and page ids are the caller's.
   const float* forward(const StepBatch& batch);
 
  private:
-  struct QuantMatrix {
-    AlignedBuffer<int8_t> w;  // [out, in]
-    AlignedBuffer<float> scale;
-    int64_t out = 0, in = 0;
-  };
   void ensure_capacity(int64_t n);
-  // y[n, out] = x[n, in] W^T (+ y when accumulate), W = parameter `index`.
-  void linear(int index, const void* x, void* y, DType yd, int64_t n, bool accumulate);
 
-  const ParamStore& params_;
   LlamaConfig cfg_;
   RunnerOptions opt_;
   DType act_;
-  RopeTable rope_;
+  LinearWeights weights_;
+  Decoder decoder_;
+  PagedKvSource kv_;
   std::vector<AlignedBuffer<unsigned char>> k_pages_, v_pages_;
   std::vector<AlignedBuffer<float>> k_scales_, v_scales_;
   std::vector<PagedKvCache> caches_;
-  std::unordered_map<int, QuantMatrix> quant_;
-  int64_t weight_bytes_ = 0;
   int64_t capacity_ = 0;
   std::vector<int32_t> tokens_, positions_;  // the batch's, padded to padded_rows()
-  AlignedBuffer<float> x_, rstd_, xl_, logits_, qscale_;
+  AlignedBuffer<float> x_, rstd_, xl_, logits_;
   AlignedBuffer<unsigned char> h_, q_, k_, v_, att_, g_, u_;
   AlignedBuffer<unsigned char> kctx_, vctx_;  // a prefill segment's context [max_positions, kv]
   AlignedBuffer<float> lse_;
-  AlignedBuffer<int8_t> qx_;
   MoeInferenceBuffers moe_;
 };
 

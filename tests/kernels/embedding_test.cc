@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -73,6 +74,49 @@ TEST(Embedding, BackwardMatchesReferenceWithRepeatedIds) {
       }
     }
   });
+}
+
+// Gemma's scaled embedding (x = table[id] * sqrt(H)) and its gradient: the forward is
+// bitwise equal to the reference (one rounding of the product), the gradient within
+// rounding (repeated ids summed in order).
+TEST(Embedding, ScaledForwardAndBackwardMatchReference) {
+  std::mt19937 rng(26);
+  const float scale = std::sqrt(96.0f);
+  for_each_target([&] {
+    for (DType tt : kDTypes) {
+      for (int64_t hidden : {1, 7, 17, 96}) {
+        SCOPED_TRACE(fmt::format("table {} H {}", dtype_name(tt), hidden));
+        const int64_t vocab = 11, n = 29;
+        Tensor table = make_tensor(tt, {vocab, hidden}, randn(size_t(vocab * hidden), rng));
+        Tensor ids = make_i32(random_ids(n, vocab, rng));
+        Tensor out(DType::kF32, {n, hidden}), out_ref(DType::kF32, {n, hidden});
+        embedding_forward(table, ids, out, scale);
+        ref::embedding_forward(table, ids, out_ref, scale);
+        ASSERT_EQ(std::memcmp(out.data(), out_ref.data(), out.nbytes()), 0);
+        Tensor plain(DType::kF32, {n, hidden});
+        embedding_forward(table, ids, plain);
+        for (int64_t i = 0; i < n * hidden; ++i)
+          ASSERT_EQ(out.as<float>()[i], plain.as<float>()[i] * scale) << i;
+        for (DType gt : kDTypes) {
+          Tensor dout = make_tensor(gt, {n, hidden}, randn(size_t(n * hidden), rng));
+          Tensor dt = Tensor::zeros(DType::kF32, {vocab, hidden});
+          Tensor dt_ref = Tensor::zeros(DType::kF32, {vocab, hidden});
+          embedding_backward(ids, dout, dt, scale);
+          ref::embedding_backward(ids, dout, dt_ref, scale);
+          // Within rounding: a compiler may fuse the scalar tail's multiply-add.
+          for (int64_t i = 0; i < vocab * hidden; ++i)
+            ASSERT_NEAR(dt.as<float>()[i], dt_ref.as<float>()[i],
+                        1e-5 * (1 + std::fabs(dt_ref.as<float>()[i])))
+                << dtype_name(gt) << " " << i;
+        }
+      }
+    }
+  });
+  Tensor table = Tensor::zeros(DType::kF32, {4, 8});
+  Tensor ids = make_i32({1, 2});
+  Tensor out_bf16(DType::kBF16, {2, 8});
+  expect_error([&] { embedding_forward(table, ids, out_bf16, scale); },
+               {"embedding_forward", "f32 out"});
 }
 
 TEST(Embedding, BackwardSumsRepeatedIds) {

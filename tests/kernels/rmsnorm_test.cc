@@ -90,13 +90,14 @@ TEST(RmsNorm, BackwardMatchesReferenceAndAccumulates) {
 
 // f64 forward written independently of the kernel: L = sum(y * r).
 double loss_f64(const std::vector<double>& x, const std::vector<double>& w,
-                const std::vector<double>& r, int64_t n, int64_t h, double eps) {
+                const std::vector<double>& r, int64_t n, int64_t h, double eps,
+                double offset = 0.0) {
   double loss = 0;
   for (int64_t i = 0; i < n; ++i) {
     double ss = 0;
     for (int64_t j = 0; j < h; ++j) ss += x[i * h + j] * x[i * h + j];
     const double rs = 1.0 / std::sqrt(ss / double(h) + eps);
-    for (int64_t j = 0; j < h; ++j) loss += x[i * h + j] * rs * w[j] * r[i * h + j];
+    for (int64_t j = 0; j < h; ++j) loss += x[i * h + j] * rs * (w[j] + offset) * r[i * h + j];
   }
   return loss;
 }
@@ -190,6 +191,65 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
       const double fd = (lp - lm) / (2 * step);
       EXPECT_NEAR(at(dw, j), fd, 1e-4 * (1 + std::fabs(fd))) << "dweight " << j;
     }
+  }
+}
+
+// Gemma's (1 + w): forward and backward against the reference, and the gradients
+// against finite differences of the f64 loss with the offset weight.
+TEST(RmsNorm, WeightOffsetMatchesReferenceAndFiniteDifferences) {
+  std::mt19937 rng(5);
+  const float eps = 1e-6f;
+  for_each_target([&] {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      for (auto [n, h] : std::vector<std::pair<int64_t, int64_t>>{{3, 7}, {4, 33}, {2, 100}}) {
+        SCOPED_TRACE(testing::Message() << dtype_name(dt) << " N=" << n << " H=" << h);
+        Tensor x = random_normal_tensor(dt, {n, h}, rng, 0.1f, 1.5f);
+        Tensor w = random_normal_tensor(DType::kF32, {h}, rng, 0.0f, 0.3f);
+        Tensor dy = random_tensor(dt, {n, h}, rng);
+        Tensor y(dt, {n, h}), y_ref(dt, {n, h}), rstd(DType::kF32, {n}), rs_ref(DType::kF32, {n});
+        rmsnorm_forward(x, w, eps, y, rstd, 1.0f);
+        ref::rmsnorm_forward(x, w, eps, y_ref, rs_ref, 1.0f);
+        for (int64_t i = 0; i < n * h; ++i)
+          ASSERT_NEAR(at(y, i), at(y_ref, i), rel_tol(dt) * std::fabs(at(y_ref, i)) + 1e-6) << i;
+        Tensor dw = Tensor::zeros(DType::kF32, {h}), dw_ref = Tensor::zeros(DType::kF32, {h});
+        Tensor dx(dt, {n, h}), dx_ref(dt, {n, h});
+        rmsnorm_backward(dy, x, w, rstd, dx, dw, false, 1.0f);
+        ref::rmsnorm_backward(dy, x, w, rstd, dx_ref, dw_ref, false, 1.0f);
+        for (int64_t i = 0; i < n * h; ++i)
+          ASSERT_NEAR(at(dx, i), at(dx_ref, i), rel_tol(dt) * std::fabs(at(dx_ref, i)) + 1e-4) << i;
+        for (int64_t j = 0; j < h; ++j)
+          ASSERT_NEAR(at(dw, j), at(dw_ref, j), 1e-4 * (1 + std::fabs(at(dw_ref, j)))) << j;
+      }
+    }
+  });
+  const int64_t n = 2, h = 9;
+  Tensor x = random_normal_tensor(DType::kF32, {n, h}, rng, 0.2f, 1.0f);
+  Tensor w = random_normal_tensor(DType::kF32, {h}, rng, 0.0f, 0.3f);
+  Tensor r = random_tensor(DType::kF32, {n, h}, rng);
+  Tensor y(DType::kF32, {n, h}), rstd(DType::kF32, {n}), dx(DType::kF32, {n, h});
+  Tensor dw = Tensor::zeros(DType::kF32, {h});
+  rmsnorm_forward(x, w, eps, y, rstd, 1.0f);
+  rmsnorm_backward(r, x, w, rstd, dx, dw, false, 1.0f);
+  std::vector<double> xd(x.as<float>(), x.as<float>() + n * h);
+  std::vector<double> wd(w.as<float>(), w.as<float>() + h);
+  std::vector<double> rd(r.as<float>(), r.as<float>() + n * h);
+  const double step = 1e-6;
+  auto fd = [&](std::vector<double>& v, size_t i) {
+    const double keep = v[i];
+    v[i] = keep + step;
+    const double lp = loss_f64(xd, wd, rd, n, h, eps, 1.0);
+    v[i] = keep - step;
+    const double lm = loss_f64(xd, wd, rd, n, h, eps, 1.0);
+    v[i] = keep;
+    return (lp - lm) / (2 * step);
+  };
+  for (int64_t i = 0; i < n * h; ++i) {
+    const double g = fd(xd, static_cast<size_t>(i));
+    EXPECT_NEAR(at(dx, i), g, 1e-4 * (1 + std::fabs(g))) << "dx " << i;
+  }
+  for (int64_t j = 0; j < h; ++j) {
+    const double g = fd(wd, static_cast<size_t>(j));
+    EXPECT_NEAR(at(dw, j), g, 1e-4 * (1 + std::fabs(g))) << "dweight " << j;
   }
 }
 

@@ -1,9 +1,10 @@
-// SwiGLU forward and backward with Highway dynamic dispatch; exp is a local vectorised
+// Gated-MLP activations (SwiGLU, GeGLU-tanh) forward and backward with Highway dynamic
+// dispatch; exp is a local vectorised
 // exp for non-positive arguments, see ExpNonPositive. The kernel is compute-bound on
 // this machine class (~50 vector ops per 16 elements), so the bf16 paths trim work the
 // bf16 rounding makes invisible (shorter polynomial, no Newton step, no lane shuffles).
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "kernels/swiglu.cc"
+#define HWY_TARGET_INCLUDE "kernels/gated_activation.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 #include "kernels/simd-inl.h"
@@ -12,7 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/swiglu.h"
+#include "kernels/gated_activation.h"
 #include "tensor/convert.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -94,34 +95,63 @@ HWY_INLINE float SigmoidScalar(float g) {
   return g >= 0.0f ? r : e * r;
 }
 
-template <bool kBf16>
+// kGelu selects GELU-tanh over SiLU in every helper below.
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+
+// GELU-tanh's sigmoid argument 2z = 2c g (1 + a g^2), and its derivative 2z'.
+HWY_INLINE VF GeluArg(DF df, VF g) {
+  return hn::Mul(hn::Mul(hn::Set(df, 2.0f * kGeluC), g),
+                 hn::MulAdd(hn::Set(df, kGeluA), hn::Mul(g, g), hn::Set(df, 1.0f)));
+}
+HWY_INLINE VF GeluArgSlope(DF df, VF g) {
+  return hn::Mul(hn::Set(df, 2.0f * kGeluC),
+                 hn::MulAdd(hn::Set(df, 3.0f * kGeluA), hn::Mul(g, g), hn::Set(df, 1.0f)));
+}
+HWY_INLINE float GeluArgScalar(float g) { return 2.0f * kGeluC * g * (1.0f + kGeluA * g * g); }
+HWY_INLINE float GeluArgSlopeScalar(float g) {
+  return 2.0f * kGeluC * (1.0f + 3.0f * kGeluA * g * g);
+}
+
+template <bool kGelu, bool kBf16>
 HWY_INLINE VF Forward(DF df, VF g, VF u) {
+  if constexpr (kGelu) return hn::Mul(hn::Mul(g, Sigmoid<kBf16>(df, GeluArg(df, g))), u);
   return hn::Mul(hn::Mul(g, Sigmoid<kBf16>(df, g)), u);
 }
-// dg = dh * u * s * (1 + g * (1 - s)), du = dh * silu(g).
+// SiLU: dg = dh * u * s * (1 + g * (1 - s)), du = dh * silu(g).
+// GELU: dg = dh * u * (s + g s (1 - s) 2z'), du = dh * s * g, s = sigmoid(2z).
+template <bool kGelu>
 HWY_INLINE void Backward(DF df, VF dh, VF g, VF u, VF& dg, VF& du) {
   VF s, sc;
+  if constexpr (kGelu) {
+    Sigmoid<false>(df, GeluArg(df, g), s, sc);
+    const VF slope = hn::MulAdd(hn::Mul(hn::Mul(g, s), sc), GeluArgSlope(df, g), s);
+    dg = hn::Mul(hn::Mul(dh, u), slope);
+    du = hn::Mul(hn::Mul(dh, s), g);
+    return;
+  }
   Sigmoid<false>(df, g, s, sc);
   const VF dhs = hn::Mul(dh, s);
   dg = hn::Mul(hn::Mul(dhs, u), hn::MulAdd(g, sc, hn::Set(df, 1.0f)));
   du = hn::Mul(dhs, g);
 }
 
-template <typename T>
+template <bool kGelu, typename T>
 void ForwardSpan(const T* g, const T* u, T* h, int64_t count) {
   constexpr bool kBf16 = std::is_same_v<T, bf16>;
   const DF df;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   int64_t i = 0;
   for (; i + n <= count; i += n)
-    StoreF(df, Forward<kBf16>(df, LoadF(df, g + i), LoadF(df, u + i)), h + i);
+    StoreF(df, Forward<kGelu, kBf16>(df, LoadF(df, g + i), LoadF(df, u + i)), h + i);
   for (; i < count; ++i) {
     const float gi = ToF32(g[i]), ui = ToF32(u[i]);
-    h[i] = FromF32<T>(gi * SigmoidScalar(gi) * ui);
+    const float s = SigmoidScalar(kGelu ? GeluArgScalar(gi) : gi);
+    h[i] = FromF32<T>(gi * s * ui);
   }
 }
 
-template <typename T>
+template <bool kGelu, typename T>
 void BackwardSpan(const T* dh, const T* g, const T* u, T* dg, T* du, int64_t count) {
   const DF df;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
@@ -129,26 +159,36 @@ void BackwardSpan(const T* dh, const T* g, const T* u, T* dg, T* du, int64_t cou
   for (; i + n <= count; i += n) {
     // All inputs are loaded before either output is stored (outputs may alias inputs).
     VF dgv, duv;
-    Backward(df, LoadF(df, dh + i), LoadF(df, g + i), LoadF(df, u + i), dgv, duv);
+    Backward<kGelu>(df, LoadF(df, dh + i), LoadF(df, g + i), LoadF(df, u + i), dgv, duv);
     StoreF(df, dgv, dg + i);
     StoreF(df, duv, du + i);
   }
   for (; i < count; ++i) {
     const float dhi = ToF32(dh[i]), gi = ToF32(g[i]), ui = ToF32(u[i]);
-    const float s = SigmoidScalar(gi);
-    const float dgv = dhi * s * ui * (gi * (1.0f - s) + 1.0f), duv = dhi * s * gi;
+    float dgv, duv;
+    if constexpr (kGelu) {
+      const float s = SigmoidScalar(GeluArgScalar(gi));
+      dgv = dhi * ui * (gi * s * (1.0f - s) * GeluArgSlopeScalar(gi) + s);
+      duv = dhi * s * gi;
+    } else {
+      const float s = SigmoidScalar(gi);
+      dgv = dhi * s * ui * (gi * (1.0f - s) + 1.0f);
+      duv = dhi * s * gi;
+    }
     dg[i] = FromF32<T>(dgv);
     du[i] = FromF32<T>(duv);
   }
 }
 
-void ForwardF32(const float* g, const float* u, float* h, int64_t count) {
-  ForwardSpan(g, u, h, count);
+template <bool kGelu>
+void ForwardF32T(const float* g, const float* u, float* h, int64_t count) {
+  ForwardSpan<kGelu>(g, u, h, count);
 }
 // The bf16 main loops use the pair layout of simd-inl.h: being elementwise, the kernel
 // does not care about the order, and it saves the lane shuffles of per-vector bf16
 // loads/stores (the kernel is compute-bound).
-void ForwardBF16(const bf16* g, const bf16* u, bf16* h, int64_t count) {
+template <bool kGelu>
+void ForwardBF16T(const bf16* g, const bf16* u, bf16* h, int64_t count) {
   const DF df;
   const int64_t n2 = 2 * static_cast<int64_t>(hn::Lanes(df));
   int64_t i = 0;
@@ -156,15 +196,18 @@ void ForwardBF16(const bf16* g, const bf16* u, bf16* h, int64_t count) {
     VF g0, g1, u0, u1;
     LoadPairs(df, g + i, g0, g1);
     LoadPairs(df, u + i, u0, u1);
-    StorePairs(df, Forward<true>(df, g0, u0), Forward<true>(df, g1, u1), h + i);
+    StorePairs(df, Forward<kGelu, true>(df, g0, u0), Forward<kGelu, true>(df, g1, u1), h + i);
   }
-  ForwardSpan(g + i, u + i, h + i, count - i);
+  ForwardSpan<kGelu>(g + i, u + i, h + i, count - i);
 }
-void BackwardF32(const float* dh, const float* g, const float* u, float* dg, float* du,
-                 int64_t count) {
-  BackwardSpan(dh, g, u, dg, du, count);
+template <bool kGelu>
+void BackwardF32T(const float* dh, const float* g, const float* u, float* dg, float* du,
+                  int64_t count) {
+  BackwardSpan<kGelu>(dh, g, u, dg, du, count);
 }
-void BackwardBF16(const bf16* dh, const bf16* g, const bf16* u, bf16* dg, bf16* du, int64_t count) {
+template <bool kGelu>
+void BackwardBF16T(const bf16* dh, const bf16* g, const bf16* u, bf16* dg, bf16* du,
+                   int64_t count) {
   const DF df;
   const int64_t n2 = 2 * static_cast<int64_t>(hn::Lanes(df));
   int64_t i = 0;
@@ -173,12 +216,40 @@ void BackwardBF16(const bf16* dh, const bf16* g, const bf16* u, bf16* dg, bf16* 
     LoadPairs(df, dh + i, dh0, dh1);
     LoadPairs(df, g + i, g0, g1);
     LoadPairs(df, u + i, u0, u1);
-    Backward(df, dh0, g0, u0, dg0, du0);
-    Backward(df, dh1, g1, u1, dg1, du1);
+    Backward<kGelu>(df, dh0, g0, u0, dg0, du0);
+    Backward<kGelu>(df, dh1, g1, u1, dg1, du1);
     StorePairs(df, dg0, dg1, dg + i);
     StorePairs(df, du0, du1, du + i);
   }
-  BackwardSpan(dh + i, g + i, u + i, dg + i, du + i, count - i);
+  BackwardSpan<kGelu>(dh + i, g + i, u + i, dg + i, du + i, count - i);
+}
+
+void ForwardF32(const float* g, const float* u, float* h, int64_t count) {
+  ForwardF32T<false>(g, u, h, count);
+}
+void ForwardBF16(const bf16* g, const bf16* u, bf16* h, int64_t count) {
+  ForwardBF16T<false>(g, u, h, count);
+}
+void BackwardF32(const float* dh, const float* g, const float* u, float* dg, float* du,
+                 int64_t count) {
+  BackwardF32T<false>(dh, g, u, dg, du, count);
+}
+void BackwardBF16(const bf16* dh, const bf16* g, const bf16* u, bf16* dg, bf16* du, int64_t count) {
+  BackwardBF16T<false>(dh, g, u, dg, du, count);
+}
+void GeluForwardF32(const float* g, const float* u, float* h, int64_t count) {
+  ForwardF32T<true>(g, u, h, count);
+}
+void GeluForwardBF16(const bf16* g, const bf16* u, bf16* h, int64_t count) {
+  ForwardBF16T<true>(g, u, h, count);
+}
+void GeluBackwardF32(const float* dh, const float* g, const float* u, float* dg, float* du,
+                     int64_t count) {
+  BackwardF32T<true>(dh, g, u, dg, du, count);
+}
+void GeluBackwardBF16(const bf16* dh, const bf16* g, const bf16* u, bf16* dg, bf16* du,
+                      int64_t count) {
+  BackwardBF16T<true>(dh, g, u, dg, du, count);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -195,6 +266,10 @@ HWY_EXPORT(ForwardF32);
 HWY_EXPORT(ForwardBF16);
 HWY_EXPORT(BackwardF32);
 HWY_EXPORT(BackwardBF16);
+HWY_EXPORT(GeluForwardF32);
+HWY_EXPORT(GeluForwardBF16);
+HWY_EXPORT(GeluBackwardF32);
+HWY_EXPORT(GeluBackwardBF16);
 
 namespace {
 
@@ -213,16 +288,15 @@ void check_like(const char* op, const char* name, const TensorView& g, const Ten
             t.str(), g.str());
 }
 
-void check_forward(const TensorView& g, const TensorView& u, const TensorView& h) {
-  const char* op = "swiglu_forward";
+void check_forward(const char* op, const TensorView& g, const TensorView& u,
+                   const TensorView& h) {
   check_input(op, "g", g);
   check_like(op, "u", g, u);
   check_like(op, "h", g, h);
 }
 
-void check_backward(const TensorView& dh, const TensorView& g, const TensorView& u,
-                    const TensorView& dg, const TensorView& du) {
-  const char* op = "swiglu_backward";
+void check_backward(const char* op, const TensorView& dh, const TensorView& g,
+                    const TensorView& u, const TensorView& dg, const TensorView& du) {
   check_input(op, "g", g);
   check_like(op, "u", g, u);
   check_like(op, "dh", g, dh);
@@ -240,41 +314,113 @@ void store(const TensorView& t, int64_t i, double v) {
     static_cast<bf16*>(t.data)[i] = f32_to_bf16(static_cast<float>(v));
 }
 
-}  // namespace
 
-void swiglu_forward(const TensorView& g, const TensorView& u, const TensorView& h) {
-  check_forward(g, u, h);
+// The fast paths of both activations, by kind.
+void forward(GatedActivation act, const char* op, const TensorView& g, const TensorView& u,
+             const TensorView& h) {
+  check_forward(op, g, u, h);
+  const bool gelu = act == GatedActivation::kGeluTanh;
   parallel_chunks(g.numel(), kGrain, [&](int64_t b, int64_t e) {
     if (g.dtype == DType::kF32) {
       const float *gp = g.as<float>() + b, *up = u.as<float>() + b;
-      HWY_DYNAMIC_DISPATCH(ForwardF32)(gp, up, h.as<float>() + b, e - b);
+      float* hp = h.as<float>() + b;
+      if (gelu)
+        HWY_DYNAMIC_DISPATCH(GeluForwardF32)(gp, up, hp, e - b);
+      else
+        HWY_DYNAMIC_DISPATCH(ForwardF32)(gp, up, hp, e - b);
     } else {
       const bf16 *gp = g.as<bf16>() + b, *up = u.as<bf16>() + b;
-      HWY_DYNAMIC_DISPATCH(ForwardBF16)(gp, up, h.as<bf16>() + b, e - b);
+      bf16* hp = h.as<bf16>() + b;
+      if (gelu)
+        HWY_DYNAMIC_DISPATCH(GeluForwardBF16)(gp, up, hp, e - b);
+      else
+        HWY_DYNAMIC_DISPATCH(ForwardBF16)(gp, up, hp, e - b);
     }
   });
 }
 
-void swiglu_backward(const TensorView& dh, const TensorView& g, const TensorView& u,
-                     const TensorView& dg, const TensorView& du) {
-  check_backward(dh, g, u, dg, du);
+void backward(GatedActivation act, const char* op, const TensorView& dh, const TensorView& g,
+              const TensorView& u, const TensorView& dg, const TensorView& du) {
+  check_backward(op, dh, g, u, dg, du);
+  const bool gelu = act == GatedActivation::kGeluTanh;
   parallel_chunks(g.numel(), kGrain, [&](int64_t b, int64_t e) {
     if (g.dtype == DType::kF32) {
       const float *dhp = dh.as<float>() + b, *gp = g.as<float>() + b, *up = u.as<float>() + b;
       float *dgp = dg.as<float>() + b, *dup = du.as<float>() + b;
-      HWY_DYNAMIC_DISPATCH(BackwardF32)(dhp, gp, up, dgp, dup, e - b);
+      if (gelu)
+        HWY_DYNAMIC_DISPATCH(GeluBackwardF32)(dhp, gp, up, dgp, dup, e - b);
+      else
+        HWY_DYNAMIC_DISPATCH(BackwardF32)(dhp, gp, up, dgp, dup, e - b);
     } else {
       const bf16 *dhp = dh.as<bf16>() + b, *gp = g.as<bf16>() + b, *up = u.as<bf16>() + b;
       bf16 *dgp = dg.as<bf16>() + b, *dup = du.as<bf16>() + b;
-      HWY_DYNAMIC_DISPATCH(BackwardBF16)(dhp, gp, up, dgp, dup, e - b);
+      if (gelu)
+        HWY_DYNAMIC_DISPATCH(GeluBackwardBF16)(dhp, gp, up, dgp, dup, e - b);
+      else
+        HWY_DYNAMIC_DISPATCH(BackwardBF16)(dhp, gp, up, dgp, dup, e - b);
     }
   });
+}
+
+// GELU-tanh in double: act(g) = g * sigmoid(2z), and its derivative.
+double gelu_ref(double g) {
+  const double z2 = 2.0 * std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g);
+  return g / (1.0 + std::exp(-z2));
+}
+double gelu_slope_ref(double g) {
+  const double c = std::sqrt(2.0 / M_PI);
+  const double t = std::tanh(c * (g + 0.044715 * g * g * g));
+  return 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * g * g);
+}
+
+}  // namespace
+
+const char* gated_activation_name(GatedActivation a) {
+  return a == GatedActivation::kGeluTanh ? "gelu_pytorch_tanh" : "silu";
+}
+
+bool parse_gated_activation(const std::string& name, GatedActivation* out) {
+  if (name == "silu" || name == "swish") {
+    *out = GatedActivation::kSilu;
+    return true;
+  }
+  // (A Gemma config.json whose hidden_act says "gelu" also means the tanh form; the
+  // Gemma reader maps that case, since elsewhere "gelu" is the exact erf GELU.)
+  if (name == "gelu_pytorch_tanh" || name == "gelu_tanh") {
+    *out = GatedActivation::kGeluTanh;
+    return true;
+  }
+  return false;
+}
+
+void swiglu_forward(const TensorView& g, const TensorView& u, const TensorView& h) {
+  forward(GatedActivation::kSilu, "swiglu_forward", g, u, h);
+}
+void swiglu_backward(const TensorView& dh, const TensorView& g, const TensorView& u,
+                     const TensorView& dg, const TensorView& du) {
+  backward(GatedActivation::kSilu, "swiglu_backward", dh, g, u, dg, du);
+}
+void geglu_forward(const TensorView& g, const TensorView& u, const TensorView& h) {
+  forward(GatedActivation::kGeluTanh, "geglu_forward", g, u, h);
+}
+void geglu_backward(const TensorView& dh, const TensorView& g, const TensorView& u,
+                    const TensorView& dg, const TensorView& du) {
+  backward(GatedActivation::kGeluTanh, "geglu_backward", dh, g, u, dg, du);
+}
+void gated_forward(GatedActivation act, const TensorView& g, const TensorView& u,
+                   const TensorView& h) {
+  forward(act, act == GatedActivation::kGeluTanh ? "geglu_forward" : "swiglu_forward", g, u, h);
+}
+void gated_backward(GatedActivation act, const TensorView& dh, const TensorView& g,
+                    const TensorView& u, const TensorView& dg, const TensorView& du) {
+  backward(act, act == GatedActivation::kGeluTanh ? "geglu_backward" : "swiglu_backward", dh, g,
+           u, dg, du);
 }
 
 namespace ref {
 
 void swiglu_forward(const TensorView& g, const TensorView& u, const TensorView& h) {
-  check_forward(g, u, h);
+  check_forward("swiglu_forward", g, u, h);
   for (int64_t i = 0; i < g.numel(); ++i) {
     const double gi = load(g, i);
     store(h, i, gi / (1.0 + std::exp(-gi)) * load(u, i));
@@ -283,12 +429,27 @@ void swiglu_forward(const TensorView& g, const TensorView& u, const TensorView& 
 
 void swiglu_backward(const TensorView& dh, const TensorView& g, const TensorView& u,
                      const TensorView& dg, const TensorView& du) {
-  check_backward(dh, g, u, dg, du);
+  check_backward("swiglu_backward", dh, g, u, dg, du);
   for (int64_t i = 0; i < g.numel(); ++i) {
     const double dhi = load(dh, i), gi = load(g, i), ui = load(u, i);
     const double s = 1.0 / (1.0 + std::exp(-gi));
     store(dg, i, dhi * ui * s * (1.0 + gi * (1.0 - s)));
     store(du, i, dhi * gi * s);
+  }
+}
+
+void geglu_forward(const TensorView& g, const TensorView& u, const TensorView& h) {
+  check_forward("geglu_forward", g, u, h);
+  for (int64_t i = 0; i < g.numel(); ++i) store(h, i, gelu_ref(load(g, i)) * load(u, i));
+}
+
+void geglu_backward(const TensorView& dh, const TensorView& g, const TensorView& u,
+                    const TensorView& dg, const TensorView& du) {
+  check_backward("geglu_backward", dh, g, u, dg, du);
+  for (int64_t i = 0; i < g.numel(); ++i) {
+    const double dhi = load(dh, i), gi = load(g, i), ui = load(u, i);
+    store(dg, i, dhi * ui * gelu_slope_ref(gi));
+    store(du, i, dhi * gelu_ref(gi));
   }
 }
 

@@ -1,4 +1,4 @@
-#include "kernels/swiglu.h"
+#include "kernels/gated_activation.h"
 
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
@@ -41,34 +41,112 @@ double tolerance(DType dtype, double ref, double scale) {
          1e-7;
 }
 
-TEST(SwiGLU, ForwardAndBackwardMatchReference) {
+using RefForward = void (*)(const TensorView&, const TensorView&, const TensorView&);
+using RefBackward = void (*)(const TensorView&, const TensorView&, const TensorView&,
+                             const TensorView&, const TensorView&);
+
+TEST(GatedActivation, ForwardAndBackwardMatchReference) {
   std::mt19937 rng(21);
   for_each_target([&] {
+   for (GatedActivation act : {GatedActivation::kSilu, GatedActivation::kGeluTanh}) {
+    const bool gelu = act == GatedActivation::kGeluTanh;
+    const RefForward ref_fwd = gelu ? &ref::geglu_forward : &ref::swiglu_forward;
+    const RefBackward ref_bwd = gelu ? &ref::geglu_backward : &ref::swiglu_backward;
     for (DType dt : {DType::kF32, DType::kBF16}) {
       for (auto [n, f] : kShapes) {
-        SCOPED_TRACE(testing::Message() << dtype_name(dt) << " N=" << n << " F=" << f);
+        SCOPED_TRACE(testing::Message() << gated_activation_name(act) << " " << dtype_name(dt)
+                                        << " N=" << n << " F=" << f);
         Tensor g = random_tensor(dt, {n, f}, rng, 3.0f);
         Tensor u = random_tensor(dt, {n, f}, rng);
         Tensor dh = random_tensor(dt, {n, f}, rng);
         Tensor h(dt, {n, f}), h_ref(dt, {n, f});
-        swiglu_forward(g, u, h);
-        ref::swiglu_forward(g, u, h_ref);
+        gated_forward(act, g, u, h);
+        ref_fwd(g, u, h_ref);
         for (int64_t i = 0; i < n * f; ++i) {
           const double scale = std::fabs(at(g, i) * at(u, i));
           ASSERT_NEAR(at(h, i), at(h_ref, i), tolerance(dt, at(h_ref, i), scale)) << i;
         }
         Tensor dg(dt, {n, f}), du(dt, {n, f}), dg_ref(dt, {n, f}), du_ref(dt, {n, f});
-        swiglu_backward(dh, g, u, dg, du);
-        ref::swiglu_backward(dh, g, u, dg_ref, du_ref);
+        gated_backward(act, dh, g, u, dg, du);
+        ref_bwd(dh, g, u, dg_ref, du_ref);
         for (int64_t i = 0; i < n * f; ++i) {
-          const double scale =
-              std::fabs(at(dh, i)) * (std::fabs(at(u, i)) + 1) * (1 + std::fabs(at(g, i)));
+          // GELU's slope has a g^3 term inside the sigmoid: errors scale with g^2 too.
+          const double gg = std::fabs(at(g, i));
+          const double scale = std::fabs(at(dh, i)) * (std::fabs(at(u, i)) + 1) * (1 + gg) *
+                               (gelu ? 1 + gg * gg : 1.0);
           ASSERT_NEAR(at(dg, i), at(dg_ref, i), tolerance(dt, at(dg_ref, i), scale)) << i;
           ASSERT_NEAR(at(du, i), at(du_ref, i), tolerance(dt, at(du_ref, i), scale)) << i;
         }
       }
     }
+   }
   });
+}
+
+// The named entry points are the by-kind ones, bit for bit.
+TEST(GatedActivation, NamedKernelsAreTheDispatchedOnes) {
+  std::mt19937 rng(24);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Tensor g = random_tensor(dt, {5, 77}, rng, 3.0f), u = random_tensor(dt, {5, 77}, rng);
+    Tensor a(dt, g.shape()), b(dt, g.shape());
+    geglu_forward(g, u, a);
+    gated_forward(GatedActivation::kGeluTanh, g, u, b);
+    EXPECT_TRUE(bitwise_equal(a, b));
+    swiglu_forward(g, u, a);
+    gated_forward(GatedActivation::kSilu, g, u, b);
+    EXPECT_TRUE(bitwise_equal(a, b));
+  }
+  GatedActivation act{};
+  EXPECT_TRUE(parse_gated_activation("gelu_pytorch_tanh", &act));
+  EXPECT_EQ(act, GatedActivation::kGeluTanh);
+  EXPECT_TRUE(parse_gated_activation("silu", &act));
+  EXPECT_EQ(act, GatedActivation::kSilu);
+  EXPECT_FALSE(parse_gated_activation("relu", &act));
+  EXPECT_FALSE(parse_gated_activation("gelu", &act));  // the exact erf form: not this kernel
+}
+
+TEST(GeGLU, LargeInputsSaturateWithoutNaN) {
+  const std::vector<float> gv = {-1e4f, -200, -20, -5, -1e-30f, 0, 1e-30f, 5, 20, 200, 1e4f};
+  const int64_t n = static_cast<int64_t>(gv.size());
+  for_each_target([&] {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      Tensor g = from_values(dt, {n}, gv);
+      Tensor ones = from_values(dt, {n}, std::vector<float>(gv.size(), 1.0f));
+      Tensor h(dt, {n}), dg(dt, {n}), du(dt, {n});
+      geglu_forward(g, ones, h);
+      geglu_backward(ones, g, ones, dg, du);
+      for (int64_t i = 0; i < n; ++i) {
+        const double x = at(g, i);
+        const double gelu = 0.5 * x * (1 + std::tanh(0.7978845608 * (x + 0.044715 * x * x * x)));
+        ASSERT_TRUE(std::isfinite(at(h, i)) && std::isfinite(at(dg, i))) << x;
+        EXPECT_NEAR(at(h, i), gelu, 1e-2 * std::fabs(gelu) + 1e-30) << x;
+        EXPECT_NEAR(at(dg, i), x > 3 ? 1.0 : (x < -3 ? 0.0 : at(dg, i)), 1e-2) << x;
+      }
+    }
+  });
+}
+
+TEST(GeGLU, BackwardMatchesFiniteDifferences) {
+  std::mt19937 rng(25);
+  const int64_t n = 3, f = 37;
+  Tensor g = random_tensor(DType::kF32, {n, f}, rng, 3.0f);
+  Tensor u = random_tensor(DType::kF32, {n, f}, rng);
+  Tensor r = random_tensor(DType::kF32, {n, f}, rng);
+  Tensor dg(DType::kF32, {n, f}), du(DType::kF32, {n, f});
+  geglu_backward(r, g, u, dg, du);
+  // L = sum(gelu_tanh(g) * u * r) in f64, written with tanh (as PyTorch does).
+  auto term = [](double gi, double ui, double ri) {
+    return 0.5 * gi * (1 + std::tanh(std::sqrt(2 / M_PI) * (gi + 0.044715 * gi * gi * gi))) * ui *
+           ri;
+  };
+  const double step = 1e-6;
+  for (int64_t i = 0; i < n * f; ++i) {
+    const double gi = at(g, i), ui = at(u, i), ri = at(r, i);
+    const double fd_g = (term(gi + step, ui, ri) - term(gi - step, ui, ri)) / (2 * step);
+    const double fd_u = (term(gi, ui + step, ri) - term(gi, ui - step, ri)) / (2 * step);
+    EXPECT_NEAR(at(dg, i), fd_g, 1e-5 * (1 + std::fabs(fd_g))) << i;
+    EXPECT_NEAR(at(du, i), fd_u, 1e-5 * (1 + std::fabs(fd_u))) << i;
+  }
 }
 
 TEST(SwiGLU, LargeInputsSaturateWithoutNaN) {

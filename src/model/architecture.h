@@ -1,0 +1,63 @@
+// A decoder family described as data. Llama, Mixtral and Gemma are one decoder
+// (model/decoder.h) that differs only in the fields below; every path reads them from
+// here: the parameter layout and initialisation (param_store), the forward and backward
+// (decoder), the Hugging Face config.json and tensor names, and the GGUF export.
+//
+//                       Llama / Mixtral        Gemma (GemmaForCausalLM)
+//   RMSNorm scale       w                      1 + w      (norm_weight_offset 0 / 1)
+//   gated activation    SiLU (SwiGLU)          GELU-tanh (GeGLU)
+//   embedding scale     1                      sqrt(hidden_size)
+//   LM head             own or tied            tied to the embedding
+//   head_dim            hidden / heads         its own (hidden / heads need not match)
+//
+// Room for later families, refused by LlamaConfig::validate until the decoder implements
+// them, so a config that asks for one fails loudly instead of running a different model:
+// qk-norm, final-logit softcapping and per-layer sliding-window attention.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/gated_activation.h"
+
+namespace hyperion {
+
+enum class DecoderFamily : uint8_t { kLlama, kGemma };
+
+// The per-model fields (a LlamaConfig holds one): a family's defaults, as every family
+// fixes them today, but kept as data so the decoder never asks which family it runs.
+struct DecoderArch {
+  DecoderFamily family = DecoderFamily::kLlama;
+  float norm_weight_offset = 0.0f;  // RMSNorm multiplies by (w + offset)
+  GatedActivation activation = GatedActivation::kSilu;
+  bool scale_embeddings = false;  // x = embed(tokens) * sqrt(hidden_size)
+  // Not implemented yet (validate refuses anything but these defaults).
+  bool qk_norm = false;               // RMSNorm on q and k per head before RoPE
+  double final_logit_softcap = 0.0;   // logits = cap * tanh(logits / cap); 0: off
+  int64_t sliding_window = 0;         // local attention window in tokens; 0: global
+  int64_t sliding_window_pattern = 0;  // every N-th layer global, the rest local
+
+  // The factor embedding_forward applies (1 unless scale_embeddings).
+  float embedding_scale(int64_t hidden_size) const;
+  bool operator==(const DecoderArch&) const = default;
+};
+
+// A family's names and defaults.
+struct FamilyInfo {
+  DecoderFamily family;
+  const char* decoder_block;  // the training YAML's decoder_block (MaxText's names)
+  const char* hf_model_type;  // config.json model_type for a dense model
+  const char* hf_class;       // config.json architectures[0] for a dense model
+  const char* gguf_arch;      // GGUF general.architecture
+  bool tied_head;             // the LM head is always the embedding (Gemma)
+  DecoderArch defaults;
+};
+
+const FamilyInfo& family_info(DecoderFamily family);
+// By the YAML's decoder_block ("llama2", "gemma", ...) or a config.json model_type
+// ("llama", "mixtral", "gemma"); null when unknown.
+const FamilyInfo* find_family(const std::string& name);
+// The decoder_block names accepted, for error messages ("llama2, mistral, ...").
+std::string family_names();
+
+}  // namespace hyperion

@@ -1,0 +1,143 @@
+// The decoder: one implementation of the layer stack, forward and backward, that
+// training (model/llama_model.h), generation (model/llama_generator.h) and serving
+// (serve/model_runner.h) all run. The family's differences come from the config's
+// DecoderArch (model/architecture.h); where keys and values come from is a KvSource;
+// how matrices are stored is a LinearWeights (model/linear.h).
+//
+//   x = embed(tokens) * embedding_scale                  residual stream, always f32
+//   per layer:  h  = norm(x) ; q,k,v = h Wq^T, h Wk^T, h Wv^T ; rope(q, k)
+//               x2 = x + attention(q, k, v) Wo^T          (keys/values: the KvSource)
+//               h2 = norm(x2) ; x' = x2 + (act(h2 Wg^T) * h2 Wu^T) Wd^T   or MoE(h2)
+//   logits = norm(x) Wlm^T
+//   norm(x) = x * rstd * (w + norm_weight_offset);  act = SiLU or GELU-tanh
+//
+// Inference runs the blocks in place (x2 == x, one set of scratch activations reused by
+// every layer); training keeps each layer's activations (DecoderActs) for the backward.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/rope.h"
+#include "model/linear.h"
+#include "model/moe_block.h"
+#include "model/param_store.h"
+
+namespace hyperion {
+
+// One layer's activations: the buffers a forward writes and a backward reads. Inference
+// points several at the same scratch (x2 = x, h2 = h, a = g).
+struct DecoderActs {
+  float* x = nullptr;  // layer input [N, D] f32
+  float* rstd1 = nullptr;
+  void* h = nullptr;  // [N, D]
+  void* q = nullptr;  // [N, Hq * hd], after RoPE
+  void* k = nullptr;  // [N, Hkv * hd], after RoPE
+  void* v = nullptr;
+  void* att = nullptr;   // [N, Hq * hd]
+  float* lse = nullptr;  // [B, Hq, T]
+  float* x2 = nullptr;   // [N, D] f32, after the attention residual
+  float* rstd2 = nullptr;
+  void* h2 = nullptr;  // [N, D]
+  void* g = nullptr;   // [N, F]
+  void* u = nullptr;
+  void* a = nullptr;  // act(g) * u [N, F]
+  MoeActs moe;        // an MoE layer's MLP state (instead of g, u, a)
+};
+
+// The rows one pass runs on: b sequences of t tokens (training), or n rows of one
+// sequence from `position` on (generation), or n rows each at its own position
+// (serving: `positions`, [n]).
+struct PassRows {
+  int64_t b = 1, t = 1;
+  int64_t position = 0;
+  const int32_t* positions = nullptr;
+  int64_t n() const { return b * t; }
+};
+
+class Decoder;
+
+// Where attention's keys and values live.
+class KvSource {
+ public:
+  virtual ~KvSource() = default;
+  // Points s.k and s.v where this source keeps layer l's new keys and values, so the
+  // projections write them in place (a contiguous cache); by default they stay put.
+  virtual void place(const Decoder& dec, int l, const PassRows& rows, DecoderActs& s) {}
+  // s.att (and s.lse) = attention of the rows' queries s.q (after RoPE) over the keys
+  // and values each row sees.
+  virtual void attend(const Decoder& dec, int l, const PassRows& rows, DecoderActs& s) = 0;
+};
+
+// Training and evaluation: each of the b sequences attends causally to its own t rows,
+// nothing is cached, and lse is kept for the backward.
+class SelfAttentionOnly final : public KvSource {
+ public:
+  void attend(const Decoder& dec, int l, const PassRows& rows, DecoderActs& s) override;
+};
+
+// Gradient buffers of the backward (one set, shared by every layer).
+struct DecoderGrads {
+  float* dres = nullptr;   // [N, D] f32: gradient w.r.t. the residual stream
+  void* dres_c = nullptr;  // [N, D] bf16 copy (bf16 mode)
+  float* dh = nullptr;     // [N, D] f32 (gradient at a norm's output)
+  void* datt = nullptr;    // [N, Hq * hd]
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  void* da = nullptr;  // [N, F]
+  MoeGradScratch moe;
+};
+
+class Decoder {
+ public:
+  // `weights` reads the matrices (f32, bf16 or int8, its act dtype is the decoder's);
+  // RoPE covers positions [0, rope_positions). Both must outlive the decoder.
+  Decoder(const ParamStore& params, LinearWeights& weights, int64_t rope_positions);
+
+  const LlamaConfig& config() const { return cfg_; }
+  const ParamStore& params() const { return params_; }
+  DType act() const { return act_; }
+
+  // x[n, D] = embedding rows of tokens, times the family's embedding scale.
+  void embed(const int32_t* tokens, int64_t n, float* x) const;
+  // s.x2 = s.x + attention block (s.x2 may be s.x: in place). Writes s.h, s.rstd1, s.q,
+  // s.k, s.v, s.att, s.lse.
+  void attention_block(int l, const PassRows& rows, DecoderActs& s, KvSource& kv);
+  // The MLP block from s.x2: writes s.h2, s.rstd2 and the MLP activations; when out is
+  // not null, out = s.x2 + mlp (out may be s.x2: in place).
+  void mlp_block(int l, int64_t n, DecoderActs& s, const MoeShape& ms, const MoeOptions& mo,
+                 float* out);
+  // Recomputes the norms' outputs (h, h2) and the activation's output (a) from the saved
+  // inputs and matmul outputs (the minimal remat policy).
+  void recompute_elementwise(int l, int64_t n, DecoderActs& s, const MoeShape& ms);
+  // logits[n, V] (dtype ld) = lm_head(norm(x)); h [n, D] act and rstd [n] are written.
+  void head(const float* x, int64_t n, void* h, float* rstd, void* logits, DType ld);
+
+  // Backward of layer l: g.dres holds the gradient w.r.t. the layer's output on entry,
+  // w.r.t. its input on exit; weight gradients accumulate into the store's gradients.
+  void layer_backward(int l, const PassRows& rows, DecoderActs& s, const DecoderGrads& g,
+                      const MoeShape& ms, const MoeOptions& mo, float dloss);
+  // Backward of head(): dlogits [n, V] act (the loss gradient) -> g.dres (written), and
+  // the LM head's and final norm's gradients.
+  void head_backward(const float* x, int64_t n, const void* h, const float* rstd,
+                     const void* dlogits, const DecoderGrads& g);
+  // Embedding gradient from g.dres.
+  void embed_backward(const int32_t* tokens, int64_t n, const DecoderGrads& g);
+
+ private:
+  void norm(const float* x, int64_t n, int index, void* y, float* rstd) const;
+  void norm_backward(const float* x, int64_t n, int index, const float* rstd, float* dx,
+                     bool accumulate, const DecoderGrads& g) const;
+  void rope(const PassRows& rows, void* q, void* k) const;
+  // g.dres (f32) in the matmul-input dtype (a copy in bf16 mode, the buffer in f32).
+  const void* dres_compute(int64_t n, const DecoderGrads& g) const;
+
+  const ParamStore& params_;
+  LlamaConfig cfg_;
+  LinearWeights& weights_;
+  DType act_;
+  RopeTable rope_;
+  float norm_offset_;
+};
+
+}  // namespace hyperion

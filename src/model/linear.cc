@@ -1,0 +1,82 @@
+#include "model/linear.h"
+
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "kernels/quantize.h"
+
+namespace hyperion {
+
+LinearWeights::LinearWeights(const ParamStore& params, WeightFormat format)
+    : params_(params), format_(format) {
+  HYP_CHECK(format == WeightFormat::kF32 || params.has_bf16(),
+            "bf16 or int8 weights need the parameter store's bf16 copy");
+  const LlamaConfig& cfg = params.config();
+  for (const ParamInfo& info : params.infos()) {
+    if (info.kind == ParamKind::kNorm) continue;
+    const bool expert = info.name.find(".experts.") != std::string::npos;
+    const bool matmul = info.kind == ParamKind::kMatrix ||
+                        (info.kind == ParamKind::kEmbedding && params.lm_head() == params.embed());
+    if (!matmul) continue;
+    if (format == WeightFormat::kInt8 && !expert)
+      weight_bytes_ += info.numel + info.shape[0] * 4;
+    else
+      weight_bytes_ += info.numel * static_cast<int64_t>(dtype_size(act_dtype()));
+  }
+  if (format != WeightFormat::kInt8) return;
+  std::vector<int> mats;
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const LayerParamIndex& p = params.layer(l);
+    for (int i : {p.q, p.k, p.v, p.o}) mats.push_back(i);
+    if (!p.moe())
+      for (int i : {p.gate, p.up, p.down}) mats.push_back(i);
+  }
+  mats.push_back(params.lm_head());
+  for (int i : mats) {
+    if (quant_.count(i)) continue;
+    const TensorView w = params.param(i);
+    QuantMatrix qm;
+    qm.out = w.shape[0];
+    qm.in = w.shape[1];
+    qm.w = AlignedBuffer<int8_t>(static_cast<size_t>(qm.out * qm.in));
+    qm.scale = AlignedBuffer<float>(static_cast<size_t>(qm.out));
+    quantize_rows(w, TensorView(qm.w.data(), DType::kI8, {qm.out, qm.in}), qm.scale.data());
+    quant_.emplace(i, std::move(qm));
+  }
+}
+
+void LinearWeights::forward(int index, const void* x, void* y, DType yd, int64_t n, float beta) {
+  auto it = quant_.find(index);
+  if (it == quant_.end()) {
+    linear::forward(x, act_dtype(), params_.compute_weight(index), y, yd, n, beta);
+    return;
+  }
+  const QuantMatrix& qm = it->second;
+  const size_t need = static_cast<size_t>(n * qm.in);
+  if (qx_.size() < need) qx_ = AlignedBuffer<int8_t>(need);
+  if (qscale_.size() < static_cast<size_t>(n)) qscale_ = AlignedBuffer<float>(static_cast<size_t>(n));
+  quantize_rows(TensorView(const_cast<void*>(x), act_dtype(), {n, qm.in}),
+                TensorView(qx_.data(), DType::kI8, {n, qm.in}), qscale_.data());
+  GemmArgs g;
+  g.trans_a = Trans::kN;
+  g.trans_b = Trans::kT;
+  g.m = n;
+  g.n = qm.out;
+  g.k = qm.in;
+  g.a = qx_.data();
+  g.a_dtype = DType::kI8;
+  g.lda = qm.in;
+  g.b = qm.w.data();
+  g.b_dtype = DType::kI8;
+  g.ldb = qm.in;
+  g.c = y;
+  g.c_dtype = yd;
+  g.ldc = qm.out;
+  g.beta = beta;
+  g.a_scale = qscale_.data();
+  g.b_scale = qm.scale.data();
+  gemm(g);
+}
+
+}  // namespace hyperion
