@@ -37,6 +37,7 @@ struct LlamaConfig {
   // Mixtral (model_type "mixtral"): every layer's MLP is a mixture of num_local_experts
   // SwiGLU experts of intermediate_size, num_experts_per_tok of them used per token.
   bool moe;
+  bool gemma;  // llama.cpp's "gemma" architecture: (1 + w) norms stored as 1 + w, no RoPE permutation
   int64_t num_local_experts, num_experts_per_tok;  // 0 for a dense model
 };
 
@@ -144,15 +145,20 @@ LlamaConfig read_config(const std::string& dir) {
   std::string model_type = "llama";
   if (const json* mt = r.find("model_type")) {
     HYP_CHECK(mt->is_string() &&
-                  (mt->get<std::string>() == "llama" || mt->get<std::string>() == "mixtral"),
-              "{}: key 'model_type' = {}; only \"llama\" and \"mixtral\" checkpoints can be "
-              "converted",
+                  (mt->get<std::string>() == "llama" || mt->get<std::string>() == "mixtral" ||
+                   mt->get<std::string>() == "gemma"),
+              "{}: key 'model_type' = {}; only \"llama\", \"mixtral\" and \"gemma\" "
+              "checkpoints can be converted",
               where, mt->dump());
     model_type = mt->get<std::string>();
   } else if (const json* arch = r.find("architectures"); arch != nullptr && arch->is_array() &&
                                                          !arch->empty() &&
                                                          (*arch)[0] == "MixtralForCausalLM") {
     model_type = "mixtral";
+  } else if (const json* arch2 = r.find("architectures"); arch2 != nullptr && arch2->is_array() &&
+                                                          !arch2->empty() &&
+                                                          (*arch2)[0] == "GemmaForCausalLM") {
+    model_type = "gemma";
   }
   // hyperion_* keys change the model (hyperion writes them only for what Hugging Face
   // cannot express); one this converter does not know must not be silently ignored.
@@ -178,7 +184,8 @@ LlamaConfig read_config(const std::string& dir) {
   c.rms_norm_eps = r.number("rms_norm_eps");
   // Defaults of transformers' LlamaConfig / MixtralConfig.
   c.rope_theta = r.number("rope_theta", model_type == "mixtral" ? 1e6 : 10000.0);
-  c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+  // GemmaConfig ties by default.
+  c.tie_word_embeddings = r.boolean("tie_word_embeddings", model_type == "gemma");
   c.bos_token_id = r.integer("bos_token_id", 1, 0);
   c.eos_token_id = r.integer("eos_token_id", 2, 0);
   c.pad_token_id = r.integer("pad_token_id", -1, 0);
@@ -213,6 +220,7 @@ LlamaConfig read_config(const std::string& dir) {
   }
 
   c.moe = model_type == "mixtral";
+  c.gemma = model_type == "gemma";
   c.num_local_experts = c.num_experts_per_tok = 0;
   if (c.moe) read_moe_config(r, &c);
   return c;
@@ -394,28 +402,32 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
 
   GgufWriter w;
   // Keys in the order convert_hf_to_gguf.py writes them.
-  w.set_string("general.architecture", "llama");
+  // llama.cpp's gemma graph is the llama one with Gemma's embedding scale and GELU; its
+  // keys take the architecture's name as prefix.
+  const std::string arch = c.gemma ? "gemma" : "llama";
+  w.set_string("general.architecture", arch);
   w.set_string("general.name", name);
   w.set_u32("general.alignment", kGgufDefaultAlignment);
-  w.set_u32("llama.block_count", uint32_t(c.num_hidden_layers));
-  w.set_u32("llama.context_length", uint32_t(c.max_position_embeddings));
-  w.set_u32("llama.embedding_length", uint32_t(c.hidden_size));
-  w.set_u32("llama.feed_forward_length", uint32_t(c.intermediate_size));
-  w.set_u32("llama.attention.head_count", uint32_t(c.num_attention_heads));
-  w.set_u32("llama.attention.head_count_kv", uint32_t(c.num_key_value_heads));
-  w.set_f32("llama.rope.freq_base", float(c.rope_theta));
-  w.set_f32("llama.attention.layer_norm_rms_epsilon", float(c.rms_norm_eps));
+  w.set_u32(arch + ".block_count", uint32_t(c.num_hidden_layers));
+  w.set_u32(arch + ".context_length", uint32_t(c.max_position_embeddings));
+  w.set_u32(arch + ".embedding_length", uint32_t(c.hidden_size));
+  w.set_u32(arch + ".feed_forward_length", uint32_t(c.intermediate_size));
+  w.set_u32(arch + ".attention.head_count", uint32_t(c.num_attention_heads));
+  w.set_u32(arch + ".attention.head_count_kv", uint32_t(c.num_key_value_heads));
+  w.set_f32(arch + ".rope.freq_base", float(c.rope_theta));
+  w.set_f32(arch + ".attention.layer_norm_rms_epsilon", float(c.rms_norm_eps));
   if (c.moe) {  // with llama.feed_forward_length = intermediate_size, the expert's size
-    w.set_u32("llama.expert_count", uint32_t(c.num_local_experts));
-    w.set_u32("llama.expert_used_count", uint32_t(c.num_experts_per_tok));
+    w.set_u32(arch + ".expert_count", uint32_t(c.num_local_experts));
+    w.set_u32(arch + ".expert_used_count", uint32_t(c.num_experts_per_tok));
   }
-  if (c.has_head_dim) {  // convert_hf_to_gguf.py writes these whenever head_dim is given
-    w.set_u32("llama.attention.key_length", uint32_t(c.head_dim));
-    w.set_u32("llama.attention.value_length", uint32_t(c.head_dim));
+  // convert_hf_to_gguf.py writes these whenever head_dim is given, and always for Gemma.
+  if (c.has_head_dim || c.gemma) {
+    w.set_u32(arch + ".attention.key_length", uint32_t(c.head_dim));
+    w.set_u32(arch + ".attention.value_length", uint32_t(c.head_dim));
   }
   w.set_u32("general.file_type", ot.file_type);
-  w.set_u32("llama.vocab_size", uint32_t(c.vocab_size));
-  w.set_u32("llama.rope.dimension_count", uint32_t(c.head_dim));
+  w.set_u32(arch + ".vocab_size", uint32_t(c.vocab_size));
+  w.set_u32(arch + ".rope.dimension_count", uint32_t(c.head_dim));
   w.set_u32("general.quantization_version", 2);  // GGML_QNT_VERSION
   w.set_string("tokenizer.ggml.model", "llama");
   w.set_string_array("tokenizer.ggml.tokens", vocab.tokens);
@@ -457,15 +469,21 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
       type = GgmlType::kF16;
     return type;
   };
-  // permute_heads > 0: apply the RoPE row permutation with that many heads.
+  // permute_heads > 0: apply the RoPE row permutation with that many heads (llama only:
+  // llama.cpp's gemma graph rotates halves as Hugging Face does). Gemma's norms are stored
+  // as 1 + w, the scale llama.cpp applies (convert_hf_to_gguf.py does the same).
   auto add = [&](const std::string& hf, const std::string& gg, Shape expect,
                  int64_t permute_heads) {
     check(hf, expect);
+    if (c.gemma) permute_heads = 0;
+    const bool plus_one = c.gemma && gg.ends_with("_norm.weight");
     w.add_tensor(
         gg, expect,
-        [&st, hf, expect, permute_heads](float* dst) {
+        [&st, hf, expect, permute_heads, plus_one](float* dst) {
           if (permute_heads == 0) {
             read_finite(st, hf, TensorView(dst, DType::kF32, expect));
+            if (plus_one)
+              for (int64_t i = 0; i < expect.numel(); ++i) dst[i] += 1.0f;
             return;
           }
           std::vector<float> tmp(size_t(expect.numel()));
@@ -544,7 +562,8 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
         "gguf convert: {}: model.safetensors: {} tensor(s) not part of a {}-layer {} model: "
         "{}{}",
         checkpoint_dir, unused.size(), c.num_hidden_layers,
-        c.moe ? fmt::format("Mixtral ({} experts)", c.num_local_experts) : std::string("Llama"),
+        c.moe ? fmt::format("Mixtral ({} experts)", c.num_local_experts)
+              : std::string(c.gemma ? "Gemma" : "Llama"),
         list, unused.size() > 5 ? ", ..." : "");
   }
   w.write(out_path);

@@ -43,6 +43,9 @@ std::vector<ConfigKey> train_config_schema() {
   return {
       // Model (MaxText names; Hugging Face LlamaConfig equivalents in the help).
       {"model_name", T::kString, "", "preset name, for logs"},
+      {"decoder_block", T::kString, "llama2",
+       "decoder family: llama2 (also llama3, mistral, mixtral) or gemma ((1 + w) RMSNorm, "
+       "GELU-tanh MLP, embeddings scaled by sqrt(base_emb_dim), head tied to the embedding)"},
       {"vocab_size", T::kInt, "32000",
        "vocabulary size (also the tokenizer's when one is trained)"},
       {"base_emb_dim", T::kInt, "4096", "hidden_size"},
@@ -162,7 +165,7 @@ bool is_model_shape_key(const std::string& key) {
       "base_num_query_heads", "base_num_kv_heads", "head_dim",
       "base_mlp_dim",    "logits_via_embedding",   "num_experts",
       "num_experts_per_tok", "base_moe_mlp_dim",   "first_num_dense_layers",
-      "interleave_moe_layer_step"};
+      "interleave_moe_layer_step", "decoder_block"};
   for (const char* k : kShape)
     if (key == k) return true;
   return false;
@@ -226,6 +229,10 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
     return v;
   };
   LlamaConfig& m = t.model;
+  const FamilyInfo* family = find_family(c.get_string("decoder_block"));
+  HYP_CHECK(family != nullptr, "config key {} = '{}' is not a known decoder (known: {})",
+            where("decoder_block"), c.get_string("decoder_block"), family_names());
+  m.arch = family->defaults;
   m.vocab_size = positive("vocab_size");
   m.dim = positive("base_emb_dim");
   m.n_layers = positive("base_num_decoder_layers");
@@ -235,7 +242,8 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
   m.ffn_dim = positive("base_mlp_dim");
   m.norm_eps = c.get_float("normalization_layer_epsilon");
   m.rope_theta = c.get_float("rope_max_timescale");
-  m.tie_embeddings = c.get_bool("logits_via_embedding");
+  // Gemma's head is always the embedding (GemmaForCausalLM ties it).
+  m.tie_embeddings = c.get_bool("logits_via_embedding") || family->tied_head;
   // The model's bound (max_position_embeddings), checked here so the error names the key
   // that was set.
   t.max_target_length = positive_at_most("max_target_length", int64_t{1} << 24);

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""End-to-end check of hyperion against an independent PyTorch Llama (float64).
+"""End-to-end check of hyperion against an independent PyTorch Llama and Gemma (float64).
 
 Run by CTest as
     /usr/bin/python3 tests/model/torch_reference.py --hyperion build/release/hyperion
 Exit status 0 means pass; prints "SKIP" and exits 0 when torch is not importable.
 
-For two tiny model shapes (GQA/untied/remat none, and MQA/tied/head_dim != dim/heads/
-custom rope_theta and rms_norm_eps/remat full) it:
+For three tiny model shapes (GQA/untied/remat none; MQA/tied/head_dim != dim/heads/
+custom rope_theta and rms_norm_eps/remat full; and a Gemma, decoder_block=gemma, with
+GemmaForCausalLM's (1 + w) norms, GELU-tanh MLP and sqrt(hidden) embedding scale) it:
   1. prepares a synthetic corpus with `hyperion data prepare` and trains 3 steps in f32
      on a small split that fits in one batch (so every step sees every sequence and the
      step is reproducible without knowing the loader's shuffle), checkpointing each step;
@@ -120,8 +121,13 @@ class RefLlama:
             k: torch.tensor(v, dtype=torch.float64, requires_grad=requires_grad) for k, v in weights.items()
         }
 
+    def gemma(self):
+        return self.c.get("model_type") == "gemma"
+
     def rmsnorm(self, x, w):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c["rms_norm_eps"]) * w
+        # GemmaRMSNorm scales by (1 + w); LlamaRMSNorm by w.
+        scale = 1.0 + w if self.gemma() else w
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c["rms_norm_eps"]) * scale
 
     @staticmethod
     def rotate_half(x):
@@ -139,6 +145,8 @@ class RefLlama:
         cos, sin = emb.cos()[None, None], emb.sin()[None, None]  # [1, 1, T, hd]
         mask = torch.full((T, T), float("-inf")).triu(1)
         x = w["model.embed_tokens.weight"][ids]
+        if self.gemma():  # GemmaModel: inputs_embeds * sqrt(hidden_size)
+            x = x * math.sqrt(c["hidden_size"])
         for l in range(c["num_hidden_layers"]):
             p = f"model.layers.{l}."
             h = self.rmsnorm(x, w[p + "input_layernorm.weight"])
@@ -152,7 +160,11 @@ class RefLlama:
             att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd) + mask, dim=-1) @ v
             x = x + att.transpose(1, 2).reshape(B, T, H * hd) @ w[p + "self_attn.o_proj.weight"].T
             h = self.rmsnorm(x, w[p + "post_attention_layernorm.weight"])
-            g = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T)
+            gate = h @ w[p + "mlp.gate_proj.weight"].T
+            if self.gemma():  # hidden_activation gelu_pytorch_tanh
+                g = torch.nn.functional.gelu(gate, approximate="tanh")
+            else:
+                g = torch.nn.functional.silu(gate)
             u = h @ w[p + "mlp.up_proj.weight"].T
             x = x + (g * u) @ w[p + "mlp.down_proj.weight"].T
         x = self.rmsnorm(x, w["model.norm.weight"])
@@ -233,17 +245,17 @@ def make_corpus(path, docs, seed):
         f.write("\n\n".join(out) + "\n")
 
 
-def sharpen(weights, seed):
+def sharpen(weights, seed, norm_offset=0.0):
     """A copy far from the near-uniform early-training regime: every matrix gets random
     noise of a unit-gain scale (gain / sqrt(fan_in)), larger for q/k (peaked attention)
-    and the head (peaked logits), and the norm gains are randomised."""
+    and the head (peaked logits), and the norm gains (w + norm_offset) are randomised."""
     rng = np.random.RandomState(seed)
     gain = {"q_proj": 2.5, "k_proj": 2.5, "v_proj": 1.0, "o_proj": 1.0, "gate_proj": 1.5,
             "up_proj": 1.5, "down_proj": 1.0, "lm_head": 4.0, "embed_tokens": 4.0}
     out = {}
     for name, w in weights.items():
         if name.endswith("norm.weight"):
-            out[name] = w * rng.uniform(0.5, 1.5, w.shape)
+            out[name] = (w + norm_offset) * rng.uniform(0.5, 1.5, w.shape) - norm_offset
         else:
             g = next(s for key, s in gain.items() if key in name)
             out[name] = w + rng.normal(0.0, g / math.sqrt(w.shape[1]), w.shape)
@@ -381,6 +393,10 @@ def main():
             "mqa-tied": ["base_num_query_heads=4", "base_num_kv_heads=1", "head_dim=24",
                          "base_mlp_dim=80", "logits_via_embedding=true", "rope_max_timescale=500",
                          "normalization_layer_epsilon=1e-6", "remat_policy=full"],
+            # GemmaForCausalLM: (1 + w) norms, GELU-tanh, sqrt(hidden) embedding scale, tied.
+            "gemma": ["decoder_block=gemma", "base_num_query_heads=4", "base_num_kv_heads=1",
+                      "head_dim=24", "base_mlp_dim=80", "normalization_layer_epsilon=1e-6",
+                      "remat_policy=minimal"],
         }
         for case, extra in cases.items():
             out = os.path.join(tmp, "runs")
@@ -406,7 +422,7 @@ def main():
             os.makedirs(sharp_dir)
             for f in ("config.json", "tokenizer.model"):
                 shutil.copy(os.path.join(final, f), sharp_dir)
-            sharp = sharpen(weights, seed=3)
+            sharp = sharpen(weights, seed=3, norm_offset=1.0 if hf["model_type"] == "gemma" else 0.0)
             write_safetensors(os.path.join(sharp_dir, "model.safetensors"), sharp, meta)
             model = RefLlama(hf, sharp)
             check_eval(hyp, case + " sharpened", sharp_dir, model, val, [(seq, 4), (7, 5)])
