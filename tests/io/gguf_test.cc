@@ -669,6 +669,7 @@ class ConvertTest : public ::testing::Test {
     std::string reshape;        // a tensor to give a wrong shape
     std::string extra;          // an extra tensor to add
     std::string drop_key;       // a config key to leave out
+    bool gemma = false;         // a GemmaForCausalLM checkpoint
   };
 
   // Builds model.safetensors + config.json + tokenizer.model in dir.path / "ckpt".
@@ -739,6 +740,11 @@ class ConvertTest : public ::testing::Test {
                           {"eos_token_id", 2},
                           {"torch_dtype", "float32"}};
     if (o.head_dim > 0) cfg["head_dim"] = o.head_dim;
+    if (o.gemma) {
+      cfg["architectures"] = {"GemmaForCausalLM"};
+      cfg["model_type"] = "gemma";
+      cfg["hidden_activation"] = "gelu_pytorch_tanh";
+    }
     if (!o.drop_key.empty()) cfg.erase(o.drop_key);
     write_bytes((fs::path(ckpt_) / "config.json").string(), cfg.dump(2));
   }
@@ -934,6 +940,37 @@ TEST_F(ConvertTest, ExplicitHeadDim) {
   // Without head_dim in config.json, the keys are absent (as with convert_hf_to_gguf.py).
   make_checkpoint({});
   EXPECT_FALSE(convert("f32").has("llama.attention.key_length"));
+}
+
+// A Gemma converts to llama.cpp's gemma architecture: gemma.* keys, key/value lengths
+// always written, norms stored as 1 + w (the scale llama.cpp applies), q/k rows left in
+// Hugging Face's rotate-half order, and the head tied to token_embd.
+TEST_F(ConvertTest, GemmaArchitectureNormsAndUnpermutedRope) {
+  Options o;
+  o.gemma = true;
+  o.tied = true;
+  o.write_lm_head = false;
+  o.head_dim = 24;  // not dim / heads
+  make_checkpoint(o);
+  GgufFile f = convert("f32");
+  EXPECT_EQ(f.get_string("general.architecture"), "gemma");
+  EXPECT_EQ(f.get_u32("gemma.block_count"), 2u);
+  EXPECT_EQ(f.get_u32("gemma.embedding_length"), 64u);
+  EXPECT_EQ(f.get_u32("gemma.attention.key_length"), 24u);
+  EXPECT_FALSE(f.has("llama.block_count"));
+  EXPECT_EQ(f.find("output.weight"), nullptr);
+  EXPECT_EQ(f.dequantize("blk.1.attn_q.weight"),
+            weights_.at("model.layers.1.self_attn.q_proj.weight"));
+  EXPECT_EQ(f.dequantize("blk.0.attn_k.weight"),
+            weights_.at("model.layers.0.self_attn.k_proj.weight"));
+  for (const auto& [gg, hf] : {std::pair<std::string, std::string>{"blk.0.attn_norm.weight",
+                                                                    "model.layers.0.input_layernorm.weight"},
+                               {"blk.1.ffn_norm.weight", "model.layers.1.post_attention_layernorm.weight"},
+                               {"output_norm.weight", "model.norm.weight"}}) {
+    const std::vector<float> got = f.dequantize(gg), w = weights_.at(hf);
+    ASSERT_EQ(got.size(), w.size());
+    for (size_t i = 0; i < w.size(); ++i) ASSERT_EQ(got[i], w[i] + 1.0f) << gg << " " << i;
+  }
 }
 
 TEST_F(ConvertTest, TiedEmbeddingsOmitOutput) {

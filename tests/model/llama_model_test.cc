@@ -177,6 +177,72 @@ TEST_P(LlamaModelTest, GradientsMatchFiniteDifferences) {
   EXPECT_GT(checked, 40);
 }
 
+// Gemma's fields ((1 + w) norms, GELU-tanh, sqrt(dim) embedding scale, tied head) in the
+// backward, against finite differences; every remat policy gives the same gradients.
+TEST(GemmaModel, GradientsMatchFiniteDifferencesUnderEveryRemat) {
+  LlamaConfig c = tiny_config(true);
+  c.arch = family_info(DecoderFamily::kGemma).defaults;
+  c.head_dim = 6;  // not dim / heads
+  ParamStore ps(c, false);
+  ps.init(13, 0.4);
+  for (const ParamInfo& info : ps.infos())  // norms start at 0 (scale 1): move them off it
+    if (info.kind == ParamKind::kNorm)
+      for (int64_t i = 0; i < info.numel; ++i) ps.params()[info.offset + i] = 0.1f * float(i % 5) - 0.2f;
+  const int64_t b = 2, t = 6;
+  auto in = random_tokens(b * t, c.vocab_size, 8);
+  auto tg = random_tokens(b * t, c.vocab_size, 9);
+  std::vector<float> first;
+  for (RematPolicy r : {RematPolicy::kNone, RematPolicy::kMinimal, RematPolicy::kFull}) {
+    LlamaModel m(ps, {b, t, false, r});
+    ps.zero_grads();
+    m.forward_backward(in.data(), tg.data(), 1.0f);
+    std::vector<float> g(ps.grads(), ps.grads() + ps.size());
+    if (first.empty()) {
+      first = g;
+      const int checked = testing_util::check_gradients_fd(
+          ps, in, [&] { return loss_of(m, in, tg); }, testing_util::FdOptions{});
+      EXPECT_GT(checked, 40);
+    } else {
+      EXPECT_EQ(g, first) << remat_policy_name(r);
+    }
+  }
+}
+
+TEST(GemmaConfig, HfJsonRoundTripAndLegacyActivation) {
+  LlamaConfig c = tiny_config(true);
+  c.arch = family_info(DecoderFamily::kGemma).defaults;
+  const std::string json = c.to_hf_json();
+  EXPECT_NE(json.find("\"GemmaForCausalLM\""), std::string::npos);
+  EXPECT_NE(json.find("\"model_type\": \"gemma\""), std::string::npos);
+  EXPECT_NE(json.find("\"hidden_activation\": \"gelu_pytorch_tanh\""), std::string::npos);
+  const LlamaConfig back = LlamaConfig::from_hf_json(json, "config.json");
+  EXPECT_TRUE(back.arch == c.arch);
+  EXPECT_TRUE(back.tie_embeddings);
+  // Hugging Face's Gemma runs the tanh form when only the legacy hidden_act "gelu" is set.
+  const std::string legacy =
+      R"({"model_type": "gemma", "vocab_size": 37, "hidden_size": 16, "intermediate_size": 24,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 4, "hidden_act": "gelu"})";
+  const LlamaConfig l = LlamaConfig::from_hf_json(legacy, "config.json");
+  EXPECT_EQ(l.arch.activation, GatedActivation::kGeluTanh);
+  EXPECT_TRUE(l.tie_embeddings);
+  // The exact erf GELU and softcapping are refused by name.
+  for (const char* bad :
+       {R"({"model_type": "gemma", "vocab_size": 37, "hidden_size": 16, "intermediate_size": 24,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_activation": "gelu"})",
+        R"({"model_type": "gemma", "vocab_size": 37, "hidden_size": 16, "intermediate_size": 24,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "final_logit_softcapping": 30.0})"}) {
+    try {
+      LlamaConfig::from_hf_json(bad, "dir/config.json");
+      FAIL() << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("dir/config.json"), std::string::npos) << e.what();
+    }
+  }
+  LlamaConfig room = c;
+  room.arch.sliding_window = 512;
+  EXPECT_THROW(room.validate("preset"), Error);
+}
+
 TEST_P(LlamaModelTest, RematPoliciesGiveIdenticalGradients) {
   for (bool bf16 : {false, true}) {
     LlamaConfig c = tiny_config(GetParam());

@@ -181,6 +181,22 @@ TEST(Engine, MoeModelEqualsGenerator) {
   expect_equal_to_generator(engine, *p, reqs);
 }
 
+// A Gemma (GELU-tanh, (1 + w) norms, scaled embedding, tied head) through the same
+// decoder: the engine's paged batches equal the generator's contiguous cache token for
+// token, and int8 weights keep most greedy tokens.
+TEST(Engine, GemmaModelEqualsGenerator) {
+  LlamaConfig c = small_config();
+  c.arch = family_info(DecoderFamily::kGemma).defaults;
+  c.tie_embeddings = true;
+  c.head_dim = 24;  // not dim / heads
+  auto p = make_params(c, false);
+  Engine engine(*p, nullptr, f32_config());
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(greedy(random_prompt(3 + 7 * i, 900 + i), 12));
+  expect_equal_to_generator(engine, *p, reqs);
+  expect_pool_empty(engine);
+}
+
 // Fraction of positions where two runs chose the same greedy token, compared up to the
 // first disagreement of each request (after it the contexts differ).
 double top1_agreement(const std::vector<Collected>& a, const std::vector<Collected>& b) {
