@@ -12,6 +12,7 @@
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
 #include "model/llama_generator.h"
+#include "serve/text_stream.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 
@@ -150,23 +151,19 @@ int cmd_generate(const Args& args) {
   LlamaGenerator gen(*c.params, std::max<int64_t>(ctx, 1));
   const bool json = f.has("json");
   if (!json) std::printf("%s", prompt.c_str());
-  std::vector<int32_t> produced;
-  std::string printed;
+  // The server's incremental detokeniser: text as a continuation of the prompt, printed
+  // once final (a character split over byte-fallback tokens waits for its last byte).
+  serve::TextStream stream(&c.tokenizer, ids.back(), {});
   std::vector<int32_t> out = generate_tokens(gen, ids, go, [&](int32_t tok) {
     if (json || tok == c.tokenizer.eos_id()) return;
-    produced.push_back(tok);
-    // Decode the whole continuation each time so multi-byte characters split over
-    // byte-fallback tokens print once complete (a trailing U+FFFD means "not yet").
-    std::string text = c.tokenizer.decode(produced);
-    static const std::string kReplacement = "\xEF\xBF\xBD";
-    while (text.size() >= 3 && text.compare(text.size() - 3, 3, kReplacement) == 0)
-      text.resize(text.size() - 3);
-    if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0) {
-      std::fputs(text.c_str() + printed.size(), stdout);
+    bool stopped = false;
+    const std::string text = stream.push(tok, &stopped);
+    if (!text.empty()) {
+      std::fputs(text.c_str(), stdout);
       std::fflush(stdout);
-      printed = text;
     }
   });
+  if (!json) std::fputs(stream.flush().c_str(), stdout);
   const bool eos = !out.empty() && out.back() == c.tokenizer.eos_id();
   if (eos) out.pop_back();
   if (json) {

@@ -34,7 +34,7 @@ std::string config_name(const std::string& arg) {
 const CommandSpec kTrainSpec = {
     "train",
     "[CONFIG] [key=value ...]",
-    "pre-train a Llama or Mixtral model (no CONFIG: the embedded tiny preset on the bundled "
+    "pre-train a Llama, Mixtral or Gemma model (no CONFIG: the embedded tiny preset on the bundled "
     "corpus)",
     {{"resume", "DIR", "continue a run from its latest checkpoint (restores its config)"},
      {"stop-at", "STEP", "stop after this step, as if interrupted (the run can be resumed)"},

@@ -8,7 +8,8 @@
 // non-zero count, roots out of range, invalid ReduceOp, partially overlapping buffers:
 // hyperion::Error naming the call), time the call and count its bytes, then call the
 // protected do_* hook that an implementation overrides. So every implementation (the
-// single-process one here, MPI later) gets the same checks and the same counters.
+// single-process one and the Open MPI one, mpi_communicator.cc) gets the same checks and
+// the same counters.
 //
 // Buffer conventions (the NCCL ones, so an MPI/NCCL backend maps 1:1):
 //   all_reduce(data, count, op): in place over `count` floats on every rank.
@@ -76,7 +77,7 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  virtual std::string name() const = 0;  // "single", later "mpi"
+  virtual std::string name() const = 0;  // "single" or "mpi"
 
   void all_reduce(float* data, size_t count, ReduceOp op);
   void reduce_scatter(const float* send, float* recv, size_t recv_count, ReduceOp op);

@@ -121,4 +121,10 @@ std::optional<std::string> find_bundled_corpus() {
   return std::nullopt;
 }
 
+std::string require_bundled_corpus(const std::string& why) {
+  if (auto path = find_bundled_corpus()) return *path;
+  fail("the bundled corpus (data/corpus/*.txt) was not found in the working directory or in {} ({})",
+       source_dir(), why);
+}
+
 }  // namespace hyperion::io

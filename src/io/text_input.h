@@ -20,5 +20,8 @@ std::vector<std::string> read_documents(const std::string& path);
 // The bundled corpus: the first data/corpus/*.txt or *.jsonl (by name) under the working
 // directory, else under the source tree; nullopt when neither has one.
 std::optional<std::string> find_bundled_corpus();
+// find_bundled_corpus() or an error naming both places searched; `why` says what needed
+// it and what to give instead ("dataset_path is empty", "give a text file with --corpus").
+std::string require_bundled_corpus(const std::string& why);
 
 }  // namespace hyperion::io

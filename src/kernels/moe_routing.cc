@@ -52,80 +52,6 @@ HWY_BEFORE_NAMESPACE();
 namespace hyperion {
 namespace HWY_NAMESPACE {
 
-// f32 row tails for the router rows, where e (8..64) is often below one vector so the
-// tail is most of the row: a single masked load/store on AVX2/AVX-512 (fault-suppressing)
-// instead of the stack-buffer round trip of simd-inl.h's LoadTail/StoreTail, which the
-// other targets keep (their MaskedLoad reads the whole vector).
-HWY_INLINE VF LoadTailF(DF d, const float* p, size_t count, float pad) {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-  const auto m = hn::FirstN(d, count);
-  return hn::IfThenElse(m, hn::MaskedLoad(m, d, p), hn::Set(d, pad));
-#else
-  return LoadTail(d, p, count, pad);
-#endif
-}
-HWY_INLINE void StoreTailF(DF d, VF v, float* p, size_t count) {
-  hn::BlendedStore(v, hn::FirstN(d, count), d, p);
-}
-
-// Largest element of an f32 row; starts at -FLT_MAX as RowMax of simd-inl.h does.
-HWY_INLINE float RowMaxF(DF d, const float* x, size_t cols) {
-  const size_t n = hn::Lanes(d);
-  VF m0 = hn::Set(d, -FLT_MAX), m1 = m0;
-  size_t i = 0;
-  for (; i + 2 * n <= cols; i += 2 * n) {
-    m0 = hn::Max(m0, hn::LoadU(d, x + i));
-    m1 = hn::Max(m1, hn::LoadU(d, x + i + n));
-  }
-  for (; i + n <= cols; i += n) m0 = hn::Max(m0, hn::LoadU(d, x + i));
-  if (i < cols)
-    m0 = hn::Max(m0, LoadTailF(d, x + i, cols - i, -std::numeric_limits<float>::infinity()));
-  return hn::GetLane(hn::MaxOfLanes(d, hn::Max(m0, m1)));
-}
-
-// Sum of exp(x - m) over a row; with kStore the exps are written to out as well.
-template <bool kStore>
-HWY_INLINE float ExpRow(DF d, const float* x, size_t cols, float m, float* out) {
-  const size_t n = hn::Lanes(d);
-  const VF vm = hn::Set(d, m);
-  VF s0 = hn::Zero(d), s1 = hn::Zero(d);
-  size_t i = 0;
-  for (; i + 2 * n <= cols; i += 2 * n) {
-    const VF e0 = FastExp(d, hn::Sub(hn::LoadU(d, x + i), vm));
-    const VF e1 = FastExp(d, hn::Sub(hn::LoadU(d, x + i + n), vm));
-    if constexpr (kStore) {
-      hn::StoreU(e0, d, out + i);
-      hn::StoreU(e1, d, out + i + n);
-    }
-    s0 = hn::Add(s0, e0);
-    s1 = hn::Add(s1, e1);
-  }
-  for (; i + n <= cols; i += n) {
-    const VF e0 = FastExp(d, hn::Sub(hn::LoadU(d, x + i), vm));
-    if constexpr (kStore) hn::StoreU(e0, d, out + i);
-    s0 = hn::Add(s0, e0);
-  }
-  if (i < cols) {
-    // Padding lanes are -inf, whose exp is 0.
-    const VF e0 = FastExp(
-        d, hn::Sub(LoadTailF(d, x + i, cols - i, -std::numeric_limits<float>::infinity()), vm));
-    if constexpr (kStore) StoreTailF(d, e0, out + i, cols - i);
-    s0 = hn::Add(s0, e0);
-  }
-  return hn::GetLane(hn::SumOfLanes(d, hn::Add(s0, s1)));
-}
-
-// probs = softmax(logits) of one row of `cols`.
-HWY_INLINE void SoftmaxRow(DF d, const float* x, float* p, size_t cols) {
-  const size_t n = hn::Lanes(d);
-  const float sum = ExpRow<true>(d, x, cols, RowMaxF(d, x, cols), p);
-  // sum == 0 only for an all -inf row: zeros. A NaN sum stays NaN.
-  const VF vinv = hn::Set(d, sum == 0.0f ? 0.0f : 1.0f / sum);
-  size_t i = 0;
-  for (; i + n <= cols; i += n) hn::StoreU(hn::Mul(hn::LoadU(d, p + i), vinv), d, p + i);
-  if (i < cols) StoreTailF(d, hn::Mul(LoadTailF(d, p + i, cols - i, 0.0f), vinv), p + i, cols - i);
-}
-
 // Top-k by k passes of a vector argmax over a scratch copy of the row: the max, then the
 // first lane equal to it (ties -> lower index), which is then knocked out with -inf.
 // Branch-free per element, unlike an insertion scan whose compares mispredict on random
@@ -139,7 +65,7 @@ HWY_INLINE bool TopKVector(DF d, const float* p, size_t e, size_t k, int32_t* id
   for (size_t j = 0; j < k; ++j) {
     // The max is >= -FLT_MAX (the start value) or NaN, so it never equals a knocked-out
     // -inf: the chosen ids are distinct.
-    const VF vm = hn::Set(d, RowMaxF(d, scratch, e));
+    const VF vm = hn::Set(d, RowMax<false>(d, scratch, e));
     intptr_t pos = -1;
     size_t i = 0;
     for (; pos < 0 && i + n <= e; i += n) {
@@ -265,7 +191,7 @@ double ZLossRows(const float* x, size_t rows, size_t cols, float gcoef, float* d
   double acc = 0;
   for (size_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
-    const float m = RowMaxF(d, xr, cols);
+    const float m = RowMax<false>(d, xr, cols);
     const float sum = ExpRow<false>(d, xr, cols, m, nullptr);
     const float lse = m + std::log(sum);
     acc += double(lse) * lse;

@@ -128,6 +128,22 @@ HWY_INLINE void Load2(DF d, const T* p, VF& a, VF& b) {
   }
 }
 
+// f32 row tails for short rows (the MoE router's e = 8..64 is often below one vector, so
+// the tail is most of the row): a single masked load/store on AVX2/AVX-512 (fault-suppressing)
+// instead of the stack-buffer round trip of LoadTail/StoreTail above, which the
+// other targets keep (their MaskedLoad reads the whole vector).
+HWY_INLINE VF LoadTailF(DF d, const float* p, size_t count, float pad) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  const auto m = hn::FirstN(d, count);
+  return hn::IfThenElse(m, hn::MaskedLoad(m, d, p), hn::Set(d, pad));
+#else
+  return LoadTail(d, p, count, pad);
+#endif
+}
+HWY_INLINE void StoreTailF(DF d, VF v, float* p, size_t count) {
+  hn::BlendedStore(v, hn::FirstN(d, count), d, p);
+}
+
 // Largest element of a row of `cols` (f32, or bf16 read as pairs when kPairs). Starts
 // at -FLT_MAX, not -inf, so that x - max stays finite or -inf (never NaN) for a row
 // that is all -inf.
@@ -143,8 +159,13 @@ HWY_INLINE float RowMax(DF d, const T* x, size_t cols) {
     m1 = hn::Max(m1, v1);
   }
   for (; i + n <= cols; i += n) m0 = hn::Max(m0, LoadF(d, x + i));
-  if (i < cols)
-    m0 = hn::Max(m0, LoadTail(d, x + i, cols - i, -std::numeric_limits<float>::infinity()));
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  if (i < cols) {
+    if constexpr (std::is_same_v<T, float>)
+      m0 = hn::Max(m0, LoadTailF(d, x + i, cols - i, neg_inf));
+    else
+      m0 = hn::Max(m0, LoadTail(d, x + i, cols - i, neg_inf));
+  }
   return hn::GetLane(hn::MaxOfLanes(d, hn::Max(m0, m1)));
 }
 
@@ -172,6 +193,52 @@ HWY_INLINE VF FastExp(DF d, VF x) {
   const VF pow2n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(du, t)));
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -86.0f)), hn::Mul(p, pow2n));
 }
+
+// Row softmax primitives for short f32 rows (the MoE router; kernels/softmax.cc has the
+// long-row, bf16-aware version with prefetching).
+// Sum of exp(x - m) over a row; with kStore the exps are written to out as well.
+template <bool kStore>
+HWY_INLINE float ExpRow(DF d, const float* x, size_t cols, float m, float* out) {
+  const size_t n = hn::Lanes(d);
+  const VF vm = hn::Set(d, m);
+  VF s0 = hn::Zero(d), s1 = hn::Zero(d);
+  size_t i = 0;
+  for (; i + 2 * n <= cols; i += 2 * n) {
+    const VF e0 = FastExp(d, hn::Sub(hn::LoadU(d, x + i), vm));
+    const VF e1 = FastExp(d, hn::Sub(hn::LoadU(d, x + i + n), vm));
+    if constexpr (kStore) {
+      hn::StoreU(e0, d, out + i);
+      hn::StoreU(e1, d, out + i + n);
+    }
+    s0 = hn::Add(s0, e0);
+    s1 = hn::Add(s1, e1);
+  }
+  for (; i + n <= cols; i += n) {
+    const VF e0 = FastExp(d, hn::Sub(hn::LoadU(d, x + i), vm));
+    if constexpr (kStore) hn::StoreU(e0, d, out + i);
+    s0 = hn::Add(s0, e0);
+  }
+  if (i < cols) {
+    // Padding lanes are -inf, whose exp is 0.
+    const VF e0 = FastExp(
+        d, hn::Sub(LoadTailF(d, x + i, cols - i, -std::numeric_limits<float>::infinity()), vm));
+    if constexpr (kStore) StoreTailF(d, e0, out + i, cols - i);
+    s0 = hn::Add(s0, e0);
+  }
+  return hn::GetLane(hn::SumOfLanes(d, hn::Add(s0, s1)));
+}
+
+// probs = softmax(logits) of one row of `cols`.
+HWY_INLINE void SoftmaxRow(DF d, const float* x, float* p, size_t cols) {
+  const size_t n = hn::Lanes(d);
+  const float sum = ExpRow<true>(d, x, cols, RowMax<false>(d, x, cols), p);
+  // sum == 0 only for an all -inf row: zeros. A NaN sum stays NaN.
+  const VF vinv = hn::Set(d, sum == 0.0f ? 0.0f : 1.0f / sum);
+  size_t i = 0;
+  for (; i + n <= cols; i += n) hn::StoreU(hn::Mul(hn::LoadU(d, p + i), vinv), d, p + i);
+  if (i < cols) StoreTailF(d, hn::Mul(LoadTailF(d, p + i, cols - i, 0.0f), vinv), p + i, cols - i);
+}
+
 
 }  // namespace HWY_NAMESPACE
 }  // namespace hyperion

@@ -13,7 +13,6 @@
 #include <random>
 #include <thread>
 
-#include "base/source_dir.h"
 #include "base/error.h"
 #include "base/timer.h"
 #include "io/atomic_file.h"
@@ -170,11 +169,7 @@ std::vector<BenchRequest> load_jsonl_prompts(const std::string& path, const Prom
 }
 
 std::string bundled_corpus_path() {
-  if (auto path = io::find_bundled_corpus()) return *path;
-  fail(
-      "the bundled corpus (data/corpus/*.txt) was not found in the working directory or in {}; "
-      "give a text file with --corpus",
-      source_dir());
+  return io::require_bundled_corpus("give a text file with --corpus");
 }
 
 namespace {

@@ -13,7 +13,6 @@
 #include <sstream>
 #include <thread>
 
-#include "base/source_dir.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/system_memory.h"
@@ -38,14 +37,6 @@ namespace hyperion {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string bundled_corpus() {
-  if (auto path = io::find_bundled_corpus()) return *path;
-  fail(
-      "dataset_path is empty and the bundled corpus (data/corpus/*.txt) was not found in the "
-      "working directory or in {}",
-      source_dir());
-}
 
 bool is_prepared(const std::string& dir) {
   return fs::exists(dir + "/train.bin") && fs::exists(dir + "/val.bin") &&
@@ -172,7 +163,7 @@ PreparedDataset resolve_dataset(const TrainConfig& t, bool prepare) {
               input);
     d.dir = input;
   } else {
-    if (input.empty()) input = bundled_corpus();
+    if (input.empty()) input = io::require_bundled_corpus("dataset_path is empty");
     HYP_CHECK(fs::is_regular_file(input), "dataset_path '{}': no such file or directory", input);
     const std::string stem = fs::path(input).stem().string();
     // fmt::format rather than `"-" + string` chains: GCC 12 -Wrestrict misfires on those.

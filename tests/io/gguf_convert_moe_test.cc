@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "io/atomic_file.h"
 #include "io/gguf.h"
+#include "kernels/quantize_q8_0.h"
 #include "io/gguf_convert.h"
 #include "io/safetensors.h"
 #include "tensor/convert.h"

@@ -1,4 +1,5 @@
 #include "io/gguf.h"
+#include "kernels/quantize_q8_0.h"
 
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
