@@ -24,7 +24,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "kernels/peak.h"
-#include "kernels/gated_activation.h"
+#include "model/decoder.h"
 #include "model/linear.h"
 #include "model/llama_model.h"
 #include "model/moe_block.h"
@@ -145,39 +145,42 @@ LayerTiming time_moe_layer(const TrainConfig& t, double cf, int64_t warmup, int6
   return r;
 }
 
+// The decoder's own dense MLP layer (Decoder::mlp and mlp_backward, the code training
+// runs), ffn = k x expert ffn, on one bf16 layer of the same tokens.
 LayerTiming time_dense_mlp(const TrainConfig& t, int64_t warmup, int64_t reps) {
   const int64_t n = t.per_device_batch_size * t.max_target_length, d = t.model.dim;
   const int64_t f = t.model.n_experts_per_tok * t.model.expert_ffn_dim();
+  LlamaConfig c = t.model;
+  c.n_layers = 1;
+  c.n_experts = 0;
+  c.ffn_dim = f;
+  ParamStore ps(c, true);
+  ps.init(3);
+  LinearWeights weights(ps, WeightFormat::kBF16);
+  Decoder dec(ps, weights, t.max_target_length);
   auto sz = [](int64_t x) { return static_cast<size_t>(x); };
-  const std::vector<bf16> h = random_bf16(sz(n * d), 1), wg = random_bf16(sz(f * d), 2),
-                          wu = random_bf16(sz(f * d), 3), wd = random_bf16(sz(d * f), 4);
-  std::vector<bf16> g(sz(n * f)), u(sz(n * f)), a(sz(n * f)), da(sz(n * f)),
-      dout_c = random_bf16(sz(n * d), 5);
-  std::vector<float> out(sz(n * d)), dh(sz(n * d)), dwg(sz(f * d)), dwu(sz(f * d)), dwd(sz(d * f));
-  const TensorView Wg(const_cast<bf16*>(wg.data()), DType::kBF16, {f, d}),
-      Wu(const_cast<bf16*>(wu.data()), DType::kBF16, {f, d}),
-      Wd(const_cast<bf16*>(wd.data()), DType::kBF16, {d, f});
-  const TensorView dWg(dwg.data(), DType::kF32, {f, d}), dWu(dwu.data(), DType::kF32, {f, d}),
-      dWd(dwd.data(), DType::kF32, {d, f});
-  const TensorView G(g.data(), DType::kBF16, {n, f}), U(u.data(), DType::kBF16, {n, f}),
-      A(a.data(), DType::kBF16, {n, f});
+  std::vector<bf16> h = random_bf16(sz(n * d), 1), g(sz(n * f)), u(sz(n * f)), a(sz(n * f)),
+                    da(sz(n * f)), dres_c(sz(n * d));
+  std::vector<float> out(sz(n * d)), x2(sz(n * d)), dres(sz(n * d)), dh(sz(n * d));
+  for (size_t i = 0; i < dres.size(); ++i) dres[i] = bf16_to_f32(h[(i * 7) % h.size()]) * 1e-3f;
+  DecoderActs s;
+  s.x2 = x2.data();
+  s.h2 = h.data();
+  s.g = g.data();
+  s.u = u.data();
+  s.a = a.data();
+  DecoderGrads gr;
+  gr.dres = dres.data();
+  gr.dres_c = dres_c.data();
+  gr.dh = dh.data();
+  gr.da = da.data();
   LayerTiming r;
   for (int64_t i = 0; i < warmup + reps; ++i) {
     Timer fw;
-    linear::forward(h.data(), DType::kBF16, Wg, g.data(), DType::kBF16, n);
-    linear::forward(h.data(), DType::kBF16, Wu, u.data(), DType::kBF16, n);
-    swiglu_forward(G, U, A);
-    linear::forward(a.data(), DType::kBF16, Wd, out.data(), DType::kF32, n, 1.0f);
+    dec.mlp(0, n, s, MoeShape{}, MoeOptions{}, out.data());
     const double fs = fw.seconds();
     Timer bw;
-    // The dense layer's backward as LlamaModel runs it (dres already in bf16).
-    linear::backward_input(dout_c.data(), DType::kBF16, Wd, da.data(), DType::kBF16, n);
-    linear::backward_weight(dout_c.data(), a.data(), DType::kBF16, dWd, n);
-    swiglu_backward(TensorView(da.data(), DType::kBF16, {n, f}), G, U, G, U);
-    linear::backward_input(g.data(), DType::kBF16, Wg, dh.data(), DType::kF32, n);
-    linear::backward_input(u.data(), DType::kBF16, Wu, dh.data(), DType::kF32, n, 1.0f);
-    linear::backward_weight(g.data(), h.data(), DType::kBF16, dWg, n);
-    linear::backward_weight(u.data(), h.data(), DType::kBF16, dWu, n);
+    dec.mlp_backward(0, n, s, gr, MoeShape{}, MoeOptions{}, 1.0f);
     const double bs = bw.seconds();
     if (i < warmup) continue;
     r.fwd_s += fs / double(reps);

@@ -85,9 +85,14 @@ void Decoder::attention_block(int l, const PassRows& rows, DecoderActs& s, KvSou
 
 void Decoder::mlp_block(int l, int64_t n, DecoderActs& s, const MoeShape& ms, const MoeOptions& mo,
                         float* out) {
+  norm(s.x2, n, params_.layer(l).post_norm, s.h2, s.rstd2);
+  mlp(l, n, s, ms, mo, out);
+}
+
+void Decoder::mlp(int l, int64_t n, DecoderActs& s, const MoeShape& ms, const MoeOptions& mo,
+                  float* out) {
   const LayerParamIndex& p = params_.layer(l);
   const int64_t f = cfg_.ffn_dim;
-  norm(s.x2, n, p.post_norm, s.h2, s.rstd2);
   if (p.moe()) {
     if (out != nullptr) copy_f32(s.x2, out, n * cfg_.dim);
     moe::forward(params_, p, ms, mo, s.h2, act_, s.moe, out);
@@ -146,30 +151,13 @@ void Decoder::layer_backward(int l, const PassRows& rows, DecoderActs& s, const 
   const LayerParamIndex& p = params_.layer(l);
   const ParamStore& ps = params_;
   const int64_t n = rows.n(), b = rows.b, t = rows.t;
-  const int64_t f = cfg_.ffn_dim;
   const int64_t hq = cfg_.n_heads, hkv = cfg_.n_kv_heads, hd = cfg_.head_dim;
 
-  const void* g_out = nullptr;
-  if (p.moe()) {
-    // MLP branch: x' = x2 + moe(h2).
-    moe::backward(ps, p, ms, mo, s.h2, act_, s.moe, gr.dres, dloss, gr.moe, gr.dh);
-  } else {
-    // MLP branch: x' = x2 + act(h2 Wg^T, h2 Wu^T) Wd^T.
-    g_out = dres_compute(n, gr);
-    linear::backward_input(g_out, act_, ps.compute_weight(p.down), gr.da, act_, n);
-    linear::backward_weight(g_out, s.a, act_, ps.grad(p.down), n);
-    // dg and du overwrite the saved gate and up (read before written, never needed again).
-    const TensorView gv(s.g, act_, {n, f}), uv(s.u, act_, {n, f});
-    gated_backward(cfg_.arch.activation, TensorView(gr.da, act_, {n, f}), gv, uv, gv, uv);
-    linear::backward_input(s.g, act_, ps.compute_weight(p.gate), gr.dh, DType::kF32, n);
-    linear::backward_input(s.u, act_, ps.compute_weight(p.up), gr.dh, DType::kF32, n, 1.0f);
-    linear::backward_weight(s.g, s.h2, act_, ps.grad(p.gate), n);
-    linear::backward_weight(s.u, s.h2, act_, ps.grad(p.up), n);
-  }
+  mlp_backward(l, n, s, gr, ms, mo, dloss);
   norm_backward(s.x2, n, p.post_norm, s.rstd2, gr.dres, true, gr);
 
   // Attention branch: x2 = x + attention(rope(h Wq^T), rope(h Wk^T), h Wv^T) Wo^T.
-  g_out = dres_compute(n, gr);
+  const void* g_out = dres_compute(n, gr);
   linear::backward_input(g_out, act_, ps.compute_weight(p.o), gr.datt, act_, n);
   linear::backward_weight(g_out, s.att, act_, ps.grad(p.o), n);
   const TensorView dqv(gr.dq, act_, {b, t, hq, hd}), dkv(gr.dk, act_, {b, t, hkv, hd});
@@ -187,6 +175,29 @@ void Decoder::layer_backward(int l, const PassRows& rows, DecoderActs& s, const 
   linear::backward_weight(gr.dk, s.h, act_, ps.grad(p.k), n);
   linear::backward_weight(gr.dv, s.h, act_, ps.grad(p.v), n);
   norm_backward(s.x, n, p.input_norm, s.rstd1, gr.dres, true, gr);
+}
+
+void Decoder::mlp_backward(int l, int64_t n, DecoderActs& s, const DecoderGrads& gr,
+                           const MoeShape& ms, const MoeOptions& mo, float dloss) {
+  const LayerParamIndex& p = params_.layer(l);
+  const ParamStore& ps = params_;
+  const int64_t f = cfg_.ffn_dim;
+  if (p.moe()) {
+    // x' = x2 + moe(h2).
+    moe::backward(ps, p, ms, mo, s.h2, act_, s.moe, gr.dres, dloss, gr.moe, gr.dh);
+    return;
+  }
+  // x' = x2 + act(h2 Wg^T, h2 Wu^T) Wd^T.
+  const void* g_out = dres_compute(n, gr);
+  linear::backward_input(g_out, act_, ps.compute_weight(p.down), gr.da, act_, n);
+  linear::backward_weight(g_out, s.a, act_, ps.grad(p.down), n);
+  // dg and du overwrite the saved gate and up (read before written, never needed again).
+  const TensorView gv(s.g, act_, {n, f}), uv(s.u, act_, {n, f});
+  gated_backward(cfg_.arch.activation, TensorView(gr.da, act_, {n, f}), gv, uv, gv, uv);
+  linear::backward_input(s.g, act_, ps.compute_weight(p.gate), gr.dh, DType::kF32, n);
+  linear::backward_input(s.u, act_, ps.compute_weight(p.up), gr.dh, DType::kF32, n, 1.0f);
+  linear::backward_weight(s.g, s.h2, act_, ps.grad(p.gate), n);
+  linear::backward_weight(s.u, s.h2, act_, ps.grad(p.up), n);
 }
 
 void Decoder::head_backward(const float* x, int64_t n, const void* h, const float* rstd,

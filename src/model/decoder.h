@@ -107,6 +107,12 @@ class Decoder {
   // not null, out = s.x2 + mlp (out may be s.x2: in place).
   void mlp_block(int l, int64_t n, DecoderActs& s, const MoeShape& ms, const MoeOptions& mo,
                  float* out);
+  // The MLP alone (dense or MoE) from s.h2, the norm's output: mlp_block after the norm.
+  void mlp(int l, int64_t n, DecoderActs& s, const MoeShape& ms, const MoeOptions& mo, float* out);
+  // Its backward: g.dres (gradient w.r.t. the layer output) -> g.dh (w.r.t. h2, written),
+  // accumulating the MLP's weight gradients. s.g and s.u are overwritten.
+  void mlp_backward(int l, int64_t n, DecoderActs& s, const DecoderGrads& g, const MoeShape& ms,
+                    const MoeOptions& mo, float dloss);
   // Recomputes the norms' outputs (h, h2) and the activation's output (a) from the saved
   // inputs and matmul outputs (the minimal remat policy).
   void recompute_elementwise(int l, int64_t n, DecoderActs& s, const MoeShape& ms);

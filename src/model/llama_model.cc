@@ -262,6 +262,16 @@ CrossEntropyResult LlamaModel::forward_backward(const int32_t* inputs, const int
   return r;
 }
 
+StepLoss LlamaModel::forward_backward(const Batch& batch, float dloss) {
+  HYP_CHECK(batch.rows == options_.batch && batch.seq_len == options_.seq_len &&
+                static_cast<int64_t>(batch.inputs.size()) == tokens_per_batch() &&
+                batch.targets.size() == batch.inputs.size(),
+            "model: a batch of {} x {} tokens for a model of {} x {}", batch.rows, batch.seq_len,
+            options_.batch, options_.seq_len);
+  const CrossEntropyResult r = forward_backward(batch.inputs.data(), batch.targets.data(), dloss);
+  return {r.loss, r.count, aux_loss()};
+}
+
 CrossEntropyResult LlamaModel::forward_loss(const int32_t* inputs, const int32_t* targets) {
   const int tail = static_cast<int>(cfg_.n_layers) + 1;
   const bool tied = params_.lm_head() == params_.embed();

@@ -27,11 +27,13 @@
 
 #include "base/aligned.h"
 #include "kernels/cross_entropy.h"
+#include "model/bucket_hooks.h"
 #include "model/decoder.h"
 #include "model/llama_config.h"
 #include "model/linear.h"
 #include "model/moe_block.h"
 #include "model/param_store.h"
+#include "model/trainable_model.h"
 
 namespace hyperion {
 
@@ -48,36 +50,7 @@ struct ModelOptions {
   MoeOptions moe;  // used by the MoE layers, if the config has any
 };
 
-// Routing statistics of the last forward pass over all MoE layers.
-struct MoeStats {
-  float lb_loss = 0.0f;  // load-balance loss, weighted, summed over MoE layers
-  float z_loss = 0.0f;   // router z-loss, weighted, summed over MoE layers
-  // (token, choice) pairs dropped past capacity / all pairs (0 when dropless).
-  double dropped_fraction = 0.0;
-  // Expert load = pairs routed to an expert / the balanced share (n * k / E), over every
-  // (MoE layer, expert): min and max, and the coefficient of variation (std / mean) of
-  // the loads averaged over the MoE layers. Balanced routing gives 1, 1, 0.
-  double load_min = 0.0, load_max = 0.0, load_cv = 0.0;
-};
-
-// Called by the model at parameter-bucket boundaries (ParamStore::bucket_range), so a
-// data-parallel or FSDP trainer can overlap communication with compute: gather a
-// bucket's parameters just before use and prefetch the next, reduce a bucket's
-// gradients as soon as its backward is done.
-class BucketHooks {
- public:
-  virtual ~BucketHooks() = default;
-  // Bucket b's parameters are about to be read; `next` is the bucket read after it
-  // (-1: none in this pass).
-  virtual void use(int b, int next) = 0;
-  // Done reading b for now; `again` when the model reads it again right after the next
-  // bucket (the last layer between forward and backward).
-  virtual void done(int b, bool again) = 0;
-  // Bucket b's gradient for this micro-batch is complete.
-  virtual void grads_ready(int b) = 0;
-};
-
-class LlamaModel {
+class LlamaModel final : public TrainableModel {
  public:
   // Allocates the activation buffers for micro-batches of batch x seq_len tokens. The
   // parameters (and their gradients) stay owned by `params`.
@@ -85,7 +58,11 @@ class LlamaModel {
 
   const ModelOptions& options() const { return options_; }
   // Hooks for the following passes (null: none). Not owned.
-  void set_hooks(BucketHooks* hooks) { hooks_ = hooks; }
+  void set_hooks(BucketHooks* hooks) override { hooks_ = hooks; }
+  ParamStore& params() override { return params_; }
+  Batch make_batch() const override { return Batch::tokens(options_.batch, options_.seq_len); }
+  int64_t items_per_batch() const override { return tokens_per_batch(); }
+  StepLoss forward_backward(const Batch& batch, float dloss) override;
   DType act_dtype() const { return act_; }
   int64_t tokens_per_batch() const { return options_.batch * options_.seq_len; }
 
@@ -102,7 +79,7 @@ class LlamaModel {
   // Sum of the MoE layers' weighted auxiliary losses (load balance + z) of the last
   // forward: forward_backward's gradient includes it, its returned loss does not.
   float aux_loss() const { return moe_stats_.lb_loss + moe_stats_.z_loss; }
-  const MoeStats& moe_stats() const { return moe_stats_; }
+  const MoeStats& moe_stats() const override { return moe_stats_; }
   const MoeShape& moe_shape() const { return moe_shape_; }
 
   // Bytes of saved activations (all layers) and of scratch (recompute, gradients,

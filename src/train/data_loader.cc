@@ -112,6 +112,15 @@ void DataLoader::read_tokens(int64_t begin, int64_t n, int32_t* out) const {
   }
 }
 
+void DataLoader::next(Batch& batch) {
+  HYP_CHECK(batch.rows == batch_ && batch.seq_len == seq_len_ &&
+                static_cast<int64_t>(batch.inputs.size()) == batch_ * seq_len_ &&
+                batch.targets.size() == batch.inputs.size(),
+            "data loader: a batch of {} x {} tokens for a loader of {} x {}", batch.rows,
+            batch.seq_len, batch_, seq_len_);
+  next(batch.inputs.data(), batch.targets.data());
+}
+
 void DataLoader::next(int32_t* inputs, int32_t* targets) {
   const int64_t T = seq_len_;
   for (int64_t b = 0; b < batch_; ++b) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "io/token_shard.h"
+#include "model/trainable_model.h"
 
 namespace hyperion::train {
 
@@ -38,6 +39,8 @@ class DataLoader {
 
   // Fills inputs and targets, each [batch * seq_len] row-major, and advances.
   void next(int32_t* inputs, int32_t* targets);
+  // The same into a token batch of batch x seq_len (Batch::tokens).
+  void next(Batch& batch);
 
   DataLoaderState state() const { return {epoch_, static_cast<uint64_t>(index_)}; }
   // Resumes at `s`; throws naming the files when s.index is not a sequence of this data.

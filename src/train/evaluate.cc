@@ -7,7 +7,7 @@
 #include "io/text_input.h"
 #include "io/token_shard.h"
 #include "kernels/cross_entropy.h"
-#include "model/llama_model.h"
+#include "model/forward_model.h"
 
 namespace hyperion {
 
@@ -20,8 +20,7 @@ EvalReport evaluate_stream(const ParamStore& params, const std::vector<int32_t>&
   const int64_t total = static_cast<int64_t>(tokens.size());
   const int64_t windows = (total - 1 + seq_len - 1) / seq_len;
   batch = std::min(batch, windows);
-  LlamaModel model(const_cast<ParamStore&>(params),
-                   {batch, seq_len, params.has_bf16(), RematPolicy::kFull});
+  ForwardModel model(params, batch, seq_len);
   const int64_t n = batch * seq_len;
   std::vector<int32_t> in(static_cast<size_t>(n)), tg(static_cast<size_t>(n));
   double sum = 0;
@@ -37,7 +36,7 @@ EvalReport evaluate_stream(const ParamStore& params, const std::vector<int32_t>&
             valid ? tokens[static_cast<size_t>(p + 1)] : kIgnoreIndex;
       }
     }
-    const CrossEntropyResult r = model.forward_loss(in.data(), tg.data());
+    const CrossEntropyResult r = model.loss(in.data(), tg.data());
     sum += r.loss * double(r.count);
     count += r.count;
   }

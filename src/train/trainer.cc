@@ -25,6 +25,7 @@
 #include "io/tokenizer.h"
 #include "kernels/peak.h"
 #include "model/llama_generator.h"
+#include "model/forward_model.h"
 #include "model/llama_model.h"
 #include "train/checkpoint.h"
 #include "train/data_loader.h"
@@ -114,42 +115,10 @@ void log_config_changes(const Config& config, const std::string& checkpoint) {
   }
 }
 
-// Keeps the metrics of steps <= `step` (a resumed run rewrites what came after).
-void truncate_metrics(const std::string& path, int64_t step) {
-  if (!fs::exists(path)) return;
-  std::ifstream in(path);
-  std::string line, kept;
-  while (std::getline(in, line)) {
-    try {
-      if (nlohmann::json::parse(line).at("step").get<int64_t>() <= step) kept += line + "\n";
-    } catch (const std::exception&) {
-      // A torn last line from a killed run: dropped.
-    }
-  }
-  io::write_file_atomic(path, kept);
-}
-
 struct EvalResult {
   double loss = 0;
   int64_t tokens = 0;
 };
-
-EvalResult evaluate(LlamaModel& model, train::DataLoader& loader, int64_t max_batches) {
-  const int64_t n = model.tokens_per_batch();
-  std::vector<int32_t> in(static_cast<size_t>(n)), tg(static_cast<size_t>(n));
-  const int64_t per_epoch = loader.sequences_per_epoch() / model.options().batch;
-  const int64_t batches = max_batches > 0 ? std::min(max_batches, per_epoch) : per_epoch;
-  loader.restore({0, 0});
-  double sum = 0;
-  int64_t count = 0;
-  for (int64_t b = 0; b < batches; ++b) {
-    loader.next(in.data(), tg.data());
-    CrossEntropyResult r = model.forward_loss(in.data(), tg.data());
-    sum += r.loss * double(r.count);
-    count += r.count;
-  }
-  return {count > 0 ? sum / double(count) : 0.0, count};
-}
 
 }  // namespace
 
@@ -224,85 +193,143 @@ TrainResult run_training(const Config& config, const std::string& config_name,
 
 namespace {
 
-TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions& options,
-                        dist::Communicator& comm_ref) {
-  Timer total;
-  TrainResult result;
-  dist::Communicator* comm = &comm_ref;
-  const int rank = comm->rank(), world = comm->world_size();
-  const MeshConfig mesh = resolve_mesh(t.mesh, world);
-  const ParallelMode mode = mesh.fsdp > 1                                  ? ParallelMode::kFsdp
-                            : mesh.expert > 1                              ? ParallelMode::kExpert
-                            : t.shard_optimizer_over_data && mesh.data > 1 ? ParallelMode::kZero1
-                                                                           : ParallelMode::kData;
+class TrainingRun {
+ public:
+  TrainingRun(const Config& config, TrainConfig t, const TrainOptions& options,
+              dist::Communicator& comm)
+      : config_(config), t_(std::move(t)), options_(options), comm_(&comm) {}
+
+  TrainResult run() {
+    setup();
+    const int64_t last_step =
+        options_.stop_at > 0 ? std::min(options_.stop_at, t_.steps) : t_.steps;
+    while (state_.step < last_step) {
+      step();
+      if (t_.checkpoint_period > 0 && state_.step % t_.checkpoint_period == 0 &&
+          state_.step < last_step)
+        save();
+    }
+    finish();
+    return std::move(result_);
+  }
+
+ private:
+  void setup();
+  void report_setup(const MemoryPlan& mem);
+  void step();
+  EvalResult evaluate(int64_t max_batches);
+  void save();
+  void finish();
+
+  const Config& config_;
+  TrainConfig t_;
+  const TrainOptions& options_;
+  dist::Communicator* comm_;
+  int rank_ = 0, world_ = 1;
+  MeshConfig mesh_;
+  ParallelMode mode_ = ParallelMode::kData;
+  Timer total_;
+  TrainResult result_;
+  std::string run_dir_;
+  std::optional<io::DirectoryLock> lock_;
+  std::optional<io::Tokenizer> tokenizer_;
+  std::unique_ptr<ParamStore> params_;
+  MoeOptions moe_options_;
+  std::unique_ptr<LlamaModel> llama_;
+  TrainableModel* model_ = nullptr;  // the model the step loop drives
+  std::unique_ptr<GradientSync> sync_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<train::DataLoader> loader_, val_loader_;
+  std::unique_ptr<CheckpointManager> ckpt_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  std::map<std::string, std::string> config_values_;
+  std::optional<std::string> resume_from_;
+  TrainerState state_;
+  Batch batch_;
+  double flops_per_token_ = 0;
+  double tps_sum_ = 0, mfu_sum_ = 0;
+  int64_t timed_steps_ = 0;
+};
+
+void TrainingRun::setup() {
+  const TrainConfig& t = t_;
+  rank_ = comm_->rank();
+  world_ = comm_->world_size();
+  mesh_ = resolve_mesh(t_.mesh, world_);
+  mode_ = mesh_.fsdp > 1                                     ? ParallelMode::kFsdp
+          : mesh_.expert > 1                                 ? ParallelMode::kExpert
+          : t_.shard_optimizer_over_data && mesh_.data > 1 ? ParallelMode::kZero1
+                                                             : ParallelMode::kData;
   // Every rank sees different data: the mesh's axes all split the batch.
-  t.data_ranks = world;
+  t_.data_ranks = world_;
   // Everything this process will hold, checked before any of it is allocated or any
   // data is prepared (data parallelism holds the whole plan on every rank; the sharded
   // modes their share of it).
   const MemoryPlan mem =
       rank_memory_plan(memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16,
                                    t.remat, t.moe.capacity_factor),
-                       t.model, mode, world);
-  check_training_memory(config, t, mem, mode, world, dist::detect_launch().local_size);
+                       t.model, mode_, world_);
+  check_training_memory(config_, t, mem, mode_, world_, dist::detect_launch().local_size);
   // A given tokenizer is checked before the run directory or the dataset exists (a
   // mismatch found after preparing the data leaves an empty run behind).
   if (!t.tokenizer_path.empty())
-    check_tokenizer_size(io::Tokenizer::load(t.tokenizer_path), t.tokenizer_path, config, t);
+    check_tokenizer_size(io::Tokenizer::load(t.tokenizer_path), t.tokenizer_path, config_, t);
 
   // Run directory: base_output_directory/run_name, or the directory being resumed.
   std::string run_dir;
-  if (!options.resume.empty()) {
-    HYP_CHECK(fs::is_directory(options.resume), "--resume '{}': no such directory", options.resume);
-    run_dir = has_model_weights(options.resume)
-                  ? fs::path(options.resume).parent_path().parent_path().string()
-                  : options.resume;
+  if (!options_.resume.empty()) {
+    HYP_CHECK(fs::is_directory(options_.resume), "--resume '{}': no such directory",
+              options_.resume);
+    run_dir = has_model_weights(options_.resume)
+                  ? fs::path(options_.resume).parent_path().parent_path().string()
+                  : options_.resume;
   } else {
     const std::string name = t.run_name.empty() ? t.name + "-" + timestamp() : t.run_name;
     run_dir = t.base_output_directory + "/" + name;
   }
-  run_dir = agree(*comm, run_dir);
-  io::make_directories(run_dir);
-  result.run_dir = run_dir;
+  run_dir_ = agree(*comm_, run_dir);
+  io::make_directories(run_dir_);
+  result_.run_dir = run_dir_;
   // One training per run directory: a second one would interleave checkpoints and
   // metrics with this one's.
-  std::optional<io::DirectoryLock> lock;
-  if (rank == 0) {
-    lock.emplace(run_dir, "run directory");
-    if (!lock->previous_holder().empty())
-      log_info("run directory {}: took over the lock of {} (no longer running)", run_dir,
-               lock->previous_holder());
+  if (rank_ == 0) {
+    lock_.emplace(run_dir_, "run directory");
+    if (!lock_->previous_holder().empty())
+      log_info("run directory {}: took over the lock of {} (no longer running)", run_dir_,
+               lock_->previous_holder());
   }
-  if (world > 1) {
-    io::make_directories(run_dir + "/logs");
-    set_log_rank(rank, fmt::format("{}/logs/rank-{}.log", run_dir, rank),
-                 rank == 0 ? LogLevel::kDebug : LogLevel::kWarn);
-    log_info("rank {} of {}: pid {}, {} threads, mesh data {} fsdp {} expert {}, mode {}", rank,
-             world, static_cast<int64_t>(::getpid()), num_threads(), mesh.data, mesh.fsdp,
-             mesh.expert, parallel_mode_name(mode));
+  if (world_ > 1) {
+    io::make_directories(run_dir_ + "/logs");
+    set_log_rank(rank_, fmt::format("{}/logs/rank-{}.log", run_dir_, rank_),
+                 rank_ == 0 ? LogLevel::kDebug : LogLevel::kWarn);
+    log_info("rank {} of {}: pid {}, {} threads, mesh data {} fsdp {} expert {}, mode {}", rank_,
+             world_, static_cast<int64_t>(::getpid()), num_threads(), mesh_.data, mesh_.fsdp,
+             mesh_.expert, parallel_mode_name(mode_));
   }
 
   // Rank 0 prepares the dataset (tokenizer training, sharding); the others wait for its
   // files outside any collective (preparing a large corpus can outlast
   // collective_timeout_s; a failure on rank 0 aborts them all).
-  PreparedDataset data = resolve_dataset(t, rank == 0);
-  while (rank != 0 && !is_prepared(data.dir))
+  PreparedDataset data = resolve_dataset(t, rank_ == 0);
+  while (rank_ != 0 && !is_prepared(data.dir))
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  comm->barrier();
-  io::Tokenizer tokenizer = io::Tokenizer::load(data.tokenizer);
-  check_tokenizer_size(tokenizer, data.tokenizer, config, t);
-  t.model.bos_id = tokenizer.bos_id();
-  t.model.eos_id = tokenizer.eos_id();
+  comm_->barrier();
+  tokenizer_.emplace(io::Tokenizer::load(data.tokenizer));
+  check_tokenizer_size(*tokenizer_, data.tokenizer, config_, t);
+  t_.model.bos_id = tokenizer_->bos_id();
+  t_.model.eos_id = tokenizer_->eos_id();
 
-  ParamStore params(t.model, t.bf16);
-  MoeOptions moe_options = t.moe;
-  if (mode == ParallelMode::kExpert)
-    moe_options.ep = make_expert_parallel(comm, static_cast<int>(t.model.n_experts));
-  LlamaModel model(params,
-                   {t.per_device_batch_size, t.max_target_length, t.bf16, t.remat, moe_options});
-  GradientSync sync(params, *comm, mode, t.overlap_communication);
-  if (world > 1) model.set_hooks(&sync);
-  const bool moe = t.model.is_moe();
+  params_ = std::make_unique<ParamStore>(t.model, t.bf16);
+  ParamStore& params = *params_;
+  moe_options_ = t.moe;
+  if (mode_ == ParallelMode::kExpert)
+    moe_options_.ep = make_expert_parallel(comm_, static_cast<int>(t.model.n_experts));
+  llama_ = std::make_unique<LlamaModel>(
+      params, ModelOptions{t.per_device_batch_size, t.max_target_length, t.bf16, t.remat,
+                           moe_options_});
+  model_ = llama_.get();
+  sync_ = std::make_unique<GradientSync>(params, *comm_, mode_, t.overlap_communication);
+  if (world_ > 1) model_->set_hooks(sync_.get());
   OptimizerOptions oo;
   oo.beta1 = t.adam_b1;
   oo.beta2 = t.adam_b2;
@@ -310,17 +337,18 @@ TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions&
   oo.weight_decay = t.weight_decay;
   oo.exclude_norms_and_embeddings = t.weight_decay_exclude_norms_and_embeddings;
   oo.clip_norm = t.gradient_clipping_threshold;
-  AdamW optimizer(params, oo, sync.owned_ranges(), comm);
-  train::DataLoader loader({data.train}, t.per_device_batch_size, t.max_target_length,
-                           t.data_shuffle_seed, true, comm->rank(), comm->world_size());
+  optimizer_ = std::make_unique<AdamW>(params, oo, sync_->owned_ranges(), comm_);
+  loader_ = std::make_unique<train::DataLoader>(
+      std::vector<std::string>{data.train}, t.per_device_batch_size, t.max_target_length,
+      t.data_shuffle_seed, true, comm_->rank(), comm_->world_size());
+  batch_ = model_->make_batch();
 
-  TrainerState state;
-  const std::optional<std::string> resume_from =
-      options.resume.empty() ? latest_checkpoint(run_dir)
-                             : std::optional<std::string>(resolve_checkpoint_dir(options.resume));
-  if (resume_from) {
-    if (options.resume.empty()) log_config_changes(config, *resume_from);
-    const LlamaConfig saved = read_checkpoint_config(*resume_from);
+  resume_from_ = options_.resume.empty()
+                     ? latest_checkpoint(run_dir_)
+                     : std::optional<std::string>(resolve_checkpoint_dir(options_.resume));
+  if (resume_from_) {
+    if (options_.resume.empty()) log_config_changes(config_, *resume_from_);
+    const LlamaConfig saved = read_checkpoint_config(*resume_from_);
     HYP_CHECK(saved.dim == t.model.dim && saved.n_layers == t.model.n_layers &&
                   saved.vocab_size == t.model.vocab_size && saved.ffn_dim == t.model.ffn_dim &&
                   saved.n_heads == t.model.n_heads && saved.n_kv_heads == t.model.n_kv_heads &&
@@ -329,39 +357,60 @@ TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions&
                   saved.n_experts_per_tok == t.model.n_experts_per_tok &&
                   saved.expert_ffn_dim() == t.model.expert_ffn_dim() &&
                   saved.first_dense_layers == t.model.first_dense_layers &&
-                  saved.moe_layer_step == t.model.moe_layer_step,
-              "resume: checkpoint {} holds a different model shape than the config", *resume_from);
-    state = load_training_state(*resume_from, params, optimizer);
-    sync.release_unowned();
-    loader.restore(state.data);
-    truncate_metrics(run_dir + "/metrics.jsonl", state.step);
-    log_info("resume: from {} at step {}", *resume_from, state.step);
+                  saved.moe_layer_step == t.model.moe_layer_step &&
+                  saved.arch.family == t.model.arch.family,
+              "resume: checkpoint {} holds a different model shape than the config",
+              *resume_from_);
+    state_ = load_training_state(*resume_from_, params, *optimizer_);
+    sync_->release_unowned();
+    loader_->restore(state_.data);
+    log_info("resume: from {} at step {}", *resume_from_, state_.step);
   } else {
     params.init(t.init_weights_seed);
-    sync.release_unowned();
+    sync_->release_unowned();
   }
-  result.start_step = state.step;
+  result_.start_step = state_.step;
+  // Rank 0 writes the metrics (the loss is averaged over ranks first).
+  metrics_ = std::make_unique<MetricsWriter>(run_dir_, rank_ == 0,
+                                             resume_from_ ? state_.step : 0);
+  report_setup(mem);
 
-  // Start-up report: sizes, memory by category, FLOPs and the MFU denominator.
-  const double flops_per_token = t.model.train_flops_per_token(t.max_target_length);
+  // Held-out evaluation uses its own loader over val.bin (in order, no shuffle).
+  try {
+    val_loader_ = std::make_unique<train::DataLoader>(
+        std::vector<std::string>{data.val}, t.per_device_batch_size, t.max_target_length, 0, false);
+  } catch (const Error& e) {
+    log_warn("eval: held-out split unusable, skipping evaluation: {}", e.what());
+  }
+  ckpt_ = std::make_unique<CheckpointManager>(run_dir_, t.checkpoints_to_keep,
+                                              t.async_checkpointing, comm_,
+                                              sync_->tensor_writers());
+  config_values_ = config_.values();
+}
+
+// Start-up report: sizes, memory by category, FLOPs and the MFU denominator.
+void TrainingRun::report_setup(const MemoryPlan& mem) {
+  const TrainConfig& t = t_;
+  flops_per_token_ = t.model.train_flops_per_token(t.max_target_length);
   if (t.peak_tflops > 0) {
-    result.peak_gflops = t.peak_tflops * 1e3;
+    result_.peak_gflops = t.peak_tflops * 1e3;
   } else {
     // Rank 0 measures (one rank's threads) while the others wait; the job's peak is
     // that times the ranks.
     double g = 0;
-    if (rank == 0) {
+    if (rank_ == 0) {
       const PeakResult peak = measure_peak(0.2);
       g = t.bf16 ? peak.bf16_gflops : peak.f32_gflops;
     }
-    if (world > 1) comm->broadcast(&g, sizeof g, 0);
-    result.peak_gflops = g * world;
+    if (world_ > 1) comm_->broadcast(&g, sizeof g, 0);
+    result_.peak_gflops = g * world_;
   }
-  log_info("model: {} params ({} non-embedding), {} layers, dim {}, heads {}/{}, ffn {}, vocab {}",
-           t.model.total_params(), t.model.non_embedding_params(), t.model.n_layers, t.model.dim,
-           t.model.n_heads, t.model.n_kv_heads, t.model.ffn_dim, t.model.vocab_size);
-  if (moe) {
-    const MoeShape& ms = model.moe_shape();
+  log_info("model: {} {} params ({} non-embedding), {} layers, dim {}, heads {}/{}, ffn {}, vocab {}",
+           family_info(t.model.arch.family).decoder_block, t.model.total_params(),
+           t.model.non_embedding_params(), t.model.n_layers, t.model.dim, t.model.n_heads,
+           t.model.n_kv_heads, t.model.ffn_dim, t.model.vocab_size);
+  if (t.model.is_moe()) {
+    const MoeShape& ms = llama_->moe_shape();
     log_info(
         "moe: {} of {} layers, {} experts (ffn {}), top-{}, {} ({} rows per layer), "
         "{} active params per token, load-balance weight {}, z-loss weight {}",
@@ -378,225 +427,201 @@ TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions&
       format_bytes(mem.weight_bytes), format_bytes(mem.compute_weight_bytes),
       format_bytes(mem.grad_bytes), format_bytes(mem.optimizer_bytes),
       format_bytes(mem.activation_bytes), remat_policy_name(t.remat),
-      format_bytes(mem.scratch_bytes), format_bytes(model.activation_bytes()),
-      format_bytes(model.scratch_bytes()));
+      format_bytes(mem.scratch_bytes), format_bytes(llama_->activation_bytes()),
+      format_bytes(llama_->scratch_bytes()));
   log_info(
       "train: {} steps x {} tokens (global batch: {} per rank x {} x {} accum x {} ranks), "
       "dtype {}, {:.3g} FLOPs/token, peak {:.0f} GFLOP/s, {} threads per rank, run dir {}",
       t.steps, t.tokens_per_step(), t.per_device_batch_size, t.max_target_length,
-      t.gradient_accumulation_steps, world, t.bf16 ? "bf16" : "f32", flops_per_token,
-      result.peak_gflops, num_threads(), run_dir);
-  if (world > 1)
+      t.gradient_accumulation_steps, world_, t.bf16 ? "bf16" : "f32", flops_per_token_,
+      result_.peak_gflops, num_threads(), run_dir_);
+  if (world_ > 1)
     log_info("parallel: {} over {} ranks ({}), communicator {}, overlap {}, timeout {} s",
-             parallel_mode_name(mode), world,
-             fmt::format("data {} fsdp {} expert {}", mesh.data, mesh.fsdp, mesh.expert),
-             comm->name(), t.overlap_communication, t.collective_timeout_s);
+             parallel_mode_name(mode_), world_,
+             fmt::format("data {} fsdp {} expert {}", mesh_.data, mesh_.fsdp, mesh_.expert),
+             comm_->name(), t.overlap_communication, t.collective_timeout_s);
+}
 
-  // Held-out evaluation uses its own loader over val.bin (in order, no shuffle).
-  std::unique_ptr<train::DataLoader> val_loader;
-  try {
-    val_loader = std::make_unique<train::DataLoader>(
-        std::vector<std::string>{data.val}, t.per_device_batch_size, t.max_target_length, 0, false);
-  } catch (const Error& e) {
-    log_warn("eval: held-out split unusable, skipping evaluation: {}", e.what());
-  }
+void TrainingRun::save() {
+  if (!t_.enable_checkpointing) return;
+  sync_->gather_all();
+  state_.data = loader_->state();
+  ckpt_->save(*params_, *optimizer_, state_, tokenizer_->serialized(), config_values_);
+  result_.checkpoint = ckpt_->checkpoints_dir() + "/" + std::to_string(state_.step);
+}
 
-  CheckpointManager ckpt(run_dir, t.checkpoints_to_keep, t.async_checkpointing, comm,
-                         sync.tensor_writers());
-  const std::map<std::string, std::string> config_values = config.values();
-  auto save = [&] {
-    if (!t.enable_checkpointing) return;
-    sync.gather_all();
-    state.data = loader.state();
-    ckpt.save(params, optimizer, state, tokenizer.serialized(), config_values);
-    result.checkpoint = ckpt.checkpoints_dir() + "/" + std::to_string(state.step);
-  };
-
-  // Rank 0 writes the metrics (the loss is averaged over ranks first).
-  std::ofstream metrics;
-  if (rank == 0) {
-    metrics.open(run_dir + "/metrics.jsonl", std::ios::app);
-    HYP_CHECK(metrics.good(), "cannot open {}/metrics.jsonl for writing: {}", run_dir,
-              os_error_text(errno));
-  }
+// Held-out loss on a forward-only model (no backward buffers; FSDP gathers bucket by
+// bucket through the hooks). Built per evaluation so training steps never hold it.
+EvalResult TrainingRun::evaluate(int64_t max_batches) {
+  train::DataLoader& loader = *val_loader_;
+  ForwardModel model(*params_, t_.per_device_batch_size, t_.max_target_length, moe_options_);
+  model.set_hooks(world_ > 1 ? sync_.get() : nullptr);
   const int64_t n = model.tokens_per_batch();
   std::vector<int32_t> in(static_cast<size_t>(n)), tg(static_cast<size_t>(n));
+  const int64_t per_epoch = loader.sequences_per_epoch() / t_.per_device_batch_size;
+  const int64_t batches = max_batches > 0 ? std::min(max_batches, per_epoch) : per_epoch;
+  loader.restore({0, 0});
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    loader.next(in.data(), tg.data());
+    CrossEntropyResult r = model.loss(in.data(), tg.data());
+    sum += r.loss * double(r.count);
+    count += r.count;
+  }
+  return {count > 0 ? sum / double(count) : 0.0, count};
+}
+
+void TrainingRun::step() {
+  const TrainConfig& t = t_;
+  const bool moe = t.model.is_moe();
   // Each rank's backward is scaled by 1 / (accumulation x ranks), so the summed
   // gradients are the mean over the global batch (no separate division pass; for expert
   // parallelism the sums over every rank's tokens come out right as well).
-  const float dloss = 1.0f / static_cast<float>(t.gradient_accumulation_steps * world);
+  const float dloss = 1.0f / static_cast<float>(t.gradient_accumulation_steps * world_);
   const float dmean = 1.0f / static_cast<float>(t.gradient_accumulation_steps);
-  double tps_sum = 0, mfu_sum = 0;
-  int64_t timed_steps = 0;
-
-  const int64_t last_step = options.stop_at > 0 ? std::min(options.stop_at, t.steps) : t.steps;
-  while (state.step < last_step) {
-    Timer step_timer;
-    double data_wait = 0, loss = 0;
-    MoeStats ms;
-    sync.zero_grads();
-    const double comm_before = comm->seconds(), wait_before = comm->wait_seconds();
-    const uint64_t bytes_before = comm->bytes_sent();
-    for (int64_t micro = 0; micro < t.gradient_accumulation_steps; ++micro) {
-      Timer dt;
-      loader.next(in.data(), tg.data());
-      data_wait += dt.seconds();
-      sync.begin_micro_batch(micro + 1 == t.gradient_accumulation_steps);
-      loss += model.forward_backward(in.data(), tg.data(), dloss).loss * dmean;
-      sync.end_micro_batch();
-      if (moe) {
-        const MoeStats& s = model.moe_stats();
-        ms.lb_loss += s.lb_loss * dmean;
-        ms.z_loss += s.z_loss * dmean;
-        ms.dropped_fraction += s.dropped_fraction * dmean;
-        ms.load_cv += s.load_cv * dmean;
-        ms.load_min = micro == 0 ? s.load_min : std::min(ms.load_min, s.load_min);
-        ms.load_max = std::max(ms.load_max, s.load_max);
-      }
-    }
-    const double lr = t.schedule.lr(state.step);
-    const OptimizerStepResult opt = optimizer.step(lr);
-    sync.after_optimizer_step();
-    if (world > 1) {
-      // The job's objective: the mean over ranks (each rank's loss is its tokens' mean).
-      float l[3] = {static_cast<float>(loss), ms.lb_loss, ms.z_loss};
-      comm->all_reduce(l, 3, dist::ReduceOp::kAvg);
-      loss = l[0];
-      ms.lb_loss = l[1];
-      ms.z_loss = l[2];
-    }
-    state.step += 1;
-    state.tokens_seen += t.tokens_per_step();
-
-    StepMetrics m;
-    m.step = state.step;
-    m.lm_loss = loss;
-    m.loss = loss + ms.lb_loss + ms.z_loss;
-    m.moe = ms;
-    m.grad_norm = opt.grad_norm;
-    m.lr = lr;
-    m.step_s = step_timer.seconds();
-    m.tokens_per_s = double(t.tokens_per_step()) / m.step_s;
-    m.tflops = flops_per_token * m.tokens_per_s / 1e12;
-    m.mfu = m.tflops * 1e3 / result.peak_gflops;
-    m.data_wait_s = data_wait;
-    m.comm_s = comm->seconds() - comm_before;
-    m.comm_wait_s = comm->wait_seconds() - wait_before;
-    m.comm_bytes = comm->bytes_sent() - bytes_before;
-    m.skipped = opt.skipped;
-    if (opt.skipped) log_warn("step {}: non-finite gradient norm, update skipped", m.step);
-    HYP_CHECK(std::isfinite(m.loss), "step {}: loss is {} (diverged); lower learning_rate", m.step,
-              m.loss);
-    nlohmann::ordered_json j;
-    j["step"] = m.step;
-    j["loss"] = m.loss;
-    j["grad_norm"] = m.grad_norm;
-    j["lr"] = m.lr;
-    j["step_s"] = m.step_s;
-    j["tokens_per_s"] = m.tokens_per_s;
-    j["tflops"] = m.tflops;
-    j["mfu"] = m.mfu;
-    j["data_wait_s"] = m.data_wait_s;
-    j["tokens_seen"] = state.tokens_seen;
-    if (world > 1) {
-      j["comm_s"] = m.comm_s;
-      j["comm_exposed_s"] = m.comm_wait_s;
-      j["comm_bytes_sent"] = m.comm_bytes;
-    }
+  Timer step_timer;
+  double data_wait = 0, loss = 0;
+  MoeStats ms;
+  sync_->zero_grads();
+  const double comm_before = comm_->seconds(), wait_before = comm_->wait_seconds();
+  const uint64_t bytes_before = comm_->bytes_sent();
+  for (int64_t micro = 0; micro < t.gradient_accumulation_steps; ++micro) {
+    Timer dt;
+    loader_->next(batch_);
+    data_wait += dt.seconds();
+    sync_->begin_micro_batch(micro + 1 == t.gradient_accumulation_steps);
+    loss += model_->forward_backward(batch_, dloss).loss * dmean;
+    sync_->end_micro_batch();
     if (moe) {
-      j["lm_loss"] = m.lm_loss;
-      j["moe_lb_loss"] = ms.lb_loss;
-      j["moe_z_loss"] = ms.z_loss;
-      j["moe_dropped_fraction"] = ms.dropped_fraction;
-      j["expert_load_min"] = ms.load_min;
-      j["expert_load_max"] = ms.load_max;
-      j["expert_load_cv"] = ms.load_cv;
+      const MoeStats& s = model_->moe_stats();
+      ms.lb_loss += s.lb_loss * dmean;
+      ms.z_loss += s.z_loss * dmean;
+      ms.dropped_fraction += s.dropped_fraction * dmean;
+      ms.load_cv += s.load_cv * dmean;
+      ms.load_min = micro == 0 ? s.load_min : std::min(ms.load_min, s.load_min);
+      ms.load_max = std::max(ms.load_max, s.load_max);
     }
-    if (m.skipped) j["skipped"] = true;
-    if (rank == 0) {
-      metrics << j.dump() << "\n";
-      metrics.flush();
-      HYP_CHECK(metrics.good(), "cannot append to {}/metrics.jsonl: {}", run_dir,
-                os_error_text(errno));
-    }
-    result.history.push_back(m);
-    if (state.step > result.start_step + 1) {  // the first step warms caches up
-      tps_sum += m.tokens_per_s;
-      mfu_sum += m.mfu;
-      ++timed_steps;
-    }
-    if (!options.quiet &&
-        (state.step % t.log_period == 0 || state.step == 1 || state.step == t.steps))
-      log_info(
-          "step {:>5}  loss {:.4f}  grad_norm {:.3f}  lr {:.2e}  {:.3f} s  {:.0f} tok/s  "
-          "{:.3f} TFLOP/s  MFU {:.1f}%  data {:.1f} ms",
-          m.step, m.loss, m.grad_norm, m.lr, m.step_s, m.tokens_per_s, m.tflops, 100 * m.mfu,
-          1e3 * m.data_wait_s);
-    if (!options.quiet && moe &&
-        (state.step % t.log_period == 0 || state.step == 1 || state.step == t.steps))
-      log_info(
-          "           moe: lb_loss {:.4f}  z_loss {:.4f}  dropped {:.2f}%  expert load "
-          "min {:.2f} max {:.2f} cv {:.3f}",
-          ms.lb_loss, ms.z_loss, 100 * ms.dropped_fraction, ms.load_min, ms.load_max, ms.load_cv);
-    if (val_loader && t.eval_interval > 0 && state.step % t.eval_interval == 0 &&
-        state.step < t.steps) {
-      EvalResult e = evaluate(model, *val_loader, t.eval_batches);
-      log_info("eval  step {:>5}  held-out loss {:.4f}  perplexity {:.2f}", state.step, e.loss,
-               std::exp(e.loss));
-    }
-    if (t.checkpoint_period > 0 && state.step % t.checkpoint_period == 0 && state.step < last_step)
-      save();
   }
-  if (state.step > result.start_step)
+  const double lr = t.schedule.lr(state_.step);
+  const OptimizerStepResult opt = optimizer_->step(lr);
+  sync_->after_optimizer_step();
+  if (world_ > 1) {
+    // The job's objective: the mean over ranks (each rank's loss is its tokens' mean).
+    float l[3] = {static_cast<float>(loss), ms.lb_loss, ms.z_loss};
+    comm_->all_reduce(l, 3, dist::ReduceOp::kAvg);
+    loss = l[0];
+    ms.lb_loss = l[1];
+    ms.z_loss = l[2];
+  }
+  state_.step += 1;
+  state_.tokens_seen += t.tokens_per_step();
+
+  StepMetrics m;
+  m.step = state_.step;
+  m.lm_loss = loss;
+  m.loss = loss + ms.lb_loss + ms.z_loss;
+  m.moe = ms;
+  m.grad_norm = opt.grad_norm;
+  m.lr = lr;
+  m.step_s = step_timer.seconds();
+  m.tokens_per_s = double(t.tokens_per_step()) / m.step_s;
+  m.tflops = flops_per_token_ * m.tokens_per_s / 1e12;
+  m.mfu = m.tflops * 1e3 / result_.peak_gflops;
+  m.data_wait_s = data_wait;
+  m.comm_s = comm_->seconds() - comm_before;
+  m.comm_wait_s = comm_->wait_seconds() - wait_before;
+  m.comm_bytes = comm_->bytes_sent() - bytes_before;
+  m.skipped = opt.skipped;
+  if (opt.skipped) log_warn("step {}: non-finite gradient norm, update skipped", m.step);
+  HYP_CHECK(std::isfinite(m.loss), "step {}: loss is {} (diverged); lower learning_rate", m.step,
+            m.loss);
+  metrics_->write(m, state_.tokens_seen, world_ > 1, moe);
+  result_.history.push_back(m);
+  if (state_.step > result_.start_step + 1) {  // the first step warms caches up
+    tps_sum_ += m.tokens_per_s;
+    mfu_sum_ += m.mfu;
+    ++timed_steps_;
+  }
+  const bool log_now =
+      state_.step % t.log_period == 0 || state_.step == 1 || state_.step == t.steps;
+  if (!options_.quiet && log_now)
+    log_info(
+        "step {:>5}  loss {:.4f}  grad_norm {:.3f}  lr {:.2e}  {:.3f} s  {:.0f} tok/s  "
+        "{:.3f} TFLOP/s  MFU {:.1f}%  data {:.1f} ms",
+        m.step, m.loss, m.grad_norm, m.lr, m.step_s, m.tokens_per_s, m.tflops, 100 * m.mfu,
+        1e3 * m.data_wait_s);
+  if (!options_.quiet && moe && log_now)
+    log_info(
+        "           moe: lb_loss {:.4f}  z_loss {:.4f}  dropped {:.2f}%  expert load "
+        "min {:.2f} max {:.2f} cv {:.3f}",
+        ms.lb_loss, ms.z_loss, 100 * ms.dropped_fraction, ms.load_min, ms.load_max, ms.load_cv);
+  if (val_loader_ && t.eval_interval > 0 && state_.step % t.eval_interval == 0 &&
+      state_.step < t.steps) {
+    EvalResult e = evaluate(t.eval_batches);
+    log_info("eval  step {:>5}  held-out loss {:.4f}  perplexity {:.2f}", state_.step, e.loss,
+             std::exp(e.loss));
+  }
+}
+
+void TrainingRun::finish() {
+  const TrainConfig& t = t_;
+  if (state_.step > result_.start_step)
     save();
-  else if (resume_from)
-    result.checkpoint = *resume_from;
-  ckpt.wait();
-  result.steps = state.step;
-  if (timed_steps > 0) {
-    result.mean_tokens_per_s = tps_sum / double(timed_steps);
-    result.mean_mfu = mfu_sum / double(timed_steps);
+  else if (resume_from_)
+    result_.checkpoint = *resume_from_;
+  ckpt_->wait();
+  result_.steps = state_.step;
+  if (timed_steps_ > 0) {
+    result_.mean_tokens_per_s = tps_sum_ / double(timed_steps_);
+    result_.mean_mfu = mfu_sum_ / double(timed_steps_);
   }
   if (t.enable_checkpointing)
     log_info("checkpoint: {} (training thread blocked {:.2f} s in total for saves)",
-             result.checkpoint, ckpt.blocking_seconds());
+             result_.checkpoint, ckpt_->blocking_seconds());
 
-  if (val_loader) {  // (FSDP gathers bucket by bucket through the model's hooks)
-    EvalResult e = evaluate(model, *val_loader, 0);
-    result.eval_loss = e.loss;
-    result.eval_perplexity = std::exp(e.loss);
-    result.eval_tokens = e.tokens;
+  if (val_loader_) {
+    EvalResult e = evaluate(0);
+    result_.eval_loss = e.loss;
+    result_.eval_perplexity = std::exp(e.loss);
+    result_.eval_tokens = e.tokens;
     log_info("eval: held-out loss {:.4f}, perplexity {:.2f} over {} tokens", e.loss,
-             result.eval_perplexity, e.tokens);
+             result_.eval_perplexity, e.tokens);
   }
   // Sampling runs on rank 0 alone, outside the parallel model: it needs every expert.
-  if (t.sample_count > 0 && t.sample_max_tokens > 0) sync.gather_all(true);
-  if (t.sample_count > 0 && t.sample_max_tokens > 0 && rank == 0) {
-    LlamaGenerator gen(params, std::min<int64_t>(t.model.max_seq_len, 1 + t.sample_max_tokens));
+  if (t.sample_count > 0 && t.sample_max_tokens > 0) sync_->gather_all(true);
+  if (t.sample_count > 0 && t.sample_max_tokens > 0 && rank_ == 0) {
+    const io::Tokenizer& tok = *tokenizer_;
+    LlamaGenerator gen(*params_, std::min<int64_t>(t.model.max_seq_len, 1 + t.sample_max_tokens));
     for (int64_t s = 0; s < t.sample_count; ++s) {
       GenerateOptions go;
       go.sampling.temperature = static_cast<float>(t.sample_temperature);
       go.sampling.top_p = 0.95f;
       go.sampling.seed = static_cast<uint64_t>(s + 1);
       go.max_tokens = t.sample_max_tokens;
-      go.eos_id = tokenizer.eos_id();
+      go.eos_id = tok.eos_id();
       gen.reset();
-      std::vector<int32_t> toks = generate_tokens(gen, {tokenizer.bos_id()}, go);
-      if (!toks.empty() && toks.back() == tokenizer.eos_id()) toks.pop_back();
-      result.samples.push_back(tokenizer.decode(toks));
+      std::vector<int32_t> toks = generate_tokens(gen, {tok.bos_id()}, go);
+      if (!toks.empty() && toks.back() == tok.eos_id()) toks.pop_back();
+      result_.samples.push_back(tok.decode(toks));
     }
   }
   // Peak resident memory, the largest over ranks (what FSDP and ZeRO-1 reduce).
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   float rss_mib = static_cast<float>(usage.ru_maxrss) / 1024.0f;  // ru_maxrss is in KiB
-  if (world > 1) comm->all_reduce(&rss_mib, 1, dist::ReduceOp::kMax);
-  result.peak_rss_mib = rss_mib;
-  log_info("memory: peak resident {:.0f} MiB{}", rss_mib, world > 1 ? " (largest rank)" : "");
-  result.world_size = world;
-  result.parallel_mode = parallel_mode_name(mode);
-  result.seconds = total.seconds();
-  return result;
+  if (world_ > 1) comm_->all_reduce(&rss_mib, 1, dist::ReduceOp::kMax);
+  result_.peak_rss_mib = rss_mib;
+  log_info("memory: peak resident {:.0f} MiB{}", rss_mib, world_ > 1 ? " (largest rank)" : "");
+  result_.world_size = world_;
+  result_.parallel_mode = parallel_mode_name(mode_);
+  result_.seconds = total_.seconds();
+}
+
+TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions& options,
+                        dist::Communicator& comm) {
+  TrainingRun run(config, std::move(t), options, comm);
+  return run.run();
 }
 
 }  // namespace

@@ -1,7 +1,12 @@
-// The training job behind `hyperion train`: resolves the dataset (preparing the bundled
-// corpus or a text file on first use), builds or resumes the model, runs the step loop
-// with gradient accumulation, clipping and the LR schedule, writes metrics.jsonl, saves
-// checkpoints off the training thread, evaluates on the held-out split and samples.
+// The training job behind `hyperion train`, in four parts (trainer.cc's TrainingRun):
+//   setup      run directory and lock, dataset (preparing the bundled corpus or a text
+//              file on first use), the model, optimizer and gradient sync, resume
+//   step       one optimizer step: micro-batches with gradient accumulation through the
+//              TrainableModel interface, clipping, the LR schedule, metrics.jsonl
+//              (train/metrics_writer.h), periodic evaluation and checkpoints (saved off
+//              the training thread)
+//   evaluate   held-out loss on a forward-only model (model/forward_model.h)
+//   finish     last checkpoint, final evaluation, samples, peak memory
 #pragma once
 
 #include <cstdint>
@@ -10,30 +15,10 @@
 
 #include "base/config.h"
 #include "model/llama_model.h"
+#include "train/metrics_writer.h"
 #include "train/train_config.h"
 
 namespace hyperion {
-
-// Per-step metrics (one line of metrics.jsonl).
-struct StepMetrics {
-  int64_t step = 0;    // 1-based: optimizer steps completed
-  double loss = 0;     // the objective: cross-entropy + MoE auxiliary losses
-  double lm_loss = 0;  // cross-entropy alone
-  double grad_norm = 0;
-  double lr = 0;
-  double step_s = 0;
-  double tokens_per_s = 0;
-  double tflops = 0;
-  double mfu = 0;
-  double data_wait_s = 0;
-  // Multi-process: seconds the collectives ran (communication thread), seconds the
-  // training thread waited for them (exposed), and payload bytes this rank sent.
-  double comm_s = 0, comm_wait_s = 0;
-  uint64_t comm_bytes = 0;
-  bool skipped = false;
-  // MoE models: averages over the step's micro-batches (see MoeStats).
-  MoeStats moe;
-};
 
 struct TrainResult {
   std::string run_dir;

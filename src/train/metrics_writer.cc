@@ -1,0 +1,72 @@
+#include "train/metrics_writer.h"
+
+#include <cerrno>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "io/atomic_file.h"
+
+namespace hyperion {
+
+namespace {
+
+// Keeps the metrics of steps <= `step`.
+void truncate_metrics(const std::string& path, int64_t step) {
+  if (!std::filesystem::exists(path)) return;
+  std::ifstream in(path);
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    try {
+      if (nlohmann::json::parse(line).at("step").get<int64_t>() <= step) kept += line + "\n";
+    } catch (const std::exception&) {
+      // A torn last line from a killed run: dropped.
+    }
+  }
+  io::write_file_atomic(path, kept);
+}
+
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::string& run_dir, bool enabled, int64_t resume_step)
+    : path_(run_dir + "/metrics.jsonl") {
+  if (!enabled) return;
+  if (resume_step > 0) truncate_metrics(path_, resume_step);
+  out_.open(path_, std::ios::app);
+  HYP_CHECK(out_.good(), "cannot open {} for writing: {}", path_, os_error_text(errno));
+}
+
+void MetricsWriter::write(const StepMetrics& m, int64_t tokens_seen, bool multi_rank, bool moe) {
+  if (!out_.is_open()) return;
+  nlohmann::ordered_json j;
+  j["step"] = m.step;
+  j["loss"] = m.loss;
+  j["grad_norm"] = m.grad_norm;
+  j["lr"] = m.lr;
+  j["step_s"] = m.step_s;
+  j["tokens_per_s"] = m.tokens_per_s;
+  j["tflops"] = m.tflops;
+  j["mfu"] = m.mfu;
+  j["data_wait_s"] = m.data_wait_s;
+  j["tokens_seen"] = tokens_seen;
+  if (multi_rank) {
+    j["comm_s"] = m.comm_s;
+    j["comm_exposed_s"] = m.comm_wait_s;
+    j["comm_bytes_sent"] = m.comm_bytes;
+  }
+  if (moe) {
+    j["lm_loss"] = m.lm_loss;
+    j["moe_lb_loss"] = m.moe.lb_loss;
+    j["moe_z_loss"] = m.moe.z_loss;
+    j["moe_dropped_fraction"] = m.moe.dropped_fraction;
+    j["expert_load_min"] = m.moe.load_min;
+    j["expert_load_max"] = m.moe.load_max;
+    j["expert_load_cv"] = m.moe.load_cv;
+  }
+  if (m.skipped) j["skipped"] = true;
+  out_ << j.dump() << "\n";
+  out_.flush();
+  HYP_CHECK(out_.good(), "cannot append to {}: {}", path_, os_error_text(errno));
+}
+
+}  // namespace hyperion

@@ -1,0 +1,51 @@
+// metrics.jsonl: one JSON line per optimizer step, written by rank 0 and flushed each
+// step (a killed run keeps every completed step; a torn last line is dropped on resume).
+// Stable keys: step, loss, grad_norm, lr, step_s, tokens_per_s, tflops, mfu, data_wait_s,
+// tokens_seen; with several ranks comm_s, comm_exposed_s, comm_bytes_sent; for MoE models
+// lm_loss, moe_lb_loss, moe_z_loss, moe_dropped_fraction, expert_load_min/max/cv; and
+// skipped: true for a step whose update was skipped.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "model/trainable_model.h"
+
+namespace hyperion {
+
+// Per-step metrics (one line of metrics.jsonl).
+struct StepMetrics {
+  int64_t step = 0;    // 1-based: optimizer steps completed
+  double loss = 0;     // the objective: cross-entropy + MoE auxiliary losses
+  double lm_loss = 0;  // cross-entropy alone
+  double grad_norm = 0;
+  double lr = 0;
+  double step_s = 0;
+  double tokens_per_s = 0;
+  double tflops = 0;
+  double mfu = 0;
+  double data_wait_s = 0;
+  // Multi-process: seconds the collectives ran (communication thread), seconds the
+  // training thread waited for them (exposed), and payload bytes this rank sent.
+  double comm_s = 0, comm_wait_s = 0;
+  uint64_t comm_bytes = 0;
+  bool skipped = false;
+  // MoE models: averages over the step's micro-batches (see MoeStats).
+  MoeStats moe;
+};
+
+class MetricsWriter {
+ public:
+  // Appends to run_dir/metrics.jsonl when `enabled` (rank 0), after dropping the lines
+  // of steps > resume_step (a resumed run rewrites what came after its checkpoint).
+  MetricsWriter(const std::string& run_dir, bool enabled, int64_t resume_step);
+  // One line; multi_rank and moe add their keys.
+  void write(const StepMetrics& m, int64_t tokens_seen, bool multi_rank, bool moe);
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+}  // namespace hyperion
