@@ -2,13 +2,13 @@
 // registry), reporting FLOP/s or bytes/s counters. Use --benchmark_filter to pick.
 #include <benchmark/benchmark.h>
 
-#include "cli/bench_registry.h"
+#include "cases/bench_registry.h"
 
 namespace {
 
 int register_all() {
-  using hyperion::cli::Bound;
-  static std::vector<hyperion::cli::KernelBench> cases = hyperion::cli::all_kernel_benches();
+  using hyperion::bench::Bound;
+  static std::vector<hyperion::bench::KernelBench> cases = hyperion::bench::all_kernel_benches();
   for (const auto& c : cases) {
     if (c.name.rfind("gemm_", 0) == 0) continue;  // covered with more shapes in gemm_bench.cc
     benchmark::RegisterBenchmark(("kernel/" + c.name).c_str(),

@@ -12,12 +12,17 @@
 
 #include "base/error.h"
 #include "base/timer.h"
-#include "cli/bench_registry.h"
+#include "cases/bench_registry.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "kernels/peak.h"
 
 namespace hyperion::cli {
+
+using bench::all_kernel_benches;
+using bench::Bound;
+using bench::bound_name;
+using bench::KernelBench;
 
 struct Timing {
   double best;    // fastest call: the kernel's capability, comparable with the best-burst peak

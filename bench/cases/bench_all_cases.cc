@@ -1,6 +1,6 @@
-#include "cli/bench_registry.h"
+#include "cases/bench_registry.h"
 
-namespace hyperion::cli {
+namespace hyperion::bench {
 
 std::vector<KernelBench> all_kernel_benches() {
   std::vector<KernelBench> all;
@@ -13,4 +13,4 @@ std::vector<KernelBench> all_kernel_benches() {
   return all;
 }
 
-}  // namespace hyperion::cli
+}  // namespace hyperion::bench

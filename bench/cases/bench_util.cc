@@ -3,10 +3,10 @@
 #include <cstring>
 #include <random>
 
-#include "cli/bench_registry.h"
+#include "cases/bench_registry.h"
 #include "tensor/convert.h"
 
-namespace hyperion::cli {
+namespace hyperion::bench {
 
 std::shared_ptr<Tensor> random_tensor(DType dtype, Shape shape, unsigned seed, float lo, float hi) {
   auto t = std::make_shared<Tensor>(dtype, shape);
@@ -23,4 +23,4 @@ std::shared_ptr<Tensor> random_tensor(DType dtype, Shape shape, unsigned seed, f
   return t;
 }
 
-}  // namespace hyperion::cli
+}  // namespace hyperion::bench

@@ -1,11 +1,11 @@
 // Bench cases: softmax, fused cross-entropy, embedding. Working sets exceed the
 // last-level cache so the figures are DRAM bandwidth, not cache bandwidth.
-#include "cli/bench_registry.h"
+#include "cases/bench_registry.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/embedding.h"
 #include "kernels/softmax.h"
 
-namespace hyperion::cli {
+namespace hyperion::bench {
 
 std::vector<KernelBench> loss_benches() {
   std::vector<KernelBench> v;
@@ -48,4 +48,4 @@ std::vector<KernelBench> loss_benches() {
   return v;
 }
 
-}  // namespace hyperion::cli
+}  // namespace hyperion::bench

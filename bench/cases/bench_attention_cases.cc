@@ -1,10 +1,10 @@
 // Bench cases: flash attention forward and forward+backward, T = 1024, 8 heads of 64,
 // causal. FLOPs count each visible (query, key) pair once: forward 2 products
 // (4 * D per pair), backward 5 products (10 * D per pair).
-#include "cli/bench_registry.h"
+#include "cases/bench_registry.h"
 #include "kernels/attention.h"
 
-namespace hyperion::cli {
+namespace hyperion::bench {
 
 std::vector<KernelBench> attention_benches() {
   std::vector<KernelBench> v;
@@ -35,4 +35,4 @@ std::vector<KernelBench> attention_benches() {
   return v;
 }
 
-}  // namespace hyperion::cli
+}  // namespace hyperion::bench

@@ -5,11 +5,11 @@
 #include <vector>
 
 #include "base/aligned.h"
-#include "cli/bench_registry.h"
+#include "cases/bench_registry.h"
 #include "kernels/gemm.h"
 #include "tensor/convert.h"
 
-namespace hyperion::cli {
+namespace hyperion::bench {
 namespace {
 
 // Random values in [-1, 1) (int8: [-127, 127]); large buffers repeat a 1 Mi-element
@@ -108,4 +108,4 @@ std::vector<KernelBench> gemm_benches() {
   };
 }
 
-}  // namespace hyperion::cli
+}  // namespace hyperion::bench

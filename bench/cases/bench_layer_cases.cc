@@ -2,7 +2,7 @@
 // are those of a 2048-token batch of a Llama-7B-width layer, beyond the last-level cache.
 #include <array>
 
-#include "cli/bench_registry.h"
+#include "cases/bench_registry.h"
 #include "kernels/adamw.h"
 #include "kernels/finite.h"
 #include "kernels/global_norm.h"
@@ -10,7 +10,7 @@
 #include "kernels/rope.h"
 #include "kernels/gated_activation.h"
 
-namespace hyperion::cli {
+namespace hyperion::bench {
 
 std::vector<KernelBench> layer_benches() {
   std::vector<KernelBench> v;
@@ -105,4 +105,4 @@ std::vector<KernelBench> layer_benches() {
   return v;
 }
 
-}  // namespace hyperion::cli
+}  // namespace hyperion::bench

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace hyperion::cli {
+namespace hyperion::bench {
 
 enum class Bound { kF32, kBF16, kInt8, kMemory };
 inline const char* bound_name(Bound b) {
@@ -53,12 +53,12 @@ std::vector<KernelBench> gemm_benches();
 std::vector<KernelBench> moe_benches();
 std::vector<KernelBench> all_kernel_benches();
 
-}  // namespace hyperion::cli
+}  // namespace hyperion::bench
 
 // Shared helpers for the cases.
 #include "tensor/tensor.h"
 
-namespace hyperion::cli {
+namespace hyperion::bench {
 
 // A tensor of uniform random values in [lo, hi) (any float dtype; integer dtypes get
 // integers in [lo, hi)). Large tensors repeat a random block so set-up stays fast.
@@ -70,4 +70,4 @@ std::vector<KernelBench> layer_benches();      // rmsnorm, rope, swiglu, adamw, 
 std::vector<KernelBench> attention_benches();        // flash attention
 std::vector<KernelBench> paged_attention_benches();  // serving decode over the paged KV cache
 
-}  // namespace hyperion::cli
+}  // namespace hyperion::bench

@@ -10,10 +10,10 @@
 #include <numeric>
 #include <random>
 
-#include "cli/bench_registry.h"
+#include "cases/bench_registry.h"
 #include "kernels/paged_attention.h"
 
-namespace hyperion::cli {
+namespace hyperion::bench {
 
 namespace {
 
@@ -106,4 +106,4 @@ std::vector<KernelBench> paged_attention_benches() {
   return v;
 }
 
-}  // namespace hyperion::cli
+}  // namespace hyperion::bench

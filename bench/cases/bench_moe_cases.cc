@@ -5,11 +5,11 @@
 #include <string>
 #include <vector>
 
-#include "cli/bench_registry.h"
+#include "cases/bench_registry.h"
 #include "kernels/gemm.h"
 #include "kernels/grouped_gemm.h"
 
-namespace hyperion::cli {
+namespace hyperion::bench {
 namespace {
 
 constexpr int64_t kRows = 8192, kIn = 512, kOut = 1408, kExperts = 8;
@@ -63,4 +63,4 @@ std::vector<KernelBench> moe_benches() {
   };
 }
 
-}  // namespace hyperion::cli
+}  // namespace hyperion::bench
