@@ -245,6 +245,12 @@ void scale_epilogue(const GemmArgs& g, const float* sums, int64_t sums_ld, int64
 void gemm_contiguous(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k, const void* a,
                      DType a_dtype, const void* b, DType b_dtype, void* c, DType c_dtype,
                      float beta) {
+  gemm(contiguous_gemm_args(trans_a, trans_b, m, n, k, a, a_dtype, b, b_dtype, c, c_dtype, beta));
+}
+
+GemmArgs contiguous_gemm_args(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k,
+                              const void* a, DType a_dtype, const void* b, DType b_dtype, void* c,
+                              DType c_dtype, float beta) {
   GemmArgs g;
   g.trans_a = trans_a;
   g.trans_b = trans_b;
@@ -261,7 +267,7 @@ void gemm_contiguous(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t
   g.c_dtype = c_dtype;
   g.ldc = n;
   g.beta = beta;
-  gemm(g);
+  return g;
 }
 
 void gemm(const GemmArgs& g) {

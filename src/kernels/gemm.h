@@ -60,6 +60,11 @@ void gemm_contiguous(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t
                      DType a_dtype, const void* b, DType b_dtype, void* c, DType c_dtype,
                      float beta = 0.0f);
 
+// The GemmArgs of gemm_contiguous (for a backend's gemm).
+GemmArgs contiguous_gemm_args(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k,
+                              const void* a, DType a_dtype, const void* b, DType b_dtype, void* c,
+                              DType c_dtype, float beta = 0.0f);
+
 // Convenience form on 2-D views: C = alpha * op(A) @ op(B) + beta * C (+ bias).
 void gemm(const TensorView& a, Trans trans_a, const TensorView& b, Trans trans_b,
           const TensorView& c, float alpha = 1.0f, float beta = 0.0f, const float* bias = nullptr);

@@ -1,58 +1,43 @@
 #include "model/decoder.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "base/error.h"
-#include "base/threads.h"
-#include "kernels/attention.h"
-#include "kernels/embedding.h"
-#include "kernels/gated_activation.h"
-#include "kernels/rmsnorm.h"
-#include "tensor/convert.h"
 
 namespace hyperion {
-
-namespace {
-
-void copy_f32(const float* src, float* dst, int64_t n) {
-  if (src == dst) return;
-  parallel_chunks(n, 1 << 16, [&](int64_t b, int64_t e) {
-    std::memcpy(dst + b, src + b, static_cast<size_t>(e - b) * sizeof(float));
-  });
-}
-
-}  // namespace
 
 void SelfAttentionOnly::attend(const Decoder& dec, int l, const PassRows& rows, DecoderActs& s) {
   const LlamaConfig& c = dec.config();
   const DType a = dec.act();
   const int64_t b = rows.b, t = rows.t, hq = c.n_heads, hkv = c.n_kv_heads, hd = c.head_dim;
-  attention_forward(TensorView(s.q, a, {b, t, hq, hd}), TensorView(s.k, a, {b, t, hkv, hd}),
-                    TensorView(s.v, a, {b, t, hkv, hd}), TensorView(s.att, a, {b, t, hq, hd}),
-                    TensorView(s.lse, DType::kF32, {b, hq, t}));
+  dec.kernels().attention_forward(
+      TensorView(s.q, a, {b, t, hq, hd}), TensorView(s.k, a, {b, t, hkv, hd}),
+      TensorView(s.v, a, {b, t, hkv, hd}), TensorView(s.att, a, {b, t, hq, hd}),
+      TensorView(s.lse, DType::kF32, {b, hq, t}));
 }
 
 Decoder::Decoder(const ParamStore& params, LinearWeights& weights, int64_t rope_positions)
     : params_(params),
       cfg_(params.config()),
       weights_(weights),
+      k_(weights.backend()),
       act_(weights.act_dtype()),
       rope_(std::max<int64_t>(rope_positions, 1), params.config().head_dim,
             params.config().rope_theta),
       norm_offset_(params.config().arch.norm_weight_offset) {}
 
 void Decoder::embed(const int32_t* tokens, int64_t n, float* x) const {
-  embedding_forward(params_.param(params_.embed()),
-                    TensorView(const_cast<int32_t*>(tokens), DType::kI32, {n}),
-                    TensorView(x, DType::kF32, {n, cfg_.dim}), cfg_.arch.embedding_scale(cfg_.dim));
+  k_.embedding_forward(params_.param(params_.embed()),
+                       TensorView(const_cast<int32_t*>(tokens), DType::kI32, {n}),
+                       TensorView(x, DType::kF32, {n, cfg_.dim}),
+                       cfg_.arch.embedding_scale(cfg_.dim));
 }
 
 void Decoder::norm(const float* x, int64_t n, int index, void* y, float* rstd) const {
   const int64_t d = cfg_.dim;
-  rmsnorm_forward(TensorView(const_cast<float*>(x), DType::kF32, {n, d}), params_.param(index),
-                  static_cast<float>(cfg_.norm_eps), TensorView(y, act_, {n, d}),
-                  TensorView(rstd, DType::kF32, {n}), norm_offset_);
+  k_.rmsnorm_forward(TensorView(const_cast<float*>(x), DType::kF32, {n, d}), params_.param(index),
+                     static_cast<float>(cfg_.norm_eps), TensorView(y, act_, {n, d}),
+                     TensorView(rstd, DType::kF32, {n}), norm_offset_);
 }
 
 void Decoder::rope(const PassRows& rows, void* q, void* k) const {
@@ -61,11 +46,11 @@ void Decoder::rope(const PassRows& rows, void* q, void* k) const {
   const TensorView qv(q, act_, {b, t, hq, hd}), kv(k, act_, {b, t, hkv, hd});
   if (rows.positions != nullptr) {
     const TensorView pos(const_cast<int32_t*>(rows.positions), DType::kI32, {rows.n()});
-    rope_forward(qv, qv, pos, rope_);
-    rope_forward(kv, kv, pos, rope_);
+    k_.rope_forward(qv, qv, pos, rope_);
+    k_.rope_forward(kv, kv, pos, rope_);
   } else {
-    rope_forward(qv, qv, rows.position, rope_);
-    rope_forward(kv, kv, rows.position, rope_);
+    k_.rope_forward(qv, qv, rows.position, rope_);
+    k_.rope_forward(kv, kv, rows.position, rope_);
   }
 }
 
@@ -79,7 +64,7 @@ void Decoder::attention_block(int l, const PassRows& rows, DecoderActs& s, KvSou
   weights_.forward(p.v, s.h, s.v, act_, n);
   rope(rows, s.q, s.k);
   kv.attend(*this, l, rows, s);
-  copy_f32(s.x, s.x2, n * cfg_.dim);
+  k_.copy(s.x, s.x2, static_cast<size_t>(n * cfg_.dim) * sizeof(float));
   weights_.forward(p.o, s.att, s.x2, DType::kF32, n, 1.0f);
 }
 
@@ -94,16 +79,16 @@ void Decoder::mlp(int l, int64_t n, DecoderActs& s, const MoeShape& ms, const Mo
   const LayerParamIndex& p = params_.layer(l);
   const int64_t f = cfg_.ffn_dim;
   if (p.moe()) {
-    if (out != nullptr) copy_f32(s.x2, out, n * cfg_.dim);
+    if (out != nullptr) k_.copy(s.x2, out, static_cast<size_t>(n * cfg_.dim) * sizeof(float));
     moe::forward(params_, p, ms, mo, s.h2, act_, s.moe, out);
     return;
   }
   weights_.forward(p.gate, s.h2, s.g, act_, n);
   weights_.forward(p.up, s.h2, s.u, act_, n);
-  gated_forward(cfg_.arch.activation, TensorView(s.g, act_, {n, f}), TensorView(s.u, act_, {n, f}),
+  k_.gated_forward(cfg_.arch.activation, TensorView(s.g, act_, {n, f}), TensorView(s.u, act_, {n, f}),
                 TensorView(s.a, act_, {n, f}));
   if (out != nullptr) {
-    copy_f32(s.x2, out, n * cfg_.dim);
+    k_.copy(s.x2, out, static_cast<size_t>(n * cfg_.dim) * sizeof(float));
     weights_.forward(p.down, s.a, out, DType::kF32, n, 1.0f);
   }
 }
@@ -117,7 +102,7 @@ void Decoder::recompute_elementwise(int l, int64_t n, DecoderActs& s, const MoeS
     moe::recompute(ms, s.h2, act_, s.moe);
     return;
   }
-  gated_forward(cfg_.arch.activation, TensorView(s.g, act_, {n, f}), TensorView(s.u, act_, {n, f}),
+  k_.gated_forward(cfg_.arch.activation, TensorView(s.g, act_, {n, f}), TensorView(s.u, act_, {n, f}),
                 TensorView(s.a, act_, {n, f}));
 }
 
@@ -128,18 +113,14 @@ void Decoder::head(const float* x, int64_t n, void* h, float* rstd, void* logits
 
 const void* Decoder::dres_compute(int64_t n, const DecoderGrads& g) const {
   if (act_ == DType::kF32) return g.dres;
-  const int64_t total = n * cfg_.dim;
-  bf16* dst = static_cast<bf16*>(g.dres_c);
-  parallel_chunks(total, 1 << 16, [&](int64_t b, int64_t e) {
-    convert_f32_to_bf16(g.dres + b, dst + b, static_cast<size_t>(e - b));
-  });
+  k_.convert(g.dres, DType::kF32, g.dres_c, DType::kBF16, static_cast<size_t>(n * cfg_.dim));
   return g.dres_c;
 }
 
 void Decoder::norm_backward(const float* x, int64_t n, int index, const float* rstd, float* dx,
                             bool accumulate, const DecoderGrads& g) const {
   const int64_t d = cfg_.dim;
-  rmsnorm_backward(TensorView(g.dh, DType::kF32, {n, d}),
+  k_.rmsnorm_backward(TensorView(g.dh, DType::kF32, {n, d}),
                    TensorView(const_cast<float*>(x), DType::kF32, {n, d}), params_.param(index),
                    TensorView(const_cast<float*>(rstd), DType::kF32, {n}),
                    TensorView(dx, DType::kF32, {n, d}), params_.grad(index), accumulate,
@@ -158,22 +139,22 @@ void Decoder::layer_backward(int l, const PassRows& rows, DecoderActs& s, const 
 
   // Attention branch: x2 = x + attention(rope(h Wq^T), rope(h Wk^T), h Wv^T) Wo^T.
   const void* g_out = dres_compute(n, gr);
-  linear::backward_input(g_out, act_, ps.compute_weight(p.o), gr.datt, act_, n);
-  linear::backward_weight(g_out, s.att, act_, ps.grad(p.o), n);
+  linear::backward_input(k_, g_out, act_, ps.compute_weight(p.o), gr.datt, act_, n);
+  linear::backward_weight(k_, g_out, s.att, act_, ps.grad(p.o), n);
   const TensorView dqv(gr.dq, act_, {b, t, hq, hd}), dkv(gr.dk, act_, {b, t, hkv, hd});
-  attention_backward(
+  k_.attention_backward(
       TensorView(s.q, act_, {b, t, hq, hd}), TensorView(s.k, act_, {b, t, hkv, hd}),
       TensorView(s.v, act_, {b, t, hkv, hd}), TensorView(s.att, act_, {b, t, hq, hd}),
       TensorView(gr.datt, act_, {b, t, hq, hd}), TensorView(s.lse, DType::kF32, {b, hq, t}), dqv,
       dkv, TensorView(gr.dv, act_, {b, t, hkv, hd}));
-  rope_backward(dqv, dqv, rows.position, rope_);
-  rope_backward(dkv, dkv, rows.position, rope_);
-  linear::backward_input(gr.dq, act_, ps.compute_weight(p.q), gr.dh, DType::kF32, n);
-  linear::backward_input(gr.dk, act_, ps.compute_weight(p.k), gr.dh, DType::kF32, n, 1.0f);
-  linear::backward_input(gr.dv, act_, ps.compute_weight(p.v), gr.dh, DType::kF32, n, 1.0f);
-  linear::backward_weight(gr.dq, s.h, act_, ps.grad(p.q), n);
-  linear::backward_weight(gr.dk, s.h, act_, ps.grad(p.k), n);
-  linear::backward_weight(gr.dv, s.h, act_, ps.grad(p.v), n);
+  k_.rope_backward(dqv, dqv, rows.position, rope_);
+  k_.rope_backward(dkv, dkv, rows.position, rope_);
+  linear::backward_input(k_, gr.dq, act_, ps.compute_weight(p.q), gr.dh, DType::kF32, n);
+  linear::backward_input(k_, gr.dk, act_, ps.compute_weight(p.k), gr.dh, DType::kF32, n, 1.0f);
+  linear::backward_input(k_, gr.dv, act_, ps.compute_weight(p.v), gr.dh, DType::kF32, n, 1.0f);
+  linear::backward_weight(k_, gr.dq, s.h, act_, ps.grad(p.q), n);
+  linear::backward_weight(k_, gr.dk, s.h, act_, ps.grad(p.k), n);
+  linear::backward_weight(k_, gr.dv, s.h, act_, ps.grad(p.v), n);
   norm_backward(s.x, n, p.input_norm, s.rstd1, gr.dres, true, gr);
 }
 
@@ -189,29 +170,29 @@ void Decoder::mlp_backward(int l, int64_t n, DecoderActs& s, const DecoderGrads&
   }
   // x' = x2 + act(h2 Wg^T, h2 Wu^T) Wd^T.
   const void* g_out = dres_compute(n, gr);
-  linear::backward_input(g_out, act_, ps.compute_weight(p.down), gr.da, act_, n);
-  linear::backward_weight(g_out, s.a, act_, ps.grad(p.down), n);
+  linear::backward_input(k_, g_out, act_, ps.compute_weight(p.down), gr.da, act_, n);
+  linear::backward_weight(k_, g_out, s.a, act_, ps.grad(p.down), n);
   // dg and du overwrite the saved gate and up (read before written, never needed again).
   const TensorView gv(s.g, act_, {n, f}), uv(s.u, act_, {n, f});
-  gated_backward(cfg_.arch.activation, TensorView(gr.da, act_, {n, f}), gv, uv, gv, uv);
-  linear::backward_input(s.g, act_, ps.compute_weight(p.gate), gr.dh, DType::kF32, n);
-  linear::backward_input(s.u, act_, ps.compute_weight(p.up), gr.dh, DType::kF32, n, 1.0f);
-  linear::backward_weight(s.g, s.h2, act_, ps.grad(p.gate), n);
-  linear::backward_weight(s.u, s.h2, act_, ps.grad(p.up), n);
+  k_.gated_backward(cfg_.arch.activation, TensorView(gr.da, act_, {n, f}), gv, uv, gv, uv);
+  linear::backward_input(k_, s.g, act_, ps.compute_weight(p.gate), gr.dh, DType::kF32, n);
+  linear::backward_input(k_, s.u, act_, ps.compute_weight(p.up), gr.dh, DType::kF32, n, 1.0f);
+  linear::backward_weight(k_, s.g, s.h2, act_, ps.grad(p.gate), n);
+  linear::backward_weight(k_, s.u, s.h2, act_, ps.grad(p.up), n);
 }
 
 void Decoder::head_backward(const float* x, int64_t n, const void* h, const float* rstd,
                             const void* dlogits, const DecoderGrads& g) {
   const TensorView w = params_.compute_weight(params_.lm_head());
-  linear::backward_input(dlogits, act_, w, g.dh, DType::kF32, n);
-  linear::backward_weight(dlogits, h, act_, params_.grad(params_.lm_head()), n);
+  linear::backward_input(k_, dlogits, act_, w, g.dh, DType::kF32, n);
+  linear::backward_weight(k_, dlogits, h, act_, params_.grad(params_.lm_head()), n);
   norm_backward(x, n, params_.final_norm(), rstd, g.dres, false, g);
 }
 
 void Decoder::embed_backward(const int32_t* tokens, int64_t n, const DecoderGrads& g) {
-  embedding_backward(TensorView(const_cast<int32_t*>(tokens), DType::kI32, {n}),
-                     TensorView(g.dres, DType::kF32, {n, cfg_.dim}), params_.grad(params_.embed()),
-                     cfg_.arch.embedding_scale(cfg_.dim));
+  k_.embedding_backward(TensorView(const_cast<int32_t*>(tokens), DType::kI32, {n}),
+                        TensorView(g.dres, DType::kF32, {n, cfg_.dim}),
+                        params_.grad(params_.embed()), cfg_.arch.embedding_scale(cfg_.dim));
 }
 
 }  // namespace hyperion

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "kernels/backend.h"
 #include "kernels/rope.h"
 #include "model/linear.h"
 #include "model/moe_block.h"
@@ -96,6 +97,8 @@ class Decoder {
 
   const LlamaConfig& config() const { return cfg_; }
   const ParamStore& params() const { return params_; }
+  // The kernels of the parameters' device: every op the decoder runs goes through it.
+  KernelBackend& kernels() const { return k_; }
   DType act() const { return act_; }
 
   // x[n, D] = embedding rows of tokens, times the family's embedding scale.
@@ -141,6 +144,7 @@ class Decoder {
   const ParamStore& params_;
   LlamaConfig cfg_;
   LinearWeights& weights_;
+  KernelBackend& k_;
   DType act_;
   RopeTable rope_;
   float norm_offset_;

@@ -42,7 +42,7 @@ ForwardModel::ForwardModel(const ParamStore& params, int64_t batch, int64_t seq_
 }
 
 void* ForwardModel::alloc(int64_t bytes) {
-  storage_.emplace_back(static_cast<size_t>(bytes));
+  storage_.emplace_back(decoder_.kernels().allocator(), static_cast<size_t>(bytes));
   bytes_ += bytes;
   return storage_.back().data();
 }
@@ -70,8 +70,9 @@ CrossEntropyResult ForwardModel::loss(const int32_t* inputs, const int32_t* targ
   decoder_.head(acts_.x, n, acts_.h, acts_.rstd1, logits_, act_);
   done(tail);
   if (tied) done(0);
-  return cross_entropy_forward(TensorView(logits_, act_, {n, cfg_.vocab_size}),
-                               TensorView(const_cast<int32_t*>(targets), DType::kI32, {n}));
+  return decoder_.kernels().cross_entropy_forward(
+      TensorView(logits_, act_, {n, cfg_.vocab_size}),
+      TensorView(const_cast<int32_t*>(targets), DType::kI32, {n}));
 }
 
 }  // namespace hyperion

@@ -51,7 +51,7 @@ class ForwardModel {
   Decoder decoder_;
   SelfAttentionOnly self_attention_;
   BucketHooks* hooks_ = nullptr;
-  std::vector<AlignedBuffer<unsigned char>> storage_;
+  std::vector<DeviceBuffer> storage_;  // from the backend's allocator
   int64_t bytes_ = 0;
   DecoderActs acts_;
   MoeInferenceBuffers moe_;

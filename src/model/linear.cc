@@ -9,7 +9,7 @@
 namespace hyperion {
 
 LinearWeights::LinearWeights(const ParamStore& params, WeightFormat format)
-    : params_(params), format_(format) {
+    : params_(params), backend_(backend_for(params.device())), format_(format) {
   HYP_CHECK(format == WeightFormat::kF32 || params.has_bf16(),
             "bf16 or int8 weights need the parameter store's bf16 copy");
   const LlamaConfig& cfg = params.config();
@@ -49,7 +49,7 @@ LinearWeights::LinearWeights(const ParamStore& params, WeightFormat format)
 void LinearWeights::forward(int index, const void* x, void* y, DType yd, int64_t n, float beta) {
   auto it = quant_.find(index);
   if (it == quant_.end()) {
-    linear::forward(x, act_dtype(), params_.compute_weight(index), y, yd, n, beta);
+    linear::forward(backend_, x, act_dtype(), params_.compute_weight(index), y, yd, n, beta);
     return;
   }
   const QuantMatrix& qm = it->second;
@@ -58,6 +58,8 @@ void LinearWeights::forward(int index, const void* x, void* y, DType yd, int64_t
   if (qscale_.size() < static_cast<size_t>(n)) qscale_ = AlignedBuffer<float>(static_cast<size_t>(n));
   quantize_rows(TensorView(const_cast<void*>(x), act_dtype(), {n, qm.in}),
                 TensorView(qx_.data(), DType::kI8, {n, qm.in}), qscale_.data());
+  // int8 weights are a host format for now (quantize_rows and the VNNI GEMM).
+  HYP_CHECK(backend_.device() == Device::kHost, "int8 weights need the host backend");
   GemmArgs g;
   g.trans_a = Trans::kN;
   g.trans_b = Trans::kT;
@@ -76,7 +78,7 @@ void LinearWeights::forward(int index, const void* x, void* y, DType yd, int64_t
   g.beta = beta;
   g.a_scale = qscale_.data();
   g.b_scale = qm.scale.data();
-  gemm(g);
+  backend_.gemm(g);
 }
 
 }  // namespace hyperion

@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "base/aligned.h"
+#include "kernels/backend.h"
 #include "kernels/gemm.h"
 #include "model/param_store.h"
 #include "tensor/tensor.h"
@@ -16,24 +17,24 @@ namespace hyperion {
 namespace linear {
 
 // y[n, out] = x[n, in] W^T + beta * y, W [out, in] (a Linear layer).
-inline void forward(const void* x, DType xd, const TensorView& w, void* y, DType yd, int64_t n,
-                    float beta = 0.0f) {
-  gemm_contiguous(Trans::kN, Trans::kT, n, w.shape[0], w.shape[1], x, xd, w.data, w.dtype, y, yd,
-                  beta);
+inline void forward(KernelBackend& k, const void* x, DType xd, const TensorView& w, void* y,
+                    DType yd, int64_t n, float beta = 0.0f) {
+  k.gemm_contiguous(Trans::kN, Trans::kT, n, w.shape[0], w.shape[1], x, xd, w.data, w.dtype, y, yd,
+                    beta);
 }
 
 // dx[n, in] = dy[n, out] W + beta * dx (input gradient of a Linear layer).
-inline void backward_input(const void* dy, DType dyd, const TensorView& w, void* dx, DType dxd,
-                           int64_t n, float beta = 0.0f) {
-  gemm_contiguous(Trans::kN, Trans::kN, n, w.shape[1], w.shape[0], dy, dyd, w.data, w.dtype, dx,
-                  dxd, beta);
+inline void backward_input(KernelBackend& k, const void* dy, DType dyd, const TensorView& w,
+                           void* dx, DType dxd, int64_t n, float beta = 0.0f) {
+  k.gemm_contiguous(Trans::kN, Trans::kN, n, w.shape[1], w.shape[0], dy, dyd, w.data, w.dtype, dx,
+                    dxd, beta);
 }
 
 // dW[out, in] += dy[n, out]^T x[n, in] (weight gradient, accumulated in f32).
-inline void backward_weight(const void* dy, const void* x, DType d, const TensorView& dw,
-                            int64_t n) {
-  gemm_contiguous(Trans::kT, Trans::kN, dw.shape[0], dw.shape[1], n, dy, d, x, d, dw.data,
-                  DType::kF32, 1.0f);
+inline void backward_weight(KernelBackend& k, const void* dy, const void* x, DType d,
+                            const TensorView& dw, int64_t n) {
+  k.gemm_contiguous(Trans::kT, Trans::kN, dw.shape[0], dw.shape[1], n, dy, d, x, d, dw.data,
+                    DType::kF32, 1.0f);
 }
 
 }  // namespace linear
@@ -59,7 +60,9 @@ inline DType act_dtype_for(WeightFormat w) {
 class LinearWeights {
  public:
   // kBF16 and kInt8 need the store's bf16 copy; the store must outlive this object.
+  // The matmuls run on the backend of the store's device.
   LinearWeights(const ParamStore& params, WeightFormat format);
+  KernelBackend& backend() const { return backend_; }
 
   WeightFormat format() const { return format_; }
   DType act_dtype() const { return act_dtype_for(format_); }
@@ -78,6 +81,7 @@ class LinearWeights {
   };
 
   const ParamStore& params_;
+  KernelBackend& backend_;
   WeightFormat format_;
   std::unordered_map<int, QuantMatrix> quant_;
   int64_t weight_bytes_ = 0;

@@ -27,7 +27,7 @@ void ContiguousKvCache::attend(const Decoder& dec, int l, const PassRows& rows, 
   const DType a = dec.act();
   const int64_t n = rows.n(), hq = c.n_heads, hkv = c.n_kv_heads, hd = c.head_dim;
   const int64_t tk = rows.position + n;
-  attention_forward(TensorView(s.q, a, {1, n, hq, hd}),
+  dec.kernels().attention_forward(TensorView(s.q, a, {1, n, hq, hd}),
                     TensorView(k_[static_cast<size_t>(l)].data(), a, {1, tk, hkv, hd}),
                     TensorView(v_[static_cast<size_t>(l)].data(), a, {1, tk, hkv, hd}),
                     TensorView(s.att, a, {1, n, hq, hd}), TensorView(s.lse, DType::kF32, {1, hq, n}));

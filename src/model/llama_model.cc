@@ -11,7 +11,7 @@
 namespace hyperion {
 
 void* LlamaModel::alloc(int64_t bytes, int64_t* counter) {
-  storage_.emplace_back(static_cast<size_t>(bytes));
+  storage_.emplace_back(decoder_.kernels().allocator(), static_cast<size_t>(bytes));
   *counter += bytes;
   return storage_.back().data();
 }
@@ -180,8 +180,9 @@ CrossEntropyResult LlamaModel::head(const int32_t* targets, bool backward, float
   decoder_.head(x_final_, n, hf_, rstd_f_, logits_, act_);
   const TensorView lv(logits_, act_, {n, v});
   const TensorView tv(const_cast<int32_t*>(targets), DType::kI32, {n});
-  if (!backward) return cross_entropy_forward(lv, tv);
-  CrossEntropyResult r = cross_entropy_fused(lv, tv, lv, dloss);
+  KernelBackend& k = decoder_.kernels();
+  if (!backward) return k.cross_entropy_forward(lv, tv);
+  CrossEntropyResult r = k.cross_entropy_fused(lv, tv, lv, dloss);
   decoder_.head_backward(x_final_, n, hf_, rstd_f_, logits_, grads_);
   return r;
 }
@@ -288,7 +289,8 @@ void LlamaModel::forward_logits(const int32_t* inputs, float* logits) {
   const int64_t n = tokens_per_batch();
   std::vector<int32_t> targets(static_cast<size_t>(n), kIgnoreIndex);
   forward_loss(inputs, targets.data());
-  convert_any(logits_, act_, logits, DType::kF32, static_cast<size_t>(n * cfg_.vocab_size));
+  decoder_.kernels().convert(logits_, act_, logits, DType::kF32,
+                             static_cast<size_t>(n * cfg_.vocab_size));
 }
 
 }  // namespace hyperion

@@ -127,7 +127,7 @@ class LlamaModel final : public TrainableModel {
   LinearWeights weights_;
   Decoder decoder_;
   SelfAttentionOnly self_attention_;
-  std::vector<AlignedBuffer<unsigned char>> storage_;
+  std::vector<DeviceBuffer> storage_;  // from the backend's allocator
   int64_t activation_bytes_ = 0, scratch_bytes_ = 0;
 
   std::vector<LayerActs> layers_;

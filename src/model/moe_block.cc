@@ -98,7 +98,10 @@ void experts_backward(const ParamStore& ps, const LayerParamIndex& p, const MoeS
 void forward(const ParamStore& ps, const LayerParamIndex& p, const MoeShape& s, const MoeOptions& o,
              const void* h, DType act, MoeActs& m, float* out) {
   const int ne = static_cast<int>(s.e);
-  linear::forward(h, act, ps.compute_weight(p.router), m.logits, DType::kF32, s.n);
+  // The router's matmuls go through the device's backend; the routing, dispatch and
+  // grouped-GEMM kernels below are host kernels until a device backend adds them.
+  linear::forward(backend_for(ps.device()), h, act, ps.compute_weight(p.router), m.logits,
+                  DType::kF32, s.n);
   router_topk_forward(m.logits, s.n, s.e, s.k, s.normalize, m.probs, m.experts, m.weights);
   moe_dispatch_plan(m.experts, s.b, s.t, s.k, s.e, s.capacity, m.plan, s.row_align);
   HYP_CHECK(m.plan->rows <= s.rows, "moe: dispatch produced {} rows, buffers hold {}", m.plan->rows,
@@ -167,8 +170,9 @@ void backward(const ParamStore& ps, const LayerParamIndex& p, const MoeShape& s,
                         static_cast<size_t>(s.n * s.e));
     dl = sc.dlogits_c;
   }
-  linear::backward_input(dl, act, ps.compute_weight(p.router), dh, DType::kF32, s.n);
-  linear::backward_weight(dl, h, act, ps.grad(p.router), s.n);
+  KernelBackend& k = backend_for(ps.device());
+  linear::backward_input(k, dl, act, ps.compute_weight(p.router), dh, DType::kF32, s.n);
+  linear::backward_weight(k, dl, h, act, ps.grad(p.router), s.n);
   moe_scatter_add_rows(sc.dxs, DType::kF32, m.plan->pair_row.data(), s.n, s.k, s.d, dh);
 }
 

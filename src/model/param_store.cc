@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include "base/system_memory.h"
 #include "base/threads.h"
+#include "kernels/backend.h"
 #include "kernels/fill.h"
 #include "tensor/convert.h"
 
@@ -14,19 +15,22 @@ namespace {
 constexpr int64_t kAlignElems = 16;  // 64 bytes of f32
 }
 
-ParamStore::ParamStore(const LlamaConfig& config, bool bf16_copy, bool gradients)
-    : config_(config), tie_(config.tie_embeddings) {
+ParamStore::ParamStore(const LlamaConfig& config, bool bf16_copy, bool gradients,
+                       Allocator& alloc)
+    : config_(config), tie_(config.tie_embeddings), device_(alloc.device()) {
   describe();
-  params_ = AlignedBuffer<float>(static_cast<size_t>(size_));
+  KernelBackend& k = backend_for(device_);
+  const size_t n = static_cast<size_t>(size_);
+  params_ = DeviceBuffer(alloc, n * sizeof(float));
   // Padding between tensors stays zero, so whole-buffer reductions (norms) are exact.
-  std::memset(params_.data(), 0, size_ * sizeof(float));
+  k.zero(params_.data(), params_.bytes());
   if (gradients) {
-    grads_ = AlignedBuffer<float>(static_cast<size_t>(size_));
+    grads_ = DeviceBuffer(alloc, n * sizeof(float));
     zero_grads();
   }
   if (bf16_copy) {
-    bf16_ = AlignedBuffer<bf16>(static_cast<size_t>(size_));
-    std::memset(bf16_.data(), 0, size_ * sizeof(bf16));
+    bf16_ = DeviceBuffer(alloc, n * sizeof(bf16));
+    k.zero(bf16_.data(), bf16_.bytes());
   }
 }
 
@@ -117,7 +121,9 @@ TensorView ParamStore::stack(const TensorView& first, int count) {
   Shape s;
   s.push_back(count);
   for (int64_t d : first.shape) s.push_back(d);
-  return TensorView(first.data, first.dtype, s);
+  TensorView v(first.data, first.dtype, s);
+  v.device = first.device;
+  return v;
 }
 
 TensorView ParamStore::stacked_param(int first, int count) const {
@@ -138,24 +144,30 @@ const ParamInfo* ParamStore::find(const std::string& name) const {
 
 TensorView ParamStore::param(int i) const {
   const ParamInfo& p = infos_[static_cast<size_t>(i)];
-  return TensorView(const_cast<float*>(params_.data()) + p.offset, DType::kF32, p.shape);
+  TensorView v(params_.as<float>() + p.offset, DType::kF32, p.shape);
+  v.device = device_;
+  return v;
 }
 
 TensorView ParamStore::grad(int i) const {
   HYP_CHECK(has_grads(), "ParamStore: gradients of {} requested from a store built without them",
             infos_[static_cast<size_t>(i)].name);
   const ParamInfo& p = infos_[static_cast<size_t>(i)];
-  return TensorView(const_cast<float*>(grads_.data()) + p.offset, DType::kF32, p.shape);
+  TensorView v(grads_.as<float>() + p.offset, DType::kF32, p.shape);
+  v.device = device_;
+  return v;
 }
 
 TensorView ParamStore::param_bf16(int i) const {
-  if (bf16_.size() == 0) return TensorView();
+  if (bf16_.empty()) return TensorView();
   const ParamInfo& p = infos_[static_cast<size_t>(i)];
-  return TensorView(const_cast<bf16*>(bf16_.data()) + p.offset, DType::kBF16, p.shape);
+  TensorView v(bf16_.as<bf16>() + p.offset, DType::kBF16, p.shape);
+  v.device = device_;
+  return v;
 }
 
 TensorView ParamStore::compute_weight(int i) const {
-  return bf16_.size() > 0 ? param_bf16(i) : param(i);
+  return bf16_.empty() ? param(i) : param_bf16(i);
 }
 
 std::pair<int64_t, int64_t> ParamStore::layer_range(int l) const {
@@ -191,17 +203,14 @@ void ParamStore::init(uint64_t seed, double std) {
 }
 
 void ParamStore::zero_grads() {
-  if (grads_.size() == 0) return;
-  parallel_chunks(size_, 1 << 18, [&](int64_t b, int64_t e) {
-    std::memset(grads_.data() + b, 0, static_cast<size_t>(e - b) * sizeof(float));
-  });
+  if (grads_.empty()) return;
+  backend_for(device_).zero(grads_.data(), grads_.bytes());
 }
 
 void ParamStore::sync_bf16() {
-  if (bf16_.size() == 0) return;
-  parallel_chunks(size_, 1 << 16, [&](int64_t b, int64_t e) {
-    convert_f32_to_bf16(params_.data() + b, bf16_.data() + b, static_cast<size_t>(e - b));
-  });
+  if (bf16_.empty()) return;
+  backend_for(device_).convert(params_.data(), DType::kF32, bf16_.data(), DType::kBF16,
+                               static_cast<size_t>(size_));
 }
 
 }  // namespace hyperion

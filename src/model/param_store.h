@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "base/aligned.h"
+#include "base/allocator.h"
 #include "model/llama_config.h"
 #include "tensor/tensor.h"
 
@@ -51,7 +52,10 @@ struct ParamBuffers {
 
 class ParamStore {
  public:
-  ParamStore(const LlamaConfig& config, bool bf16_copy, bool gradients = true);
+  // The buffers come from `alloc` (the host by default); zeroing and the bf16 refresh run
+  // on the backend of its device.
+  ParamStore(const LlamaConfig& config, bool bf16_copy, bool gradients = true,
+             Allocator& alloc = host_allocator());
 
   // The tensors of a model of `config` (names, shapes, offsets) without allocating them:
   // what a checkpoint must hold, checked before anything large is allocated.
@@ -63,14 +67,16 @@ class ParamStore {
   const std::vector<ParamInfo>& infos() const { return infos_; }
   const ParamInfo* find(const std::string& name) const;
   int64_t size() const { return size_; }  // elements in each flat buffer (with padding)
-  bool has_bf16() const { return bf16_.size() > 0; }
+  bool has_bf16() const { return !bf16_.empty(); }
+  // Where the buffers live (the allocator's device); models run on its backend.
+  Device device() const { return device_; }
 
-  float* params() { return params_.data(); }
-  const float* params() const { return params_.data(); }
-  bool has_grads() const { return grads_.size() > 0; }
-  float* grads() { return grads_.data(); }
-  const float* grads() const { return grads_.data(); }
-  bf16* params_bf16() { return bf16_.data(); }
+  float* params() { return params_.as<float>(); }
+  const float* params() const { return params_.as<float>(); }
+  bool has_grads() const { return !grads_.empty(); }
+  float* grads() { return grads_.as<float>(); }
+  const float* grads() const { return grads_.as<float>(); }
+  bf16* params_bf16() { return bf16_.as<bf16>(); }
 
   // Views of tensor i in each buffer.
   TensorView param(int i) const;
@@ -120,8 +126,8 @@ class ParamStore {
   std::vector<LayerParamIndex> layers_;
   int embed_ = -1, final_norm_ = -1, lm_head_ = -1;
   int64_t size_ = 0;
-  AlignedBuffer<float> params_, grads_;
-  AlignedBuffer<bf16> bf16_;
+  Device device_ = Device::kHost;
+  DeviceBuffer params_, grads_, bf16_;
 };
 
 }  // namespace hyperion

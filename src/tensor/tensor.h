@@ -3,6 +3,8 @@
 // on flat contiguous buffers inside.
 #pragma once
 
+#include "base/allocator.h"
+
 #include <array>
 #include <cstdint>
 #include <initializer_list>
@@ -48,6 +50,7 @@ struct TensorView {
   DType dtype = DType::kF32;
   Shape shape;
   Shape strides;  // in elements
+  Device device = Device::kHost;  // where data lives (base/allocator.h)
 
   TensorView() = default;
   TensorView(void* d, DType t, Shape s)

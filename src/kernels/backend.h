@@ -1,0 +1,105 @@
+// The kernels a model runs, per device: the one dispatch through which the decoder,
+// the parameter store and the models reach every numeric op. The host backend is the
+// kernels of this directory (Highway SIMD, oneDNN); a GPU backend implements the same
+// interface and registers itself (register_backend), and no model code changes: a
+// model takes the backend of the device its parameters live on (backend_for).
+//
+// Views passed to a backend must live on its device (TensorView::device); the host
+// backend refuses anything else by name. The parity test (tests/kernels/
+// backend_parity_test.cc) checks every op of every built backend against the scalar
+// ref:: kernels.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "base/allocator.h"
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/gated_activation.h"
+#include "kernels/gemm.h"
+#include "kernels/paged_attention.h"
+#include "kernels/rope.h"
+#include "tensor/tensor.h"
+
+namespace hyperion {
+
+class KernelBackend {
+ public:
+  virtual ~KernelBackend() = default;
+  virtual Device device() const = 0;
+  virtual const char* name() const = 0;
+  // Where this backend's buffers are allocated.
+  virtual Allocator& allocator() = 0;
+
+  // Matmuls (kernels/gemm.h).
+  virtual void gemm(const GemmArgs& args) = 0;
+  void gemm_contiguous(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k,
+                       const void* a, DType a_dtype, const void* b, DType b_dtype, void* c,
+                       DType c_dtype, float beta = 0.0f);
+  // Normalisation (kernels/rmsnorm.h).
+  virtual void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps,
+                               const TensorView& y, const TensorView& rstd,
+                               float weight_offset) = 0;
+  virtual void rmsnorm_backward(const TensorView& dy, const TensorView& x,
+                                const TensorView& weight, const TensorView& rstd,
+                                const TensorView& dx, const TensorView& dweight,
+                                bool accumulate_dx, float weight_offset) = 0;
+  // Gated MLP activations (kernels/gated_activation.h).
+  virtual void gated_forward(GatedActivation act, const TensorView& g, const TensorView& u,
+                             const TensorView& h) = 0;
+  virtual void gated_backward(GatedActivation act, const TensorView& dh, const TensorView& g,
+                              const TensorView& u, const TensorView& dg,
+                              const TensorView& du) = 0;
+  // Rotary embeddings (kernels/rope.h): from start_pos, or one position per row.
+  virtual void rope_forward(const TensorView& x, const TensorView& out, int64_t start_pos,
+                            const RopeTable& table) = 0;
+  virtual void rope_forward(const TensorView& x, const TensorView& out,
+                            const TensorView& positions, const RopeTable& table) = 0;
+  virtual void rope_backward(const TensorView& dy, const TensorView& dx, int64_t start_pos,
+                             const RopeTable& table) = 0;
+  // Causal attention (kernels/attention.h).
+  virtual void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& out, const TensorView& lse) = 0;
+  virtual void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const TensorView& out, const TensorView& dout,
+                                  const TensorView& lse, const TensorView& dq,
+                                  const TensorView& dk, const TensorView& dv) = 0;
+  // The serving engine's paged KV cache (kernels/paged_attention.h).
+  virtual void paged_kv_write(const PagedKvCache& cache, const TensorView& k, const TensorView& v,
+                              const int64_t* slots) = 0;
+  virtual void paged_kv_read(const PagedKvCache& cache, const int32_t* pages, int64_t length,
+                             const TensorView& k, const TensorView& v) = 0;
+  virtual void paged_attention(const PagedKvCache& cache, const TensorView& q,
+                               const PagedAttentionRow* rows, const TensorView& out,
+                               const PagedAttentionParams& params) = 0;
+  // Token embedding (kernels/embedding.h).
+  virtual void embedding_forward(const TensorView& table, const TensorView& ids,
+                                 const TensorView& out, float scale) = 0;
+  virtual void embedding_backward(const TensorView& ids, const TensorView& dout,
+                                  const TensorView& dtable, float scale) = 0;
+  // Loss (kernels/cross_entropy.h).
+  virtual CrossEntropyResult cross_entropy_forward(const TensorView& logits,
+                                                   const TensorView& targets) = 0;
+  virtual CrossEntropyResult cross_entropy_fused(const TensorView& logits,
+                                                 const TensorView& targets,
+                                                 const TensorView& dlogits, float dloss) = 0;
+  // Memory: dtype conversion of n elements, copies and zeroing (bytes).
+  virtual void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype,
+                       size_t n) = 0;
+  virtual void copy(const void* src, void* dst, size_t bytes) = 0;
+  virtual void zero(void* dst, size_t bytes) = 0;
+};
+
+// The host kernels.
+KernelBackend& host_backend();
+// A registered backend for `device` (the host one is always there); throws naming the
+// device when none was built.
+KernelBackend& backend_for(Device device);
+// Adds a backend (a GPU backend's static initialiser calls it). Not owned; lives forever.
+void register_backend(KernelBackend* backend);
+// Every backend built into this binary, host first (what the parity test iterates).
+std::vector<KernelBackend*> built_backends();
+
+}  // namespace hyperion

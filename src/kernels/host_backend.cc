@@ -1,0 +1,177 @@
+// The host backend: the Highway and oneDNN kernels of this directory behind the
+// KernelBackend interface, multi-threaded by base/threads.
+#include <cstring>
+#include <mutex>
+
+#include "base/error.h"
+#include "base/threads.h"
+#include "kernels/backend.h"
+#include "kernels/embedding.h"
+#include "kernels/rmsnorm.h"
+#include "tensor/convert.h"
+
+namespace hyperion {
+
+namespace {
+
+// Every view a host kernel reads or writes must be host memory.
+void check_host(const char* op, std::initializer_list<const TensorView*> views) {
+  for (const TensorView* v : views)
+    HYP_CHECK(v->data == nullptr || v->device == Device::kHost,
+              "{}: the host backend was given a {} tensor {}", op, device_name(v->device),
+              v->str());
+}
+
+class HostBackend final : public KernelBackend {
+ public:
+  Device device() const override { return Device::kHost; }
+  const char* name() const override { return "host"; }
+  Allocator& allocator() override { return host_allocator(); }
+
+  void gemm(const GemmArgs& args) override { hyperion::gemm(args); }
+  void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps,
+                       const TensorView& y, const TensorView& rstd, float offset) override {
+    check_host("rmsnorm_forward", {&x, &weight, &y, &rstd});
+    hyperion::rmsnorm_forward(x, weight, eps, y, rstd, offset);
+  }
+  void rmsnorm_backward(const TensorView& dy, const TensorView& x, const TensorView& weight,
+                        const TensorView& rstd, const TensorView& dx, const TensorView& dweight,
+                        bool accumulate_dx, float offset) override {
+    check_host("rmsnorm_backward", {&dy, &x, &weight, &rstd, &dx, &dweight});
+    hyperion::rmsnorm_backward(dy, x, weight, rstd, dx, dweight, accumulate_dx, offset);
+  }
+  void gated_forward(GatedActivation act, const TensorView& g, const TensorView& u,
+                     const TensorView& h) override {
+    check_host("gated_forward", {&g, &u, &h});
+    hyperion::gated_forward(act, g, u, h);
+  }
+  void gated_backward(GatedActivation act, const TensorView& dh, const TensorView& g,
+                      const TensorView& u, const TensorView& dg, const TensorView& du) override {
+    check_host("gated_backward", {&dh, &g, &u, &dg, &du});
+    hyperion::gated_backward(act, dh, g, u, dg, du);
+  }
+  void rope_forward(const TensorView& x, const TensorView& out, int64_t start_pos,
+                    const RopeTable& table) override {
+    check_host("rope_forward", {&x, &out});
+    hyperion::rope_forward(x, out, start_pos, table);
+  }
+  void rope_forward(const TensorView& x, const TensorView& out, const TensorView& positions,
+                    const RopeTable& table) override {
+    check_host("rope_forward", {&x, &out, &positions});
+    hyperion::rope_forward(x, out, positions, table);
+  }
+  void rope_backward(const TensorView& dy, const TensorView& dx, int64_t start_pos,
+                     const RopeTable& table) override {
+    check_host("rope_backward", {&dy, &dx});
+    hyperion::rope_backward(dy, dx, start_pos, table);
+  }
+  void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& out, const TensorView& lse) override {
+    check_host("attention_forward", {&q, &k, &v, &out, &lse});
+    hyperion::attention_forward(q, k, v, out, lse);
+  }
+  void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& out, const TensorView& dout, const TensorView& lse,
+                          const TensorView& dq, const TensorView& dk,
+                          const TensorView& dv) override {
+    check_host("attention_backward", {&q, &k, &v, &out, &dout, &lse, &dq, &dk, &dv});
+    hyperion::attention_backward(q, k, v, out, dout, lse, dq, dk, dv);
+  }
+  void paged_kv_write(const PagedKvCache& cache, const TensorView& k, const TensorView& v,
+                      const int64_t* slots) override {
+    check_host("paged_kv_write", {&k, &v});
+    hyperion::paged_kv_write(cache, k, v, slots);
+  }
+  void paged_kv_read(const PagedKvCache& cache, const int32_t* pages, int64_t length,
+                     const TensorView& k, const TensorView& v) override {
+    check_host("paged_kv_read", {&k, &v});
+    hyperion::paged_kv_read(cache, pages, length, k, v);
+  }
+  void paged_attention(const PagedKvCache& cache, const TensorView& q,
+                       const PagedAttentionRow* rows, const TensorView& out,
+                       const PagedAttentionParams& params) override {
+    check_host("paged_attention", {&q, &out});
+    hyperion::paged_attention(cache, q, rows, out, params);
+  }
+  void embedding_forward(const TensorView& table, const TensorView& ids, const TensorView& out,
+                         float scale) override {
+    check_host("embedding_forward", {&table, &ids, &out});
+    hyperion::embedding_forward(table, ids, out, scale);
+  }
+  void embedding_backward(const TensorView& ids, const TensorView& dout, const TensorView& dtable,
+                          float scale) override {
+    check_host("embedding_backward", {&ids, &dout, &dtable});
+    hyperion::embedding_backward(ids, dout, dtable, scale);
+  }
+  CrossEntropyResult cross_entropy_forward(const TensorView& logits,
+                                           const TensorView& targets) override {
+    check_host("cross_entropy_forward", {&logits, &targets});
+    return hyperion::cross_entropy_forward(logits, targets);
+  }
+  CrossEntropyResult cross_entropy_fused(const TensorView& logits, const TensorView& targets,
+                                         const TensorView& dlogits, float dloss) override {
+    check_host("cross_entropy_fused", {&logits, &targets, &dlogits});
+    return hyperion::cross_entropy_fused(logits, targets, dlogits, dloss);
+  }
+  void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) override {
+    const size_t si = dtype_size(src_dtype), di = dtype_size(dst_dtype);
+    parallel_chunks(static_cast<int64_t>(n), 1 << 16, [&](int64_t b, int64_t e) {
+      convert_any(static_cast<const unsigned char*>(src) + static_cast<size_t>(b) * si, src_dtype,
+                  static_cast<unsigned char*>(dst) + static_cast<size_t>(b) * di, dst_dtype,
+                  static_cast<size_t>(e - b));
+    });
+  }
+  void copy(const void* src, void* dst, size_t bytes) override {
+    if (src == dst || bytes == 0) return;
+    parallel_chunks(static_cast<int64_t>(bytes), 1 << 18, [&](int64_t b, int64_t e) {
+      std::memcpy(static_cast<unsigned char*>(dst) + b, static_cast<const unsigned char*>(src) + b,
+                  static_cast<size_t>(e - b));
+    });
+  }
+  void zero(void* dst, size_t bytes) override {
+    parallel_chunks(static_cast<int64_t>(bytes), 1 << 18, [&](int64_t b, int64_t e) {
+      std::memset(static_cast<unsigned char*>(dst) + b, 0, static_cast<size_t>(e - b));
+    });
+  }
+};
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<KernelBackend*>& registry() {
+  static std::vector<KernelBackend*> backends{&host_backend()};
+  return backends;
+}
+
+}  // namespace
+
+void KernelBackend::gemm_contiguous(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k,
+                                    const void* a, DType a_dtype, const void* b, DType b_dtype,
+                                    void* c, DType c_dtype, float beta) {
+  gemm(contiguous_gemm_args(trans_a, trans_b, m, n, k, a, a_dtype, b, b_dtype, c, c_dtype, beta));
+}
+
+KernelBackend& host_backend() {
+  static HostBackend host;
+  return host;
+}
+
+KernelBackend& backend_for(Device device) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (KernelBackend* b : registry())
+    if (b->device() == device) return *b;
+  fail("no {} kernel backend is built into this binary (backends: host)", device_name(device));
+}
+
+void register_backend(KernelBackend* backend) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry().push_back(backend);
+}
+
+std::vector<KernelBackend*> built_backends() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  return registry();
+}
+
+}  // namespace hyperion
