@@ -272,6 +272,11 @@ void convert_any(const void* src, DType src_dtype, void* dst, DType dst_dtype, s
     }
     return;
   }
+  // f32 sources convert straight from the source (the SIMD f32 -> bf16 / f16 paths).
+  if (src_dtype == DType::kF32) {
+    store_from_f32(static_cast<const float*>(src), dst, dst_dtype, n, saturate);
+    return;
+  }
   constexpr size_t kBlock = 1024;
   float tmp[kBlock];
   for (size_t start = 0; start < n; start += kBlock) {
