@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "base/allocator.h"
@@ -32,31 +33,37 @@ class KernelBackend {
   virtual const char* name() const = 0;
   // Where this backend's buffers are allocated.
   virtual Allocator& allocator() = 0;
+  // A contiguous view of this backend's memory (tagged with its device): how model code
+  // describes its activation buffers.
+  TensorView view(void* data, DType dtype, Shape shape) const {
+    TensorView v(data, dtype, shape);
+    v.device = device();
+    return v;
+  }
 
   // Matmuls (kernels/gemm.h).
   virtual void gemm(const GemmArgs& args) = 0;
-  void gemm_contiguous(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k,
-                       const void* a, DType a_dtype, const void* b, DType b_dtype, void* c,
-                       DType c_dtype, float beta = 0.0f);
+  void gemm_contiguous(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k, const void* a,
+                       DType a_dtype, const void* b, DType b_dtype, void* c, DType c_dtype,
+                       float beta = 0.0f);
   // Normalisation (kernels/rmsnorm.h).
   virtual void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps,
                                const TensorView& y, const TensorView& rstd,
                                float weight_offset) = 0;
-  virtual void rmsnorm_backward(const TensorView& dy, const TensorView& x,
-                                const TensorView& weight, const TensorView& rstd,
-                                const TensorView& dx, const TensorView& dweight,
-                                bool accumulate_dx, float weight_offset) = 0;
+  virtual void rmsnorm_backward(const TensorView& dy, const TensorView& x, const TensorView& weight,
+                                const TensorView& rstd, const TensorView& dx,
+                                const TensorView& dweight, bool accumulate_dx,
+                                float weight_offset) = 0;
   // Gated MLP activations (kernels/gated_activation.h).
   virtual void gated_forward(GatedActivation act, const TensorView& g, const TensorView& u,
                              const TensorView& h) = 0;
   virtual void gated_backward(GatedActivation act, const TensorView& dh, const TensorView& g,
-                              const TensorView& u, const TensorView& dg,
-                              const TensorView& du) = 0;
+                              const TensorView& u, const TensorView& dg, const TensorView& du) = 0;
   // Rotary embeddings (kernels/rope.h): from start_pos, or one position per row.
   virtual void rope_forward(const TensorView& x, const TensorView& out, int64_t start_pos,
                             const RopeTable& table) = 0;
-  virtual void rope_forward(const TensorView& x, const TensorView& out,
-                            const TensorView& positions, const RopeTable& table) = 0;
+  virtual void rope_forward(const TensorView& x, const TensorView& out, const TensorView& positions,
+                            const RopeTable& table) = 0;
   virtual void rope_backward(const TensorView& dy, const TensorView& dx, int64_t start_pos,
                              const RopeTable& table) = 0;
   // Causal attention (kernels/attention.h).
@@ -64,8 +71,8 @@ class KernelBackend {
                                  const TensorView& out, const TensorView& lse) = 0;
   virtual void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                   const TensorView& out, const TensorView& dout,
-                                  const TensorView& lse, const TensorView& dq,
-                                  const TensorView& dk, const TensorView& dv) = 0;
+                                  const TensorView& lse, const TensorView& dq, const TensorView& dk,
+                                  const TensorView& dv) = 0;
   // The serving engine's paged KV cache (kernels/paged_attention.h).
   virtual void paged_kv_write(const PagedKvCache& cache, const TensorView& k, const TensorView& v,
                               const int64_t* slots) = 0;
@@ -74,6 +81,37 @@ class KernelBackend {
   virtual void paged_attention(const PagedKvCache& cache, const TensorView& q,
                                const PagedAttentionRow* rows, const TensorView& out,
                                const PagedAttentionParams& params) = 0;
+  // Mixture of experts (kernels/moe_routing.h, kernels/grouped_gemm.h). The dispatch plan
+  // (moe_dispatch_plan) is built on the host from the routed expert ids.
+  virtual void router_topk_forward(const float* logits, int64_t n, int64_t e, int64_t k,
+                                   bool normalize, float* probs, int32_t* experts,
+                                   float* weights) = 0;
+  virtual void router_topk_backward(const float* probs, const int32_t* experts,
+                                    const float* weights, const float* dweights,
+                                    const float* dprobs, int64_t n, int64_t e, int64_t k,
+                                    bool normalize, float* dlogits) = 0;
+  virtual float load_balance_loss(const float* probs, const int32_t* experts, int64_t b, int64_t t,
+                                  int64_t e, int64_t k, float weight, float* dprobs,
+                                  float dscale) = 0;
+  virtual float router_z_loss(const float* logits, int64_t n, int64_t e, float weight,
+                              float* dlogits, float dscale) = 0;
+  virtual void moe_gather_rows(const void* src, DType dt, const int32_t* row_token, int64_t rows,
+                               int64_t d, void* dst) = 0;
+  virtual void moe_scatter_add_rows(const void* drows, DType dt, const int32_t* pair_row, int64_t n,
+                                    int64_t k, int64_t d, float* dsrc) = 0;
+  virtual void moe_combine(const void* y, DType dt, const int32_t* pair_row, const float* weights,
+                           int64_t n, int64_t k, int64_t d, float* out) = 0;
+  virtual void moe_combine_backward(const float* dout, const void* y, DType dt,
+                                    const int32_t* pair_row, const int32_t* row_token,
+                                    const float* weights, int64_t n, int64_t k, int64_t d,
+                                    int64_t rows, void* dy, float* dweights) = 0;
+  virtual void grouped_gemm(const TensorView& a, const TensorView& w,
+                            std::span<const int64_t> sizes, const TensorView& c, float beta) = 0;
+  virtual void grouped_gemm_input_grad(const TensorView& dc, const TensorView& w,
+                                       std::span<const int64_t> sizes, const TensorView& da,
+                                       float beta) = 0;
+  virtual void grouped_gemm_weight_grad(const TensorView& a, const TensorView& dc,
+                                        std::span<const int64_t> sizes, const TensorView& dw) = 0;
   // Token embedding (kernels/embedding.h).
   virtual void embedding_forward(const TensorView& table, const TensorView& ids,
                                  const TensorView& out, float scale) = 0;
@@ -86,8 +124,7 @@ class KernelBackend {
                                                  const TensorView& targets,
                                                  const TensorView& dlogits, float dloss) = 0;
   // Memory: dtype conversion of n elements, copies and zeroing (bytes).
-  virtual void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype,
-                       size_t n) = 0;
+  virtual void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) = 0;
   virtual void copy(const void* src, void* dst, size_t bytes) = 0;
   virtual void zero(void* dst, size_t bytes) = 0;
 };

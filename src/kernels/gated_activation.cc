@@ -108,7 +108,9 @@ HWY_INLINE VF GeluArgSlope(DF df, VF g) {
   return hn::Mul(hn::Set(df, 2.0f * kGeluC),
                  hn::MulAdd(hn::Set(df, 3.0f * kGeluA), hn::Mul(g, g), hn::Set(df, 1.0f)));
 }
-HWY_INLINE float GeluArgScalar(float g) { return 2.0f * kGeluC * g * (1.0f + kGeluA * g * g); }
+HWY_INLINE float GeluArgScalar(float g) {
+  return 2.0f * kGeluC * g * (1.0f + kGeluA * g * g);
+}
 HWY_INLINE float GeluArgSlopeScalar(float g) {
   return 2.0f * kGeluC * (1.0f + 3.0f * kGeluA * g * g);
 }
@@ -288,15 +290,14 @@ void check_like(const char* op, const char* name, const TensorView& g, const Ten
             t.str(), g.str());
 }
 
-void check_forward(const char* op, const TensorView& g, const TensorView& u,
-                   const TensorView& h) {
+void check_forward(const char* op, const TensorView& g, const TensorView& u, const TensorView& h) {
   check_input(op, "g", g);
   check_like(op, "u", g, u);
   check_like(op, "h", g, h);
 }
 
-void check_backward(const char* op, const TensorView& dh, const TensorView& g,
-                    const TensorView& u, const TensorView& dg, const TensorView& du) {
+void check_backward(const char* op, const TensorView& dh, const TensorView& g, const TensorView& u,
+                    const TensorView& dg, const TensorView& du) {
   check_input(op, "g", g);
   check_like(op, "u", g, u);
   check_like(op, "dh", g, dh);
@@ -313,7 +314,6 @@ void store(const TensorView& t, int64_t i, double v) {
   else
     static_cast<bf16*>(t.data)[i] = f32_to_bf16(static_cast<float>(v));
 }
-
 
 // The fast paths of both activations, by kind.
 void forward(GatedActivation act, const char* op, const TensorView& g, const TensorView& u,
@@ -413,8 +413,8 @@ void gated_forward(GatedActivation act, const TensorView& g, const TensorView& u
 }
 void gated_backward(GatedActivation act, const TensorView& dh, const TensorView& g,
                     const TensorView& u, const TensorView& dg, const TensorView& du) {
-  backward(act, act == GatedActivation::kGeluTanh ? "geglu_backward" : "swiglu_backward", dh, g,
-           u, dg, du);
+  backward(act, act == GatedActivation::kGeluTanh ? "geglu_backward" : "swiglu_backward", dh, g, u,
+           dg, du);
 }
 
 namespace ref {

@@ -7,6 +7,8 @@
 #include "base/threads.h"
 #include "kernels/backend.h"
 #include "kernels/embedding.h"
+#include "kernels/grouped_gemm.h"
+#include "kernels/moe_routing.h"
 #include "kernels/rmsnorm.h"
 #include "tensor/convert.h"
 
@@ -92,6 +94,59 @@ class HostBackend final : public KernelBackend {
                        const PagedAttentionParams& params) override {
     check_host("paged_attention", {&q, &out});
     hyperion::paged_attention(cache, q, rows, out, params);
+  }
+  void router_topk_forward(const float* logits, int64_t n, int64_t e, int64_t k, bool normalize,
+                           float* probs, int32_t* experts, float* weights) override {
+    hyperion::router_topk_forward(logits, n, e, k, normalize, probs, experts, weights);
+  }
+  void router_topk_backward(const float* probs, const int32_t* experts, const float* weights,
+                            const float* dweights, const float* dprobs, int64_t n, int64_t e,
+                            int64_t k, bool normalize, float* dlogits) override {
+    hyperion::router_topk_backward(probs, experts, weights, dweights, dprobs, n, e, k, normalize,
+                                   dlogits);
+  }
+  float load_balance_loss(const float* probs, const int32_t* experts, int64_t b, int64_t t,
+                          int64_t e, int64_t k, float weight, float* dprobs,
+                          float dscale) override {
+    return hyperion::load_balance_loss(probs, experts, b, t, e, k, weight, dprobs, dscale);
+  }
+  float router_z_loss(const float* logits, int64_t n, int64_t e, float weight, float* dlogits,
+                      float dscale) override {
+    return hyperion::router_z_loss(logits, n, e, weight, dlogits, dscale);
+  }
+  void moe_gather_rows(const void* src, DType dt, const int32_t* row_token, int64_t rows, int64_t d,
+                       void* dst) override {
+    hyperion::moe_gather_rows(src, dt, row_token, rows, d, dst);
+  }
+  void moe_scatter_add_rows(const void* drows, DType dt, const int32_t* pair_row, int64_t n,
+                            int64_t k, int64_t d, float* dsrc) override {
+    hyperion::moe_scatter_add_rows(drows, dt, pair_row, n, k, d, dsrc);
+  }
+  void moe_combine(const void* y, DType dt, const int32_t* pair_row, const float* weights,
+                   int64_t n, int64_t k, int64_t d, float* out) override {
+    hyperion::moe_combine(y, dt, pair_row, weights, n, k, d, out);
+  }
+  void moe_combine_backward(const float* dout, const void* y, DType dt, const int32_t* pair_row,
+                            const int32_t* row_token, const float* weights, int64_t n, int64_t k,
+                            int64_t d, int64_t rows, void* dy, float* dweights) override {
+    hyperion::moe_combine_backward(dout, y, dt, pair_row, row_token, weights, n, k, d, rows, dy,
+                                   dweights);
+  }
+  void grouped_gemm(const TensorView& a, const TensorView& w, std::span<const int64_t> sizes,
+                    const TensorView& c, float beta) override {
+    check_host("grouped_gemm", {&a, &w, &c});
+    hyperion::grouped_gemm(a, w, sizes, c, beta);
+  }
+  void grouped_gemm_input_grad(const TensorView& dc, const TensorView& w,
+                               std::span<const int64_t> sizes, const TensorView& da,
+                               float beta) override {
+    check_host("grouped_gemm_input_grad", {&dc, &w, &da});
+    hyperion::grouped_gemm_input_grad(dc, w, sizes, da, beta);
+  }
+  void grouped_gemm_weight_grad(const TensorView& a, const TensorView& dc,
+                                std::span<const int64_t> sizes, const TensorView& dw) override {
+    check_host("grouped_gemm_weight_grad", {&a, &dc, &dw});
+    hyperion::grouped_gemm_weight_grad(a, dc, sizes, dw);
   }
   void embedding_forward(const TensorView& table, const TensorView& ids, const TensorView& out,
                          float scale) override {

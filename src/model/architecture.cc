@@ -48,7 +48,8 @@ const FamilyInfo* find_family(const std::string& name) {
 
 std::string family_names() {
   std::string out;
-  for (const FamilyInfo& f : kFamilies) out += std::string(out.empty() ? "" : ", ") + f.decoder_block;
+  for (const FamilyInfo& f : kFamilies)
+    out += std::string(out.empty() ? "" : ", ") + f.decoder_block;
   for (const char* alias : kLlamaAliases) out += std::string(", ") + alias;
   return out;
 }

@@ -32,9 +32,9 @@ struct DecoderArch {
   GatedActivation activation = GatedActivation::kSilu;
   bool scale_embeddings = false;  // x = embed(tokens) * sqrt(hidden_size)
   // Not implemented yet (validate refuses anything but these defaults).
-  bool qk_norm = false;               // RMSNorm on q and k per head before RoPE
-  double final_logit_softcap = 0.0;   // logits = cap * tanh(logits / cap); 0: off
-  int64_t sliding_window = 0;         // local attention window in tokens; 0: global
+  bool qk_norm = false;                // RMSNorm on q and k per head before RoPE
+  double final_logit_softcap = 0.0;    // logits = cap * tanh(logits / cap); 0: off
+  int64_t sliding_window = 0;          // local attention window in tokens; 0: global
   int64_t sliding_window_pattern = 0;  // every N-th layer global, the rest local
 
   // The factor embedding_forward applies (1 unless scale_embeddings).

@@ -11,9 +11,9 @@ void SelfAttentionOnly::attend(const Decoder& dec, int l, const PassRows& rows, 
   const DType a = dec.act();
   const int64_t b = rows.b, t = rows.t, hq = c.n_heads, hkv = c.n_kv_heads, hd = c.head_dim;
   dec.kernels().attention_forward(
-      TensorView(s.q, a, {b, t, hq, hd}), TensorView(s.k, a, {b, t, hkv, hd}),
-      TensorView(s.v, a, {b, t, hkv, hd}), TensorView(s.att, a, {b, t, hq, hd}),
-      TensorView(s.lse, DType::kF32, {b, hq, t}));
+      dec.kernels().view(s.q, a, {b, t, hq, hd}), dec.kernels().view(s.k, a, {b, t, hkv, hd}),
+      dec.kernels().view(s.v, a, {b, t, hkv, hd}), dec.kernels().view(s.att, a, {b, t, hq, hd}),
+      dec.kernels().view(s.lse, DType::kF32, {b, hq, t}));
 }
 
 Decoder::Decoder(const ParamStore& params, LinearWeights& weights, int64_t rope_positions)
@@ -28,24 +28,23 @@ Decoder::Decoder(const ParamStore& params, LinearWeights& weights, int64_t rope_
 
 void Decoder::embed(const int32_t* tokens, int64_t n, float* x) const {
   k_.embedding_forward(params_.param(params_.embed()),
-                       TensorView(const_cast<int32_t*>(tokens), DType::kI32, {n}),
-                       TensorView(x, DType::kF32, {n, cfg_.dim}),
-                       cfg_.arch.embedding_scale(cfg_.dim));
+                       k_.view(const_cast<int32_t*>(tokens), DType::kI32, {n}),
+                       k_.view(x, DType::kF32, {n, cfg_.dim}), cfg_.arch.embedding_scale(cfg_.dim));
 }
 
 void Decoder::norm(const float* x, int64_t n, int index, void* y, float* rstd) const {
   const int64_t d = cfg_.dim;
-  k_.rmsnorm_forward(TensorView(const_cast<float*>(x), DType::kF32, {n, d}), params_.param(index),
-                     static_cast<float>(cfg_.norm_eps), TensorView(y, act_, {n, d}),
-                     TensorView(rstd, DType::kF32, {n}), norm_offset_);
+  k_.rmsnorm_forward(k_.view(const_cast<float*>(x), DType::kF32, {n, d}), params_.param(index),
+                     static_cast<float>(cfg_.norm_eps), k_.view(y, act_, {n, d}),
+                     k_.view(rstd, DType::kF32, {n}), norm_offset_);
 }
 
 void Decoder::rope(const PassRows& rows, void* q, void* k) const {
   const int64_t b = rows.b, t = rows.t, hq = cfg_.n_heads, hkv = cfg_.n_kv_heads;
   const int64_t hd = cfg_.head_dim;
-  const TensorView qv(q, act_, {b, t, hq, hd}), kv(k, act_, {b, t, hkv, hd});
+  const TensorView qv = k_.view(q, act_, {b, t, hq, hd}), kv = k_.view(k, act_, {b, t, hkv, hd});
   if (rows.positions != nullptr) {
-    const TensorView pos(const_cast<int32_t*>(rows.positions), DType::kI32, {rows.n()});
+    const TensorView pos = k_.view(const_cast<int32_t*>(rows.positions), DType::kI32, {rows.n()});
     k_.rope_forward(qv, qv, pos, rope_);
     k_.rope_forward(kv, kv, pos, rope_);
   } else {
@@ -85,8 +84,8 @@ void Decoder::mlp(int l, int64_t n, DecoderActs& s, const MoeShape& ms, const Mo
   }
   weights_.forward(p.gate, s.h2, s.g, act_, n);
   weights_.forward(p.up, s.h2, s.u, act_, n);
-  k_.gated_forward(cfg_.arch.activation, TensorView(s.g, act_, {n, f}), TensorView(s.u, act_, {n, f}),
-                TensorView(s.a, act_, {n, f}));
+  k_.gated_forward(cfg_.arch.activation, k_.view(s.g, act_, {n, f}), k_.view(s.u, act_, {n, f}),
+                   k_.view(s.a, act_, {n, f}));
   if (out != nullptr) {
     k_.copy(s.x2, out, static_cast<size_t>(n * cfg_.dim) * sizeof(float));
     weights_.forward(p.down, s.a, out, DType::kF32, n, 1.0f);
@@ -99,11 +98,11 @@ void Decoder::recompute_elementwise(int l, int64_t n, DecoderActs& s, const MoeS
   norm(s.x, n, p.input_norm, s.h, s.rstd1);
   norm(s.x2, n, p.post_norm, s.h2, s.rstd2);
   if (p.moe()) {
-    moe::recompute(ms, s.h2, act_, s.moe);
+    moe::recompute(k_, ms, s.h2, act_, s.moe);
     return;
   }
-  k_.gated_forward(cfg_.arch.activation, TensorView(s.g, act_, {n, f}), TensorView(s.u, act_, {n, f}),
-                TensorView(s.a, act_, {n, f}));
+  k_.gated_forward(cfg_.arch.activation, k_.view(s.g, act_, {n, f}), k_.view(s.u, act_, {n, f}),
+                   k_.view(s.a, act_, {n, f}));
 }
 
 void Decoder::head(const float* x, int64_t n, void* h, float* rstd, void* logits, DType ld) {
@@ -120,11 +119,10 @@ const void* Decoder::dres_compute(int64_t n, const DecoderGrads& g) const {
 void Decoder::norm_backward(const float* x, int64_t n, int index, const float* rstd, float* dx,
                             bool accumulate, const DecoderGrads& g) const {
   const int64_t d = cfg_.dim;
-  k_.rmsnorm_backward(TensorView(g.dh, DType::kF32, {n, d}),
-                   TensorView(const_cast<float*>(x), DType::kF32, {n, d}), params_.param(index),
-                   TensorView(const_cast<float*>(rstd), DType::kF32, {n}),
-                   TensorView(dx, DType::kF32, {n, d}), params_.grad(index), accumulate,
-                   norm_offset_);
+  k_.rmsnorm_backward(
+      k_.view(g.dh, DType::kF32, {n, d}), k_.view(const_cast<float*>(x), DType::kF32, {n, d}),
+      params_.param(index), k_.view(const_cast<float*>(rstd), DType::kF32, {n}),
+      k_.view(dx, DType::kF32, {n, d}), params_.grad(index), accumulate, norm_offset_);
 }
 
 void Decoder::layer_backward(int l, const PassRows& rows, DecoderActs& s, const DecoderGrads& gr,
@@ -141,12 +139,13 @@ void Decoder::layer_backward(int l, const PassRows& rows, DecoderActs& s, const 
   const void* g_out = dres_compute(n, gr);
   linear::backward_input(k_, g_out, act_, ps.compute_weight(p.o), gr.datt, act_, n);
   linear::backward_weight(k_, g_out, s.att, act_, ps.grad(p.o), n);
-  const TensorView dqv(gr.dq, act_, {b, t, hq, hd}), dkv(gr.dk, act_, {b, t, hkv, hd});
-  k_.attention_backward(
-      TensorView(s.q, act_, {b, t, hq, hd}), TensorView(s.k, act_, {b, t, hkv, hd}),
-      TensorView(s.v, act_, {b, t, hkv, hd}), TensorView(s.att, act_, {b, t, hq, hd}),
-      TensorView(gr.datt, act_, {b, t, hq, hd}), TensorView(s.lse, DType::kF32, {b, hq, t}), dqv,
-      dkv, TensorView(gr.dv, act_, {b, t, hkv, hd}));
+  const TensorView dqv = k_.view(gr.dq, act_, {b, t, hq, hd});
+  const TensorView dkv = k_.view(gr.dk, act_, {b, t, hkv, hd});
+  k_.attention_backward(k_.view(s.q, act_, {b, t, hq, hd}), k_.view(s.k, act_, {b, t, hkv, hd}),
+                        k_.view(s.v, act_, {b, t, hkv, hd}), k_.view(s.att, act_, {b, t, hq, hd}),
+                        k_.view(gr.datt, act_, {b, t, hq, hd}),
+                        k_.view(s.lse, DType::kF32, {b, hq, t}), dqv, dkv,
+                        k_.view(gr.dv, act_, {b, t, hkv, hd}));
   k_.rope_backward(dqv, dqv, rows.position, rope_);
   k_.rope_backward(dkv, dkv, rows.position, rope_);
   linear::backward_input(k_, gr.dq, act_, ps.compute_weight(p.q), gr.dh, DType::kF32, n);
@@ -173,8 +172,8 @@ void Decoder::mlp_backward(int l, int64_t n, DecoderActs& s, const DecoderGrads&
   linear::backward_input(k_, g_out, act_, ps.compute_weight(p.down), gr.da, act_, n);
   linear::backward_weight(k_, g_out, s.a, act_, ps.grad(p.down), n);
   // dg and du overwrite the saved gate and up (read before written, never needed again).
-  const TensorView gv(s.g, act_, {n, f}), uv(s.u, act_, {n, f});
-  k_.gated_backward(cfg_.arch.activation, TensorView(gr.da, act_, {n, f}), gv, uv, gv, uv);
+  const TensorView gv = k_.view(s.g, act_, {n, f}), uv = k_.view(s.u, act_, {n, f});
+  k_.gated_backward(cfg_.arch.activation, k_.view(gr.da, act_, {n, f}), gv, uv, gv, uv);
   linear::backward_input(k_, s.g, act_, ps.compute_weight(p.gate), gr.dh, DType::kF32, n);
   linear::backward_input(k_, s.u, act_, ps.compute_weight(p.up), gr.dh, DType::kF32, n, 1.0f);
   linear::backward_weight(k_, s.g, s.h2, act_, ps.grad(p.gate), n);
@@ -190,9 +189,9 @@ void Decoder::head_backward(const float* x, int64_t n, const void* h, const floa
 }
 
 void Decoder::embed_backward(const int32_t* tokens, int64_t n, const DecoderGrads& g) {
-  k_.embedding_backward(TensorView(const_cast<int32_t*>(tokens), DType::kI32, {n}),
-                        TensorView(g.dres, DType::kF32, {n, cfg_.dim}),
-                        params_.grad(params_.embed()), cfg_.arch.embedding_scale(cfg_.dim));
+  k_.embedding_backward(k_.view(const_cast<int32_t*>(tokens), DType::kI32, {n}),
+                        k_.view(g.dres, DType::kF32, {n, cfg_.dim}), params_.grad(params_.embed()),
+                        cfg_.arch.embedding_scale(cfg_.dim));
 }
 
 }  // namespace hyperion

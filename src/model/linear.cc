@@ -55,7 +55,8 @@ void LinearWeights::forward(int index, const void* x, void* y, DType yd, int64_t
   const QuantMatrix& qm = it->second;
   const size_t need = static_cast<size_t>(n * qm.in);
   if (qx_.size() < need) qx_ = AlignedBuffer<int8_t>(need);
-  if (qscale_.size() < static_cast<size_t>(n)) qscale_ = AlignedBuffer<float>(static_cast<size_t>(n));
+  if (qscale_.size() < static_cast<size_t>(n))
+    qscale_ = AlignedBuffer<float>(static_cast<size_t>(n));
   quantize_rows(TensorView(const_cast<void*>(x), act_dtype(), {n, qm.in}),
                 TensorView(qx_.data(), DType::kI8, {n, qm.in}), qscale_.data());
   // int8 weights are a host format for now (quantize_rows and the VNNI GEMM).

@@ -23,11 +23,10 @@ void LlamaConfig::validate(const std::string& origin, ConfigKeyNames names) cons
   const char* k_head_dim = "head_dim";
   // A Mixtral config.json's intermediate_size is the expert's; a dense layer's differs
   // only when hyperion_dense_intermediate_size is set.
-  const char* k_ffn =
-      key(is_moe() && moe_ffn_dim != 0 && moe_ffn_dim != ffn_dim
-              ? "hyperion_dense_intermediate_size"
-              : "intermediate_size",
-          "base_mlp_dim");
+  const char* k_ffn = key(is_moe() && moe_ffn_dim != 0 && moe_ffn_dim != ffn_dim
+                              ? "hyperion_dense_intermediate_size"
+                              : "intermediate_size",
+                          "base_mlp_dim");
   const char* k_moe_ffn = key("intermediate_size", "base_moe_mlp_dim");
   const char* k_positions = "max_position_embeddings";
   const char* k_experts = key("num_local_experts", "num_experts");
@@ -213,19 +212,18 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
     const std::string v = j[key].is_string() ? j[key].get<std::string>() : j[key].dump();
     for (const char* a : accepted)
       if (v == a) return;
-    fail("{}: {} '{}' is not supported (supported: {})", origin, key, v,
-         fmt::join(accepted, ", "));
+    fail("{}: {} '{}' is not supported (supported: {})", origin, key, v, fmt::join(accepted, ", "));
   };
   require_one_of("model_type", {"llama", "mixtral", "gemma"});
   bool gemma = j.contains("model_type") && j["model_type"] == "gemma";
   if (j.contains("architectures") && j["architectures"].is_array())
     for (const auto& a : j["architectures"]) {
       const std::string name = a.is_string() ? a.get<std::string>() : a.dump();
-      HYP_CHECK(name == "LlamaForCausalLM" || name == "MixtralForCausalLM" ||
-                    name == "GemmaForCausalLM",
-                "{}: architectures '{}' is not supported (LlamaForCausalLM, MixtralForCausalLM, "
-                "GemmaForCausalLM)",
-                origin, name);
+      HYP_CHECK(
+          name == "LlamaForCausalLM" || name == "MixtralForCausalLM" || name == "GemmaForCausalLM",
+          "{}: architectures '{}' is not supported (LlamaForCausalLM, MixtralForCausalLM, "
+          "GemmaForCausalLM)",
+          origin, name);
       gemma = gemma || name == "GemmaForCausalLM";
     }
   LlamaConfig c;
@@ -237,7 +235,8 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
                               ? "hidden_activation"
                               : "hidden_act";
     if (j.contains(act_key) && !j[act_key].is_null()) {
-      const std::string v = j[act_key].is_string() ? j[act_key].get<std::string>() : j[act_key].dump();
+      const std::string v =
+          j[act_key].is_string() ? j[act_key].get<std::string>() : j[act_key].dump();
       const bool legacy_gelu = v == "gelu" && std::string(act_key) == "hidden_act";
       HYP_CHECK(legacy_gelu || (parse_gated_activation(v, &c.arch.activation) &&
                                 c.arch.activation == GatedActivation::kGeluTanh),
@@ -248,8 +247,8 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
     require_one_of("hidden_act", {"silu"});
   }
   for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"})
-    HYP_CHECK(!j.contains(key) || j[key].is_null(), "{}: {} = {} is not supported yet", origin,
-              key, j.contains(key) ? j[key].dump() : "");
+    HYP_CHECK(!j.contains(key) || j[key].is_null(), "{}: {} = {} is not supported yet", origin, key,
+              j.contains(key) ? j[key].dump() : "");
   for (const char* key : {"attention_bias", "mlp_bias"})
     HYP_CHECK(!j.contains(key) || j[key].is_null() || j[key] == false,
               "{}: {} = {} is not supported (Llama has no biases)", origin, key, j[key].dump());

@@ -27,10 +27,12 @@ void ContiguousKvCache::attend(const Decoder& dec, int l, const PassRows& rows, 
   const DType a = dec.act();
   const int64_t n = rows.n(), hq = c.n_heads, hkv = c.n_kv_heads, hd = c.head_dim;
   const int64_t tk = rows.position + n;
-  dec.kernels().attention_forward(TensorView(s.q, a, {1, n, hq, hd}),
-                    TensorView(k_[static_cast<size_t>(l)].data(), a, {1, tk, hkv, hd}),
-                    TensorView(v_[static_cast<size_t>(l)].data(), a, {1, tk, hkv, hd}),
-                    TensorView(s.att, a, {1, n, hq, hd}), TensorView(s.lse, DType::kF32, {1, hq, n}));
+  KernelBackend& kern = dec.kernels();
+  kern.attention_forward(kern.view(s.q, a, {1, n, hq, hd}),
+                         kern.view(k_[static_cast<size_t>(l)].data(), a, {1, tk, hkv, hd}),
+                         kern.view(v_[static_cast<size_t>(l)].data(), a, {1, tk, hkv, hd}),
+                         kern.view(s.att, a, {1, n, hq, hd}),
+                         kern.view(s.lse, DType::kF32, {1, hq, n}));
 }
 
 LlamaGenerator::LlamaGenerator(const ParamStore& params, int64_t max_len)

@@ -178,9 +178,9 @@ void LlamaModel::layer_backward(int l) {
 CrossEntropyResult LlamaModel::head(const int32_t* targets, bool backward, float dloss) {
   const int64_t n = tokens_per_batch(), v = cfg_.vocab_size;
   decoder_.head(x_final_, n, hf_, rstd_f_, logits_, act_);
-  const TensorView lv(logits_, act_, {n, v});
-  const TensorView tv(const_cast<int32_t*>(targets), DType::kI32, {n});
   KernelBackend& k = decoder_.kernels();
+  const TensorView lv = k.view(logits_, act_, {n, v});
+  const TensorView tv = k.view(const_cast<int32_t*>(targets), DType::kI32, {n});
   if (!backward) return k.cross_entropy_forward(lv, tv);
   CrossEntropyResult r = k.cross_entropy_fused(lv, tv, lv, dloss);
   decoder_.head_backward(x_final_, n, hf_, rstd_f_, logits_, grads_);

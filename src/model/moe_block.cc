@@ -1,13 +1,9 @@
 #include "model/moe_block.h"
 
-#include <cstring>
-
 #include "base/error.h"
 #include "base/threads.h"
-#include "kernels/grouped_gemm.h"
-#include "kernels/gated_activation.h"
+#include "kernels/backend.h"
 #include "model/linear.h"
-#include "tensor/convert.h"
 
 namespace hyperion {
 
@@ -74,23 +70,25 @@ std::span<const int64_t> sizes_of(const MoeActs& m) {
 // sc.dy -> sc.dxs, accumulating every expert's weight gradients.
 void experts_backward(const ParamStore& ps, const LayerParamIndex& p, const MoeShape& s, DType act,
                       MoeActs& m, const MoeGradScratch& sc) {
+  KernelBackend& kern = backend_for(ps.device());
   const int ne = static_cast<int>(s.e);
   const auto sizes = sizes_of(m);
   const int64_t rows = m.plan->rows;
-  const TensorView dy(sc.dy, act, {rows, s.d});
-  const TensorView da(sc.da, act, {rows, s.f});
-  grouped_gemm_input_grad(dy, ps.stacked_compute_weight(p.down, ne), sizes, da);
-  grouped_gemm_weight_grad(TensorView(m.a, act, {rows, s.f}), dy, sizes,
-                           ps.stacked_grad(p.down, ne));
+  const TensorView dy = kern.view(sc.dy, act, {rows, s.d});
+  const TensorView da = kern.view(sc.da, act, {rows, s.f});
+  kern.grouped_gemm_input_grad(dy, ps.stacked_compute_weight(p.down, ne), sizes, da, 0.0f);
+  kern.grouped_gemm_weight_grad(kern.view(m.a, act, {rows, s.f}), dy, sizes,
+                                ps.stacked_grad(p.down, ne));
   // dg and du overwrite the saved g and u (read before written, never needed again).
-  const TensorView g(m.g, act, {rows, s.f}), u(m.u, act, {rows, s.f});
-  swiglu_backward(da, g, u, g, u);
-  const TensorView dxs(sc.dxs, DType::kF32, {rows, s.d});
-  grouped_gemm_input_grad(g, ps.stacked_compute_weight(p.gate, ne), sizes, dxs);
-  grouped_gemm_input_grad(u, ps.stacked_compute_weight(p.up, ne), sizes, dxs, 1.0f);
-  const TensorView xs(m.xs, act, {rows, s.d});
-  grouped_gemm_weight_grad(xs, g, sizes, ps.stacked_grad(p.gate, ne));
-  grouped_gemm_weight_grad(xs, u, sizes, ps.stacked_grad(p.up, ne));
+  const TensorView g = kern.view(m.g, act, {rows, s.f});
+  const TensorView u = kern.view(m.u, act, {rows, s.f});
+  kern.gated_backward(GatedActivation::kSilu, da, g, u, g, u);
+  const TensorView dxs = kern.view(sc.dxs, DType::kF32, {rows, s.d});
+  kern.grouped_gemm_input_grad(g, ps.stacked_compute_weight(p.gate, ne), sizes, dxs, 0.0f);
+  kern.grouped_gemm_input_grad(u, ps.stacked_compute_weight(p.up, ne), sizes, dxs, 1.0f);
+  const TensorView xs = kern.view(m.xs, act, {rows, s.d});
+  kern.grouped_gemm_weight_grad(xs, g, sizes, ps.stacked_grad(p.gate, ne));
+  kern.grouped_gemm_weight_grad(xs, u, sizes, ps.stacked_grad(p.up, ne));
 }
 
 }  // namespace
@@ -98,56 +96,61 @@ void experts_backward(const ParamStore& ps, const LayerParamIndex& p, const MoeS
 void forward(const ParamStore& ps, const LayerParamIndex& p, const MoeShape& s, const MoeOptions& o,
              const void* h, DType act, MoeActs& m, float* out) {
   const int ne = static_cast<int>(s.e);
-  // The router's matmuls go through the device's backend; the routing, dispatch and
-  // grouped-GEMM kernels below are host kernels until a device backend adds them.
-  linear::forward(backend_for(ps.device()), h, act, ps.compute_weight(p.router), m.logits,
-                  DType::kF32, s.n);
-  router_topk_forward(m.logits, s.n, s.e, s.k, s.normalize, m.probs, m.experts, m.weights);
+  // Every op through the device's backend; the dispatch plan is built on the host.
+  KernelBackend& kern = backend_for(ps.device());
+  linear::forward(kern, h, act, ps.compute_weight(p.router), m.logits, DType::kF32, s.n);
+  kern.router_topk_forward(m.logits, s.n, s.e, s.k, s.normalize, m.probs, m.experts, m.weights);
   moe_dispatch_plan(m.experts, s.b, s.t, s.k, s.e, s.capacity, m.plan, s.row_align);
   HYP_CHECK(m.plan->rows <= s.rows, "moe: dispatch produced {} rows, buffers hold {}", m.plan->rows,
             s.rows);
   const int64_t rows = m.plan->rows;
-  m.lb_loss = o.load_balance_weight > 0 ? load_balance_loss(m.probs, m.experts, s.b, s.t, s.e, s.k,
-                                                            o.load_balance_weight, nullptr, 0.0f)
-                                        : 0.0f;
-  m.z_loss = o.z_loss_weight > 0 ? router_z_loss(m.logits, s.n, s.e, o.z_loss_weight, nullptr, 0.0f)
-                                 : 0.0f;
+  m.lb_loss = o.load_balance_weight > 0
+                  ? kern.load_balance_loss(m.probs, m.experts, s.b, s.t, s.e, s.k,
+                                           o.load_balance_weight, nullptr, 0.0f)
+                  : 0.0f;
+  m.z_loss = o.z_loss_weight > 0
+                 ? kern.router_z_loss(m.logits, s.n, s.e, o.z_loss_weight, nullptr, 0.0f)
+                 : 0.0f;
 
-  moe_gather_rows(h, act, m.plan->row_token.data(), rows, s.d, m.xs);
+  kern.moe_gather_rows(h, act, m.plan->row_token.data(), rows, s.d, m.xs);
   if (m.ep_state != nullptr) m.ep_state->active = o.ep.enabled();
   if (o.ep.enabled()) {
     detail::ep_experts_forward(ps, p, s, o.ep, act, m);
     if (out != nullptr)
-      moe_combine(m.y, act, m.plan->pair_row.data(), m.weights, s.n, s.k, s.d, out);
+      kern.moe_combine(m.y, act, m.plan->pair_row.data(), m.weights, s.n, s.k, s.d, out);
     return;
   }
   const auto sizes = sizes_of(m);
-  const TensorView xs(m.xs, act, {rows, s.d});
-  const TensorView g(m.g, act, {rows, s.f}), u(m.u, act, {rows, s.f});
-  const TensorView a(m.a, act, {rows, s.f});
-  grouped_gemm(xs, ps.stacked_compute_weight(p.gate, ne), sizes, g);
-  grouped_gemm(xs, ps.stacked_compute_weight(p.up, ne), sizes, u);
-  swiglu_forward(g, u, a);
-  grouped_gemm(a, ps.stacked_compute_weight(p.down, ne), sizes, TensorView(m.y, act, {rows, s.d}));
-  if (out != nullptr) moe_combine(m.y, act, m.plan->pair_row.data(), m.weights, s.n, s.k, s.d, out);
+  const TensorView xs = kern.view(m.xs, act, {rows, s.d});
+  const TensorView g = kern.view(m.g, act, {rows, s.f});
+  const TensorView u = kern.view(m.u, act, {rows, s.f});
+  const TensorView a = kern.view(m.a, act, {rows, s.f});
+  kern.grouped_gemm(xs, ps.stacked_compute_weight(p.gate, ne), sizes, g, 0.0f);
+  kern.grouped_gemm(xs, ps.stacked_compute_weight(p.up, ne), sizes, u, 0.0f);
+  kern.gated_forward(GatedActivation::kSilu, g, u, a);
+  kern.grouped_gemm(a, ps.stacked_compute_weight(p.down, ne), sizes,
+                    kern.view(m.y, act, {rows, s.d}), 0.0f);
+  if (out != nullptr)
+    kern.moe_combine(m.y, act, m.plan->pair_row.data(), m.weights, s.n, s.k, s.d, out);
 }
 
-void recompute(const MoeShape& s, const void* h, DType act, MoeActs& m) {
+void recompute(KernelBackend& kern, const MoeShape& s, const void* h, DType act, MoeActs& m) {
   // The expert-parallel backward reads only the exchanged state, kept by the forward.
   if (m.ep_state != nullptr && m.ep_state->active) return;
   const int64_t rows = m.plan->rows;
-  moe_gather_rows(h, act, m.plan->row_token.data(), rows, s.d, m.xs);
-  swiglu_forward(TensorView(m.g, act, {rows, s.f}), TensorView(m.u, act, {rows, s.f}),
-                 TensorView(m.a, act, {rows, s.f}));
+  kern.moe_gather_rows(h, act, m.plan->row_token.data(), rows, s.d, m.xs);
+  kern.gated_forward(GatedActivation::kSilu, kern.view(m.g, act, {rows, s.f}),
+                     kern.view(m.u, act, {rows, s.f}), kern.view(m.a, act, {rows, s.f}));
 }
 
 void backward(const ParamStore& ps, const LayerParamIndex& p, const MoeShape& s,
               const MoeOptions& o, const void* h, DType act, MoeActs& m, const float* dout,
               float dloss, const MoeGradScratch& sc, float* dh) {
+  KernelBackend& kern = backend_for(ps.device());
   const int64_t rows = m.plan->rows;
   // Combine: out = sum_j w_j y_j  ->  dy rows and d(weights).
-  moe_combine_backward(dout, m.y, act, m.plan->pair_row.data(), m.plan->row_token.data(), m.weights,
-                       s.n, s.k, s.d, rows, sc.dy, sc.dweights);
+  kern.moe_combine_backward(dout, m.y, act, m.plan->pair_row.data(), m.plan->row_token.data(),
+                            m.weights, s.n, s.k, s.d, rows, sc.dy, sc.dweights);
   if (o.ep.enabled())
     detail::ep_experts_backward(ps, p, s, o.ep, act, m, sc);
   else
@@ -156,24 +159,24 @@ void backward(const ParamStore& ps, const LayerParamIndex& p, const MoeShape& s,
   // Router: the combine weights' gradient, plus the aux losses' through probs / logits.
   const float* dprobs = nullptr;
   if (o.load_balance_weight > 0) {
-    std::memset(sc.dprobs, 0, static_cast<size_t>(s.n * s.e) * sizeof(float));
-    load_balance_loss(m.probs, m.experts, s.b, s.t, s.e, s.k, o.load_balance_weight, sc.dprobs,
-                      dloss);
+    kern.zero(sc.dprobs, static_cast<size_t>(s.n * s.e) * sizeof(float));
+    kern.load_balance_loss(m.probs, m.experts, s.b, s.t, s.e, s.k, o.load_balance_weight, sc.dprobs,
+                           dloss);
     dprobs = sc.dprobs;
   }
-  router_topk_backward(m.probs, m.experts, m.weights, sc.dweights, dprobs, s.n, s.e, s.k,
-                       s.normalize, sc.dlogits);
-  if (o.z_loss_weight > 0) router_z_loss(m.logits, s.n, s.e, o.z_loss_weight, sc.dlogits, dloss);
+  kern.router_topk_backward(m.probs, m.experts, m.weights, sc.dweights, dprobs, s.n, s.e, s.k,
+                            s.normalize, sc.dlogits);
+  if (o.z_loss_weight > 0)
+    kern.router_z_loss(m.logits, s.n, s.e, o.z_loss_weight, sc.dlogits, dloss);
   const void* dl = sc.dlogits;
   if (act == DType::kBF16) {
-    convert_f32_to_bf16(sc.dlogits, static_cast<bf16*>(sc.dlogits_c),
-                        static_cast<size_t>(s.n * s.e));
+    kern.convert(sc.dlogits, DType::kF32, sc.dlogits_c, DType::kBF16,
+                 static_cast<size_t>(s.n * s.e));
     dl = sc.dlogits_c;
   }
-  KernelBackend& k = backend_for(ps.device());
-  linear::backward_input(k, dl, act, ps.compute_weight(p.router), dh, DType::kF32, s.n);
-  linear::backward_weight(k, dl, h, act, ps.grad(p.router), s.n);
-  moe_scatter_add_rows(sc.dxs, DType::kF32, m.plan->pair_row.data(), s.n, s.k, s.d, dh);
+  linear::backward_input(kern, dl, act, ps.compute_weight(p.router), dh, DType::kF32, s.n);
+  linear::backward_weight(kern, dl, h, act, ps.grad(p.router), s.n);
+  kern.moe_scatter_add_rows(sc.dxs, DType::kF32, m.plan->pair_row.data(), s.n, s.k, s.d, dh);
 }
 
 }  // namespace moe

@@ -47,6 +47,10 @@ class Communicator;
 }  // namespace hyperion::dist
 
 namespace hyperion {
+class KernelBackend;
+}  // namespace hyperion
+
+namespace hyperion {
 
 // This rank's share of the experts under expert parallelism: experts
 // [first, first + count) of every MoE layer, count = E / world, first = rank * count
@@ -153,7 +157,7 @@ void forward(const ParamStore& ps, const LayerParamIndex& p, const MoeShape& s, 
              const void* h, DType act, MoeActs& m, float* out);
 // Recomputes xs and a from h and the saved g, u and plan (the minimal remat policy).
 // Nothing to do after an expert-parallel forward: its state is kept whole.
-void recompute(const MoeShape& s, const void* h, DType act, MoeActs& m);
+void recompute(KernelBackend& kern, const MoeShape& s, const void* h, DType act, MoeActs& m);
 // dout: gradient w.r.t. the layer's update (f32 [n, d]). Accumulates the weight
 // gradients (router, experts) and WRITES dh = gradient w.r.t. h (f32 [n, d]). The aux
 // losses' gradients are scaled by dloss. g and u are overwritten by their gradients.

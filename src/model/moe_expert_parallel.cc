@@ -16,8 +16,7 @@
 
 #include "base/error.h"
 #include "dist/communicator.h"
-#include "kernels/grouped_gemm.h"
-#include "kernels/gated_activation.h"
+#include "kernels/backend.h"
 #include "model/moe_block.h"
 
 namespace hyperion {
@@ -151,12 +150,13 @@ void ep_experts_forward(const ParamStore& ps, const LayerParamIndex& p, const Mo
   comm.all_to_all_v(m.xs, bytes_of(st.send_rows, s.d, as), st.xs.data(),
                     bytes_of(st.recv_rows, s.d, as));
   const LocalExperts w = local_experts(ps, p, ep, false);
+  KernelBackend& kern = backend_for(ps.device());
   for_each_source(st, c, [&](int64_t row, int64_t rows, std::span<const int64_t> gs) {
     const SourceRows r = source_rows(st, act, s, row, rows);
-    grouped_gemm(r.xs, w.w1, gs, r.g);
-    grouped_gemm(r.xs, w.w3, gs, r.u);
-    swiglu_forward(r.g, r.u, r.a);
-    grouped_gemm(r.a, w.w2, gs, r.y);
+    kern.grouped_gemm(r.xs, w.w1, gs, r.g, 0.0f);
+    kern.grouped_gemm(r.xs, w.w3, gs, r.u, 0.0f);
+    kern.gated_forward(GatedActivation::kSilu, r.g, r.u, r.a);
+    kern.grouped_gemm(r.a, w.w2, gs, r.y, 0.0f);
   });
   // The outputs go back to the plan layout of the rank that routed them.
   comm.all_to_all_v(st.y.data(), bytes_of(st.recv_rows, s.d, as), m.y,
@@ -181,17 +181,18 @@ void ep_experts_backward(const ParamStore& ps, const LayerParamIndex& p, const M
                     bytes_of(st.recv_rows, s.d, as));
   float* dxs = reserve(st.dxs, total * static_cast<size_t>(s.d));
   const LocalExperts w = local_experts(ps, p, ep, false), dw = local_experts(ps, p, ep, true);
+  KernelBackend& kern = backend_for(ps.device());
   for_each_source(st, c, [&](int64_t row, int64_t rows, std::span<const int64_t> gs) {
     const SourceRows r = source_rows(st, act, s, row, rows);  // y holds dy here
-    grouped_gemm_weight_grad(r.a, r.y, gs, dw.w2);
+    kern.grouped_gemm_weight_grad(r.a, r.y, gs, dw.w2);
     // da overwrites a (read just above, never needed again); dg and du overwrite g and u.
-    grouped_gemm_input_grad(r.y, w.w2, gs, r.a);
-    swiglu_backward(r.a, r.g, r.u, r.g, r.u);
-    grouped_gemm_weight_grad(r.xs, r.g, gs, dw.w1);
-    grouped_gemm_weight_grad(r.xs, r.u, gs, dw.w3);
+    kern.grouped_gemm_input_grad(r.y, w.w2, gs, r.a, 0.0f);
+    kern.gated_backward(GatedActivation::kSilu, r.a, r.g, r.u, r.g, r.u);
+    kern.grouped_gemm_weight_grad(r.xs, r.g, gs, dw.w1);
+    kern.grouped_gemm_weight_grad(r.xs, r.u, gs, dw.w3);
     const TensorView dx = rows_of(dxs, DType::kF32, row, rows, s.d);
-    grouped_gemm_input_grad(r.g, w.w1, gs, dx);
-    grouped_gemm_input_grad(r.u, w.w3, gs, dx, 1.0f);
+    kern.grouped_gemm_input_grad(r.g, w.w1, gs, dx, 0.0f);
+    kern.grouped_gemm_input_grad(r.u, w.w3, gs, dx, 1.0f);
   });
   // Input gradients back to the plan layout (f32), where moe::backward scatter-adds them.
   comm.all_to_all_v(dxs, bytes_of(st.recv_rows, s.d, sizeof(float)), sc.dxs,

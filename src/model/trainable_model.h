@@ -27,8 +27,8 @@ struct MoeStats {
 // A micro-batch: what a data source fills and a model's step reads. Language models use
 // the token fields; a recommender the dense and sparse features and the labels.
 struct Batch {
-  int64_t rows = 0;     // sequences or examples
-  int64_t seq_len = 0;  // tokens per sequence (language models)
+  int64_t rows = 0;                      // sequences or examples
+  int64_t seq_len = 0;                   // tokens per sequence (language models)
   std::vector<int32_t> inputs, targets;  // [rows * seq_len] token ids, next-token targets
   std::vector<float> dense;              // [rows, dense features]
   std::vector<int32_t> sparse_ids;       // every (example, table) bag's ids, concatenated

@@ -25,23 +25,24 @@ void PagedKvSource::attend(const Decoder& dec, int l, const PassRows& pass, Deco
   const int64_t hq = c.n_heads, hkv = c.n_kv_heads, hd = c.head_dim, qd = c.q_dim();
   const PagedKvCache& cache = (*caches)[static_cast<size_t>(l)];
   KernelBackend& kern = dec.kernels();
-  kern.paged_kv_write(cache, TensorView(s.k, act, {rows, hkv, hd}), TensorView(s.v, act, {rows, hkv, hd}),
-                 batch->slots.data());
+  kern.paged_kv_write(cache, kern.view(s.k, act, {rows, hkv, hd}),
+                      kern.view(s.v, act, {rows, hkv, hd}), batch->slots.data());
   const int64_t nd = batch->decode_rows;
   if (nd > 0)
-    kern.paged_attention(cache, TensorView(s.q, act, {nd, hq, hd}), batch->attn.data(),
-                         TensorView(s.att, act, {nd, hq, hd}), params);
+    kern.paged_attention(cache, kern.view(s.q, act, {nd, hq, hd}), batch->attn.data(),
+                         kern.view(s.att, act, {nd, hq, hd}), params);
   auto* q = static_cast<unsigned char*>(s.q);
   auto* att = static_cast<unsigned char*>(s.att);
   for (const auto& [r0, cnt] : batch->segments) {
     const PagedAttentionRow& last = batch->attn[static_cast<size_t>(r0 + cnt - 1)];
     const int64_t tk = last.length;
-    kern.paged_kv_read(cache, last.pages, tk, TensorView(kctx, act, {tk, hkv, hd}),
-                  TensorView(vctx, act, {tk, hkv, hd}));
-    kern.attention_forward(TensorView(q + static_cast<size_t>(r0 * qd) * a, act, {1, cnt, hq, hd}),
-                      TensorView(kctx, act, {1, tk, hkv, hd}), TensorView(vctx, act, {1, tk, hkv, hd}),
-                      TensorView(att + static_cast<size_t>(r0 * qd) * a, act, {1, cnt, hq, hd}),
-                      TensorView(lse, DType::kF32, {1, hq, cnt}));
+    kern.paged_kv_read(cache, last.pages, tk, kern.view(kctx, act, {tk, hkv, hd}),
+                       kern.view(vctx, act, {tk, hkv, hd}));
+    kern.attention_forward(kern.view(q + static_cast<size_t>(r0 * qd) * a, act, {1, cnt, hq, hd}),
+                           kern.view(kctx, act, {1, tk, hkv, hd}),
+                           kern.view(vctx, act, {1, tk, hkv, hd}),
+                           kern.view(att + static_cast<size_t>(r0 * qd) * a, act, {1, cnt, hq, hd}),
+                           kern.view(lse, DType::kF32, {1, hq, cnt}));
   }
 }
 

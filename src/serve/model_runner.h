@@ -68,10 +68,10 @@ class PagedKvSource final : public KvSource {
   const StepBatch* batch = nullptr;
   const std::vector<PagedKvCache>* caches = nullptr;
   PagedAttentionParams params;
-  int64_t rows = 0;                 // the batch's rows (s.k, s.v hold the padded count)
-  unsigned char* kctx = nullptr;    // a prefill segment's context [max_positions, kv]
+  int64_t rows = 0;               // the batch's rows (s.k, s.v hold the padded count)
+  unsigned char* kctx = nullptr;  // a prefill segment's context [max_positions, kv]
   unsigned char* vctx = nullptr;
-  float* lse = nullptr;             // [rows, Hq] scratch of the prefill attention
+  float* lse = nullptr;  // [rows, Hq] scratch of the prefill attention
 };
 
 class ModelRunner {

@@ -24,8 +24,8 @@
 #include "io/text_input.h"
 #include "io/tokenizer.h"
 #include "kernels/peak.h"
-#include "model/llama_generator.h"
 #include "model/forward_model.h"
+#include "model/llama_generator.h"
 #include "model/llama_model.h"
 #include "train/checkpoint.h"
 #include "train/data_loader.h"
@@ -85,16 +85,15 @@ void check_training_memory(const Config& config, const TrainConfig& t, const Mem
         "(hyperion train tiny, llama-25m)",
         fmt::join(defaulted, ", "));
   const int64_t ranks = std::max(ranks_on_host, 1);
-  const std::string per_rank =
-      mode != ParallelMode::kData && world > 1
-          ? fmt::format(", each rank holding its {} share of {} ranks", parallel_mode_name(mode),
-                        world)
-          : "";
-  check_fits_in_memory(sat_mul(mem.total(), ranks),
-                       fmt::format("training {} ({} parameters{}{})", t.name,
-                                   t.model.total_params(), per_rank,
-                                   ranks > 1 ? fmt::format(", {} ranks on this host", ranks) : ""),
-                       hint);
+  const std::string per_rank = mode != ParallelMode::kData && world > 1
+                                   ? fmt::format(", each rank holding its {} share of {} ranks",
+                                                 parallel_mode_name(mode), world)
+                                   : "";
+  check_fits_in_memory(
+      sat_mul(mem.total(), ranks),
+      fmt::format("training {} ({} parameters{}{})", t.name, t.model.total_params(), per_rank,
+                  ranks > 1 ? fmt::format(", {} ranks on this host", ranks) : ""),
+      hint);
 }
 
 // Auto-resume (the same command run again): the checkpoint's config is what the run
@@ -110,8 +109,8 @@ void log_config_changes(const Config& config, const std::string& checkpoint) {
     if (!saved.contains(key) || !saved[key].is_string()) continue;
     const std::string before = saved[key].get<std::string>();
     if (before != value)
-      log_info("resume: {} differs from the checkpoint's config: {} -> {} ({})", key, before,
-               value, config.source_of(key));
+      log_info("resume: {} differs from the checkpoint's config: {} -> {} ({})", key, before, value,
+               config.source_of(key));
   }
 }
 
@@ -256,10 +255,10 @@ void TrainingRun::setup() {
   rank_ = comm_->rank();
   world_ = comm_->world_size();
   mesh_ = resolve_mesh(t_.mesh, world_);
-  mode_ = mesh_.fsdp > 1                                     ? ParallelMode::kFsdp
-          : mesh_.expert > 1                                 ? ParallelMode::kExpert
+  mode_ = mesh_.fsdp > 1                                   ? ParallelMode::kFsdp
+          : mesh_.expert > 1                               ? ParallelMode::kExpert
           : t_.shard_optimizer_over_data && mesh_.data > 1 ? ParallelMode::kZero1
-                                                             : ParallelMode::kData;
+                                                           : ParallelMode::kData;
   // Every rank sees different data: the mesh's axes all split the batch.
   t_.data_ranks = world_;
   // Everything this process will hold, checked before any of it is allocated or any
@@ -325,8 +324,8 @@ void TrainingRun::setup() {
   if (mode_ == ParallelMode::kExpert)
     moe_options_.ep = make_expert_parallel(comm_, static_cast<int>(t.model.n_experts));
   llama_ = std::make_unique<LlamaModel>(
-      params, ModelOptions{t.per_device_batch_size, t.max_target_length, t.bf16, t.remat,
-                           moe_options_});
+      params,
+      ModelOptions{t.per_device_batch_size, t.max_target_length, t.bf16, t.remat, moe_options_});
   model_ = llama_.get();
   sync_ = std::make_unique<GradientSync>(params, *comm_, mode_, t.overlap_communication);
   if (world_ > 1) model_->set_hooks(sync_.get());
@@ -359,8 +358,7 @@ void TrainingRun::setup() {
                   saved.first_dense_layers == t.model.first_dense_layers &&
                   saved.moe_layer_step == t.model.moe_layer_step &&
                   saved.arch.family == t.model.arch.family,
-              "resume: checkpoint {} holds a different model shape than the config",
-              *resume_from_);
+              "resume: checkpoint {} holds a different model shape than the config", *resume_from_);
     state_ = load_training_state(*resume_from_, params, *optimizer_);
     sync_->release_unowned();
     loader_->restore(state_.data);
@@ -371,8 +369,7 @@ void TrainingRun::setup() {
   }
   result_.start_step = state_.step;
   // Rank 0 writes the metrics (the loss is averaged over ranks first).
-  metrics_ = std::make_unique<MetricsWriter>(run_dir_, rank_ == 0,
-                                             resume_from_ ? state_.step : 0);
+  metrics_ = std::make_unique<MetricsWriter>(run_dir_, rank_ == 0, resume_from_ ? state_.step : 0);
   report_setup(mem);
 
   // Held-out evaluation uses its own loader over val.bin (in order, no shuffle).
@@ -382,9 +379,8 @@ void TrainingRun::setup() {
   } catch (const Error& e) {
     log_warn("eval: held-out split unusable, skipping evaluation: {}", e.what());
   }
-  ckpt_ = std::make_unique<CheckpointManager>(run_dir_, t.checkpoints_to_keep,
-                                              t.async_checkpointing, comm_,
-                                              sync_->tensor_writers());
+  ckpt_ = std::make_unique<CheckpointManager>(
+      run_dir_, t.checkpoints_to_keep, t.async_checkpointing, comm_, sync_->tensor_writers());
   config_values_ = config_.values();
 }
 
@@ -405,10 +401,11 @@ void TrainingRun::report_setup(const MemoryPlan& mem) {
     if (world_ > 1) comm_->broadcast(&g, sizeof g, 0);
     result_.peak_gflops = g * world_;
   }
-  log_info("model: {} {} params ({} non-embedding), {} layers, dim {}, heads {}/{}, ffn {}, vocab {}",
-           family_info(t.model.arch.family).decoder_block, t.model.total_params(),
-           t.model.non_embedding_params(), t.model.n_layers, t.model.dim, t.model.n_heads,
-           t.model.n_kv_heads, t.model.ffn_dim, t.model.vocab_size);
+  log_info(
+      "model: {} {} params ({} non-embedding), {} layers, dim {}, heads {}/{}, ffn {}, vocab {}",
+      family_info(t.model.arch.family).decoder_block, t.model.total_params(),
+      t.model.non_embedding_params(), t.model.n_layers, t.model.dim, t.model.n_heads,
+      t.model.n_kv_heads, t.model.ffn_dim, t.model.vocab_size);
   if (t.model.is_moe()) {
     const MoeShape& ms = llama_->moe_shape();
     log_info(

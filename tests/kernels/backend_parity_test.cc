@@ -14,9 +14,11 @@
 #include <vector>
 
 #include "base/error.h"
-#include "kernels/embedding.h"
-#include "kernels/rmsnorm.h"
 #include "kernel_test_util.h"
+#include "kernels/embedding.h"
+#include "kernels/grouped_gemm.h"
+#include "kernels/moe_routing.h"
+#include "kernels/rmsnorm.h"
 
 namespace hyperion {
 namespace {
@@ -80,7 +82,8 @@ TEST_P(BackendParity, GatedActivations) {
   std::mt19937 rng(3);
   for (GatedActivation act : {GatedActivation::kSilu, GatedActivation::kGeluTanh}) {
     const bool gelu = act == GatedActivation::kGeluTanh;
-    Tensor g = random_tensor(DType::kF32, {5, 67}, rng, 2.0f), u = random_tensor(DType::kF32, {5, 67}, rng);
+    Tensor g = random_tensor(DType::kF32, {5, 67}, rng, 2.0f),
+           u = random_tensor(DType::kF32, {5, 67}, rng);
     Tensor dh = random_tensor(DType::kF32, {5, 67}, rng);
     Tensor h(DType::kF32, g.shape()), h_ref(DType::kF32, g.shape());
     k().gated_forward(act, g, u, h);
@@ -185,8 +188,10 @@ TEST_P(BackendParity, PagedCacheWriteReadAndAttention) {
   cache.head_dim = hd;
   const std::vector<int32_t> table = {2, 0, 3};  // positions 0..11 over pages 2, 0, 3
   std::vector<int64_t> slots;
-  for (int64_t p = 0; p < len; ++p) slots.push_back(table[size_t(p / page_tokens)] * page_tokens + p % page_tokens);
-  Tensor kn = random_tensor(DType::kF32, {len, hkv, hd}, rng), vn = random_tensor(DType::kF32, {len, hkv, hd}, rng);
+  for (int64_t p = 0; p < len; ++p)
+    slots.push_back(table[size_t(p / page_tokens)] * page_tokens + p % page_tokens);
+  Tensor kn = random_tensor(DType::kF32, {len, hkv, hd}, rng),
+         vn = random_tensor(DType::kF32, {len, hkv, hd}, rng);
   k().paged_kv_write(cache, kn, vn, slots.data());
   Tensor kr(DType::kF32, {len, hkv, hd}), vr(DType::kF32, {len, hkv, hd});
   k().paged_kv_read(cache, table.data(), len, kr, vr);
@@ -198,6 +203,78 @@ TEST_P(BackendParity, PagedCacheWriteReadAndAttention) {
   k().paged_attention(cache, q, &row, o, PagedAttentionParams{});
   ref::paged_attention(cache, q, &row, o_ref);
   expect_close(o, o_ref, 1e-4, 1e-5, "paged attention");
+}
+
+TEST_P(BackendParity, MixtureOfExpertsOps) {
+  std::mt19937 rng(10);
+  const int64_t b = 2, t = 7, n = b * t, e = 5, kk = 2, d = 12, f = 10;
+  std::vector<float> logits = randn(size_t(n * e), rng);
+  std::vector<float> probs(size_t(n * e)), weights(size_t(n * kk)), probs_ref(probs.size()),
+      weights_ref(weights.size());
+  std::vector<int32_t> experts(size_t(n * kk)), experts_ref(experts.size());
+  k().router_topk_forward(logits.data(), n, e, kk, true, probs.data(), experts.data(),
+                          weights.data());
+  ref::router_topk_forward(logits.data(), n, e, kk, true, probs_ref.data(), experts_ref.data(),
+                           weights_ref.data());
+  EXPECT_EQ(experts, experts_ref);
+  for (size_t i = 0; i < probs.size(); ++i) ASSERT_NEAR(probs[i], probs_ref[i], 1e-6);
+  for (size_t i = 0; i < weights.size(); ++i) ASSERT_NEAR(weights[i], weights_ref[i], 1e-6);
+  std::vector<float> dw = randn(weights.size(), rng), dl(logits.size()), dl_ref(logits.size());
+  k().router_topk_backward(probs.data(), experts.data(), weights.data(), dw.data(), nullptr, n, e,
+                           kk, true, dl.data());
+  ref::router_topk_backward(probs.data(), experts.data(), weights.data(), dw.data(), nullptr, n, e,
+                            kk, true, dl_ref.data());
+  for (size_t i = 0; i < dl.size(); ++i) ASSERT_NEAR(dl[i], dl_ref[i], 1e-5);
+  EXPECT_NEAR(k().load_balance_loss(probs.data(), experts.data(), b, t, e, kk, 0.01f, nullptr, 0),
+              ref::load_balance_loss(probs.data(), experts.data(), b, t, e, kk, 0.01f, nullptr, 0),
+              1e-6);
+  EXPECT_NEAR(k().router_z_loss(logits.data(), n, e, 0.001f, nullptr, 0),
+              ref::router_z_loss(logits.data(), n, e, 0.001f, nullptr, 0), 1e-6);
+
+  MoeDispatch plan;
+  moe_dispatch_plan(experts.data(), b, t, kk, e, -1, &plan);
+  const int64_t rows = plan.rows;
+  Tensor h = random_tensor(DType::kF32, {n, d}, rng);
+  Tensor xs(DType::kF32, {rows, d}), xs_ref(DType::kF32, {rows, d});
+  k().moe_gather_rows(h.data(), DType::kF32, plan.row_token.data(), rows, d, xs.data());
+  ref::moe_gather_rows(h.data(), DType::kF32, plan.row_token.data(), rows, d, xs_ref.data());
+  expect_close(xs, xs_ref, 0, 0, "gather");
+  Tensor w = random_tensor(DType::kF32, {e, f, d}, rng);
+  Tensor c(DType::kF32, {rows, f}), c_ref(DType::kF32, {rows, f});
+  const std::span<const int64_t> sizes(plan.group_sizes.data(), plan.group_sizes.size());
+  k().grouped_gemm(xs, w, sizes, c, 0.0f);
+  ref::grouped_gemm(xs, w, sizes, c_ref);
+  expect_close(c, c_ref, 1e-4, 1e-5, "grouped gemm");
+  Tensor dxs(DType::kF32, {rows, d}), dxs_ref(DType::kF32, {rows, d});
+  k().grouped_gemm_input_grad(c, w, sizes, dxs, 0.0f);
+  ref::grouped_gemm_input_grad(c, w, sizes, dxs_ref);
+  expect_close(dxs, dxs_ref, 1e-4, 1e-4, "grouped gemm input grad");
+  Tensor gw = Tensor::zeros(DType::kF32, {e, f, d}), gw_ref = Tensor::zeros(DType::kF32, {e, f, d});
+  k().grouped_gemm_weight_grad(xs, c, sizes, gw);
+  ref::grouped_gemm_weight_grad(xs, c, sizes, gw_ref);
+  expect_close(gw, gw_ref, 1e-4, 1e-4, "grouped gemm weight grad");
+  Tensor out = Tensor::zeros(DType::kF32, {n, d}), out_ref = Tensor::zeros(DType::kF32, {n, d});
+  k().moe_combine(xs.data(), DType::kF32, plan.pair_row.data(), weights.data(), n, kk, d,
+                  out.as<float>());
+  ref::moe_combine(xs.data(), DType::kF32, plan.pair_row.data(), weights.data(), n, kk, d,
+                   out_ref.as<float>());
+  expect_close(out, out_ref, 1e-5, 1e-6, "combine");
+  Tensor dy(DType::kF32, {rows, d}), dy_ref(DType::kF32, {rows, d});
+  std::vector<float> dwt(weights.size()), dwt_ref(weights.size());
+  k().moe_combine_backward(h.as<float>(), xs.data(), DType::kF32, plan.pair_row.data(),
+                           plan.row_token.data(), weights.data(), n, kk, d, rows, dy.data(),
+                           dwt.data());
+  ref::moe_combine_backward(h.as<float>(), xs.data(), DType::kF32, plan.pair_row.data(),
+                            plan.row_token.data(), weights.data(), n, kk, d, rows, dy_ref.data(),
+                            dwt_ref.data());
+  expect_close(dy, dy_ref, 1e-5, 1e-6, "combine backward");
+  for (size_t i = 0; i < dwt.size(); ++i) ASSERT_NEAR(dwt[i], dwt_ref[i], 1e-4);
+  Tensor dsrc = Tensor::zeros(DType::kF32, {n, d}), dsrc_ref = Tensor::zeros(DType::kF32, {n, d});
+  k().moe_scatter_add_rows(xs.data(), DType::kF32, plan.pair_row.data(), n, kk, d,
+                           dsrc.as<float>());
+  ref::moe_scatter_add_rows(xs.data(), DType::kF32, plan.pair_row.data(), n, kk, d,
+                            dsrc_ref.as<float>());
+  expect_close(dsrc, dsrc_ref, 1e-5, 1e-6, "scatter add");
 }
 
 TEST_P(BackendParity, MemoryOps) {

@@ -48,38 +48,38 @@ using RefBackward = void (*)(const TensorView&, const TensorView&, const TensorV
 TEST(GatedActivation, ForwardAndBackwardMatchReference) {
   std::mt19937 rng(21);
   for_each_target([&] {
-   for (GatedActivation act : {GatedActivation::kSilu, GatedActivation::kGeluTanh}) {
-    const bool gelu = act == GatedActivation::kGeluTanh;
-    const RefForward ref_fwd = gelu ? &ref::geglu_forward : &ref::swiglu_forward;
-    const RefBackward ref_bwd = gelu ? &ref::geglu_backward : &ref::swiglu_backward;
-    for (DType dt : {DType::kF32, DType::kBF16}) {
-      for (auto [n, f] : kShapes) {
-        SCOPED_TRACE(testing::Message() << gated_activation_name(act) << " " << dtype_name(dt)
-                                        << " N=" << n << " F=" << f);
-        Tensor g = random_tensor(dt, {n, f}, rng, 3.0f);
-        Tensor u = random_tensor(dt, {n, f}, rng);
-        Tensor dh = random_tensor(dt, {n, f}, rng);
-        Tensor h(dt, {n, f}), h_ref(dt, {n, f});
-        gated_forward(act, g, u, h);
-        ref_fwd(g, u, h_ref);
-        for (int64_t i = 0; i < n * f; ++i) {
-          const double scale = std::fabs(at(g, i) * at(u, i));
-          ASSERT_NEAR(at(h, i), at(h_ref, i), tolerance(dt, at(h_ref, i), scale)) << i;
-        }
-        Tensor dg(dt, {n, f}), du(dt, {n, f}), dg_ref(dt, {n, f}), du_ref(dt, {n, f});
-        gated_backward(act, dh, g, u, dg, du);
-        ref_bwd(dh, g, u, dg_ref, du_ref);
-        for (int64_t i = 0; i < n * f; ++i) {
-          // GELU's slope has a g^3 term inside the sigmoid: errors scale with g^2 too.
-          const double gg = std::fabs(at(g, i));
-          const double scale = std::fabs(at(dh, i)) * (std::fabs(at(u, i)) + 1) * (1 + gg) *
-                               (gelu ? 1 + gg * gg : 1.0);
-          ASSERT_NEAR(at(dg, i), at(dg_ref, i), tolerance(dt, at(dg_ref, i), scale)) << i;
-          ASSERT_NEAR(at(du, i), at(du_ref, i), tolerance(dt, at(du_ref, i), scale)) << i;
+    for (GatedActivation act : {GatedActivation::kSilu, GatedActivation::kGeluTanh}) {
+      const bool gelu = act == GatedActivation::kGeluTanh;
+      const RefForward ref_fwd = gelu ? &ref::geglu_forward : &ref::swiglu_forward;
+      const RefBackward ref_bwd = gelu ? &ref::geglu_backward : &ref::swiglu_backward;
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        for (auto [n, f] : kShapes) {
+          SCOPED_TRACE(testing::Message() << gated_activation_name(act) << " " << dtype_name(dt)
+                                          << " N=" << n << " F=" << f);
+          Tensor g = random_tensor(dt, {n, f}, rng, 3.0f);
+          Tensor u = random_tensor(dt, {n, f}, rng);
+          Tensor dh = random_tensor(dt, {n, f}, rng);
+          Tensor h(dt, {n, f}), h_ref(dt, {n, f});
+          gated_forward(act, g, u, h);
+          ref_fwd(g, u, h_ref);
+          for (int64_t i = 0; i < n * f; ++i) {
+            const double scale = std::fabs(at(g, i) * at(u, i));
+            ASSERT_NEAR(at(h, i), at(h_ref, i), tolerance(dt, at(h_ref, i), scale)) << i;
+          }
+          Tensor dg(dt, {n, f}), du(dt, {n, f}), dg_ref(dt, {n, f}), du_ref(dt, {n, f});
+          gated_backward(act, dh, g, u, dg, du);
+          ref_bwd(dh, g, u, dg_ref, du_ref);
+          for (int64_t i = 0; i < n * f; ++i) {
+            // GELU's slope has a g^3 term inside the sigmoid: errors scale with g^2 too.
+            const double gg = std::fabs(at(g, i));
+            const double scale = std::fabs(at(dh, i)) * (std::fabs(at(u, i)) + 1) * (1 + gg) *
+                                 (gelu ? 1 + gg * gg : 1.0);
+            ASSERT_NEAR(at(dg, i), at(dg_ref, i), tolerance(dt, at(dg_ref, i), scale)) << i;
+            ASSERT_NEAR(at(du, i), at(du_ref, i), tolerance(dt, at(du_ref, i), scale)) << i;
+          }
         }
       }
     }
-   }
   });
 }
 

@@ -17,6 +17,7 @@
 
 #include "base/aligned.h"
 #include "base/error.h"
+#include "kernels/backend.h"
 #include "dist/communicator.h"
 #include "model/moe_block.h"
 #include "model/param_store.h"
@@ -199,7 +200,7 @@ void run_case(const Case& cs) {
   if (cs.rerun_forward)
     moe::forward(ps, p, ep.s, ep.o, h.data(), cs.act, ep.m, nullptr);
   else
-    moe::recompute(ep.s, h.data(), cs.act, ep.m);  // the minimal remat pattern: a no-op
+    moe::recompute(host_backend(), ep.s, h.data(), cs.act, ep.m);  // minimal remat: a no-op
   // Each rank's aux losses are means over its own tokens: 1/world of their gradient is
   // what a trainer averaging over ranks applies.
   const std::vector<float> dh =
