@@ -45,6 +45,25 @@ struct DecoderActs {
   MoeActs moe;        // an MoE layer's MLP state (instead of g, u, a)
 };
 
+// The inference form: one scratch set reused by every layer, the blocks running in place
+// (x2 = x, rstd2 = rstd1, h2 = h, and a = g: the activation overwrites the gate). k and v
+// may be null when the KvSource places them (a contiguous cache); moe is the caller's.
+inline DecoderActs in_place_acts(float* x, float* rstd, void* h, void* q, void* k, void* v,
+                                 void* att, float* lse, void* g, void* u) {
+  DecoderActs s;
+  s.x = s.x2 = x;
+  s.rstd1 = s.rstd2 = rstd;
+  s.h = s.h2 = h;
+  s.q = q;
+  s.k = k;
+  s.v = v;
+  s.att = att;
+  s.lse = lse;
+  s.g = s.a = g;
+  s.u = u;
+  return s;
+}
+
 // The rows one pass runs on: b sequences of t tokens (training), or n rows of one
 // sequence from `position` on (generation), or n rows each at its own position
 // (serving: `positions`, [n]).

@@ -18,20 +18,19 @@ ForwardModel::ForwardModel(const ParamStore& params, int64_t batch, int64_t seq_
             seq_len, cfg_.max_seq_len);
   const int64_t n = rows_.n(), a = static_cast<int64_t>(dtype_size(act_));
   const int64_t d = cfg_.dim, q = cfg_.q_dim(), kv = cfg_.kv_dim(), f = cfg_.ffn_dim;
-  // One scratch set, in place: x2 = x, h2 = h, a = g (the activation overwrites the gate).
+  const bool dense = cfg_.n_moe_layers() < cfg_.n_layers;
+  auto* x = static_cast<float*>(alloc(n * d * 4));
+  auto* rstd = static_cast<float*>(alloc(n * 4));
+  void* h = alloc(n * d * a);
+  void* q_buf = alloc(n * q * a);
+  void* k_buf = alloc(n * kv * a);
+  void* v_buf = alloc(n * kv * a);
+  void* att = alloc(n * q * a);
+  auto* lse = static_cast<float*>(alloc(batch * cfg_.n_heads * seq_len * 4));
+  void* g = dense ? alloc(n * f * a) : nullptr;
+  void* u = dense ? alloc(n * f * a) : nullptr;
+  acts_ = in_place_acts(x, rstd, h, q_buf, k_buf, v_buf, att, lse, g, u);
   DecoderActs& s = acts_;
-  s.x = s.x2 = static_cast<float*>(alloc(n * d * 4));
-  s.rstd1 = s.rstd2 = static_cast<float*>(alloc(n * 4));
-  s.h = s.h2 = alloc(n * d * a);
-  s.q = alloc(n * q * a);
-  s.k = alloc(n * kv * a);
-  s.v = alloc(n * kv * a);
-  s.att = alloc(n * q * a);
-  s.lse = static_cast<float*>(alloc(batch * cfg_.n_heads * seq_len * 4));
-  if (cfg_.n_moe_layers() < cfg_.n_layers) {
-    s.g = s.a = alloc(n * f * a);
-    s.u = alloc(n * f * a);
-  }
   if (cfg_.is_moe()) {
     moe_shape_ = moe_shape(cfg_, moe, batch, seq_len);
     moe_.reserve(moe_shape_, act_);

@@ -72,16 +72,9 @@ const float* LlamaGenerator::feed(const int32_t* tokens, int64_t n) {
   ensure_capacity(n);
   const int64_t d = cfg_.dim;
   decoder_.embed(tokens, n, x_.data());
-  // One scratch set, in place: x2 = x, h2 = h, a = g (the activation overwrites the gate).
-  DecoderActs s;
-  s.x = s.x2 = x_.data();
-  s.rstd1 = s.rstd2 = rstd_.data();
-  s.h = s.h2 = h_.data();
-  s.q = q_.data();
-  s.att = att_.data();
-  s.lse = lse_.data();
-  s.g = s.a = g_.data();
-  s.u = u_.data();
+  // Keys and values: the cache places them.
+  DecoderActs s = in_place_acts(x_.data(), rstd_.data(), h_.data(), q_.data(), nullptr, nullptr,
+                                att_.data(), lse_.data(), g_.data(), u_.data());
   if (cfg_.is_moe()) s.moe = moe_.acts();
   const PassRows rows{1, n, pos_};
   const MoeShape ms = cfg_.is_moe() ? moe_shape(cfg_, MoeOptions{}, 1, n, 1) : MoeShape{};

@@ -171,18 +171,8 @@ const float* ModelRunner::forward(const StepBatch& batch) {
   kv_.kctx = kctx_.data();
   kv_.vctx = vctx_.data();
   kv_.lse = lse_.data();
-  // One scratch set, in place: x2 = x, h2 = h, a = g (the activation overwrites the gate).
-  DecoderActs s;
-  s.x = s.x2 = x_.data();
-  s.rstd1 = s.rstd2 = rstd_.data();
-  s.h = s.h2 = h_.data();
-  s.q = q_.data();
-  s.k = k_.data();
-  s.v = v_.data();
-  s.att = att_.data();
-  s.lse = lse_.data();
-  s.g = s.a = g_.data();
-  s.u = u_.data();
+  DecoderActs s = in_place_acts(x_.data(), rstd_.data(), h_.data(), q_.data(), k_.data(), v_.data(),
+                                att_.data(), lse_.data(), g_.data(), u_.data());
   if (cfg_.is_moe()) s.moe = moe_.acts();
   PassRows pass;
   pass.t = n;
