@@ -18,8 +18,8 @@ DecoderArch gemma_defaults() {
 // One row per family. Adding a family is a row here plus whatever kernels its fields
 // need; Mixtral is the llama row with experts (the config's MoE keys).
 const FamilyInfo kFamilies[] = {
-    {DecoderFamily::kLlama, "llama2", "llama", "LlamaForCausalLM", "llama", false, DecoderArch{}},
-    {DecoderFamily::kGemma, "gemma", "gemma", "GemmaForCausalLM", "gemma", true, gemma_defaults()},
+    {DecoderFamily::kLlama, "llama2", "llama", "LlamaForCausalLM", false, DecoderArch{}},
+    {DecoderFamily::kGemma, "gemma", "gemma", "GemmaForCausalLM", true, gemma_defaults()},
 };
 
 // Other spellings of the llama row: MaxText's decoder_block names for Llama-shaped

@@ -1,7 +1,8 @@
 // A decoder family described as data. Llama, Mixtral and Gemma are one decoder
-// (model/decoder.h) that differs only in the fields below; every path reads them from
-// here: the parameter layout and initialisation (param_store), the forward and backward
-// (decoder), the Hugging Face config.json and tensor names, and the GGUF export.
+// (model/decoder.h) that differs only in the fields below; the parameter layout and
+// initialisation (param_store), the forward and backward (decoder) and the Hugging Face
+// config.json read them from here. The GGUF export (io/gguf_convert.cc, a lower layer)
+// works from the config.json's model_type.
 //
 //                       Llama / Mixtral        Gemma (GemmaForCausalLM)
 //   RMSNorm scale       w                      1 + w      (norm_weight_offset 0 / 1)
@@ -48,7 +49,6 @@ struct FamilyInfo {
   const char* decoder_block;  // the training YAML's decoder_block (MaxText's names)
   const char* hf_model_type;  // config.json model_type for a dense model
   const char* hf_class;       // config.json architectures[0] for a dense model
-  const char* gguf_arch;      // GGUF general.architecture
   bool tied_head;             // the LM head is always the embedding (Gemma)
   DecoderArch defaults;
 };

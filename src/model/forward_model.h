@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "base/aligned.h"
+#include "base/allocator.h"
 #include "kernels/cross_entropy.h"
 #include "model/bucket_hooks.h"
 #include "model/decoder.h"

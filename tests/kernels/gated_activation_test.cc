@@ -130,29 +130,6 @@ TEST(GeGLU, LargeInputsSaturateWithoutNaN) {
   });
 }
 
-TEST(GeGLU, BackwardMatchesFiniteDifferences) {
-  std::mt19937 rng(25);
-  const int64_t n = 3, f = 37;
-  Tensor g = random_tensor(DType::kF32, {n, f}, rng, 3.0f);
-  Tensor u = random_tensor(DType::kF32, {n, f}, rng);
-  Tensor r = random_tensor(DType::kF32, {n, f}, rng);
-  Tensor dg(DType::kF32, {n, f}), du(DType::kF32, {n, f});
-  geglu_backward(r, g, u, dg, du);
-  // L = sum(gelu_tanh(g) * u * r) in f64, written with tanh (as PyTorch does).
-  auto term = [](double gi, double ui, double ri) {
-    return 0.5 * gi * (1 + std::tanh(std::sqrt(2 / M_PI) * (gi + 0.044715 * gi * gi * gi))) * ui *
-           ri;
-  };
-  const double step = 1e-6;
-  for (int64_t i = 0; i < n * f; ++i) {
-    const double gi = at(g, i), ui = at(u, i), ri = at(r, i);
-    const double fd_g = (term(gi + step, ui, ri) - term(gi - step, ui, ri)) / (2 * step);
-    const double fd_u = (term(gi, ui + step, ri) - term(gi, ui - step, ri)) / (2 * step);
-    EXPECT_NEAR(at(dg, i), fd_g, 1e-5 * (1 + std::fabs(fd_g))) << i;
-    EXPECT_NEAR(at(du, i), fd_u, 1e-5 * (1 + std::fabs(fd_u))) << i;
-  }
-}
-
 TEST(SwiGLU, LargeInputsSaturateWithoutNaN) {
   const std::vector<float> gv = {-200, -104, -100, -88,  -20, -1e-30f, 0,  1e-30f, 20,
                                  88,   100,  200,  -150, 150, -90,     90, 3};
@@ -176,23 +153,34 @@ TEST(SwiGLU, LargeInputsSaturateWithoutNaN) {
   });
 }
 
-TEST(SwiGLU, BackwardMatchesFiniteDifferences) {
+// The backward of either activation against central differences of the f64 loss
+// L = sum(act(g) * u * r), act written independently of the kernel (tanh for GELU, as
+// PyTorch writes it); each element depends only on its own g and u.
+TEST(GatedActivation, BackwardMatchesFiniteDifferences) {
   std::mt19937 rng(22);
-  const int64_t n = 3, f = 19;
-  Tensor g = random_tensor(DType::kF32, {n, f}, rng, 2.0f);
-  Tensor u = random_tensor(DType::kF32, {n, f}, rng);
-  Tensor r = random_tensor(DType::kF32, {n, f}, rng);
-  Tensor dg(DType::kF32, {n, f}), du(DType::kF32, {n, f});
-  swiglu_backward(r, g, u, dg, du);
-  // L = sum(silu(g) * u * r) in f64; each element only depends on its own g and u.
-  auto term = [](double gi, double ui, double ri) { return gi / (1 + std::exp(-gi)) * ui * ri; };
-  const double step = 1e-6;
-  for (int64_t i = 0; i < n * f; ++i) {
-    const double gi = at(g, i), ui = at(u, i), ri = at(r, i);
-    const double fd_g = (term(gi + step, ui, ri) - term(gi - step, ui, ri)) / (2 * step);
-    const double fd_u = (term(gi, ui + step, ri) - term(gi, ui - step, ri)) / (2 * step);
-    EXPECT_NEAR(at(dg, i), fd_g, 1e-5 * (1 + std::fabs(fd_g))) << i;
-    EXPECT_NEAR(at(du, i), fd_u, 1e-5 * (1 + std::fabs(fd_u))) << i;
+  const int64_t n = 3, f = 37;
+  for (GatedActivation act : {GatedActivation::kSilu, GatedActivation::kGeluTanh}) {
+    SCOPED_TRACE(gated_activation_name(act));
+    const bool gelu = act == GatedActivation::kGeluTanh;
+    Tensor g = random_tensor(DType::kF32, {n, f}, rng, gelu ? 3.0f : 2.0f);
+    Tensor u = random_tensor(DType::kF32, {n, f}, rng);
+    Tensor r = random_tensor(DType::kF32, {n, f}, rng);
+    Tensor dg(DType::kF32, {n, f}), du(DType::kF32, {n, f});
+    gated_backward(act, r, g, u, dg, du);
+    auto term = [gelu](double gi, double ui, double ri) {
+      const double a =
+          gelu ? 0.5 * gi * (1 + std::tanh(std::sqrt(2 / M_PI) * (gi + 0.044715 * gi * gi * gi)))
+               : gi / (1 + std::exp(-gi));
+      return a * ui * ri;
+    };
+    const double step = 1e-6;
+    for (int64_t i = 0; i < n * f; ++i) {
+      const double gi = at(g, i), ui = at(u, i), ri = at(r, i);
+      const double fd_g = (term(gi + step, ui, ri) - term(gi - step, ui, ri)) / (2 * step);
+      const double fd_u = (term(gi, ui + step, ri) - term(gi, ui - step, ri)) / (2 * step);
+      EXPECT_NEAR(at(dg, i), fd_g, 1e-5 * (1 + std::fabs(fd_g))) << i;
+      EXPECT_NEAR(at(du, i), fd_u, 1e-5 * (1 + std::fabs(fd_u))) << i;
+    }
   }
 }
 
