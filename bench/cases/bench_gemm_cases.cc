@@ -97,7 +97,62 @@ KernelBench decode(int64_t m, int64_t n, int64_t k, const char* tag) {
   return kb;
 }
 
+// A training-shaped GEMM C[m, n] (+)= op(A) @ op(B) in the layout the trainer calls:
+// fwd y = x W^T (NT), dx = dy W (NN), dW += dy^T x (TN, beta 1). int8 cases carry the
+// row and column scales of the quantised training path (kernels/quantize.h).
+template <typename T>
+KernelBench train_shape(const char* form, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k,
+                        Bound bound, const char* tag) {
+  KernelBench kb;
+  kb.name = std::string("gemm_train_") + form + "_" + tag + "_" + std::to_string(m) + "x" +
+            std::to_string(n) + "x" + std::to_string(k);
+  kb.bound = bound;
+  kb.flops = 2.0 * double(m) * n * k;
+  const float beta = std::string(form).rfind("dw", 0) == 0 ? 1.0f : 0.0f;
+  kb.setup = [=] {
+    auto a = filled<T>(size_t(m * k), 1), b = filled<T>(size_t(k * n), 2);
+    auto c = std::make_shared<AlignedBuffer<float>>(size_t(m * n));
+    std::fill(c->data(), c->data() + m * n, 0.0f);
+    auto as = std::make_shared<std::vector<float>>(size_t(m), 0.01f);
+    auto bs = std::make_shared<std::vector<float>>(size_t(n), 0.02f);
+    return make_state([=] {
+      GemmArgs g = contiguous_gemm_args(ta, tb, m, n, k, a->data(), dtype_of<T>(), b->data(),
+                                        dtype_of<T>(), c->data(), DType::kF32, beta);
+      if (std::is_same_v<T, int8_t>) g.a_scale = as->data(), g.b_scale = bs->data();
+      gemm(g);
+    });
+  };
+  return kb;
+}
+
+// The three matmuls of a Linear [out, in] over `rows` tokens, bf16 and int8, plus the
+// int8 weight gradient with its left operand stored transposed (NN), the layout the
+// quantised backward writes.
+void add_train_shapes(std::vector<KernelBench>& v, int64_t rows, int64_t out, int64_t in) {
+  v.push_back(train_shape<bf16>("fwd", Trans::kN, Trans::kT, rows, out, in, Bound::kBF16, "bf16"));
+  v.push_back(
+      train_shape<int8_t>("fwd", Trans::kN, Trans::kT, rows, out, in, Bound::kInt8, "int8"));
+  v.push_back(train_shape<bf16>("dx", Trans::kN, Trans::kN, rows, in, out, Bound::kBF16, "bf16"));
+  v.push_back(train_shape<int8_t>("dx", Trans::kN, Trans::kN, rows, in, out, Bound::kInt8, "int8"));
+  v.push_back(
+      train_shape<int8_t>("dxnt", Trans::kN, Trans::kT, rows, in, out, Bound::kInt8, "int8"));
+  v.push_back(train_shape<bf16>("dw", Trans::kT, Trans::kN, out, in, rows, Bound::kBF16, "bf16"));
+  v.push_back(train_shape<int8_t>("dw", Trans::kT, Trans::kN, out, in, rows, Bound::kInt8, "int8"));
+  v.push_back(
+      train_shape<int8_t>("dwnn", Trans::kN, Trans::kN, out, in, rows, Bound::kInt8, "int8"));
+  v.push_back(
+      train_shape<int8_t>("dwnt", Trans::kN, Trans::kT, out, in, rows, Bound::kInt8, "int8"));
+}
+
 }  // namespace
+
+std::vector<KernelBench> gemm_train_benches() {
+  std::vector<KernelBench> v;
+  add_train_shapes(v, 4096, 1408, 512);  // llama-25m MLP up/gate (8 x 512 tokens)
+  add_train_shapes(v, 4096, 512, 512);   // llama-25m attention q/k/v/o
+  add_train_shapes(v, 4096, 2048, 768);  // llama-110m MLP (4 x 1024 tokens)
+  return v;
+}
 
 std::vector<KernelBench> gemm_benches() {
   return {

@@ -5,10 +5,10 @@
 #include "cases/bench_registry.h"
 #include "kernels/adamw.h"
 #include "kernels/finite.h"
+#include "kernels/gated_activation.h"
 #include "kernels/global_norm.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
-#include "kernels/gated_activation.h"
 
 namespace hyperion::bench {
 

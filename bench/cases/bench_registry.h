@@ -50,6 +50,7 @@ struct KernelBench {
 };
 
 std::vector<KernelBench> gemm_benches();
+std::vector<KernelBench> gemm_train_benches();
 std::vector<KernelBench> moe_benches();
 std::vector<KernelBench> all_kernel_benches();
 

@@ -1,0 +1,443 @@
+// Training quantisers. Each kernel body is written once as plain loops (always inlined)
+// and compiled twice: for the baseline target and, picked at run time, for AVX-512, where
+// the compiler vectorises the loops (hash, floor, clamp, pack). Both compute the same
+// f32 operations element by element, so they agree exactly with each other and with the
+// ref:: versions.
+#include "kernels/quantize_train.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "base/cpu.h"
+#include "base/error.h"
+#include "base/threads.h"
+#include "tensor/convert.h"
+
+namespace hyperion {
+namespace {
+
+#define HYP_INLINE inline __attribute__((always_inline))
+#define HYP_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+
+bool use_avx512() {
+  static const bool yes = cpu_features().avx512f && cpu_features().avx512bw;
+  return yes;
+}
+
+void check_in(const char* op, DType d) {
+  HYP_CHECK(d == DType::kF32 || d == DType::kBF16, "{}: input must be f32 or bf16, got {}", op,
+            dtype_name(d));
+}
+
+void check_2d(const char* op, const TensorView& x, const TensorView& q) {
+  check_in(op, x.dtype);
+  HYP_CHECK(x.rank() == 2 && x.is_contiguous(), "{}: input must be 2-D contiguous, got {}", op,
+            x.str());
+  HYP_CHECK(q.dtype == DType::kI8 && q.shape == x.shape && q.is_contiguous(),
+            "{}: output must be contiguous int8 of shape {}, got {}", op, x.str(), q.str());
+  HYP_CHECK(x.numel() < (int64_t(1) << 32), "{}: {} elements exceed the 2^32 a draw index covers",
+            op, x.numel());
+}
+
+// Row r of x as f32, into buf (bf16 widened exactly).
+HYP_INLINE const float* row_f32(const void* x, DType xd, int64_t r, int64_t cols, float* buf) {
+  if (xd == DType::kF32) return static_cast<const float*>(x) + r * cols;
+  const uint16_t* p = static_cast<const uint16_t*>(x) + r * cols;
+  for (int64_t c = 0; c < cols; ++c) buf[c] = std::bit_cast<float>(uint32_t(p[c]) << 16);
+  return buf;
+}
+
+HYP_INLINE bool bad_scale(float s) {
+  return !(s > 0.0f) || !(s < std::numeric_limits<float>::infinity());
+}
+
+HYP_INLINE int8_t nearest_i8(float v) {
+  float r = std::nearbyint(v);
+  r = r < -127.0f ? -127.0f : (r > 127.0f ? 127.0f : r);
+  return static_cast<int8_t>(r);
+}
+
+// Column absmax of x [rows, cols] into m[cols] (bit patterns: NaN orders above inf).
+HYP_INLINE void col_absmax_bits(const void* x, DType xd, int64_t rows, int64_t cols,
+                                const float* row_factor, uint32_t* m, float* buf) {
+  std::fill(m, m + cols, 0u);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* v = row_f32(x, xd, r, cols, buf);
+    const float f = row_factor != nullptr ? row_factor[r] : 1.0f;
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint32_t b = std::bit_cast<uint32_t>(v[c] * f) & 0x7fffffffu;
+      m[c] = b > m[c] ? b : m[c];
+    }
+  }
+}
+
+HYP_INLINE void cols_body(const TensorView& x, const TensorView& q, float* scales) {
+  const int64_t rows = x.shape[0], cols = x.shape[1];
+  std::vector<uint32_t> m(static_cast<size_t>(cols));
+  std::vector<float> buf(static_cast<size_t>(cols)), inv(static_cast<size_t>(cols));
+  col_absmax_bits(x.data, x.dtype, rows, cols, nullptr, m.data(), buf.data());
+  for (int64_t c = 0; c < cols; ++c) {
+    scales[c] = std::bit_cast<float>(m[c]) / 127.0f;
+    inv[c] = bad_scale(scales[c]) ? 0.0f : 1.0f;  // 0: the column is written as zeros
+  }
+  auto* out = static_cast<int8_t*>(q.data);
+  const float* iv = inv.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* v = row_f32(x.data, x.dtype, r, cols, buf.data());
+    int8_t* o = out + r * cols;
+    for (int64_t c = 0; c < cols; ++c)
+      o[c] = iv[c] != 0.0f ? nearest_i8(v[c] / scales[c]) : int8_t(0);
+  }
+}
+
+HYP_INLINE void grad_rows_part(const float* v, int64_t r, int64_t cols, SrKey key, int8_t* q,
+                               float* scale_out) {
+  uint32_t mb = 0;
+  for (int64_t c = 0; c < cols; ++c) {
+    const uint32_t b = std::bit_cast<uint32_t>(v[c]) & 0x7fffffffu;
+    mb = b > mb ? b : mb;
+  }
+  const float s = std::bit_cast<float>(mb) / 127.0f;
+  *scale_out = s;
+  int8_t* o = q + r * cols;
+  if (bad_scale(s)) {
+    std::memset(o, 0, size_t(cols));
+    return;
+  }
+  const uint32_t base = static_cast<uint32_t>(r * cols);
+  for (int64_t c = 0; c < cols; ++c)
+    o[c] = sr_round_i8(v[c] / s, sr_uniform(key, base + static_cast<uint32_t>(c)));
+}
+
+HYP_INLINE void grad_body(const TensorView& dy, const float* row_factor, uint64_t seed,
+                          const GradQuantized& out) {
+  const int64_t rows = dy.shape[0], cols = dy.shape[1];
+  const SrKey key_rows = sr_key(seed), key_cols = sr_key(seed + 1);
+  std::vector<float> buf(static_cast<size_t>(cols)), sc(static_cast<size_t>(cols));
+  std::vector<uint32_t> m;
+  if (out.q_cols != nullptr) {
+    m.resize(static_cast<size_t>(cols));
+    col_absmax_bits(dy.data, dy.dtype, rows, cols, row_factor, m.data(), buf.data());
+    for (int64_t c = 0; c < cols; ++c) {
+      const float s = std::bit_cast<float>(m[c]) / 127.0f;
+      out.s_cols[c] = s;
+      sc[c] = bad_scale(s) ? 0.0f : s;
+    }
+  }
+  const float* scp = sc.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* v = row_f32(dy.data, dy.dtype, r, cols, buf.data());
+    if (out.q_rows != nullptr) grad_rows_part(v, r, cols, key_rows, out.q_rows, out.s_rows + r);
+    if (out.q_cols == nullptr) continue;
+    const float f = row_factor != nullptr ? row_factor[r] : 1.0f;
+    int8_t* o = out.q_cols + r * cols;
+    const uint32_t base = static_cast<uint32_t>(r * cols);
+    for (int64_t c = 0; c < cols; ++c) {
+      const int8_t qv =
+          sr_round_i8((v[c] * f) / scp[c], sr_uniform(key_cols, base + static_cast<uint32_t>(c)));
+      o[c] = scp[c] != 0.0f ? qv : int8_t(0);
+    }
+  }
+}
+
+// fp8 encoding of v = x / scale, saturating, round to nearest even, by bit arithmetic:
+// the mantissa is rounded in the f32 bit pattern; below the smallest normal the grid is
+// uniform (a multiple of the smallest subnormal), where nearbyint rounds. Returns the
+// code (sign in bit 7) and, through value, the code's value.
+template <int kMan, int kBias>
+HYP_INLINE uint32_t fp8_code(float v, float maxv, float* value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(v);
+  const uint32_t sign = bits & 0x80000000u;
+  float a = std::bit_cast<float>(bits & 0x7fffffffu);
+  const bool nan = !(a == a);
+  a = a > maxv ? maxv : a;
+  constexpr int kDrop = 23 - kMan;
+  constexpr float kMinNormal = 1.0f / float(1u << (kBias - 1));                // 2^(1 - bias)
+  constexpr float kSubStep = 1.0f / float(uint64_t(1) << (kBias - 1 + kMan));  // 2^(1-bias-man)
+  uint32_t code, vbits;
+  if (a < kMinNormal) {
+    const float m = std::nearbyint(a / kSubStep);  // 0 .. 2^kMan (the last is the min normal)
+    code = static_cast<uint32_t>(m);
+    vbits = std::bit_cast<uint32_t>(m * kSubStep);
+  } else {
+    uint32_t ab = std::bit_cast<uint32_t>(a);
+    ab += ((1u << (kDrop - 1)) - 1u) + ((ab >> kDrop) & 1u);
+    ab &= ~((1u << kDrop) - 1u);
+    vbits = ab;
+    code =
+        ((((ab >> 23) - 127u + uint32_t(kBias)) << kMan) | ((ab >> kDrop) & ((1u << kMan) - 1u)));
+  }
+  if (nan) {
+    code = 0x7fu;
+    vbits = 0x7fc00000u;
+  }
+  *value = std::bit_cast<float>(vbits | sign);
+  return code | (sign >> 24);
+}
+
+template <int kMan, int kBias>
+HYP_INLINE float fp8_body(const void* x, DType xd, int64_t n, float scale, float maxv,
+                          uint8_t* bytes, bf16* values) {
+  uint32_t mb = 0;
+  constexpr int64_t kBlock = 1024;
+  float buf[kBlock];
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int64_t len = std::min(kBlock, n - i0);
+    const float* v;
+    if (xd == DType::kF32) {
+      v = static_cast<const float*>(x) + i0;
+    } else {
+      const uint16_t* p = static_cast<const uint16_t*>(x) + i0;
+      for (int64_t i = 0; i < len; ++i) buf[i] = std::bit_cast<float>(uint32_t(p[i]) << 16);
+      v = buf;
+    }
+    for (int64_t i = 0; i < len; ++i) {
+      const uint32_t b = std::bit_cast<uint32_t>(v[i]) & 0x7fffffffu;
+      mb = b > mb ? b : mb;
+      float val;
+      const uint32_t code = fp8_code<kMan, kBias>(v[i] / scale, maxv, &val);
+      if (bytes != nullptr) bytes[i0 + i] = static_cast<uint8_t>(code);
+      // The value has at most 4 significant bits: its bf16 pattern is the top half.
+      if (values != nullptr) values[i0 + i] = bf16{uint16_t(std::bit_cast<uint32_t>(val) >> 16)};
+    }
+  }
+  return std::bit_cast<float>(mb);
+}
+
+template <int kMan, int kBias>
+HYP_INLINE void fp8_decode_body(const uint8_t* bytes, int64_t n, bf16* values) {
+  constexpr float kSubStep = 1.0f / float(uint64_t(1) << (kBias - 1 + kMan));
+  constexpr uint32_t kExpMask = (0x7fu >> kMan);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t b = bytes[i];
+    const uint32_t e = (b >> kMan) & kExpMask, m = b & ((1u << kMan) - 1u);
+    uint32_t f = e == 0 ? std::bit_cast<uint32_t>(float(m) * kSubStep)
+                        : (((e + 127u - uint32_t(kBias)) << 23) | (m << (23 - kMan)));
+    // NaN codes: e4m3's S.1111.111 and e5m2's exponent 31 (never written but for NaN input).
+    if ((kMan == 3 && (b & 0x7fu) == 0x7fu) || (kMan == 2 && e == kExpMask)) f = 0x7fc00000u;
+    values[i] = bf16{uint16_t((f | ((b & 0x80u) << 24)) >> 16)};
+  }
+}
+
+float absmax_body(const void* x, DType xd, int64_t n) {
+  uint32_t mb = 0;
+  if (xd == DType::kF32) {
+    const auto* p = static_cast<const uint32_t*>(x);
+    for (int64_t i = 0; i < n; ++i) mb = std::max(mb, p[i] & 0x7fffffffu);
+  } else {
+    const auto* p = static_cast<const uint16_t*>(x);
+    uint32_t m16 = 0;
+    for (int64_t i = 0; i < n; ++i) m16 = std::max<uint32_t>(m16, p[i] & 0x7fffu);
+    mb = m16 << 16;
+  }
+  return std::bit_cast<float>(mb);
+}
+
+// The two compilations of each body.
+void cols_plain(const TensorView& x, const TensorView& q, float* s) {
+  cols_body(x, q, s);
+}
+HYP_AVX512 void cols_avx512(const TensorView& x, const TensorView& q, float* s) {
+  cols_body(x, q, s);
+}
+void grad_plain(const TensorView& dy, const float* f, uint64_t seed, const GradQuantized& o) {
+  grad_body(dy, f, seed, o);
+}
+HYP_AVX512 void grad_avx512(const TensorView& dy, const float* f, uint64_t seed,
+                            const GradQuantized& o) {
+  grad_body(dy, f, seed, o);
+}
+float fp8_plain(const void* x, DType xd, int64_t n, float s, DType fd, void* b, bf16* v) {
+  auto* bytes = static_cast<uint8_t*>(b);
+  return fd == DType::kE4M3 ? fp8_body<3, 7>(x, xd, n, s, 448.0f, bytes, v)
+                            : fp8_body<2, 15>(x, xd, n, s, 57344.0f, bytes, v);
+}
+HYP_AVX512 float fp8_avx512(const void* x, DType xd, int64_t n, float s, DType fd, void* b,
+                            bf16* v) {
+  auto* bytes = static_cast<uint8_t*>(b);
+  return fd == DType::kE4M3 ? fp8_body<3, 7>(x, xd, n, s, 448.0f, bytes, v)
+                            : fp8_body<2, 15>(x, xd, n, s, 57344.0f, bytes, v);
+}
+void decode_plain(const void* b, DType fd, int64_t n, bf16* v) {
+  auto* bytes = static_cast<const uint8_t*>(b);
+  if (fd == DType::kE4M3)
+    fp8_decode_body<3, 7>(bytes, n, v);
+  else
+    fp8_decode_body<2, 15>(bytes, n, v);
+}
+HYP_AVX512 void decode_avx512(const void* b, DType fd, int64_t n, bf16* v) {
+  auto* bytes = static_cast<const uint8_t*>(b);
+  if (fd == DType::kE4M3)
+    fp8_decode_body<3, 7>(bytes, n, v);
+  else
+    fp8_decode_body<2, 15>(bytes, n, v);
+}
+
+void check_fp8(const char* op, DType fd) {
+  HYP_CHECK(fd == DType::kE4M3 || fd == DType::kE5M2, "{}: fp8 dtype must be e4m3 or e5m2, got {}",
+            op, dtype_name(fd));
+}
+
+// Splits [0, n) over the threads in chunks of whole 4096-element blocks; every element's
+// result depends only on its own value and index, so any split gives the same bytes.
+template <typename Fn>
+void parallel_elements(int64_t n, Fn fn) {
+  parallel_chunks((n + 4095) / 4096, 16,
+                  [&](int64_t b0, int64_t b1) { fn(b0 * 4096, std::min(n, b1 * 4096)); });
+}
+
+}  // namespace
+
+float fp8_max(DType fd) {
+  check_fp8("fp8_max", fd);
+  return fd == DType::kE4M3 ? 448.0f : 57344.0f;
+}
+
+void quantize_cols_int8(const TensorView& x, const TensorView& q, float* scales) {
+  check_2d("quantize_cols_int8", x, q);
+  if (use_avx512())
+    cols_avx512(x, q, scales);
+  else
+    cols_plain(x, q, scales);
+}
+
+void quantize_grad_int8(const TensorView& dy, const float* row_factor, uint64_t seed,
+                        const GradQuantized& out) {
+  const TensorView qv(out.q_rows != nullptr ? static_cast<void*>(out.q_rows) : out.q_cols,
+                      DType::kI8, dy.shape);
+  check_2d("quantize_grad_int8", dy, qv);
+  HYP_CHECK((out.q_rows == nullptr) == (out.s_rows == nullptr) &&
+                (out.q_cols == nullptr) == (out.s_cols == nullptr),
+            "quantize_grad_int8: each output needs both its values and its scales");
+  if (use_avx512())
+    grad_avx512(dy, row_factor, seed, out);
+  else
+    grad_plain(dy, row_factor, seed, out);
+}
+
+float absmax(const void* x, DType xd, int64_t n) {
+  check_in("absmax", xd);
+  return absmax_body(x, xd, n);
+}
+
+float quantize_fp8(const void* x, DType xd, int64_t n, float scale, DType fd, void* bytes,
+                   bf16* values) {
+  check_in("quantize_fp8", xd);
+  check_fp8("quantize_fp8", fd);
+  HYP_CHECK(!bad_scale(scale), "quantize_fp8: scale must be finite and > 0, got {}", scale);
+  const size_t xs = dtype_size(xd);
+  std::vector<float> part(size_t(std::max<int64_t>(1, (n + 4095) / 4096)), 0.0f);
+  const bool wide = use_avx512();
+  parallel_elements(n, [&](int64_t i0, int64_t i1) {
+    const void* xp = static_cast<const char*>(x) + size_t(i0) * xs;
+    void* bp = bytes != nullptr ? static_cast<uint8_t*>(bytes) + i0 : nullptr;
+    bf16* vp = values != nullptr ? values + i0 : nullptr;
+    part[size_t(i0 / 4096)] = wide ? fp8_avx512(xp, xd, i1 - i0, scale, fd, bp, vp)
+                                   : fp8_plain(xp, xd, i1 - i0, scale, fd, bp, vp);
+  });
+  uint32_t mb = 0;
+  for (float p : part) mb = std::max(mb, std::bit_cast<uint32_t>(p));
+  return std::bit_cast<float>(mb);
+}
+
+void dequantize_fp8_values(const void* bytes, DType fd, int64_t n, bf16* values) {
+  check_fp8("dequantize_fp8_values", fd);
+  const bool wide = use_avx512();
+  parallel_elements(n, [&](int64_t i0, int64_t i1) {
+    const void* bp = static_cast<const uint8_t*>(bytes) + i0;
+    if (wide)
+      decode_avx512(bp, fd, i1 - i0, values + i0);
+    else
+      decode_plain(bp, fd, i1 - i0, values + i0);
+  });
+}
+
+namespace ref {
+
+void quantize_cols_int8(const TensorView& x, const TensorView& q, float* scales) {
+  check_2d("quantize_cols_int8", x, q);
+  const int64_t rows = x.shape[0], cols = x.shape[1];
+  auto* out = static_cast<int8_t*>(q.data);
+  for (int64_t c = 0; c < cols; ++c) {
+    float amax = 0.0f;
+    bool nan = false;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float v = load_as_f32(x.data, x.dtype, size_t(r * cols + c));
+      nan = nan || std::isnan(v);
+      amax = std::max(amax, std::fabs(v));
+    }
+    scales[c] = nan ? std::numeric_limits<float>::quiet_NaN() : amax / 127.0f;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float v = load_as_f32(x.data, x.dtype, size_t(r * cols + c));
+      out[r * cols + c] = bad_scale(scales[c]) ? int8_t(0) : nearest_i8(v / scales[c]);
+    }
+  }
+}
+
+void quantize_grad_int8(const TensorView& dy, const float* row_factor, uint64_t seed,
+                        const GradQuantized& out) {
+  const int64_t rows = dy.shape[0], cols = dy.shape[1];
+  const SrKey kr = sr_key(seed), kc = sr_key(seed + 1);
+  auto at = [&](int64_t r, int64_t c) {
+    return load_as_f32(dy.data, dy.dtype, size_t(r * cols + c));
+  };
+  auto scale_of = [](float amax, bool nan) {
+    return nan ? std::numeric_limits<float>::quiet_NaN() : amax / 127.0f;
+  };
+  if (out.q_rows != nullptr) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float amax = 0.0f;
+      bool nan = false;
+      for (int64_t c = 0; c < cols; ++c) {
+        nan = nan || std::isnan(at(r, c));
+        amax = std::max(amax, std::fabs(at(r, c)));
+      }
+      const float s = out.s_rows[r] = scale_of(amax, nan);
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint32_t idx = static_cast<uint32_t>(r * cols + c);
+        out.q_rows[idx] = bad_scale(s) ? int8_t(0) : sr_round_i8(at(r, c) / s, sr_uniform(kr, idx));
+      }
+    }
+  }
+  if (out.q_cols != nullptr) {
+    for (int64_t c = 0; c < cols; ++c) {
+      float amax = 0.0f;
+      bool nan = false;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float v = at(r, c) * (row_factor != nullptr ? row_factor[r] : 1.0f);
+        nan = nan || std::isnan(v);
+        amax = std::max(amax, std::fabs(v));
+      }
+      const float s = out.s_cols[c] = scale_of(amax, nan);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float v = at(r, c) * (row_factor != nullptr ? row_factor[r] : 1.0f);
+        const uint32_t idx = static_cast<uint32_t>(r * cols + c);
+        out.q_cols[idx] = bad_scale(s) ? int8_t(0) : sr_round_i8(v / s, sr_uniform(kc, idx));
+      }
+    }
+  }
+}
+
+float quantize_fp8(const void* x, DType xd, int64_t n, float scale, DType fd, void* bytes,
+                   bf16* values) {
+  float amax = 0.0f;
+  bool nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = load_as_f32(x, xd, size_t(i));
+    nan = nan || std::isnan(v);
+    amax = std::max(amax, std::fabs(v));
+    const float q = v / scale;
+    const uint8_t code = fd == DType::kE4M3 ? f32_to_e4m3(q, true).bits : f32_to_e5m2(q, true).bits;
+    const float val =
+        fd == DType::kE4M3 ? e4m3_to_f32(fp8_e4m3{code}) : e5m2_to_f32(fp8_e5m2{code});
+    if (bytes != nullptr) static_cast<uint8_t*>(bytes)[i] = code;
+    if (values != nullptr) values[i] = f32_to_bf16(val);
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : amax;
+}
+
+}  // namespace ref
+}  // namespace hyperion
