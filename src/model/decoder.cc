@@ -58,13 +58,13 @@ void Decoder::attention_block(int l, const PassRows& rows, DecoderActs& s, KvSou
   const int64_t n = rows.n();
   norm(s.x, n, p.input_norm, s.h, s.rstd1);
   kv.place(*this, l, rows, s);
-  weights_.forward(p.q, s.h, s.q, act_, n);
-  weights_.forward(p.k, s.h, s.k, act_, n);
-  weights_.forward(p.v, s.h, s.v, act_, n);
+  matmul(l, 0, p.q, s.h, s.q, act_, n);
+  matmul(l, 0, p.k, s.h, s.k, act_, n);
+  matmul(l, 0, p.v, s.h, s.v, act_, n);
   rope(rows, s.q, s.k);
   kv.attend(*this, l, rows, s);
   k_.copy(s.x, s.x2, static_cast<size_t>(n * cfg_.dim) * sizeof(float));
-  weights_.forward(p.o, s.att, s.x2, DType::kF32, n, 1.0f);
+  matmul(l, 1, p.o, s.att, s.x2, DType::kF32, n, 1.0f);
 }
 
 void Decoder::mlp_block(int l, int64_t n, DecoderActs& s, const MoeShape& ms, const MoeOptions& mo,
@@ -82,19 +82,22 @@ void Decoder::mlp(int l, int64_t n, DecoderActs& s, const MoeShape& ms, const Mo
     moe::forward(params_, p, ms, mo, s.h2, act_, s.moe, out);
     return;
   }
-  weights_.forward(p.gate, s.h2, s.g, act_, n);
-  weights_.forward(p.up, s.h2, s.u, act_, n);
+  matmul(l, 2, p.gate, s.h2, s.g, act_, n);
+  matmul(l, 2, p.up, s.h2, s.u, act_, n);
   k_.gated_forward(cfg_.arch.activation, k_.view(s.g, act_, {n, f}), k_.view(s.u, act_, {n, f}),
                    k_.view(s.a, act_, {n, f}));
   if (out != nullptr) {
     k_.copy(s.x2, out, static_cast<size_t>(n * cfg_.dim) * sizeof(float));
-    weights_.forward(p.down, s.a, out, DType::kF32, n, 1.0f);
+    matmul(l, 3, p.down, s.a, out, DType::kF32, n, 1.0f);
   }
 }
 
 void Decoder::recompute_elementwise(int l, int64_t n, DecoderActs& s, const MoeShape& ms) {
   const LayerParamIndex& p = params_.layer(l);
   const int64_t f = cfg_.ffn_dim;
+  // Quantised matmuls keep their own inputs (the slots): a dense layer's backward reads
+  // nothing of h, h2 or a, and rstd is saved.
+  if (quant_ != nullptr && !p.moe()) return;
   norm(s.x, n, p.input_norm, s.h, s.rstd1);
   norm(s.x2, n, p.post_norm, s.h2, s.rstd2);
   if (p.moe()) {
@@ -107,7 +110,27 @@ void Decoder::recompute_elementwise(int l, int64_t n, DecoderActs& s, const MoeS
 
 void Decoder::head(const float* x, int64_t n, void* h, float* rstd, void* logits, DType ld) {
   norm(x, n, params_.final_norm(), h, rstd);
-  weights_.forward(params_.lm_head(), h, logits, ld, n);
+  matmul(-1, 0, params_.lm_head(), h, logits, ld, n);
+}
+
+void Decoder::matmul(int l, int kind, int index, const void* x, void* y, DType yd, int64_t n,
+                     float beta) {
+  if (quant_ != nullptr && quant_->covers(index)) {
+    quant_->forward(index, l < 0 ? quant_->head_slot() : quant_->slot(l, kind), x, y, yd, n, beta);
+    return;
+  }
+  weights_.forward(index, x, y, yd, n, beta);
+}
+
+void Decoder::matmul_backward(int l, int kind, int index, const void* dy, const void* x, void* dx,
+                              DType dxd, int64_t n, float beta) {
+  if (quant_ != nullptr && quant_->covers(index)) {
+    quant_->backward(index, l < 0 ? quant_->head_slot() : quant_->slot(l, kind), dy, dx, dxd, n,
+                     beta);
+    return;
+  }
+  linear::backward_input(k_, dy, act_, params_.compute_weight(index), dx, dxd, n, beta);
+  linear::backward_weight(k_, dy, x, act_, params_.grad(index), n);
 }
 
 const void* Decoder::dres_compute(int64_t n, const DecoderGrads& g) const {
@@ -128,7 +151,6 @@ void Decoder::norm_backward(const float* x, int64_t n, int index, const float* r
 void Decoder::layer_backward(int l, const PassRows& rows, DecoderActs& s, const DecoderGrads& gr,
                              const MoeShape& ms, const MoeOptions& mo, float dloss) {
   const LayerParamIndex& p = params_.layer(l);
-  const ParamStore& ps = params_;
   const int64_t n = rows.n(), b = rows.b, t = rows.t;
   const int64_t hq = cfg_.n_heads, hkv = cfg_.n_kv_heads, hd = cfg_.head_dim;
 
@@ -137,8 +159,7 @@ void Decoder::layer_backward(int l, const PassRows& rows, DecoderActs& s, const 
 
   // Attention branch: x2 = x + attention(rope(h Wq^T), rope(h Wk^T), h Wv^T) Wo^T.
   const void* g_out = dres_compute(n, gr);
-  linear::backward_input(k_, g_out, act_, ps.compute_weight(p.o), gr.datt, act_, n);
-  linear::backward_weight(k_, g_out, s.att, act_, ps.grad(p.o), n);
+  matmul_backward(l, 1, p.o, g_out, s.att, gr.datt, act_, n, 0.0f);
   const TensorView dqv = k_.view(gr.dq, act_, {b, t, hq, hd});
   const TensorView dkv = k_.view(gr.dk, act_, {b, t, hkv, hd});
   k_.attention_backward(k_.view(s.q, act_, {b, t, hq, hd}), k_.view(s.k, act_, {b, t, hkv, hd}),
@@ -148,12 +169,9 @@ void Decoder::layer_backward(int l, const PassRows& rows, DecoderActs& s, const 
                         k_.view(gr.dv, act_, {b, t, hkv, hd}));
   k_.rope_backward(dqv, dqv, rows.position, rope_);
   k_.rope_backward(dkv, dkv, rows.position, rope_);
-  linear::backward_input(k_, gr.dq, act_, ps.compute_weight(p.q), gr.dh, DType::kF32, n);
-  linear::backward_input(k_, gr.dk, act_, ps.compute_weight(p.k), gr.dh, DType::kF32, n, 1.0f);
-  linear::backward_input(k_, gr.dv, act_, ps.compute_weight(p.v), gr.dh, DType::kF32, n, 1.0f);
-  linear::backward_weight(k_, gr.dq, s.h, act_, ps.grad(p.q), n);
-  linear::backward_weight(k_, gr.dk, s.h, act_, ps.grad(p.k), n);
-  linear::backward_weight(k_, gr.dv, s.h, act_, ps.grad(p.v), n);
+  matmul_backward(l, 0, p.q, gr.dq, s.h, gr.dh, DType::kF32, n, 0.0f);
+  matmul_backward(l, 0, p.k, gr.dk, s.h, gr.dh, DType::kF32, n, 1.0f);
+  matmul_backward(l, 0, p.v, gr.dv, s.h, gr.dh, DType::kF32, n, 1.0f);
   norm_backward(s.x, n, p.input_norm, s.rstd1, gr.dres, true, gr);
 }
 
@@ -169,22 +187,17 @@ void Decoder::mlp_backward(int l, int64_t n, DecoderActs& s, const DecoderGrads&
   }
   // x' = x2 + act(h2 Wg^T, h2 Wu^T) Wd^T.
   const void* g_out = dres_compute(n, gr);
-  linear::backward_input(k_, g_out, act_, ps.compute_weight(p.down), gr.da, act_, n);
-  linear::backward_weight(k_, g_out, s.a, act_, ps.grad(p.down), n);
+  matmul_backward(l, 3, p.down, g_out, s.a, gr.da, act_, n, 0.0f);
   // dg and du overwrite the saved gate and up (read before written, never needed again).
   const TensorView gv = k_.view(s.g, act_, {n, f}), uv = k_.view(s.u, act_, {n, f});
   k_.gated_backward(cfg_.arch.activation, k_.view(gr.da, act_, {n, f}), gv, uv, gv, uv);
-  linear::backward_input(k_, s.g, act_, ps.compute_weight(p.gate), gr.dh, DType::kF32, n);
-  linear::backward_input(k_, s.u, act_, ps.compute_weight(p.up), gr.dh, DType::kF32, n, 1.0f);
-  linear::backward_weight(k_, s.g, s.h2, act_, ps.grad(p.gate), n);
-  linear::backward_weight(k_, s.u, s.h2, act_, ps.grad(p.up), n);
+  matmul_backward(l, 2, p.gate, s.g, s.h2, gr.dh, DType::kF32, n, 0.0f);
+  matmul_backward(l, 2, p.up, s.u, s.h2, gr.dh, DType::kF32, n, 1.0f);
 }
 
 void Decoder::head_backward(const float* x, int64_t n, const void* h, const float* rstd,
                             const void* dlogits, const DecoderGrads& g) {
-  const TensorView w = params_.compute_weight(params_.lm_head());
-  linear::backward_input(k_, dlogits, act_, w, g.dh, DType::kF32, n);
-  linear::backward_weight(k_, dlogits, h, act_, params_.grad(params_.lm_head()), n);
+  matmul_backward(-1, 0, params_.lm_head(), dlogits, h, g.dh, DType::kF32, n, 0.0f);
   norm_backward(x, n, params_.final_norm(), rstd, g.dres, false, g);
 }
 

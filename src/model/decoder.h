@@ -22,6 +22,7 @@
 #include "model/linear.h"
 #include "model/moe_block.h"
 #include "model/param_store.h"
+#include "model/quantized_matmul.h"
 
 namespace hyperion {
 
@@ -119,6 +120,9 @@ class Decoder {
   // The kernels of the parameters' device: every op the decoder runs goes through it.
   KernelBackend& kernels() const { return k_; }
   DType act() const { return act_; }
+  // Routes the Linear layers `q` covers through quantised matmuls (training with
+  // `quantization`); null (the default) keeps every matmul in the compute dtype.
+  void set_quantized(QuantizedMatmuls* q) { quant_ = q; }
 
   // x[n, D] = embedding rows of tokens, times the family's embedding scale.
   void embed(const int32_t* tokens, int64_t n, float* x) const;
@@ -157,6 +161,13 @@ class Decoder {
   void norm_backward(const float* x, int64_t n, int index, const float* rstd, float* dx,
                      bool accumulate, const DecoderGrads& g) const;
   void rope(const PassRows& rows, void* q, void* k) const;
+  // y = x W^T (+ beta y) for parameter `index`, quantised when covered; `kind` names the
+  // input's saved slot (see QuantizedMatmuls::slot; -1 with the LM head).
+  void matmul(int l, int kind, int index, const void* x, void* y, DType yd, int64_t n,
+              float beta = 0.0f);
+  // Its backward: dx = dy W (+ beta dx) and grad(W) += dy^T x.
+  void matmul_backward(int l, int kind, int index, const void* dy, const void* x, void* dx,
+                       DType dxd, int64_t n, float beta);
   // g.dres (f32) in the matmul-input dtype (a copy in bf16 mode, the buffer in f32).
   const void* dres_compute(int64_t n, const DecoderGrads& g) const;
 
@@ -167,6 +178,7 @@ class Decoder {
   DType act_;
   RopeTable rope_;
   float norm_offset_;
+  QuantizedMatmuls* quant_ = nullptr;
 };
 
 }  // namespace hyperion

@@ -33,6 +33,14 @@ LlamaModel::LlamaModel(ParamStore& params, const ModelOptions& options)
   HYP_CHECK(options.bf16 == params.has_bf16(),
             "model: bf16 compute needs a ParamStore with a bf16 copy (and f32 compute none)");
   const int64_t n = tokens_per_batch();
+  if (options.quant.enabled()) {
+    HYP_CHECK(cfg_.n_moe_layers() == 0,
+              "quantization: {} training covers dense models; the MoE experts' grouped GEMMs "
+              "are not quantised yet",
+              quant_mode_name(options.quant.mode));
+    quant_ = std::make_unique<QuantizedMatmuls>(params, options.quant, n);
+    decoder_.set_quantized(quant_.get());
+  }
   const int64_t a = static_cast<int64_t>(dtype_size(act_));
   const int64_t d = cfg_.dim, q = cfg_.q_dim(), kv = cfg_.kv_dim(), f = cfg_.ffn_dim;
   const int64_t lse = options.batch * cfg_.n_heads * options.seq_len * 4;
@@ -50,11 +58,16 @@ LlamaModel::LlamaModel(ParamStore& params, const ModelOptions& options)
   if (options.moe.ep.enabled()) ep_states_.resize(static_cast<size_t>(cfg_.n_layers));
 
   // The shared recompute set (used for whatever a layer does not keep).
+  // With quantised matmuls the norms' and the activation's outputs are only matmul
+  // inputs, kept quantised in the slots: one shared bf16 set serves every layer.
+  const bool shared_inputs = remat != RematPolicy::kNone || quant_ != nullptr;
   LayerActs shared;
-  if (remat != RematPolicy::kNone) {
+  if (shared_inputs) {
     shared.h = alloc(n * d * a, scr);
     shared.h2 = alloc(n * d * a, scr);
     if (any_dense) shared.a = alloc(n * f * a, scr);
+  }
+  if (remat != RematPolicy::kNone) {
     if (n_moe > 0) {
       shared.moe.xs = alloc(rows * d * a, scr);
       shared.moe.a = alloc(rows * fe * a, scr);
@@ -110,7 +123,7 @@ LlamaModel::LlamaModel(ParamStore& params, const ModelOptions& options)
         la.u = alloc(n * f * a, act);
       }
     }
-    if (remat == RematPolicy::kNone) {
+    if (!shared_inputs) {
       la.h = alloc(n * d * a, act);
       la.h2 = alloc(n * d * a, act);
       if (moe) {
@@ -120,6 +133,13 @@ LlamaModel::LlamaModel(ParamStore& params, const ModelOptions& options)
         la.a = alloc(n * f * a, act);
       }
     }
+  }
+  if (quant_) {
+    // The slots' quantised linear inputs (1 byte each, + per-token f32 scales for int8),
+    // allocated by the first pass.
+    const int64_t per_token = d + q + d + f + (options.quant.mode == QuantMode::kInt8 ? 16 : 0);
+    activation_bytes_ +=
+        n * per_token * cfg_.n_layers + (options.quant.quantize_logits ? n * (d + 4) : 0);
   }
   x_final_ = static_cast<float*>(alloc(n * d * 4, act));
   hf_ = alloc(n * d * a, scr);
@@ -239,6 +259,7 @@ void LlamaModel::forward_layers(const int32_t* inputs, bool backward) {
 CrossEntropyResult LlamaModel::forward_backward(const int32_t* inputs, const int32_t* targets,
                                                 float dloss) {
   dloss_ = dloss;
+  if (quant_) quant_->begin_pass(true);
   const int nl = static_cast<int>(cfg_.n_layers);
   const int tail = nl + 1;
   const bool tied = params_.lm_head() == params_.embed();
@@ -274,6 +295,7 @@ StepLoss LlamaModel::forward_backward(const Batch& batch, float dloss) {
 }
 
 CrossEntropyResult LlamaModel::forward_loss(const int32_t* inputs, const int32_t* targets) {
+  if (quant_) quant_->begin_pass(false);
   const int tail = static_cast<int>(cfg_.n_layers) + 1;
   const bool tied = params_.lm_head() == params_.embed();
   forward_layers(inputs, false);

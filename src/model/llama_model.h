@@ -23,16 +23,18 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "base/allocator.h"
 #include "kernels/cross_entropy.h"
 #include "model/bucket_hooks.h"
 #include "model/decoder.h"
-#include "model/llama_config.h"
 #include "model/linear.h"
+#include "model/llama_config.h"
 #include "model/moe_block.h"
 #include "model/param_store.h"
+#include "model/quantized_matmul.h"
 #include "model/trainable_model.h"
 
 namespace hyperion {
@@ -47,7 +49,8 @@ struct ModelOptions {
   int64_t seq_len;
   bool bf16;
   RematPolicy remat;
-  MoeOptions moe;  // used by the MoE layers, if the config has any
+  MoeOptions moe;      // used by the MoE layers, if the config has any
+  QuantOptions quant;  // quantised matmuls (model/quantized_matmul.h); off by default
 };
 
 class LlamaModel final : public TrainableModel {
@@ -80,6 +83,7 @@ class LlamaModel final : public TrainableModel {
   // forward: forward_backward's gradient includes it, its returned loss does not.
   float aux_loss() const { return moe_stats_.lb_loss + moe_stats_.z_loss; }
   const MoeStats& moe_stats() const override { return moe_stats_; }
+  QuantizedMatmuls* quantized() override { return quant_.get(); }
   const MoeShape& moe_shape() const { return moe_shape_; }
 
   // Bytes of saved activations (all layers) and of scratch (recompute, gradients,
@@ -126,6 +130,7 @@ class LlamaModel final : public TrainableModel {
   DType act_;
   LinearWeights weights_;
   Decoder decoder_;
+  std::unique_ptr<QuantizedMatmuls> quant_;
   SelfAttentionOnly self_attention_;
   std::vector<DeviceBuffer> storage_;  // from the backend's allocator
   int64_t activation_bytes_ = 0, scratch_bytes_ = 0;

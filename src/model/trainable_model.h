@@ -12,6 +12,8 @@
 
 namespace hyperion {
 
+class QuantizedMatmuls;
+
 // Routing statistics of the last forward pass over all MoE layers.
 struct MoeStats {
   float lb_loss = 0.0f;  // load-balance loss, weighted, summed over MoE layers
@@ -71,6 +73,8 @@ class TrainableModel {
   virtual StepLoss forward_backward(const Batch& batch, float dloss) = 0;
   // Routing statistics of the last forward (MoE models; zeros otherwise).
   virtual const MoeStats& moe_stats() const = 0;
+  // The quantised matmuls (`quantization`), whose state a checkpoint holds; null when off.
+  virtual QuantizedMatmuls* quantized() { return nullptr; }
 };
 
 }  // namespace hyperion

@@ -4,8 +4,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "base/source_dir.h"
 #include "base/error.h"
+#include "base/source_dir.h"
 #include "io/atomic_file.h"
 #include "train/checkpoint.h"
 
@@ -103,6 +103,11 @@ std::vector<ConfigKey> train_config_schema() {
       {"dtype", T::kString, "bfloat16", "compute dtype: bfloat16 | float32"},
       {"weight_dtype", T::kString, "float32", "master weights and optimizer state: float32"},
       {"remat_policy", T::kString, "minimal", "full | minimal | none"},
+      {"quantization", T::kString, "",
+       "quantised training matmuls: int8 | fp8 (empty: off; needs dtype bfloat16)"},
+      {"quantize_logits", T::kBool, "false", "quantise the LM head's matmul too"},
+      {"fp8_amax_history_len", T::kInt, "1024", "fp8 delayed scaling: amax history length"},
+      {"fp8_amax_margin", T::kFloat, "0", "fp8 delayed scaling: scale x 2^margin"},
       // Checkpointing and logging.
       {"base_output_directory", T::kString, "runs", "parent of run directories"},
       {"run_name", T::kString, "", "run directory name (empty: preset + timestamp)"},
@@ -135,8 +140,7 @@ namespace {
 
 std::string resolve_preset(const std::string& arg) {
   if (fs::exists(arg)) return arg;
-  for (const std::string& dir :
-       {std::string("configs"), std::string(source_dir()) + "/configs"}) {
+  for (const std::string& dir : {std::string("configs"), std::string(source_dir()) + "/configs"}) {
     const std::string p = dir + "/" + arg + ".yml";
     if (fs::exists(p)) return p;
   }
@@ -160,18 +164,27 @@ Config load_train_config(const std::string& config_arg, const std::vector<std::s
 }
 
 bool is_model_shape_key(const std::string& key) {
-  static const char* const kShape[] = {
-      "vocab_size",      "base_emb_dim",           "base_num_decoder_layers",
-      "base_num_query_heads", "base_num_kv_heads", "head_dim",
-      "base_mlp_dim",    "logits_via_embedding",   "num_experts",
-      "num_experts_per_tok", "base_moe_mlp_dim",   "first_num_dense_layers",
-      "interleave_moe_layer_step", "decoder_block"};
+  static const char* const kShape[] = {"vocab_size",
+                                       "base_emb_dim",
+                                       "base_num_decoder_layers",
+                                       "base_num_query_heads",
+                                       "base_num_kv_heads",
+                                       "head_dim",
+                                       "base_mlp_dim",
+                                       "logits_via_embedding",
+                                       "num_experts",
+                                       "num_experts_per_tok",
+                                       "base_moe_mlp_dim",
+                                       "first_num_dense_layers",
+                                       "interleave_moe_layer_step",
+                                       "decoder_block"};
   for (const char* k : kShape)
     if (key == k) return true;
   return false;
 }
 
-Config load_resumed_train_config(const std::string& resume, const std::vector<std::string>& overrides,
+Config load_resumed_train_config(const std::string& resume,
+                                 const std::vector<std::string>& overrides,
                                  std::vector<std::string>* changes) {
   const std::string dir = resolve_checkpoint_dir(resume);
   const std::string state_path = dir + "/trainer_state.json";
@@ -179,8 +192,8 @@ Config load_resumed_train_config(const std::string& resume, const std::vector<st
   try {
     saved = nlohmann::json::parse(io::read_file(state_path)).at("config");
   } catch (const nlohmann::json::exception& e) {
-    fail("--resume {}: {} holds no saved config ({}); resume with the run's CONFIG instead",
-         resume, state_path, e.what());
+    fail("--resume {}: {} holds no saved config ({}); resume with the run's CONFIG instead", resume,
+         state_path, e.what());
   }
   HYP_CHECK(saved.is_object(), "--resume {}: {}: 'config' must be an object", resume, state_path);
   Config c(train_config_schema());
@@ -333,6 +346,18 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
             where("weight_dtype"), c.get_string("weight_dtype"));
   t.remat = parse_remat_policy(c.get_string("remat_policy"),
                                fmt::format("config key {}", where("remat_policy")));
+  t.quant.mode = parse_quant_mode(c.get_string("quantization"),
+                                  fmt::format("config key {}", where("quantization")));
+  t.quant.quantize_logits = c.get_bool("quantize_logits");
+  t.quant.amax_history_len = positive("fp8_amax_history_len");
+  t.quant.amax_margin = static_cast<float>(c.get_float("fp8_amax_margin"));
+  t.quant.seed = t.init_weights_seed;
+  HYP_CHECK(!t.quant.enabled() || t.bf16, "config key {} = {} needs {} bfloat16, got float32",
+            where("quantization"), quant_mode_name(t.quant.mode), where("dtype"));
+  HYP_CHECK(!t.quant.enabled() || t.model.n_moe_layers() == 0,
+            "config key {} = {}: the MoE experts' grouped GEMMs are not quantised yet (dense "
+            "models only)",
+            where("quantization"), quant_mode_name(t.quant.mode));
 
   t.base_output_directory = c.get_string("base_output_directory");
   t.run_name = c.get_string("run_name");

@@ -13,6 +13,7 @@
 #include "base/config.h"
 #include "model/llama_config.h"
 #include "model/moe_block.h"
+#include "model/quantized_matmul.h"
 #include "train/schedule.h"
 
 namespace hyperion {
@@ -32,7 +33,8 @@ Config load_train_config(const std::string& config_arg, const std::vector<std::s
 // directory), then `overrides` as explicit changes: each one that changes a value is
 // appended to `changes` ("steps: 40 -> 80"), and a change of the model's shape is
 // refused (a usage error naming the key and both values).
-Config load_resumed_train_config(const std::string& resume, const std::vector<std::string>& overrides,
+Config load_resumed_train_config(const std::string& resume,
+                                 const std::vector<std::string>& overrides,
                                  std::vector<std::string>* changes);
 // Keys that fix the shape of the model's tensors (a resumed run cannot change them).
 bool is_model_shape_key(const std::string& key);
@@ -67,6 +69,7 @@ struct TrainConfig {
   // Precision and memory.
   bool bf16 = true;  // dtype
   RematPolicy remat = RematPolicy::kMinimal;
+  QuantOptions quant;  // quantization, quantize_logits, fp8_amax_history_len, fp8_amax_margin
   // Checkpointing and logging.
   std::string base_output_directory = "runs";
   std::string run_name;

@@ -321,9 +321,11 @@ void TrainingRun::setup() {
   moe_options_ = t.moe;
   if (mode_ == ParallelMode::kExpert)
     moe_options_.ep = make_expert_parallel(comm_, static_cast<int>(t.model.n_experts));
-  llama_ = std::make_unique<LlamaModel>(
-      params,
-      ModelOptions{t.per_device_batch_size, t.max_target_length, t.bf16, t.remat, moe_options_});
+  llama_ = std::make_unique<LlamaModel>(params, [&] {
+    ModelOptions mo{t.per_device_batch_size, t.max_target_length, t.bf16, t.remat, moe_options_};
+    mo.quant = t.quant;
+    return mo;
+  }());
   model_ = llama_.get();
   sync_ = std::make_unique<GradientSync>(params, *comm_, mode_, t.overlap_communication);
   if (world_ > 1) model_->set_hooks(sync_.get());
