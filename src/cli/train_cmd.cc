@@ -61,8 +61,8 @@ namespace {
 // `--nproc N`: re-runs this command as N MPI ranks through mpirun (one host). Ranks are
 // bound to cores when there are enough, and the cores are split between them.
 [[noreturn]] void launch_ranks(const Args& args, int64_t nproc, bool allow_root) {
-  HYP_USAGE_CHECK(nproc >= 1 && nproc <= 4096,
-                  "train: --nproc must be between 1 and 4096, got {}", nproc);
+  HYP_USAGE_CHECK(nproc >= 1 && nproc <= 4096, "train: --nproc must be between 1 and 4096, got {}",
+                  nproc);
   HYP_USAGE_CHECK(
       ::geteuid() != 0 || allow_root || std::getenv("OMPI_ALLOW_RUN_AS_ROOT") != nullptr,
       "train --nproc: running as root, which Open MPI refuses by default; pass "
@@ -144,7 +144,9 @@ int cmd_train(const Args& args) {
     j["eval_tokens"] = r.eval_tokens;
     j["tokens_per_s"] = r.mean_tokens_per_s;
     j["mfu"] = r.mean_mfu;
+    j["emfu"] = r.mean_emfu;
     j["peak_gflops"] = r.peak_gflops;
+    j["peak_bf16_gflops"] = r.peak_bf16_gflops;
     j["seconds"] = r.seconds;
     j["world_size"] = r.world_size;
     j["parallel_mode"] = r.parallel_mode;
@@ -154,8 +156,9 @@ int cmd_train(const Args& args) {
   } else {
     std::printf("\nrun dir     %s\n", r.run_dir.c_str());
     if (!r.checkpoint.empty()) std::printf("checkpoint  %s\n", r.checkpoint.c_str());
-    std::printf("steps       %lld (%.1f s, %.0f tokens/s, MFU %.1f%%)\n",
-                static_cast<long long>(r.steps), r.seconds, r.mean_tokens_per_s, 100 * r.mean_mfu);
+    std::printf("steps       %lld (%.1f s, %.0f tokens/s, MFU %.1f%%, EMFU %.1f%%)\n",
+                static_cast<long long>(r.steps), r.seconds, r.mean_tokens_per_s, 100 * r.mean_mfu,
+                100 * r.mean_emfu);
     if (r.eval_tokens > 0)
       std::printf("held-out    loss %.4f, perplexity %.2f (%lld tokens)\n", r.eval_loss,
                   r.eval_perplexity, static_cast<long long>(r.eval_tokens));

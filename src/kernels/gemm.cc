@@ -178,6 +178,10 @@ void validate(const GemmArgs& g) {
   HYP_CHECK(g.c != nullptr || g.m * g.n == 0, "gemm: null output pointer for {}x{}", g.m, g.n);
 }
 
+// Rows per block of a tall scaled GEMM (see gemm()): a block's f32 sums, 512 x N, stay in
+// the L2 cache for the epilogue at the training shapes (N <= 2048).
+constexpr int64_t kScaledBlockRows = 512;
+
 // C = beta * C (+ bias), used when K == 0 (oneDNN rejects empty reductions).
 void empty_k(const GemmArgs& g) {
   for (int64_t bi = 0; bi < g.batch; ++bi) {
@@ -281,6 +285,22 @@ void gemm(const GemmArgs& g) {
   // in our own kernel; oneDNN reaches about half of that for them.
   if (detail::gemv_applies(g)) {
     detail::gemv(g);
+    return;
+  }
+  // A scaled GEMM (int8 dequantisation, fp8 alpha) applies its scales in a second pass
+  // over C; on a tall C that pass streams C through memory again (as long as the GEMM
+  // itself at training shapes). Row blocks keep each block's sums in cache for it.
+  const bool scaled = g.alpha != 1.0f || g.a_scale != nullptr || g.b_scale != nullptr;
+  if (scaled && g.batch == 1 && g.m >= 2 * kScaledBlockRows) {
+    for (int64_t r0 = 0; r0 < g.m; r0 += kScaledBlockRows) {
+      GemmArgs b = g;
+      b.m = std::min(kScaledBlockRows, g.m - r0);
+      const size_t as = dtype_size(g.a_dtype);
+      b.a = static_cast<const char*>(g.a) + size_t(g.trans_a == Trans::kN ? r0 * g.lda : r0) * as;
+      b.c = static_cast<char*>(g.c) + size_t(r0 * g.ldc) * dtype_size(g.c_dtype);
+      if (g.a_scale != nullptr) b.a_scale = g.a_scale + r0;
+      gemm(b);
+    }
     return;
   }
   Key key{};

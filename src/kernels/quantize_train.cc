@@ -60,11 +60,12 @@ HYP_INLINE int8_t nearest_i8(float v) {
   return static_cast<int8_t>(r);
 }
 
-// Column absmax of x [rows, cols] into m[cols] (bit patterns: NaN orders above inf).
-HYP_INLINE void col_absmax_bits(const void* x, DType xd, int64_t rows, int64_t cols,
+// Column absmax of rows [r0, r1) of x [.., cols] into m[cols] (bit patterns: NaN orders
+// above inf).
+HYP_INLINE void col_absmax_bits(const void* x, DType xd, int64_t r0, int64_t r1, int64_t cols,
                                 const float* row_factor, uint32_t* m, float* buf) {
   std::fill(m, m + cols, 0u);
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {
     const float* v = row_f32(x, xd, r, cols, buf);
     const float f = row_factor != nullptr ? row_factor[r] : 1.0f;
     for (int64_t c = 0; c < cols; ++c) {
@@ -74,22 +75,17 @@ HYP_INLINE void col_absmax_bits(const void* x, DType xd, int64_t rows, int64_t c
   }
 }
 
-HYP_INLINE void cols_body(const TensorView& x, const TensorView& q, float* scales) {
-  const int64_t rows = x.shape[0], cols = x.shape[1];
-  std::vector<uint32_t> m(static_cast<size_t>(cols));
-  std::vector<float> buf(static_cast<size_t>(cols)), inv(static_cast<size_t>(cols));
-  col_absmax_bits(x.data, x.dtype, rows, cols, nullptr, m.data(), buf.data());
-  for (int64_t c = 0; c < cols; ++c) {
-    scales[c] = std::bit_cast<float>(m[c]) / 127.0f;
-    inv[c] = bad_scale(scales[c]) ? 0.0f : 1.0f;  // 0: the column is written as zeros
-  }
+// Rows [r0, r1) of x -> q given the column scales (0 where the column is written as zeros).
+HYP_INLINE void cols_apply(const TensorView& x, const TensorView& q, const float* scales,
+                           const float* keep, int64_t r0, int64_t r1) {
+  const int64_t cols = x.shape[1];
+  std::vector<float> buf(static_cast<size_t>(cols));
   auto* out = static_cast<int8_t*>(q.data);
-  const float* iv = inv.data();
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {
     const float* v = row_f32(x.data, x.dtype, r, cols, buf.data());
     int8_t* o = out + r * cols;
     for (int64_t c = 0; c < cols; ++c)
-      o[c] = iv[c] != 0.0f ? nearest_i8(v[c] / scales[c]) : int8_t(0);
+      o[c] = keep[c] != 0.0f ? nearest_i8(v[c] / scales[c]) : int8_t(0);
   }
 }
 
@@ -112,23 +108,14 @@ HYP_INLINE void grad_rows_part(const float* v, int64_t r, int64_t cols, SrKey ke
     o[c] = sr_round_i8(v[c] / s, sr_uniform(key, base + static_cast<uint32_t>(c)));
 }
 
-HYP_INLINE void grad_body(const TensorView& dy, const float* row_factor, uint64_t seed,
-                          const GradQuantized& out) {
-  const int64_t rows = dy.shape[0], cols = dy.shape[1];
-  const SrKey key_rows = sr_key(seed), key_cols = sr_key(seed + 1);
-  std::vector<float> buf(static_cast<size_t>(cols)), sc(static_cast<size_t>(cols));
-  std::vector<uint32_t> m;
-  if (out.q_cols != nullptr) {
-    m.resize(static_cast<size_t>(cols));
-    col_absmax_bits(dy.data, dy.dtype, rows, cols, row_factor, m.data(), buf.data());
-    for (int64_t c = 0; c < cols; ++c) {
-      const float s = std::bit_cast<float>(m[c]) / 127.0f;
-      out.s_cols[c] = s;
-      sc[c] = bad_scale(s) ? 0.0f : s;
-    }
-  }
-  const float* scp = sc.data();
-  for (int64_t r = 0; r < rows; ++r) {
+// Rows [r0, r1): the per-row quantisation and, given the column scales (sc: 0 where the
+// column is written as zeros), the per-column one.
+HYP_INLINE void grad_apply(const TensorView& dy, const float* row_factor, SrKey key_rows,
+                           SrKey key_cols, const float* sc, const GradQuantized& out, int64_t r0,
+                           int64_t r1) {
+  const int64_t cols = dy.shape[1];
+  std::vector<float> buf(static_cast<size_t>(cols));
+  for (int64_t r = r0; r < r1; ++r) {
     const float* v = row_f32(dy.data, dy.dtype, r, cols, buf.data());
     if (out.q_rows != nullptr) grad_rows_part(v, r, cols, key_rows, out.q_rows, out.s_rows + r);
     if (out.q_cols == nullptr) continue;
@@ -137,8 +124,8 @@ HYP_INLINE void grad_body(const TensorView& dy, const float* row_factor, uint64_
     const uint32_t base = static_cast<uint32_t>(r * cols);
     for (int64_t c = 0; c < cols; ++c) {
       const int8_t qv =
-          sr_round_i8((v[c] * f) / scp[c], sr_uniform(key_cols, base + static_cast<uint32_t>(c)));
-      o[c] = scp[c] != 0.0f ? qv : int8_t(0);
+          sr_round_i8((v[c] * f) / sc[c], sr_uniform(key_cols, base + static_cast<uint32_t>(c)));
+      o[c] = sc[c] != 0.0f ? qv : int8_t(0);
     }
   }
 }
@@ -237,19 +224,62 @@ float absmax_body(const void* x, DType xd, int64_t n) {
 }
 
 // The two compilations of each body.
-void cols_plain(const TensorView& x, const TensorView& q, float* s) {
-  cols_body(x, q, s);
+void absmax_cols_plain(const void* x, DType xd, int64_t r0, int64_t r1, int64_t cols,
+                       const float* f, uint32_t* m) {
+  std::vector<float> buf(static_cast<size_t>(cols));
+  col_absmax_bits(x, xd, r0, r1, cols, f, m, buf.data());
 }
-HYP_AVX512 void cols_avx512(const TensorView& x, const TensorView& q, float* s) {
-  cols_body(x, q, s);
+HYP_AVX512 void absmax_cols_avx512(const void* x, DType xd, int64_t r0, int64_t r1, int64_t cols,
+                                   const float* f, uint32_t* m) {
+  std::vector<float> buf(static_cast<size_t>(cols));
+  col_absmax_bits(x, xd, r0, r1, cols, f, m, buf.data());
 }
-void grad_plain(const TensorView& dy, const float* f, uint64_t seed, const GradQuantized& o) {
-  grad_body(dy, f, seed, o);
+void cols_plain(const TensorView& x, const TensorView& q, const float* s, const float* keep,
+                int64_t r0, int64_t r1) {
+  cols_apply(x, q, s, keep, r0, r1);
 }
-HYP_AVX512 void grad_avx512(const TensorView& dy, const float* f, uint64_t seed,
-                            const GradQuantized& o) {
-  grad_body(dy, f, seed, o);
+HYP_AVX512 void cols_avx512(const TensorView& x, const TensorView& q, const float* s,
+                            const float* keep, int64_t r0, int64_t r1) {
+  cols_apply(x, q, s, keep, r0, r1);
 }
+void grad_plain(const TensorView& dy, const float* f, SrKey kr, SrKey kc, const float* sc,
+                const GradQuantized& o, int64_t r0, int64_t r1) {
+  grad_apply(dy, f, kr, kc, sc, o, r0, r1);
+}
+HYP_AVX512 void grad_avx512(const TensorView& dy, const float* f, SrKey kr, SrKey kc,
+                            const float* sc, const GradQuantized& o, int64_t r0, int64_t r1) {
+  grad_apply(dy, f, kr, kc, sc, o, r0, r1);
+}
+
+// Column absmax of x (times row_factor) over every row, rows split over the threads; the
+// max is order-independent, so any split gives the same bits.
+std::vector<uint32_t> column_absmax(const void* x, DType xd, int64_t rows, int64_t cols,
+                                    const float* row_factor) {
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(cols, 1));
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(64, (rows + grain - 1) / grain));
+  std::vector<uint32_t> all(static_cast<size_t>(parts * cols), 0u);
+  const bool wide = use_avx512();
+  parallel_chunks(parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t r0 = rows * p / parts, r1 = rows * (p + 1) / parts;
+      uint32_t* m = all.data() + p * cols;
+      if (wide)
+        absmax_cols_avx512(x, xd, r0, r1, cols, row_factor, m);
+      else
+        absmax_cols_plain(x, xd, r0, r1, cols, row_factor, m);
+    }
+  });
+  std::vector<uint32_t> m(all.begin(), all.begin() + cols);
+  for (int64_t p = 1; p < parts; ++p)
+    for (int64_t c = 0; c < cols; ++c)
+      m[size_t(c)] = std::max(m[size_t(c)], all[size_t(p * cols + c)]);
+  return m;
+}
+
+int64_t row_grain(int64_t cols) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
+}
+
 float fp8_plain(const void* x, DType xd, int64_t n, float s, DType fd, void* b, bf16* v) {
   auto* bytes = static_cast<uint8_t*>(b);
   return fd == DType::kE4M3 ? fp8_body<3, 7>(x, xd, n, s, 448.0f, bytes, v)
@@ -298,10 +328,20 @@ float fp8_max(DType fd) {
 
 void quantize_cols_int8(const TensorView& x, const TensorView& q, float* scales) {
   check_2d("quantize_cols_int8", x, q);
-  if (use_avx512())
-    cols_avx512(x, q, scales);
-  else
-    cols_plain(x, q, scales);
+  const int64_t rows = x.shape[0], cols = x.shape[1];
+  const std::vector<uint32_t> m = column_absmax(x.data, x.dtype, rows, cols, nullptr);
+  std::vector<float> keep(static_cast<size_t>(cols));
+  for (int64_t c = 0; c < cols; ++c) {
+    scales[c] = std::bit_cast<float>(m[size_t(c)]) / 127.0f;
+    keep[size_t(c)] = bad_scale(scales[c]) ? 0.0f : 1.0f;
+  }
+  const bool wide = use_avx512();
+  parallel_chunks(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+    if (wide)
+      cols_avx512(x, q, scales, keep.data(), r0, r1);
+    else
+      cols_plain(x, q, scales, keep.data(), r0, r1);
+  });
 }
 
 void quantize_grad_int8(const TensorView& dy, const float* row_factor, uint64_t seed,
@@ -312,10 +352,24 @@ void quantize_grad_int8(const TensorView& dy, const float* row_factor, uint64_t 
   HYP_CHECK((out.q_rows == nullptr) == (out.s_rows == nullptr) &&
                 (out.q_cols == nullptr) == (out.s_cols == nullptr),
             "quantize_grad_int8: each output needs both its values and its scales");
-  if (use_avx512())
-    grad_avx512(dy, row_factor, seed, out);
-  else
-    grad_plain(dy, row_factor, seed, out);
+  const int64_t rows = dy.shape[0], cols = dy.shape[1];
+  std::vector<float> sc(static_cast<size_t>(cols), 0.0f);
+  if (out.q_cols != nullptr) {
+    const std::vector<uint32_t> m = column_absmax(dy.data, dy.dtype, rows, cols, row_factor);
+    for (int64_t c = 0; c < cols; ++c) {
+      const float s = std::bit_cast<float>(m[size_t(c)]) / 127.0f;
+      out.s_cols[c] = s;
+      sc[size_t(c)] = bad_scale(s) ? 0.0f : s;
+    }
+  }
+  const SrKey kr = sr_key(seed), kc = sr_key(seed + 1);
+  const bool wide = use_avx512();
+  parallel_chunks(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+    if (wide)
+      grad_avx512(dy, row_factor, kr, kc, sc.data(), out, r0, r1);
+    else
+      grad_plain(dy, row_factor, kr, kc, sc.data(), out, r0, r1);
+  });
 }
 
 float absmax(const void* x, DType xd, int64_t n) {

@@ -208,6 +208,27 @@ void CheckpointManager::write_common(const Snapshot& s, const std::string& tmp) 
   st["data"] = {{"epoch", s.state.data.epoch}, {"index", s.state.data.index}};
   st["tokens_seen"] = s.state.tokens_seen;
   st["world_size"] = s.world;
+  if (!s.state.quantization.empty()) {
+    st["quantization"] = {{"mode", s.state.quantization}, {"passes", s.state.quant_passes}};
+    if (!s.state.quant_histories.empty()) {
+      io::SafetensorsWriter q;
+      // The delayed scales (for reading; a resume recomputes them from the histories).
+      std::vector<float> scales;
+      scales.reserve(s.state.quant_histories.size());
+      for (const auto& [name, h] : s.state.quant_histories) {
+        float m = 0.0f;
+        for (float v : h) m = std::max(m, v);
+        scales.push_back(m);
+      }
+      for (size_t i = 0; i < s.state.quant_histories.size(); ++i) {
+        const auto& [name, h] = s.state.quant_histories[i];
+        q.add(name, DType::kF32, Shape{static_cast<int64_t>(h.size())}, h.data());
+        q.add(name + ".max", DType::kF32, Shape{1}, &scales[i]);
+      }
+      q.set_metadata("quantization", s.state.quantization);
+      q.write(tmp + "/quantization.safetensors");
+    }
+  }
   st["config"] = s.config_values;
   io::write_file_atomic(tmp + "/trainer_state.json", st.dump(2) + "\n");
 }
@@ -347,6 +368,20 @@ TrainerState load_training_state(const std::string& dir, ParamStore& params, Ada
     s.data.index = st.at("data").at("index").get<uint64_t>();
     s.tokens_seen = st.at("tokens_seen").get<int64_t>();
     optimizer.set_steps_taken(st.at("optimizer_step").get<int64_t>());
+    if (st.contains("quantization")) {
+      s.quantization = st.at("quantization").at("mode").get<std::string>();
+      s.quant_passes = st.at("quantization").at("passes").get<uint64_t>();
+      const std::string qpath = dir + "/quantization.safetensors";
+      if (std::filesystem::exists(qpath)) {
+        const io::SafetensorsFile f = io::SafetensorsFile::open(qpath);
+        for (const io::SafetensorsTensor& t : f.tensors()) {
+          if (t.name.size() > 4 && t.name.compare(t.name.size() - 4, 4, ".max") == 0) continue;
+          std::vector<float> v(static_cast<size_t>(t.shape.numel()));
+          f.read_into(t.name, TensorView(v.data(), DType::kF32, t.shape));
+          s.quant_histories.emplace_back(t.name, std::move(v));
+        }
+      }
+    }
     return s;
   } catch (const nlohmann::json::exception& e) {
     fail("{}: invalid trainer state: {}", path, e.what());

@@ -7,6 +7,10 @@
 //     optimizer.safetensors   AdamW moments: "<tensor>.exp_avg", "<tensor>.exp_avg_sq"
 //     trainer_state.json      step, optimizer step, data loader position, tokens seen,
 //                             and the resolved training config
+//     quantization.safetensors  fp8 training only: every amax history ("<tensor>.
+//                             weight_amax_history", ".grad_amax_history", "...input_amax_
+//                             history") and its max ("<history>.max"; the delayed scale is
+//                             max * 2^fp8_amax_margin / fp8_max)
 //
 // Multi-process runs (world N > 1) write the Hugging Face sharded layout instead: rank r
 // writes model-<r+1>-of-<N>.safetensors (whole tensors, balanced by size; experts by
@@ -48,6 +52,12 @@ struct TrainerState {
   int64_t step = 0;  // optimizer steps completed
   train::DataLoaderState data;
   int64_t tokens_seen = 0;
+  // Quantised training (model/quantized_matmul.h): the pass counter that seeds stochastic
+  // rounding, and the fp8 amax histories by name (quantization.safetensors, f32, so they
+  // restore bit-exactly; the scales follow from them). Empty / 0 when quantization is off.
+  std::string quantization;
+  uint64_t quant_passes = 0;
+  std::vector<std::pair<std::string, std::vector<float>>> quant_histories;
 };
 
 class CheckpointManager {

@@ -85,7 +85,8 @@ std::string sizing_keys(const std::string& name, const LlamaConfig& c) {
   if (name.find("block_sparse_moe.gate.") != std::string::npos)
     return fmt::format("num_local_experts {}, hidden_size {}", c.n_experts, c.dim);
   if (name.find("mlp.") != std::string::npos || name.find("experts.") != std::string::npos)
-    return fmt::format("intermediate_size {}, hidden_size {}", c.is_moe() ? c.expert_ffn_dim() : c.ffn_dim, c.dim);
+    return fmt::format("intermediate_size {}, hidden_size {}",
+                       c.is_moe() ? c.expert_ffn_dim() : c.ffn_dim, c.dim);
   return fmt::format("hidden_size {}", c.dim);
 }
 
@@ -93,7 +94,8 @@ std::string sizing_keys(const std::string& name, const LlamaConfig& c) {
 int64_t layers_held(const std::vector<std::string>& names) {
   int64_t n = 0;
   for (const std::string& name : names)
-    if (name.rfind("model.layers.", 0) == 0) n = std::max<int64_t>(n, std::atoll(name.c_str() + 13) + 1);
+    if (name.rfind("model.layers.", 0) == 0)
+      n = std::max<int64_t>(n, std::atoll(name.c_str() + 13) + 1);
   return n;
 }
 
@@ -114,17 +116,19 @@ void check_weights_match_config(const std::string& dir, const LlamaConfig& confi
   };
   const int64_t held = layers_held(names);
   if (held != config.n_layers)
-    fail("{}: num_hidden_layers is {} but the weights hold {} layers (model.layers.0..{} in {}); "
-         "the config and the weights disagree",
-         cfg, config.n_layers, held, held - 1, file_name("model.layers.0.input_layernorm.weight"));
+    fail(
+        "{}: num_hidden_layers is {} but the weights hold {} layers (model.layers.0..{} in {}); "
+        "the config and the weights disagree",
+        cfg, config.n_layers, held, held - 1, file_name("model.layers.0.input_layernorm.weight"));
   if (config.tie_embeddings) {
     const io::SafetensorsTensor* head = files.find("lm_head.weight");
     const io::SafetensorsTensor* embed = files.find("model.embed_tokens.weight");
     // A saved copy of the tied head is harmless; a different head would be ignored.
     if (head != nullptr && (embed == nullptr || !same_bytes(*head, *embed)))
-      fail("{}: tie_word_embeddings is true but {} holds its own lm_head.weight {}, which "
-           "would be ignored; set tie_word_embeddings to false",
-           cfg, file_name("lm_head.weight"), head->shape.str());
+      fail(
+          "{}: tie_word_embeddings is true but {} holds its own lm_head.weight {}, which "
+          "would be ignored; set tie_word_embeddings to false",
+          cfg, file_name("lm_head.weight"), head->shape.str());
   }
   std::map<std::string, bool> expected;
   for (const ParamInfo& p : ParamStore::layout(config)) {
@@ -141,9 +145,10 @@ void check_weights_match_config(const std::string& dir, const LlamaConfig& confi
   for (const std::string& name : names) {
     if (expected.count(name) || name.ends_with(".rotary_emb.inv_freq")) continue;
     if (name == "lm_head.weight" && config.tie_embeddings) continue;  // identical copy
-    fail("{} holds tensor {} {}, which {} does not describe (model_type, num_local_experts, "
-         "tie_word_embeddings?)",
-         file_name(name), name, files.find(name)->shape.str(), cfg);
+    fail(
+        "{} holds tensor {} {}, which {} does not describe (model_type, num_local_experts, "
+        "tie_word_embeddings?)",
+        file_name(name), name, files.find(name)->shape.str(), cfg);
   }
 }
 
@@ -171,9 +176,10 @@ void check_finite(const TensorView& t, const std::string& name, const std::strin
   const int64_t at = first_nonfinite(t);
   if (at < 0) return;
   const float v = t.dtype == DType::kF32 ? t.as<float>()[at] : bf16_to_f32(t.as<bf16>()[at]);
-  fail("{}: tensor {} {} holds {} at element {}: the checkpoint is corrupt or its training "
-       "diverged",
-       file, name, t.shape.str(), v != v ? "NaN" : (v > 0 ? "+inf" : "-inf"), at);
+  fail(
+      "{}: tensor {} {} holds {} at element {}: the checkpoint is corrupt or its training "
+      "diverged",
+      file, name, t.shape.str(), v != v ? "NaN" : (v > 0 ? "+inf" : "-inf"), at);
 }
 
 }  // namespace hyperion

@@ -47,6 +47,7 @@ void MetricsWriter::write(const StepMetrics& m, int64_t tokens_seen, bool multi_
   j["tokens_per_s"] = m.tokens_per_s;
   j["tflops"] = m.tflops;
   j["mfu"] = m.mfu;
+  j["emfu"] = m.emfu;
   j["data_wait_s"] = m.data_wait_s;
   j["tokens_seen"] = tokens_seen;
   if (multi_rank) {

@@ -1,6 +1,7 @@
 // metrics.jsonl: one JSON line per optimizer step, written by rank 0 and flushed each
 // step (a killed run keeps every completed step; a torn last line is dropped on resume).
-// Stable keys: step, loss, grad_norm, lr, step_s, tokens_per_s, tflops, mfu, data_wait_s,
+// Stable keys: step, loss, grad_norm, lr, step_s, tokens_per_s, tflops, mfu, emfu (the same FLOPs
+// over the bf16 peak: MFU's counterpart for quantised training), data_wait_s,
 // tokens_seen; with several ranks comm_s, comm_exposed_s, comm_bytes_sent; for MoE models
 // lm_loss, moe_lb_loss, moe_z_loss, moe_dropped_fraction, expert_load_min/max/cv; and
 // skipped: true for a step whose update was skipped.
@@ -25,6 +26,7 @@ struct StepMetrics {
   double tokens_per_s = 0;
   double tflops = 0;
   double mfu = 0;
+  double emfu = 0;
   double data_wait_s = 0;
   // Multi-process: seconds the collectives ran (communication thread), seconds the
   // training thread waited for them (exposed), and payload bytes this rank sent.

@@ -244,7 +244,7 @@ class TrainingRun {
   TrainerState state_;
   Batch batch_;
   double flops_per_token_ = 0;
-  double tps_sum_ = 0, mfu_sum_ = 0;
+  double tps_sum_ = 0, mfu_sum_ = 0, emfu_sum_ = 0;
   int64_t timed_steps_ = 0;
 };
 
@@ -362,6 +362,16 @@ void TrainingRun::setup() {
     state_ = load_training_state(*resume_from_, params, *optimizer_);
     sync_->release_unowned();
     loader_->restore(state_.data);
+    if (QuantizedMatmuls* q = model_->quantized()) {
+      if (state_.quantization == quant_mode_name(q->options().mode)) {
+        q->restore(state_.quant_passes, state_.quant_histories);
+      } else {
+        log_info(
+            "resume: the checkpoint was trained with quantization '{}'; {} starts fresh "
+            "(pass counter 0, empty amax histories)",
+            state_.quantization, quant_mode_name(q->options().mode));
+      }
+    }
     log_info("resume: from {} at step {}", *resume_from_, state_.step);
   } else {
     params.init(t.init_weights_seed);
@@ -389,17 +399,20 @@ void TrainingRun::report_setup(const MemoryPlan& mem) {
   const TrainConfig& t = t_;
   flops_per_token_ = t.model.train_flops_per_token(t.max_target_length);
   if (t.peak_tflops > 0) {
-    result_.peak_gflops = t.peak_tflops * 1e3;
+    // A given peak is the compute dtype's; int8 runs then report MFU = EMFU.
+    result_.peak_gflops = result_.peak_bf16_gflops = t.peak_tflops * 1e3;
   } else {
     // Rank 0 measures (one rank's threads) while the others wait; the job's peak is
     // that times the ranks.
-    double g = 0;
+    double g[2] = {0, 0};
     if (rank_ == 0) {
       const PeakResult peak = measure_peak(0.2);
-      g = t.bf16 ? peak.bf16_gflops : peak.f32_gflops;
+      g[1] = t.bf16 ? peak.bf16_gflops : peak.f32_gflops;
+      g[0] = t.quant.mode == QuantMode::kInt8 ? peak.int8_gops : g[1];
     }
-    if (world_ > 1) comm_->broadcast(&g, sizeof g, 0);
-    result_.peak_gflops = g * world_;
+    if (world_ > 1) comm_->broadcast(g, sizeof g, 0);
+    result_.peak_gflops = g[0] * world_;
+    result_.peak_bf16_gflops = g[1] * world_;
   }
   log_info(
       "model: {} {} params ({} non-embedding), {} layers, dim {}, heads {}/{}, ffn {}, vocab {}",
@@ -428,10 +441,12 @@ void TrainingRun::report_setup(const MemoryPlan& mem) {
       format_bytes(llama_->scratch_bytes()));
   log_info(
       "train: {} steps x {} tokens (global batch: {} per rank x {} x {} accum x {} ranks), "
-      "dtype {}, {:.3g} FLOPs/token, peak {:.0f} GFLOP/s, {} threads per rank, run dir {}",
+      "dtype {}{}, {:.3g} FLOPs/token, peak {:.0f} GFLOP/s (bf16 {:.0f}: EMFU), {} threads "
+      "per rank, run dir {}",
       t.steps, t.tokens_per_step(), t.per_device_batch_size, t.max_target_length,
-      t.gradient_accumulation_steps, world_, t.bf16 ? "bf16" : "f32", flops_per_token_,
-      result_.peak_gflops, num_threads(), run_dir_);
+      t.gradient_accumulation_steps, world_, t.bf16 ? "bf16" : "f32",
+      t.quant.enabled() ? fmt::format(", quantization {}", quant_mode_name(t.quant.mode)) : "",
+      flops_per_token_, result_.peak_gflops, result_.peak_bf16_gflops, num_threads(), run_dir_);
   if (world_ > 1)
     log_info("parallel: {} over {} ranks ({}), communicator {}, overlap {}, timeout {} s",
              parallel_mode_name(mode_), world_,
@@ -443,6 +458,11 @@ void TrainingRun::save() {
   if (!t_.enable_checkpointing) return;
   sync_->gather_all();
   state_.data = loader_->state();
+  if (QuantizedMatmuls* q = model_->quantized()) {
+    state_.quantization = quant_mode_name(q->options().mode);
+    state_.quant_passes = q->passes();
+    state_.quant_histories = q->histories();
+  }
   ckpt_->save(*params_, *optimizer_, state_, tokenizer_->serialized(), config_values_);
   result_.checkpoint = ckpt_->checkpoints_dir() + "/" + std::to_string(state_.step);
 }
@@ -525,6 +545,7 @@ void TrainingRun::step() {
   m.tokens_per_s = double(t.tokens_per_step()) / m.step_s;
   m.tflops = flops_per_token_ * m.tokens_per_s / 1e12;
   m.mfu = m.tflops * 1e3 / result_.peak_gflops;
+  m.emfu = m.tflops * 1e3 / result_.peak_bf16_gflops;
   m.data_wait_s = data_wait;
   m.comm_s = comm_->seconds() - comm_before;
   m.comm_wait_s = comm_->wait_seconds() - wait_before;
@@ -538,6 +559,7 @@ void TrainingRun::step() {
   if (state_.step > result_.start_step + 1) {  // the first step warms caches up
     tps_sum_ += m.tokens_per_s;
     mfu_sum_ += m.mfu;
+    emfu_sum_ += m.emfu;
     ++timed_steps_;
   }
   const bool log_now =
@@ -545,9 +567,9 @@ void TrainingRun::step() {
   if (!options_.quiet && log_now)
     log_info(
         "step {:>5}  loss {:.4f}  grad_norm {:.3f}  lr {:.2e}  {:.3f} s  {:.0f} tok/s  "
-        "{:.3f} TFLOP/s  MFU {:.1f}%  data {:.1f} ms",
+        "{:.3f} TFLOP/s  MFU {:.1f}%{}  data {:.1f} ms",
         m.step, m.loss, m.grad_norm, m.lr, m.step_s, m.tokens_per_s, m.tflops, 100 * m.mfu,
-        1e3 * m.data_wait_s);
+        t.quant.enabled() ? fmt::format("  EMFU {:.1f}%", 100 * m.emfu) : "", 1e3 * m.data_wait_s);
   if (!options_.quiet && moe && log_now)
     log_info(
         "           moe: lb_loss {:.4f}  z_loss {:.4f}  dropped {:.2f}%  expert load "
@@ -572,6 +594,7 @@ void TrainingRun::finish() {
   if (timed_steps_ > 0) {
     result_.mean_tokens_per_s = tps_sum_ / double(timed_steps_);
     result_.mean_mfu = mfu_sum_ / double(timed_steps_);
+    result_.mean_emfu = emfu_sum_ / double(timed_steps_);
   }
   if (t.enable_checkpointing)
     log_info("checkpoint: {} (training thread blocked {:.2f} s in total for saves)",

@@ -28,8 +28,12 @@ struct TrainResult {
   std::vector<StepMetrics> history;  // steps run by this process
   double eval_loss = 0, eval_perplexity = 0;
   int64_t eval_tokens = 0;
-  double peak_gflops = 0;                      // MFU denominator
+  // MFU denominator: the peak of the precision the matmuls run in (int8 for quantization:
+  // int8, bf16 or f32 otherwise; fp8 runs emulated on bf16 units here).
+  double peak_gflops = 0;
+  double peak_bf16_gflops = 0;  // EMFU denominator (the bf16 peak; = peak_gflops unquantised)
   double mean_tokens_per_s = 0, mean_mfu = 0;  // over steps after the first (warm-up)
+  double mean_emfu = 0;                        // effective MFU: the same FLOPs over the bf16 peak
   double seconds = 0;
   double peak_rss_mib = 0;  // largest over ranks
   int world_size = 1;
