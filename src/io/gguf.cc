@@ -3,7 +3,6 @@
 #include "kernels/quantize_q8_0.h"
 #include "tensor/convert.h"
 
-
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -150,7 +149,7 @@ void GgufWriter::add_checked(PendingTensor t) {
             "GgufWriter::add_tensor: tensor '{}' {}: {} needs the row length to be a multiple "
             "of {}",
             name, t.shape.str(), ggml_type_name(t.type), ggml_block_size(t.type));
-  HYP_CHECK(t.data != nullptr || t.fill || t.shape.numel() == 0,
+  HYP_CHECK(t.data != nullptr || t.fill || t.fill_blocks || t.shape.numel() == 0,
             "GgufWriter::add_tensor: tensor '{}' has no data", name);
   tensor_index_.emplace(name, tensors_.size());
   tensors_.push_back(std::move(t));
@@ -163,6 +162,12 @@ void GgufWriter::add_tensor(std::string name, Shape shape, const float* data, Gg
 void GgufWriter::add_tensor(std::string name, Shape shape, Producer fill, GgmlType type) {
   HYP_CHECK(fill != nullptr, "GgufWriter::add_tensor: tensor '{}' has no producer", name);
   add_checked(PendingTensor{std::move(name), shape, type, nullptr, std::move(fill)});
+}
+
+void GgufWriter::add_encoded_tensor(std::string name, Shape shape, BlockProducer fill,
+                                    GgmlType type) {
+  HYP_CHECK(fill != nullptr, "GgufWriter::add_encoded_tensor: tensor '{}' has no producer", name);
+  add_checked(PendingTensor{std::move(name), shape, type, nullptr, nullptr, std::move(fill)});
 }
 
 void GgufWriter::write(const std::string& path) const {
@@ -212,6 +217,17 @@ void GgufWriter::write(const std::string& path) const {
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const PendingTensor& t = tensors_[i];
     const int64_t n = t.shape.numel();
+    if (t.fill_blocks) {
+      AlignedBuffer<unsigned char> encoded(nbytes[i]);
+      try {
+        t.fill_blocks(encoded.data());
+      } catch (const Error& e) {
+        fail("gguf: {}: tensor '{}': {}", path, t.name, e.what());
+      }
+      out.write(encoded.data(), nbytes[i]);
+      out.write(zeros.data(), align_up(nbytes[i], alignment) - nbytes[i]);
+      continue;
+    }
     const float* src = t.data;
     AlignedBuffer<float> produced;
     if (!src && n > 0) {

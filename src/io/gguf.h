@@ -140,6 +140,10 @@ class GgufWriter {
   // is held in f32 (used by the checkpoint converter).
   using Producer = std::function<void(float* dst)>;
   void add_tensor(std::string name, Shape shape, Producer fill, GgmlType type);
+  // Already-encoded data: `fill(dst)` writes the tensor's ggml_nbytes(type, numel) bytes
+  // in `type`'s block format (for blocks built from other quantised weights).
+  using BlockProducer = std::function<void(unsigned char* dst)>;
+  void add_encoded_tensor(std::string name, Shape shape, BlockProducer fill, GgmlType type);
 
   // Atomic (temp file + fsync + rename).
   void write(const std::string& path) const;
@@ -159,6 +163,7 @@ class GgufWriter {
     GgmlType type;
     const float* data;
     Producer fill;
+    BlockProducer fill_blocks = nullptr;
   };
   void set_raw(const std::string& key, GgufType type, std::string payload);
   void add_checked(PendingTensor t);

@@ -10,10 +10,13 @@
 #include <vector>
 
 #include "base/error.h"
-#include "kernels/finite.h"
+#include "base/log.h"
 #include "io/atomic_file.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
+#include "kernels/finite.h"
+#include "kernels/quantize.h"
+#include "tensor/convert.h"
 
 namespace hyperion::io {
 
@@ -37,7 +40,8 @@ struct LlamaConfig {
   // Mixtral (model_type "mixtral"): every layer's MLP is a mixture of num_local_experts
   // SwiGLU experts of intermediate_size, num_experts_per_tok of them used per token.
   bool moe;
-  bool gemma;  // llama.cpp's "gemma" architecture: (1 + w) norms stored as 1 + w, no RoPE permutation
+  bool gemma;  // llama.cpp's "gemma" architecture: (1 + w) norms stored as 1 + w, no RoPE
+               // permutation
   int64_t num_local_experts, num_experts_per_tok;  // 0 for a dense model
 };
 
@@ -379,6 +383,60 @@ void read_finite(const SafetensorsFile& st, const std::string& name, const Tenso
 
 }  // namespace
 
+namespace {
+
+// What int8 quantised training (`quantization: int8`) trained the checkpoint's matrices
+// with, from its trainer_state.json: "" (none or not a training checkpoint), or "int8"
+// and whether the LM head was quantised too.
+struct TrainedQuantization {
+  bool int8 = false;
+  bool logits = false;
+};
+TrainedQuantization read_trained_quantization(const std::string& dir) {
+  TrainedQuantization q;
+  const std::string path = dir + "/trainer_state.json";
+  if (!std::filesystem::exists(path)) return q;
+  try {
+    const nlohmann::json st = nlohmann::json::parse(read_file(path));
+    const nlohmann::json& cfg = st.at("config");
+    q.int8 = cfg.value("quantization", std::string()) == "int8";
+    q.logits = q.int8 && cfg.value("quantize_logits", std::string("false")) == "true";
+  } catch (const nlohmann::json::exception& e) {
+    fail("gguf convert: {}: invalid trainer state: {}", path, e.what());
+  }
+  return q;
+}
+
+// Q8_0 blocks holding a matrix's per-output-channel int8 weights as int8 training's
+// forward read them (the f32 master rounded to bf16, then kernels/quantize.h's
+// quantize_rows): every block of row r gets d = f16(scale[r]) and the row's int8 values
+// unchanged. The one change is the scale's rounding to f16; its largest relative size is
+// added to *max_scale_change.
+void encode_q8_0_per_channel(const float* w, int64_t rows, int64_t cols, unsigned char* dst,
+                             double* max_scale_change) {
+  std::vector<bf16> wb(static_cast<size_t>(rows * cols));
+  convert_f32_to_bf16(w, wb.data(), wb.size());
+  std::vector<int8_t> q(wb.size());
+  std::vector<float> scale(static_cast<size_t>(rows));
+  quantize_rows(TensorView(wb.data(), DType::kBF16, {rows, cols}),
+                TensorView(q.data(), DType::kI8, {rows, cols}), scale.data());
+  constexpr int64_t kBlock = 32, kBlockBytes = 34;
+  for (int64_t r = 0; r < rows; ++r) {
+    const f16 d = f32_to_f16(scale[size_t(r)]);
+    const float back = f16_to_f32(d);
+    if (scale[size_t(r)] > 0)
+      *max_scale_change = std::max(*max_scale_change,
+                                   double(std::fabs(back - scale[size_t(r)]) / scale[size_t(r)]));
+    for (int64_t b = 0; b < cols / kBlock; ++b) {
+      unsigned char* blk = dst + (r * (cols / kBlock) + b) * kBlockBytes;
+      std::memcpy(blk, &d.bits, 2);
+      std::memcpy(blk + 2, q.data() + r * cols + b * kBlock, kBlock);
+    }
+  }
+}
+
+}  // namespace
+
 void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::string& out_path,
                                 const std::string& out_type) {
   const OutType ot = parse_out_type(checkpoint_dir, out_type);
@@ -472,10 +530,35 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
   // permute_heads > 0: apply the RoPE row permutation with that many heads (llama only:
   // llama.cpp's gemma graph rotates halves as Hugging Face does). Gemma's norms are stored
   // as 1 + w, the scale llama.cpp applies (convert_hf_to_gguf.py does the same).
+  // Matrices int8 training quantised per output channel go to Q8_0 as those int8 values.
+  const TrainedQuantization tq = read_trained_quantization(checkpoint_dir);
+  int per_channel_matrices = 0;
+  double max_scale_change = 0;
   auto add = [&](const std::string& hf, const std::string& gg, Shape expect,
                  int64_t permute_heads) {
     check(hf, expect);
     if (c.gemma) permute_heads = 0;
+    const bool trained_int8 =
+        tq.int8 && (gg.rfind("blk.", 0) == 0 || (tq.logits && gg == "output.weight")) &&
+        !gg.ends_with("_norm.weight") && !gg.ends_with(".ffn_gate_inp.weight");
+    if (trained_int8 && type_for(gg, expect) == GgmlType::kQ8_0) {
+      ++per_channel_matrices;
+      w.add_encoded_tensor(
+          gg, expect,
+          [&st, hf, expect, permute_heads, &max_scale_change](unsigned char* dst) {
+            std::vector<float> tmp(size_t(expect.numel())), perm;
+            read_finite(st, hf, TensorView(tmp.data(), DType::kF32, expect));
+            if (permute_heads > 0) {
+              perm.resize(tmp.size());
+              permute_rope_rows_for_gguf(tmp.data(), perm.data(), expect[0], expect[1],
+                                         permute_heads);
+              tmp.swap(perm);
+            }
+            encode_q8_0_per_channel(tmp.data(), expect[0], expect[1], dst, &max_scale_change);
+          },
+          GgmlType::kQ8_0);
+      return;
+    }
     const bool plus_one = c.gemma && gg.ends_with("_norm.weight");
     w.add_tensor(
         gg, expect,
@@ -567,6 +650,12 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
         list, unused.size() > 5 ? ", ..." : "");
   }
   w.write(out_path);
+  if (per_channel_matrices > 0)
+    log_info(
+        "gguf convert: {} matrices written from their per-channel int8 training weights: the "
+        "int8 values are kept, each Q8_0 block takes its row's scale rounded to f16 (largest "
+        "relative change {:.2e})",
+        per_channel_matrices, max_scale_change);
 }
 
 }  // namespace hyperion::io

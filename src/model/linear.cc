@@ -46,6 +46,13 @@ LinearWeights::LinearWeights(const ParamStore& params, WeightFormat format)
   }
 }
 
+const int8_t* LinearWeights::int8_matrix(int index, const float** scales) const {
+  auto it = quant_.find(index);
+  if (it == quant_.end()) return nullptr;
+  *scales = it->second.scale.data();
+  return it->second.w.data();
+}
+
 void LinearWeights::forward(int index, const void* x, void* y, DType yd, int64_t n, float beta) {
   auto it = quant_.find(index);
   if (it == quant_.end()) {

@@ -70,6 +70,12 @@ class LinearWeights {
   // when it is the LM head too).
   int64_t weight_bytes() const { return weight_bytes_; }
 
+  // kInt8: parameter `index`'s int8 matrix [out, in] and its per-row scales (null when
+  // the matrix is not held in int8). Quantised from the bf16 copy with quantize_rows, as
+  // int8 training's forward quantises it (model/quantized_matmul.h): a checkpoint
+  // trained with `quantization: int8` serves the very int8 weights it trained with.
+  const int8_t* int8_matrix(int index, const float** scales) const;
+
   // y[n, out] = x[n, in] W^T + beta * y for parameter `index`; x in act_dtype().
   void forward(int index, const void* x, void* y, DType yd, int64_t n, float beta = 0.0f);
 

@@ -1,4 +1,5 @@
 #include "io/gguf.h"
+#include "kernels/quantize.h"
 #include "kernels/quantize_q8_0.h"
 
 #include <gtest/gtest.h>
@@ -964,10 +965,11 @@ TEST_F(ConvertTest, GemmaArchitectureNormsAndUnpermutedRope) {
             weights_.at("model.layers.1.self_attn.q_proj.weight"));
   EXPECT_EQ(f.dequantize("blk.0.attn_k.weight"),
             weights_.at("model.layers.0.self_attn.k_proj.weight"));
-  for (const auto& [gg, hf] : {std::pair<std::string, std::string>{"blk.0.attn_norm.weight",
-                                                                    "model.layers.0.input_layernorm.weight"},
-                               {"blk.1.ffn_norm.weight", "model.layers.1.post_attention_layernorm.weight"},
-                               {"output_norm.weight", "model.norm.weight"}}) {
+  for (const auto& [gg, hf] :
+       {std::pair<std::string, std::string>{"blk.0.attn_norm.weight",
+                                            "model.layers.0.input_layernorm.weight"},
+        {"blk.1.ffn_norm.weight", "model.layers.1.post_attention_layernorm.weight"},
+        {"output_norm.weight", "model.norm.weight"}}) {
     const std::vector<float> got = f.dequantize(gg), w = weights_.at(hf);
     ASSERT_EQ(got.size(), w.size());
     for (size_t i = 0; i < w.size(); ++i) ASSERT_EQ(got[i], w[i] + 1.0f) << gg << " " << i;
@@ -1037,6 +1039,46 @@ TEST_F(ConvertTest, Q8_0TypeSelection) {
   const std::vector<float> down = f.dequantize("blk.1.ffn_down.weight");
   const std::vector<float>& want = weights_.at("model.layers.1.mlp.down_proj.weight");
   for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(down[i], f16_to_f32(f32_to_f16(want[i])));
+}
+
+// A checkpoint trained with quantization: int8 maps its per-channel int8 weights into
+// Q8_0 as they are: every block of a row holds the row's int8 values (those of the
+// training forward: bf16 weights quantised per output channel) and the row's scale in f16.
+TEST_F(ConvertTest, Q8_0KeepsTheInt8OfQuantizedTraining) {
+  make_checkpoint({});
+  write_bytes((fs::path(ckpt_) / "trainer_state.json").string(),
+              R"({"step": 5, "config": {"quantization": "int8", "quantize_logits": "false"}})");
+  GgufFile f = convert("q8_0");
+  auto check_matrix = [&](const std::string& gg, std::vector<float> w, int64_t rows, int64_t cols) {
+    std::vector<bf16> wb(w.size());
+    convert_f32_to_bf16(w.data(), wb.data(), w.size());
+    std::vector<int8_t> q(w.size());
+    std::vector<float> s(static_cast<size_t>(rows));
+    quantize_rows(TensorView(wb.data(), DType::kBF16, {rows, cols}),
+                  TensorView(q.data(), DType::kI8, {rows, cols}), s.data());
+    const GgufTensor& t = f.tensor(gg);
+    ASSERT_EQ(t.type, GgmlType::kQ8_0) << gg;
+    const auto* blocks = static_cast<const unsigned char*>(t.data);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t b = 0; b < cols / 32; ++b) {
+        const unsigned char* blk = blocks + (r * (cols / 32) + b) * 34;
+        uint16_t d;
+        std::memcpy(&d, blk, 2);
+        ASSERT_EQ(d, f32_to_f16(s[size_t(r)]).bits) << gg << " row " << r;
+        ASSERT_EQ(std::memcmp(blk + 2, q.data() + r * cols + b * 32, 32), 0) << gg << " row " << r;
+      }
+  };
+  std::vector<float> permuted(64 * 64);
+  permute_rope_rows_for_gguf(weights_.at("model.layers.1.self_attn.q_proj.weight").data(),
+                             permuted.data(), 64, 64, 4);
+  check_matrix("blk.1.attn_q.weight", permuted, 64, 64);
+  check_matrix("blk.0.ffn_gate.weight", weights_.at("model.layers.0.mlp.gate_proj.weight"), opt_.ff,
+               64);
+  // The embedding and the unquantised head keep llama.cpp's own block quantisation.
+  const std::vector<float>& head = weights_.at("lm_head.weight");
+  std::vector<unsigned char> want(ggml_nbytes(GgmlType::kQ8_0, int64_t(head.size())));
+  ref::quantize_row_q8_0(head.data(), want.data(), int64_t(head.size()));
+  EXPECT_EQ(std::memcmp(f.tensor("output.weight").data, want.data(), want.size()), 0);
 }
 
 TEST_F(ConvertTest, RejectsTokenizerNormalisationLlamaCppCannotReproduce) {

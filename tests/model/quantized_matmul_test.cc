@@ -11,6 +11,7 @@
 #include "base/threads.h"
 #include "kernels/quantize.h"
 #include "kernels/quantize_train.h"
+#include "model/linear.h"
 #include "model/llama_model.h"
 #include "tensor/convert.h"
 
@@ -78,7 +79,8 @@ TEST(QuantizedMatmul, Int8ForwardEqualsIntegerReference) {
   for (int64_t r = 0; r < n; ++r)
     for (int64_t o = 0; o < out; ++o) {
       int32_t acc = 0;
-      for (int64_t i = 0; i < in; ++i) acc += int32_t(qx[size_t(r * in + i)]) * qw[size_t(o * in + i)];
+      for (int64_t i = 0; i < in; ++i)
+        acc += int32_t(qx[size_t(r * in + i)]) * qw[size_t(o * in + i)];
       const float want = float(acc) * (1.0f * sx[size_t(r)]) * sw[size_t(o)];
       ASSERT_EQ(y[size_t(r * out + o)], want) << r << "," << o;
     }
@@ -87,6 +89,17 @@ TEST(QuantizedMatmul, Int8ForwardEqualsIntegerReference) {
   const int8_t* w8 = q.int8_weight(idx, &scales);
   EXPECT_EQ(std::memcmp(w8, qw.data(), qw.size()), 0);
   EXPECT_EQ(std::memcmp(scales, sw.data(), sw.size() * 4), 0);
+  // Serving with quantize_weights=int8 reads the same int8 matrices: no second rounding.
+  LinearWeights serving(ps, WeightFormat::kInt8);
+  for (int i : {ps.layer(0).q, ps.layer(1).down, idx}) {
+    const float *s_train = nullptr, *s_serve = nullptr;
+    const int8_t* w_train = q.int8_weight(i, &s_train);
+    const int8_t* w_serve = serving.int8_matrix(i, &s_serve);
+    ASSERT_NE(w_serve, nullptr);
+    const TensorView w = ps.param(i);
+    EXPECT_EQ(std::memcmp(w_train, w_serve, size_t(w.numel())), 0);
+    EXPECT_EQ(std::memcmp(s_train, s_serve, size_t(w.shape[0]) * 4), 0);
+  }
 }
 
 // dx and dW of the quantised Linear against the unquantised (dequantised-input)
