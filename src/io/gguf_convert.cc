@@ -408,17 +408,14 @@ TrainedQuantization read_trained_quantization(const std::string& dir) {
 }
 
 // Q8_0 blocks holding a matrix's per-output-channel int8 weights as int8 training's
-// forward read them (the f32 master rounded to bf16, then kernels/quantize.h's
-// quantize_rows): every block of row r gets d = f16(scale[r]) and the row's int8 values
-// unchanged. The one change is the scale's rounding to f16; its largest relative size is
-// added to *max_scale_change.
+// forward read them (the f32 master weights through kernels/quantize.h's quantize_rows): every
+// block of row r gets d = f16(scale[r]) and the row's int8 values unchanged. The one change is the
+// scale's rounding to f16; its largest relative size is added to *max_scale_change.
 void encode_q8_0_per_channel(const float* w, int64_t rows, int64_t cols, unsigned char* dst,
                              double* max_scale_change) {
-  std::vector<bf16> wb(static_cast<size_t>(rows * cols));
-  convert_f32_to_bf16(w, wb.data(), wb.size());
-  std::vector<int8_t> q(wb.size());
+  std::vector<int8_t> q(static_cast<size_t>(rows * cols));
   std::vector<float> scale(static_cast<size_t>(rows));
-  quantize_rows(TensorView(wb.data(), DType::kBF16, {rows, cols}),
+  quantize_rows(TensorView(const_cast<float*>(w), DType::kF32, {rows, cols}),
                 TensorView(q.data(), DType::kI8, {rows, cols}), scale.data());
   constexpr int64_t kBlock = 32, kBlockBytes = 34;
   for (int64_t r = 0; r < rows; ++r) {

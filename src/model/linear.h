@@ -71,7 +71,7 @@ class LinearWeights {
   int64_t weight_bytes() const { return weight_bytes_; }
 
   // kInt8: parameter `index`'s int8 matrix [out, in] and its per-row scales (null when
-  // the matrix is not held in int8). Quantised from the bf16 copy with quantize_rows, as
+  // the matrix is not held in int8). Quantised from the f32 weights with quantize_rows, as
   // int8 training's forward quantises it (model/quantized_matmul.h): a checkpoint
   // trained with `quantization: int8` serves the very int8 weights it trained with.
   const int8_t* int8_matrix(int index, const float** scales) const;

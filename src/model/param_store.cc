@@ -15,8 +15,7 @@ namespace {
 constexpr int64_t kAlignElems = 16;  // 64 bytes of f32
 }
 
-ParamStore::ParamStore(const LlamaConfig& config, bool bf16_copy, bool gradients,
-                       Allocator& alloc)
+ParamStore::ParamStore(const LlamaConfig& config, bool bf16_copy, bool gradients, Allocator& alloc)
     : config_(config), tie_(config.tie_embeddings), device_(alloc.device()) {
   describe();
   KernelBackend& k = backend_for(device_);

@@ -122,7 +122,9 @@ QuantizedMatmuls::Weight& QuantizedMatmuls::weight(int index) {
   // The weights change once per optimizer step; quantising once per pass is simpler
   // and cheap next to the pass's GEMMs.
   w.pass = pass_id_;
-  const TensorView src = params_.compute_weight(index);
+  // From the f32 master weights (as serving's int8 LinearWeights quantises them, so a
+  // checkpoint serves the int8 values it trained with).
+  const TensorView src = params_.param(index);
   const int64_t out = src.shape[0], in = src.shape[1];
   const size_t numel = static_cast<size_t>(out * in);
   if (options_.mode == QuantMode::kInt8) {

@@ -75,7 +75,7 @@ TEST(QuantizedMatmul, Int8ForwardEqualsIntegerReference) {
   std::vector<float> sx(static_cast<size_t>(n)), sw(static_cast<size_t>(out));
   quantize_rows(TensorView(const_cast<bf16*>(x.data()), DType::kBF16, {n, in}),
                 TensorView(qx.data(), DType::kI8, {n, in}), sx.data());
-  quantize_rows(ps.compute_weight(idx), TensorView(qw.data(), DType::kI8, {out, in}), sw.data());
+  quantize_rows(ps.param(idx), TensorView(qw.data(), DType::kI8, {out, in}), sw.data());
   for (int64_t r = 0; r < n; ++r)
     for (int64_t o = 0; o < out; ++o) {
       int32_t acc = 0;
@@ -130,7 +130,7 @@ TEST(QuantizedMatmul, GradientsMatchDequantizedReference) {
     if (mode == QuantMode::kInt8) {
       std::vector<int8_t> qw(static_cast<size_t>(out * in)), qx(static_cast<size_t>(n * in));
       std::vector<float> sw(static_cast<size_t>(in)), sx(static_cast<size_t>(n));
-      quantize_cols_int8(w, TensorView(qw.data(), DType::kI8, {out, in}), sw.data());
+      quantize_cols_int8(ps.param(idx), TensorView(qw.data(), DType::kI8, {out, in}), sw.data());
       quantize_rows(TensorView(const_cast<bf16*>(x.data()), DType::kBF16, {n, in}),
                     TensorView(qx.data(), DType::kI8, {n, in}), sx.data());
       for (int64_t r = 0; r < n; ++r)
