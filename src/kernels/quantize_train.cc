@@ -5,6 +5,14 @@
 // ref:: versions.
 #include "kernels/quantize_train.h"
 
+// GCC 12's AVX-512 intrinsic headers fill "don't care" operands from self-initialised
+// _mm*_undefined_*() values, which -Wuninitialized flags once inlined here.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)  // a GCC-only warning
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -60,14 +68,75 @@ HYP_INLINE int8_t nearest_i8(float v) {
   return static_cast<int8_t>(r);
 }
 
+// ---------------------------------------------------------------------------------------
+// Explicit AVX-512 loops for what the compiler leaves scalar (the hash, the fp8 decode,
+// the column max), computing exactly the scalar expressions above lane by lane.
+
+inline __mmask16 tail_mask(int64_t k) {
+  return k >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << k) - 1u);
+}
+
+// o[c] = sr_round_i8((v[c] * f) / d[c], u(key, base + c)), d[c] = div[c] (0: write 0) or
+// the scalar `s` when div is null.
+HYP_AVX512 void sr_row_avx512(const float* v, int64_t cols, float f, const float* div, float s,
+                              SrKey key, uint32_t base, int8_t* o) {
+  const __m512i ka = _mm512_set1_epi32(static_cast<int>(key.a));
+  const __m512i kb = _mm512_set1_epi32(static_cast<int>(key.b));
+  const __m512i golden = _mm512_set1_epi32(static_cast<int>(0x9E3779B1u));
+  const __m512i m1 = _mm512_set1_epi32(static_cast<int>(0x85EBCA6Bu));
+  const __m512i m2 = _mm512_set1_epi32(static_cast<int>(0xC2B2AE35u));
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 inv24 = _mm512_set1_ps(1.0f / 16777216.0f);
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  const __m512 fv = _mm512_set1_ps(f), sv = _mm512_set1_ps(s);
+  for (int64_t c = 0; c < cols; c += 16) {
+    const __mmask16 k = tail_mask(cols - c);
+    const __m512i idx = _mm512_add_epi32(
+        _mm512_set1_epi32(static_cast<int>(base + static_cast<uint32_t>(c))), lane);
+    __m512i h = _mm512_xor_si512(_mm512_add_epi32(_mm512_mullo_epi32(idx, golden), ka), kb);
+    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+    h = _mm512_mullo_epi32(h, m1);
+    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+    h = _mm512_mullo_epi32(h, m2);
+    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+    const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), inv24);
+    const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, v + c), fv);
+    const __m512 d = div != nullptr ? _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), k, div + c) : sv;
+    __m512 r = _mm512_roundscale_ps(_mm512_add_ps(_mm512_div_ps(x, d), u),
+                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
+    __mmask16 keep = k;
+    if (div != nullptr) keep = _mm512_mask_cmp_ps_mask(k, d, _mm512_setzero_ps(), _CMP_NEQ_OQ);
+    const __m512i q = _mm512_maskz_cvttps_epi32(keep, r);
+    _mm512_mask_cvtepi32_storeu_epi8(o + c, k, q);
+  }
+}
+
+// m[c] = max(m[c], |v[c] * f| bits).
+HYP_AVX512 void col_max_avx512(const float* v, int64_t cols, float f, uint32_t* m) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512 fv = _mm512_set1_ps(f);
+  for (int64_t c = 0; c < cols; c += 16) {
+    const __mmask16 k = tail_mask(cols - c);
+    const __m512i b = _mm512_and_si512(
+        _mm512_castps_si512(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, v + c), fv)), abs_mask);
+    _mm512_mask_storeu_epi32(m + c, k, _mm512_max_epu32(_mm512_maskz_loadu_epi32(k, m + c), b));
+  }
+}
+
 // Column absmax of rows [r0, r1) of x [.., cols] into m[cols] (bit patterns: NaN orders
 // above inf).
 HYP_INLINE void col_absmax_bits(const void* x, DType xd, int64_t r0, int64_t r1, int64_t cols,
-                                const float* row_factor, uint32_t* m, float* buf) {
+                                const float* row_factor, uint32_t* m, float* buf,
+                                bool wide = false) {
   std::fill(m, m + cols, 0u);
   for (int64_t r = r0; r < r1; ++r) {
     const float* v = row_f32(x, xd, r, cols, buf);
     const float f = row_factor != nullptr ? row_factor[r] : 1.0f;
+    if (wide) {
+      col_max_avx512(v, cols, f, m);
+      continue;
+    }
     for (int64_t c = 0; c < cols; ++c) {
       const uint32_t b = std::bit_cast<uint32_t>(v[c] * f) & 0x7fffffffu;
       m[c] = b > m[c] ? b : m[c];
@@ -90,7 +159,7 @@ HYP_INLINE void cols_apply(const TensorView& x, const TensorView& q, const float
 }
 
 HYP_INLINE void grad_rows_part(const float* v, int64_t r, int64_t cols, SrKey key, int8_t* q,
-                               float* scale_out) {
+                               float* scale_out, bool wide) {
   uint32_t mb = 0;
   for (int64_t c = 0; c < cols; ++c) {
     const uint32_t b = std::bit_cast<uint32_t>(v[c]) & 0x7fffffffu;
@@ -104,6 +173,10 @@ HYP_INLINE void grad_rows_part(const float* v, int64_t r, int64_t cols, SrKey ke
     return;
   }
   const uint32_t base = static_cast<uint32_t>(r * cols);
+  if (wide) {
+    sr_row_avx512(v, cols, 1.0f, nullptr, s, key, base, o);
+    return;
+  }
   for (int64_t c = 0; c < cols; ++c)
     o[c] = sr_round_i8(v[c] / s, sr_uniform(key, base + static_cast<uint32_t>(c)));
 }
@@ -112,16 +185,21 @@ HYP_INLINE void grad_rows_part(const float* v, int64_t r, int64_t cols, SrKey ke
 // column is written as zeros), the per-column one.
 HYP_INLINE void grad_apply(const TensorView& dy, const float* row_factor, SrKey key_rows,
                            SrKey key_cols, const float* sc, const GradQuantized& out, int64_t r0,
-                           int64_t r1) {
+                           int64_t r1, bool wide) {
   const int64_t cols = dy.shape[1];
   std::vector<float> buf(static_cast<size_t>(cols));
   for (int64_t r = r0; r < r1; ++r) {
     const float* v = row_f32(dy.data, dy.dtype, r, cols, buf.data());
-    if (out.q_rows != nullptr) grad_rows_part(v, r, cols, key_rows, out.q_rows, out.s_rows + r);
+    if (out.q_rows != nullptr)
+      grad_rows_part(v, r, cols, key_rows, out.q_rows, out.s_rows + r, wide);
     if (out.q_cols == nullptr) continue;
     const float f = row_factor != nullptr ? row_factor[r] : 1.0f;
     int8_t* o = out.q_cols + r * cols;
     const uint32_t base = static_cast<uint32_t>(r * cols);
+    if (wide) {
+      sr_row_avx512(v, cols, f, sc, 0.0f, key_cols, base, o);
+      continue;
+    }
     for (int64_t c = 0; c < cols; ++c) {
       const int8_t qv =
           sr_round_i8((v[c] * f) / sc[c], sr_uniform(key_cols, base + static_cast<uint32_t>(c)));
@@ -232,7 +310,7 @@ void absmax_cols_plain(const void* x, DType xd, int64_t r0, int64_t r1, int64_t 
 HYP_AVX512 void absmax_cols_avx512(const void* x, DType xd, int64_t r0, int64_t r1, int64_t cols,
                                    const float* f, uint32_t* m) {
   std::vector<float> buf(static_cast<size_t>(cols));
-  col_absmax_bits(x, xd, r0, r1, cols, f, m, buf.data());
+  col_absmax_bits(x, xd, r0, r1, cols, f, m, buf.data(), true);
 }
 void cols_plain(const TensorView& x, const TensorView& q, const float* s, const float* keep,
                 int64_t r0, int64_t r1) {
@@ -244,11 +322,11 @@ HYP_AVX512 void cols_avx512(const TensorView& x, const TensorView& q, const floa
 }
 void grad_plain(const TensorView& dy, const float* f, SrKey kr, SrKey kc, const float* sc,
                 const GradQuantized& o, int64_t r0, int64_t r1) {
-  grad_apply(dy, f, kr, kc, sc, o, r0, r1);
+  grad_apply(dy, f, kr, kc, sc, o, r0, r1, false);
 }
 HYP_AVX512 void grad_avx512(const TensorView& dy, const float* f, SrKey kr, SrKey kc,
                             const float* sc, const GradQuantized& o, int64_t r0, int64_t r1) {
-  grad_apply(dy, f, kr, kc, sc, o, r0, r1);
+  grad_apply(dy, f, kr, kc, sc, o, r0, r1, true);
 }
 
 // Column absmax of x (times row_factor) over every row, rows split over the threads; the
@@ -298,12 +376,42 @@ void decode_plain(const void* b, DType fd, int64_t n, bf16* v) {
   else
     fp8_decode_body<2, 15>(bytes, n, v);
 }
+// fp8_decode_body, 16 lanes at a time.
+template <int kMan, int kBias>
+HYP_AVX512 void fp8_decode_avx512(const uint8_t* bytes, int64_t n, bf16* values) {
+  constexpr float kSubStep = 1.0f / float(uint64_t(1) << (kBias - 1 + kMan));
+  constexpr uint32_t kExpMask = (0x7fu >> kMan);
+  const __m512i exp_mask = _mm512_set1_epi32(int(kExpMask));
+  const __m512i man_mask = _mm512_set1_epi32(int((1u << kMan) - 1u));
+  const __m512i rebias = _mm512_set1_epi32(int(127u - uint32_t(kBias)));
+  const __m512 sub_step = _mm512_set1_ps(kSubStep);
+  const __m512i nan = _mm512_set1_epi32(0x7fc00000);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = tail_mask(n - i);
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, bytes + i));
+    const __m512i e = _mm512_and_si512(_mm512_srli_epi32(b, kMan), exp_mask);
+    const __m512i m = _mm512_and_si512(b, man_mask);
+    __m512i f = _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(e, rebias), 23),
+                                _mm512_slli_epi32(m, 23 - kMan));
+    const __mmask16 sub = _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512());
+    f = _mm512_mask_mov_epi32(f, sub,
+                              _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(m), sub_step)));
+    const __mmask16 is_nan =
+        kMan == 3 ? _mm512_cmpeq_epi32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7f)),
+                                            _mm512_set1_epi32(0x7f))
+                  : _mm512_cmpeq_epi32_mask(e, exp_mask);
+    f = _mm512_mask_mov_epi32(f, is_nan, nan);
+    f = _mm512_or_si512(f, _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24));
+    _mm256_mask_storeu_epi16(values + i, k, _mm512_cvtepi32_epi16(_mm512_srli_epi32(f, 16)));
+  }
+}
+
 HYP_AVX512 void decode_avx512(const void* b, DType fd, int64_t n, bf16* v) {
   auto* bytes = static_cast<const uint8_t*>(b);
   if (fd == DType::kE4M3)
-    fp8_decode_body<3, 7>(bytes, n, v);
+    fp8_decode_avx512<3, 7>(bytes, n, v);
   else
-    fp8_decode_body<2, 15>(bytes, n, v);
+    fp8_decode_avx512<2, 15>(bytes, n, v);
 }
 
 void check_fp8(const char* op, DType fd) {

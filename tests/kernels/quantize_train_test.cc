@@ -183,6 +183,25 @@ TEST(QuantizeTrain, Fp8MatchesExactEncoder) {
   }
 }
 
+TEST(QuantizeTrain, Fp8DecodeEveryCode) {
+  std::vector<uint8_t> codes(256);
+  for (int i = 0; i < 256; ++i) codes[size_t(i)] = uint8_t(i);
+  for (DType fd : {DType::kE4M3, DType::kE5M2}) {
+    std::vector<bf16> v(256);
+    dequantize_fp8_values(codes.data(), fd, 256, v.data());
+    for (int i = 0; i < 256; ++i) {
+      const float want = fd == DType::kE4M3 ? e4m3_to_f32(fp8_e4m3{uint8_t(i)})
+                                            : e5m2_to_f32(fp8_e5m2{uint8_t(i)});
+      const float got = bf16_to_f32(v[size_t(i)]);
+      if (std::isnan(want) || std::isinf(want)) {
+        EXPECT_TRUE(std::isnan(got) || (std::isinf(want) && std::isnan(got))) << i;
+      } else {
+        EXPECT_EQ(got, want) << dtype_name(fd) << " code " << i;
+      }
+    }
+  }
+}
+
 TEST(QuantizeTrain, Fp8ThreadsAndBadScale) {
   const std::vector<float> v = random_values(50000, 6);
   std::vector<uint8_t> b1(v.size()), b2(v.size());
