@@ -15,7 +15,7 @@ declare -A allowed=(
   [io]="base tensor kernels io"
   [train]="base tensor kernels dist model io train"
   [serve]="base tensor kernels model io serve"
-  [cases]="base tensor kernels cases"
+  [cases]="base tensor kernels dist model cases"
   [cli]="base tensor kernels dist model io train serve cases cli"
 )
 bad=0

@@ -51,6 +51,7 @@ struct KernelBench {
 
 std::vector<KernelBench> gemm_benches();
 std::vector<KernelBench> gemm_train_benches();
+std::vector<KernelBench> quantized_linear_benches();
 std::vector<KernelBench> moe_benches();
 std::vector<KernelBench> all_kernel_benches();
 
@@ -66,8 +67,8 @@ namespace hyperion::bench {
 std::shared_ptr<Tensor> random_tensor(DType dtype, Shape shape, unsigned seed, float lo = -1.0f,
                                       float hi = 1.0f);
 
-std::vector<KernelBench> loss_benches();       // softmax, cross-entropy, embedding
-std::vector<KernelBench> layer_benches();      // rmsnorm, rope, swiglu, adamw, global norm
+std::vector<KernelBench> loss_benches();             // softmax, cross-entropy, embedding
+std::vector<KernelBench> layer_benches();            // rmsnorm, rope, swiglu, adamw, global norm
 std::vector<KernelBench> attention_benches();        // flash attention
 std::vector<KernelBench> paged_attention_benches();  // serving decode over the paged KV cache
 

@@ -233,11 +233,11 @@ void scale_epilogue(const GemmArgs& g, const float* sums, int64_t sums_ld, int64
                         float* t = tmp.data();
                         if (beta != 0.0f) {
                           convert_bf16_to_f32(dst, t, size_t(n));
+                          for (int64_t j = 0; j < n; ++j)
+                            t[j] = src[j] * rs * cs[j] + cb[j] + beta * t[j];
                         } else {
-                          std::fill(t, t + n, 0.0f);
+                          for (int64_t j = 0; j < n; ++j) t[j] = src[j] * rs * cs[j] + cb[j];
                         }
-                        for (int64_t j = 0; j < n; ++j)
-                          t[j] = src[j] * rs * cs[j] + cb[j] + beta * t[j];
                         convert_f32_to_bf16(t, dst, size_t(n));
                       }
                     }

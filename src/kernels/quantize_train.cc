@@ -76,8 +76,8 @@ inline __mmask16 tail_mask(int64_t k) {
   return k >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << k) - 1u);
 }
 
-// o[c] = sr_round_i8((v[c] * f) / d[c], u(key, base + c)), d[c] = div[c] (0: write 0) or
-// the scalar `s` when div is null.
+// o[c] = sr_round_i8((v[c] * f) * d[c], u(key, base + c)), d[c] = inv[c] (a reciprocal
+// scale; 0: write 0) or the scalar `s` when inv is null.
 HYP_AVX512 void sr_row_avx512(const float* v, int64_t cols, float f, const float* div, float s,
                               SrKey key, uint32_t base, int8_t* o) {
   const __m512i ka = _mm512_set1_epi32(static_cast<int>(key.a));
@@ -102,7 +102,7 @@ HYP_AVX512 void sr_row_avx512(const float* v, int64_t cols, float f, const float
     const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), inv24);
     const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, v + c), fv);
     const __m512 d = div != nullptr ? _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), k, div + c) : sv;
-    __m512 r = _mm512_roundscale_ps(_mm512_add_ps(_mm512_div_ps(x, d), u),
+    __m512 r = _mm512_roundscale_ps(_mm512_add_ps(_mm512_mul_ps(x, d), u),
                                     _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
     __mmask16 keep = k;
@@ -173,12 +173,13 @@ HYP_INLINE void grad_rows_part(const float* v, int64_t r, int64_t cols, SrKey ke
     return;
   }
   const uint32_t base = static_cast<uint32_t>(r * cols);
+  const float inv = 1.0f / s;
   if (wide) {
-    sr_row_avx512(v, cols, 1.0f, nullptr, s, key, base, o);
+    sr_row_avx512(v, cols, 1.0f, nullptr, inv, key, base, o);
     return;
   }
   for (int64_t c = 0; c < cols; ++c)
-    o[c] = sr_round_i8(v[c] / s, sr_uniform(key, base + static_cast<uint32_t>(c)));
+    o[c] = sr_round_i8(v[c] * inv, sr_uniform(key, base + static_cast<uint32_t>(c)));
 }
 
 // Rows [r0, r1): the per-row quantisation and, given the column scales (sc: 0 where the
@@ -202,7 +203,7 @@ HYP_INLINE void grad_apply(const TensorView& dy, const float* row_factor, SrKey 
     }
     for (int64_t c = 0; c < cols; ++c) {
       const int8_t qv =
-          sr_round_i8((v[c] * f) / sc[c], sr_uniform(key_cols, base + static_cast<uint32_t>(c)));
+          sr_round_i8((v[c] * f) * sc[c], sr_uniform(key_cols, base + static_cast<uint32_t>(c)));
       o[c] = sc[c] != 0.0f ? qv : int8_t(0);
     }
   }
@@ -467,7 +468,7 @@ void quantize_grad_int8(const TensorView& dy, const float* row_factor, uint64_t 
     for (int64_t c = 0; c < cols; ++c) {
       const float s = std::bit_cast<float>(m[size_t(c)]) / 127.0f;
       out.s_cols[c] = s;
-      sc[size_t(c)] = bad_scale(s) ? 0.0f : s;
+      sc[size_t(c)] = bad_scale(s) ? 0.0f : 1.0f / s;  // the reciprocal (0: zero column)
     }
   }
   const SrKey kr = sr_key(seed), kc = sr_key(seed + 1);
@@ -560,7 +561,8 @@ void quantize_grad_int8(const TensorView& dy, const float* row_factor, uint64_t 
       const float s = out.s_rows[r] = scale_of(amax, nan);
       for (int64_t c = 0; c < cols; ++c) {
         const uint32_t idx = static_cast<uint32_t>(r * cols + c);
-        out.q_rows[idx] = bad_scale(s) ? int8_t(0) : sr_round_i8(at(r, c) / s, sr_uniform(kr, idx));
+        out.q_rows[idx] =
+            bad_scale(s) ? int8_t(0) : sr_round_i8(at(r, c) * (1.0f / s), sr_uniform(kr, idx));
       }
     }
   }
@@ -577,7 +579,8 @@ void quantize_grad_int8(const TensorView& dy, const float* row_factor, uint64_t 
       for (int64_t r = 0; r < rows; ++r) {
         const float v = at(r, c) * (row_factor != nullptr ? row_factor[r] : 1.0f);
         const uint32_t idx = static_cast<uint32_t>(r * cols + c);
-        out.q_cols[idx] = bad_scale(s) ? int8_t(0) : sr_round_i8(v / s, sr_uniform(kc, idx));
+        out.q_cols[idx] =
+            bad_scale(s) ? int8_t(0) : sr_round_i8(v * (1.0f / s), sr_uniform(kc, idx));
       }
     }
   }

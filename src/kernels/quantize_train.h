@@ -15,7 +15,8 @@
 //                            e4m3 and e5m2 value is a bf16 value), and returns max|x|
 //     dequantize_fp8_values  fp8 bytes -> their values as bf16 (no scale)
 //
-// Stochastic rounding: q = floor(v + u), u uniform in [0, 1) from a counter-based hash of
+// Stochastic rounding: q = floor(x * (1 / scale) + u) (one f32 reciprocal per scale, a
+// multiply per element), u uniform in [0, 1) from a counter-based hash of
 // (seed, element index): E[q] = v, and the draw depends on nothing but the seed and the
 // element's position, so results are identical at any thread count and after a resume
 // (the caller derives the seed from its step counter). Values clamp to [-127, 127].
