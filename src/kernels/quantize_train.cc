@@ -76,39 +76,51 @@ inline __mmask16 tail_mask(int64_t k) {
   return k >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << k) - 1u);
 }
 
-// o[c] = sr_round_i8((v[c] * f) * d[c], u(key, base + c)), d[c] = inv[c] (a reciprocal
-// scale; 0: write 0) or the scalar `s` when inv is null.
-HYP_AVX512 void sr_row_avx512(const float* v, int64_t cols, float f, const float* div, float s,
-                              SrKey key, uint32_t base, int8_t* o) {
-  const __m512i ka = _mm512_set1_epi32(static_cast<int>(key.a));
-  const __m512i kb = _mm512_set1_epi32(static_cast<int>(key.b));
-  const __m512i golden = _mm512_set1_epi32(static_cast<int>(0x9E3779B1u));
-  const __m512i m1 = _mm512_set1_epi32(static_cast<int>(0x85EBCA6Bu));
-  const __m512i m2 = _mm512_set1_epi32(static_cast<int>(0xC2B2AE35u));
+// The 32-bit draws of 16 consecutive elements base + c + lane (sr_bits, 16 lanes).
+HYP_AVX512 inline __m512i sr_bits16(SrKey key, uint32_t first) {
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512 inv24 = _mm512_set1_ps(1.0f / 16777216.0f);
-  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
-  const __m512 fv = _mm512_set1_ps(f), sv = _mm512_set1_ps(s);
+  const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(first)), lane);
+  __m512i h = _mm512_add_epi32(_mm512_mullo_epi32(idx, _mm512_set1_epi32(int(0x9E3779B1u))),
+                               _mm512_set1_epi32(static_cast<int>(key.a)));
+  h = _mm512_xor_si512(h, _mm512_set1_epi32(static_cast<int>(key.b)));
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  h = _mm512_mullo_epi32(h, _mm512_set1_epi32(int(0x85EBCA6Bu)));
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+  h = _mm512_mullo_epi32(h, _mm512_set1_epi32(int(0xC2B2AE35u)));
+  return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+}
+
+// sr_round_i8(x * d + u), masked to k, zeroed where d == 0 when zero_where_d0.
+HYP_AVX512 inline void sr_store16(__m512 x, __m512 d, __m512 u, __mmask16 k, bool zero_where_d0,
+                                  int8_t* o) {
+  __m512 r = _mm512_roundscale_ps(_mm512_add_ps(_mm512_mul_ps(x, d), u),
+                                  _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  r = _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+  __mmask16 keep = k;
+  if (zero_where_d0) keep = _mm512_mask_cmp_ps_mask(k, d, _mm512_setzero_ps(), _CMP_NEQ_OQ);
+  _mm512_mask_cvtepi32_storeu_epi8(o, k, _mm512_maskz_cvttps_epi32(keep, r));
+}
+
+// One row of the gradient quantiser: o_rows[c] from v[c] * inv_row with the draw's low
+// half, o_cols[c] from (v[c] * f) * inv_cols[c] with its high half (either may be null).
+HYP_AVX512 void sr_row_avx512(const float* v, int64_t cols, float inv_row, int8_t* o_rows, float f,
+                              const float* inv_cols, int8_t* o_cols, SrKey key, uint32_t base) {
+  const __m512 scale16 = _mm512_set1_ps(1.0f / 65536.0f);
+  const __m512i low16 = _mm512_set1_epi32(0xFFFF);
+  const __m512 ir = _mm512_set1_ps(inv_row), fv = _mm512_set1_ps(f);
   for (int64_t c = 0; c < cols; c += 16) {
     const __mmask16 k = tail_mask(cols - c);
-    const __m512i idx = _mm512_add_epi32(
-        _mm512_set1_epi32(static_cast<int>(base + static_cast<uint32_t>(c))), lane);
-    __m512i h = _mm512_xor_si512(_mm512_add_epi32(_mm512_mullo_epi32(idx, golden), ka), kb);
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-    h = _mm512_mullo_epi32(h, m1);
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
-    h = _mm512_mullo_epi32(h, m2);
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-    const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), inv24);
-    const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, v + c), fv);
-    const __m512 d = div != nullptr ? _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), k, div + c) : sv;
-    __m512 r = _mm512_roundscale_ps(_mm512_add_ps(_mm512_mul_ps(x, d), u),
-                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
-    __mmask16 keep = k;
-    if (div != nullptr) keep = _mm512_mask_cmp_ps_mask(k, d, _mm512_setzero_ps(), _CMP_NEQ_OQ);
-    const __m512i q = _mm512_maskz_cvttps_epi32(keep, r);
-    _mm512_mask_cvtepi32_storeu_epi8(o + c, k, q);
+    const __m512i h = sr_bits16(key, base + static_cast<uint32_t>(c));
+    const __m512 x = _mm512_maskz_loadu_ps(k, v + c);
+    if (o_rows != nullptr) {
+      const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(h, low16)), scale16);
+      sr_store16(x, ir, u, k, false, o_rows + c);
+    }
+    if (o_cols != nullptr) {
+      const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 16)), scale16);
+      const __m512 d = _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), k, inv_cols + c);
+      sr_store16(_mm512_mul_ps(x, fv), d, u, k, true, o_cols + c);
+    }
   }
 }
 
@@ -158,8 +170,8 @@ HYP_INLINE void cols_apply(const TensorView& x, const TensorView& q, const float
   }
 }
 
-HYP_INLINE void grad_rows_part(const float* v, int64_t r, int64_t cols, SrKey key, int8_t* q,
-                               float* scale_out, bool wide) {
+// Row r's scale (from its absmax); returns the reciprocal (0 when the row is zeroed).
+HYP_INLINE float row_inverse(const float* v, int64_t cols, float* scale_out) {
   uint32_t mb = 0;
   for (int64_t c = 0; c < cols; ++c) {
     const uint32_t b = std::bit_cast<uint32_t>(v[c]) & 0x7fffffffu;
@@ -167,44 +179,42 @@ HYP_INLINE void grad_rows_part(const float* v, int64_t r, int64_t cols, SrKey ke
   }
   const float s = std::bit_cast<float>(mb) / 127.0f;
   *scale_out = s;
-  int8_t* o = q + r * cols;
-  if (bad_scale(s)) {
-    std::memset(o, 0, size_t(cols));
-    return;
-  }
-  const uint32_t base = static_cast<uint32_t>(r * cols);
-  const float inv = 1.0f / s;
-  if (wide) {
-    sr_row_avx512(v, cols, 1.0f, nullptr, inv, key, base, o);
-    return;
-  }
-  for (int64_t c = 0; c < cols; ++c)
-    o[c] = sr_round_i8(v[c] * inv, sr_uniform(key, base + static_cast<uint32_t>(c)));
+  return bad_scale(s) ? 0.0f : 1.0f / s;
 }
 
-// Rows [r0, r1): the per-row quantisation and, given the column scales (sc: 0 where the
-// column is written as zeros), the per-column one.
-HYP_INLINE void grad_apply(const TensorView& dy, const float* row_factor, SrKey key_rows,
-                           SrKey key_cols, const float* sc, const GradQuantized& out, int64_t r0,
-                           int64_t r1, bool wide) {
+// Rows [r0, r1): the per-row quantisation and, given the reciprocal column scales (inv:
+// 0 where the column is written as zeros), the per-column one; one draw per element,
+// its low half for the row quantisation, its high half for the column one.
+HYP_INLINE void grad_apply(const TensorView& dy, const float* row_factor, SrKey key,
+                           const float* inv, const GradQuantized& out, int64_t r0, int64_t r1,
+                           bool wide) {
   const int64_t cols = dy.shape[1];
   std::vector<float> buf(static_cast<size_t>(cols));
   for (int64_t r = r0; r < r1; ++r) {
     const float* v = row_f32(dy.data, dy.dtype, r, cols, buf.data());
-    if (out.q_rows != nullptr)
-      grad_rows_part(v, r, cols, key_rows, out.q_rows, out.s_rows + r, wide);
-    if (out.q_cols == nullptr) continue;
+    int8_t* orow = out.q_rows != nullptr ? out.q_rows + r * cols : nullptr;
+    int8_t* ocol = out.q_cols != nullptr ? out.q_cols + r * cols : nullptr;
+    float ir = 0.0f;
+    if (orow != nullptr) {
+      ir = row_inverse(v, cols, out.s_rows + r);
+      if (ir == 0.0f) {
+        std::memset(orow, 0, static_cast<size_t>(cols));
+        orow = nullptr;
+      }
+    }
     const float f = row_factor != nullptr ? row_factor[r] : 1.0f;
-    int8_t* o = out.q_cols + r * cols;
     const uint32_t base = static_cast<uint32_t>(r * cols);
     if (wide) {
-      sr_row_avx512(v, cols, f, sc, 0.0f, key_cols, base, o);
+      sr_row_avx512(v, cols, ir, orow, f, inv, ocol, key, base);
       continue;
     }
     for (int64_t c = 0; c < cols; ++c) {
-      const int8_t qv =
-          sr_round_i8((v[c] * f) * sc[c], sr_uniform(key_cols, base + static_cast<uint32_t>(c)));
-      o[c] = sc[c] != 0.0f ? qv : int8_t(0);
+      const uint32_t h = sr_bits(key, base + static_cast<uint32_t>(c));
+      if (orow != nullptr) orow[c] = sr_round_i8(v[c] * ir, sr_low(h));
+      if (ocol != nullptr) {
+        const int8_t qv = sr_round_i8((v[c] * f) * inv[c], sr_high(h));
+        ocol[c] = inv[c] != 0.0f ? qv : int8_t(0);
+      }
     }
   }
 }
@@ -321,13 +331,13 @@ HYP_AVX512 void cols_avx512(const TensorView& x, const TensorView& q, const floa
                             const float* keep, int64_t r0, int64_t r1) {
   cols_apply(x, q, s, keep, r0, r1);
 }
-void grad_plain(const TensorView& dy, const float* f, SrKey kr, SrKey kc, const float* sc,
+void grad_plain(const TensorView& dy, const float* f, SrKey key, const float* inv,
                 const GradQuantized& o, int64_t r0, int64_t r1) {
-  grad_apply(dy, f, kr, kc, sc, o, r0, r1, false);
+  grad_apply(dy, f, key, inv, o, r0, r1, false);
 }
-HYP_AVX512 void grad_avx512(const TensorView& dy, const float* f, SrKey kr, SrKey kc,
-                            const float* sc, const GradQuantized& o, int64_t r0, int64_t r1) {
-  grad_apply(dy, f, kr, kc, sc, o, r0, r1, true);
+HYP_AVX512 void grad_avx512(const TensorView& dy, const float* f, SrKey key, const float* inv,
+                            const GradQuantized& o, int64_t r0, int64_t r1) {
+  grad_apply(dy, f, key, inv, o, r0, r1, true);
 }
 
 // Column absmax of x (times row_factor) over every row, rows split over the threads; the
@@ -471,13 +481,13 @@ void quantize_grad_int8(const TensorView& dy, const float* row_factor, uint64_t 
       sc[size_t(c)] = bad_scale(s) ? 0.0f : 1.0f / s;  // the reciprocal (0: zero column)
     }
   }
-  const SrKey kr = sr_key(seed), kc = sr_key(seed + 1);
+  const SrKey key = sr_key(seed);
   const bool wide = use_avx512();
   parallel_chunks(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
     if (wide)
-      grad_avx512(dy, row_factor, kr, kc, sc.data(), out, r0, r1);
+      grad_avx512(dy, row_factor, key, sc.data(), out, r0, r1);
     else
-      grad_plain(dy, row_factor, kr, kc, sc.data(), out, r0, r1);
+      grad_plain(dy, row_factor, key, sc.data(), out, r0, r1);
   });
 }
 
@@ -543,7 +553,7 @@ void quantize_cols_int8(const TensorView& x, const TensorView& q, float* scales)
 void quantize_grad_int8(const TensorView& dy, const float* row_factor, uint64_t seed,
                         const GradQuantized& out) {
   const int64_t rows = dy.shape[0], cols = dy.shape[1];
-  const SrKey kr = sr_key(seed), kc = sr_key(seed + 1);
+  const SrKey key = sr_key(seed);
   auto at = [&](int64_t r, int64_t c) {
     return load_as_f32(dy.data, dy.dtype, size_t(r * cols + c));
   };
@@ -561,8 +571,9 @@ void quantize_grad_int8(const TensorView& dy, const float* row_factor, uint64_t 
       const float s = out.s_rows[r] = scale_of(amax, nan);
       for (int64_t c = 0; c < cols; ++c) {
         const uint32_t idx = static_cast<uint32_t>(r * cols + c);
-        out.q_rows[idx] =
-            bad_scale(s) ? int8_t(0) : sr_round_i8(at(r, c) * (1.0f / s), sr_uniform(kr, idx));
+        out.q_rows[idx] = bad_scale(s)
+                              ? int8_t(0)
+                              : sr_round_i8(at(r, c) * (1.0f / s), sr_low(sr_bits(key, idx)));
       }
     }
   }
@@ -580,7 +591,7 @@ void quantize_grad_int8(const TensorView& dy, const float* row_factor, uint64_t 
         const float v = at(r, c) * (row_factor != nullptr ? row_factor[r] : 1.0f);
         const uint32_t idx = static_cast<uint32_t>(r * cols + c);
         out.q_cols[idx] =
-            bad_scale(s) ? int8_t(0) : sr_round_i8(v * (1.0f / s), sr_uniform(kc, idx));
+            bad_scale(s) ? int8_t(0) : sr_round_i8(v * (1.0f / s), sr_high(sr_bits(key, idx)));
       }
     }
   }

@@ -54,9 +54,13 @@ inline uint32_t sr_bits(SrKey k, uint32_t index) {
   h ^= h >> 16;
   return h;
 }
-// Uniform in [0, 1) with 24 random bits (exact in f32).
-inline float sr_uniform(SrKey k, uint32_t index) {
-  return static_cast<float>(sr_bits(k, index) >> 8) * (1.0f / 16777216.0f);
+// The two uniform draws in [0, 1) of one 32-bit value, 16 bits each (exact in f32): the
+// gradient quantiser's per-row rounding takes the low half, its per-column one the high.
+inline float sr_low(uint32_t h) {
+  return static_cast<float>(h & 0xFFFFu) * (1.0f / 65536.0f);
+}
+inline float sr_high(uint32_t h) {
+  return static_cast<float>(h >> 16) * (1.0f / 65536.0f);
 }
 // Stochastic rounding of v (already divided by its scale) to an int8 level.
 inline int8_t sr_round_i8(float v, float u) {
@@ -75,8 +79,8 @@ struct GradQuantized {
   float* s_cols = nullptr;
 };
 // dy [rows, cols] f32|bf16 contiguous; row_factor [rows] or null (1). Either output pair
-// may be null (not computed). The row quantisation draws from seed, the column one from
-// seed + 1 (independent streams), element index = r * cols + c.
+// may be null (not computed). One draw per element (sr_bits(sr_key(seed), r * cols + c)):
+// its low 16 bits round the row quantisation, its high 16 bits the column one.
 void quantize_grad_int8(const TensorView& dy, const float* row_factor, uint64_t seed,
                         const GradQuantized& out);
 
