@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "kernels/amx_int8_gemm.h"
 #include "kernels/quantize.h"
 #include "kernels/quantize_train.h"
 
@@ -136,6 +137,17 @@ QuantizedMatmuls::Weight& QuantizedMatmuls::weight(int index) {
     }
     quantize_rows(src, TensorView(w.q_rows.data(), DType::kI8, {out, in}), w.s_rows.data());
     quantize_cols_int8(src, TensorView(w.q_cols.data(), DType::kI8, {out, in}), w.s_cols.data());
+    if (amx_int8_available()) {
+      // forward: op(B) = W^T, reduction over in; dx: B = W, reduction over out.
+      if (amx_int8_gemm_applies(in)) {
+        w.packed_fwd = AlignedBuffer<int8_t>(static_cast<size_t>(amx_packed_b_bytes(in, out)));
+        amx_pack_b_nk(w.q_rows.data(), out, in, w.packed_fwd.data());
+      }
+      if (amx_int8_gemm_applies(out)) {
+        w.packed_dx = AlignedBuffer<int8_t>(static_cast<size_t>(amx_packed_b_bytes(out, in)));
+        amx_pack_b_kn(w.q_cols.data(), out, in, w.packed_dx.data());
+      }
+    }
     return w;
   }
   if (w.values.size() != numel) w.values = AlignedBuffer<bf16>(numel);
@@ -190,6 +202,12 @@ void QuantizedMatmuls::forward(int index, int slot, const void* x, void* y, DTyp
   Weight& w = weight(index);
   Slot& s = fill_slot(slot, x, n, in);
   if (options_.mode == QuantMode::kInt8) {
+    const auto* qx = reinterpret_cast<const int8_t*>(s.q.data());
+    if (w.packed_fwd.size() > 0 && (yd == DType::kF32 || yd == DType::kBF16)) {
+      amx_int8_gemm(n, out, in, qx, in, w.packed_fwd.data(), s.s.data(), w.s_rows.data(), y, yd,
+                    out, beta);
+      return;
+    }
     GemmArgs g = contiguous_gemm_args(Trans::kN, Trans::kT, n, out, in, s.q.data(), DType::kI8,
                                       w.q_rows.data(), DType::kI8, y, yd, beta);
     g.a_scale = s.s.data();
@@ -219,11 +237,16 @@ void QuantizedMatmuls::backward(int index, int slot, const void* dy, void* dx, D
     const GradQuantized q{qa_.data(), sa_.data(), qb_.data(), sb_.data()};
     quantize_grad_int8(TensorView(const_cast<void*>(dy), DType::kBF16, {n, out}), s.s.data(),
                        seed(index), q);
-    GemmArgs gx = contiguous_gemm_args(Trans::kN, Trans::kN, n, in, out, qa_.data(), DType::kI8,
-                                       w.q_cols.data(), DType::kI8, dx, dxd, beta);
-    gx.a_scale = sa_.data();
-    gx.b_scale = w.s_cols.data();
-    k_.gemm(gx);
+    if (w.packed_dx.size() > 0 && (dxd == DType::kF32 || dxd == DType::kBF16)) {
+      amx_int8_gemm(n, in, out, qa_.data(), out, w.packed_dx.data(), sa_.data(), w.s_cols.data(),
+                    dx, dxd, in, beta);
+    } else {
+      GemmArgs gx = contiguous_gemm_args(Trans::kN, Trans::kN, n, in, out, qa_.data(), DType::kI8,
+                                         w.q_cols.data(), DType::kI8, dx, dxd, beta);
+      gx.a_scale = sa_.data();
+      gx.b_scale = w.s_cols.data();
+      k_.gemm(gx);
+    }
     GemmArgs gw = contiguous_gemm_args(Trans::kT, Trans::kN, out, in, n, qb_.data(), DType::kI8,
                                        s.q.data(), DType::kI8, grad.data, DType::kF32, 1.0f);
     gw.a_scale = sb_.data();

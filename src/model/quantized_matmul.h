@@ -112,6 +112,9 @@ class QuantizedMatmuls {
     uint64_t pass = ~uint64_t(0);          // pass it was quantised in
     AlignedBuffer<int8_t> q_rows, q_cols;  // int8: per output / per input channel
     AlignedBuffer<float> s_rows, s_cols;
+    // The same, packed for the AMX kernel (kernels/amx_int8_gemm.h; empty without AMX or
+    // when the reduction length is not a multiple of 64).
+    AlignedBuffer<int8_t> packed_fwd, packed_dx;
     AlignedBuffer<bf16> values;  // fp8: the e4m3 values
     float scale = 1.0f;
     AmaxHistory w_hist, g_hist;
