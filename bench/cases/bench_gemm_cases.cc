@@ -6,6 +6,7 @@
 
 #include "base/aligned.h"
 #include "cases/bench_registry.h"
+#include "kernels/amx_int8_gemm.h"
 #include "kernels/gemm.h"
 #include "tensor/convert.h"
 
@@ -125,6 +126,31 @@ KernelBench train_shape(const char* form, Trans ta, Trans tb, int64_t m, int64_t
   return kb;
 }
 
+// The same GEMM on the AMX int8 kernel (kernels/amx_int8_gemm.h) with its fused
+// dequantising epilogue: forward (bf16 out) and dx (f32 out) on a pre-packed weight.
+KernelBench amx_shape(const char* form, int64_t m, int64_t n, int64_t k, DType out) {
+  KernelBench kb;
+  kb.name = std::string("gemm_train_") + form + "_amx_int8_" + std::to_string(m) + "x" +
+            std::to_string(n) + "x" + std::to_string(k);
+  kb.bound = Bound::kInt8;
+  kb.flops = 2.0 * double(m) * n * k;
+  kb.setup = [=]() -> std::unique_ptr<BenchState> {
+    if (!amx_int8_available() || !amx_int8_gemm_applies(k))
+      return make_state([] {});  // reported as an empty case on machines without AMX
+    auto a = filled<int8_t>(size_t(m * k), 1), b = filled<int8_t>(size_t(n * k), 2);
+    auto packed = std::make_shared<AlignedBuffer<int8_t>>(size_t(amx_packed_b_bytes(k, n)));
+    amx_pack_b_nk(b->data(), n, k, packed->data());
+    auto c = std::make_shared<AlignedBuffer<float>>(size_t(m * n));
+    auto as = std::make_shared<std::vector<float>>(size_t(m), 0.01f);
+    auto bs = std::make_shared<std::vector<float>>(size_t(n), 0.02f);
+    return make_state([=] {
+      amx_int8_gemm(m, n, k, a->data(), k, packed->data(), as->data(), bs->data(), c->data(), out,
+                    n, 0.0f);
+    });
+  };
+  return kb;
+}
+
 // The three matmuls of a Linear [out, in] over `rows` tokens, bf16 and int8, plus the
 // int8 weight gradient with its left operand stored transposed (NN), the layout the
 // quantised backward writes.
@@ -142,6 +168,8 @@ void add_train_shapes(std::vector<KernelBench>& v, int64_t rows, int64_t out, in
       train_shape<int8_t>("dwnn", Trans::kN, Trans::kN, out, in, rows, Bound::kInt8, "int8"));
   v.push_back(
       train_shape<int8_t>("dwnt", Trans::kN, Trans::kT, out, in, rows, Bound::kInt8, "int8"));
+  v.push_back(amx_shape("fwd", rows, out, in, DType::kBF16));
+  v.push_back(amx_shape("dx", rows, in, out, DType::kF32));
 }
 
 }  // namespace
