@@ -1,5 +1,6 @@
 // One training Linear (forward, input gradient, weight gradient) at the trainer's shapes,
-// in bf16 and through the quantised matmuls (model/quantized_matmul.h): the int8 and
+// in bf16 and through the quantised matmuls (int8 on the AMX kernel where present, and on
+// oneDNN alone: "int8-onednn") (model/quantized_matmul.h): the int8 and
 // fp8 cases include every quantisation they run (activations, gradients with stochastic
 // rounding, the weights' once-per-pass quantisation), so their rate against the bf16
 // case is what `quantization` gains on the Linear layers of a step. FLOPs: 6 rows in out.
@@ -31,9 +32,11 @@ LlamaConfig linear_config(int64_t out, int64_t in) {
   return c;
 }
 
-KernelBench linear_case(QuantMode mode, int64_t rows, int64_t out, int64_t in) {
+KernelBench linear_case(QuantMode mode, int64_t rows, int64_t out, int64_t in, bool amx = true) {
   KernelBench kb;
-  const char* tag = mode == QuantMode::kOff ? "bf16" : quant_mode_name(mode);
+  const std::string tag = mode == QuantMode::kOff
+                              ? std::string("bf16")
+                              : std::string(quant_mode_name(mode)) + (amx ? "" : "-onednn");
   kb.name = std::string("linear_train_") + tag + "_" + std::to_string(rows) + "x" +
             std::to_string(out) + "x" + std::to_string(in);
   kb.bound = Bound::kBF16;  // the ratio is to the bf16 peak: EMFU
@@ -50,6 +53,7 @@ KernelBench linear_case(QuantMode mode, int64_t rows, int64_t out, int64_t in) {
     if (mode != QuantMode::kOff) {
       QuantOptions o;
       o.mode = mode;
+      o.use_amx = amx;
       s->q = std::make_unique<QuantizedMatmuls>(*s->ps, o, rows);
     }
     s->x = random_tensor(DType::kBF16, {rows, in}, 3);
@@ -83,8 +87,11 @@ std::vector<KernelBench> quantized_linear_benches() {
   for (auto [rows, out, in] : {std::tuple<int64_t, int64_t, int64_t>{4096, 1408, 512},
                                {4096, 512, 512},
                                {4096, 2048, 768}})
-    for (QuantMode m : {QuantMode::kOff, QuantMode::kInt8, QuantMode::kFp8})
+    for (QuantMode m : {QuantMode::kOff, QuantMode::kInt8, QuantMode::kFp8}) {
       v.push_back(linear_case(m, rows, out, in));
+      // int8 with oneDNN alone (no AMX kernel): the two int8 GEMM paths side by side.
+      if (m == QuantMode::kInt8) v.push_back(linear_case(m, rows, out, in, false));
+    }
   return v;
 }
 

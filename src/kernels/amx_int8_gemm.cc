@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "base/cpu.h"
 #include "base/error.h"
@@ -153,15 +154,50 @@ void amx_pack_b_nk(const int8_t* b, int64_t n, int64_t k, int8_t* packed) {
   });
 }
 
+namespace {
+// Four source rows interleaved byte by byte, 16 columns per step (AVX-512).
+HYP_AMX void interleave4_avx512(const int8_t* r0, const int8_t* r1, const int8_t* r2,
+                                const int8_t* r3, int64_t n, int8_t* dst) {
+  const __m512i m = _mm512_set1_epi32(0xFF);
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512i a =
+        _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(r0 + j))), m);
+    const __m512i b =
+        _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(r1 + j))), m);
+    const __m512i c =
+        _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(r2 + j))), m);
+    const __m512i d = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(r3 + j)));
+    const __m512i v =
+        _mm512_or_si512(_mm512_or_si512(a, _mm512_slli_epi32(b, 8)),
+                        _mm512_or_si512(_mm512_slli_epi32(c, 16), _mm512_slli_epi32(d, 24)));
+    _mm512_storeu_si512(dst + j * 4, v);
+  }
+  for (; j < n; ++j) {
+    dst[j * 4] = r0[j];
+    dst[j * 4 + 1] = r1[j];
+    dst[j * 4 + 2] = r2[j];
+    dst[j * 4 + 3] = r3[j];
+  }
+}
+}  // namespace
+
 void amx_pack_b_kn(const int8_t* b, int64_t k, int64_t n, int8_t* packed) {
   const int64_t kp = round_up(k, kKBlock), np = round_up(n, kBlock);
-  std::memset(packed, 0, static_cast<size_t>(kp * np));
-  parallel_chunks(k / 4 + (k % 4 != 0), 16, [&](int64_t q0, int64_t q1) {
+  // Only the padding needs zeros: columns n..np of every packed row, rows past k.
+  const bool wide = amx_int8_available();
+  parallel_chunks(kp / 4, 16, [&](int64_t q0, int64_t q1) {
     for (int64_t q = q0; q < q1; ++q) {
       int8_t* dst = packed + q * np * 4;
-      for (int64_t t = 0; t < 4 && 4 * q + t < k; ++t) {
-        const int8_t* src = b + (4 * q + t) * n;
-        for (int64_t j = 0; j < n; ++j) dst[j * 4 + t] = src[j];
+      std::memset(dst + n * 4, 0, static_cast<size_t>((np - n) * 4));
+      if (4 * q + 3 < k && wide) {
+        const int8_t* src = b + 4 * q * n;
+        interleave4_avx512(src, src + n, src + 2 * n, src + 3 * n, n, dst);
+        continue;
+      }
+      for (int64_t t = 0; t < 4; ++t) {
+        const int8_t* src = 4 * q + t < k ? b + (4 * q + t) * n : nullptr;
+        for (int64_t j = 0; j < n; ++j) dst[j * 4 + t] = src != nullptr ? src[j] : int8_t(0);
       }
     }
   });

@@ -170,6 +170,32 @@ HYP_INLINE void cols_apply(const TensorView& x, const TensorView& q, const float
   }
 }
 
+// Rows r .. r + 3 of the column quantisation, staged [4][cols], into q [cols, rows]: one
+// dword (4 consecutive rows) per column, scattered 16 columns at a time.
+HYP_AVX512 void store_transposed4(const int8_t* stage, int64_t cols, int64_t rows, int64_t r,
+                                  int8_t* q) {
+  const __m512i m = _mm512_set1_epi32(0xFF);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t c = 0; c < cols; c += 16) {
+    const __mmask16 k = tail_mask(cols - c);
+    const __m512i r0 =
+        _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, stage + c)), m);
+    const __m512i r1 =
+        _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, stage + cols + c)), m);
+    const __m512i r2 =
+        _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, stage + 2 * cols + c)), m);
+    const __m512i r3 = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, stage + 3 * cols + c));
+    const __m512i v =
+        _mm512_or_si512(_mm512_or_si512(r0, _mm512_slli_epi32(r1, 8)),
+                        _mm512_or_si512(_mm512_slli_epi32(r2, 16), _mm512_slli_epi32(r3, 24)));
+    const __m512i idx = _mm512_add_epi32(
+        _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(c))),
+                           _mm512_set1_epi32(static_cast<int>(rows))),
+        _mm512_set1_epi32(static_cast<int>(r)));
+    _mm512_mask_i32scatter_epi32(q, k, idx, v, 1);
+  }
+}
+
 // Row r's scale (from its absmax); returns the reciprocal (0 when the row is zeroed).
 HYP_INLINE float row_inverse(const float* v, int64_t cols, float* scale_out) {
   uint32_t mb = 0;
@@ -188,12 +214,17 @@ HYP_INLINE float row_inverse(const float* v, int64_t cols, float* scale_out) {
 HYP_INLINE void grad_apply(const TensorView& dy, const float* row_factor, SrKey key,
                            const float* inv, const GradQuantized& out, int64_t r0, int64_t r1,
                            bool wide) {
-  const int64_t cols = dy.shape[1];
+  const int64_t rows = dy.shape[0], cols = dy.shape[1];
   std::vector<float> buf(static_cast<size_t>(cols));
+  // Transposed column output: the wide path stages 4 rows, then stores them as dwords of
+  // 4 consecutive rows per column (r0 is a multiple of 4); the plain path writes bytes.
+  const bool transposed = out.q_cols != nullptr && out.cols_transposed;
+  std::vector<int8_t> stage(transposed && wide ? static_cast<size_t>(4 * cols) : 0);
   for (int64_t r = r0; r < r1; ++r) {
     const float* v = row_f32(dy.data, dy.dtype, r, cols, buf.data());
     int8_t* orow = out.q_rows != nullptr ? out.q_rows + r * cols : nullptr;
     int8_t* ocol = out.q_cols != nullptr ? out.q_cols + r * cols : nullptr;
+    if (transposed) ocol = wide ? stage.data() + (r & 3) * cols : nullptr;
     float ir = 0.0f;
     if (orow != nullptr) {
       ir = row_inverse(v, cols, out.s_rows + r);
@@ -206,14 +237,20 @@ HYP_INLINE void grad_apply(const TensorView& dy, const float* row_factor, SrKey 
     const uint32_t base = static_cast<uint32_t>(r * cols);
     if (wide) {
       sr_row_avx512(v, cols, ir, orow, f, inv, ocol, key, base);
+      if (transposed && (r & 3) == 3)
+        store_transposed4(stage.data(), cols, rows, r - 3, out.q_cols);
       continue;
     }
     for (int64_t c = 0; c < cols; ++c) {
       const uint32_t h = sr_bits(key, base + static_cast<uint32_t>(c));
       if (orow != nullptr) orow[c] = sr_round_i8(v[c] * ir, sr_low(h));
-      if (ocol != nullptr) {
+      if (out.q_cols != nullptr) {
         const int8_t qv = sr_round_i8((v[c] * f) * inv[c], sr_high(h));
-        ocol[c] = inv[c] != 0.0f ? qv : int8_t(0);
+        const int8_t q = inv[c] != 0.0f ? qv : int8_t(0);
+        if (transposed)
+          out.q_cols[c * rows + r] = q;
+        else
+          ocol[c] = q;
       }
     }
   }
@@ -483,12 +520,17 @@ void quantize_grad_int8(const TensorView& dy, const float* row_factor, uint64_t 
   }
   const SrKey key = sr_key(seed);
   const bool wide = use_avx512();
-  parallel_chunks(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
-    if (wide)
-      grad_avx512(dy, row_factor, key, sc.data(), out, r0, r1);
-    else
-      grad_plain(dy, row_factor, key, sc.data(), out, r0, r1);
-  });
+  // Transposed output: chunks of whole 4-row groups (the wide path stores them together).
+  const int64_t unit = out.q_cols != nullptr && out.cols_transposed ? 4 : 1;
+  HYP_CHECK(rows % unit == 0, "quantize_grad_int8: a transposed output needs rows % 4 == 0, got {}",
+            rows);
+  parallel_chunks(rows / unit, std::max<int64_t>(1, row_grain(cols) / unit),
+                  [&](int64_t g0, int64_t g1) {
+                    if (wide)
+                      grad_avx512(dy, row_factor, key, sc.data(), out, g0 * unit, g1 * unit);
+                    else
+                      grad_plain(dy, row_factor, key, sc.data(), out, g0 * unit, g1 * unit);
+                  });
 }
 
 float absmax(const void* x, DType xd, int64_t n) {

@@ -77,6 +77,9 @@ struct GradQuantized {
   float* s_rows = nullptr;
   int8_t* q_cols = nullptr;  // [rows, cols] of dy * row_factor, per-column s_cols[cols]
   float* s_cols = nullptr;
+  // q_cols written transposed, [cols, rows] (the A operand of an AMX weight gradient,
+  // kernels/amx_int8_gemm.h); needs rows % 4 == 0.
+  bool cols_transposed = false;
 };
 // dy [rows, cols] f32|bf16 contiguous; row_factor [rows] or null (1). Either output pair
 // may be null (not computed). One draw per element (sr_bits(sr_key(seed), r * cols + c)):

@@ -137,7 +137,7 @@ QuantizedMatmuls::Weight& QuantizedMatmuls::weight(int index) {
     }
     quantize_rows(src, TensorView(w.q_rows.data(), DType::kI8, {out, in}), w.s_rows.data());
     quantize_cols_int8(src, TensorView(w.q_cols.data(), DType::kI8, {out, in}), w.s_cols.data());
-    if (amx_int8_available()) {
+    if (options_.use_amx && amx_int8_available()) {
       // forward: op(B) = W^T, reduction over in; dx: B = W, reduction over out.
       if (amx_int8_gemm_applies(in)) {
         w.packed_fwd = AlignedBuffer<int8_t>(static_cast<size_t>(amx_packed_b_bytes(in, out)));
@@ -234,7 +234,11 @@ void QuantizedMatmuls::backward(int index, int slot, const void* dy, void* dx, D
             slot);
   const TensorView grad = params_.grad(index);
   if (options_.mode == QuantMode::kInt8) {
-    const GradQuantized q{qa_.data(), sa_.data(), qb_.data(), sb_.data()};
+    // dW on the AMX kernel: dW[out, in] = (q_g^T [out, n]) x (q_x [n, in], packed), the
+    // quantiser writing q_g transposed (the kernel's A operand runs along the tokens).
+    const bool amx_dw = options_.use_amx && amx_int8_available() && amx_int8_gemm_applies(n);
+    GradQuantized q{qa_.data(), sa_.data(), qb_.data(), sb_.data()};
+    q.cols_transposed = amx_dw;
     quantize_grad_int8(TensorView(const_cast<void*>(dy), DType::kBF16, {n, out}), s.s.data(),
                        seed(index), q);
     if (w.packed_dx.size() > 0 && (dxd == DType::kF32 || dxd == DType::kBF16)) {
@@ -246,6 +250,18 @@ void QuantizedMatmuls::backward(int index, int slot, const void* dy, void* dx, D
       gx.a_scale = sa_.data();
       gx.b_scale = w.s_cols.data();
       k_.gemm(gx);
+    }
+    if (amx_dw) {
+      if (s.packed_pass != pass_id_) {
+        const size_t bytes = static_cast<size_t>(amx_packed_b_bytes(n, in));
+        if (s.packed.size() < bytes) s.packed = AlignedBuffer<int8_t>(bytes);
+        amx_pack_b_kn(reinterpret_cast<const int8_t*>(s.q.data()), n, in, s.packed.data());
+        s.packed_pass = pass_id_;
+      }
+      if (ones_.size() < static_cast<size_t>(in)) ones_.assign(static_cast<size_t>(in), 1.0f);
+      amx_int8_gemm(out, in, n, qb_.data(), n, s.packed.data(), sb_.data(), ones_.data(), grad.data,
+                    DType::kF32, in, 1.0f);
+      return;
     }
     GemmArgs gw = contiguous_gemm_args(Trans::kT, Trans::kN, out, in, n, qb_.data(), DType::kI8,
                                        s.q.data(), DType::kI8, grad.data, DType::kF32, 1.0f);

@@ -51,6 +51,9 @@ struct QuantOptions {
   int64_t amax_history_len = 1024;
   float amax_margin = 0.0f;  // scale *= 2^margin
   uint64_t seed = 0;         // stochastic rounding stream
+  // int8 GEMMs on the AMX kernel (kernels/amx_int8_gemm.h) where the CPU has AMX-INT8;
+  // false: oneDNN only (the same results bit for bit: for tests and benchmarks).
+  bool use_amx = true;
   bool enabled() const { return mode != QuantMode::kOff; }
 };
 
@@ -127,6 +130,10 @@ class QuantizedMatmuls {
     AlignedBuffer<float> s;    // int8 per-row scales
     float scale = 1.0f;        // fp8
     AmaxHistory hist;
+    // int8 with AMX: q packed as the weight gradient's B operand (kernels/amx_int8_gemm.h),
+    // built by the first backward that reads the slot in a pass.
+    AlignedBuffer<int8_t> packed;
+    uint64_t packed_pass = ~uint64_t(0);
   };
   Weight& weight(int index);
   Slot& fill_slot(int slot, const void* x, int64_t n, int64_t cols);
@@ -149,6 +156,7 @@ class QuantizedMatmuls {
   AlignedBuffer<int8_t> qa_, qb_;
   AlignedBuffer<float> sa_, sb_;
   AlignedBuffer<bf16> va_, vb_;
+  std::vector<float> ones_;  // unit column scales (the weight gradient's)
 };
 
 }  // namespace hyperion

@@ -95,6 +95,32 @@ TEST(QuantizeTrain, GradientMatchesReferenceAtAnyThreadCount) {
   set_num_threads(saved_threads);
 }
 
+// The transposed column output (the AMX weight gradient's operand) holds the same values.
+TEST(QuantizeTrain, TransposedColumnsEqualTheTranspose) {
+  const int saved_threads = num_threads();
+  const int64_t rows = 36, cols = 53;
+  const auto x = store_as(random_values(size_t(rows * cols), 8), DType::kBF16);
+  const std::vector<float> factor = random_values(size_t(rows), 9, 0.1f);
+  const TensorView dy(const_cast<unsigned char*>(x.data()), DType::kBF16, {rows, cols});
+  std::vector<int8_t> qc(size_t(rows * cols)), qr(qc.size());
+  std::vector<float> sc(static_cast<size_t>(cols)), sr(static_cast<size_t>(rows));
+  quantize_grad_int8(dy, factor.data(), 77, {qr.data(), sr.data(), qc.data(), sc.data()});
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    std::vector<int8_t> qt(qc.size()), qr2(qc.size());
+    std::vector<float> sc2(sc.size()), sr2(sr.size());
+    GradQuantized out{qr2.data(), sr2.data(), qt.data(), sc2.data()};
+    out.cols_transposed = true;
+    quantize_grad_int8(dy, factor.data(), 77, out);
+    EXPECT_EQ(qr2, qr);
+    EXPECT_EQ(sc2, sc);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        ASSERT_EQ(qt[size_t(c * rows + r)], qc[size_t(r * cols + c)]) << r << "," << c;
+  }
+  set_num_threads(saved_threads);
+}
+
 // Stochastic rounding is unbiased: the mean of many draws of one value is within 3 sigma
 // of the value, for several fractional parts; and a different seed changes the draws.
 TEST(QuantizeTrain, StochasticRoundingIsUnbiased) {

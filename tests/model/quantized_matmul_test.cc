@@ -179,6 +179,37 @@ TEST(QuantizedMatmul, GradientsMatchDequantizedReference) {
   }
 }
 
+// The AMX kernel path (forward, dx and the transposed-gradient dW) equals the oneDNN path
+// bit for bit (on machines without AMX both runs take oneDNN).
+TEST(QuantizedMatmul, AmxAndOneDnnPathsAgreeBitForBit) {
+  const int64_t n = 128, in = 64, out = 96;
+  std::vector<std::vector<float>> results;
+  for (bool amx : {true, false}) {
+    ParamStore ps(small_config(), true);
+    ps.init(1, 0.3);
+    QuantOptions o = opts(QuantMode::kInt8);
+    o.use_amx = amx;
+    QuantizedMatmuls q(ps, o, n);
+    const int idx = ps.layer(0).up;
+    const auto x = random_bf16(static_cast<size_t>(n * in), 11);
+    const auto dy = random_bf16(static_cast<size_t>(n * out), 12, 0.01f);
+    std::vector<bf16> y(static_cast<size_t>(n * out));
+    std::vector<float> dx(static_cast<size_t>(n * in), 0.5f);
+    ps.zero_grads();
+    q.begin_pass(true);
+    q.forward(idx, q.slot(0, 2), x.data(), y.data(), DType::kBF16, n, 0.0f);
+    q.backward(idx, q.slot(0, 2), dy.data(), dx.data(), DType::kF32, n, 1.0f);
+    std::vector<float> all(dx);
+    for (bf16 v : y) all.push_back(bf16_to_f32(v));
+    const TensorView g = ps.grad(idx);
+    all.insert(all.end(), static_cast<const float*>(g.data),
+               static_cast<const float*>(g.data) + out * in);
+    results.push_back(std::move(all));
+  }
+  ASSERT_EQ(results[0].size(), results[1].size());
+  EXPECT_EQ(std::memcmp(results[0].data(), results[1].data(), results[0].size() * 4), 0);
+}
+
 TEST(AmaxHistory, RollMaxMarginAndFirstSteps) {
   AmaxHistory h(4);
   EXPECT_EQ(h.scale(448.0f, 0.0f), 0.0f);  // empty: the caller uses the current amax
