@@ -170,29 +170,38 @@ HYP_INLINE void cols_apply(const TensorView& x, const TensorView& q, const float
   }
 }
 
-// Rows r .. r + 3 of the column quantisation, staged [4][cols], into q [cols, rows]: one
-// dword (4 consecutive rows) per column, scattered 16 columns at a time.
-HYP_AVX512 void store_transposed4(const int8_t* stage, int64_t cols, int64_t rows, int64_t r,
-                                  int8_t* q) {
+// Rows r .. r + 63 of the column quantisation, staged [64][cols], into q [cols, rows]:
+// per 16 columns, each 4-row group becomes one dword per column (16 dwords in a buffer
+// row), and each column's 16 dwords (64 consecutive rows: one cache line) are gathered
+// from that L1 buffer and stored at once.
+HYP_AVX512 void store_transposed64(const int8_t* stage, int64_t cols, int64_t rows, int64_t r,
+                                   int8_t* q) {
   const __m512i m = _mm512_set1_epi32(0xFF);
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i lane16 =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(16));
+  alignas(64) int32_t buf[16 * 16];
   for (int64_t c = 0; c < cols; c += 16) {
     const __mmask16 k = tail_mask(cols - c);
-    const __m512i r0 =
-        _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, stage + c)), m);
-    const __m512i r1 =
-        _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, stage + cols + c)), m);
-    const __m512i r2 =
-        _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, stage + 2 * cols + c)), m);
-    const __m512i r3 = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, stage + 3 * cols + c));
-    const __m512i v =
-        _mm512_or_si512(_mm512_or_si512(r0, _mm512_slli_epi32(r1, 8)),
-                        _mm512_or_si512(_mm512_slli_epi32(r2, 16), _mm512_slli_epi32(r3, 24)));
-    const __m512i idx = _mm512_add_epi32(
-        _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(c))),
-                           _mm512_set1_epi32(static_cast<int>(rows))),
-        _mm512_set1_epi32(static_cast<int>(r)));
-    _mm512_mask_i32scatter_epi32(q, k, idx, v, 1);
+    for (int64_t g = 0; g < 16; ++g) {
+      const int8_t* s0 = stage + (4 * g) * cols + c;
+      const __m512i r0 = _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, s0)), m);
+      const __m512i r1 =
+          _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, s0 + cols)), m);
+      const __m512i r2 =
+          _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, s0 + 2 * cols)), m);
+      const __m512i r3 = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, s0 + 3 * cols));
+      _mm512_store_si512(
+          buf + g * 16,
+          _mm512_or_si512(_mm512_or_si512(r0, _mm512_slli_epi32(r1, 8)),
+                          _mm512_or_si512(_mm512_slli_epi32(r2, 16), _mm512_slli_epi32(r3, 24))));
+    }
+    const int64_t nc = std::min<int64_t>(16, cols - c);
+    for (int64_t i = 0; i < nc; ++i) {
+      const __m512i col = _mm512_i32gather_epi32(
+          _mm512_add_epi32(lane16, _mm512_set1_epi32(static_cast<int>(i))), buf, 4);
+      _mm512_storeu_si512(q + (c + i) * rows + r, col);
+    }
   }
 }
 
@@ -216,15 +225,15 @@ HYP_INLINE void grad_apply(const TensorView& dy, const float* row_factor, SrKey 
                            bool wide) {
   const int64_t rows = dy.shape[0], cols = dy.shape[1];
   std::vector<float> buf(static_cast<size_t>(cols));
-  // Transposed column output: the wide path stages 4 rows, then stores them as dwords of
-  // 4 consecutive rows per column (r0 is a multiple of 4); the plain path writes bytes.
+  // Transposed column output: the wide path stages 64 rows, then stores 64 consecutive
+  // rows per column at once (r0 is a multiple of 64); the plain path writes bytes.
   const bool transposed = out.q_cols != nullptr && out.cols_transposed;
-  std::vector<int8_t> stage(transposed && wide ? static_cast<size_t>(4 * cols) : 0);
+  std::vector<int8_t> stage(transposed && wide ? static_cast<size_t>(64 * cols) : 0);
   for (int64_t r = r0; r < r1; ++r) {
     const float* v = row_f32(dy.data, dy.dtype, r, cols, buf.data());
     int8_t* orow = out.q_rows != nullptr ? out.q_rows + r * cols : nullptr;
     int8_t* ocol = out.q_cols != nullptr ? out.q_cols + r * cols : nullptr;
-    if (transposed) ocol = wide ? stage.data() + (r & 3) * cols : nullptr;
+    if (transposed) ocol = wide ? stage.data() + (r & 63) * cols : nullptr;
     float ir = 0.0f;
     if (orow != nullptr) {
       ir = row_inverse(v, cols, out.s_rows + r);
@@ -237,8 +246,8 @@ HYP_INLINE void grad_apply(const TensorView& dy, const float* row_factor, SrKey 
     const uint32_t base = static_cast<uint32_t>(r * cols);
     if (wide) {
       sr_row_avx512(v, cols, ir, orow, f, inv, ocol, key, base);
-      if (transposed && (r & 3) == 3)
-        store_transposed4(stage.data(), cols, rows, r - 3, out.q_cols);
+      if (transposed && (r & 63) == 63)
+        store_transposed64(stage.data(), cols, rows, r - 63, out.q_cols);
       continue;
     }
     for (int64_t c = 0; c < cols; ++c) {
@@ -520,10 +529,10 @@ void quantize_grad_int8(const TensorView& dy, const float* row_factor, uint64_t 
   }
   const SrKey key = sr_key(seed);
   const bool wide = use_avx512();
-  // Transposed output: chunks of whole 4-row groups (the wide path stores them together).
-  const int64_t unit = out.q_cols != nullptr && out.cols_transposed ? 4 : 1;
-  HYP_CHECK(rows % unit == 0, "quantize_grad_int8: a transposed output needs rows % 4 == 0, got {}",
-            rows);
+  // Transposed output: chunks of whole 64-row groups (the wide path stores them together).
+  const int64_t unit = out.q_cols != nullptr && out.cols_transposed ? 64 : 1;
+  HYP_CHECK(rows % unit == 0,
+            "quantize_grad_int8: a transposed output needs rows % 64 == 0, got {}", rows);
   parallel_chunks(rows / unit, std::max<int64_t>(1, row_grain(cols) / unit),
                   [&](int64_t g0, int64_t g1) {
                     if (wide)

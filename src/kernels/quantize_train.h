@@ -78,7 +78,7 @@ struct GradQuantized {
   int8_t* q_cols = nullptr;  // [rows, cols] of dy * row_factor, per-column s_cols[cols]
   float* s_cols = nullptr;
   // q_cols written transposed, [cols, rows] (the A operand of an AMX weight gradient,
-  // kernels/amx_int8_gemm.h); needs rows % 4 == 0.
+  // kernels/amx_int8_gemm.h); needs rows % 64 == 0.
   bool cols_transposed = false;
 };
 // dy [rows, cols] f32|bf16 contiguous; row_factor [rows] or null (1). Either output pair

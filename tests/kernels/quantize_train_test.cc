@@ -98,7 +98,7 @@ TEST(QuantizeTrain, GradientMatchesReferenceAtAnyThreadCount) {
 // The transposed column output (the AMX weight gradient's operand) holds the same values.
 TEST(QuantizeTrain, TransposedColumnsEqualTheTranspose) {
   const int saved_threads = num_threads();
-  const int64_t rows = 36, cols = 53;
+  const int64_t rows = 192, cols = 53;
   const auto x = store_as(random_values(size_t(rows * cols), 8), DType::kBF16);
   const std::vector<float> factor = random_values(size_t(rows), 9, 0.1f);
   const TensorView dy(const_cast<unsigned char*>(x.data()), DType::kBF16, {rows, cols});
