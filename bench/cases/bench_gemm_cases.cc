@@ -127,7 +127,8 @@ KernelBench train_shape(const char* form, Trans ta, Trans tb, int64_t m, int64_t
 }
 
 // The same GEMM on the AMX int8 kernel (kernels/amx_int8_gemm.h) with its fused
-// dequantising epilogue: forward (bf16 out) and dx (f32 out) on a pre-packed weight.
+// dequantising epilogue: forward (bf16 out) and dx (f32 out) on a pre-packed weight, and
+// dW (f32 out) from the transposed gradient and the packed input.
 KernelBench amx_shape(const char* form, int64_t m, int64_t n, int64_t k, DType out) {
   KernelBench kb;
   kb.name = std::string("gemm_train_") + form + "_amx_int8_" + std::to_string(m) + "x" +
@@ -139,7 +140,11 @@ KernelBench amx_shape(const char* form, int64_t m, int64_t n, int64_t k, DType o
       return make_state([] {});  // reported as an empty case on machines without AMX
     auto a = filled<int8_t>(size_t(m * k), 1), b = filled<int8_t>(size_t(n * k), 2);
     auto packed = std::make_shared<AlignedBuffer<int8_t>>(size_t(amx_packed_b_bytes(k, n)));
-    amx_pack_b_nk(b->data(), n, k, packed->data());
+    // dW's B is the forward's int8 input [k = tokens, n], packed as stored ([k, n]).
+    if (std::string(form) == "dw")
+      amx_pack_b_kn(b->data(), k, n, packed->data());
+    else
+      amx_pack_b_nk(b->data(), n, k, packed->data());
     auto c = std::make_shared<AlignedBuffer<float>>(size_t(m * n));
     auto as = std::make_shared<std::vector<float>>(size_t(m), 0.01f);
     auto bs = std::make_shared<std::vector<float>>(size_t(n), 0.02f);
@@ -170,6 +175,7 @@ void add_train_shapes(std::vector<KernelBench>& v, int64_t rows, int64_t out, in
       train_shape<int8_t>("dwnt", Trans::kN, Trans::kT, out, in, rows, Bound::kInt8, "int8"));
   v.push_back(amx_shape("fwd", rows, out, in, DType::kBF16));
   v.push_back(amx_shape("dx", rows, in, out, DType::kF32));
+  v.push_back(amx_shape("dw", out, in, rows, DType::kF32));
 }
 
 }  // namespace

@@ -173,7 +173,6 @@ QuantizedMatmuls::Slot& QuantizedMatmuls::fill_slot(int slot, const void* x, int
   HYP_CHECK(n <= rows_, "quantized matmul: {} rows exceed the {} it was sized for", n, rows_);
   const size_t need = static_cast<size_t>(rows_ * cols);
   if (s.q.size() < need) {
-    saved_bytes_ += static_cast<int64_t>(need) - static_cast<int64_t>(s.q.size());
     s.q = AlignedBuffer<uint8_t>(need);
     if (options_.mode == QuantMode::kInt8) s.s = AlignedBuffer<float>(static_cast<size_t>(rows_));
   }
@@ -269,13 +268,12 @@ void QuantizedMatmuls::backward(int index, int slot, const void* dy, void* dx, D
     k_.gemm(gw);
     return;
   }
-  Weight& ww = w;
-  const float sg = delayed_scale(ww.g_hist, dy, DType::kBF16, n * out, 57344.0f);
+  const float sg = delayed_scale(w.g_hist, dy, DType::kBF16, n * out, 57344.0f);
   const float amax = quantize_fp8(dy, DType::kBF16, n * out, sg, DType::kE5M2, nullptr, vb_.data());
-  if (training_) ww.g_hist.record(amax, passes_ - 1);
+  if (training_) w.g_hist.record(amax, passes_ - 1);
   GemmArgs gx = contiguous_gemm_args(Trans::kN, Trans::kN, n, in, out, vb_.data(), DType::kBF16,
-                                     ww.values.data(), DType::kBF16, dx, dxd, beta);
-  gx.alpha = sg * ww.scale;
+                                     w.values.data(), DType::kBF16, dx, dxd, beta);
+  gx.alpha = sg * w.scale;
   k_.gemm(gx);
   dequantize_fp8_values(s.q.data(), DType::kE4M3, n * in, va_.data());
   GemmArgs gw = contiguous_gemm_args(Trans::kT, Trans::kN, out, in, n, vb_.data(), DType::kBF16,

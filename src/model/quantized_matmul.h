@@ -4,7 +4,8 @@
 // only with quantize_logits) through it; attention's QK^T and PV, the router and the
 // norms stay in bf16. Master weights, gradients and the optimizer stay f32.
 //
-// int8 (symmetric absmax, int8 x int8 -> int32 GEMMs, scales in the GEMM epilogue):
+// int8 (symmetric absmax, int8 x int8 -> int32 GEMMs, scales in the GEMM epilogue; on
+// kernels/amx_int8_gemm.h where the CPU has AMX-INT8, oneDNN otherwise: bit-equal):
 //   forward   y  = (q_x q_W^T) * s_x[row] * s_W[out]    x per token, W per output channel
 //   dx        dx = (q_dy q_Wc) * s_dy[row] * s_Wc[in]   dy per token (stochastic rounding),
 //                                                       W per input channel
@@ -105,8 +106,6 @@ class QuantizedMatmuls {
   std::vector<std::pair<std::string, std::vector<float>>> histories() const;
   // Restores both (names must match this model's; throws naming the first missing one).
   void restore(uint64_t passes, const std::vector<std::pair<std::string, std::vector<float>>>& h);
-  // Bytes of the saved quantised inputs (all slots) and of the weight copies.
-  int64_t saved_input_bytes() const { return saved_bytes_; }
   // The int8 weights of parameter `index` as the forward read them (per output channel).
   const int8_t* int8_weight(int index, const float** scales);
 
@@ -151,7 +150,6 @@ class QuantizedMatmuls {
   uint64_t passes_ = 0;   // training passes completed (the one running included)
   uint64_t pass_id_ = 0;  // every pass, for cache validity
   bool training_ = false;
-  int64_t saved_bytes_ = 0;
   // Scratch: quantised gradients and bf16 operand values.
   AlignedBuffer<int8_t> qa_, qb_;
   AlignedBuffer<float> sa_, sb_;
