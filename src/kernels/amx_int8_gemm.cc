@@ -15,6 +15,7 @@
 #include "base/cpu.h"
 #include "base/error.h"
 #include "base/threads.h"
+#include "kernels/amx_tiles.h"
 
 namespace hyperion {
 namespace {
@@ -26,26 +27,7 @@ int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
 }
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
 #define HYP_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512bf16")))
-
-HYP_AMX void configure_tiles() {
-  TileConfig cfg;
-  std::memset(&cfg, 0, sizeof(cfg));
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
-}
 
 // The epilogue of one block: rows [r0, r0 + rows) and columns [c0, c0 + cols) from the
 // int32 sums s[32][32].
@@ -83,7 +65,7 @@ HYP_AMX void store_block(const int32_t* s, int64_t r0, int64_t rows, int64_t c0,
 HYP_AMX void gemm_rows(int64_t r0, int64_t r1, int64_t m, int64_t n, int64_t k, const int8_t* a,
                        int64_t lda, const int8_t* pb, const float* a_scale, const float* b_scale,
                        void* c, DType cd, int64_t ldc, float beta) {
-  configure_tiles();
+  amx_configure_full_tiles();
   const int64_t np = round_up(n, kBlock);
   const int64_t pb_stride = np * 4;  // bytes of one packed row (4 k values per column)
   alignas(64) int32_t sums[kBlock * kBlock];

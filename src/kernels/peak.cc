@@ -1,5 +1,7 @@
 #include "kernels/peak.h"
 
+#include "kernels/amx_tiles.h"
+
 #include <immintrin.h>
 #include <omp.h>
 
@@ -83,27 +85,8 @@ __attribute__((target("avx512f,avx512vnni"))) double dot_int8_vnni(int64_t iters
 
 // AMX: four accumulator tiles (16x16 f32 / int32), two A and two B tiles, all register
 // resident. Tile shapes are the maximum: 16 rows x 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-__attribute__((target("amx-tile"))) void amx_configure() {
-  TileConfig cfg;
-  std::memset(&cfg, 0, sizeof(cfg));
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
-}
-
 __attribute__((target("amx-tile,amx-bf16"))) double amx_bf16(int64_t iters) {
-  amx_configure();
+  amx_configure_full_tiles();
   alignas(64) static thread_local uint16_t buf[16 * 32];
   for (auto& v : buf) v = 0x3c00;
   _tile_zero(0);
@@ -129,7 +112,7 @@ __attribute__((target("amx-tile,amx-bf16"))) double amx_bf16(int64_t iters) {
 }
 
 __attribute__((target("amx-tile,amx-int8"))) double amx_int8(int64_t iters) {
-  amx_configure();
+  amx_configure_full_tiles();
   alignas(64) static thread_local int8_t buf[16 * 64];
   for (auto& v : buf) v = 1;
   _tile_zero(0);
