@@ -64,6 +64,8 @@ KernelBench linear_case(QuantMode mode, int64_t rows, int64_t out, int64_t in, b
     return make_state([s, idx, rows] {
       ParamStore& ps = *s->ps;
       if (s->q) {
+        // One pass per optimizer step (no accumulation): the weights are quantised anew.
+        s->q->weights_changed();
         s->q->begin_pass(true);
         s->q->forward(idx, s->q->slot(0, 2), s->x->data(), s->y->data(), DType::kBF16, rows, 0.0f);
         s->q->backward(idx, s->q->slot(0, 2), s->dy->data(), s->dx->data(), DType::kF32, rows,

@@ -119,9 +119,9 @@ float QuantizedMatmuls::delayed_scale(const AmaxHistory& h, const void* x, DType
 
 QuantizedMatmuls::Weight& QuantizedMatmuls::weight(int index) {
   Weight& w = weights_[static_cast<size_t>(index)];
-  if (w.pass == pass_id_) return w;
-  // The weights change once per optimizer step; quantising once per pass is simpler
-  // and cheap next to the pass's GEMMs.
+  const bool int8 = options_.mode == QuantMode::kInt8;
+  if (int8 ? w.version == weights_version_ : w.pass == pass_id_) return w;
+  w.version = weights_version_;
   w.pass = pass_id_;
   // From the f32 master weights (as serving's int8 LinearWeights quantises them, so a
   // checkpoint serves the int8 values it trained with).

@@ -94,6 +94,11 @@ class QuantizedMatmuls {
 
   // Starts a pass: training passes record amaxes and advance the pass counter.
   void begin_pass(bool training);
+  // The weights changed (an optimizer step, a load): int8 re-quantises them at their
+  // next use, and otherwise keeps its quantised copies across passes (micro-batches and
+  // evaluation passes of one step). fp8 re-quantises every pass (its delayed scale moves
+  // with the history).
+  void weights_changed() { ++weights_version_; }
   // y[n, out] = x[n, in] W^T + beta * y (x bf16; y bf16 or f32). The quantised x is kept
   // in `slot` for the backward; a slot already filled from the same x this pass is reused
   // (q, k and v share their input).
@@ -111,7 +116,8 @@ class QuantizedMatmuls {
 
  private:
   struct Weight {
-    uint64_t pass = ~uint64_t(0);          // pass it was quantised in
+    uint64_t pass = ~uint64_t(0);          // fp8: the pass it was quantised in
+    uint64_t version = ~uint64_t(0);       // int8: the weights_version_ it was quantised at
     AlignedBuffer<int8_t> q_rows, q_cols;  // int8: per output / per input channel
     AlignedBuffer<float> s_rows, s_cols;
     // The same, packed for the AMX kernel (kernels/amx_int8_gemm.h; empty without AMX or
@@ -149,6 +155,7 @@ class QuantizedMatmuls {
   int head_slot_ = 0;
   uint64_t passes_ = 0;   // training passes completed (the one running included)
   uint64_t pass_id_ = 0;  // every pass, for cache validity
+  uint64_t weights_version_ = 0;
   bool training_ = false;
   // Scratch: quantised gradients and bf16 operand values.
   AlignedBuffer<int8_t> qa_, qb_;

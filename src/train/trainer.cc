@@ -363,6 +363,7 @@ void TrainingRun::setup() {
     sync_->release_unowned();
     loader_->restore(state_.data);
     if (QuantizedMatmuls* q = model_->quantized()) {
+      q->weights_changed();  // the loaded weights
       if (state_.quantization == quant_mode_name(q->options().mode)) {
         q->restore(state_.quant_passes, state_.quant_histories);
       } else {
@@ -523,6 +524,7 @@ void TrainingRun::step() {
   const double lr = t.schedule.lr(state_.step);
   const OptimizerStepResult opt = optimizer_->step(lr);
   sync_->after_optimizer_step();
+  if (QuantizedMatmuls* q = model_->quantized()) q->weights_changed();
   if (world_ > 1) {
     // The job's objective: the mean over ranks (each rank's loss is its tokens' mean).
     float l[3] = {static_cast<float>(loss), ms.lb_loss, ms.z_loss};

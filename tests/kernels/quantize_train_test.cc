@@ -220,7 +220,7 @@ TEST(QuantizeTrain, Fp8DecodeEveryCode) {
                                             : e5m2_to_f32(fp8_e5m2{uint8_t(i)});
       const float got = bf16_to_f32(v[size_t(i)]);
       if (std::isnan(want) || std::isinf(want)) {
-        EXPECT_TRUE(std::isnan(got) || (std::isinf(want) && std::isnan(got))) << i;
+        EXPECT_TRUE(std::isnan(got)) << i;  // NaN codes, and e5m2's inf (never written)
       } else {
         EXPECT_EQ(got, want) << dtype_name(fd) << " code " << i;
       }

@@ -210,6 +210,27 @@ TEST(QuantizedMatmul, AmxAndOneDnnPathsAgreeBitForBit) {
   EXPECT_EQ(std::memcmp(results[0].data(), results[1].data(), results[0].size() * 4), 0);
 }
 
+// int8 keeps its quantised weights across passes until weights_changed() (an optimizer
+// step): micro-batches and evaluation passes of one step reuse them.
+TEST(QuantizedMatmul, Int8WeightsRequantiseOnlyWhenChanged) {
+  ParamStore ps(small_config(), true);
+  ps.init(1, 0.3);
+  QuantizedMatmuls q(ps, opts(QuantMode::kInt8), 8);
+  const int idx = ps.layer(0).v;
+  const float* s = nullptr;
+  q.begin_pass(true);
+  const int8_t before = q.int8_weight(idx, &s)[0];
+  const float scale_before = s[0];
+  float* w = static_cast<float*>(ps.param(idx).data);
+  for (int64_t i = 0; i < 64; ++i) w[i] = -w[i];  // row 0 negated: same scale, q negated
+  q.begin_pass(true);
+  EXPECT_EQ(q.int8_weight(idx, &s)[0], before);  // not told: the step's copy
+  q.weights_changed();
+  q.begin_pass(false);
+  EXPECT_EQ(q.int8_weight(idx, &s)[0], -before);
+  EXPECT_EQ(s[0], scale_before);
+}
+
 TEST(AmaxHistory, RollMaxMarginAndFirstSteps) {
   AmaxHistory h(4);
   EXPECT_EQ(h.scale(448.0f, 0.0f), 0.0f);  // empty: the caller uses the current amax

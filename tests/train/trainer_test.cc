@@ -287,15 +287,18 @@ TEST(TrainConfig, EveryPresetParses) {
   }
 }
 
+// Parsing the tiny preset with `overrides` fails with an error containing `needle`.
+void expect_config_error(const std::vector<std::string>& overrides, const std::string& needle) {
+  try {
+    parse_train_config(load_train_config("tiny", overrides), "x");
+    ADD_FAILURE() << "no error for " << overrides.back();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 TEST(TrainConfig, MoeKeysAreValidated) {
-  auto expect_error = [](std::vector<std::string> overrides, const std::string& needle) {
-    try {
-      parse_train_config(load_train_config("tiny", overrides), "x");
-      ADD_FAILURE() << "no error for " << overrides.back();
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
+  const auto& expect_error = expect_config_error;
   expect_error({"num_experts=4", "num_experts_per_tok=5"}, "num_experts_per_tok");
   expect_error({"num_experts=4", "capacity_factor=0"}, "capacity_factor");
   expect_error({"num_experts=4", "sparse_matmul=false"}, "sparse_matmul");
@@ -309,14 +312,7 @@ TEST(TrainConfig, MoeKeysAreValidated) {
 }
 
 TEST(TrainConfig, QuantizationKeysAreValidated) {
-  auto expect_error = [](std::vector<std::string> overrides, const std::string& needle) {
-    try {
-      parse_train_config(load_train_config("tiny", overrides), "x");
-      ADD_FAILURE() << "no error for " << overrides.back();
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
+  const auto& expect_error = expect_config_error;
   expect_error({"quantization=int4"}, "quantization");
   expect_error({"quantization=int8", "dtype=float32"}, "dtype");
   expect_error({"quantization=fp8", "fp8_amax_history_len=0"}, "fp8_amax_history_len");
