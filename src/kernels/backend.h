@@ -5,7 +5,11 @@
 // model takes the backend of the device its parameters live on (backend_for).
 //
 // Views passed to a backend must live on its device (TensorView::device); the host
-// backend refuses anything else by name. The parity test (tests/kernels/
+// backend refuses anything else by name. Raw pointers are device memory too, except the
+// small host-made index arrays named below (paged-cache slots and page tables, the MoE
+// dispatch plan's pair_row / row_token, grouped GEMM sizes), which a device backend
+// uploads per call. A device backend may queue work and return before it finishes:
+// download(), synchronize() and the ops that return a value (the losses) wait for it. The parity test (tests/kernels/
 // backend_parity_test.cc) checks every op of every built backend against the scalar
 // ref:: kernels.
 #pragma once
@@ -123,6 +127,14 @@ class KernelBackend {
   virtual CrossEntropyResult cross_entropy_fused(const TensorView& logits,
                                                  const TensorView& targets,
                                                  const TensorView& dlogits, float dloss) = 0;
+  // Host <-> device transfers (bytes; the host backend copies). download() returns with the
+  // bytes on the host; upload() may return before the copy is done only when the source
+  // may be reused at once (the host's pageable memory is staged by the driver).
+  virtual void upload(const void* host_src, void* dst, size_t bytes) = 0;
+  virtual void download(const void* src, void* host_dst, size_t bytes) = 0;
+  // Waits for every op queued on this backend and raises any data error a kernel recorded
+  // (an id out of range) as a hyperion::Error naming the op. A no-op on the host.
+  virtual void synchronize() = 0;
   // Memory: dtype conversion of n elements, copies and zeroing (bytes).
   virtual void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) = 0;
   virtual void copy(const void* src, void* dst, size_t bytes) = 0;

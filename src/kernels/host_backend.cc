@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "base/threads.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/embedding.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/moe_routing.h"
@@ -183,6 +184,11 @@ class HostBackend final : public KernelBackend {
                   static_cast<size_t>(e - b));
     });
   }
+  void upload(const void* host_src, void* dst, size_t bytes) override { copy(host_src, dst, bytes); }
+  void download(const void* src, void* host_dst, size_t bytes) override {
+    copy(src, host_dst, bytes);
+  }
+  void synchronize() override {}
   void zero(void* dst, size_t bytes) override {
     parallel_chunks(static_cast<int64_t>(bytes), 1 << 18, [&](int64_t b, int64_t e) {
       std::memset(static_cast<unsigned char*>(dst) + b, 0, static_cast<size_t>(e - b));
@@ -195,7 +201,12 @@ std::mutex& registry_mutex() {
   return m;
 }
 std::vector<KernelBackend*>& registry() {
-  static std::vector<KernelBackend*> backends{&host_backend()};
+  // The CUDA backend joins when this binary has it and a device is usable.
+  static std::vector<KernelBackend*> backends = [] {
+    std::vector<KernelBackend*> b{&host_backend()};
+    if (KernelBackend* cuda = cuda_backend()) b.push_back(cuda);
+    return b;
+  }();
   return backends;
 }
 
@@ -216,6 +227,8 @@ KernelBackend& backend_for(Device device) {
   std::lock_guard<std::mutex> lock(registry_mutex());
   for (KernelBackend* b : registry())
     if (b->device() == device) return *b;
+  if (device == Device::kCuda)
+    fail("no cuda kernel backend is usable in this process: cuda {}", cuda_status().summary);
   fail("no {} kernel backend is built into this binary (backends: host)", device_name(device));
 }
 

@@ -1,0 +1,156 @@
+// cuBLASLt through dlopen: the handful of entry points the GEMM uses, resolved once.
+#include "kernels/cuda/cublaslt_gemm.h"
+
+#include <cublasLt.h>
+#include <dlfcn.h>
+
+#include <string>
+
+#include "base/error.h"
+
+namespace hyperion::cuda {
+namespace {
+
+struct LtApi {
+  decltype(&cublasLtCreate) create;
+  decltype(&cublasLtDestroy) destroy;
+  decltype(&cublasLtGetStatusString) status_string;
+  decltype(&cublasLtMatmulDescCreate) desc_create;
+  decltype(&cublasLtMatmulDescDestroy) desc_destroy;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create;
+  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
+  decltype(&cublasLtMatrixLayoutSetAttribute) layout_set;
+  decltype(&cublasLtMatmulPreferenceCreate) pref_create;
+  decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic;
+  decltype(&cublasLtMatmul) matmul;
+};
+LtApi api;
+
+template <typename F>
+bool resolve(void* lib, const char* name, F* out, std::string* why) {
+  *out = reinterpret_cast<F>(dlsym(lib, name));
+  if (*out == nullptr) *why = std::string("libcublasLt has no symbol ") + name;
+  return *out != nullptr;
+}
+
+void check(cublasStatus_t st, const char* what, const LtMatmul& mm) {
+  if (st == CUBLAS_STATUS_SUCCESS) return;
+  fail("cuda gemm: {} failed ({}) for m={} n={} k={} batch={}", what,
+       api.status_string != nullptr ? api.status_string(st) : "?", mm.m, mm.n, mm.k, mm.batch);
+}
+
+// RAII for the per-call descriptors.
+struct Descs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~Descs() {
+    if (pref != nullptr) api.pref_destroy(pref);
+    if (c != nullptr) api.layout_destroy(c);
+    if (b != nullptr) api.layout_destroy(b);
+    if (a != nullptr) api.layout_destroy(a);
+    if (op != nullptr) api.desc_destroy(op);
+  }
+};
+
+}  // namespace
+
+bool CublasLt::open(std::string* why) {
+  // The soname first (LD_LIBRARY_PATH, the loader's cache), then the toolkit this binary
+  // was built against.
+  for (const std::string& path :
+       {std::string("libcublasLt.so.13"), std::string(HYPERION_CUDA_LIBDIR) + "/libcublasLt.so.13"}) {
+    lib_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib_ != nullptr) break;
+  }
+  if (lib_ == nullptr) {
+    *why = std::string("cannot open libcublasLt.so.13 (") + dlerror() + ")";
+    return false;
+  }
+  if (!(resolve(lib_, "cublasLtCreate", &api.create, why) &&
+        resolve(lib_, "cublasLtDestroy", &api.destroy, why) &&
+        resolve(lib_, "cublasLtGetStatusString", &api.status_string, why) &&
+        resolve(lib_, "cublasLtMatmulDescCreate", &api.desc_create, why) &&
+        resolve(lib_, "cublasLtMatmulDescDestroy", &api.desc_destroy, why) &&
+        resolve(lib_, "cublasLtMatmulDescSetAttribute", &api.desc_set, why) &&
+        resolve(lib_, "cublasLtMatrixLayoutCreate", &api.layout_create, why) &&
+        resolve(lib_, "cublasLtMatrixLayoutDestroy", &api.layout_destroy, why) &&
+        resolve(lib_, "cublasLtMatrixLayoutSetAttribute", &api.layout_set, why) &&
+        resolve(lib_, "cublasLtMatmulPreferenceCreate", &api.pref_create, why) &&
+        resolve(lib_, "cublasLtMatmulPreferenceDestroy", &api.pref_destroy, why) &&
+        resolve(lib_, "cublasLtMatmulPreferenceSetAttribute", &api.pref_set, why) &&
+        resolve(lib_, "cublasLtMatmulAlgoGetHeuristic", &api.heuristic, why) &&
+        resolve(lib_, "cublasLtMatmul", &api.matmul, why)))
+    return false;
+  cublasLtHandle_t h = nullptr;
+  const cublasStatus_t st = api.create(&h);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    *why = std::string("cublasLtCreate: ") + api.status_string(st);
+    return false;
+  }
+  handle_ = h;
+  return true;
+}
+
+CublasLt::~CublasLt() {
+  // The process is exiting (the backend lives forever): the driver may already be gone,
+  // so the handle and library are left to the OS.
+}
+
+void CublasLt::matmul(const LtMatmul& mm, cudaStream_t stream, void* workspace,
+                      size_t workspace_bytes) {
+  Descs d;
+  // Column-major view: D'[n, m] = op(B') op(A'); B' is the first operand.
+  const cublasOperation_t op_first = mm.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = mm.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  check(api.desc_create(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor", mm);
+  check(api.desc_set(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)), "transa", mm);
+  check(api.desc_set(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)), "transb",
+        mm);
+  // Stored shapes (column-major rows x cols) of each operand.
+  const uint64_t first_rows = static_cast<uint64_t>(mm.trans_b ? mm.k : mm.n);
+  const uint64_t first_cols = static_cast<uint64_t>(mm.trans_b ? mm.n : mm.k);
+  const uint64_t second_rows = static_cast<uint64_t>(mm.trans_a ? mm.m : mm.k);
+  const uint64_t second_cols = static_cast<uint64_t>(mm.trans_a ? mm.k : mm.m);
+  check(api.layout_create(&d.a, static_cast<cudaDataType_t>(mm.b_type), first_rows, first_cols,
+                          mm.ldb),
+        "layout of B", mm);
+  check(api.layout_create(&d.b, static_cast<cudaDataType_t>(mm.a_type), second_rows, second_cols,
+                          mm.lda),
+        "layout of A", mm);
+  check(api.layout_create(&d.c, static_cast<cudaDataType_t>(mm.c_type),
+                          static_cast<uint64_t>(mm.n), static_cast<uint64_t>(mm.m), mm.ldc),
+        "layout of C", mm);
+  if (mm.batch > 1) {
+    const int32_t count = static_cast<int32_t>(mm.batch);
+    const int64_t strides[3] = {mm.stride_b, mm.stride_a, mm.stride_c};
+    cublasLtMatrixLayout_t layouts[3] = {d.a, d.b, d.c};
+    for (int i = 0; i < 3; ++i) {
+      check(api.layout_set(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+            "batch count", mm);
+      check(api.layout_set(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i],
+                           sizeof(strides[i])),
+            "batch stride", mm);
+    }
+  }
+  check(api.pref_create(&d.pref), "preference", mm);
+  const uint64_t ws = workspace_bytes;
+  check(api.pref_set(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+        "workspace preference", mm);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  check(api.heuristic(static_cast<cublasLtHandle_t>(handle_), d.op, d.a, d.b, d.c, d.c, d.pref, 1,
+                      &result, &found),
+        "algorithm search", mm);
+  HYP_CHECK(found > 0, "cuda gemm: cuBLASLt has no algorithm for m={} n={} k={} (types {} x {} -> {})",
+            mm.m, mm.n, mm.k, mm.a_type, mm.b_type, mm.c_type);
+  check(api.matmul(static_cast<cublasLtHandle_t>(handle_), d.op, &mm.alpha, mm.b, d.a, mm.a, d.b,
+                   &mm.beta, mm.c, d.c, mm.c, d.c, &result.algo, workspace, workspace_bytes,
+                   stream),
+        "matmul", mm);
+}
+
+}  // namespace hyperion::cuda

@@ -1,0 +1,413 @@
+// The CUDA backend's larger ops (GEMMs, RoPE, attention shapes, the paged cache, the
+// loss), the device error word, and the probe that decides whether the backend exists.
+#include "kernels/cuda/cuda_backend.h"
+
+#include <fmt/format.h>
+
+#include "kernels/cuda/cuda_backend_impl.h"
+
+namespace hyperion {
+namespace cuda {
+
+void CudaBackend::raise_device_error() {
+  DeviceError e;
+  check_cuda(cudaMemcpy(&e, error_.data(), sizeof(e), cudaMemcpyDeviceToHost), "error word");
+  if (e.code == kNoError) return;
+  check_cuda(cudaMemset(error_.data(), 0, sizeof(e)), "error word");
+  switch (e.code) {
+    case kEmbeddingIdOutOfRange:
+      fail("embedding_forward: id {} at position {} is outside the vocabulary [0, {})", e.b, e.a,
+           e.c);
+    case kTargetOutOfRange:
+      fail("cross_entropy: target {} of row {} is outside [0, {})", e.b, e.a, e.c);
+    case kPageOutOfRange:
+      fail("paged_attention: row {} reads page {}, outside [0, {})", e.a, e.b, e.c);
+    case kExpertOutOfRange:
+      fail("load_balance_loss: expert {} of pair {} is outside [0, {})", e.b, e.a, e.c);
+    case kPositionOutOfRange:
+      fail("rope: position {} of token {} is outside the table [0, {})", e.b, e.a, e.c);
+    default: fail("cuda: a kernel reported error code {}", e.code);
+  }
+}
+
+void CudaBackend::gemm(const GemmArgs& g) {
+  HYP_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 1,
+            "gemm: invalid sizes m={} n={} k={} batch={}", g.m, g.n, g.k, g.batch);
+  HYP_CHECK(g.a_scale == nullptr && g.b_scale == nullptr,
+            "gemm: per-row scales (the int8 GEMM) are not on the cuda backend; fp8 passes its "
+            "scales as alpha");
+  const bool f32 = g.a_dtype == DType::kF32 && g.b_dtype == DType::kF32 && g.c_dtype == DType::kF32;
+  const bool bf16 = g.a_dtype == DType::kBF16 && g.b_dtype == DType::kBF16 &&
+                    (g.c_dtype == DType::kF32 || g.c_dtype == DType::kBF16);
+  const bool fp8 = is_fp8(g.a_dtype) && is_fp8(g.b_dtype) &&
+                   !(g.a_dtype == DType::kE5M2 && g.b_dtype == DType::kE5M2) &&
+                   (g.c_dtype == DType::kF32 || g.c_dtype == DType::kBF16);
+  HYP_CHECK(f32 || bf16 || fp8,
+            "gemm: unsupported dtypes A {} x B {} -> C {} on the cuda backend (f32 x f32 -> f32, "
+            "bf16 x bf16 -> f32|bf16, fp8 e4m3|e5m2 (not both e5m2) -> f32|bf16)",
+            dtype_name(g.a_dtype), dtype_name(g.b_dtype), dtype_name(g.c_dtype));
+  const int64_t a_cols = g.trans_a == Trans::kN ? g.k : g.m;
+  const int64_t b_cols = g.trans_b == Trans::kN ? g.n : g.k;
+  HYP_CHECK(g.lda >= std::max<int64_t>(a_cols, 1) && g.ldb >= std::max<int64_t>(b_cols, 1) &&
+                g.ldc >= std::max<int64_t>(g.n, 1),
+            "gemm: leading dimensions lda={} ldb={} ldc={} too small for m={} n={} k={}", g.lda,
+            g.ldb, g.ldc, g.m, g.n, g.k);
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k == 0) {  // C = beta C (+ bias): no product to form
+    HYP_CHECK(g.batch == 1 && g.ldc == g.n, "gemm: k=0 needs one contiguous C on cuda");
+    if (g.beta == 0.0f)
+      zero(g.c, static_cast<size_t>(g.m * g.n) * dtype_size(g.c_dtype));
+    else
+      cuda::scale(stream_, g.c, g.c_dtype == DType::kF32 ? Elem::kF32 : Elem::kBF16, g.m * g.n,
+                  g.beta);
+  } else if (fp8) {
+    HYP_CHECK(g.k % 16 == 0, "gemm: fp8 on the cuda backend needs k % 16 == 0 (k={})", g.k);
+    GemmArgs t = g;
+    // cuBLASLt's FP8 kernels take only A [m, k] and B [n, k] row-major ("TN" in its
+    // column-major terms): other layouts are transposed into scratch first.
+    if (g.trans_a == Trans::kT || g.trans_b == Trans::kN) {
+      HYP_CHECK(g.batch == 1, "gemm: batched fp8 GEMMs must be A [m,k] x B [n,k]^T on cuda");
+      const size_t a_bytes = g.trans_a == Trans::kT ? static_cast<size_t>(g.m * g.k) : 0;
+      const size_t b_bytes = g.trans_b == Trans::kN ? static_cast<size_t>(g.n * g.k) : 0;
+      auto* base = static_cast<uint8_t*>(fp8_scratch_.get(a_bytes + b_bytes + 256));
+      if (a_bytes > 0) {  // A is stored [k, m]
+        cuda::transpose_bytes(stream_, static_cast<const uint8_t*>(g.a), g.k, g.m, g.lda, base);
+        t.a = base;
+        t.lda = g.k;
+        t.trans_a = Trans::kN;
+      }
+      if (b_bytes > 0) {  // B is stored [k, n]
+        uint8_t* bt = base + ((a_bytes + 255) & ~size_t(255));
+        cuda::transpose_bytes(stream_, static_cast<const uint8_t*>(g.b), g.k, g.n, g.ldb, bt);
+        t.b = bt;
+        t.ldb = g.k;
+        t.trans_b = Trans::kT;
+      }
+      launched("gemm (fp8 transpose)");
+    }
+    HYP_CHECK(t.lda % 16 == 0 && t.ldb % 16 == 0,
+              "gemm: fp8 on the cuda backend needs leading dimensions % 16 == 0 (lda={} ldb={})",
+              t.lda, t.ldb);
+    lt_gemm(t);
+  } else {
+    lt_gemm(g);
+  }
+  if (g.bias != nullptr) {
+    HYP_CHECK(g.batch == 1, "gemm: a bias with batch > 1 is not on the cuda backend");
+    cuda::add_bias(stream_, g.c, g.c_dtype == DType::kF32 ? Elem::kF32 : Elem::kBF16, g.m, g.n,
+                   g.ldc, g.bias);
+  }
+  launched("gemm");
+}
+
+void CudaBackend::lt_gemm(const GemmArgs& g) {
+  LtMatmul mm;
+  mm.trans_a = g.trans_a == Trans::kT;
+  mm.trans_b = g.trans_b == Trans::kT;
+  mm.m = g.m;
+  mm.n = g.n;
+  mm.k = g.k;
+  mm.a = g.a;
+  mm.a_type = lt_type(g.a_dtype);
+  mm.lda = g.lda;
+  mm.b = g.b;
+  mm.b_type = lt_type(g.b_dtype);
+  mm.ldb = g.ldb;
+  mm.c = g.c;
+  mm.c_type = lt_type(g.c_dtype);
+  mm.ldc = g.ldc;
+  mm.alpha = g.alpha;
+  mm.beta = g.beta;
+  mm.batch = g.batch;
+  mm.stride_a = g.stride_a;
+  mm.stride_b = g.stride_b;
+  mm.stride_c = g.stride_c;
+  lt_->matmul(mm, stream_, workspace_.data(), workspace_.bytes());
+}
+
+namespace {
+
+// Row offsets of each group (sizes are host values).
+std::vector<int64_t> group_offsets(const char* op, std::span<const int64_t> sizes, int64_t rows) {
+  std::vector<int64_t> off(sizes.size() + 1, 0);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    HYP_CHECK(sizes[i] >= 0, "{}: negative group size {} for group {}", op, sizes[i], i);
+    off[i + 1] = off[i] + sizes[i];
+  }
+  HYP_CHECK(off.back() == rows, "{}: group sizes sum to {}, the token matrix has {} rows", op,
+            off.back(), rows);
+  return off;
+}
+
+}  // namespace
+
+// C_g = A_g W_g^T (+ beta C_g): one cuBLASLt GEMM per non-empty group.
+void CudaBackend::grouped_gemm(const TensorView& a, const TensorView& w,
+                               std::span<const int64_t> sizes, const TensorView& c, float beta) {
+  const char* op = "grouped_gemm";
+  check(op, {&a, &w, &c});
+  HYP_CHECK(a.rank() == 2 && w.rank() == 3 && c.rank() == 2 && w.shape[0] ==
+                static_cast<int64_t>(sizes.size()) && w.shape[2] == a.shape[1] &&
+                c.shape[0] == a.shape[0] && c.shape[1] == w.shape[1],
+            "{}: A {}, W {}, C {} and {} groups do not match", op, a.str(), w.str(), c.str(),
+            sizes.size());
+  const std::vector<int64_t> off = group_offsets(op, sizes, a.shape[0]);
+  const int64_t n = w.shape[1], k = w.shape[2];
+  const size_t as = dtype_size(a.dtype), ws = dtype_size(w.dtype), cs = dtype_size(c.dtype);
+  for (size_t gi = 0; gi < sizes.size(); ++gi) {
+    if (sizes[gi] == 0) continue;
+    gemm(contiguous_gemm_args(Trans::kN, Trans::kT, sizes[gi], n, k,
+                              a.as<unsigned char>() + off[gi] * k * as, a.dtype,
+                              w.as<unsigned char>() + static_cast<int64_t>(gi) * n * k * ws,
+                              w.dtype, c.as<unsigned char>() + off[gi] * n * cs, c.dtype, beta));
+  }
+}
+
+// dA_g = dC_g W_g (+ beta dA_g).
+void CudaBackend::grouped_gemm_input_grad(const TensorView& dc, const TensorView& w,
+                                          std::span<const int64_t> sizes, const TensorView& da,
+                                          float beta) {
+  const char* op = "grouped_gemm_input_grad";
+  check(op, {&dc, &w, &da});
+  HYP_CHECK(dc.rank() == 2 && w.rank() == 3 && da.rank() == 2 &&
+                w.shape[0] == static_cast<int64_t>(sizes.size()) && w.shape[1] == dc.shape[1] &&
+                da.shape[0] == dc.shape[0] && da.shape[1] == w.shape[2],
+            "{}: dC {}, W {}, dA {} and {} groups do not match", op, dc.str(), w.str(), da.str(),
+            sizes.size());
+  const std::vector<int64_t> off = group_offsets(op, sizes, dc.shape[0]);
+  const int64_t n = w.shape[1], k = w.shape[2];
+  const size_t cs = dtype_size(dc.dtype), ws = dtype_size(w.dtype), as = dtype_size(da.dtype);
+  for (size_t gi = 0; gi < sizes.size(); ++gi) {
+    if (sizes[gi] == 0) continue;
+    gemm(contiguous_gemm_args(Trans::kN, Trans::kN, sizes[gi], k, n,
+                              dc.as<unsigned char>() + off[gi] * n * cs, dc.dtype,
+                              w.as<unsigned char>() + static_cast<int64_t>(gi) * n * k * ws,
+                              w.dtype, da.as<unsigned char>() + off[gi] * k * as, da.dtype, beta));
+  }
+}
+
+// dW_g += dC_g^T A_g (f32).
+void CudaBackend::grouped_gemm_weight_grad(const TensorView& a, const TensorView& dc,
+                                           std::span<const int64_t> sizes, const TensorView& dw) {
+  const char* op = "grouped_gemm_weight_grad";
+  check(op, {&a, &dc, &dw});
+  HYP_CHECK(a.rank() == 2 && dc.rank() == 2 && dw.rank() == 3 &&
+                dw.shape[0] == static_cast<int64_t>(sizes.size()) && dw.shape[1] == dc.shape[1] &&
+                dw.shape[2] == a.shape[1] && a.shape[0] == dc.shape[0],
+            "{}: A {}, dC {}, dW {} and {} groups do not match", op, a.str(), dc.str(), dw.str(),
+            sizes.size());
+  dw.check_dtype(DType::kF32, op);
+  const std::vector<int64_t> off = group_offsets(op, sizes, a.shape[0]);
+  const int64_t n = dw.shape[1], k = dw.shape[2];
+  const size_t as = dtype_size(a.dtype), cs = dtype_size(dc.dtype);
+  for (size_t gi = 0; gi < sizes.size(); ++gi) {
+    if (sizes[gi] == 0) continue;
+    gemm(contiguous_gemm_args(Trans::kT, Trans::kN, n, k, sizes[gi],
+                              dc.as<unsigned char>() + off[gi] * n * cs, dc.dtype,
+                              a.as<unsigned char>() + off[gi] * k * as, a.dtype,
+                              dw.as<float>() + static_cast<int64_t>(gi) * n * k, DType::kF32,
+                              1.0f));
+  }
+}
+
+void CudaBackend::rope(const char* op, const TensorView& x, const TensorView& out, int64_t start,
+                       const TensorView* positions, const RopeTable& table, bool inverse) {
+  check(op, {&x, &out});
+  HYP_CHECK(x.rank() == 4 && x.shape == out.shape && x.dtype == out.dtype &&
+                x.shape[3] == table.head_dim && x.shape[3] % 2 == 0,
+            "{}: x {} and out {} must be [B, T, H, {}]", op, x.str(), out.str(), table.head_dim);
+  const int64_t b = x.shape[0], t = x.shape[1];
+  bool per_batch = false;
+  if (positions != nullptr) {
+    per_batch = positions->numel() == b * t && b > 1;
+    HYP_CHECK(positions->numel() == t || positions->numel() == b * t,
+              "{}: positions {} must be [T] or [B, T] for x {}", op, positions->str(), x.str());
+  } else {
+    HYP_CHECK(start >= 0 && start + t <= table.max_positions,
+              "{}: positions [{}, {}) exceed the table's {}", op, start, start + t,
+              table.max_positions);
+  }
+  const float* cos_sin = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(rope_mutex_);
+    DeviceBuffer& buf = rope_tables_[{table.max_positions, table.head_dim, table.theta}];
+    const size_t half = static_cast<size_t>(table.max_positions * (table.head_dim / 2));
+    if (buf.empty()) {
+      buf = DeviceBuffer(alloc_, 2 * half * sizeof(float));
+      upload(table.cos.data(), buf.data(), half * sizeof(float));
+      upload(table.sin.data(), buf.as<float>() + half, half * sizeof(float));
+    }
+    cos_sin = buf.as<float>();
+  }
+  const size_t half = static_cast<size_t>(table.max_positions * (table.head_dim / 2));
+  cuda::rope(stream_, x.data, out.data, elem_of(op, "x", x), b, t, x.shape[2], x.shape[3], start,
+             positions != nullptr ? positions->as<int32_t>() : nullptr, per_batch, cos_sin,
+             cos_sin + half, table.max_positions, inverse, device_error());
+  launched(op);
+}
+
+AttentionShape CudaBackend::attention_shape(const char* op, const TensorView& q,
+                                            const TensorView& k, const TensorView& v) {
+  HYP_CHECK(q.rank() == 4 && k.rank() == 4 && k.shape == v.shape && q.shape[0] == k.shape[0] &&
+                q.shape[3] == k.shape[3],
+            "{}: q {}, k {} and v {} must be [B, Tq, Hq, D] and [B, Tk, Hkv, D]", op, q.str(),
+            k.str(), v.str());
+  AttentionShape s{q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], 0, true};
+  HYP_CHECK(s.hkv > 0 && s.hq % s.hkv == 0, "{}: {} query heads are not a multiple of {} kv heads",
+            op, s.hq, s.hkv);
+  HYP_CHECK(s.tq <= s.tk, "{}: causal attention needs Tq={} <= Tk={}", op, s.tq, s.tk);
+  HYP_CHECK(s.d >= 1 && s.d <= 256, "{}: head_dim {} is not in [1, 256] on the cuda backend", op,
+            s.d);
+  s.scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+  return s;
+}
+
+PagedCacheArgs CudaBackend::cache_args(const char* op, const PagedKvCache& cache) {
+  HYP_CHECK(cache.dtype == DType::kF32 || cache.dtype == DType::kBF16 || cache.dtype == DType::kI8,
+            "{}: a {} KV cache is not on the cuda backend (f32, bf16, int8)", op,
+            dtype_name(cache.dtype));
+  HYP_CHECK(cache.k != nullptr && cache.v != nullptr &&
+                (cache.dtype != DType::kI8 || (cache.k_scale != nullptr && cache.v_scale != nullptr)),
+            "{}: the cache's buffers (and an int8 cache's scales) must be set", op);
+  HYP_CHECK(cache.head_dim >= 1 && cache.head_dim <= 256 && cache.page_tokens >= 1 &&
+                cache.n_kv_heads >= 1,
+            "{}: unsupported cache geometry (head_dim {}, page_tokens {}, kv heads {})", op,
+            cache.head_dim, cache.page_tokens, cache.n_kv_heads);
+  return PagedCacheArgs{cache.k,        cache.v,           cache.k_scale,     cache.v_scale,
+                        static_cast<int32_t>(cache.dtype), cache.num_pages, cache.page_tokens,
+                        cache.n_kv_heads, cache.head_dim};
+}
+
+void CudaBackend::paged_attention(const PagedKvCache& cache, const TensorView& q,
+                                  const PagedAttentionRow* rows, const TensorView& out,
+                                  const PagedAttentionParams& params) {
+  const char* op = "paged_attention";
+  check(op, {&q, &out});
+  const PagedCacheArgs c = cache_args(op, cache);
+  HYP_CHECK(q.rank() == 3 && q.shape == out.shape && q.shape[2] == cache.head_dim &&
+                q.shape[1] % cache.n_kv_heads == 0,
+            "{}: q {} and out {} must be [n, heads (a multiple of {}), {}]", op, q.str(), out.str(),
+            cache.n_kv_heads, cache.head_dim);
+  const int64_t n = q.shape[0];
+  // The rows' page tables, back to back, with offsets and lengths: one upload.
+  std::vector<int64_t> meta(static_cast<size_t>(2 * n));
+  std::vector<int32_t> pages;
+  for (int64_t r = 0; r < n; ++r) {
+    HYP_CHECK(rows[r].length >= 1, "{}: row {} has length {} (must be >= 1)", op, r, rows[r].length);
+    const int64_t len = params.mode == PagedAttentionMode::kPadded
+                            ? std::max(params.padded_length, rows[r].length)
+                            : rows[r].length;
+    meta[static_cast<size_t>(r)] = static_cast<int64_t>(pages.size());
+    meta[static_cast<size_t>(n + r)] = rows[r].length;
+    const int64_t n_pages = (len + cache.page_tokens - 1) / cache.page_tokens;
+    for (int64_t i = 0; i < n_pages; ++i) {
+      const int32_t id = rows[r].pages[i];
+      HYP_CHECK(id >= 0 && id < cache.num_pages, "{}: row {} reads page {}, outside [0, {})", op,
+                r, id, cache.num_pages);
+      pages.push_back(id);
+    }
+  }
+  const size_t meta_bytes = meta.size() * sizeof(int64_t);
+  auto* base = static_cast<unsigned char*>(scratch_.get(meta_bytes + pages.size() * 4 + 16));
+  upload(meta.data(), base, meta_bytes);
+  upload(pages.data(), base + meta_bytes, pages.size() * 4);
+  const auto* dmeta = reinterpret_cast<const int64_t*>(base);
+  const float scale = params.scale > 0 ? params.scale
+                                       : 1.0f / std::sqrt(static_cast<float>(cache.head_dim));
+  cuda::paged_attention(stream_, c, q.data, elem_of(op, "q", q), n, q.shape[1],
+                        reinterpret_cast<const int32_t*>(base + meta_bytes), dmeta, dmeta + n,
+                        scale, out.data, elem_of(op, "out", out), device_error());
+  launched(op);
+}
+
+const int32_t* CudaBackend::upload_indices(const int32_t* a, int64_t na, const int32_t* b,
+                                           int64_t nb) {
+  auto* dst = static_cast<int32_t*>(scratch_.get(static_cast<size_t>(na + nb + 1) * 4));
+  upload(a, dst, static_cast<size_t>(na) * 4);
+  if (b != nullptr) upload(b, dst + na, static_cast<size_t>(nb) * 4);
+  return dst;
+}
+
+CrossEntropyResult CudaBackend::cross_entropy(const char* op, const TensorView& logits,
+                                              const TensorView& targets, void* dlogits,
+                                              float dloss) {
+  check(op, {&logits, &targets});
+  targets.check_dtype(DType::kI32, op);
+  HYP_CHECK(logits.rank() == 2 && targets.numel() == logits.shape[0],
+            "{}: logits {} must be [N, V] with N = targets {}", op, logits.str(), targets.str());
+  const int64_t n = logits.shape[0], v = logits.shape[1];
+  auto* row_loss = static_cast<float*>(scratch_.get(static_cast<size_t>(n + 1) * sizeof(float)));
+  auto* result = results_.as<double>();
+  cuda::cross_entropy(stream_, logits.data, elem_of(op, "logits", logits), targets.as<int32_t>(),
+                      n, v, kIgnoreIndex, dloss, dlogits, row_loss, result, device_error());
+  launched(op);
+  double host[2] = {0, 0};
+  download(result, host, sizeof(host));
+  return CrossEntropyResult{host[0], static_cast<int64_t>(host[1])};
+}
+
+}  // namespace cuda
+
+// ---------------------------------------------------------------------------------------
+// The probe: built, a device, cuBLASLt.
+
+namespace {
+
+struct Probed {
+  CudaStatus status;
+  KernelBackend* backend = nullptr;
+};
+
+Probed probe() {
+  Probed p;
+  CudaStatus& s = p.status;
+  s.built = true;
+  s.cuda_version = HYPERION_CUDA_VERSION;
+  s.archs = HYPERION_CUDA_ARCHS;
+  const std::string built = fmt::format("built with CUDA {} for sm {}", s.cuda_version, s.archs);
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    s.summary = fmt::format("{}; no usable device ({})", built,
+                            e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    return p;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess || cudaSetDevice(0) != cudaSuccess) {
+    cudaGetLastError();
+    s.summary = fmt::format("{}; device 0 cannot be opened", built);
+    return p;
+  }
+  s.device = prop.name;
+  s.compute_capability = prop.major * 10 + prop.minor;
+  s.memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
+  auto lt = std::make_unique<cuda::CublasLt>();
+  std::string why;
+  if (!lt->open(&why)) {
+    s.summary = fmt::format("{}; {} found but {}", built, s.device, why);
+    return p;
+  }
+  try {
+    p.backend = new cuda::CudaBackend(std::move(lt));  // lives for the process
+  } catch (const Error& err) {
+    s.summary = fmt::format("{}; {}: {}", built, s.device, err.what());
+    return p;
+  }
+  s.available = true;
+  s.summary = fmt::format("{} (sm_{}, {:.1f} GiB), {}", s.device, s.compute_capability,
+                          static_cast<double>(s.memory_bytes) / (1 << 30), built);
+  return p;
+}
+
+const Probed& probed() {
+  static const Probed p = probe();
+  return p;
+}
+
+}  // namespace
+
+const CudaStatus& cuda_status() { return probed().status; }
+KernelBackend* cuda_backend() { return probed().backend; }
+
+}  // namespace hyperion

@@ -1,0 +1,414 @@
+// The CUDA backend's class: the KernelBackend interface over the kernels of this directory and
+// cuBLASLt, on device 0 and one stream. Ops check their views (device, dtype, shape) as
+// the host backend does, queue their kernels and return; a value the host needs (a loss,
+// a download) synchronises, and a data error a kernel recorded (an id out of range) is
+// raised there as a hyperion::Error naming the op.
+//
+// Arrays the interface passes as raw host pointers (kernels/backend.h: the paged cache's
+// slots and page tables, the MoE dispatch plan's row indices, grouped GEMM sizes) are
+// uploaded per call; tensors and the other raw pointers are device memory.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "base/error.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cublaslt_gemm.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_runtime_util.h"
+
+namespace hyperion::cuda {
+
+// Small ops are defined here; the larger ones in cuda_backend.cc.
+
+constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;
+
+inline Elem elem_of(const char* op, const char* what, const TensorView& v) {
+  if (v.dtype == DType::kF32) return Elem::kF32;
+  if (v.dtype == DType::kBF16) return Elem::kBF16;
+  fail("{}: {} must be f32 or bf16 on the cuda backend, got {}", op, what, v.str());
+}
+inline Elem elem_of(const char* op, DType dt) {
+  HYP_CHECK(dt == DType::kF32 || dt == DType::kBF16,
+            "{}: rows must be f32 or bf16 on the cuda backend, got {}", op, dtype_name(dt));
+  return dt == DType::kF32 ? Elem::kF32 : Elem::kBF16;
+}
+
+inline int lt_type(DType dt) {
+  switch (dt) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF16: return CUDA_R_16F;
+    case DType::kE4M3: return CUDA_R_8F_E4M3;
+    case DType::kE5M2: return CUDA_R_8F_E5M2;
+    default: return -1;
+  }
+}
+
+inline bool is_fp8(DType dt) { return dt == DType::kE4M3 || dt == DType::kE5M2; }
+
+class CudaBackend final : public KernelBackend {
+ public:
+  explicit CudaBackend(std::unique_ptr<CublasLt> lt) : lt_(std::move(lt)), scratch_(alloc_) {
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
+    workspace_ = DeviceBuffer(alloc_, kGemmWorkspaceBytes);
+    error_ = DeviceBuffer(alloc_, sizeof(DeviceError));
+    results_ = DeviceBuffer(alloc_, 64);
+    check_cuda(cudaMemset(error_.data(), 0, sizeof(DeviceError)), "error word");
+  }
+
+  Device device() const override { return Device::kCuda; }
+  const char* name() const override { return "cuda"; }
+  Allocator& allocator() override { return alloc_; }
+
+  void upload(const void* host_src, void* dst, size_t bytes) override {
+    if (bytes == 0) return;
+    check_cuda(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
+                     "upload");
+  }
+  void download(const void* src, void* host_dst, size_t bytes) override {
+    if (bytes > 0)
+      check_cuda(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
+                       "download");
+    synchronize();
+  }
+  void synchronize() override {
+    check_cuda(cudaStreamSynchronize(stream_), "synchronize");
+    raise_device_error();
+  }
+
+  void gemm(const GemmArgs& g) override;
+
+  void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps,
+                       const TensorView& y, const TensorView& rstd, float offset) override {
+    const char* op = "rmsnorm_forward";
+    check(op, {&x, &weight, &y, &rstd});
+    HYP_CHECK(x.rank() >= 1 && x.shape == y.shape && weight.numel() == x.shape.dim(-1),
+              "{}: x {}, y {} and weight {} do not match", op, x.str(), y.str(), weight.str());
+    const int64_t h = x.shape.dim(-1), n = h > 0 ? x.numel() / h : 0;
+    cuda::rmsnorm_forward(stream_, x.data, elem_of(op, "x", x), f32(op, weight), eps, y.data,
+                          elem_of(op, "y", y), f32(op, rstd), n, h, offset);
+    launched(op);
+  }
+  void rmsnorm_backward(const TensorView& dy, const TensorView& x, const TensorView& weight,
+                        const TensorView& rstd, const TensorView& dx, const TensorView& dweight,
+                        bool accumulate_dx, float offset) override {
+    const char* op = "rmsnorm_backward";
+    check(op, {&dy, &x, &weight, &rstd, &dx, &dweight});
+    HYP_CHECK(x.rank() >= 1 && dy.shape == x.shape && dx.shape == x.shape &&
+                  dy.dtype == x.dtype && dx.dtype == x.dtype,
+              "{}: dy {}, x {} and dx {} must match", op, dy.str(), x.str(), dx.str());
+    const int64_t h = x.shape.dim(-1), n = h > 0 ? x.numel() / h : 0;
+    auto* scratch = static_cast<float*>(
+        scratch_.get(static_cast<size_t>(rmsnorm_scratch_floats(n, h)) * sizeof(float)));
+    cuda::rmsnorm_backward(stream_, dy.data, x.data, elem_of(op, "x", x), f32(op, weight),
+                           f32(op, rstd), dx.data, f32(op, dweight), accumulate_dx, n, h, offset,
+                           scratch);
+    launched(op);
+  }
+  void gated_forward(GatedActivation act, const TensorView& g, const TensorView& u,
+                     const TensorView& h) override {
+    const char* op = "gated_forward";
+    check(op, {&g, &u, &h});
+    same(op, {&g, &u, &h});
+    cuda::gated_forward(stream_, static_cast<int>(act), g.data, u.data, h.data,
+                        elem_of(op, "g", g), g.numel());
+    launched(op);
+  }
+  void gated_backward(GatedActivation act, const TensorView& dh, const TensorView& g,
+                      const TensorView& u, const TensorView& dg, const TensorView& du) override {
+    const char* op = "gated_backward";
+    check(op, {&dh, &g, &u, &dg, &du});
+    same(op, {&dh, &g, &u, &dg, &du});
+    cuda::gated_backward(stream_, static_cast<int>(act), dh.data, g.data, u.data, dg.data,
+                         du.data, elem_of(op, "g", g), g.numel());
+    launched(op);
+  }
+  void rope_forward(const TensorView& x, const TensorView& out, int64_t start_pos,
+                    const RopeTable& table) override {
+    rope("rope_forward", x, out, start_pos, nullptr, table, false);
+  }
+  void rope_forward(const TensorView& x, const TensorView& out, const TensorView& positions,
+                    const RopeTable& table) override {
+    check("rope_forward", {&positions});
+    positions.check_dtype(DType::kI32, "rope_forward");
+    rope("rope_forward", x, out, 0, &positions, table, false);
+  }
+  void rope_backward(const TensorView& dy, const TensorView& dx, int64_t start_pos,
+                     const RopeTable& table) override {
+    rope("rope_backward", dy, dx, start_pos, nullptr, table, true);
+  }
+
+  void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& out, const TensorView& lse) override {
+    const char* op = "attention_forward";
+    check(op, {&q, &k, &v, &out, &lse});
+    const AttentionShape sh = attention_shape(op, q, k, v);
+    HYP_CHECK(out.shape == q.shape, "{}: out {} must have q's shape {}", op, out.str(), q.str());
+    HYP_CHECK(lse.numel() == sh.b * sh.hq * sh.tq, "{}: lse {} must be [{}, {}, {}]", op,
+              lse.str(), sh.b, sh.hq, sh.tq);
+    cuda::attention_forward(stream_, sh, q.data, k.data, v.data, elem_of(op, "q", q), out.data,
+                            elem_of(op, "out", out), f32(op, lse));
+    launched(op);
+  }
+  void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& out, const TensorView& dout, const TensorView& lse,
+                          const TensorView& dq, const TensorView& dk,
+                          const TensorView& dv) override {
+    const char* op = "attention_backward";
+    check(op, {&q, &k, &v, &out, &dout, &lse, &dq, &dk, &dv});
+    const AttentionShape sh = attention_shape(op, q, k, v);
+    HYP_CHECK(out.shape == q.shape && dout.shape == q.shape && dq.shape == q.shape &&
+                  dk.shape == k.shape && dv.shape == v.shape,
+              "{}: out {}, dout {}, dq {}, dk {}, dv {} must match q {} and k {}", op, out.str(),
+              dout.str(), dq.str(), dk.str(), dv.str(), q.str(), k.str());
+    same_dtype(op, {&q, &k, &v, &out, &dout});
+    same_dtype(op, {&dq, &dk, &dv});
+    auto* delta = static_cast<float*>(
+        scratch_.get(static_cast<size_t>(sh.b * sh.hq * sh.tq) * sizeof(float)));
+    cuda::attention_backward(stream_, sh, q.data, k.data, v.data, out.data, dout.data,
+                             elem_of(op, "q", q), f32(op, lse), delta, dq.data, dk.data, dv.data,
+                             elem_of(op, "dq", dq));
+    launched(op);
+  }
+
+  void paged_kv_write(const PagedKvCache& cache, const TensorView& k, const TensorView& v,
+                      const int64_t* slots) override {
+    const char* op = "paged_kv_write";
+    check(op, {&k, &v});
+    const PagedCacheArgs c = cache_args(op, cache);
+    HYP_CHECK(k.rank() == 3 && k.shape == v.shape && k.dtype == v.dtype &&
+                  k.shape[1] == cache.n_kv_heads && k.shape[2] == cache.head_dim,
+              "{}: k {} and v {} must be [n, {}, {}]", op, k.str(), v.str(), cache.n_kv_heads,
+              cache.head_dim);
+    const int64_t n = k.shape[0], capacity = cache.num_pages * cache.page_tokens;
+    for (int64_t i = 0; i < n; ++i)
+      HYP_CHECK(slots[i] >= 0 && slots[i] < capacity, "{}: slot {} of token {} is outside [0, {})",
+                op, slots[i], i, capacity);
+    auto* dslots = static_cast<int64_t*>(scratch_.get(static_cast<size_t>(n) * sizeof(int64_t)));
+    upload(slots, dslots, static_cast<size_t>(n) * sizeof(int64_t));
+    cuda::paged_kv_write(stream_, c, k.data, v.data, elem_of(op, "k", k), dslots, n);
+    launched(op);
+  }
+  void paged_kv_read(const PagedKvCache& cache, const int32_t* pages, int64_t length,
+                     const TensorView& k, const TensorView& v) override {
+    const char* op = "paged_kv_read";
+    check(op, {&k, &v});
+    const PagedCacheArgs c = cache_args(op, cache);
+    HYP_CHECK(k.shape == v.shape && k.dtype == v.dtype && k.numel() == length * cache.n_kv_heads *
+                                                                           cache.head_dim,
+              "{}: k {} and v {} must be [{}, {}, {}]", op, k.str(), v.str(), length,
+              cache.n_kv_heads, cache.head_dim);
+    const int64_t n_pages = (length + cache.page_tokens - 1) / cache.page_tokens;
+    for (int64_t p = 0; p < n_pages; ++p)
+      HYP_CHECK(pages[p] >= 0 && pages[p] < cache.num_pages,
+                "{}: page id {} at table entry {} is outside [0, {})", op, pages[p], p,
+                cache.num_pages);
+    auto* dpages = static_cast<int32_t*>(scratch_.get(static_cast<size_t>(n_pages) * 4 + 4));
+    upload(pages, dpages, static_cast<size_t>(n_pages) * 4);
+    cuda::paged_kv_read(stream_, c, dpages, length, k.data, v.data, elem_of(op, "k", k));
+    launched(op);
+  }
+  void paged_attention(const PagedKvCache& cache, const TensorView& q,
+                       const PagedAttentionRow* rows, const TensorView& out,
+                       const PagedAttentionParams& params) override;
+
+  void router_topk_forward(const float* logits, int64_t n, int64_t e, int64_t k, bool normalize,
+                           float* probs, int32_t* experts, float* weights) override {
+    HYP_CHECK(n >= 0 && k >= 1 && k <= e, "router_topk_forward: need 1 <= k={} <= e={} (n={})", k,
+              e, n);
+    cuda::router_topk_forward(stream_, logits, n, e, k, normalize, probs, experts, weights);
+    launched("router_topk_forward");
+  }
+  void router_topk_backward(const float* probs, const int32_t* experts, const float* weights,
+                            const float* dweights, const float* dprobs, int64_t n, int64_t e,
+                            int64_t k, bool normalize, float* dlogits) override {
+    HYP_CHECK(n >= 0 && k >= 1 && k <= e, "router_topk_backward: need 1 <= k={} <= e={} (n={})", k,
+              e, n);
+    cuda::router_topk_backward(stream_, probs, experts, weights, dweights, dprobs, n, e, k,
+                               normalize, dlogits);
+    launched("router_topk_backward");
+  }
+  float load_balance_loss(const float* probs, const int32_t* experts, int64_t b, int64_t t,
+                          int64_t e, int64_t k, float weight, float* dprobs,
+                          float dscale) override {
+    HYP_CHECK(b >= 0 && t >= 0 && k >= 1 && k <= e,
+              "load_balance_loss: invalid sizes b={} t={} e={} k={}", b, t, e, k);
+    auto* scratch =
+        static_cast<float*>(scratch_.get(static_cast<size_t>(std::max<int64_t>(2 * b * e, 1)) * 4));
+    cuda::load_balance_loss(stream_, probs, experts, b, t, e, k, weight, dprobs, dscale, scratch,
+                            results_.as<float>(), device_error());
+    launched("load_balance_loss");
+    float loss = 0;
+    download(results_.data(), &loss, sizeof(loss));
+    return loss;
+  }
+  float router_z_loss(const float* logits, int64_t n, int64_t e, float weight, float* dlogits,
+                      float dscale) override {
+    HYP_CHECK(n >= 0 && e >= 1, "router_z_loss: invalid sizes n={} e={}", n, e);
+    auto* scratch = static_cast<float*>(scratch_.get(static_cast<size_t>(std::max<int64_t>(n, 1)) * 4));
+    cuda::router_z_loss(stream_, logits, n, e, weight, dlogits, dscale, scratch,
+                        results_.as<float>());
+    launched("router_z_loss");
+    float loss = 0;
+    download(results_.data(), &loss, sizeof(loss));
+    return loss;
+  }
+  void moe_gather_rows(const void* src, DType dt, const int32_t* row_token, int64_t rows, int64_t d,
+                       void* dst) override {
+    const int32_t* idx = upload_indices(row_token, rows);
+    cuda::moe_gather_rows(stream_, src, elem_of("moe_gather_rows", dt), idx, rows, d, dst);
+    launched("moe_gather_rows");
+  }
+  void moe_scatter_add_rows(const void* drows, DType dt, const int32_t* pair_row, int64_t n,
+                            int64_t k, int64_t d, float* dsrc) override {
+    const int32_t* idx = upload_indices(pair_row, n * k);
+    cuda::moe_scatter_add_rows(stream_, drows, elem_of("moe_scatter_add_rows", dt), idx, n, k, d,
+                               dsrc);
+    launched("moe_scatter_add_rows");
+  }
+  void moe_combine(const void* y, DType dt, const int32_t* pair_row, const float* weights,
+                   int64_t n, int64_t k, int64_t d, float* out) override {
+    const int32_t* idx = upload_indices(pair_row, n * k);
+    cuda::moe_combine(stream_, y, elem_of("moe_combine", dt), idx, weights, n, k, d, out);
+    launched("moe_combine");
+  }
+  void moe_combine_backward(const float* dout, const void* y, DType dt, const int32_t* pair_row,
+                            const int32_t* row_token, const float* weights, int64_t n, int64_t k,
+                            int64_t d, int64_t rows, void* dy, float* dweights) override {
+    const int32_t* idx = upload_indices(pair_row, n * k, row_token, rows);
+    cuda::moe_combine_backward(stream_, dout, y, elem_of("moe_combine_backward", dt), idx,
+                               idx + n * k, weights, n, k, d, rows, dy, dweights);
+    launched("moe_combine_backward");
+  }
+  void grouped_gemm(const TensorView& a, const TensorView& w, std::span<const int64_t> sizes,
+                    const TensorView& c, float beta) override;
+  void grouped_gemm_input_grad(const TensorView& dc, const TensorView& w,
+                               std::span<const int64_t> sizes, const TensorView& da,
+                               float beta) override;
+  void grouped_gemm_weight_grad(const TensorView& a, const TensorView& dc,
+                                std::span<const int64_t> sizes, const TensorView& dw) override;
+
+  void embedding_forward(const TensorView& table, const TensorView& ids, const TensorView& out,
+                         float scale) override {
+    const char* op = "embedding_forward";
+    check(op, {&table, &ids, &out});
+    ids.check_dtype(DType::kI32, op);
+    HYP_CHECK(table.rank() == 2 && out.numel() == ids.numel() * table.shape[1],
+              "{}: table {}, ids {} and out {} do not match", op, table.str(), ids.str(),
+              out.str());
+    cuda::embedding_forward(stream_, table.data, elem_of(op, "table", table), ids.as<int32_t>(),
+                            ids.numel(), table.shape[1], table.shape[0], out.data,
+                            elem_of(op, "out", out), scale, device_error());
+    launched(op);
+  }
+  void embedding_backward(const TensorView& ids, const TensorView& dout, const TensorView& dtable,
+                          float scale) override {
+    const char* op = "embedding_backward";
+    check(op, {&ids, &dout, &dtable});
+    ids.check_dtype(DType::kI32, op);
+    HYP_CHECK(dtable.rank() == 2 && dout.numel() == ids.numel() * dtable.shape[1],
+              "{}: ids {}, dout {} and dtable {} do not match", op, ids.str(), dout.str(),
+              dtable.str());
+    cuda::embedding_backward(stream_, ids.as<int32_t>(), ids.numel(), dout.data,
+                             elem_of(op, "dout", dout), dtable.shape[1], dtable.shape[0],
+                             f32(op, dtable), scale);
+    launched(op);
+  }
+  CrossEntropyResult cross_entropy_forward(const TensorView& logits,
+                                           const TensorView& targets) override {
+    return cross_entropy("cross_entropy_forward", logits, targets, nullptr, 1.0f);
+  }
+  CrossEntropyResult cross_entropy_fused(const TensorView& logits, const TensorView& targets,
+                                         const TensorView& dlogits, float dloss) override {
+    check("cross_entropy_fused", {&dlogits});
+    HYP_CHECK(dlogits.shape == logits.shape && dlogits.dtype == logits.dtype,
+              "cross_entropy_fused: dlogits {} must match logits {}", dlogits.str(), logits.str());
+    return cross_entropy("cross_entropy_fused", logits, targets, dlogits.data, dloss);
+  }
+
+  void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) override {
+    auto ok = [](DType d) { return lt_type(d) >= 0; };
+    HYP_CHECK(ok(src_dtype) && ok(dst_dtype),
+              "convert: {} -> {} is not on the cuda backend (f32, bf16, f16, e4m3, e5m2)",
+              dtype_name(src_dtype), dtype_name(dst_dtype));
+    if (src_dtype == dst_dtype) {
+      copy(src, dst, n * dtype_size(src_dtype));
+      return;
+    }
+    cuda::convert(stream_, src, static_cast<int32_t>(src_dtype), dst,
+                  static_cast<int32_t>(dst_dtype), static_cast<int64_t>(n));
+    launched("convert");
+  }
+  void copy(const void* src, void* dst, size_t bytes) override {
+    if (src == dst || bytes == 0) return;
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
+  }
+  void zero(void* dst, size_t bytes) override {
+    if (bytes == 0) return;
+    check_cuda(cudaMemsetAsync(dst, 0, bytes, stream_), "zero");
+  }
+
+ private:
+  // Every view must be device memory of this backend (or empty).
+  static void check(const char* op, std::initializer_list<const TensorView*> views) {
+    for (const TensorView* v : views) {
+      if (v->data == nullptr) continue;
+      HYP_CHECK(v->device == Device::kCuda, "{}: the cuda backend was given a {} tensor {}", op,
+                device_name(v->device), v->str());
+      HYP_CHECK(v->is_contiguous(), "{}: {} must be contiguous on the cuda backend", op, v->str());
+    }
+  }
+  static void same(const char* op, std::initializer_list<const TensorView*> views) {
+    const TensorView& first = **views.begin();
+    for (const TensorView* v : views)
+      HYP_CHECK(v->shape == first.shape && v->dtype == first.dtype,
+                "{}: {} and {} must have the same shape and dtype", op, first.str(), v->str());
+  }
+  static void same_dtype(const char* op, std::initializer_list<const TensorView*> views) {
+    const TensorView& first = **views.begin();
+    for (const TensorView* v : views)
+      HYP_CHECK(v->dtype == first.dtype, "{}: {} and {} must have the same dtype", op, first.str(),
+                v->str());
+  }
+  static float* f32(const char* op, const TensorView& v) { return v.typed<float>(op); }
+
+  // A launch error (bad configuration, no kernel image for this device) names the op.
+  void launched(const char* op) {
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) fail_cuda(e, op);
+  }
+  DeviceError* device_error() { return error_.as<DeviceError>(); }
+  void raise_device_error();
+
+  void rope(const char* op, const TensorView& x, const TensorView& out, int64_t start,
+            const TensorView* positions, const RopeTable& table, bool inverse);
+  AttentionShape attention_shape(const char* op, const TensorView& q, const TensorView& k,
+                                       const TensorView& v);
+  PagedCacheArgs cache_args(const char* op, const PagedKvCache& cache);
+  const int32_t* upload_indices(const int32_t* a, int64_t na, const int32_t* b = nullptr,
+                                int64_t nb = 0);
+  CrossEntropyResult cross_entropy(const char* op, const TensorView& logits,
+                                   const TensorView& targets, void* dlogits, float dloss);
+  // Row-major GEMM without the checks of gemm() (the grouped GEMMs' per-group calls).
+  void lt_gemm(const GemmArgs& g);
+
+  CudaAllocator alloc_;
+  std::unique_ptr<CublasLt> lt_;
+  cudaStream_t stream_ = nullptr;
+  DeviceScratch scratch_;
+  DeviceScratch fp8_scratch_{alloc_};
+  DeviceBuffer workspace_, error_, results_;
+  // RoPE tables uploaded once per (positions, head_dim, theta): their contents follow.
+  std::map<std::tuple<int64_t, int64_t, double>, DeviceBuffer> rope_tables_;
+  std::mutex rope_mutex_;
+};
+
+}  // namespace hyperion::cuda

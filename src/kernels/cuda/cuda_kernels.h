@@ -1,0 +1,141 @@
+// The CUDA kernels' launchers: plain pointers, sizes and a stream, so that the .cu files
+// (compiled by nvcc) need none of the project's C++20 headers and the backend
+// (cuda_backend.cc, compiled by the host compiler) does the checking and the dispatch.
+//
+// Every launcher queues its kernels on `stream` and returns at once; nothing here
+// synchronises. Element storage is f32 or bf16 (Elem); all math is f32, every reduction
+// runs in a fixed order (no float atomics), so results do not depend on scheduling.
+// Errors a kernel finds in its data (an id out of range) are recorded in the device
+// error word (DeviceError, first error wins) that the backend reads at its next
+// synchronisation and turns into a hyperion::Error naming the op.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace hyperion::cuda {
+
+enum class Elem : int32_t { kF32 = 0, kBF16 = 1 };
+
+// The first data error a kernel found (code 0: none). Lives in device memory.
+struct DeviceError {
+  int32_t code = 0;  // ErrorCode
+  int32_t pad = 0;
+  int64_t a = 0, b = 0, c = 0;  // what the op names: position, value, bound
+};
+enum ErrorCode : int32_t {
+  kNoError = 0,
+  kEmbeddingIdOutOfRange = 1,   // a = position, b = id, c = vocabulary size
+  kTargetOutOfRange = 2,        // a = row, b = target, c = vocabulary size
+  kPageOutOfRange = 3,          // a = row, b = page id, c = num_pages
+  kExpertOutOfRange = 4,        // a = pair, b = expert id, c = experts
+  kPositionOutOfRange = 5,      // a = token, b = position, c = table length
+};
+
+// ---- elementwise.cu
+void convert(cudaStream_t s, const void* src, int32_t src_dtype, void* dst, int32_t dst_dtype,
+             int64_t n);  // dtypes: the project's DType values for f32, bf16, f16, e4m3, e5m2
+void add_bias(cudaStream_t s, void* c, Elem ct, int64_t m, int64_t n, int64_t ldc,
+              const float* bias);
+void transpose_bytes(cudaStream_t s, const uint8_t* src, int64_t rows, int64_t cols, int64_t ld,
+                     uint8_t* dst);  // dst [cols, rows] contiguous
+void gated_forward(cudaStream_t s, int act, const void* g, const void* u, void* h, Elem t,
+                   int64_t n);
+void gated_backward(cudaStream_t s, int act, const void* dh, const void* g, const void* u,
+                    void* dg, void* du, Elem t, int64_t n);
+// positions: nullptr (position of token t is start + t), [T] or [B, T] (pos_per_batch).
+void rope(cudaStream_t s, const void* x, void* out, Elem t, int64_t b, int64_t tt, int64_t heads,
+          int64_t d, int64_t start, const int32_t* positions, bool pos_per_batch,
+          const float* cos_table, const float* sin_table, int64_t max_positions, bool inverse,
+          DeviceError* err);
+void embedding_forward(cudaStream_t s, const void* table, Elem tt, const int32_t* ids, int64_t n,
+                       int64_t h, int64_t vocab, void* out, Elem ot, float scale,
+                       DeviceError* err);
+void embedding_backward(cudaStream_t s, const int32_t* ids, int64_t n, const void* dout, Elem dt,
+                        int64_t h, int64_t vocab, float* dtable, float scale);
+// AdamW (kernels/adamw.h semantics); params_bf16 may be null.
+void adamw(cudaStream_t s, float* params, const void* grads, Elem gt, float* m, float* v,
+           int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+           float bias1, float bias2, float grad_scale, uint16_t* params_bf16);
+// partial[blockIdx] = sum of squares of its chunk (f64); finish with sum_partials.
+int64_t sum_squares_blocks(int64_t n);
+void sum_squares(cudaStream_t s, const void* x, Elem t, int64_t n, double* partial);
+void sum_partials(cudaStream_t s, const double* partial, int64_t count, double* out);
+void scale(cudaStream_t s, void* x, Elem t, int64_t n, float factor);
+
+// ---- norm.cu
+void rmsnorm_forward(cudaStream_t s, const void* x, Elem xt, const float* w, float eps, void* y,
+                     Elem yt, float* rstd, int64_t n, int64_t h, float offset);
+// scratch: rmsnorm_scratch_floats(n, h) floats for the deterministic weight-gradient sum.
+int64_t rmsnorm_scratch_floats(int64_t n, int64_t h);
+void rmsnorm_backward(cudaStream_t s, const void* dy, const void* x, Elem t, const float* w,
+                      const float* rstd, void* dx, float* dweight, bool accumulate_dx, int64_t n,
+                      int64_t h, float offset, float* scratch);
+
+// ---- cross_entropy.cu
+// row_loss [n] f32 (0 for ignored rows); result[0] = mean loss (f64), result[1] = count.
+// dlogits may be null (forward only) or alias logits.
+void cross_entropy(cudaStream_t s, const void* logits, Elem t, const int32_t* targets, int64_t n,
+                   int64_t vocab, int32_t ignore_index, float dloss, void* dlogits,
+                   float* row_loss, double* result, DeviceError* err);
+
+// ---- attention.cu (kernels/attention.h layout: q [B,Tq,Hq,D], k/v [B,Tk,Hkv,D],
+// lse [B,Hq,Tq]).
+struct AttentionShape {
+  int64_t b, tq, tk, hq, hkv, d;
+  float scale;
+  bool causal;
+};
+void attention_forward(cudaStream_t s, const AttentionShape& sh, const void* q, const void* k,
+                       const void* v, Elem t, void* out, Elem ot, float* lse);
+// delta: [B, Hq, Tq] f32 scratch (rowsum(dout * out)).
+void attention_backward(cudaStream_t s, const AttentionShape& sh, const void* q, const void* k,
+                        const void* v, const void* out, const void* dout, Elem t, const float* lse,
+                        float* delta, void* dq, void* dk, void* dv, Elem gt);
+
+// ---- paged.cu (kernels/paged_attention.h layout). dtype: the project's DType value of
+// the cache (f32, bf16 or i8).
+struct PagedCacheArgs {
+  void* k;
+  void* v;
+  float* k_scale;
+  float* v_scale;
+  int32_t dtype;
+  int64_t num_pages, page_tokens, n_kv_heads, head_dim;
+};
+void paged_kv_write(cudaStream_t s, const PagedCacheArgs& c, const void* k, const void* v, Elem t,
+                    const int64_t* slots, int64_t n);
+void paged_kv_read(cudaStream_t s, const PagedCacheArgs& c, const int32_t* pages, int64_t length,
+                   void* k, void* v, Elem t);
+// rows: page tables of all rows back to back; row r's table starts at page_offset[r].
+void paged_attention(cudaStream_t s, const PagedCacheArgs& c, const void* q, Elem qt,
+                     int64_t n_rows, int64_t n_heads, const int32_t* pages,
+                     const int64_t* page_offset, const int64_t* lengths, float scale, void* out,
+                     Elem ot, DeviceError* err);
+
+// ---- moe.cu (kernels/moe_routing.h semantics).
+void router_topk_forward(cudaStream_t s, const float* logits, int64_t n, int64_t e, int64_t k,
+                         bool normalize, float* probs, int32_t* experts, float* weights);
+void router_topk_backward(cudaStream_t s, const float* probs, const int32_t* experts,
+                          const float* weights, const float* dweights, const float* dprobs,
+                          int64_t n, int64_t e, int64_t k, bool normalize, float* dlogits);
+// result: one float (the loss); dprobs / dlogits may be null. scratch: 2 * b * e floats
+// (load balance), n floats (z-loss).
+void load_balance_loss(cudaStream_t s, const float* probs, const int32_t* experts, int64_t b,
+                       int64_t t, int64_t e, int64_t k, float weight, float* dprobs, float dscale,
+                       float* scratch, float* result, DeviceError* err);
+void router_z_loss(cudaStream_t s, const float* logits, int64_t n, int64_t e, float weight,
+                   float* dlogits, float dscale, float* scratch, float* result);
+void moe_gather_rows(cudaStream_t s, const void* src, Elem t, const int32_t* row_token,
+                     int64_t rows, int64_t d, void* dst);
+void moe_scatter_add_rows(cudaStream_t s, const void* drows, Elem t, const int32_t* pair_row,
+                          int64_t n, int64_t k, int64_t d, float* dsrc);
+void moe_combine(cudaStream_t s, const void* y, Elem t, const int32_t* pair_row,
+                 const float* weights, int64_t n, int64_t k, int64_t d, float* out);
+void moe_combine_backward(cudaStream_t s, const float* dout, const void* y, Elem t,
+                          const int32_t* pair_row, const int32_t* row_token, const float* weights,
+                          int64_t n, int64_t k, int64_t d, int64_t rows, void* dy,
+                          float* dweights);
+
+}  // namespace hyperion::cuda
