@@ -77,6 +77,20 @@ for d in "${dirs[@]}"; do
   fi
 done
 
+# The CUDA toolkit a CUDA build uses (-DHYPERION_CUDA, docs/GPU.md) is not a Debian
+# package: NVIDIA's installer puts it under its own root (/usr/local/cuda), which every
+# project machine has. Files under the toolkit root each build recorded are accepted.
+toolkits=()
+for d in "${dirs[@]}"; do
+  root=$(sed -n 's/^HYPERION_CUDA_TOOLKIT_ROOT:INTERNAL=\(\/.*\)$/\1/p' "$d/CMakeCache.txt")
+  if [ -n "$root" ]; then
+    toolkits+=("$root" "$(realpath -m "$root")")
+  fi
+done
+if [ ${#toolkits[@]} -gt 0 ]; then
+  for t in "${toolkits[@]}"; do grep -v "^$t/" "$used" >"$tmp/kept" || true; mv "$tmp/kept" "$used"; done
+fi
+
 # Normalise (.. segments) without resolving links, then add each link's final target: a
 # development symlink (libfoo.so, -dev package) and its target (libfoo.so.1, runtime
 # package) must both be installed.

@@ -27,6 +27,7 @@ ninja -C "$build" -t deps 2>/dev/null | awk -v src="$src/" '
 
 sed -n 's/^ *"file": "\(.*\)",\{0,1\}$/\1/p' "$build/compile_commands.json" |
   grep -E "^$src/(src|tests|bench|fuzz)/" | grep -v -e "/generated/" -e "/bench/blas/" |
+  grep -v '\.cu$' |  # nvcc's command lines are not clang's; the host-side .cc files are linted
   sort -u >"$tmp/files"
 todo=()
 while IFS= read -r f; do

@@ -3,22 +3,22 @@
 
 #include <cstdio>
 
-#include "cli/build_info.h"
 #include "base/cpu.h"
 #include "base/error.h"
 #include "base/threads.h"
+#include "cli/build_info.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "kernels/cuda/cuda_backend.h"
 
 namespace hyperion::cli {
 
-const CommandSpec kInfoSpec = {
-    "info",
-    "",
-    "CPU features, threads, build and library versions",
-    {{"json", "", "print everything as one JSON object"}},
-    "",
-    "info --json"};
+const CommandSpec kInfoSpec = {"info",
+                               "",
+                               "CPU features, threads, build and library versions",
+                               {{"json", "", "print everything as one JSON object"}},
+                               "",
+                               "info --json"};
 
 int cmd_info(const Args& args) {
   const Flags flags(kInfoSpec, args);
@@ -46,11 +46,21 @@ int cmd_info(const Args& args) {
   j["simd_compiled"] = b.simd_compiled;
   j["simd_active"] = b.simd_active;
   for (const auto& [name, version] : b.libraries) j["libraries"][name] = version;
+  const CudaStatus& cuda = cuda_status();
+  j["cuda_built"] = cuda.built;
+  j["gpu_available"] = cuda.available;
+  j["gpu"] = cuda.summary;
+  if (cuda.available) {
+    j["gpu_name"] = cuda.device;
+    j["gpu_compute_capability"] = cuda.compute_capability;
+    j["gpu_memory_bytes"] = cuda.memory_bytes;
+  }
   if (json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("cpu:       %s\nthreads:   %d of %d cores\n%s", cpu_summary().c_str(),
-                num_threads(), hardware_cores(), build_info_text().c_str());
+    std::printf("cpu:       %s\nthreads:   %d of %d cores\ngpu:       %s\n%s",
+                cpu_summary().c_str(), num_threads(), hardware_cores(), cuda.summary.c_str(),
+                build_info_text().c_str());
   }
   return 0;
 }

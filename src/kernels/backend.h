@@ -9,9 +9,9 @@
 // small host-made index arrays named below (paged-cache slots and page tables, the MoE
 // dispatch plan's pair_row / row_token, grouped GEMM sizes), which a device backend
 // uploads per call. A device backend may queue work and return before it finishes:
-// download(), synchronize() and the ops that return a value (the losses) wait for it. The parity test (tests/kernels/
-// backend_parity_test.cc) checks every op of every built backend against the scalar
-// ref:: kernels.
+// download(), synchronize() and the ops that return a value (the losses) wait for it. The parity
+// test (tests/kernels/ backend_parity_test.cc) checks every op of every built backend against the
+// scalar ref:: kernels.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/allocator.h"
+#include "kernels/adamw.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/gated_activation.h"
@@ -127,6 +128,13 @@ class KernelBackend {
   virtual CrossEntropyResult cross_entropy_fused(const TensorView& logits,
                                                  const TensorView& targets,
                                                  const TensorView& dlogits, float dloss) = 0;
+  // Optimizer (kernels/adamw.h, kernels/global_norm.h): the fused AdamW update, the
+  // global L2 norm of a set of buffers (f64, summed in a fixed order) and their scaling.
+  virtual void adamw_step(const TensorView& params, const TensorView& grads, const TensorView& m,
+                          const TensorView& v, const AdamWParams& hp,
+                          const TensorView& params_bf16) = 0;
+  virtual double global_l2_norm(std::span<const TensorView> buffers) = 0;
+  virtual void scale_buffers(std::span<const TensorView> buffers, float s) = 0;
   // Host <-> device transfers (bytes; the host backend copies). download() returns with the
   // bytes on the host; upload() may return before the copy is done only when the source
   // may be reused at once (the host's pageable memory is staged by the driver).

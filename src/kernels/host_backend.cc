@@ -8,6 +8,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/embedding.h"
+#include "kernels/global_norm.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/moe_routing.h"
 #include "kernels/rmsnorm.h"
@@ -184,7 +185,23 @@ class HostBackend final : public KernelBackend {
                   static_cast<size_t>(e - b));
     });
   }
-  void upload(const void* host_src, void* dst, size_t bytes) override { copy(host_src, dst, bytes); }
+  void adamw_step(const TensorView& params, const TensorView& grads, const TensorView& m,
+                  const TensorView& v, const AdamWParams& hp,
+                  const TensorView& params_bf16) override {
+    check_host("adamw_step", {&params, &grads, &m, &v, &params_bf16});
+    hyperion::adamw_step(params, grads, m, v, hp, params_bf16);
+  }
+  double global_l2_norm(std::span<const TensorView> buffers) override {
+    for (const TensorView& b : buffers) check_host("global_l2_norm", {&b});
+    return hyperion::global_l2_norm(buffers);
+  }
+  void scale_buffers(std::span<const TensorView> buffers, float s) override {
+    for (const TensorView& b : buffers) check_host("scale_buffers", {&b});
+    hyperion::scale_buffers(buffers, s);
+  }
+  void upload(const void* host_src, void* dst, size_t bytes) override {
+    copy(host_src, dst, bytes);
+  }
   void download(const void* src, void* host_dst, size_t bytes) override {
     copy(src, host_dst, bytes);
   }

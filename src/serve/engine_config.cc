@@ -3,6 +3,7 @@
 #include "base/config.h"
 #include "base/error.h"
 #include "base/system_memory.h"
+#include "kernels/hardware.h"
 #include "kernels/paged_attention.h"
 
 namespace hyperion::serve {
@@ -18,6 +19,7 @@ std::vector<ConfigKey> engine_config_schema() {
       {"kv_dtype", ConfigType::kString, "bfloat16", "bfloat16 | int8 | fp8_e4m3 | float32"},
       {"weights", ConfigType::kString, "bfloat16", "bfloat16 | float32"},
       {"quantize_weights", ConfigType::kString, "none", "none | int8"},
+      {"hardware", ConfigType::kString, "cpu", "cpu | gpu (docs/GPU.md)"},
       {"attention", ConfigType::kString, "ragged", "ragged | padded"},
       {"prefix_caching", ConfigType::kBool, "true", "reuse KV pages of shared prefixes"},
       {"chat_template", ConfigType::kString, "plain", "plain | llama2"},
@@ -41,6 +43,9 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
   Config cfg(engine_config_schema());
   for (const std::string& o : overrides) cfg.apply_override(o);
   EngineConfig c;
+  // The device first: a server that cannot have it fails before loading anything.
+  c.hardware = parse_hardware(cfg.get_string("hardware"), "serve: hardware");
+  require_hardware(c.hardware, "hardware");
   c.max_concurrent_decodes = cfg.get_int("max_concurrent_decodes");
   c.max_queue = cfg.get_int("max_queue");
   c.max_seq_len = cfg.get_int("max_seq_len");
@@ -121,20 +126,22 @@ void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t we
                                      c.kv_page_tokens, dtype_name(c.kv_dtype));
   std::string hint =
       automatic_pages
-          ? fmt::format("it holds max_seq_len={}{} for each of max_concurrent_decodes={}; set "
-                        "max_seq_len=, max_concurrent_decodes=, kv_pages= or kv_dtype=int8",
-                        c.max_seq_len, c.max_seq_len == model.max_seq_len ? " (the model's)" : "",
-                        c.max_concurrent_decodes)
+          ? fmt::format(
+                "it holds max_seq_len={}{} for each of max_concurrent_decodes={}; set "
+                "max_seq_len=, max_concurrent_decodes=, kv_pages= or kv_dtype=int8",
+                c.max_seq_len, c.max_seq_len == model.max_seq_len ? " (the model's)" : "",
+                c.max_concurrent_decodes)
           : std::string("set a smaller kv_pages= or kv_dtype=int8");
   if (weight_bytes > kv_bytes && c.weights != WeightFormat::kF32)
-    hint += "; the weights are most of it: weights=float32 keeps no bf16 copy (4 bytes per "
-            "parameter instead of 6)";
-  check_fits_in_memory(
-      sat_add(kv_bytes, weight_bytes),
-      weight_bytes > 0 ? fmt::format("serve: the weights ({}) plus {}: {})",
-                                     format_bytes(weight_bytes), kv, format_bytes(kv_bytes))
-                       : "serve: " + kv + ")",
-      hint);
+    hint +=
+        "; the weights are most of it: weights=float32 keeps no bf16 copy (4 bytes per "
+        "parameter instead of 6)";
+  check_fits_in_memory(sat_add(kv_bytes, weight_bytes),
+                       weight_bytes > 0
+                           ? fmt::format("serve: the weights ({}) plus {}: {})",
+                                         format_bytes(weight_bytes), kv, format_bytes(kv_bytes))
+                           : "serve: " + kv + ")",
+                       hint);
 }
 
 }  // namespace hyperion::serve

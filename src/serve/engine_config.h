@@ -14,12 +14,14 @@
 //   prefix_caching          reuse full KV pages of shared prompt prefixes    true
 //   chat_template           plain | llama2                                  plain
 //   model_name              id reported by /v1/models; "" = checkpoint name    ""
+//   hardware                cpu | gpu (docs/GPU.md)                           cpu
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "base/allocator.h"
 #include "base/config.h"
 #include "model/llama_config.h"
 #include "serve/model_runner.h"
@@ -35,6 +37,7 @@ struct EngineConfig {
   int64_t kv_page_tokens = 16;
   int64_t kv_pages = 0;
   DType kv_dtype = DType::kBF16;
+  Device hardware = Device::kHost;  // hardware: cpu | gpu
   WeightFormat weights = WeightFormat::kBF16;
   bool padded_attention = false;
   bool prefix_caching = true;

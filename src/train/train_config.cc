@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "base/source_dir.h"
 #include "io/atomic_file.h"
+#include "kernels/hardware.h"
 #include "train/checkpoint.h"
 
 namespace hyperion {
@@ -100,6 +101,7 @@ std::vector<ConfigKey> train_config_schema() {
       {"gradient_clipping_threshold", T::kFloat, "1.0", "global grad-norm clip (0: off)"},
       {"init_weights_seed", T::kInt, "0", "parameter initialisation seed"},
       // Precision and memory.
+      {"hardware", T::kString, "cpu", "cpu | gpu (docs/GPU.md)"},
       {"dtype", T::kString, "bfloat16", "compute dtype: bfloat16 | float32"},
       {"weight_dtype", T::kString, "float32", "master weights and optimizer state: float32"},
       {"remat_policy", T::kString, "minimal", "full | minimal | none"},
@@ -337,6 +339,8 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
             where("gradient_clipping_threshold"));
   t.init_weights_seed = static_cast<uint64_t>(c.get_int("init_weights_seed"));
 
+  t.hardware =
+      parse_hardware(c.get_string("hardware"), fmt::format("config key {}", where("hardware")));
   const std::string& dtype = c.get_string("dtype");
   HYP_CHECK(dtype == "bfloat16" || dtype == "float32",
             "config key {} must be bfloat16 or float32, got '{}'", where("dtype"), dtype);

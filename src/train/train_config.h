@@ -69,6 +69,7 @@ struct TrainConfig {
   // Precision and memory.
   bool bf16 = true;  // dtype
   RematPolicy remat = RematPolicy::kMinimal;
+  Device hardware = Device::kHost;  // hardware: cpu | gpu (kernels/hardware.h)
   QuantOptions quant;  // quantization, quantize_logits, fp8_amax_history_len, fp8_amax_margin
   // Checkpointing and logging.
   std::string base_output_directory = "runs";

@@ -21,6 +21,7 @@
 #include "io/directory_lock.h"
 #include "io/text_input.h"
 #include "io/tokenizer.h"
+#include "kernels/hardware.h"
 #include "kernels/peak.h"
 #include "model/forward_model.h"
 #include "model/llama_generator.h"
@@ -252,6 +253,8 @@ void TrainingRun::setup() {
   const TrainConfig& t = t_;
   rank_ = comm_->rank();
   world_ = comm_->world_size();
+  // The device first: a run that cannot have it fails before anything is prepared.
+  require_hardware(t_.hardware, "config key hardware");
   mesh_ = resolve_mesh(t_.mesh, world_);
   mode_ = mesh_.fsdp > 1                                   ? ParallelMode::kFsdp
           : mesh_.expert > 1                               ? ParallelMode::kExpert

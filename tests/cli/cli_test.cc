@@ -28,7 +28,12 @@ TEST(Cli, HelpAndUnknownCommand) {
 TEST(Cli, ThreadsFlagAndEnvironment) {
   auto info = run("--threads 1 info --json");
   ASSERT_EQ(info.code, 0) << info.out;
-  EXPECT_EQ(nlohmann::json::parse(info.out)["threads"], 1);
+  const nlohmann::json ij = nlohmann::json::parse(info.out);
+  EXPECT_EQ(ij["threads"], 1);
+  // The GPU line: whether this binary has CUDA, and the device or why there is none.
+  EXPECT_TRUE(ij["cuda_built"].is_boolean());
+  EXPECT_TRUE(ij["gpu_available"].is_boolean());
+  EXPECT_FALSE(ij["gpu"].get<std::string>().empty());
   auto env = run("info --json", "HYPERION_THREADS=2");
   ASSERT_EQ(env.code, 0) << env.out;
   EXPECT_EQ(nlohmann::json::parse(env.out)["threads"], 2);

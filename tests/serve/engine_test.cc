@@ -358,6 +358,9 @@ TEST(EngineConfig, ParsesAndRejectsKeys) {
   EXPECT_NE(message({"max_concurrent_decodes=0"}).find("max_concurrent_decodes"),
             std::string::npos);
   EXPECT_NE(message({"attention=dense"}).find("attention"), std::string::npos);
+  EXPECT_NE(message({"hardware=tpu"}).find("hardware"), std::string::npos);
+  // No GPU here (or not wired yet): refused by name rather than served on the CPU.
+  EXPECT_NE(message({"hardware=gpu"}).find("hardware=gpu"), std::string::npos);
 }
 
 }  // namespace

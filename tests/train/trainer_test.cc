@@ -13,6 +13,7 @@
 
 #include "base/error.h"
 #include "base/threads.h"
+#include "kernels/hardware.h"
 #include "model/llama_generator.h"
 #include "model/llama_model.h"
 #include "train/checkpoint.h"
@@ -322,6 +323,24 @@ TEST(TrainConfig, QuantizationKeysAreValidated) {
   EXPECT_EQ(t.quant.mode, QuantMode::kFp8);
   EXPECT_TRUE(t.quant.quantize_logits);
   EXPECT_EQ(t.quant.amax_history_len, 1024);
+}
+
+// hardware: cpu (the default) or gpu; a run that cannot have the GPU is refused before it
+// prepares anything, naming the key and the reason (here: no CUDA device, or the wiring
+// docs/GPU.md lists).
+TEST(TrainConfig, HardwareKey) {
+  expect_config_error({"hardware=tpu"}, "hardware");
+  EXPECT_EQ(parse_train_config(load_train_config("tiny", {}), "x").hardware, Device::kHost);
+  const TrainConfig t = parse_train_config(load_train_config("tiny", {"hardware=gpu"}), "x");
+  EXPECT_EQ(t.hardware, Device::kCuda);
+  std::string msg;
+  try {
+    require_hardware(Device::kCuda, "config key hardware");
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("config key hardware=gpu"), std::string::npos) << msg;
+  EXPECT_NO_THROW(require_hardware(Device::kHost, "config key hardware"));
 }
 
 TEST(TrainConfig, SizeErrorsNameTheTrainingKeys) {

@@ -15,7 +15,9 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kMaxPerLane = 8;  // head_dim <= 256
 
-int tile_rows(int64_t d) { return d <= 128 ? 32 : 16; }
+int tile_rows(int64_t d) {
+  return d <= 128 ? 32 : 16;
+}
 
 struct Layout {
   int64_t b, tq, tk, hq, hkv, d, group;
@@ -42,8 +44,8 @@ Layout layout_of(const AttentionShape& s) {
 }
 
 // Loads rows [r0, r0 + n) of one head of a [B, T, H, D] tensor into tile[n][d] (f32).
-__device__ void load_tile(const void* x, Elem t, int64_t row0_offset, int64_t row_stride,
-                          int64_t n, int64_t d, float* tile) {
+__device__ void load_tile(const void* x, Elem t, int64_t row0_offset, int64_t row_stride, int64_t n,
+                          int64_t d, float* tile) {
   for (int64_t idx = threadIdx.x; idx < n * d; idx += blockDim.x) {
     const int64_t r = idx / d, c = idx % d;
     tile[idx] = load(x, t, row0_offset + r * row_stride + c);
@@ -109,7 +111,8 @@ __global__ void attention_delta_kernel(Layout L, const void* out, const void* do
   const int64_t row = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);  // (b, i, h) order
   if (row >= L.b * L.tq * L.hq) return;
   float dot = 0;
-  for (int64_t c = lane; c < L.d; c += 32) dot += load(out, t, row * L.d + c) * load(dout, t, row * L.d + c);
+  for (int64_t c = lane; c < L.d; c += 32)
+    dot += load(out, t, row * L.d + c) * load(dout, t, row * L.d + c);
   dot = warp_sum(dot);
   const int64_t h = row % L.hq, bi = row / (L.tq * L.hq), i = (row / L.hq) % L.tq;
   if (lane == 0) delta[(bi * L.hq + h) * L.tq + i] = dot;
@@ -117,8 +120,8 @@ __global__ void attention_delta_kernel(Layout L, const void* out, const void* do
 
 // dq_i = scale * sum_j p_ij (dO_i . v_j - delta_i) k_j.
 __global__ void attention_dq_kernel(Layout L, const void* q, const void* k, const void* v,
-                                    const void* dout, Elem t, const float* lse,
-                                    const float* delta, void* dq, Elem gt) {
+                                    const void* dout, Elem t, const float* lse, const float* delta,
+                                    void* dq, Elem gt) {
   extern __shared__ float smem[];
   const int tile = L.d <= 128 ? 32 : 16;
   float* ks = smem;
@@ -174,8 +177,8 @@ __global__ void attention_dq_kernel(Layout L, const void* q, const void* k, cons
 // For key j of kv head g: dv_j = sum_{h in group, i} p_ij dO_i,
 // dk_j = scale * sum_{h, i} p_ij (dO_i . v_j - delta_i) q_i.
 __global__ void attention_dkv_kernel(Layout L, const void* q, const void* k, const void* v,
-                                     const void* dout, Elem t, const float* lse,
-                                     const float* delta, void* dk, void* dv, Elem gt) {
+                                     const void* dout, Elem t, const float* lse, const float* delta,
+                                     void* dk, void* dv, Elem gt) {
   extern __shared__ float smem[];
   const int tile = L.d <= 128 ? 32 : 16;
   float* qs = smem;
@@ -246,7 +249,9 @@ dim3 grid_of(int64_t rows, int64_t heads, int64_t b) {
               static_cast<unsigned>(b));
 }
 
-size_t tile_bytes(int64_t d) { return static_cast<size_t>(2 * tile_rows(d) * d) * sizeof(float); }
+size_t tile_bytes(int64_t d) {
+  return static_cast<size_t>(2 * tile_rows(d) * d) * sizeof(float);
+}
 
 }  // namespace
 

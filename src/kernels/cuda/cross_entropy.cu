@@ -78,8 +78,8 @@ __global__ void mean_loss_kernel(const float* row_loss, int64_t n, double* resul
 }  // namespace
 
 void cross_entropy(cudaStream_t s, const void* logits, Elem t, const int32_t* targets, int64_t n,
-                   int64_t vocab, int32_t ignore_index, float dloss, void* dlogits,
-                   float* row_loss, double* result, DeviceError* err) {
+                   int64_t vocab, int32_t ignore_index, float dloss, void* dlogits, float* row_loss,
+                   double* result, DeviceError* err) {
   count_targets_kernel<<<1, 1024, 0, s>>>(targets, n, vocab, ignore_index, result, err);
   if (n > 0)
     cross_entropy_row_kernel<<<static_cast<unsigned>(n), kThreads, 0, s>>>(

@@ -61,8 +61,8 @@ struct Descs {
 bool CublasLt::open(std::string* why) {
   // The soname first (LD_LIBRARY_PATH, the loader's cache), then the toolkit this binary
   // was built against.
-  for (const std::string& path :
-       {std::string("libcublasLt.so.13"), std::string(HYPERION_CUDA_LIBDIR) + "/libcublasLt.so.13"}) {
+  for (const std::string& path : {std::string("libcublasLt.so.13"),
+                                  std::string(HYPERION_CUDA_LIBDIR) + "/libcublasLt.so.13"}) {
     lib_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (lib_ != nullptr) break;
   }
@@ -121,8 +121,8 @@ void CublasLt::matmul(const LtMatmul& mm, cudaStream_t stream, void* workspace,
   check(api.layout_create(&d.b, static_cast<cudaDataType_t>(mm.a_type), second_rows, second_cols,
                           mm.lda),
         "layout of A", mm);
-  check(api.layout_create(&d.c, static_cast<cudaDataType_t>(mm.c_type),
-                          static_cast<uint64_t>(mm.n), static_cast<uint64_t>(mm.m), mm.ldc),
+  check(api.layout_create(&d.c, static_cast<cudaDataType_t>(mm.c_type), static_cast<uint64_t>(mm.n),
+                          static_cast<uint64_t>(mm.m), mm.ldc),
         "layout of C", mm);
   if (mm.batch > 1) {
     const int32_t count = static_cast<int32_t>(mm.batch);
@@ -145,12 +145,13 @@ void CublasLt::matmul(const LtMatmul& mm, cudaStream_t stream, void* workspace,
   check(api.heuristic(static_cast<cublasLtHandle_t>(handle_), d.op, d.a, d.b, d.c, d.c, d.pref, 1,
                       &result, &found),
         "algorithm search", mm);
-  HYP_CHECK(found > 0, "cuda gemm: cuBLASLt has no algorithm for m={} n={} k={} (types {} x {} -> {})",
-            mm.m, mm.n, mm.k, mm.a_type, mm.b_type, mm.c_type);
-  check(api.matmul(static_cast<cublasLtHandle_t>(handle_), d.op, &mm.alpha, mm.b, d.a, mm.a, d.b,
-                   &mm.beta, mm.c, d.c, mm.c, d.c, &result.algo, workspace, workspace_bytes,
-                   stream),
-        "matmul", mm);
+  HYP_CHECK(found > 0,
+            "cuda gemm: cuBLASLt has no algorithm for m={} n={} k={} (types {} x {} -> {})", mm.m,
+            mm.n, mm.k, mm.a_type, mm.b_type, mm.c_type);
+  check(
+      api.matmul(static_cast<cublasLtHandle_t>(handle_), d.op, &mm.alpha, mm.b, d.a, mm.a, d.b,
+                 &mm.beta, mm.c, d.c, mm.c, d.c, &result.algo, workspace, workspace_bytes, stream),
+      "matmul", mm);
 }
 
 }  // namespace hyperion::cuda

@@ -26,7 +26,8 @@ void CudaBackend::raise_device_error() {
       fail("load_balance_loss: expert {} of pair {} is outside [0, {})", e.b, e.a, e.c);
     case kPositionOutOfRange:
       fail("rope: position {} of token {} is outside the table [0, {})", e.b, e.a, e.c);
-    default: fail("cuda: a kernel reported error code {}", e.code);
+    default:
+      fail("cuda: a kernel reported error code {}", e.code);
   }
 }
 
@@ -146,8 +147,8 @@ void CudaBackend::grouped_gemm(const TensorView& a, const TensorView& w,
                                std::span<const int64_t> sizes, const TensorView& c, float beta) {
   const char* op = "grouped_gemm";
   check(op, {&a, &w, &c});
-  HYP_CHECK(a.rank() == 2 && w.rank() == 3 && c.rank() == 2 && w.shape[0] ==
-                static_cast<int64_t>(sizes.size()) && w.shape[2] == a.shape[1] &&
+  HYP_CHECK(a.rank() == 2 && w.rank() == 3 && c.rank() == 2 &&
+                w.shape[0] == static_cast<int64_t>(sizes.size()) && w.shape[2] == a.shape[1] &&
                 c.shape[0] == a.shape[0] && c.shape[1] == w.shape[1],
             "{}: A {}, W {}, C {} and {} groups do not match", op, a.str(), w.str(), c.str(),
             sizes.size());
@@ -202,11 +203,10 @@ void CudaBackend::grouped_gemm_weight_grad(const TensorView& a, const TensorView
   const size_t as = dtype_size(a.dtype), cs = dtype_size(dc.dtype);
   for (size_t gi = 0; gi < sizes.size(); ++gi) {
     if (sizes[gi] == 0) continue;
-    gemm(contiguous_gemm_args(Trans::kT, Trans::kN, n, k, sizes[gi],
-                              dc.as<unsigned char>() + off[gi] * n * cs, dc.dtype,
-                              a.as<unsigned char>() + off[gi] * k * as, a.dtype,
-                              dw.as<float>() + static_cast<int64_t>(gi) * n * k, DType::kF32,
-                              1.0f));
+    gemm(contiguous_gemm_args(
+        Trans::kT, Trans::kN, n, k, sizes[gi], dc.as<unsigned char>() + off[gi] * n * cs, dc.dtype,
+        a.as<unsigned char>() + off[gi] * k * as, a.dtype,
+        dw.as<float>() + static_cast<int64_t>(gi) * n * k, DType::kF32, 1.0f));
   }
 }
 
@@ -266,16 +266,23 @@ PagedCacheArgs CudaBackend::cache_args(const char* op, const PagedKvCache& cache
   HYP_CHECK(cache.dtype == DType::kF32 || cache.dtype == DType::kBF16 || cache.dtype == DType::kI8,
             "{}: a {} KV cache is not on the cuda backend (f32, bf16, int8)", op,
             dtype_name(cache.dtype));
-  HYP_CHECK(cache.k != nullptr && cache.v != nullptr &&
-                (cache.dtype != DType::kI8 || (cache.k_scale != nullptr && cache.v_scale != nullptr)),
-            "{}: the cache's buffers (and an int8 cache's scales) must be set", op);
+  HYP_CHECK(
+      cache.k != nullptr && cache.v != nullptr &&
+          (cache.dtype != DType::kI8 || (cache.k_scale != nullptr && cache.v_scale != nullptr)),
+      "{}: the cache's buffers (and an int8 cache's scales) must be set", op);
   HYP_CHECK(cache.head_dim >= 1 && cache.head_dim <= 256 && cache.page_tokens >= 1 &&
                 cache.n_kv_heads >= 1,
             "{}: unsupported cache geometry (head_dim {}, page_tokens {}, kv heads {})", op,
             cache.head_dim, cache.page_tokens, cache.n_kv_heads);
-  return PagedCacheArgs{cache.k,        cache.v,           cache.k_scale,     cache.v_scale,
-                        static_cast<int32_t>(cache.dtype), cache.num_pages, cache.page_tokens,
-                        cache.n_kv_heads, cache.head_dim};
+  return PagedCacheArgs{cache.k,
+                        cache.v,
+                        cache.k_scale,
+                        cache.v_scale,
+                        static_cast<int32_t>(cache.dtype),
+                        cache.num_pages,
+                        cache.page_tokens,
+                        cache.n_kv_heads,
+                        cache.head_dim};
 }
 
 void CudaBackend::paged_attention(const PagedKvCache& cache, const TensorView& q,
@@ -293,7 +300,8 @@ void CudaBackend::paged_attention(const PagedKvCache& cache, const TensorView& q
   std::vector<int64_t> meta(static_cast<size_t>(2 * n));
   std::vector<int32_t> pages;
   for (int64_t r = 0; r < n; ++r) {
-    HYP_CHECK(rows[r].length >= 1, "{}: row {} has length {} (must be >= 1)", op, r, rows[r].length);
+    HYP_CHECK(rows[r].length >= 1, "{}: row {} has length {} (must be >= 1)", op, r,
+              rows[r].length);
     const int64_t len = params.mode == PagedAttentionMode::kPadded
                             ? std::max(params.padded_length, rows[r].length)
                             : rows[r].length;
@@ -302,8 +310,8 @@ void CudaBackend::paged_attention(const PagedKvCache& cache, const TensorView& q
     const int64_t n_pages = (len + cache.page_tokens - 1) / cache.page_tokens;
     for (int64_t i = 0; i < n_pages; ++i) {
       const int32_t id = rows[r].pages[i];
-      HYP_CHECK(id >= 0 && id < cache.num_pages, "{}: row {} reads page {}, outside [0, {})", op,
-                r, id, cache.num_pages);
+      HYP_CHECK(id >= 0 && id < cache.num_pages, "{}: row {} reads page {}, outside [0, {})", op, r,
+                id, cache.num_pages);
       pages.push_back(id);
     }
   }
@@ -312,12 +320,33 @@ void CudaBackend::paged_attention(const PagedKvCache& cache, const TensorView& q
   upload(meta.data(), base, meta_bytes);
   upload(pages.data(), base + meta_bytes, pages.size() * 4);
   const auto* dmeta = reinterpret_cast<const int64_t*>(base);
-  const float scale = params.scale > 0 ? params.scale
-                                       : 1.0f / std::sqrt(static_cast<float>(cache.head_dim));
+  const float scale =
+      params.scale > 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(cache.head_dim));
   cuda::paged_attention(stream_, c, q.data, elem_of(op, "q", q), n, q.shape[1],
                         reinterpret_cast<const int32_t*>(base + meta_bytes), dmeta, dmeta + n,
                         scale, out.data, elem_of(op, "out", out), device_error());
   launched(op);
+}
+
+// Partial sums of squares of every buffer side by side, then one ordered sum: the same
+// result for the same buffers on every run.
+double CudaBackend::global_l2_norm(std::span<const TensorView> buffers) {
+  int64_t partials = 0;
+  for (const TensorView& b : buffers) partials += cuda::sum_squares_blocks(b.numel());
+  auto* part = static_cast<double*>(scratch_.get(static_cast<size_t>(partials + 1) * 8));
+  int64_t at = 0;
+  for (const TensorView& b : buffers) {
+    check("global_l2_norm", {&b});
+    cuda::sum_squares(stream_, b.data, elem_of("global_l2_norm", "buffer", b), b.numel(),
+                      part + at);
+    at += cuda::sum_squares_blocks(b.numel());
+  }
+  auto* total = results_.as<double>();
+  cuda::sum_partials(stream_, part, partials, total);
+  launched("global_l2_norm");
+  double host = 0;
+  download(total, &host, sizeof(host));
+  return std::sqrt(host);
 }
 
 const int32_t* CudaBackend::upload_indices(const int32_t* a, int64_t na, const int32_t* b,
@@ -338,8 +367,8 @@ CrossEntropyResult CudaBackend::cross_entropy(const char* op, const TensorView& 
   const int64_t n = logits.shape[0], v = logits.shape[1];
   auto* row_loss = static_cast<float*>(scratch_.get(static_cast<size_t>(n + 1) * sizeof(float)));
   auto* result = results_.as<double>();
-  cuda::cross_entropy(stream_, logits.data, elem_of(op, "logits", logits), targets.as<int32_t>(),
-                      n, v, kIgnoreIndex, dloss, dlogits, row_loss, result, device_error());
+  cuda::cross_entropy(stream_, logits.data, elem_of(op, "logits", logits), targets.as<int32_t>(), n,
+                      v, kIgnoreIndex, dloss, dlogits, row_loss, result, device_error());
   launched(op);
   double host[2] = {0, 0};
   download(result, host, sizeof(host));
@@ -407,7 +436,11 @@ const Probed& probed() {
 
 }  // namespace
 
-const CudaStatus& cuda_status() { return probed().status; }
-KernelBackend* cuda_backend() { return probed().backend; }
+const CudaStatus& cuda_status() {
+  return probed().status;
+}
+KernelBackend* cuda_backend() {
+  return probed().backend;
+}
 
 }  // namespace hyperion

@@ -12,10 +12,10 @@
 namespace hyperion {
 
 struct CudaStatus {
-  bool built = false;      // this binary has the CUDA backend (-DHYPERION_CUDA)
-  bool available = false;  // ...and device 0 and cuBLASLt are usable
-  std::string summary;     // one line: the device, or why there is none
-  std::string device;      // "NVIDIA H100 80GB HBM3" (available only)
+  bool built = false;          // this binary has the CUDA backend (-DHYPERION_CUDA)
+  bool available = false;      // ...and device 0 and cuBLASLt are usable
+  std::string summary;         // one line: the device, or why there is none
+  std::string device;          // "NVIDIA H100 80GB HBM3" (available only)
   int compute_capability = 0;  // 90 for sm_90
   int64_t memory_bytes = 0;
   std::string cuda_version;  // toolkit the backend was built with ("13.0.88")

@@ -43,16 +43,24 @@ inline Elem elem_of(const char* op, DType dt) {
 
 inline int lt_type(DType dt) {
   switch (dt) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kBF16: return CUDA_R_16BF;
-    case DType::kF16: return CUDA_R_16F;
-    case DType::kE4M3: return CUDA_R_8F_E4M3;
-    case DType::kE5M2: return CUDA_R_8F_E5M2;
-    default: return -1;
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    case DType::kE4M3:
+      return CUDA_R_8F_E4M3;
+    case DType::kE5M2:
+      return CUDA_R_8F_E5M2;
+    default:
+      return -1;
   }
 }
 
-inline bool is_fp8(DType dt) { return dt == DType::kE4M3 || dt == DType::kE5M2; }
+inline bool is_fp8(DType dt) {
+  return dt == DType::kE4M3 || dt == DType::kE5M2;
+}
 
 class CudaBackend final : public KernelBackend {
  public:
@@ -68,15 +76,43 @@ class CudaBackend final : public KernelBackend {
   const char* name() const override { return "cuda"; }
   Allocator& allocator() override { return alloc_; }
 
+  void adamw_step(const TensorView& params, const TensorView& grads, const TensorView& m,
+                  const TensorView& v, const AdamWParams& hp,
+                  const TensorView& params_bf16) override {
+    const char* op = "adamw_step";
+    check(op, {&params, &grads, &m, &v, &params_bf16});
+    HYP_CHECK(grads.numel() == params.numel() && m.numel() == params.numel() &&
+                  v.numel() == params.numel() &&
+                  (params_bf16.data == nullptr || params_bf16.numel() == params.numel()),
+              "{}: params {}, grads {}, m {}, v {} must have the same size", op, params.str(),
+              grads.str(), m.str(), v.str());
+    HYP_CHECK(hp.step >= 1, "{}: step {} must be >= 1", op, hp.step);
+    if (params_bf16.data != nullptr) params_bf16.check_dtype(DType::kBF16, op);
+    // Bias corrections in double, as the host kernel computes them.
+    const double t = static_cast<double>(hp.step);
+    const auto bias1 = static_cast<float>(1.0 - std::pow(double(hp.beta1), t));
+    const auto bias2 = static_cast<float>(1.0 - std::pow(double(hp.beta2), t));
+    cuda::adamw(stream_, f32(op, params), grads.data, elem_of(op, "grads", grads), f32(op, m),
+                f32(op, v), params.numel(), hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay,
+                bias1, bias2, hp.grad_scale, static_cast<uint16_t*>(params_bf16.data));
+    launched(op);
+  }
+  double global_l2_norm(std::span<const TensorView> buffers) override;
+  void scale_buffers(std::span<const TensorView> buffers, float s) override {
+    for (const TensorView& b : buffers) {
+      check("scale_buffers", {&b});
+      cuda::scale(stream_, b.data, elem_of("scale_buffers", "buffer", b), b.numel(), s);
+    }
+    launched("scale_buffers");
+  }
   void upload(const void* host_src, void* dst, size_t bytes) override {
     if (bytes == 0) return;
-    check_cuda(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
-                     "upload");
+    check_cuda(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
   }
   void download(const void* src, void* host_dst, size_t bytes) override {
     if (bytes > 0)
       check_cuda(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
-                       "download");
+                 "download");
     synchronize();
   }
   void synchronize() override {
@@ -102,8 +138,8 @@ class CudaBackend final : public KernelBackend {
                         bool accumulate_dx, float offset) override {
     const char* op = "rmsnorm_backward";
     check(op, {&dy, &x, &weight, &rstd, &dx, &dweight});
-    HYP_CHECK(x.rank() >= 1 && dy.shape == x.shape && dx.shape == x.shape &&
-                  dy.dtype == x.dtype && dx.dtype == x.dtype,
+    HYP_CHECK(x.rank() >= 1 && dy.shape == x.shape && dx.shape == x.shape && dy.dtype == x.dtype &&
+                  dx.dtype == x.dtype,
               "{}: dy {}, x {} and dx {} must match", op, dy.str(), x.str(), dx.str());
     const int64_t h = x.shape.dim(-1), n = h > 0 ? x.numel() / h : 0;
     auto* scratch = static_cast<float*>(
@@ -118,8 +154,8 @@ class CudaBackend final : public KernelBackend {
     const char* op = "gated_forward";
     check(op, {&g, &u, &h});
     same(op, {&g, &u, &h});
-    cuda::gated_forward(stream_, static_cast<int>(act), g.data, u.data, h.data,
-                        elem_of(op, "g", g), g.numel());
+    cuda::gated_forward(stream_, static_cast<int>(act), g.data, u.data, h.data, elem_of(op, "g", g),
+                        g.numel());
     launched(op);
   }
   void gated_backward(GatedActivation act, const TensorView& dh, const TensorView& g,
@@ -127,8 +163,8 @@ class CudaBackend final : public KernelBackend {
     const char* op = "gated_backward";
     check(op, {&dh, &g, &u, &dg, &du});
     same(op, {&dh, &g, &u, &dg, &du});
-    cuda::gated_backward(stream_, static_cast<int>(act), dh.data, g.data, u.data, dg.data,
-                         du.data, elem_of(op, "g", g), g.numel());
+    cuda::gated_backward(stream_, static_cast<int>(act), dh.data, g.data, u.data, dg.data, du.data,
+                         elem_of(op, "g", g), g.numel());
     launched(op);
   }
   void rope_forward(const TensorView& x, const TensorView& out, int64_t start_pos,
@@ -152,8 +188,8 @@ class CudaBackend final : public KernelBackend {
     check(op, {&q, &k, &v, &out, &lse});
     const AttentionShape sh = attention_shape(op, q, k, v);
     HYP_CHECK(out.shape == q.shape, "{}: out {} must have q's shape {}", op, out.str(), q.str());
-    HYP_CHECK(lse.numel() == sh.b * sh.hq * sh.tq, "{}: lse {} must be [{}, {}, {}]", op,
-              lse.str(), sh.b, sh.hq, sh.tq);
+    HYP_CHECK(lse.numel() == sh.b * sh.hq * sh.tq, "{}: lse {} must be [{}, {}, {}]", op, lse.str(),
+              sh.b, sh.hq, sh.tq);
     cuda::attention_forward(stream_, sh, q.data, k.data, v.data, elem_of(op, "q", q), out.data,
                             elem_of(op, "out", out), f32(op, lse));
     launched(op);
@@ -202,8 +238,8 @@ class CudaBackend final : public KernelBackend {
     const char* op = "paged_kv_read";
     check(op, {&k, &v});
     const PagedCacheArgs c = cache_args(op, cache);
-    HYP_CHECK(k.shape == v.shape && k.dtype == v.dtype && k.numel() == length * cache.n_kv_heads *
-                                                                           cache.head_dim,
+    HYP_CHECK(k.shape == v.shape && k.dtype == v.dtype &&
+                  k.numel() == length * cache.n_kv_heads * cache.head_dim,
               "{}: k {} and v {} must be [{}, {}, {}]", op, k.str(), v.str(), length,
               cache.n_kv_heads, cache.head_dim);
     const int64_t n_pages = (length + cache.page_tokens - 1) / cache.page_tokens;
@@ -253,7 +289,8 @@ class CudaBackend final : public KernelBackend {
   float router_z_loss(const float* logits, int64_t n, int64_t e, float weight, float* dlogits,
                       float dscale) override {
     HYP_CHECK(n >= 0 && e >= 1, "router_z_loss: invalid sizes n={} e={}", n, e);
-    auto* scratch = static_cast<float*>(scratch_.get(static_cast<size_t>(std::max<int64_t>(n, 1)) * 4));
+    auto* scratch =
+        static_cast<float*>(scratch_.get(static_cast<size_t>(std::max<int64_t>(n, 1)) * 4));
     cuda::router_z_loss(stream_, logits, n, e, weight, dlogits, dscale, scratch,
                         results_.as<float>());
     launched("router_z_loss");
@@ -391,7 +428,7 @@ class CudaBackend final : public KernelBackend {
   void rope(const char* op, const TensorView& x, const TensorView& out, int64_t start,
             const TensorView* positions, const RopeTable& table, bool inverse);
   AttentionShape attention_shape(const char* op, const TensorView& q, const TensorView& k,
-                                       const TensorView& v);
+                                 const TensorView& v);
   PagedCacheArgs cache_args(const char* op, const PagedKvCache& cache);
   const int32_t* upload_indices(const int32_t* a, int64_t na, const int32_t* b = nullptr,
                                 int64_t nb = 0);

@@ -26,11 +26,11 @@ struct DeviceError {
 };
 enum ErrorCode : int32_t {
   kNoError = 0,
-  kEmbeddingIdOutOfRange = 1,   // a = position, b = id, c = vocabulary size
-  kTargetOutOfRange = 2,        // a = row, b = target, c = vocabulary size
-  kPageOutOfRange = 3,          // a = row, b = page id, c = num_pages
-  kExpertOutOfRange = 4,        // a = pair, b = expert id, c = experts
-  kPositionOutOfRange = 5,      // a = token, b = position, c = table length
+  kEmbeddingIdOutOfRange = 1,  // a = position, b = id, c = vocabulary size
+  kTargetOutOfRange = 2,       // a = row, b = target, c = vocabulary size
+  kPageOutOfRange = 3,         // a = row, b = page id, c = num_pages
+  kExpertOutOfRange = 4,       // a = pair, b = expert id, c = experts
+  kPositionOutOfRange = 5,     // a = token, b = position, c = table length
 };
 
 // ---- elementwise.cu
@@ -42,22 +42,21 @@ void transpose_bytes(cudaStream_t s, const uint8_t* src, int64_t rows, int64_t c
                      uint8_t* dst);  // dst [cols, rows] contiguous
 void gated_forward(cudaStream_t s, int act, const void* g, const void* u, void* h, Elem t,
                    int64_t n);
-void gated_backward(cudaStream_t s, int act, const void* dh, const void* g, const void* u,
-                    void* dg, void* du, Elem t, int64_t n);
+void gated_backward(cudaStream_t s, int act, const void* dh, const void* g, const void* u, void* dg,
+                    void* du, Elem t, int64_t n);
 // positions: nullptr (position of token t is start + t), [T] or [B, T] (pos_per_batch).
 void rope(cudaStream_t s, const void* x, void* out, Elem t, int64_t b, int64_t tt, int64_t heads,
           int64_t d, int64_t start, const int32_t* positions, bool pos_per_batch,
           const float* cos_table, const float* sin_table, int64_t max_positions, bool inverse,
           DeviceError* err);
 void embedding_forward(cudaStream_t s, const void* table, Elem tt, const int32_t* ids, int64_t n,
-                       int64_t h, int64_t vocab, void* out, Elem ot, float scale,
-                       DeviceError* err);
+                       int64_t h, int64_t vocab, void* out, Elem ot, float scale, DeviceError* err);
 void embedding_backward(cudaStream_t s, const int32_t* ids, int64_t n, const void* dout, Elem dt,
                         int64_t h, int64_t vocab, float* dtable, float scale);
 // AdamW (kernels/adamw.h semantics); params_bf16 may be null.
-void adamw(cudaStream_t s, float* params, const void* grads, Elem gt, float* m, float* v,
-           int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-           float bias1, float bias2, float grad_scale, uint16_t* params_bf16);
+void adamw(cudaStream_t s, float* params, const void* grads, Elem gt, float* m, float* v, int64_t n,
+           float lr, float beta1, float beta2, float eps, float weight_decay, float bias1,
+           float bias2, float grad_scale, uint16_t* params_bf16);
 // partial[blockIdx] = sum of squares of its chunk (f64); finish with sum_partials.
 int64_t sum_squares_blocks(int64_t n);
 void sum_squares(cudaStream_t s, const void* x, Elem t, int64_t n, double* partial);
@@ -77,8 +76,8 @@ void rmsnorm_backward(cudaStream_t s, const void* dy, const void* x, Elem t, con
 // row_loss [n] f32 (0 for ignored rows); result[0] = mean loss (f64), result[1] = count.
 // dlogits may be null (forward only) or alias logits.
 void cross_entropy(cudaStream_t s, const void* logits, Elem t, const int32_t* targets, int64_t n,
-                   int64_t vocab, int32_t ignore_index, float dloss, void* dlogits,
-                   float* row_loss, double* result, DeviceError* err);
+                   int64_t vocab, int32_t ignore_index, float dloss, void* dlogits, float* row_loss,
+                   double* result, DeviceError* err);
 
 // ---- attention.cu (kernels/attention.h layout: q [B,Tq,Hq,D], k/v [B,Tk,Hkv,D],
 // lse [B,Hq,Tq]).
@@ -135,7 +134,6 @@ void moe_combine(cudaStream_t s, const void* y, Elem t, const int32_t* pair_row,
                  const float* weights, int64_t n, int64_t k, int64_t d, float* out);
 void moe_combine_backward(cudaStream_t s, const float* dout, const void* y, Elem t,
                           const int32_t* pair_row, const int32_t* row_token, const float* weights,
-                          int64_t n, int64_t k, int64_t d, int64_t rows, void* dy,
-                          float* dweights);
+                          int64_t n, int64_t k, int64_t d, int64_t rows, void* dy, float* dweights);
 
 }  // namespace hyperion::cuda

@@ -15,6 +15,8 @@ const CudaStatus& cuda_status() {
   return status;
 }
 
-KernelBackend* cuda_backend() { return nullptr; }
+KernelBackend* cuda_backend() {
+  return nullptr;
+}
 
 }  // namespace hyperion

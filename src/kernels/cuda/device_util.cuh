@@ -23,7 +23,9 @@ __device__ __forceinline__ void store(void* p, Elem t, int64_t i, float v) {
     static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
 }
 
-__host__ __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+__host__ __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
 
 // Butterfly sum over the 32 lanes: every lane ends with the same value, summed in the
 // same order on every run.

@@ -16,20 +16,35 @@ enum : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kE4M3 = 3, kE5M2 = 4 };
 
 __device__ float load_any(const void* p, int32_t t, int64_t i) {
   switch (t) {
-    case kF32: return static_cast<const float*>(p)[i];
-    case kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case kF16: return __half2float(static_cast<const __half*>(p)[i]);
-    case kE4M3: return float(static_cast<const __nv_fp8_e4m3*>(p)[i]);
-    default: return float(static_cast<const __nv_fp8_e5m2*>(p)[i]);
+    case kF32:
+      return static_cast<const float*>(p)[i];
+    case kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case kF16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    case kE4M3:
+      return float(static_cast<const __nv_fp8_e4m3*>(p)[i]);
+    default:
+      return float(static_cast<const __nv_fp8_e5m2*>(p)[i]);
   }
 }
 __device__ void store_any(void* p, int32_t t, int64_t i, float v) {
   switch (t) {
-    case kF32: static_cast<float*>(p)[i] = v; break;
-    case kBF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
-    case kF16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
-    case kE4M3: static_cast<__nv_fp8_e4m3*>(p)[i] = __nv_fp8_e4m3(v); break;  // saturating
-    default: static_cast<__nv_fp8_e5m2*>(p)[i] = __nv_fp8_e5m2(v); break;
+    case kF32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case kBF16:
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+      break;
+    case kF16:
+      static_cast<__half*>(p)[i] = __float2half_rn(v);
+      break;
+    case kE4M3:
+      static_cast<__nv_fp8_e4m3*>(p)[i] = __nv_fp8_e4m3(v);
+      break;  // saturating
+    default:
+      static_cast<__nv_fp8_e5m2*>(p)[i] = __nv_fp8_e5m2(v);
+      break;
   }
 }
 
@@ -111,10 +126,10 @@ __global__ void gated_backward_kernel(int act, const void* dh, const void* g, co
 }
 
 // One thread per (token, head, i < D/2) pair of rotated elements.
-__global__ void rope_kernel(const void* x, void* out, Elem t, int64_t b, int64_t tt,
-                            int64_t heads, int64_t d, int64_t start, const int32_t* positions,
-                            bool pos_per_batch, const float* cos_table, const float* sin_table,
-                            int64_t max_positions, bool inverse, DeviceError* err) {
+__global__ void rope_kernel(const void* x, void* out, Elem t, int64_t b, int64_t tt, int64_t heads,
+                            int64_t d, int64_t start, const int32_t* positions, bool pos_per_batch,
+                            const float* cos_table, const float* sin_table, int64_t max_positions,
+                            bool inverse, DeviceError* err) {
   const int64_t half = d / 2, total = b * tt * heads * half;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
@@ -135,9 +150,9 @@ __global__ void rope_kernel(const void* x, void* out, Elem t, int64_t b, int64_t
   }
 }
 
-__global__ void embedding_forward_kernel(const void* table, Elem tt, const int32_t* ids,
-                                         int64_t n, int64_t h, int64_t vocab, void* out, Elem ot,
-                                         float scale, DeviceError* err) {
+__global__ void embedding_forward_kernel(const void* table, Elem tt, const int32_t* ids, int64_t n,
+                                         int64_t h, int64_t vocab, void* out, Elem ot, float scale,
+                                         DeviceError* err) {
   const int64_t total = n * h;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
@@ -258,8 +273,8 @@ void gated_forward(cudaStream_t s, int act, const void* g, const void* u, void* 
   gated_forward_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(act, g, u, h, t, n);
 }
 
-void gated_backward(cudaStream_t s, int act, const void* dh, const void* g, const void* u,
-                    void* dg, void* du, Elem t, int64_t n) {
+void gated_backward(cudaStream_t s, int act, const void* dh, const void* g, const void* u, void* dg,
+                    void* du, Elem t, int64_t n) {
   if (n <= 0) return;
   gated_backward_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(act, dh, g, u, dg, du, t, n);
 }
@@ -290,9 +305,9 @@ void embedding_backward(cudaStream_t s, const int32_t* ids, int64_t n, const voi
   embedding_backward_kernel<<<grid, 128, 0, s>>>(ids, n, dout, dt, h, vocab, dtable, scale);
 }
 
-void adamw(cudaStream_t s, float* params, const void* grads, Elem gt, float* m, float* v,
-           int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-           float bias1, float bias2, float grad_scale, uint16_t* params_bf16) {
+void adamw(cudaStream_t s, float* params, const void* grads, Elem gt, float* m, float* v, int64_t n,
+           float lr, float beta1, float beta2, float eps, float weight_decay, float bias1,
+           float bias2, float grad_scale, uint16_t* params_bf16) {
   if (n <= 0) return;
   adamw_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(params, grads, gt, m, v, n, lr, beta1,
                                                             beta2, eps, weight_decay, bias1, bias2,

@@ -160,8 +160,8 @@ __global__ void scatter_add_kernel(const void* drows, Elem t, const int32_t* pai
   }
 }
 
-__global__ void combine_kernel(const void* y, Elem t, const int32_t* pair_row,
-                               const float* weights, int64_t n, int64_t k, int64_t d, float* out) {
+__global__ void combine_kernel(const void* y, Elem t, const int32_t* pair_row, const float* weights,
+                               int64_t n, int64_t k, int64_t d, float* out) {
   const int64_t total = n * d;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
@@ -186,22 +186,24 @@ __global__ void combine_backward_dy_kernel(const float* dout, Elem t, const int3
     float v = 0;
     if (tok >= 0)
       for (int64_t j = 0; j < k; ++j)
-        if (pair_row[int64_t(tok) * k + j] == r) v = weights[int64_t(tok) * k + j] * dout[int64_t(tok) * d + c];
+        if (pair_row[int64_t(tok) * k + j] == r)
+          v = weights[int64_t(tok) * k + j] * dout[int64_t(tok) * d + c];
     store(dy, t, idx, v);
   }
 }
 
 // One warp per pair: dweights[p] = <dout[token], y[pair_row[p]]>.
 __global__ void combine_backward_dw_kernel(const float* dout, const void* y, Elem t,
-                                           const int32_t* pair_row, int64_t n, int64_t k,
-                                           int64_t d, float* dweights) {
+                                           const int32_t* pair_row, int64_t n, int64_t k, int64_t d,
+                                           float* dweights) {
   const int lane = threadIdx.x & 31;
   const int64_t p = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (p >= n * k) return;
   const int32_t r = pair_row[p];
   float dot = 0;
   if (r >= 0)
-    for (int64_t c = lane; c < d; c += 32) dot += dout[(p / k) * d + c] * load(y, t, int64_t(r) * d + c);
+    for (int64_t c = lane; c < d; c += 32)
+      dot += dout[(p / k) * d + c] * load(y, t, int64_t(r) * d + c);
   dot = warp_sum(dot);
   if (lane == 0) dweights[p] = dot;
 }
@@ -212,7 +214,7 @@ void router_topk_forward(cudaStream_t s, const float* logits, int64_t n, int64_t
                          bool normalize, float* probs, int32_t* experts, float* weights) {
   if (n <= 0) return;
   router_forward_kernel<<<blocks_for(n, 128), 128, 0, s>>>(logits, n, e, k, normalize, probs,
-                                                          experts, weights);
+                                                           experts, weights);
 }
 
 void router_topk_backward(cudaStream_t s, const float* probs, const int32_t* experts,
@@ -220,7 +222,7 @@ void router_topk_backward(cudaStream_t s, const float* probs, const int32_t* exp
                           int64_t n, int64_t e, int64_t k, bool normalize, float* dlogits) {
   if (n <= 0) return;
   router_backward_kernel<<<blocks_for(n, 128), 128, 0, s>>>(probs, experts, weights, dweights,
-                                                           dprobs, n, e, k, normalize, dlogits);
+                                                            dprobs, n, e, k, normalize, dlogits);
 }
 
 void load_balance_loss(cudaStream_t s, const float* probs, const int32_t* experts, int64_t b,
@@ -231,11 +233,10 @@ void load_balance_loss(cudaStream_t s, const float* probs, const int32_t* expert
     return;
   }
   load_balance_stats_kernel<<<blocks_for(b * e, 128), 128, 0, s>>>(probs, experts, b, t, e, k,
-                                                                  scratch, err);
+                                                                   scratch, err);
   const double ee = static_cast<double>(e);
-  ordered_sum_kernel<<<1, kThreads, 0, s>>>(scratch + b * e, b * e,
-                                            static_cast<float>(weight * ee * ee / (b * ee)),
-                                            result);
+  ordered_sum_kernel<<<1, kThreads, 0, s>>>(
+      scratch + b * e, b * e, static_cast<float>(weight * ee * ee / (b * ee)), result);
   if (dprobs != nullptr)
     load_balance_grad_kernel<<<blocks_for(b * t * e, kThreads), kThreads, 0, s>>>(
         scratch, b, t, e, static_cast<float>(dscale * weight * ee / (b * t)), dprobs);
@@ -255,8 +256,8 @@ void router_z_loss(cudaStream_t s, const float* logits, int64_t n, int64_t e, fl
 void moe_gather_rows(cudaStream_t s, const void* src, Elem t, const int32_t* row_token,
                      int64_t rows, int64_t d, void* dst) {
   if (rows * d <= 0) return;
-  gather_rows_kernel<<<blocks_for(rows * d, kThreads), kThreads, 0, s>>>(src, t, row_token, rows,
-                                                                         d, dst);
+  gather_rows_kernel<<<blocks_for(rows * d, kThreads), kThreads, 0, s>>>(src, t, row_token, rows, d,
+                                                                         dst);
 }
 
 void moe_scatter_add_rows(cudaStream_t s, const void* drows, Elem t, const int32_t* pair_row,

@@ -46,9 +46,8 @@ __global__ void rmsnorm_dx_kernel(const void* dy, const void* x, Elem t, const f
 }
 
 // partial[chunk, j] = sum over the chunk's rows of dy * x * rstd.
-__global__ void rmsnorm_dw_partial_kernel(const void* dy, const void* x, Elem t,
-                                          const float* rstd, int64_t n, int64_t h,
-                                          float* partial) {
+__global__ void rmsnorm_dw_partial_kernel(const void* dy, const void* x, Elem t, const float* rstd,
+                                          int64_t n, int64_t h, float* partial) {
   const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, chunk = blockIdx.y;
   if (j >= h) return;
   const int64_t r0 = chunk * kRowsPerChunk, r1 = imin(n, r0 + kRowsPerChunk);
@@ -72,7 +71,7 @@ void rmsnorm_forward(cudaStream_t s, const void* x, Elem xt, const float* w, flo
                      Elem yt, float* rstd, int64_t n, int64_t h, float offset) {
   if (n <= 0) return;
   rmsnorm_forward_kernel<<<static_cast<unsigned>(n), kThreads, 0, s>>>(x, xt, w, eps, y, yt, rstd,
-                                                                      h, offset);
+                                                                       h, offset);
 }
 
 int64_t rmsnorm_scratch_floats(int64_t n, int64_t h) {

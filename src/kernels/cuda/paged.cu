@@ -49,7 +49,8 @@ __device__ void write_row(const PagedCacheArgs& c, void* base, float* scales, co
   const bool zero_row = !isfinite(amax) || scale == 0.0f;
   for (int64_t col = lane; col < hd; col += 32) {
     float q = 0;
-    if (!zero_row) q = fminf(fmaxf(rintf(load(src, t, src_row * hd + col) / scale), -127.0f), 127.0f);
+    if (!zero_row)
+      q = fminf(fmaxf(rintf(load(src, t, src_row * hd + col) / scale), -127.0f), 127.0f);
     static_cast<int8_t*>(base)[row * hd + col] = static_cast<int8_t>(q);
   }
   if (lane == 0) scales[row] = scale;
@@ -65,8 +66,8 @@ __global__ void paged_write_kernel(PagedCacheArgs c, const void* k, const void* 
   write_row(c, c.v, c.v_scale, v, t, w, row);
 }
 
-__global__ void paged_read_kernel(PagedCacheArgs c, const int32_t* pages, int64_t length,
-                                  void* k, void* v, Elem t) {
+__global__ void paged_read_kernel(PagedCacheArgs c, const int32_t* pages, int64_t length, void* k,
+                                  void* v, Elem t) {
   const int64_t total = length * c.n_kv_heads * c.head_dim;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
@@ -148,8 +149,8 @@ void paged_attention(cudaStream_t s, const PagedCacheArgs& c, const void* q, Ele
   const int64_t warps = n_rows * n_heads;
   if (warps <= 0) return;
   paged_attention_kernel<<<static_cast<unsigned>((warps + kWarps - 1) / kWarps), kWarps * 32, 0,
-                           s>>>(c, q, qt, n_rows, n_heads, pages, page_offset, lengths, scale,
-                                out, ot, err);
+                           s>>>(c, q, qt, n_rows, n_heads, pages, page_offset, lengths, scale, out,
+                                ot, err);
 }
 
 }  // namespace hyperion::cuda
