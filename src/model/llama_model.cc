@@ -141,6 +141,8 @@ LlamaModel::LlamaModel(ParamStore& params, const ModelOptions& options)
     activation_bytes_ +=
         n * per_token * cfg_.n_layers + (options.quant.quantize_logits ? n * (d + 4) : 0);
   }
+  if (decoder_.kernels().device() != Device::kHost)
+    tokens_dev_ = static_cast<int32_t*>(alloc(2 * n * 4, scr));
   x_final_ = static_cast<float*>(alloc(n * d * 4, act));
   hf_ = alloc(n * d * a, scr);
   rstd_f_ = static_cast<float*>(alloc(n * 4, scr));
@@ -163,6 +165,14 @@ LlamaModel::LlamaModel(ParamStore& params, const ModelOptions& options)
     g.moe.dlogits_c = alloc(n * ne * a, scr);
     g.moe.dweights = static_cast<float*>(alloc(n * topk * 4, scr));
   }
+}
+
+const int32_t* LlamaModel::on_device(const int32_t* host_tokens, int slot) {
+  if (tokens_dev_ == nullptr) return host_tokens;
+  const int64_t n = tokens_per_batch();
+  int32_t* dst = tokens_dev_ + slot * n;
+  decoder_.kernels().upload(host_tokens, dst, static_cast<size_t>(n) * sizeof(int32_t));
+  return dst;
 }
 
 void LlamaModel::embed(const int32_t* inputs) {
@@ -256,8 +266,10 @@ void LlamaModel::forward_layers(const int32_t* inputs, bool backward) {
   update_moe_stats();
 }
 
-CrossEntropyResult LlamaModel::forward_backward(const int32_t* inputs, const int32_t* targets,
-                                                float dloss) {
+CrossEntropyResult LlamaModel::forward_backward(const int32_t* host_inputs,
+                                                const int32_t* host_targets, float dloss) {
+  const int32_t* inputs = on_device(host_inputs, 0);
+  const int32_t* targets = on_device(host_targets, 1);
   dloss_ = dloss;
   if (quant_) quant_->begin_pass(true);
   const int nl = static_cast<int>(cfg_.n_layers);
@@ -294,7 +306,10 @@ StepLoss LlamaModel::forward_backward(const Batch& batch, float dloss) {
   return {r.loss, r.count, aux_loss()};
 }
 
-CrossEntropyResult LlamaModel::forward_loss(const int32_t* inputs, const int32_t* targets) {
+CrossEntropyResult LlamaModel::forward_loss(const int32_t* host_inputs,
+                                            const int32_t* host_targets) {
+  const int32_t* inputs = on_device(host_inputs, 0);
+  const int32_t* targets = on_device(host_targets, 1);
   if (quant_) quant_->begin_pass(false);
   const int tail = static_cast<int>(cfg_.n_layers) + 1;
   const bool tied = params_.lm_head() == params_.embed();
@@ -311,8 +326,18 @@ void LlamaModel::forward_logits(const int32_t* inputs, float* logits) {
   const int64_t n = tokens_per_batch();
   std::vector<int32_t> targets(static_cast<size_t>(n), kIgnoreIndex);
   forward_loss(inputs, targets.data());
-  decoder_.kernels().convert(logits_, act_, logits, DType::kF32,
-                             static_cast<size_t>(n * cfg_.vocab_size));
+  KernelBackend& k = decoder_.kernels();
+  const size_t count = static_cast<size_t>(n * cfg_.vocab_size);
+  if (k.device() == Device::kHost) {
+    k.convert(logits_, act_, logits, DType::kF32, count);
+    return;
+  }
+  if (logits_f32_dev_ == nullptr) {
+    int64_t unused = 0;
+    logits_f32_dev_ = static_cast<float*>(alloc(static_cast<int64_t>(count) * 4, &unused));
+  }
+  k.convert(logits_, act_, logits_f32_dev_, DType::kF32, count);
+  k.download(logits_f32_dev_, logits, count * sizeof(float));
 }
 
 }  // namespace hyperion

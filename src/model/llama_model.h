@@ -70,13 +70,15 @@ class LlamaModel final : public TrainableModel {
   int64_t tokens_per_batch() const { return options_.batch * options_.seq_len; }
 
   // Forward and backward over one micro-batch (inputs and targets [batch * seq_len],
-  // row-major; a target of kIgnoreIndex is skipped). ACCUMULATES the gradient of
+  // row-major host arrays, uploaded when the model lives on a device; a target of
+  // kIgnoreIndex is skipped). ACCUMULATES the gradient of
   // dloss x mean loss into params.grads(), so gradient accumulation over micro-batches
   // passes dloss = 1 / steps. Returns the micro-batch's mean loss.
   CrossEntropyResult forward_backward(const int32_t* inputs, const int32_t* targets, float dloss);
   // Forward only: the mean loss (evaluation).
   CrossEntropyResult forward_loss(const int32_t* inputs, const int32_t* targets);
-  // Forward only: the logits of every position as f32 [batch * seq_len, vocab].
+  // Forward only: the logits of every position as f32 [batch * seq_len, vocab], into a
+  // host array (downloaded from a device).
   void forward_logits(const int32_t* inputs, float* logits);
 
   // Sum of the MoE layers' weighted auxiliary losses (load balance + z) of the last
@@ -144,6 +146,11 @@ class LlamaModel final : public TrainableModel {
   float dloss_ = 0.0f;
   float* x_final_ = nullptr;  // output of the last layer [N, D] f32
   const int32_t* inputs_ = nullptr;
+  // On a device: the batch's token ids uploaded there (inputs, then targets) and the f32
+  // logits forward_logits downloads; null on the host, which reads the caller's arrays.
+  int32_t* tokens_dev_ = nullptr;
+  float* logits_f32_dev_ = nullptr;
+  const int32_t* on_device(const int32_t* host_tokens, int slot);
   // Head and gradient buffers.
   void* hf_ = nullptr;
   float* rstd_f_ = nullptr;

@@ -100,7 +100,15 @@ void forward(const ParamStore& ps, const LayerParamIndex& p, const MoeShape& s, 
   KernelBackend& kern = backend_for(ps.device());
   linear::forward(kern, h, act, ps.compute_weight(p.router), m.logits, DType::kF32, s.n);
   kern.router_topk_forward(m.logits, s.n, s.e, s.k, s.normalize, m.probs, m.experts, m.weights);
-  moe_dispatch_plan(m.experts, s.b, s.t, s.k, s.e, s.capacity, m.plan, s.row_align);
+  // The plan is made on the host, from the routed ids (downloaded from a device).
+  const int32_t* routed = m.experts;
+  std::vector<int32_t> routed_host;
+  if (kern.device() != Device::kHost) {
+    routed_host.resize(static_cast<size_t>(s.n * s.k));
+    kern.download(m.experts, routed_host.data(), routed_host.size() * sizeof(int32_t));
+    routed = routed_host.data();
+  }
+  moe_dispatch_plan(routed, s.b, s.t, s.k, s.e, s.capacity, m.plan, s.row_align);
   HYP_CHECK(m.plan->rows <= s.rows, "moe: dispatch produced {} rows, buffers hold {}", m.plan->rows,
             s.rows);
   const int64_t rows = m.plan->rows;

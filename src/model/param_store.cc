@@ -189,15 +189,21 @@ std::pair<int64_t, int64_t> ParamStore::bucket_range(int b) const {
 }
 
 void ParamStore::init(uint64_t seed, double std) {
+  // Filled on the host (the generator is host code) and uploaded to a device: the same
+  // values wherever the store lives. Padding between tensors stays zero.
+  const bool host = device_ == Device::kHost;
+  std::vector<float> staging(host ? 0 : static_cast<size_t>(size_), 0.0f);
+  float* base = host ? params() : staging.data();
   for (size_t i = 0; i < infos_.size(); ++i) {
     const ParamInfo& p = infos_[i];
+    const TensorView v(base + p.offset, DType::kF32, p.shape);
     // A norm starts as the identity scale: w = 1, or 0 where the scale is (1 + w).
     if (p.kind == ParamKind::kNorm)
-      fill_constant(param(static_cast<int>(i)), 1.0f - config_.arch.norm_weight_offset);
+      fill_constant(v, 1.0f - config_.arch.norm_weight_offset);
     else
-      fill_normal(param(static_cast<int>(i)), seed ^ hash_string(p.name.c_str()), 0.0f,
-                  static_cast<float>(std));
+      fill_normal(v, seed ^ hash_string(p.name.c_str()), 0.0f, static_cast<float>(std));
   }
+  if (!host) backend_for(device_).upload(staging.data(), params_.data(), params_.bytes());
   sync_bf16();
 }
 

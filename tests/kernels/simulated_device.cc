@@ -1,0 +1,302 @@
+#include "simulated_device.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <map>
+#include <mutex>
+
+#include "base/error.h"
+#include "kernels/cuda/cuda_backend.h"
+
+namespace hyperion::testing_util {
+namespace {
+
+// One mapping per allocation, closed (PROT_NONE) except while an op runs.
+class SimAllocator final : public Allocator {
+ public:
+  Device device() const override { return Device::kCuda; }
+  void* allocate(size_t bytes) override {
+    const size_t len = round(bytes);
+    void* p = mmap(nullptr, len, depth_ > 0 ? PROT_READ | PROT_WRITE : PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    HYP_CHECK(p != MAP_FAILED, "simulated device: cannot map {} bytes", bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    live_[p] = len;
+    count(static_cast<int64_t>(bytes));
+    return p;
+  }
+  void deallocate(void* ptr, size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.find(ptr);
+    if (it == live_.end()) return;
+    munmap(ptr, it->second);
+    live_.erase(it);
+    count(-static_cast<int64_t>(bytes));
+  }
+  // Whether [p, p + 1) lies in a live mapping: device memory, not the host's.
+  bool owns(const void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.upper_bound(const_cast<void*>(p));
+    if (it == live_.begin()) return false;
+    --it;
+    return static_cast<const char*>(p) < static_cast<const char*>(it->first) + it->second;
+  }
+  // Opens every mapping for the duration of an op (nested ops keep them open).
+  void open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (depth_++ == 0) protect(PROT_READ | PROT_WRITE);
+  }
+  void close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--depth_ == 0) protect(PROT_NONE);
+  }
+
+ private:
+  static size_t round(size_t bytes) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return std::max(page, (bytes + page - 1) / page * page);
+  }
+  void protect(int prot) {
+    for (const auto& [p, len] : live_) mprotect(p, len, prot);
+  }
+  std::mutex mu_;
+  std::map<void*, size_t> live_;
+  int depth_ = 0;
+};
+
+SimAllocator& sim_allocator() {
+  static SimAllocator* a = new SimAllocator();
+  return *a;
+}
+
+// A pointer an op was given must be device memory (a host pointer would be an illegal
+// address on a GPU); the documented host index arrays are not passed through this.
+const void* D(const void* p) {
+  HYP_CHECK(p == nullptr || sim_allocator().owns(p),
+            "simulated device: an op was given host memory at {} (device memory expected)", p);
+  return p;
+}
+template <typename T>
+T* D(T* p) {
+  D(static_cast<const void*>(p));
+  return p;
+}
+
+// A view of "device" memory as the host kernels want it.
+TensorView H(const TensorView& v) {
+  D(v.data);
+  TensorView h = v;
+  h.device = Device::kHost;
+  return h;
+}
+
+const PagedKvCache& cache(const PagedKvCache& c) {
+  D(c.k);
+  D(c.v);
+  D(c.k_scale);
+  D(c.v_scale);
+  return c;
+}
+
+class SimBackend final : public KernelBackend {
+ public:
+  Device device() const override { return Device::kCuda; }
+  const char* name() const override { return "simulated"; }
+  Allocator& allocator() override { return alloc_; }
+
+  void gemm(const GemmArgs& a) override { run([&] { D(a.a);
+      D(a.b);
+      D(a.c);
+      D(a.bias);
+      D(a.a_scale);
+      D(a.b_scale);
+      h().gemm(a); }); }
+  void rmsnorm_forward(const TensorView& x, const TensorView& w, float eps, const TensorView& y,
+                       const TensorView& rstd, float off) override {
+    run([&] { h().rmsnorm_forward(H(x), H(w), eps, H(y), H(rstd), off); });
+  }
+  void rmsnorm_backward(const TensorView& dy, const TensorView& x, const TensorView& w,
+                        const TensorView& rstd, const TensorView& dx, const TensorView& dw,
+                        bool acc, float off) override {
+    run([&] { h().rmsnorm_backward(H(dy), H(x), H(w), H(rstd), H(dx), H(dw), acc, off); });
+  }
+  void gated_forward(GatedActivation act, const TensorView& g, const TensorView& u,
+                     const TensorView& o) override {
+    run([&] { h().gated_forward(act, H(g), H(u), H(o)); });
+  }
+  void gated_backward(GatedActivation act, const TensorView& dh, const TensorView& g,
+                      const TensorView& u, const TensorView& dg, const TensorView& du) override {
+    run([&] { h().gated_backward(act, H(dh), H(g), H(u), H(dg), H(du)); });
+  }
+  void rope_forward(const TensorView& x, const TensorView& out, int64_t start,
+                    const RopeTable& t) override {
+    run([&] { h().rope_forward(H(x), H(out), start, t); });
+  }
+  void rope_forward(const TensorView& x, const TensorView& out, const TensorView& pos,
+                    const RopeTable& t) override {
+    run([&] { h().rope_forward(H(x), H(out), H(pos), t); });
+  }
+  void rope_backward(const TensorView& dy, const TensorView& dx, int64_t start,
+                     const RopeTable& t) override {
+    run([&] { h().rope_backward(H(dy), H(dx), start, t); });
+  }
+  void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& out, const TensorView& lse) override {
+    run([&] { h().attention_forward(H(q), H(k), H(v), H(out), H(lse)); });
+  }
+  void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& out, const TensorView& dout, const TensorView& lse,
+                          const TensorView& dq, const TensorView& dk,
+                          const TensorView& dv) override {
+    run([&] {
+      h().attention_backward(H(q), H(k), H(v), H(out), H(dout), H(lse), H(dq), H(dk), H(dv));
+    });
+  }
+  void paged_kv_write(const PagedKvCache& c, const TensorView& k, const TensorView& v,
+                      const int64_t* slots) override {
+    run([&] { h().paged_kv_write(cache(c), H(k), H(v), slots); });
+  }
+  void paged_kv_read(const PagedKvCache& c, const int32_t* pages, int64_t len, const TensorView& k,
+                     const TensorView& v) override {
+    run([&] { h().paged_kv_read(cache(c), pages, len, H(k), H(v)); });
+  }
+  void paged_attention(const PagedKvCache& c, const TensorView& q, const PagedAttentionRow* rows,
+                       const TensorView& out, const PagedAttentionParams& p) override {
+    run([&] { h().paged_attention(cache(c), H(q), rows, H(out), p); });
+  }
+  void router_topk_forward(const float* logits, int64_t n, int64_t e, int64_t k, bool norm,
+                           float* probs, int32_t* experts, float* weights) override {
+    run([&] { h().router_topk_forward(D(logits), n, e, k, norm, D(probs), D(experts), D(weights)); });
+  }
+  void router_topk_backward(const float* probs, const int32_t* experts, const float* weights,
+                            const float* dweights, const float* dprobs, int64_t n, int64_t e,
+                            int64_t k, bool norm, float* dlogits) override {
+    run([&] {
+      h().router_topk_backward(D(probs), D(experts), D(weights), D(dweights), D(dprobs), n, e, k,
+                               norm, D(dlogits));
+    });
+  }
+  float load_balance_loss(const float* probs, const int32_t* experts, int64_t b, int64_t t,
+                          int64_t e, int64_t k, float w, float* dprobs, float ds) override {
+    float r = 0;
+    run([&] { r = h().load_balance_loss(D(probs), D(experts), b, t, e, k, w, D(dprobs), ds); });
+    return r;
+  }
+  float router_z_loss(const float* logits, int64_t n, int64_t e, float w, float* dlogits,
+                      float ds) override {
+    float r = 0;
+    run([&] { r = h().router_z_loss(D(logits), n, e, w, D(dlogits), ds); });
+    return r;
+  }
+  void moe_gather_rows(const void* src, DType dt, const int32_t* rt, int64_t rows, int64_t d,
+                       void* dst) override {
+    run([&] { h().moe_gather_rows(D(src), dt, rt, rows, d, D(dst)); });
+  }
+  void moe_scatter_add_rows(const void* dr, DType dt, const int32_t* pr, int64_t n, int64_t k,
+                            int64_t d, float* dsrc) override {
+    run([&] { h().moe_scatter_add_rows(D(dr), dt, pr, n, k, d, D(dsrc)); });
+  }
+  void moe_combine(const void* y, DType dt, const int32_t* pr, const float* w, int64_t n, int64_t k,
+                   int64_t d, float* out) override {
+    run([&] { h().moe_combine(D(y), dt, pr, D(w), n, k, d, D(out)); });
+  }
+  void moe_combine_backward(const float* dout, const void* y, DType dt, const int32_t* pr,
+                            const int32_t* rt, const float* w, int64_t n, int64_t k, int64_t d,
+                            int64_t rows, void* dy, float* dw) override {
+    run([&] { h().moe_combine_backward(D(dout), D(y), dt, pr, rt, D(w), n, k, d, rows, D(dy), D(dw)); });
+  }
+  void grouped_gemm(const TensorView& a, const TensorView& w, std::span<const int64_t> sizes,
+                    const TensorView& c, float beta) override {
+    run([&] { h().grouped_gemm(H(a), H(w), sizes, H(c), beta); });
+  }
+  void grouped_gemm_input_grad(const TensorView& dc, const TensorView& w,
+                               std::span<const int64_t> sizes, const TensorView& da,
+                               float beta) override {
+    run([&] { h().grouped_gemm_input_grad(H(dc), H(w), sizes, H(da), beta); });
+  }
+  void grouped_gemm_weight_grad(const TensorView& a, const TensorView& dc,
+                                std::span<const int64_t> sizes, const TensorView& dw) override {
+    run([&] { h().grouped_gemm_weight_grad(H(a), H(dc), sizes, H(dw)); });
+  }
+  void embedding_forward(const TensorView& t, const TensorView& ids, const TensorView& out,
+                         float s) override {
+    run([&] { h().embedding_forward(H(t), H(ids), H(out), s); });
+  }
+  void embedding_backward(const TensorView& ids, const TensorView& dout, const TensorView& dt,
+                          float s) override {
+    run([&] { h().embedding_backward(H(ids), H(dout), H(dt), s); });
+  }
+  CrossEntropyResult cross_entropy_forward(const TensorView& l, const TensorView& t) override {
+    CrossEntropyResult r;
+    run([&] { r = h().cross_entropy_forward(H(l), H(t)); });
+    return r;
+  }
+  CrossEntropyResult cross_entropy_fused(const TensorView& l, const TensorView& t,
+                                         const TensorView& d, float dl) override {
+    CrossEntropyResult r;
+    run([&] { r = h().cross_entropy_fused(H(l), H(t), H(d), dl); });
+    return r;
+  }
+  void adamw_step(const TensorView& p, const TensorView& g, const TensorView& m,
+                  const TensorView& v, const AdamWParams& hp, const TensorView& pb) override {
+    run([&] { h().adamw_step(H(p), H(g), H(m), H(v), hp, H(pb)); });
+  }
+  double global_l2_norm(std::span<const TensorView> bufs) override {
+    std::vector<TensorView> hb;
+    for (const TensorView& b : bufs) hb.push_back(H(b));
+    double r = 0;
+    run([&] { r = h().global_l2_norm(hb); });
+    return r;
+  }
+  void scale_buffers(std::span<const TensorView> bufs, float s) override {
+    std::vector<TensorView> hb;
+    for (const TensorView& b : bufs) hb.push_back(H(b));
+    run([&] { h().scale_buffers(hb, s); });
+  }
+  void upload(const void* src, void* dst, size_t bytes) override {
+    run([&] { h().copy(src, D(dst), bytes); });
+  }
+  void download(const void* src, void* dst, size_t bytes) override {
+    run([&] { h().copy(D(src), dst, bytes); });
+  }
+  void synchronize() override {}
+  void convert(const void* src, DType sd, void* dst, DType dd, size_t n) override {
+    run([&] { h().convert(D(src), sd, D(dst), dd, n); });
+  }
+  void copy(const void* src, void* dst, size_t bytes) override {
+    run([&] { h().copy(D(src), D(dst), bytes); });
+  }
+  void zero(void* dst, size_t bytes) override {
+    run([&] { h().zero(D(dst), bytes); });
+  }
+
+ private:
+  static KernelBackend& h() { return host_backend(); }
+  template <typename F>
+  void run(F&& f) {
+    alloc_.open();
+    try {
+      f();
+    } catch (...) {
+      alloc_.close();
+      throw;
+    }
+    alloc_.close();
+  }
+  SimAllocator& alloc_ = sim_allocator();
+};
+
+}  // namespace
+
+KernelBackend* simulated_device() {
+  static SimBackend* sim = []() -> SimBackend* {
+    if (cuda_backend() != nullptr) return nullptr;  // a real GPU holds Device::kCuda
+    auto* s = new SimBackend();  // lives for the process, as registered backends do
+    register_backend(s);
+    return s;
+  }();
+  return sim;
+}
+
+}  // namespace hyperion::testing_util
