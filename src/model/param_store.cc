@@ -207,6 +207,23 @@ void ParamStore::init(uint64_t seed, double std) {
   sync_bf16();
 }
 
+float* ParamStore::host_copy() {
+  if (host_copy_.empty()) host_copy_.resize(static_cast<size_t>(size_));
+  return host_copy_.data();
+}
+
+void ParamStore::params_to_host() const {
+  if (device_ == Device::kHost) return;
+  auto* self = const_cast<ParamStore*>(this);
+  backend_for(device_).download(params_.data(), self->host_copy(), params_.bytes());
+}
+
+void ParamStore::params_to_device() {
+  if (device_ != Device::kHost)
+    backend_for(device_).upload(host_copy(), params_.data(), params_.bytes());
+  sync_bf16();
+}
+
 void ParamStore::zero_grads() {
   if (grads_.empty()) return;
   backend_for(device_).zero(grads_.data(), grads_.bytes());

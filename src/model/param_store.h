@@ -77,6 +77,13 @@ class ParamStore {
   float* grads() { return grads_.as<float>(); }
   const float* grads() const { return grads_.as<float>(); }
   bf16* params_bf16() { return bf16_.as<bf16>(); }
+  // The f32 master weights in host memory, for checkpoints and exports: params() on the
+  // host; on a device a host copy that params_to_host() refreshes (before reading) and
+  // params_to_device() writes back (after writing; it also refreshes the bf16 copy).
+  float* host_params() { return device_ == Device::kHost ? params() : host_copy(); }
+  const float* host_params() const { return const_cast<ParamStore*>(this)->host_params(); }
+  void params_to_host() const;
+  void params_to_device();
 
   // Views of tensor i in each buffer.
   TensorView param(int i) const;
@@ -128,6 +135,8 @@ class ParamStore {
   int64_t size_ = 0;
   Device device_ = Device::kHost;
   DeviceBuffer params_, grads_, bf16_;
+  std::vector<float> host_copy_;  // device stores: the host copy of params_
+  float* host_copy();
 };
 
 }  // namespace hyperion

@@ -87,14 +87,17 @@ void CheckpointManager::save(const ParamStore& params, const AdamW& optimizer,
   snap->world = comm_ != nullptr ? comm_->world_size() : 1;
   const auto& infos = params.infos();
   auto writer = [&](size_t i) { return writers_.empty() ? 0 : writers_[i]; };
+  // Weights and moments as host memory (downloaded when they live on a device).
+  params.params_to_host();
+  optimizer.moments_to_host();
+  const float* host = params.host_params();
   for (size_t i = 0; i < infos.size(); ++i) {
     const ParamInfo& p = infos[i];
     snap->weight_map[p.name] = writer(i);
     snap->model_bytes += p.numel * 4;
     if (writer(i) != snap->rank) continue;
     snap->model.push_back({p.name, p.shape, snap->model_data.size()});
-    snap->model_data.insert(snap->model_data.end(), params.params() + p.offset,
-                            params.params() + p.offset + p.numel);
+    snap->model_data.insert(snap->model_data.end(), host + p.offset, host + p.offset + p.numel);
   }
   // Moments: the parts of each tensor this rank owns (a replicated tensor by its writer).
   for (size_t i = 0; i < infos.size(); ++i) {
@@ -288,14 +291,16 @@ LlamaConfig read_checkpoint_config(const std::string& dir) {
 void load_model_weights(const std::string& dir, ParamStore& params) {
   check_weights_match_config(dir, params.config());
   const WeightFiles files(dir);
+  // Read into host memory (the store itself, or its host copy when it lives on a device),
+  // then written back to the device with the bf16 copy refreshed.
+  float* host = params.host_params();
   for (size_t i = 0; i < params.infos().size(); ++i) {
-    const std::string& name = params.infos()[i].name;
-    const io::SafetensorsFile& f = *files.file_of(name);
-    const TensorView dst = params.param(static_cast<int>(i));
-    f.read_into(name, dst);
-    check_finite(dst, name, f.path());
+    const ParamInfo& p = params.infos()[i];
+    const TensorView dst(host + p.offset, DType::kF32, p.shape);
+    files.file_of(p.name)->read_into(p.name, dst);
+    check_finite(dst, p.name, files.file_of(p.name)->path());
   }
-  params.sync_bf16();
+  params.params_to_device();
 }
 
 namespace {
@@ -351,6 +356,7 @@ void load_moments(const std::string& dir, const ParamStore& params, AdamW& optim
             "{}: the optimizer files cover {} of the {} moment elements this rank needs (a "
             "missing or duplicated shard file?)",
             dir, filled, owned);
+  optimizer.moments_to_device();
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 #include "base/error.h"
 #include "dist/communicator.h"
 #include "kernels/adamw.h"
-#include "kernels/global_norm.h"
+#include "kernels/backend.h"
 
 namespace hyperion {
 
@@ -27,8 +27,12 @@ AdamW::AdamW(ParamStore& params, const OptimizerOptions& options, std::vector<Ow
       options_(options),
       owned_(owned.empty() ? std::vector<OwnedRange>{{0, params.size(), true}} : std::move(owned)),
       comm_(comm),
-      m_(static_cast<size_t>(total_size(owned_))),
-      v_(static_cast<size_t>(total_size(owned_))) {
+      elements_(total_size(owned_)) {
+  // The moments live where the parameters do; every update runs on that device's backend.
+  KernelBackend& k = backend_for(params.device());
+  const size_t bytes = static_cast<size_t>(elements_) * sizeof(float);
+  m_ = DeviceBuffer(k.allocator(), bytes);
+  v_ = DeviceBuffer(k.allocator(), bytes);
   int64_t at = 0, prev_end = 0;
   for (const OwnedRange& r : owned_) {
     HYP_CHECK(r.begin >= prev_end && r.end >= r.begin && r.end <= params.size(),
@@ -38,8 +42,30 @@ AdamW::AdamW(ParamStore& params, const OptimizerOptions& options, std::vector<Ow
     at += r.size();
     prev_end = r.end;
   }
-  std::memset(m_.data(), 0, m_.size() * sizeof(float));
-  std::memset(v_.data(), 0, v_.size() * sizeof(float));
+  k.zero(m_.data(), bytes);
+  k.zero(v_.data(), bytes);
+}
+
+float* AdamW::host_base(int which) {
+  if (!on_device()) return (which == 0 ? m_ : v_).as<float>();
+  std::vector<float>& h = which == 0 ? host_m_ : host_v_;
+  if (h.empty()) h.resize(static_cast<size_t>(elements_));
+  return h.data();
+}
+
+void AdamW::moments_to_host() const {
+  if (!on_device() || elements_ == 0) return;
+  auto* self = const_cast<AdamW*>(this);
+  KernelBackend& k = backend_for(params_.device());
+  k.download(m_.data(), self->host_base(0), m_.bytes());
+  k.download(v_.data(), self->host_base(1), v_.bytes());
+}
+
+void AdamW::moments_to_device() {
+  if (!on_device() || elements_ == 0) return;
+  KernelBackend& k = backend_for(params_.device());
+  k.upload(host_base(0), m_.data(), m_.bytes());
+  k.upload(host_base(1), v_.data(), v_.bytes());
 }
 
 float* AdamW::locate(float* base, int64_t i) {
@@ -52,19 +78,21 @@ float* AdamW::locate(float* base, int64_t i) {
 
 OptimizerStepResult AdamW::step(double lr) {
   OptimizerStepResult r;
+  KernelBackend& kern = backend_for(params_.device());
+  auto device_view = [&](float* p, Shape shape) { return kern.view(p, DType::kF32, shape); };
   // Squares of the replicated ranges (the same on every rank) and of this rank's shards.
   std::vector<TensorView> replicated, shards;
   for (const OwnedRange& o : owned_) {
     if (o.size() == 0) continue;
     (o.replicated ? replicated : shards)
-        .emplace_back(params_.grads() + o.begin, DType::kF32, Shape{o.size()});
+        .push_back(device_view(params_.grads() + o.begin, Shape{o.size()}));
   }
-  const double rep = replicated.empty() ? 0.0 : global_l2_norm(replicated);
+  const double rep = replicated.empty() ? 0.0 : kern.global_l2_norm(replicated);
   double sq = rep * rep;
   const bool sharded =
       std::any_of(owned_.begin(), owned_.end(), [](const OwnedRange& o) { return !o.replicated; });
   if (sharded) {
-    const double sh = shards.empty() ? 0.0 : global_l2_norm(shards);
+    const double sh = shards.empty() ? 0.0 : kern.global_l2_norm(shards);
     float part = static_cast<float>(sh * sh);
     comm_->all_reduce(&part, 1, dist::ReduceOp::kSum);
     sq += part;
@@ -94,8 +122,9 @@ OptimizerStepResult AdamW::step(double lr) {
     const int64_t t0 = p.offset, t1 = p.offset + p.numel;
     if (owned_.size() == 1 && owned_[0].begin <= t0 && owned_[0].end >= t1) {
       // The common case: the whole tensor is owned (its original shape for the kernel).
-      adamw_step(params_.param(idx), params_.grad(idx), TensorView(m_at(t0), DType::kF32, p.shape),
-                 TensorView(v_at(t0), DType::kF32, p.shape), hp, params_.param_bf16(idx));
+      kern.adamw_step(
+          params_.param(idx), params_.grad(idx), device_view(locate(m_.as<float>(), t0), p.shape),
+          device_view(locate(v_.as<float>(), t0), p.shape), hp, params_.param_bf16(idx));
       continue;
     }
     for (size_t k = 0; k < owned_.size(); ++k) {
@@ -103,11 +132,10 @@ OptimizerStepResult AdamW::step(double lr) {
       if (lo >= hi) continue;
       const Shape flat{hi - lo};
       const int64_t at = packed_[k] + (lo - owned_[k].begin);
-      adamw_step(TensorView(params_.params() + lo, DType::kF32, flat),
-                 TensorView(params_.grads() + lo, DType::kF32, flat),
-                 TensorView(m_.data() + at, DType::kF32, flat),
-                 TensorView(v_.data() + at, DType::kF32, flat), hp,
-                 bf16 ? TensorView(params_.params_bf16() + lo, DType::kBF16, flat) : TensorView());
+      kern.adamw_step(
+          device_view(params_.params() + lo, flat), device_view(params_.grads() + lo, flat),
+          device_view(m_.as<float>() + at, flat), device_view(v_.as<float>() + at, flat), hp,
+          bf16 ? kern.view(params_.params_bf16() + lo, DType::kBF16, flat) : TensorView());
     }
   }
   return r;

@@ -53,23 +53,31 @@ class AdamW {
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t s) { step_ = s; }
   const std::vector<OwnedRange>& owned() const { return owned_; }
-  // Moments of owned element `i` (a ParamStore offset inside an owned range), or null
-  // when this rank does not own it.
-  float* m_at(int64_t i) { return locate(m_.data(), i); }
-  float* v_at(int64_t i) { return locate(v_.data(), i); }
+  // Moments of owned element `i` (a ParamStore offset inside an owned range) in host
+  // memory, or null when this rank does not own it: the moments themselves on the host;
+  // on a device their host copy, which moments_to_host() refreshes (before reading) and
+  // moments_to_device() writes back (after writing).
+  float* m_at(int64_t i) { return locate(host_base(0), i); }
+  float* v_at(int64_t i) { return locate(host_base(1), i); }
   const float* m_at(int64_t i) const { return const_cast<AdamW*>(this)->m_at(i); }
   const float* v_at(int64_t i) const { return const_cast<AdamW*>(this)->v_at(i); }
-  int64_t moment_elements() const { return static_cast<int64_t>(m_.size()); }
+  void moments_to_host() const;
+  void moments_to_device();
+  int64_t moment_elements() const { return elements_; }
 
  private:
   float* locate(float* base, int64_t i);
+  float* host_base(int which);
+  bool on_device() const { return m_.device() != Device::kHost; }
 
   ParamStore& params_;
   OptimizerOptions options_;
   std::vector<OwnedRange> owned_;
   std::vector<int64_t> packed_;  // owned_[k] starts at packed_[k] in m_ and v_
   dist::Communicator* comm_;
-  AlignedBuffer<float> m_, v_;
+  int64_t elements_ = 0;
+  DeviceBuffer m_, v_;  // on the parameters' device
+  mutable std::vector<float> host_m_, host_v_;  // their host copies (device stores only)
   int64_t step_ = 0;
 };
 

@@ -105,13 +105,17 @@ class SimBackend final : public KernelBackend {
   const char* name() const override { return "simulated"; }
   Allocator& allocator() override { return alloc_; }
 
-  void gemm(const GemmArgs& a) override { run([&] { D(a.a);
+  void gemm(const GemmArgs& a) override {
+    run([&] {
+      D(a.a);
       D(a.b);
       D(a.c);
       D(a.bias);
       D(a.a_scale);
       D(a.b_scale);
-      h().gemm(a); }); }
+      h().gemm(a);
+    });
+  }
   void rmsnorm_forward(const TensorView& x, const TensorView& w, float eps, const TensorView& y,
                        const TensorView& rstd, float off) override {
     run([&] { h().rmsnorm_forward(H(x), H(w), eps, H(y), H(rstd), off); });
@@ -167,7 +171,9 @@ class SimBackend final : public KernelBackend {
   }
   void router_topk_forward(const float* logits, int64_t n, int64_t e, int64_t k, bool norm,
                            float* probs, int32_t* experts, float* weights) override {
-    run([&] { h().router_topk_forward(D(logits), n, e, k, norm, D(probs), D(experts), D(weights)); });
+    run([&] {
+      h().router_topk_forward(D(logits), n, e, k, norm, D(probs), D(experts), D(weights));
+    });
   }
   void router_topk_backward(const float* probs, const int32_t* experts, const float* weights,
                             const float* dweights, const float* dprobs, int64_t n, int64_t e,
@@ -204,7 +210,9 @@ class SimBackend final : public KernelBackend {
   void moe_combine_backward(const float* dout, const void* y, DType dt, const int32_t* pr,
                             const int32_t* rt, const float* w, int64_t n, int64_t k, int64_t d,
                             int64_t rows, void* dy, float* dw) override {
-    run([&] { h().moe_combine_backward(D(dout), D(y), dt, pr, rt, D(w), n, k, d, rows, D(dy), D(dw)); });
+    run([&] {
+      h().moe_combine_backward(D(dout), D(y), dt, pr, rt, D(w), n, k, d, rows, D(dy), D(dw));
+    });
   }
   void grouped_gemm(const TensorView& a, const TensorView& w, std::span<const int64_t> sizes,
                     const TensorView& c, float beta) override {
