@@ -2,6 +2,7 @@
 // check that it can, made before any work starts so a run fails at once with the reason.
 #pragma once
 
+#include <cstdint>
 #include <string_view>
 
 #include "base/allocator.h"
@@ -13,8 +14,13 @@ namespace hyperion {
 Device parse_hardware(std::string_view value, std::string_view what);
 const char* hardware_name(Device device);  // "cpu", "gpu"
 
-// Throws a hyperion::Error naming `what` unless a run can place its model on `device` in
-// this process (a GPU needs a CUDA build, a device, and the wiring of docs/GPU.md).
-void require_hardware(Device device, std::string_view what);
+// What a run does on the device: training is wired to the device backend; serving
+// (the engine's paged KV pool and batched decode) is not yet.
+enum class HardwareUse : uint8_t { kTraining, kServing };
+
+// Throws a hyperion::Error naming `what` unless a run of kind `use` can place its model
+// on `device` in this process: a GPU needs a kernel backend for it (the CUDA backend with
+// a usable device; tests register a simulated one) and a wired `use`.
+void require_hardware(Device device, std::string_view what, HardwareUse use);
 
 }  // namespace hyperion

@@ -33,11 +33,13 @@ ForwardModel::ForwardModel(const ParamStore& params, int64_t batch, int64_t seq_
   DecoderActs& s = acts_;
   if (cfg_.is_moe()) {
     moe_shape_ = moe_shape(cfg_, moe, batch, seq_len);
-    moe_.reserve(moe_shape_, act_);
+    moe_.reserve(moe_shape_, act_, decoder_.kernels().allocator());
     s.moe = moe_.acts();
     if (moe.ep.enabled()) s.moe.ep_state = &ep_state_;
   }
   logits_ = alloc(n * cfg_.vocab_size * a);
+  if (decoder_.kernels().device() != Device::kHost)
+    tokens_dev_ = static_cast<int32_t*>(alloc(2 * n * 4));
 }
 
 void* ForwardModel::alloc(int64_t bytes) {
@@ -51,6 +53,13 @@ CrossEntropyResult ForwardModel::loss(const int32_t* inputs, const int32_t* targ
   const int nl = static_cast<int>(cfg_.n_layers);
   const int tail = nl + 1;
   const int64_t n = rows_.n();
+  if (tokens_dev_ != nullptr) {  // host token ids, uploaded to the model's device
+    KernelBackend& k = decoder_.kernels();
+    k.upload(inputs, tokens_dev_, static_cast<size_t>(n) * 4);
+    k.upload(targets, tokens_dev_ + n, static_cast<size_t>(n) * 4);
+    inputs = tokens_dev_;
+    targets = tokens_dev_ + n;
+  }
   // The same bucket order as LlamaModel::forward_loss: embedding, layers, then the tail
   // (and the embedding again when it is the head).
   use(0, nl > 0 ? 1 : tail);

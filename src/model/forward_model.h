@@ -57,6 +57,7 @@ class ForwardModel {
   MoeInferenceBuffers moe_;
   MoeEpState ep_state_;
   void* logits_ = nullptr;
+  int32_t* tokens_dev_ = nullptr;  // on a device: the uploaded inputs and targets
 };
 
 }  // namespace hyperion

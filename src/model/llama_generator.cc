@@ -7,19 +7,20 @@
 
 namespace hyperion {
 
-ContiguousKvCache::ContiguousKvCache(const LlamaConfig& cfg, DType act, int64_t max_len)
+ContiguousKvCache::ContiguousKvCache(const LlamaConfig& cfg, DType act, int64_t max_len,
+                                     Allocator& alloc)
     : row_bytes_(cfg.kv_dim() * static_cast<int64_t>(dtype_size(act))) {
   const size_t bytes = static_cast<size_t>(max_len * row_bytes_);
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
-    k_.emplace_back(bytes);
-    v_.emplace_back(bytes);
+    k_.emplace_back(alloc, bytes);
+    v_.emplace_back(alloc, bytes);
   }
 }
 
 void ContiguousKvCache::place(const Decoder& dec, int l, const PassRows& rows, DecoderActs& s) {
   const size_t at = static_cast<size_t>(rows.position * row_bytes_);
-  s.k = k_[static_cast<size_t>(l)].data() + at;
-  s.v = v_[static_cast<size_t>(l)].data() + at;
+  s.k = k_[static_cast<size_t>(l)].as<unsigned char>() + at;
+  s.v = v_[static_cast<size_t>(l)].as<unsigned char>() + at;
 }
 
 void ContiguousKvCache::attend(const Decoder& dec, int l, const PassRows& rows, DecoderActs& s) {
@@ -41,10 +42,13 @@ LlamaGenerator::LlamaGenerator(const ParamStore& params, int64_t max_len)
       max_len_(max_len),
       weights_(params, params.has_bf16() ? WeightFormat::kBF16 : WeightFormat::kF32),
       decoder_(params, weights_, max_len),
-      cache_(params.config(), act_, std::clamp<int64_t>(max_len, 0, params.config().max_seq_len)) {
+      cache_(params.config(), act_, std::clamp<int64_t>(max_len, 0, params.config().max_seq_len),
+             backend_for(params.device()).allocator()) {
   HYP_CHECK(max_len > 0 && max_len <= cfg_.max_seq_len,
             "generator: max_len {} must be in [1, max_seq_len={}]", max_len, cfg_.max_seq_len);
-  logits_ = AlignedBuffer<float>(static_cast<size_t>(cfg_.vocab_size));
+  const size_t vocab = static_cast<size_t>(cfg_.vocab_size);
+  logits_ = DeviceBuffer(decoder_.kernels().allocator(), vocab * sizeof(float));
+  logits_host_ = AlignedBuffer<float>(vocab);
 }
 
 void LlamaGenerator::ensure_capacity(int64_t n) {
@@ -52,15 +56,18 @@ void LlamaGenerator::ensure_capacity(int64_t n) {
   const size_t a = dtype_size(act_);
   const size_t d = static_cast<size_t>(cfg_.dim), q = static_cast<size_t>(cfg_.q_dim());
   const size_t f = static_cast<size_t>(cfg_.ffn_dim), rows = static_cast<size_t>(n);
-  x_ = AlignedBuffer<float>(rows * d);
-  rstd_ = AlignedBuffer<float>(rows);
-  lse_ = AlignedBuffer<float>(rows * static_cast<size_t>(cfg_.n_heads));
-  h_ = AlignedBuffer<unsigned char>(rows * d * a);
-  q_ = AlignedBuffer<unsigned char>(rows * q * a);
-  att_ = AlignedBuffer<unsigned char>(rows * q * a);
-  g_ = AlignedBuffer<unsigned char>(rows * f * a);
-  u_ = AlignedBuffer<unsigned char>(rows * f * a);
-  if (cfg_.is_moe()) moe_.reserve(moe_shape(cfg_, MoeOptions{}, 1, n, 1), act_);
+  Allocator& alloc = decoder_.kernels().allocator();
+  x_ = DeviceBuffer(alloc, rows * d * 4);
+  rstd_ = DeviceBuffer(alloc, rows * 4);
+  lse_ = DeviceBuffer(alloc, rows * static_cast<size_t>(cfg_.n_heads) * 4);
+  h_ = DeviceBuffer(alloc, rows * d * a);
+  q_ = DeviceBuffer(alloc, rows * q * a);
+  att_ = DeviceBuffer(alloc, rows * q * a);
+  g_ = DeviceBuffer(alloc, rows * f * a);
+  u_ = DeviceBuffer(alloc, rows * f * a);
+  if (decoder_.kernels().device() != Device::kHost) tokens_ = DeviceBuffer(alloc, rows * 4);
+  if (cfg_.is_moe())
+    moe_.reserve(moe_shape(cfg_, MoeOptions{}, 1, n, 1), act_, decoder_.kernels().allocator());
   capacity_ = n;
 }
 
@@ -71,21 +78,29 @@ const float* LlamaGenerator::feed(const int32_t* tokens, int64_t n) {
             max_len_);
   ensure_capacity(n);
   const int64_t d = cfg_.dim;
-  decoder_.embed(tokens, n, x_.data());
+  KernelBackend& k = decoder_.kernels();
+  if (!tokens_.empty()) {  // a device model reads the ids from its own memory
+    k.upload(tokens, tokens_.data(), static_cast<size_t>(n) * sizeof(int32_t));
+    tokens = tokens_.as<int32_t>();
+  }
+  float* x = x_.as<float>();
+  decoder_.embed(tokens, n, x);
   // Keys and values: the cache places them.
-  DecoderActs s = in_place_acts(x_.data(), rstd_.data(), h_.data(), q_.data(), nullptr, nullptr,
-                                att_.data(), lse_.data(), g_.data(), u_.data());
+  DecoderActs s = in_place_acts(x, rstd_.as<float>(), h_.data(), q_.data(), nullptr, nullptr,
+                                att_.data(), lse_.as<float>(), g_.data(), u_.data());
   if (cfg_.is_moe()) s.moe = moe_.acts();
   const PassRows rows{1, n, pos_};
   const MoeShape ms = cfg_.is_moe() ? moe_shape(cfg_, MoeOptions{}, 1, n, 1) : MoeShape{};
   for (int l = 0; l < cfg_.n_layers; ++l) {
     decoder_.attention_block(l, rows, s, cache_);
-    decoder_.mlp_block(l, n, s, ms, MoeOptions{}, x_.data());
+    decoder_.mlp_block(l, n, s, ms, MoeOptions{}, x);
   }
   // Only the last position's logits are needed.
-  decoder_.head(x_.data() + (n - 1) * d, 1, h_.data(), rstd_.data(), logits_.data(), DType::kF32);
+  decoder_.head(x + (n - 1) * d, 1, h_.data(), rstd_.as<float>(), logits_.data(), DType::kF32);
   pos_ += n;
-  return logits_.data();
+  if (k.device() == Device::kHost) return logits_.as<float>();
+  k.download(logits_.data(), logits_host_.data(), logits_.bytes());
+  return logits_host_.data();
 }
 
 std::vector<int32_t> generate_tokens(LlamaGenerator& gen, const std::vector<int32_t>& prompt,

@@ -24,13 +24,14 @@ namespace hyperion {
 // projections write new rows in place at the sequence's position.
 class ContiguousKvCache final : public KvSource {
  public:
-  ContiguousKvCache(const LlamaConfig& cfg, DType act, int64_t max_len);
+  // The cache lives in `alloc`'s memory (the model's device).
+  ContiguousKvCache(const LlamaConfig& cfg, DType act, int64_t max_len, Allocator& alloc);
   void place(const Decoder& dec, int l, const PassRows& rows, DecoderActs& s) override;
   void attend(const Decoder& dec, int l, const PassRows& rows, DecoderActs& s) override;
 
  private:
   int64_t row_bytes_;
-  std::vector<AlignedBuffer<unsigned char>> k_, v_;
+  std::vector<DeviceBuffer> k_, v_;
 };
 
 class LlamaGenerator {
@@ -42,8 +43,9 @@ class LlamaGenerator {
   int64_t position() const { return pos_; }
   int64_t max_len() const { return max_len_; }
   int64_t vocab_size() const { return cfg_.vocab_size; }
-  // Appends n tokens at the current position and returns the logits (f32 [vocab]) that
-  // follow the last one. Errors if the cache would overflow.
+  // Appends n tokens (a host array) at the current position and returns the logits (f32
+  // [vocab], host memory: downloaded from a device) that follow the last one. Errors if
+  // the cache would overflow.
   const float* feed(const int32_t* tokens, int64_t n);
 
  private:
@@ -57,8 +59,10 @@ class LlamaGenerator {
   Decoder decoder_;
   ContiguousKvCache cache_;
   int64_t capacity_ = 0;  // rows of the per-call buffers below
-  AlignedBuffer<float> x_, rstd_, lse_, logits_;
-  AlignedBuffer<unsigned char> h_, q_, att_, g_, u_;
+  // Per-call buffers on the model's device; tokens_ holds the fed ids there (a device
+  // model only) and logits_host_ the returned logits.
+  DeviceBuffer x_, rstd_, lse_, logits_, h_, q_, att_, g_, u_, tokens_;
+  AlignedBuffer<float> logits_host_;
   // MoE layers: routing state and expert buffers for up to capacity_ tokens.
   MoeInferenceBuffers moe_;
 };

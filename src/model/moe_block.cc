@@ -7,27 +7,28 @@
 
 namespace hyperion {
 
-void MoeInferenceBuffers::reserve(const MoeShape& s, DType act) {
+void MoeInferenceBuffers::reserve(const MoeShape& s, DType act, Allocator& alloc) {
   const size_t as = dtype_size(act);
   const size_t n = static_cast<size_t>(s.n), rows = static_cast<size_t>(s.rows);
-  const size_t pairs = n * static_cast<size_t>(s.k);
-  logits = AlignedBuffer<float>(n * static_cast<size_t>(s.e));
-  probs = AlignedBuffer<float>(n * static_cast<size_t>(s.e));
-  weights = AlignedBuffer<float>(pairs);
-  experts = AlignedBuffer<int32_t>(pairs);
-  xs = AlignedBuffer<unsigned char>(rows * static_cast<size_t>(s.d) * as);
-  g = AlignedBuffer<unsigned char>(rows * static_cast<size_t>(s.f) * as);
-  u = AlignedBuffer<unsigned char>(rows * static_cast<size_t>(s.f) * as);
-  a = AlignedBuffer<unsigned char>(rows * static_cast<size_t>(s.f) * as);
-  y = AlignedBuffer<unsigned char>(rows * static_cast<size_t>(s.d) * as);
+  const size_t pairs = n * static_cast<size_t>(s.k), e = static_cast<size_t>(s.e);
+  const size_t d = static_cast<size_t>(s.d), f = static_cast<size_t>(s.f);
+  logits = DeviceBuffer(alloc, n * e * 4);
+  probs = DeviceBuffer(alloc, n * e * 4);
+  weights = DeviceBuffer(alloc, pairs * 4);
+  experts = DeviceBuffer(alloc, pairs * 4);
+  xs = DeviceBuffer(alloc, rows * d * as);
+  g = DeviceBuffer(alloc, rows * f * as);
+  u = DeviceBuffer(alloc, rows * f * as);
+  a = DeviceBuffer(alloc, rows * f * as);
+  y = DeviceBuffer(alloc, rows * d * as);
 }
 
 MoeActs MoeInferenceBuffers::acts() {
   MoeActs m;
-  m.logits = logits.data();
-  m.probs = probs.data();
-  m.experts = experts.data();
-  m.weights = weights.data();
+  m.logits = logits.as<float>();
+  m.probs = probs.as<float>();
+  m.experts = experts.as<int32_t>();
+  m.weights = weights.as<float>();
   m.plan = &plan;
   m.xs = xs.data();
   m.g = g.data();

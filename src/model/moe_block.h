@@ -128,12 +128,11 @@ struct MoeActs {
 // Owned buffers behind MoeActs for inference (the generator and the serving runner):
 // one set, reused by every MoE layer of a forward pass.
 struct MoeInferenceBuffers {
-  // Sizes the buffers for shape `s` (dropless) and activation dtype `act`.
-  void reserve(const MoeShape& s, DType act);
+  // Sizes the buffers for shape `s` (dropless) and activation dtype `act`, from `alloc`
+  // (the device the model runs on; the plan stays on the host).
+  void reserve(const MoeShape& s, DType act, Allocator& alloc);
   MoeActs acts();
-  AlignedBuffer<float> logits, probs, weights;
-  AlignedBuffer<int32_t> experts;
-  AlignedBuffer<unsigned char> xs, g, u, a, y;
+  DeviceBuffer logits, probs, weights, experts, xs, g, u, a, y;
   MoeDispatch plan;
 };
 

@@ -45,7 +45,7 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
   EngineConfig c;
   // The device first: a server that cannot have it fails before loading anything.
   c.hardware = parse_hardware(cfg.get_string("hardware"), "serve: hardware");
-  require_hardware(c.hardware, "hardware");
+  require_hardware(c.hardware, "hardware", HardwareUse::kServing);
   c.max_concurrent_decodes = cfg.get_int("max_concurrent_decodes");
   c.max_queue = cfg.get_int("max_queue");
   c.max_seq_len = cfg.get_int("max_seq_len");

@@ -119,7 +119,9 @@ void ModelRunner::ensure_capacity(int64_t n) {
   g_ = AlignedBuffer<unsigned char>(rows * f * a);
   u_ = AlignedBuffer<unsigned char>(rows * f * a);
   // Expert groups padded to 32 rows, as in training: a few GEMM shapes, compiled once.
-  if (cfg_.is_moe()) moe_.reserve(moe_shape(cfg_, MoeOptions{}, 1, n, kMoeTrainRowAlign), act_);
+  if (cfg_.is_moe())
+    moe_.reserve(moe_shape(cfg_, MoeOptions{}, 1, n, kMoeTrainRowAlign), act_,
+                 decoder_.kernels().allocator());
   capacity_ = n;
 }
 

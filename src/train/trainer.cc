@@ -254,7 +254,14 @@ void TrainingRun::setup() {
   rank_ = comm_->rank();
   world_ = comm_->world_size();
   // The device first: a run that cannot have it fails before anything is prepared.
-  require_hardware(t_.hardware, "config key hardware");
+  require_hardware(t_.hardware, "config key hardware", HardwareUse::kTraining);
+  HYP_CHECK(t_.hardware == Device::kHost || world_ == 1,
+            "config key hardware=gpu: training runs one process on one GPU (multi-GPU "
+            "collectives are not built); got {} ranks",
+            world_);
+  HYP_CHECK(t_.hardware == Device::kHost || !t_.quant.enabled(),
+            "config key hardware=gpu: quantization={} runs on the CPU only so far (docs/GPU.md)",
+            quant_mode_name(t_.quant.mode));
   mesh_ = resolve_mesh(t_.mesh, world_);
   mode_ = mesh_.fsdp > 1                                   ? ParallelMode::kFsdp
           : mesh_.expert > 1                               ? ParallelMode::kExpert
@@ -319,7 +326,9 @@ void TrainingRun::setup() {
   t_.model.bos_id = tokenizer_->bos_id();
   t_.model.eos_id = tokenizer_->eos_id();
 
-  params_ = std::make_unique<ParamStore>(t.model, t.bf16);
+  // Weights, gradients and optimizer state live on the run's device (hardware).
+  params_ =
+      std::make_unique<ParamStore>(t.model, t.bf16, true, backend_for(t.hardware).allocator());
   ParamStore& params = *params_;
   moe_options_ = t.moe;
   if (mode_ == ParallelMode::kExpert)

@@ -16,6 +16,9 @@
 #include "model/param_store.h"
 #include "train/checkpoint.h"
 #include "train/optimizer.h"
+#include "train/train_config.h"
+#include "train/trainer.h"
+#include "train_test_util.h"
 
 namespace hyperion {
 namespace {
@@ -52,7 +55,8 @@ Batch batch_for_step(int64_t step, int64_t vocab) {
 // One model, its store and optimizer on one backend.
 struct TrainRun {
   TrainRun(KernelBackend& k, const LlamaConfig& cfg)
-      : params(cfg, true, true, k.allocator()), model(params, ModelOptions(2, 8, true)),
+      : params(cfg, true, true, k.allocator()),
+        model(params, ModelOptions(2, 8, true)),
         opt(params, OptimizerOptions{}) {}
   double step(int64_t s) {
     params.zero_grads();
@@ -73,7 +77,9 @@ KernelBackend& device() {
   KernelBackend* sim = testing_util::simulated_device();
   return sim != nullptr ? *sim : backend_for(Device::kCuda);
 }
-bool exact() { return std::string(device().name()) == "simulated"; }
+bool exact() {
+  return std::string(device().name()) == "simulated";
+}
 
 void expect_same(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
   ASSERT_EQ(a.size(), b.size());
@@ -135,6 +141,50 @@ TEST(DeviceTraining, CheckpointsMoveBetweenHostAndDevice) {
                 from_device ? "device -> host resume" : "host -> device resume");
   }
   fs::remove_all(dir);
+}
+
+// The whole trainer with hardware=gpu: data, steps, eval and samples on the device, then a
+// resume of that run on the CPU. The losses follow the CPU run's (bit for bit on the
+// simulated device).
+TEST(DeviceTraining, TrainerOnTheDeviceMatchesTheCpuAndResumesThere) {
+  testing_util::ScopedSingleThread one;
+  device();  // registers the simulated device where there is no GPU
+  const std::string root = testing_util::process_temp_root("device_trainer");
+  auto run = [&](const std::string& name, const std::string& hardware, int64_t steps,
+                 int64_t stop_at) {
+    std::vector<std::string> o = testing_util::small_run_overrides(root, name, "float32", steps);
+    o.push_back("hardware=" + hardware);
+    TrainOptions opts;
+    opts.quiet = true;
+    opts.stop_at = stop_at;
+    return run_training(load_train_config("tiny", o), "test", opts);
+  };
+  const TrainResult cpu = run("cpu", "cpu", 6, 0);
+  const TrainResult gpu = run("gpu", "gpu", 6, 4);  // stops after a checkpoint at step 4
+  ASSERT_EQ(gpu.history.size(), 4u);
+  for (size_t i = 0; i < gpu.history.size(); ++i) {
+    if (exact())
+      EXPECT_EQ(gpu.history[i].loss, cpu.history[i].loss) << "step " << i + 1;
+    else
+      EXPECT_NEAR(gpu.history[i].loss, cpu.history[i].loss, 1e-3 * cpu.history[i].loss);
+  }
+  // The device's checkpoint resumes on the CPU and finishes as the CPU run did.
+  const TrainResult resumed = run("gpu", "cpu", 6, 0);
+  EXPECT_EQ(resumed.start_step, 4);
+  ASSERT_EQ(resumed.history.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    if (exact())
+      EXPECT_EQ(resumed.history[i].loss, cpu.history[4 + i].loss) << "step " << 5 + i;
+    else
+      EXPECT_NEAR(resumed.history[i].loss, cpu.history[4 + i].loss, 1e-2 * cpu.history[i].loss);
+  }
+  if (exact()) {
+    EXPECT_EQ(resumed.eval_loss, cpu.eval_loss);
+  }
+  // And a device run's eval and samples ran on the device (a finite loss, text out).
+  const TrainResult full_gpu = run("gpu_full", "gpu", 2, 0);
+  EXPECT_GT(full_gpu.eval_loss, 0);
+  EXPECT_FALSE(full_gpu.samples.empty());
 }
 
 }  // namespace

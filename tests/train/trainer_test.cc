@@ -335,12 +335,12 @@ TEST(TrainConfig, HardwareKey) {
   EXPECT_EQ(t.hardware, Device::kCuda);
   std::string msg;
   try {
-    require_hardware(Device::kCuda, "config key hardware");
+    require_hardware(Device::kCuda, "config key hardware", HardwareUse::kServing);
   } catch (const Error& e) {
     msg = e.what();
   }
   EXPECT_NE(msg.find("config key hardware=gpu"), std::string::npos) << msg;
-  EXPECT_NO_THROW(require_hardware(Device::kHost, "config key hardware"));
+  EXPECT_NO_THROW(require_hardware(Device::kHost, "config key hardware", HardwareUse::kTraining));
 }
 
 TEST(TrainConfig, SizeErrorsNameTheTrainingKeys) {
