@@ -6,11 +6,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 
 #include "base/aligned.h"
 #include "base/cpu.h"
+#include "base/error.h"
 #include "base/threads.h"
 #include "base/timer.h"
 
@@ -347,6 +349,34 @@ PeakResult measure_peak(double seconds) {
 const PeakResult& cached_peak() {
   static const PeakResult r = measure_peak();
   return r;
+}
+
+double measure_backend_gemm_gflops(KernelBackend& backend, DType dtype, int64_t size,
+                                   double seconds) {
+  HYP_CHECK(size > 0 && seconds > 0,
+            "measure_backend_gemm_gflops: size {} and seconds {} must be > 0", size, seconds);
+  const size_t n = static_cast<size_t>(size), es = dtype_size(dtype);
+  DeviceBuffer a(backend.allocator(), n * n * es), b(backend.allocator(), n * n * es),
+      c(backend.allocator(), n * n * 4);
+  backend.zero(a.data(), a.bytes());  // zeros: the rate does not depend on the values
+  backend.zero(b.data(), b.bytes());
+  auto once = [&] {
+    backend.gemm_contiguous(Trans::kN, Trans::kT, size, size, size, a.data(), dtype, b.data(),
+                            dtype, c.data(), DType::kF32);
+  };
+  once();  // warm-up: algorithm choice, clocks
+  backend.synchronize();
+  int64_t reps = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  do {
+    for (int i = 0; i < 4; ++i) once();
+    reps += 4;
+    backend.synchronize();
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (elapsed < seconds);
+  return 2.0 * static_cast<double>(size) * static_cast<double>(size) * static_cast<double>(size) *
+         static_cast<double>(reps) / elapsed / 1e9;
 }
 
 }  // namespace hyperion

@@ -3,7 +3,10 @@
 // denominators of every MFU and bandwidth ratio hyperion prints.
 #pragma once
 
+#include <cstdint>
 #include <string>
+
+#include "kernels/backend.h"
 
 namespace hyperion {
 
@@ -28,5 +31,12 @@ PeakResult measure_peak(double seconds = 0.5);
 
 // Cached result of measure_peak for ratio reporting within one process.
 const PeakResult& cached_peak();
+
+// A device's measured matmul peak: square `size`^3 GEMMs of `dtype` (f32 accumulation)
+// on `backend`, in its memory, repeated for about `seconds` after a warm-up; GFLOP/s.
+// On a GPU this is the cuBLASLt rate its MFU is reported against (a bf16 8192^3 GEMM
+// reaches ~890 TFLOP/s on an H100 SXM, 90% of the 989 of its datasheet).
+double measure_backend_gemm_gflops(KernelBackend& backend, DType dtype, int64_t size,
+                                   double seconds = 0.3);
 
 }  // namespace hyperion

@@ -414,6 +414,11 @@ void TrainingRun::report_setup(const MemoryPlan& mem) {
   if (t.peak_tflops > 0) {
     // A given peak is the compute dtype's; int8 runs then report MFU = EMFU.
     result_.peak_gflops = result_.peak_bf16_gflops = t.peak_tflops * 1e3;
+  } else if (t.hardware != Device::kHost) {
+    // The GPU's own measured matmul rate (one process, one device).
+    const double g = measure_backend_gemm_gflops(backend_for(t.hardware),
+                                                 t.bf16 ? DType::kBF16 : DType::kF32, 8192);
+    result_.peak_gflops = result_.peak_bf16_gflops = g;
   } else {
     // Rank 0 measures (one rank's threads) while the others wait; the job's peak is
     // that times the ranks.

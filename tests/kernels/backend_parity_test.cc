@@ -25,6 +25,7 @@
 #include "kernels/global_norm.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/moe_routing.h"
+#include "kernels/peak.h"
 #include "kernels/rmsnorm.h"
 
 namespace hyperion {
@@ -484,6 +485,12 @@ TEST_P(BackendParity, MemoryOps) {
   DeviceBuffer buf(k().allocator(), 4096);
   EXPECT_EQ(buf.device(), k().device());
   EXPECT_TRUE(is_aligned(buf.data()));
+}
+
+// The device peak a GPU run's MFU is reported against: a GEMM rate measured in the
+// backend's own memory (here at a toy size; the trainer uses 8192^3).
+TEST_P(BackendParity, MeasuresItsGemmRate) {
+  EXPECT_GT(measure_backend_gemm_gflops(k(), DType::kBF16, 64, 0.01), 0.0);
 }
 
 // The CUDA backend's status: visible as a skip where this binary has no CUDA or the
