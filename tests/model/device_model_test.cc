@@ -15,29 +15,10 @@
 #include "../kernels/simulated_device.h"
 #include "model/llama_model.h"
 #include "model/param_store.h"
+#include "model_test_util.h"
 
 namespace hyperion {
 namespace {
-
-LlamaConfig small_config(int64_t experts) {
-  LlamaConfig c;
-  c.vocab_size = 37;
-  c.dim = 16;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 4;
-  c.ffn_dim = 24;
-  c.max_seq_len = 16;
-  c.norm_eps = 1e-5;
-  c.rope_theta = 10000;
-  if (experts > 0) {
-    c.n_experts = experts;
-    c.n_experts_per_tok = 2;
-    c.moe_ffn_dim = 8;
-  }
-  return c;
-}
 
 Batch random_batch(int64_t rows, int64_t seq, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -62,7 +43,7 @@ class DeviceModel : public testing::TestWithParam<int64_t> {};
 TEST_P(DeviceModel, TrainingStepEqualsTheHost) {
   KernelBackend* dev = testing_util::simulated_device();
   if (dev == nullptr) dev = &backend_for(Device::kCuda);
-  const LlamaConfig cfg = small_config(GetParam());
+  const LlamaConfig cfg = testing_util::tiny_test_config(GetParam());
   for (bool bf16 : {false, true}) {
     ParamStore host_ps(cfg, bf16, true), dev_ps(cfg, bf16, true, dev->allocator());
     host_ps.init(7, 0.05);

@@ -12,6 +12,28 @@
 
 namespace hyperion::testing_util {
 
+// A tiny Llama for device and model tests (vocab 37, dim 16, 2 layers, 4 heads over 2 kv
+// heads, 16 positions); `experts` > 0 makes every layer a top-2 MoE of that many experts.
+inline LlamaConfig tiny_test_config(int64_t experts = 0) {
+  LlamaConfig c;
+  c.vocab_size = 37;
+  c.dim = 16;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 4;
+  c.ffn_dim = 24;
+  c.max_seq_len = 16;
+  c.norm_eps = 1e-5;
+  c.rope_theta = 10000;
+  if (experts > 0) {
+    c.n_experts = experts;
+    c.n_experts_per_tok = 2;
+    c.moe_ffn_dim = 8;
+  }
+  return c;
+}
+
 struct FdOptions {
   int per_tensor = 4;  // elements checked per tensor
   double h = 5e-3;     // central differences at h and 2h, Richardson-extrapolated

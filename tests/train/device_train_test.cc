@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../kernels/simulated_device.h"
+#include "../model/model_test_util.h"
 #include "model/llama_model.h"
 #include "model/param_store.h"
 #include "train/checkpoint.h"
@@ -24,21 +25,6 @@ namespace hyperion {
 namespace {
 
 namespace fs = std::filesystem;
-
-LlamaConfig small_config() {
-  LlamaConfig c;
-  c.vocab_size = 37;
-  c.dim = 16;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 4;
-  c.ffn_dim = 24;
-  c.max_seq_len = 16;
-  c.norm_eps = 1e-5;
-  c.rope_theta = 10000;
-  return c;
-}
 
 Batch batch_for_step(int64_t step, int64_t vocab) {
   std::mt19937 rng(static_cast<uint32_t>(100 + step));
@@ -92,7 +78,7 @@ void expect_same(const std::vector<float>& a, const std::vector<float>& b, const
 }
 
 TEST(DeviceTraining, OptimizerStepsEqualTheHost) {
-  const LlamaConfig cfg = small_config();
+  const LlamaConfig cfg = testing_util::tiny_test_config();
   TrainRun host(host_backend(), cfg), dev(device(), cfg);
   host.params.init(5, 0.05);
   dev.params.init(5, 0.05);
@@ -109,7 +95,7 @@ TEST(DeviceTraining, OptimizerStepsEqualTheHost) {
 
 // Saved on one device, resumed on the other: the next steps equal an unbroken run.
 TEST(DeviceTraining, CheckpointsMoveBetweenHostAndDevice) {
-  const LlamaConfig cfg = small_config();
+  const LlamaConfig cfg = testing_util::tiny_test_config();
   const std::string dir = (fs::temp_directory_path() / "hyperion_device_ckpt").string();
   for (bool from_device : {true, false}) {
     fs::remove_all(dir);

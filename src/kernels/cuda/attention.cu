@@ -52,10 +52,22 @@ __device__ void load_tile(const void* x, Elem t, int64_t row0_offset, int64_t ro
   }
 }
 
+// The block's next tile of keys and values (rows j0.. of kv head g) into shared memory,
+// between barriers; returns the rows loaded.
+__device__ int64_t load_kv_tiles(const Layout& L, const void* k, const void* v, Elem t, int64_t bi,
+                                 int64_t g, int64_t j0, int tile, float* ks, float* vs) {
+  const int64_t n = imin(tile, L.tk - j0), row_stride = L.hkv * L.d;
+  __syncthreads();
+  load_tile(k, t, L.k_row(bi, j0, g), row_stride, n, L.d, ks);
+  load_tile(v, t, L.k_row(bi, j0, g), row_stride, n, L.d, vs);
+  __syncthreads();
+  return n;
+}
+
 __global__ void attention_forward_kernel(Layout L, const void* q, const void* k, const void* v,
                                          Elem t, void* out, Elem ot, float* lse) {
   extern __shared__ float smem[];
-  const int tile = L.d <= 128 ? 32 : 16;
+  const int tile = tile_rows(L.d);
   float* ks = smem;
   float* vs = smem + tile * L.d;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -71,13 +83,8 @@ __global__ void attention_forward_kernel(Layout L, const void* q, const void* k,
   float m = -INFINITY, l = 0;
   const int64_t block_last = L.last_key(imin(i0 + kWarps, L.tq) - 1);
   const int64_t my_last = active ? L.last_key(i) : -1;
-  const int64_t row_stride = L.hkv * L.d;
   for (int64_t j0 = 0; j0 <= block_last && j0 < L.tk; j0 += tile) {
-    const int64_t n = imin(tile, L.tk - j0);
-    __syncthreads();
-    load_tile(k, t, L.k_row(bi, j0, g), row_stride, n, L.d, ks);
-    load_tile(v, t, L.k_row(bi, j0, g), row_stride, n, L.d, vs);
-    __syncthreads();
+    const int64_t n = load_kv_tiles(L, k, v, t, bi, g, j0, tile, ks, vs);
     for (int64_t jj = 0; jj < n && j0 + jj <= my_last; ++jj) {
       float dot = 0;
       for (int e = 0; e < kMaxPerLane; ++e) {
@@ -123,7 +130,7 @@ __global__ void attention_dq_kernel(Layout L, const void* q, const void* k, cons
                                     const void* dout, Elem t, const float* lse, const float* delta,
                                     void* dq, Elem gt) {
   extern __shared__ float smem[];
-  const int tile = L.d <= 128 ? 32 : 16;
+  const int tile = tile_rows(L.d);
   float* ks = smem;
   float* vs = smem + tile * L.d;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -142,13 +149,8 @@ __global__ void attention_dq_kernel(Layout L, const void* q, const void* k, cons
   const float row_lse = lse[stat], row_delta = delta[stat];
   const int64_t block_last = L.last_key(imin(i0 + kWarps, L.tq) - 1);
   const int64_t my_last = active ? L.last_key(i) : -1;
-  const int64_t row_stride = L.hkv * L.d;
   for (int64_t j0 = 0; j0 <= block_last && j0 < L.tk; j0 += tile) {
-    const int64_t n = imin(tile, L.tk - j0);
-    __syncthreads();
-    load_tile(k, t, L.k_row(bi, j0, g), row_stride, n, L.d, ks);
-    load_tile(v, t, L.k_row(bi, j0, g), row_stride, n, L.d, vs);
-    __syncthreads();
+    const int64_t n = load_kv_tiles(L, k, v, t, bi, g, j0, tile, ks, vs);
     for (int64_t jj = 0; jj < n && j0 + jj <= my_last; ++jj) {
       float s = 0, dp = 0;
       for (int e = 0; e < kMaxPerLane; ++e) {
@@ -180,7 +182,7 @@ __global__ void attention_dkv_kernel(Layout L, const void* q, const void* k, con
                                      const void* dout, Elem t, const float* lse, const float* delta,
                                      void* dk, void* dv, Elem gt) {
   extern __shared__ float smem[];
-  const int tile = L.d <= 128 ? 32 : 16;
+  const int tile = tile_rows(L.d);
   float* qs = smem;
   float* dos = smem + tile * L.d;
   float* stats = smem + 2 * tile * L.d;  // lse[tile], delta[tile]
