@@ -15,7 +15,8 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kMaxPerLane = 8;  // head_dim <= 256
 
-int tile_rows(int64_t d) {
+// Rows per shared-memory tile: two (three with the stats) f32 tiles stay within 48 KiB.
+__host__ __device__ int tile_rows(int64_t d) {
   return d <= 128 ? 32 : 16;
 }
 
