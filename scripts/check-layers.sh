@@ -11,12 +11,13 @@ declare -A allowed=(
   [tensor]="base tensor"
   [kernels]="base tensor kernels"
   [dist]="base dist"
+  [monitor]="base monitor"
   [model]="base tensor kernels dist model"
   [io]="base tensor kernels io"
-  [train]="base tensor kernels dist model io train"
-  [serve]="base tensor kernels model io serve"
+  [train]="base tensor kernels dist model io monitor train"
+  [serve]="base tensor kernels model io monitor serve"
   [cases]="base tensor kernels dist model cases"
-  [cli]="base tensor kernels dist model io train serve cases cli"
+  [cli]="base tensor kernels dist model io monitor train serve cases cli"
 )
 bad=0
 check_dir() {  # check_dir LAYER DIR
@@ -35,7 +36,7 @@ check_dir() {  # check_dir LAYER DIR
     esac
   done < <(grep -rnE '^#include "[a-z_]+/' "$dir" --include='*.cc' --include='*.h' || true)
 }
-for layer in base tensor kernels dist model io train serve cli; do
+for layer in base tensor kernels dist monitor model io train serve cli; do
   check_dir "$layer" "$root/src/$layer"
 done
 check_dir cases "$root/bench/cases"

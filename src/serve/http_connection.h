@@ -31,7 +31,6 @@
 namespace hyperion::serve {
 
 class HttpConnection;
-class MetricsRegistry;
 struct ServerMetrics;
 
 using HttpRequest = boost::beast::http::request<boost::beast::http::string_body>;
@@ -109,7 +108,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   bool chunked_ = false;      // the current reply is a chunked stream
   bool last_queued_ = false;  // the current reply's last bytes are queued
   bool writing_ = false;
-  bool watching_ = false;     // a disconnect watch read is pending
+  bool watching_ = false;  // a disconnect watch read is pending
   bool resume_after_watch_ = false;
   bool closed_ = false;
   std::deque<std::string> out_;

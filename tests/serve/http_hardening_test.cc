@@ -199,8 +199,8 @@ TEST_F(HttpHardening, InvalidUtf8IsA400NamingTheField) {
     EXPECT_TRUE(contains(j["error"]["message"].get<std::string>(), "UTF-8")) << r->body;
   }
   // Still serving.
-  auto ok = client(s->port).Post("/v1/completions", greedy_body("fine", 2).dump(),
-                                 "application/json");
+  auto ok =
+      client(s->port).Post("/v1/completions", greedy_body("fine", 2).dump(), "application/json");
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200) << ok->body;
 }
@@ -225,8 +225,8 @@ TEST_F(HttpHardening, HugePromptsAreRejectedByTheirSizeBeforeTokenizing) {
   // A token-id prompt longer than the context is refused while parsing, too.
   json ids = json::array();
   for (int i = 0; i < 200; ++i) ids.push_back(5);
-  auto r = client(s->port).Post("/v1/completions", json{{"prompt", ids}}.dump(),
-                                "application/json");
+  auto r =
+      client(s->port).Post("/v1/completions", json{{"prompt", ids}}.dump(), "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400);
 }
@@ -305,11 +305,12 @@ TEST_F(HttpHardening, PipelinedRequestsAreAnsweredInOrder) {
   auto s = stack();
   RawClient c(s->port);
   const std::string completion = greedy_body("Pipelines", 3).dump();
-  c.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
-         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-         "Content-Length: " +
-         std::to_string(completion.size()) + "\r\n\r\n" + completion +
-         "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  c.send(
+      "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(completion.size()) + "\r\n\r\n" + completion +
+      "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   const std::string all = c.read();
   EXPECT_EQ(RawClient::occurrences(all, "HTTP/1.1 200 OK"), 3) << all;
   const size_t health = all.find("\"status\":\"ok\"");
@@ -331,8 +332,9 @@ TEST_F(HttpHardening, MalformedHttpGetsTheRightStatus) {
     return c.read();
   };
   // Conflicting Content-Length headers: 400 (request smuggling otherwise).
-  std::string r = raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
-                      "Content-Length: 14\r\n\r\n{}");
+  std::string r =
+      raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+          "Content-Length: 14\r\n\r\n{}");
   EXPECT_EQ(status_of(r), 400) << r;
   // A negative or non-numeric length: 400, not 413.
   r = raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n");
@@ -359,7 +361,8 @@ TEST_F(HttpHardening, MalformedHttpGetsTheRightStatus) {
   EXPECT_EQ(status_of(r), 404) << r;
   // A chunked request body is read like any other.
   const std::string body = greedy_body("Chunks", 2).dump();
-  r = raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: "
+  r =
+      raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: "
           "chunked\r\n\r\n" +
           fmt::format("{:x}\r\n{}\r\n0\r\n\r\n", body.size(), body));
   EXPECT_EQ(status_of(r), 200) << r;

@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "../test_files.h"
+#include "http_test_util.h"
 #include "serve/http_server.h"
 #include "serve/metrics.h"
-#include "http_test_util.h"
 #include "serve_test_util.h"
 
 namespace hyperion::serve {
@@ -70,7 +70,7 @@ class HttpServerTest : public ::testing::Test {
     auto r = client().Get("/metrics");
     EXPECT_TRUE(r);
     EXPECT_EQ(r->status, 200);
-    const auto v = parse_prometheus_value(r->body, name, labels);
+    const auto v = monitor::parse_prometheus_value(r->body, name, labels);
     EXPECT_TRUE(v.has_value()) << name;
     return v.value_or(-1);
   }
