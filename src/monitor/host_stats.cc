@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -117,8 +118,11 @@ HostStats HostStatsSampler::sample() {
     if (wall > 0 && s.now.process_cpu_seconds >= 0 && last_->process_cpu_seconds >= 0)
       s.process_cpu_fraction = (s.now.process_cpu_seconds - last_->process_cpu_seconds) / wall;
     const double total = s.now.machine_total_seconds - last_->machine_total_seconds;
+    // Clamped: busy and total are separate sums of scaled ticks, so an interval with no
+    // idle tick can round to a hair above 1.
     if (total > 0)
-      s.machine_cpu_fraction = (s.now.machine_busy_seconds - last_->machine_busy_seconds) / total;
+      s.machine_cpu_fraction =
+          std::clamp((s.now.machine_busy_seconds - last_->machine_busy_seconds) / total, 0.0, 1.0);
   }
   last_ = s.now;
   last_time_ = t;

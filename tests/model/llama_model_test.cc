@@ -19,17 +19,7 @@ namespace hyperion {
 namespace {
 
 LlamaConfig tiny_config(bool tied = false) {
-  LlamaConfig c;
-  c.vocab_size = 37;
-  c.dim = 16;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 4;
-  c.ffn_dim = 24;
-  c.max_seq_len = 16;
-  c.norm_eps = 1e-5;
-  c.rope_theta = 10000;
+  LlamaConfig c = testing_util::tiny_test_config();
   c.tie_embeddings = tied;
   return c;
 }
@@ -187,7 +177,8 @@ TEST(GemmaModel, GradientsMatchFiniteDifferencesUnderEveryRemat) {
   ps.init(13, 0.4);
   for (const ParamInfo& info : ps.infos())  // norms start at 0 (scale 1): move them off it
     if (info.kind == ParamKind::kNorm)
-      for (int64_t i = 0; i < info.numel; ++i) ps.params()[info.offset + i] = 0.1f * float(i % 5) - 0.2f;
+      for (int64_t i = 0; i < info.numel; ++i)
+        ps.params()[info.offset + i] = 0.1f * float(i % 5) - 0.2f;
   const int64_t b = 2, t = 6;
   auto in = random_tokens(b * t, c.vocab_size, 8);
   auto tg = random_tokens(b * t, c.vocab_size, 9);

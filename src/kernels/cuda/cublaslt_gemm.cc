@@ -36,7 +36,7 @@ bool resolve(void* lib, const char* name, F* out, std::string* why) {
   return *out != nullptr;
 }
 
-void check(cublasStatus_t st, const char* what, const LtMatmul& mm) {
+void check(cublasStatus_t st, const char* what, const GemmArgs& mm) {
   if (st == CUBLAS_STATUS_SUCCESS) return;
   fail("cuda gemm: {} failed ({}) for m={} n={} k={} batch={}", what,
        api.status_string != nullptr ? api.status_string(st) : "?", mm.m, mm.n, mm.k, mm.batch);
@@ -57,6 +57,23 @@ struct Descs {
 };
 
 }  // namespace
+
+int cuda_data_type(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    case DType::kE4M3:
+      return CUDA_R_8F_E4M3;
+    case DType::kE5M2:
+      return CUDA_R_8F_E5M2;
+    default:
+      return -1;
+  }
+}
 
 bool CublasLt::open(std::string* why) {
   // The soname first (LD_LIBRARY_PATH, the loader's cache), then the toolkit this binary
@@ -100,29 +117,29 @@ CublasLt::~CublasLt() {
   // so the handle and library are left to the OS.
 }
 
-void CublasLt::matmul(const LtMatmul& mm, cudaStream_t stream, void* workspace,
+void CublasLt::matmul(const GemmArgs& mm, cudaStream_t stream, void* workspace,
                       size_t workspace_bytes) {
   Descs d;
+  const bool trans_a = mm.trans_a == Trans::kT, trans_b = mm.trans_b == Trans::kT;
+  const auto a_type = static_cast<cudaDataType_t>(cuda_data_type(mm.a_dtype));
+  const auto b_type = static_cast<cudaDataType_t>(cuda_data_type(mm.b_dtype));
+  const auto c_type = static_cast<cudaDataType_t>(cuda_data_type(mm.c_dtype));
   // Column-major view: D'[n, m] = op(B') op(A'); B' is the first operand.
-  const cublasOperation_t op_first = mm.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_second = mm.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   check(api.desc_create(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor", mm);
   check(api.desc_set(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)), "transa", mm);
   check(api.desc_set(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)), "transb",
         mm);
   // Stored shapes (column-major rows x cols) of each operand.
-  const uint64_t first_rows = static_cast<uint64_t>(mm.trans_b ? mm.k : mm.n);
-  const uint64_t first_cols = static_cast<uint64_t>(mm.trans_b ? mm.n : mm.k);
-  const uint64_t second_rows = static_cast<uint64_t>(mm.trans_a ? mm.m : mm.k);
-  const uint64_t second_cols = static_cast<uint64_t>(mm.trans_a ? mm.k : mm.m);
-  check(api.layout_create(&d.a, static_cast<cudaDataType_t>(mm.b_type), first_rows, first_cols,
-                          mm.ldb),
-        "layout of B", mm);
-  check(api.layout_create(&d.b, static_cast<cudaDataType_t>(mm.a_type), second_rows, second_cols,
-                          mm.lda),
-        "layout of A", mm);
-  check(api.layout_create(&d.c, static_cast<cudaDataType_t>(mm.c_type), static_cast<uint64_t>(mm.n),
-                          static_cast<uint64_t>(mm.m), mm.ldc),
+  const uint64_t first_rows = static_cast<uint64_t>(trans_b ? mm.k : mm.n);
+  const uint64_t first_cols = static_cast<uint64_t>(trans_b ? mm.n : mm.k);
+  const uint64_t second_rows = static_cast<uint64_t>(trans_a ? mm.m : mm.k);
+  const uint64_t second_cols = static_cast<uint64_t>(trans_a ? mm.k : mm.m);
+  check(api.layout_create(&d.a, b_type, first_rows, first_cols, mm.ldb), "layout of B", mm);
+  check(api.layout_create(&d.b, a_type, second_rows, second_cols, mm.lda), "layout of A", mm);
+  check(api.layout_create(&d.c, c_type, static_cast<uint64_t>(mm.n), static_cast<uint64_t>(mm.m),
+                          mm.ldc),
         "layout of C", mm);
   if (mm.batch > 1) {
     const int32_t count = static_cast<int32_t>(mm.batch);
@@ -147,7 +164,7 @@ void CublasLt::matmul(const LtMatmul& mm, cudaStream_t stream, void* workspace,
         "algorithm search", mm);
   HYP_CHECK(found > 0,
             "cuda gemm: cuBLASLt has no algorithm for m={} n={} k={} (types {} x {} -> {})", mm.m,
-            mm.n, mm.k, mm.a_type, mm.b_type, mm.c_type);
+            mm.n, mm.k, dtype_name(mm.a_dtype), dtype_name(mm.b_dtype), dtype_name(mm.c_dtype));
   check(
       api.matmul(static_cast<cublasLtHandle_t>(handle_), d.op, &mm.alpha, mm.b, d.a, mm.a, d.b,
                  &mm.beta, mm.c, d.c, mm.c, d.c, &result.algo, workspace, workspace_bytes, stream),

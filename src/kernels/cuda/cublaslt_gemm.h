@@ -15,34 +15,22 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/gemm.h"
+
 namespace hyperion::cuda {
 
-// Element types, as cuBLASLt names them (cudaDataType values): filled by the backend.
-struct LtMatmul {
-  bool trans_a = false, trans_b = false;  // row-major, as GemmArgs
-  int64_t m = 0, n = 0, k = 0;
-  const void* a = nullptr;
-  int a_type = 0;  // cudaDataType
-  int64_t lda = 0;
-  const void* b = nullptr;
-  int b_type = 0;
-  int64_t ldb = 0;
-  void* c = nullptr;
-  int c_type = 0;
-  int64_t ldc = 0;
-  float alpha = 1.0f, beta = 0.0f;
-  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
-};
+// cuBLASLt's name (cudaDataType) for a dtype, or -1 for one it has no GEMM type for.
+int cuda_data_type(DType dtype);
 
 class CublasLt {
  public:
   // Opens the library and creates a handle; on failure returns false and says why.
   bool open(std::string* why);
   ~CublasLt();
-  // Queues D = alpha op(A) op(B) + beta C on `stream`, with `workspace` of
-  // `workspace_bytes` (device memory). Throws hyperion::Error naming the shape on a
-  // cuBLASLt error or when no algorithm fits.
-  void matmul(const LtMatmul& mm, cudaStream_t stream, void* workspace, size_t workspace_bytes);
+  // Queues C = alpha op(A) op(B) + beta C (a checked GemmArgs; bias and scales are the
+  // caller's) on `stream`, with `workspace` of `workspace_bytes` (device memory). Throws
+  // hyperion::Error naming the shape on a cuBLASLt error or when no algorithm fits.
+  void matmul(const GemmArgs& g, cudaStream_t stream, void* workspace, size_t workspace_bytes);
 
  private:
   void* lib_ = nullptr;

@@ -89,9 +89,9 @@ void CudaBackend::gemm(const GemmArgs& g) {
     HYP_CHECK(t.lda % 16 == 0 && t.ldb % 16 == 0,
               "gemm: fp8 on the cuda backend needs leading dimensions % 16 == 0 (lda={} ldb={})",
               t.lda, t.ldb);
-    lt_gemm(t);
+    lt_->matmul(t, stream_, workspace_.data(), workspace_.bytes());
   } else {
-    lt_gemm(g);
+    lt_->matmul(g, stream_, workspace_.data(), workspace_.bytes());
   }
   if (g.bias != nullptr) {
     HYP_CHECK(g.batch == 1, "gemm: a bias with batch > 1 is not on the cuda backend");
@@ -99,31 +99,6 @@ void CudaBackend::gemm(const GemmArgs& g) {
                    g.ldc, g.bias);
   }
   launched("gemm");
-}
-
-void CudaBackend::lt_gemm(const GemmArgs& g) {
-  LtMatmul mm;
-  mm.trans_a = g.trans_a == Trans::kT;
-  mm.trans_b = g.trans_b == Trans::kT;
-  mm.m = g.m;
-  mm.n = g.n;
-  mm.k = g.k;
-  mm.a = g.a;
-  mm.a_type = lt_type(g.a_dtype);
-  mm.lda = g.lda;
-  mm.b = g.b;
-  mm.b_type = lt_type(g.b_dtype);
-  mm.ldb = g.ldb;
-  mm.c = g.c;
-  mm.c_type = lt_type(g.c_dtype);
-  mm.ldc = g.ldc;
-  mm.alpha = g.alpha;
-  mm.beta = g.beta;
-  mm.batch = g.batch;
-  mm.stride_a = g.stride_a;
-  mm.stride_b = g.stride_b;
-  mm.stride_c = g.stride_c;
-  lt_->matmul(mm, stream_, workspace_.data(), workspace_.bytes());
 }
 
 namespace {

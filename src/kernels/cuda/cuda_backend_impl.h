@@ -41,23 +41,6 @@ inline Elem elem_of(const char* op, DType dt) {
   return dt == DType::kF32 ? Elem::kF32 : Elem::kBF16;
 }
 
-inline int lt_type(DType dt) {
-  switch (dt) {
-    case DType::kF32:
-      return CUDA_R_32F;
-    case DType::kBF16:
-      return CUDA_R_16BF;
-    case DType::kF16:
-      return CUDA_R_16F;
-    case DType::kE4M3:
-      return CUDA_R_8F_E4M3;
-    case DType::kE5M2:
-      return CUDA_R_8F_E5M2;
-    default:
-      return -1;
-  }
-}
-
 inline bool is_fp8(DType dt) {
   return dt == DType::kE4M3 || dt == DType::kE5M2;
 }
@@ -372,7 +355,7 @@ class CudaBackend final : public KernelBackend {
   }
 
   void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) override {
-    auto ok = [](DType d) { return lt_type(d) >= 0; };
+    auto ok = [](DType d) { return cuda_data_type(d) >= 0; };
     HYP_CHECK(ok(src_dtype) && ok(dst_dtype),
               "convert: {} -> {} is not on the cuda backend (f32, bf16, f16, e4m3, e5m2)",
               dtype_name(src_dtype), dtype_name(dst_dtype));
@@ -434,8 +417,6 @@ class CudaBackend final : public KernelBackend {
                                 int64_t nb = 0);
   CrossEntropyResult cross_entropy(const char* op, const TensorView& logits,
                                    const TensorView& targets, void* dlogits, float dloss);
-  // Row-major GEMM without the checks of gemm() (the grouped GEMMs' per-group calls).
-  void lt_gemm(const GemmArgs& g);
 
   CudaAllocator alloc_;
   std::unique_ptr<CublasLt> lt_;

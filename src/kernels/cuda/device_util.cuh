@@ -38,28 +38,25 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the
-// result. `shared` holds 32 floats. Fixed order: warp sums, then warp 0 sums those.
-__device__ __forceinline__ float block_sum(float v, float* shared) {
+// Sum (or max) over the block (blockDim.x a multiple of 32, at most 1024); every thread
+// gets the result. `shared` holds 32 floats. Fixed order: warp results, then warp 0
+// combines those.
+template <bool kMax>
+__device__ __forceinline__ float block_reduce(float v, float* shared) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_sum(v);
+  v = kMax ? warp_max(v) : warp_sum(v);
   __syncthreads();
   if (lane == 0) shared[warp] = v;
   __syncthreads();
   const int warps = (blockDim.x + 31) >> 5;
-  float t = lane < warps ? shared[lane] : 0.0f;
-  t = warp_sum(t);
-  return t;
+  const float t = lane < warps ? shared[lane] : (kMax ? -INFINITY : 0.0f);
+  return kMax ? warp_max(t) : warp_sum(t);
+}
+__device__ __forceinline__ float block_sum(float v, float* shared) {
+  return block_reduce<false>(v, shared);
 }
 __device__ __forceinline__ float block_max(float v, float* shared) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  const int warps = (blockDim.x + 31) >> 5;
-  float t = lane < warps ? shared[lane] : -INFINITY;
-  return warp_max(t);
+  return block_reduce<true>(v, shared);
 }
 
 // Records the first error (later ones are dropped).
