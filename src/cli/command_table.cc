@@ -17,6 +17,7 @@ const std::vector<Command>& all_commands() {
       {&kBenchMoeSpec, cmd_bench_moe},
       {&kBenchServeSpec, cmd_bench_serve},
       {&kBenchDecodeSpec, cmd_bench_decode},
+      {&kGoodputSpec, cmd_goodput},
       {&kInfoSpec, cmd_info},
   };
   return table;

@@ -135,6 +135,19 @@ std::vector<ConfigKey> train_config_schema() {
        "a collective not finished after this long aborts the job, naming the lagging ranks"},
       {"overlap_communication", T::kBool, "true",
        "reduce gradient buckets during the backward (false: after it, for measurement)"},
+      // Monitoring (docs/MONITORING.md).
+      {"enable_monitoring", T::kBool, "true",
+       "event log (goodput), per-rank gathers (ranks.jsonl, stragglers), stack dumps"},
+      {"metrics_port", T::kInt, "0", "serve Prometheus metrics on metrics_port + rank (0: off)"},
+      {"metrics_host", T::kString, "0.0.0.0", "address the metrics endpoints listen on"},
+      {"monitor_top_n", T::kInt, "3", "ranks listed per metric by mean and by max"},
+      {"straggler_periods", T::kInt, "2",
+       "log periods a rank must stay above median + 3 MAD to be named a straggler"},
+      {"hang_timeout_s", T::kFloat, "1800",
+       "dump every thread's stack when no step finishes for this long (0: off)"},
+      {"abort_on_hang", T::kBool, "false", "end the job after a hang dump"},
+      {"crash_at_step", T::kInt, "0",
+       "fault injection: the run's first process aborts after this step (0: off)"},
   };
 }
 
@@ -396,6 +409,23 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
   t.collective_timeout_s = c.get_float("collective_timeout_s");
   HYP_CHECK(t.collective_timeout_s > 0, "config key {} must be > 0", where("collective_timeout_s"));
   t.overlap_communication = c.get_bool("overlap_communication");
+  t.monitor.enabled = c.get_bool("enable_monitoring");
+  const int64_t metrics_port = c.get_int("metrics_port");
+  HYP_CHECK(metrics_port >= 0 && metrics_port <= 65535,
+            "config key {} must be a port in [0, 65535] (0: off), got {}", where("metrics_port"),
+            metrics_port);
+  t.monitor.metrics_port = static_cast<int>(metrics_port);
+  t.monitor.metrics_host = c.get_string("metrics_host");
+  HYP_CHECK(!t.monitor.metrics_host.empty(), "config key {} must not be empty",
+            where("metrics_host"));
+  t.monitor.top_n = static_cast<int>(std::min<int64_t>(positive("monitor_top_n"), 1 << 20));
+  t.monitor.straggler_periods =
+      static_cast<int>(std::min<int64_t>(positive("straggler_periods"), 1 << 20));
+  t.monitor.hang_timeout_s = c.get_float("hang_timeout_s");
+  HYP_CHECK(t.monitor.hang_timeout_s >= 0 && std::isfinite(t.monitor.hang_timeout_s),
+            "config key {} must be >= 0 (0: off)", where("hang_timeout_s"));
+  t.monitor.abort_on_hang = c.get_bool("abort_on_hang");
+  t.monitor.crash_at_step = non_negative("crash_at_step");
   return t;
 }
 

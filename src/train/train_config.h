@@ -46,6 +46,18 @@ struct MeshConfig {
 // Fills the -1 axis and checks data * fsdp * expert == world (errors name the keys).
 MeshConfig resolve_mesh(const MeshConfig& m, int world);
 
+// Monitoring of a run (train/training_monitor.h, docs/MONITORING.md).
+struct TrainMonitorConfig {
+  bool enabled = true;   // enable_monitoring: event log, gathers, stack dumps
+  int metrics_port = 0;  // Prometheus on metrics_port + rank (0: off)
+  std::string metrics_host = "0.0.0.0";
+  int top_n = 3;                 // monitor_top_n: ranks listed per metric
+  int straggler_periods = 2;     // log periods above the threshold before naming a rank
+  double hang_timeout_s = 1800;  // stack dump when no step finishes this long (0: off)
+  bool abort_on_hang = false;
+  int64_t crash_at_step = 0;  // fault injection: the run's first process aborts there
+};
+
 // Typed view of a loaded Config, validated (errors name the key).
 struct TrainConfig {
   std::string name;  // preset / file stem
@@ -92,6 +104,7 @@ struct TrainConfig {
   std::string communicator = "auto";
   double collective_timeout_s = 300;
   bool overlap_communication = true;
+  TrainMonitorConfig monitor;
 
   int data_ranks = 1;  // ranks that each see different data (set from the mesh at run time)
   // Global batch: per-rank batch x sequence length x accumulation x data ranks.

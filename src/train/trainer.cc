@@ -26,11 +26,13 @@
 #include "model/forward_model.h"
 #include "model/llama_generator.h"
 #include "model/llama_model.h"
+#include "monitor/event_log.h"
 #include "train/checkpoint.h"
 #include "train/data_loader.h"
 #include "train/data_prepare.h"
 #include "train/optimizer.h"
 #include "train/parallel.h"
+#include "train/training_monitor.h"
 
 namespace hyperion {
 
@@ -169,7 +171,7 @@ std::string agree(dist::Communicator& comm, const std::string& value) {
 }
 
 TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions& options,
-                        dist::Communicator& comm_ref);
+                        dist::Communicator& comm_ref, double process_start);
 
 }  // namespace
 
@@ -178,9 +180,11 @@ TrainResult run_training(const Config& config, const std::string& config_name,
   TrainConfig t = parse_train_config(config, config_name);
   std::unique_ptr<dist::Communicator> comm =
       dist::make_communicator(t.communicator, t.collective_timeout_s);
-  if (comm->world_size() == 1) return train_ranks(config, t, options, *comm);
+  // Where the trainer starts: before it, the launcher and MPI (goodput's program start-up).
+  const double process_start = monitor::unix_time();
+  if (comm->world_size() == 1) return train_ranks(config, t, options, *comm, process_start);
   try {
-    return train_ranks(config, t, options, *comm);
+    return train_ranks(config, t, options, *comm, process_start);
   } catch (const std::exception& e) {
     // The other ranks would wait for this one in their next collective: end them all.
     log_error("rank {}: {}", comm->rank(), e.what());
@@ -194,11 +198,16 @@ namespace {
 class TrainingRun {
  public:
   TrainingRun(const Config& config, TrainConfig t, const TrainOptions& options,
-              dist::Communicator& comm)
-      : config_(config), t_(std::move(t)), options_(options), comm_(&comm) {}
+              dist::Communicator& comm, double process_start)
+      : config_(config),
+        t_(std::move(t)),
+        options_(options),
+        comm_(&comm),
+        process_start_(process_start) {}
 
   TrainResult run() {
     setup();
+    monitor_->init_done();
     const int64_t last_step =
         options_.stop_at > 0 ? std::min(options_.stop_at, t_.steps) : t_.steps;
     while (state_.step < last_step) {
@@ -208,6 +217,7 @@ class TrainingRun {
         save();
     }
     finish();
+    monitor_->finished(state_.step, state_.step >= t_.steps);
     return std::move(result_);
   }
 
@@ -223,6 +233,8 @@ class TrainingRun {
   TrainConfig t_;
   const TrainOptions& options_;
   dist::Communicator* comm_;
+  double process_start_ = 0;
+  std::unique_ptr<TrainingMonitor> monitor_;
   int rank_ = 0, world_ = 1;
   MeshConfig mesh_;
   ParallelMode mode_ = ParallelMode::kData;
@@ -313,6 +325,9 @@ void TrainingRun::setup() {
              world_, static_cast<int64_t>(::getpid()), num_threads(), mesh_.data, mesh_.fsdp,
              mesh_.expert, parallel_mode_name(mode_));
   }
+  // The event log, metrics endpoint and stack dumps from here on (a collective: every
+  // rank gets here).
+  monitor_ = std::make_unique<TrainingMonitor>(t_, *comm_, run_dir_, process_start_);
 
   // Rank 0 prepares the dataset (tokenizer training, sharding); the others wait for its
   // files outside any collective (preparing a large corpus can outlast
@@ -371,7 +386,10 @@ void TrainingRun::setup() {
                   saved.moe_layer_step == t.model.moe_layer_step &&
                   saved.arch.family == t.model.arch.family,
               "resume: checkpoint {} holds a different model shape than the config", *resume_from_);
+    monitor_->restore_started();
+    Timer restore_timer;
     state_ = load_training_state(*resume_from_, params, *optimizer_);
+    monitor_->restore_done(state_.step, restore_timer.seconds());
     sync_->release_unowned();
     loader_->restore(state_.data);
     if (QuantizedMatmuls* q = model_->quantized()) {
@@ -474,6 +492,8 @@ void TrainingRun::report_setup(const MemoryPlan& mem) {
 
 void TrainingRun::save() {
   if (!t_.enable_checkpointing) return;
+  monitor_->save_started(state_.step);
+  Timer blocked;
   sync_->gather_all();
   state_.data = loader_->state();
   if (QuantizedMatmuls* q = model_->quantized()) {
@@ -482,6 +502,7 @@ void TrainingRun::save() {
     state_.quant_histories = q->histories();
   }
   ckpt_->save(*params_, *optimizer_, state_, tokenizer_->serialized(), config_values_);
+  monitor_->save_done(state_.step, blocked.seconds());
   result_.checkpoint = ckpt_->checkpoints_dir() + "/" + std::to_string(state_.step);
 }
 
@@ -515,6 +536,7 @@ void TrainingRun::step() {
   // parallelism the sums over every rank's tokens come out right as well).
   const float dloss = 1.0f / static_cast<float>(t.gradient_accumulation_steps * world_);
   const float dmean = 1.0f / static_cast<float>(t.gradient_accumulation_steps);
+  monitor_->step_started(state_.step + 1);
   Timer step_timer;
   double data_wait = 0, loss = 0;
   MoeStats ms;
@@ -574,6 +596,7 @@ void TrainingRun::step() {
   HYP_CHECK(std::isfinite(m.loss), "step {}: loss is {} (diverged); lower learning_rate", m.step,
             m.loss);
   metrics_->write(m, state_.tokens_seen, world_ > 1, moe);
+  monitor_->step_done(m);
   result_.history.push_back(m);
   if (state_.step > result_.start_step + 1) {  // the first step warms caches up
     tps_sum_ += m.tokens_per_s;
@@ -596,7 +619,9 @@ void TrainingRun::step() {
         ms.lb_loss, ms.z_loss, 100 * ms.dropped_fraction, ms.load_min, ms.load_max, ms.load_cv);
   if (val_loader_ && t.eval_interval > 0 && state_.step % t.eval_interval == 0 &&
       state_.step < t.steps) {
+    monitor_->eval_started();
     EvalResult e = evaluate(t.eval_batches);
+    monitor_->eval_done();
     log_info("eval  step {:>5}  held-out loss {:.4f}  perplexity {:.2f}", state_.step, e.loss,
              std::exp(e.loss));
   }
@@ -620,7 +645,9 @@ void TrainingRun::finish() {
              result_.checkpoint, ckpt_->blocking_seconds());
 
   if (val_loader_) {
+    monitor_->eval_started();
     EvalResult e = evaluate(0);
+    monitor_->eval_done();
     result_.eval_loss = e.loss;
     result_.eval_perplexity = std::exp(e.loss);
     result_.eval_tokens = e.tokens;
@@ -658,8 +685,8 @@ void TrainingRun::finish() {
 }
 
 TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions& options,
-                        dist::Communicator& comm) {
-  TrainingRun run(config, std::move(t), options, comm);
+                        dist::Communicator& comm, double process_start) {
+  TrainingRun run(config, std::move(t), options, comm, process_start);
   return run.run();
 }
 
