@@ -27,6 +27,7 @@ PACKAGES=(
   libopenblas-dev    # GEMM comparison benchmark only (never linked into libhyperion)
   libopenmpi-dev openmpi-bin  # MPI: multi-process training (hyperion train --nproc)
   python3-torch      # reference tests and bench/compare_torch.py only (/usr/bin/python3)
+  prometheus         # the monitoring integration test scrapes a 2-rank run with it
 )
 
 if [ "${1:-}" = "--list" ]; then
