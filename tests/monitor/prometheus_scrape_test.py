@@ -116,6 +116,16 @@ scrape_configs:
                 else:
                     print(f"ok  {promql}: " +
                           ", ".join(f"{r['metric'].get('rank', '*')}={r['value'][1]}" for r in got))
+            # Rank 0's gathers over the communicator: every rank, every log period.
+            gathers = [json.loads(l) for l in open(os.path.join(root, "scraped", "ranks.jsonl"))
+                       if l.endswith("\n")]
+            if not gathers or any(len(g["ranks"]) != 2 for g in gathers):
+                failures.append(f"ranks.jsonl: expected 2 ranks per gather: {gathers[:1]}")
+            elif any(g["step"] % 5 for g in gathers) or \
+                    set(gathers[-1]["summary"]) < {"step_s", "compute_s", "rss_bytes"}:
+                failures.append(f"ranks.jsonl: bad gather {gathers[-1]}")
+            else:
+                print(f"ok  ranks.jsonl: {len(gathers)} gathers of 2 ranks")
     finally:
         for p in (train, prom):
             try:
