@@ -17,6 +17,7 @@ PACKAGES=(
   libsentencepiece-dev  # tokenizer training and encoding
   libboost1.81-dev   # Boost.Beast + Asio: the HTTP server of hyperion serve
   libcpp-httplib-dev # HTTP client (bench serve, tests)
+  libdw-dev          # elfutils libdw: symbolized stack dumps of crashed and hung ranks
   libgtest-dev libgmock-dev  # tests
   clang-14 libclang-rt-14-dev  # libFuzzer fuzzers (scripts/fuzz.sh)
   libomp-14-dev      # clang's OpenMP runtime (the fuzz build compiles with clang -fopenmp)

@@ -82,8 +82,7 @@ void EventLog::append(double time, std::string_view kind, std::string_view field
                   static_cast<long>(::getpid()), fields.empty() ? "" : ",", fields);
   // One write() per line: O_APPEND makes it land whole after every earlier line.
   const ssize_t n = ::write(fd_, line.data(), line.size());
-  if (n != static_cast<ssize_t>(line.size()) && !warned_) {
-    warned_ = true;
+  if (n != static_cast<ssize_t>(line.size()) && !warned_.exchange(true)) {
     log_warn("event log {}: write failed ({}); goodput for this run will be incomplete", path_,
              n < 0 ? std::strerror(errno) : "short write");
   }

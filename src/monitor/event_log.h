@@ -5,6 +5,7 @@
 // every event it wrote. Writes are not fsynced: the page cache survives the process.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -53,7 +54,7 @@ class EventLog {
   bool writer_ = false;
   bool was_empty_ = true;
   int previous_attempts_ = 0;
-  bool warned_ = false;
+  std::atomic<bool> warned_{false};  // the hang watchdog writes from its own thread
 };
 
 }  // namespace hyperion::monitor

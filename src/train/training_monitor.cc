@@ -4,10 +4,12 @@
 
 #include <cmath>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "base/error.h"
 #include "base/log.h"
 #include "monitor/run_files.h"
+#include "monitor/stack_dump.h"
 
 namespace hyperion {
 
@@ -69,10 +71,25 @@ TrainingMonitor::TrainingMonitor(const TrainConfig& t, dist::Communicator& comm,
     log_info("monitor: rank {} serves Prometheus metrics on http://{}:{}/metrics", rank_, host_,
              port);
   }
+  // Stack dumps: on fatal signals (with a crash event in the log) and when no step
+  // finishes for hang_timeout_s.
+  const std::string stacks = run_dir + "/" + monitor::kStacksDir;
+  monitor::install_crash_handlers(stacks, rank_, events_->fd());
+  crash_handlers_ = true;
+  watchdog_ = std::make_unique<monitor::HangWatchdog>(
+      t.monitor.hang_timeout_s, stacks, rank_, t.monitor.abort_on_hang,
+      [this](const std::string& path, int64_t step) {
+        events_->write_any_rank("hang", fmt::format("\"rank\":{},\"step\":{},\"path\":{}", rank_,
+                                                    step, nlohmann::json(path).dump()));
+      });
   sample_host();
 }
 
-TrainingMonitor::~TrainingMonitor() = default;
+TrainingMonitor::~TrainingMonitor() {
+  watchdog_.reset();
+  // The handlers hold events_'s descriptor, closed with it.
+  if (crash_handlers_) monitor::uninstall_crash_handlers();
+}
 
 monitor::Gauge& TrainingMonitor::gauge(const std::string& name, const std::string& help) {
   return registry_.gauge(name, help, labels_);
@@ -92,12 +109,15 @@ void TrainingMonitor::restore_started() {
 void TrainingMonitor::restore_done(int64_t step, double seconds) {
   if (!enabled_) return;
   events_->write("restore_end", fmt::format("\"step\":{}", step));
+  watchdog_->heartbeat(step);
   gauge("hyperion_train_checkpoint_restore_seconds", "seconds the last checkpoint restore took")
       .set(seconds);
 }
 
 void TrainingMonitor::init_done() {
-  if (enabled_) events_->write("init_done");
+  if (!enabled_) return;
+  events_->write("init_done");
+  watchdog_->heartbeat(watchdog_->last_step());
 }
 
 void TrainingMonitor::step_started(int64_t step) {
@@ -106,6 +126,7 @@ void TrainingMonitor::step_started(int64_t step) {
 
 void TrainingMonitor::step_done(const StepMetrics& m) {
   if (!enabled_) return;
+  watchdog_->heartbeat(m.step);
   events_->write("step_end",
                  fmt::format("\"step\":{},\"data_wait_s\":{:.6f}", m.step, m.data_wait_s));
   const double compute_s = std::max(0.0, m.step_s - m.data_wait_s - m.comm_wait_s);
@@ -252,6 +273,7 @@ void TrainingMonitor::save_started(int64_t step) {
 void TrainingMonitor::save_done(int64_t step, double seconds) {
   if (!enabled_) return;
   events_->write("checkpoint_save_end", fmt::format("\"step\":{}", step));
+  watchdog_->heartbeat(step);  // a slow save is progress, not a hang
   gauge("hyperion_train_checkpoint_save_seconds",
         "training-thread seconds blocked by the last checkpoint save")
       .set(seconds);
@@ -266,7 +288,9 @@ void TrainingMonitor::eval_started() {
 }
 
 void TrainingMonitor::eval_done() {
-  if (enabled_) events_->write("eval_end");
+  if (!enabled_) return;
+  events_->write("eval_end");
+  watchdog_->heartbeat(watchdog_->last_step());
 }
 
 void TrainingMonitor::finished(int64_t step, bool job_end) {

@@ -18,6 +18,7 @@
 
 #include "dist/communicator.h"
 #include "monitor/event_log.h"
+#include "monitor/hang_watchdog.h"
 #include "monitor/host_stats.h"
 #include "monitor/metrics_exporter.h"
 #include "monitor/metrics_registry.h"
@@ -70,6 +71,9 @@ class TrainingMonitor {
   monitor::MetricsRegistry registry_;
   std::unique_ptr<monitor::MetricsExporter> exporter_;
   std::unique_ptr<monitor::EventLog> events_;
+  bool crash_handlers_ = false;
+  // Declared after events_: its thread may write a hang event until it is joined.
+  std::unique_ptr<monitor::HangWatchdog> watchdog_;
   monitor::HostStatsSampler host_sampler_;
   monitor::HostReading last_host_;
   dist::CollectiveStats last_collectives_[dist::kNumCollectives];

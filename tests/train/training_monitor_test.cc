@@ -9,10 +9,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -32,11 +35,23 @@ int free_port() {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  if (s < 0 || ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ADD_FAILURE() << "cannot bind a loopback socket";
+    if (s >= 0) ::close(s);
+    return 0;
+  }
   socklen_t len = sizeof a;
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  if (::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    ADD_FAILURE() << "getsockname failed";
   ::close(s);
   return ntohs(a.sin_port);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 std::vector<nlohmann::json> json_lines(const std::string& path) {
@@ -161,6 +176,24 @@ TEST(TrainingMonitor, CrashAndResumeAreAccountedInGoodput) {
   const auto second = run_cli("train" + args);
   ASSERT_EQ(second.code, 0) << second.out;
   EXPECT_NE(second.out.find("resume: from"), std::string::npos) << second.out;
+  // The abort left every thread's stack and a crash event.
+  std::vector<std::string> dumps;
+  for (const auto& e : std::filesystem::directory_iterator(root + "/crash/stacks"))
+    dumps.push_back(e.path().string());
+  ASSERT_EQ(dumps.size(), 1u);
+  EXPECT_EQ(std::filesystem::path(dumps[0]).filename().string().rfind("rank-0-", 0), 0u);
+  const std::string dump = read_text(dumps[0]);
+  EXPECT_NE(dump.find("SIGABRT"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("TrainingMonitor::step_done"), std::string::npos) << dump;
+  EXPECT_NE(first.out.find("stacks of"), std::string::npos) << first.out;
+  int crashes = 0;
+  for (const auto& e : json_lines(root + "/crash/events.jsonl"))
+    if (e["event"] == "crash") {
+      ++crashes;
+      EXPECT_EQ(e["signal"], "SIGABRT");
+      EXPECT_EQ(e["rank"], 0);
+    }
+  EXPECT_EQ(crashes, 1);
 
   const monitor::GoodputReport r = monitor::compute_goodput(root + "/crash");
   EXPECT_EQ(r.processes, 2);
@@ -180,6 +213,42 @@ TEST(TrainingMonitor, CrashAndResumeAreAccountedInGoodput) {
   EXPECT_EQ(j["steps_lost"], 1);
   const auto text = run_cli("goodput " + root + "/crash");
   EXPECT_NE(text.out.find("wasted_progress"), std::string::npos) << text.out;
+}
+
+// No step finishes within hang_timeout_s: every stack is dumped and a hang event logged,
+// and the run goes on (abort_on_hang=false).
+TEST(TrainingMonitor, HangDumpsStacksAndLogsAnEvent) {
+  const std::string dir = testing_util::process_temp_root("training_monitor") + "/hang";
+  std::filesystem::create_directories(dir);
+  TrainConfig t;
+  t.monitor.hang_timeout_s = 0.2;
+  auto comm = dist::make_single_process_communicator();
+  {
+    TrainingMonitor mon(t, *comm, dir, monitor::unix_time());
+    mon.step_done(step_metrics(1));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!std::filesystem::exists(dir + "/stacks") && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // The event follows the dump; give it the same grace.
+    auto hang_event = [&] {
+      for (const auto& e : json_lines(dir + "/events.jsonl"))
+        if (e["event"] == "hang") return e;
+      return nlohmann::json();
+    };
+    while (hang_event().is_null() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const nlohmann::json e = hang_event();
+    ASSERT_FALSE(e.is_null());
+    EXPECT_EQ(e["rank"], 0);
+    EXPECT_EQ(e["step"], 1);
+    const std::string path = e["path"];
+    EXPECT_EQ(path.rfind(dir + "/stacks/rank-0-", 0), 0u) << path;
+    const std::string dump = read_text(path);
+    EXPECT_NE(dump.find("hang: no step finished for "), std::string::npos) << dump;
+    EXPECT_NE(dump.find("(last step 1)"), std::string::npos) << dump;
+  }
+  // goodput reads a log with a hang line.
+  EXPECT_NO_THROW(monitor::compute_goodput(dir));
 }
 
 TEST(TrainingMonitor, GoodputCommandErrors) {

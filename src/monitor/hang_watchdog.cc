@@ -1,0 +1,85 @@
+#include "monitor/hang_watchdog.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+
+#include "base/log.h"
+#include "monitor/stack_dump.h"
+
+namespace hyperion::monitor {
+
+HangWatchdog::HangWatchdog(double timeout_s, std::string dir, int rank, bool abort_on_hang,
+                           std::function<void(const std::string&, int64_t)> on_hang)
+    : timeout_ns_(static_cast<int64_t>(timeout_s * 1e9)),
+      dir_(std::move(dir)),
+      rank_(rank),
+      abort_on_hang_(abort_on_hang),
+      on_hang_(std::move(on_hang)),
+      last_beat_ns_(now_ns()) {
+  if (timeout_ns_ > 0) thread_ = std::thread([this] { run(); });
+}
+
+HangWatchdog::~HangWatchdog() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+int64_t HangWatchdog::now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void HangWatchdog::run() {
+  pthread_setname_np(pthread_self(), "hang-watchdog");  // as the dumps list it
+  int64_t last_dump_ns = 0;  // a dump re-arms the clock, as a heartbeat does
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_) {
+    const int64_t since = std::max(last_beat_ns_.load(std::memory_order_relaxed), last_dump_ns);
+    const int64_t now = now_ns();
+    if (now < since + timeout_ns_) {
+      wake_.wait_for(lock, std::chrono::nanoseconds(since + timeout_ns_ - now));
+      continue;
+    }
+    lock.unlock();
+    on_timeout(now - last_beat_ns_.load(std::memory_order_relaxed));
+    lock.lock();
+    last_dump_ns = now_ns();
+  }
+}
+
+void HangWatchdog::on_timeout(int64_t silent_ns) {
+  const int64_t step = last_step_.load(std::memory_order_relaxed);
+  const std::string reason =
+      fmt::format("hang: no step finished for {:.1f} s (last step {})", silent_ns * 1e-9,
+                  step < 0 ? std::string("none") : std::to_string(step));
+  std::string path;
+  try {
+    path = dump_all_stacks(dir_, rank_, reason);
+    log_warn("rank {}: {}; stacks of every thread written to {}", rank_, reason, path);
+  } catch (const std::exception& e) {
+    log_warn("rank {}: {}; the stack dump failed: {}", rank_, reason, e.what());
+  }
+  if (on_hang_) {
+    try {
+      on_hang_(path, step);
+    } catch (const std::exception& e) {
+      log_warn("rank {}: hang callback failed: {}", rank_, e.what());
+    }
+  }
+  if (abort_on_hang_) {
+    log_error("rank {}: aborting after a hang (abort_on_hang)", rank_);
+    mark_abort_after_hang();  // the crash handler then writes no second dump
+    std::abort();
+  }
+}
+
+}  // namespace hyperion::monitor
