@@ -28,6 +28,7 @@ PACKAGES=(
   libopenblas-dev    # GEMM comparison benchmark only (never linked into libhyperion)
   libopenmpi-dev openmpi-bin  # MPI: multi-process training (hyperion train --nproc)
   python3-torch      # reference tests and bench/compare_torch.py only (/usr/bin/python3)
+  chromium           # headless browser: the hyperion monitor test checks that its page draws
   prometheus         # the monitoring integration test scrapes a 2-rank run with it
 )
 
@@ -43,14 +44,40 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: all ${#PACKAGES[@]} packages already installed"
-  exit 0
-fi
-
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "setup: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+apt_install() {
+  echo "setup: installing $*"
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "$@"
+}
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#PACKAGES[@]} packages already installed"
+else
+  apt_install "${missing[@]}"
+fi
+
+# hyperion monitor's page embeds uPlot, which the build reads from web/node_modules
+# (cmake/web_assets.cmake): installed from npm's registry at the version web/package-lock.json
+# pins, not copied into the repository. `npm ci` runs only when the installed version is
+# missing or differs; the machine's npm, or Debian's when there is none.
+web="$(cd "$(dirname "$0")/.." && pwd)/web"
+json_value() {  # FILE KEY...: the value at that path, empty when absent
+  python3 -c 'import json, sys
+try:
+    v = json.load(open(sys.argv[1]))
+    for k in sys.argv[2:]: v = v[k]
+    print(v)
+except Exception: pass' "$@"
+}
+locked=$(json_value "$web/package-lock.json" packages node_modules/uplot version)
+installed=$(json_value "$web/node_modules/uplot/package.json" version)
+if [ "$installed" = "$locked" ]; then
+  echo "setup: web/node_modules has uplot $locked"
+else
+  command -v npm >/dev/null || apt_install npm
+  echo "setup: npm ci --prefix web (uplot ${installed:-missing}, locked $locked)"
+  npm ci --prefix "$web" --no-audit --no-fund
+fi

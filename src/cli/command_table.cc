@@ -18,6 +18,7 @@ const std::vector<Command>& all_commands() {
       {&kBenchServeSpec, cmd_bench_serve},
       {&kBenchDecodeSpec, cmd_bench_decode},
       {&kGoodputSpec, cmd_goodput},
+      {&kMonitorSpec, cmd_monitor},
       {&kInfoSpec, cmd_info},
   };
   return table;

@@ -40,6 +40,7 @@ HYPERION_DECLARE_COMMAND(cmd_bench_moe, kBenchMoeSpec)
 HYPERION_DECLARE_COMMAND(cmd_bench_serve, kBenchServeSpec)
 HYPERION_DECLARE_COMMAND(cmd_bench_decode, kBenchDecodeSpec)
 HYPERION_DECLARE_COMMAND(cmd_goodput, kGoodputSpec)
+HYPERION_DECLARE_COMMAND(cmd_monitor, kMonitorSpec)
 HYPERION_DECLARE_COMMAND(cmd_info, kInfoSpec)
 
 #undef HYPERION_DECLARE_COMMAND
