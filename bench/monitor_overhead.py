@@ -6,7 +6,7 @@ client that connects, sends half a request and stalls: a dead scrape target), al
 --repeats times. Reports the mean step time after the first --warmup steps of each run, the
 medians per mode and the overhead in percent. Prints one JSON object.
 
-  python3 bench/monitor_overhead.py --hyperion build/release/hyperion
+  python3 bench/monitor_overhead.py --hyperion build/release/hyperion [--nproc 2]
 """
 import argparse, json, os, socket, statistics, subprocess, sys, tempfile, threading, time
 import urllib.request
@@ -22,7 +22,10 @@ def free_port():
 
 def run(a, root, name, monitored):
     port = free_port()
-    cmd = [a.hyperion, "train", a.config, f"steps={a.steps}", f"log_period={a.log_period}",
+    cmd = [a.hyperion, "train", a.config]
+    if a.nproc > 1:
+        cmd += ["--nproc", str(a.nproc)] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    cmd += [f"steps={a.steps}", f"log_period={a.log_period}",
            "sample_count=0", "eval_batches=1", "enable_checkpointing=false", "peak_tflops=1",
            f"base_output_directory={root}", f"run_name={name}"] + a.overrides
     cmd += [f"metrics_port={port}", "metrics_host=127.0.0.1"] if monitored else \
@@ -69,6 +72,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hyperion", default="build/release/hyperion")
     ap.add_argument("--config", default="tiny")
+    ap.add_argument("--nproc", type=int, default=1, help="ranks (train --nproc); rank 0 is scraped")
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--log-period", type=int, default=10)
@@ -86,7 +90,7 @@ def main():
         scrapes += n
     m_off, m_on = statistics.median(off), statistics.median(on)
     print(json.dumps({
-        "config": a.config, "steps": a.steps, "log_period": a.log_period,
+        "config": a.config, "nproc": a.nproc, "steps": a.steps, "log_period": a.log_period,
         "step_s_off": off, "step_s_on": on,
         "median_step_s_off": m_off, "median_step_s_on": m_on,
         "overhead_percent": 100.0 * (m_on - m_off) / m_off,

@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 
@@ -21,9 +23,11 @@ double unix_time() {
 }
 
 double process_launch_time() {
-  // Field 22 of /proc/self/stat: start time in clock ticks after boot; "btime" in
-  // /proc/stat: boot time in Unix seconds. The command name (field 2) may hold spaces
-  // and parentheses, so fields are counted after its last ')'.
+  // Field 22 of /proc/self/stat: start time in clock ticks after boot (CLOCK_BOOTTIME).
+  // It is turned into Unix time through the current boot-time clock, not /proc/stat's
+  // "btime", which is whole seconds: a restarted process could otherwise seem to start
+  // up to a second before its predecessor died. The command name (field 2) may hold
+  // spaces and parentheses, so fields are counted after its last ')'.
   std::ifstream stat("/proc/self/stat");
   std::string line;
   if (!std::getline(stat, line)) return unix_time();
@@ -34,15 +38,15 @@ double process_launch_time() {
   unsigned long long start_ticks = 0;
   for (int i = 3; i <= 22 && rest >> field; ++i)
     if (i == 22) start_ticks = std::strtoull(field.c_str(), nullptr, 10);
-  std::ifstream boot("/proc/stat");
-  long long btime = 0;
-  while (std::getline(boot, line))
-    if (line.rfind("btime ", 0) == 0) btime = std::atoll(line.c_str() + 6);
   const long ticks = sysconf(_SC_CLK_TCK);
-  if (start_ticks == 0 || btime <= 0 || ticks <= 0) return unix_time();
-  const double t = static_cast<double>(btime) + static_cast<double>(start_ticks) / double(ticks);
-  // Boot time is whole seconds and may be adjusted since boot: never after now.
-  return std::min(t, unix_time());
+  timespec boot{};
+  if (start_ticks == 0 || ticks <= 0 || clock_gettime(CLOCK_BOOTTIME, &boot) != 0)
+    return unix_time();
+  const double now = unix_time();
+  const double since_boot =
+      static_cast<double>(boot.tv_sec) + 1e-9 * static_cast<double>(boot.tv_nsec);
+  const double age = since_boot - static_cast<double>(start_ticks) / double(ticks);
+  return now - std::max(0.0, age);
 }
 
 EventLog::EventLog(const std::string& run_dir, bool writer)

@@ -14,8 +14,8 @@ namespace hyperion::monitor {
 
 // Now, as Unix seconds with microseconds.
 double unix_time();
-// When the OS started this process (Unix seconds; from /proc/self/stat and the boot time
-// in /proc/stat), or unix_time() if /proc does not say.
+// When the OS started this process (Unix seconds, to the clock tick, 10 ms; from
+// /proc/self/stat and the boot-time clock), or unix_time() if /proc does not say.
 double process_launch_time();
 
 class EventLog {

@@ -1,6 +1,7 @@
 #include "monitor/event_log.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -53,6 +54,31 @@ TEST(EventLog, LaunchTimeIsThisProcesssStart) {
   const double launch = process_launch_time(), now = unix_time();
   EXPECT_LE(launch, now);
   EXPECT_GT(launch, now - 24 * 3600.0);  // a test process is younger than a day
+}
+
+// A process started now says so to the clock tick (10 ms), not to /proc/stat's whole
+// seconds of boot time: a restarted rank must not seem to start before its predecessor
+// died.
+TEST(EventLog, LaunchTimeOfANewProcessIsToTheTick) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const double before = unix_time();
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const double t[2] = {process_launch_time(), unix_time()};
+    const bool ok = ::write(fds[1], t, sizeof t) == static_cast<ssize_t>(sizeof t);
+    ::_exit(ok ? 0 : 1);
+  }
+  ::close(fds[1]);
+  double t[2] = {0, 0};
+  const ssize_t n = ::read(fds[0], t, sizeof t);
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_EQ(n, static_cast<ssize_t>(sizeof t));
+  EXPECT_GE(t[0], before - 0.02);  // one tick each way for rounding
+  EXPECT_LE(t[0], t[1]);
 }
 
 TEST(EventLog, UnopenableFileNamesIt) {
