@@ -19,6 +19,16 @@ const std::vector<Command>& all_commands() {
       {&kBenchDecodeSpec, cmd_bench_decode},
       {&kGoodputSpec, cmd_goodput},
       {&kMonitorSpec, cmd_monitor},
+      {&kClusterCreateSpec, cmd_cluster_create},
+      {&kClusterDeleteSpec, cmd_cluster_delete},
+      {&kClusterListSpec, cmd_cluster_list},
+      {&kClusterDescribeSpec, cmd_cluster_describe},
+      {&kClusterSuperviseSpec, cmd_cluster_supervise},
+      {&kWorkloadCreateSpec, cmd_workload_create},
+      {&kWorkloadListSpec, cmd_workload_list},
+      {&kWorkloadDeleteSpec, cmd_workload_delete},
+      {&kWorkloadStatusSpec, cmd_workload_status},
+      {&kWorkloadLogsSpec, cmd_workload_logs},
       {&kInfoSpec, cmd_info},
   };
   return table;

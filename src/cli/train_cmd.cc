@@ -17,6 +17,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "dist/communicator.h"
+#include "dist/mpirun_command.h"
 #include "model/llama_config.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
@@ -68,20 +69,14 @@ namespace {
       "train --nproc: running as root, which Open MPI refuses by default; pass "
       "--allow-run-as-root to allow it");
   const int cores = hardware_cores();
-  const int threads = std::max<int>(1, cores / static_cast<int>(nproc));
-  std::vector<std::string> cmd = {"mpirun", "-np", std::to_string(nproc)};
-  if (allow_root) cmd.push_back("--allow-run-as-root");
-  if (nproc <= cores) {
-    // Each rank on its own cores (threads cores per rank).
-    cmd.insert(cmd.end(), {"--map-by", fmt::format("slot:PE={}", threads), "--bind-to", "core"});
-  } else {
-    cmd.insert(cmd.end(), {"--oversubscribe", "--bind-to", "none"});
-  }
-  cmd.insert(cmd.end(), {"-x", fmt::format("OMP_NUM_THREADS={}", threads), "-x",
-                         fmt::format("HYPERION_THREADS={}", threads)});
+  dist::MpirunOptions o;
+  o.nproc = static_cast<int>(nproc);
+  o.threads_per_rank = std::max<int>(1, cores / o.nproc);
+  o.allow_root = allow_root;
+  std::vector<std::string> program;
   // This binary's real path (mpirun would resolve /proc/self/exe to itself).
-  cmd.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
-  cmd.push_back("train");
+  program.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
+  program.push_back("train");
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--nproc") {
@@ -89,8 +84,9 @@ namespace {
       continue;
     }
     if (a.rfind("--nproc=", 0) == 0 || a == "--allow-run-as-root") continue;
-    cmd.push_back(a);
+    program.push_back(a);
   }
+  std::vector<std::string> cmd = dist::mpirun_command(o, cores, program);
   std::vector<char*> argv;
   for (std::string& c : cmd) argv.push_back(c.data());
   argv.push_back(nullptr);

@@ -1,0 +1,292 @@
+// `hyperion cluster` and `hyperion workload` end to end on the local backend (issue 18):
+// real supervisors, real processes, real 2-rank training under mpirun.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../train/train_test_util.h"
+#include "cli_test_util.h"
+#include "launch/process_session.h"
+
+namespace hyperion {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing_util::CliResult;
+
+template <typename Fn>
+bool eventually(Fn&& fn, double seconds = 120) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    if (fn()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return fn();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Each test has its own state directory and deletes its clusters (and with them every
+// supervisor and workload process) at the end.
+class WorkloadCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    home_ = testing_util::process_temp_root("workload_cli") + "/" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(home_);
+    fs::create_directories(home_);
+  }
+  void TearDown() override {
+    for (const std::string& c : clusters_) hy("cluster delete --cluster " + c);
+  }
+  CliResult hy(const std::string& args) {
+    return testing_util::run_shell("cd " + home_ + " && HYPERION_HOME=" + home_ + " " +
+                                   HYPERION_CLI_PATH + " " + args + " 2>&1");
+  }
+  void create_cluster(const std::string& name, int cores) {
+    const CliResult r =
+        hy("cluster create --cluster " + name + " --cores " + std::to_string(cores));
+    ASSERT_EQ(r.code, 0) << r.out;
+    clusters_.push_back(name);
+  }
+  json status(const std::string& cluster, const std::string& w) {
+    const CliResult r = hy("workload status --json --cluster " + cluster + " --workload " + w);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return json::parse(r.out, nullptr, false);
+  }
+  bool reaches(const std::string& cluster, const std::string& w, const std::string& state,
+               double seconds = 180) {
+    return eventually([&] { return status(cluster, w).value("state", "") == state; }, seconds);
+  }
+  std::string home_;
+  std::vector<std::string> clusters_;
+};
+
+TEST_F(WorkloadCli, BadNamesAndRequestsAreUsageErrors) {
+  CliResult r = hy("cluster create --cluster Bad_Name");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("cluster name 'Bad_Name' must start with a lowercase letter"),
+            std::string::npos)
+      << r.out;
+  r = hy("cluster create --cluster dev --backend kubernetes");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("'kubernetes'"), std::string::npos) << r.out;
+  r = hy("workload status --cluster nope --workload w");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("no cluster 'nope'"), std::string::npos) << r.out;
+  create_cluster("dev", 1);
+  r = hy("cluster create --cluster dev");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("cluster 'dev' exists"), std::string::npos) << r.out;
+  r = hy("workload create --cluster dev --workload w --nproc 2 --command true");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("needs 2 cores (2 ranks x 1), but cluster dev has 1"), std::string::npos)
+      << r.out;
+  r = hy("workload create --cluster dev --workload " + std::string(41, 'w') + " --command true");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("at most 40"), std::string::npos) << r.out;
+  r = hy("workload create --cluster dev --workload w --command true --priority urgent");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("'urgent'"), std::string::npos) << r.out;
+  r = hy("workload create --cluster dev --workload w --command true --restart-on-exit-codes 1,x");
+  EXPECT_EQ(r.code, 2);
+  r = hy("workload create --cluster dev --workload w");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--command"), std::string::npos) << r.out;
+  r = hy("workload logs --cluster dev --workload ghost");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("no workload 'ghost'"), std::string::npos) << r.out;
+  for (const char* cmd : {"cluster create", "cluster describe", "workload create",
+                          "workload status", "workload logs"}) {
+    r = hy(std::string(cmd) + " --help");
+    EXPECT_EQ(r.code, 0) << cmd;
+    EXPECT_NE(r.out.find("--cluster"), std::string::npos) << r.out;
+  }
+}
+
+TEST_F(WorkloadCli, UserErrorIsNotRestartedAndStatusSaysWhy) {
+  create_cluster("dev", 1);
+  CliResult r =
+      hy("workload create --cluster dev --workload oops --max-restarts 3 --command "
+         "'echo loading the config; echo \"error: no such file\" >&2; exit 1'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_TRUE(reaches("dev", "oops", "failed"));
+  const json s = status("dev", "oops");
+  EXPECT_EQ(s["workload"], "oops");
+  EXPECT_EQ(s["cluster"], "dev");
+  EXPECT_EQ(s["backend"], "local");
+  EXPECT_EQ(s["restarts"], 0);
+  EXPECT_EQ(s["last_exit_code"], 1);
+  EXPECT_NE(s["reason"].get<std::string>().find("exit code 1: a user error, not restarted"),
+            std::string::npos)
+      << s.dump();
+  const std::string lines = s["last_log_lines"].dump();
+  EXPECT_NE(lines.find("error: no such file"), std::string::npos) << lines;
+  r = hy("workload status --cluster dev --workload oops");
+  EXPECT_NE(r.out.find("last output before it:"), std::string::npos) << r.out;
+  r = hy("workload list --cluster dev --json");
+  const json list = json::parse(r.out);
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0]["state"], "failed");
+  // The same name again replaces a finished workload.
+  r = hy("workload create --cluster dev --workload oops --command true");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(reaches("dev", "oops", "succeeded"));
+}
+
+TEST_F(WorkloadCli, QueuedWorkSaysWhatItWaitsFor) {
+  create_cluster("one", 1);
+  ASSERT_EQ(hy("workload create --cluster one --workload first --command 'sleep 300'").code, 0);
+  ASSERT_TRUE(reaches("one", "first", "running"));
+  ASSERT_EQ(hy("workload create --cluster one --workload second --command true").code, 0);
+  ASSERT_TRUE(eventually([&] { return status("one", "second").value("queue_position", 0) == 1; }));
+  const json s = status("one", "second");
+  EXPECT_EQ(s["state"], "queued");
+  EXPECT_NE(s["reason"].get<std::string>().find("waiting for 1 cores: 0 of 1 free; held by first"),
+            std::string::npos)
+      << s.dump();
+  const CliResult d = hy("workload delete --cluster one --workload first --grace-seconds 5");
+  EXPECT_EQ(d.code, 0) << d.out;
+  EXPECT_TRUE(reaches("one", "second", "succeeded"));
+  EXPECT_EQ(status("one", "first")["state"], "deleted");
+  const CliResult describe = hy("cluster describe --cluster one --json");
+  EXPECT_EQ(json::parse(describe.out)["cores_used"], 0) << describe.out;
+}
+
+// A workload whose processes ignore SIGTERM, one in a process group of its own: delete
+// stops them all (SIGKILL after the grace period) and leaves nothing behind.
+TEST_F(WorkloadCli, DeleteLeavesNoProcessBehind) {
+  create_cluster("dev", 1);
+  ASSERT_EQ(hy("workload create --cluster dev --workload stubborn --command "
+               "\"trap '' TERM; python3 -c 'import os, time; os.setpgid(0, 0); time.sleep(300)' "
+               "& sleep 300 & wait\"")
+                .code,
+            0);
+  ASSERT_TRUE(reaches("dev", "stubborn", "running"));
+  const pid_t sid = status("dev", "stubborn")["pid"].get<pid_t>();
+  ASSERT_TRUE(eventually([&] { return launch::session_processes(sid).size() >= 3; }));
+  const std::vector<pid_t> members = launch::session_processes(sid);
+  const auto start = std::chrono::steady_clock::now();
+  const CliResult r = hy("workload delete --cluster dev --workload stubborn --grace-seconds 1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("deleted"), std::string::npos) << r.out;
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 0.9);
+  EXPECT_TRUE(eventually([&] {
+    for (pid_t p : members)
+      if (::kill(p, 0) == 0) return false;
+    return true;
+  }));
+  EXPECT_TRUE(launch::session_processes(sid).empty());
+  const std::string log = slurp(home_ + "/clusters/dev/workloads/stubborn/output.log");
+  EXPECT_NE(log.find("grace period over: SIGKILL"), std::string::npos) << log;
+}
+
+// The training command both tests below run: small, float32, a checkpoint every 25 steps.
+std::string train_command(const std::string& root, const std::string& run, int steps) {
+  std::string cmd = HYPERION_CLI_PATH + std::string(" train");
+  for (const std::string& o : testing_util::small_run_overrides(root, run, "float32", steps))
+    cmd += " " + o;
+  return cmd + " checkpoint_period=25 sample_count=0 eval_batches=1";
+}
+
+json last_metrics(const std::string& run_dir) {
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  return json::parse(last, nullptr, false);
+}
+
+// Rank R's hyperion process in a workload's session (from its MPI environment).
+pid_t rank_process(pid_t sid, int rank) {
+  for (pid_t p : launch::session_processes(sid)) {
+    if (slurp("/proc/" + std::to_string(p) + "/comm") != "hyperion\n") continue;
+    const std::string env = slurp("/proc/" + std::to_string(p) + "/environ");
+    if (env.find("OMPI_COMM_WORLD_RANK=" + std::to_string(rank) + '\0') != std::string::npos)
+      return p;
+  }
+  return 0;
+}
+
+// The issue's drill: rank 1 of a 2-rank training workload is SIGKILLed after the step-50
+// checkpoint; the workload restarts, resumes and ends with the unbroken run's loss.
+TEST_F(WorkloadCli, KilledRankRestartsAndEndsWithTheUnbrokenLoss) {
+  create_cluster("dev", 2);
+  const std::string root = home_ + "/runs";
+  const int steps = 300;
+  ASSERT_EQ(hy("workload create --cluster dev --workload ref --nproc 2 --command '" +
+               train_command(root, "ref", steps) + "'")
+                .code,
+            0);
+  ASSERT_TRUE(reaches("dev", "ref", "succeeded", 600)) << status("dev", "ref").dump();
+  ASSERT_EQ(hy("workload create --cluster dev --workload drill --nproc 2 --max-restarts 2 "
+               "--command '" +
+               train_command(root, "drill", steps) + "'")
+                .code,
+            0);
+  ASSERT_TRUE(eventually([&] { return fs::exists(root + "/drill/checkpoints/50"); }, 600));
+  const pid_t sid = status("dev", "drill")["pid"].get<pid_t>();
+  const pid_t victim = rank_process(sid, 1);
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  ASSERT_TRUE(reaches("dev", "drill", "succeeded", 600)) << status("dev", "drill").dump();
+  const json s = status("dev", "drill");
+  EXPECT_EQ(s["restarts"], 1);
+  EXPECT_EQ(s["attempts"], 2);
+  const std::string log = slurp(home_ + "/clusters/dev/workloads/drill/output.log");
+  EXPECT_NE(log.find("a system failure; restart 1 of 2"), std::string::npos) << log;
+  EXPECT_NE(log.find("resume: from"), std::string::npos) << log;
+  const json ref = last_metrics(root + "/ref"), drill = last_metrics(root + "/drill");
+  EXPECT_EQ(ref["step"], steps);
+  EXPECT_EQ(drill["step"], steps);
+  EXPECT_EQ(drill["loss"], ref["loss"]) << "ref " << ref.dump() << "\ndrill " << drill.dump();
+}
+
+// A high-priority workload that does not fit preempts a low-priority training, which is
+// requeued, resumes from its checkpoint and finishes.
+TEST_F(WorkloadCli, HighPriorityPreemptsLowWhichResumes) {
+  create_cluster("dev", 2);
+  const std::string root = home_ + "/runs";
+  ASSERT_EQ(hy("workload create --cluster dev --workload background --priority low --nproc 2 "
+               "--grace-seconds 5 --command '" +
+               train_command(root, "background", 300) + "'")
+                .code,
+            0);
+  ASSERT_TRUE(eventually([&] { return fs::exists(root + "/background/checkpoints/50"); }, 600));
+  ASSERT_EQ(hy("workload create --cluster dev --workload urgent --priority high --nproc 2 "
+               "--command 'sleep 1'")
+                .code,
+            0);
+  ASSERT_TRUE(reaches("dev", "background", "preempted", 60)) << status("dev", "background").dump();
+  const json p = status("dev", "background");
+  EXPECT_NE(p["reason"].get<std::string>().find("preempted by higher-priority urgent"),
+            std::string::npos)
+      << p.dump();
+  EXPECT_EQ(p["restarts"], 0);
+  EXPECT_TRUE(reaches("dev", "urgent", "succeeded", 120));
+  ASSERT_TRUE(reaches("dev", "background", "succeeded", 600)) << status("dev", "background").dump();
+  const json s = status("dev", "background");
+  EXPECT_EQ(s["preemptions"], 1);
+  EXPECT_EQ(s["restarts"], 0);
+  const std::string log = slurp(home_ + "/clusters/dev/workloads/background/output.log");
+  EXPECT_NE(log.find("resume: from"), std::string::npos) << log;
+  EXPECT_EQ(last_metrics(root + "/background")["step"], 300);
+}
+
+}  // namespace
+}  // namespace hyperion

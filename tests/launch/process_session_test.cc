@@ -1,0 +1,90 @@
+#include "launch/process_session.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "../test_files.h"
+#include "base/error.h"
+
+namespace hyperion::launch {
+namespace {
+
+using testing_util::TempDir;
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+template <typename Fn>
+bool eventually(Fn&& fn, double seconds = 20) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    if (fn()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return fn();
+}
+
+// A session holds the leader, its children and a grandchild that moved to a process
+// group of its own (as Open MPI's ranks do); signal_session reaches every one.
+TEST(ProcessSession, EnvAffinityLogAndEveryMemberSignalled) {
+  TempDir tmp;
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c",
+            "echo \"FOO=$FOO\"; grep Cpus_allowed_list /proc/self/status; pwd; "
+            "python3 -c 'import os, time; os.setpgid(0, 0); time.sleep(100)' & sleep 100"};
+  o.env = {{"FOO", "bar baz"}};
+  o.workdir = tmp.path.string();
+  o.log_path = tmp.file("out.log");
+  o.cpus = {0};
+  const pid_t pid = spawn_session(o);
+  ASSERT_GT(pid, 0);
+  EXPECT_TRUE(eventually([&] { return session_processes(pid).size() >= 3; }))
+      << session_processes(pid).size();
+  EXPECT_TRUE(
+      eventually([&] { return slurp(o.log_path).find(tmp.path.string()) != std::string::npos; }));
+  const std::string log = slurp(o.log_path);
+  EXPECT_NE(log.find("FOO=bar baz"), std::string::npos) << log;
+  EXPECT_NE(log.find("Cpus_allowed_list:\t0\n"), std::string::npos) << log;
+  EXPECT_EQ(getsid(pid), pid);
+  EXPECT_GE(signal_session(pid, SIGKILL), 3);
+  int status = 0;
+  EXPECT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(status));
+  EXPECT_TRUE(eventually([&] { return session_processes(pid).empty(); }));
+}
+
+TEST(ProcessSession, BadWorkdirOrCommandExits127WithAReason) {
+  TempDir tmp;
+  SpawnOptions o;
+  o.argv = {"/bin/true"};
+  o.workdir = tmp.file("missing");
+  o.log_path = tmp.file("out.log");
+  int status = 0;
+  pid_t pid = spawn_session(o);
+  waitpid(pid, &status, 0);
+  EXPECT_EQ(WEXITSTATUS(status), 127);
+  EXPECT_NE(slurp(o.log_path).find("cannot enter the working directory: " + o.workdir),
+            std::string::npos);
+  o.workdir.clear();
+  o.argv = {"/nonexistent/program"};
+  pid = spawn_session(o);
+  waitpid(pid, &status, 0);
+  EXPECT_EQ(WEXITSTATUS(status), 127);
+  EXPECT_NE(slurp(o.log_path).find("cannot run: /nonexistent/program"), std::string::npos);
+  o.log_path = tmp.file("no/such/dir/log");
+  testing_util::expect_error([&] { spawn_session(o); }, {o.log_path});
+}
+
+}  // namespace
+}  // namespace hyperion::launch
