@@ -30,6 +30,7 @@ PACKAGES=(
   python3-torch      # reference tests and bench/compare_torch.py only (/usr/bin/python3)
   chromium           # headless browser: the hyperion monitor test checks that its page draws
   prometheus         # the monitoring integration test scrapes a 2-rank run with it
+  slurm-wlm munge    # the Slurm backend's integration test runs a one-node Slurm
 )
 
 if [ "${1:-}" = "--list" ]; then

@@ -210,15 +210,13 @@ const CommandSpec kBenchMoeSpec = {
 
 int cmd_bench_moe(const Args& args) {
   const Flags f(kBenchMoeSpec, args);
-  HYP_USAGE_CHECK(f.positional().empty(), "bench moe: unexpected argument '{}'",
-                  f.positional()[0]);
+  HYP_USAGE_CHECK(f.positional().empty(), "bench moe: unexpected argument '{}'", f.positional()[0]);
   const std::string suite = f.get("suite", "all");
   HYP_USAGE_CHECK(suite == "all" || suite == "layer" || suite == "paths" || suite == "scaling",
                   "bench moe: --suite must be layer, paths, scaling or all; got '{}'", suite);
   const std::string config = f.get("config", "moe-e8");
   const int64_t steps = f.integer("steps", 5), warmup = f.integer("warmup", 2);
-  HYP_USAGE_CHECK(steps >= 1 && warmup >= 0,
-                  "bench moe: --steps must be >= 1 and --warmup >= 0");
+  HYP_USAGE_CHECK(steps >= 1 && warmup >= 0, "bench moe: --steps must be >= 1 and --warmup >= 0");
   const bool as_json = f.has("json");
   double peak_gflops = f.number("peak-tflops", 0) * 1e3;
   if (peak_gflops <= 0) peak_gflops = measure_peak(0.2).bf16_gflops;

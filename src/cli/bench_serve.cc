@@ -107,8 +107,7 @@ int cmd_bench_serve(const Args& args) {
                   "bench serve: --endpoint must start with '/', got '{}'", opts.endpoint);
   opts.model = f.get("model");
   opts.request_rate = f.number("request-rate", INFINITY);
-  HYP_USAGE_CHECK(opts.request_rate > 0,
-                  "bench serve: --request-rate must be > 0 or inf, got '{}'",
+  HYP_USAGE_CHECK(opts.request_rate > 0, "bench serve: --request-rate must be > 0 or inf, got '{}'",
                   f.get("request-rate"));
   opts.max_concurrency = f.has("max-concurrency") ? positive(f, "max-concurrency", 1) : 0;
   opts.temperature = f.number("temperature", 0.0);
@@ -155,18 +154,15 @@ int cmd_bench_serve(const Args& args) {
   opts.model = model.id;
   const serve::PromptShape shape = serve::fit_shape(asked, model.max_model_len);
   if (shape.max_input_len != asked.max_input_len || shape.max_output_len != asked.max_output_len)
-    std::fprintf(stderr,
-                 "bench serve: the server's max_model_len is %lld: inputs %lld..%lld and outputs "
-                 "%lld..%lld tokens (asked %lld..%lld and %lld..%lld)\n",
-                 static_cast<long long>(model.max_model_len),
-                 static_cast<long long>(shape.min_input_len),
-                 static_cast<long long>(shape.max_input_len),
-                 static_cast<long long>(shape.min_output_len),
-                 static_cast<long long>(shape.max_output_len),
-                 static_cast<long long>(asked.min_input_len),
-                 static_cast<long long>(asked.max_input_len),
-                 static_cast<long long>(asked.min_output_len),
-                 static_cast<long long>(asked.max_output_len));
+    std::fprintf(
+        stderr,
+        "bench serve: the server's max_model_len is %lld: inputs %lld..%lld and outputs "
+        "%lld..%lld tokens (asked %lld..%lld and %lld..%lld)\n",
+        static_cast<long long>(model.max_model_len), static_cast<long long>(shape.min_input_len),
+        static_cast<long long>(shape.max_input_len), static_cast<long long>(shape.min_output_len),
+        static_cast<long long>(shape.max_output_len), static_cast<long long>(asked.min_input_len),
+        static_cast<long long>(asked.max_input_len), static_cast<long long>(asked.min_output_len),
+        static_cast<long long>(asked.max_output_len));
 
   std::vector<serve::BenchRequest> requests;
   std::string source;

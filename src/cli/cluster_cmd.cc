@@ -14,12 +14,14 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "base/threads.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "launch/cluster_store.h"
 #include "launch/local_supervisor.h"
 #include "launch/process_session.h"
+#include "launch/slurm_backend.h"
 
 namespace hyperion::cli {
 
@@ -41,14 +43,19 @@ struct ClusterUsage {
   std::vector<std::pair<launch::WorkloadSpec, launch::WorkloadStatus>> workloads;
 };
 
-ClusterUsage usage_of(const launch::ClusterStore& store, const std::string& cluster) {
+ClusterUsage usage_of(const launch::ClusterStore& store, const launch::ClusterSpec& c) {
   ClusterUsage u;
-  for (const std::string& w : store.workloads(cluster)) {
+  for (const std::string& w : store.workloads(c.name)) {
     try {
-      launch::WorkloadSpec spec = store.load_spec(cluster, w);
-      launch::WorkloadStatus st = store.load_status(cluster, w);
+      launch::WorkloadSpec spec = store.load_spec(c.name, w);
+      launch::WorkloadStatus st = c.backend == launch::Backend::kSlurm
+                                      ? launch::slurm::live_status(store, c, spec)
+                                      : store.load_status(c.name, w);
       ++u.by_state[launch::state_name(st.state)];
-      u.cores_used += static_cast<int>(st.cpus.size());
+      if (c.backend == launch::Backend::kSlurm)
+        u.cores_used += st.state == launch::WorkloadState::kRunning ? spec.cores() : 0;
+      else
+        u.cores_used += static_cast<int>(st.cpus.size());
       u.workloads.emplace_back(std::move(spec), std::move(st));
     } catch (const Error&) {
       ++u.by_state["unreadable"];
@@ -57,9 +64,24 @@ ClusterUsage usage_of(const launch::ClusterStore& store, const std::string& clus
   return u;
 }
 
+// CPUs of a Slurm cluster's nodes, each node once (sinfo lists it per partition).
+int slurm_cpus(const nlohmann::json& described) {
+  std::map<std::string, int> cpus;
+  for (const auto& n : described["nodes"])
+    cpus[n["node"].get<std::string>()] = n["cpus"].get<int>();
+  int total = 0;
+  for (const auto& [node, n] : cpus) total += n;
+  return total;
+}
+
 nlohmann::json cluster_json(const launch::ClusterStore& store, const launch::ClusterSpec& c) {
   nlohmann::json j = launch::to_json(c);
-  const ClusterUsage u = usage_of(store, c.name);
+  if (c.backend == launch::Backend::kSlurm) try {
+      j["cores"] = slurm_cpus(launch::slurm::describe(c));  // the partitions' nodes now
+    } catch (const Error& e) {
+      j["slurm_error"] = e.what();
+    }
+  const ClusterUsage u = usage_of(store, c);
   j["supervisor_running"] =
       c.backend == launch::Backend::kLocal && launch::supervisor_alive(store, c.name);
   j["cores_used"] = u.cores_used;
@@ -77,9 +99,14 @@ const CommandSpec kClusterCreateSpec = {
     {{"cluster", "NAME", "the cluster's name (lowercase letters, digits, '-'; at most 40)"},
      {"backend", "B", "local (default) or slurm"},
      {"cores", "N", "local: cores in the pool (default: all of this machine's)"},
+     {"partition", "P", "slurm: use this existing partition (P-low and P-high too if they exist)"},
+     {"nodes", "LIST", "slurm: nodes of the partitions it creates (default ALL)"},
      {"json", "", "print the cluster as one JSON object"}},
     std::string("The local backend starts a supervisor process that owns the cluster's "
-                "workloads and keeps running after this command returns. ") +
+                "workloads and keeps running after this command returns. The slurm backend "
+                "uses --partition, or creates NAME-low, NAME and NAME-high (priority tiers "
+                "1-3, which preempt with PreemptType=preempt/partition_prio) with scontrol, "
+                "which needs a Slurm administrator; SLURM_CONF is honoured. ") +
         kStateDetails,
     "cluster create --cluster dev --backend local --cores 2"};
 
@@ -129,27 +156,44 @@ int cmd_cluster_create(const Args& args) {
         "hyperion cluster delete --cluster {}",
         name, launch::backend_name(old.backend), old.cores, store.cluster_dir(name), name);
   }
-  HYP_USAGE_CHECK(backend == launch::Backend::kLocal,
-                  "cluster create --backend slurm: not available in this build yet; use "
-                  "--backend local");
   launch::ClusterSpec c;
   c.name = name;
   c.backend = backend;
-  const int machine = hardware_cores();
-  const int64_t cores = f.integer("cores", machine);
-  HYP_USAGE_CHECK(cores >= 1 && cores <= machine,
-                  "--cores must be between 1 and this machine's {} cores, got {}", machine, cores);
-  c.cores = static_cast<int>(cores);
   c.created =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  store.save_cluster(c);
-  launch::start_supervisor(store, name, self_exe());
+  if (backend == launch::Backend::kSlurm) {
+    HYP_USAGE_CHECK(!f.has("cores"),
+                    "--cores is for the local backend; a Slurm cluster's "
+                    "resources are its partition's nodes");
+    launch::slurm::check_reachable();
+    launch::slurm::setup_partitions(c, f.get("partition"), f.get("nodes", "ALL"));
+    c.cores = slurm_cpus(launch::slurm::describe(c));
+    store.save_cluster(c);
+  } else {
+    HYP_USAGE_CHECK(!f.has("partition") && !f.has("nodes"),
+                    "--partition and --nodes are for the slurm backend");
+    const int machine = hardware_cores();
+    const int64_t cores = f.integer("cores", machine);
+    HYP_USAGE_CHECK(cores >= 1 && cores <= machine,
+                    "--cores must be between 1 and this machine's {} cores, got {}", machine,
+                    cores);
+    c.cores = static_cast<int>(cores);
+    store.save_cluster(c);
+    launch::start_supervisor(store, name, self_exe());
+  }
   if (f.has("json")) {
     std::printf("%s\n", cluster_json(store, c).dump().c_str());
     return 0;
   }
-  std::printf("cluster %s: local, %d cores (0-%d), supervisor running; state in %s\n", name.c_str(),
-              c.cores, c.cores - 1, store.cluster_dir(name).c_str());
+  if (backend == launch::Backend::kSlurm)
+    std::printf("cluster %s: slurm, partitions %s%s%s (%d CPUs); state in %s\n", name.c_str(),
+                c.partition_low.empty() ? "" : (c.partition_low + ", ").c_str(),
+                c.partition.c_str(),
+                c.partition_high.empty() ? "" : (", " + c.partition_high).c_str(), c.cores,
+                store.cluster_dir(name).c_str());
+  else
+    std::printf("cluster %s: local, %d cores (0-%d), supervisor running; state in %s\n",
+                name.c_str(), c.cores, c.cores - 1, store.cluster_dir(name).c_str());
   return 0;
 }
 
@@ -164,7 +208,16 @@ int cmd_cluster_delete(const Args& args) {
       grace = std::max(grace, store.load_spec(name, w).grace_s);
     } catch (const Error&) {
     }
-  if (launch::supervisor_alive(store, name)) {
+  if (c.backend == launch::Backend::kSlurm) {
+    for (const std::string& w : store.workloads(name)) try {
+        const launch::WorkloadSpec spec = store.load_spec(name, w);
+        if (!launch::is_final(launch::slurm::live_status(store, c, spec).state))
+          launch::slurm::delete_workload(store, c, spec, spec.grace_s);
+      } catch (const Error& e) {
+        log_warn("cluster {}: workload {}: {}", name, w, e.what());
+      }
+    launch::slurm::delete_partitions(c);
+  } else if (launch::supervisor_alive(store, name)) {
     // The supervisor stops every workload (SIGTERM, SIGKILL after its grace period).
     HYP_CHECK(launch::stop_supervisor(store, name, grace + 30),
               "cluster {}: the supervisor did not stop within {} s; see {}/supervisor.log", name,
@@ -227,10 +280,11 @@ int cmd_cluster_describe(const Args& args) {
   launch::ClusterStore store;
   const launch::ClusterSpec c = store.load_cluster(name);
   nlohmann::json j = cluster_json(store, c);
-  const ClusterUsage u = usage_of(store, name);
+  const ClusterUsage u = usage_of(store, c);
   nlohmann::json ws = nlohmann::json::array();
   for (const auto& [spec, st] : u.workloads) ws.push_back(launch::status_json(spec, c.backend, st));
   j["workload_list"] = ws;
+  if (c.backend == launch::Backend::kSlurm) j["slurm"] = launch::slurm::describe(c);
   if (f.has("json")) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
@@ -238,11 +292,22 @@ int cmd_cluster_describe(const Args& args) {
   std::string out = fmt::format(
       "cluster     {}\nbackend     {}\ncores       {} ({} in use)\nsupervisor  {}\nstate dir   "
       "{}\n",
-      name, launch::backend_name(c.backend), c.cores, u.cores_used,
-      j["supervisor_running"].get<bool>() ? "running"
-                                          : "not running (started again by the next "
-                                            "workload create)",
+      name, launch::backend_name(c.backend), j["cores"].get<int>(), u.cores_used,
+      c.backend == launch::Backend::kSlurm ? "none (Slurm schedules the workloads)"
+      : j["supervisor_running"].get<bool>()
+          ? "running"
+          : "not running (started again by the next workload create)",
       store.cluster_dir(name));
+  if (j.contains("slurm")) {
+    const auto& sl = j["slurm"];
+    out += fmt::format("partitions  {} (preemption by priority: {})\n", sl["partitions"].dump(),
+                       sl["preemption"].get<bool>() ? "yes" : "no");
+    for (const auto& n : sl["nodes"])
+      out += fmt::format("  node {:<16} {} CPUs (alloc/idle/other/total {})  {}  partition {}\n",
+                         n["node"].get<std::string>(), n["cpus"].get<int>(),
+                         n["cpus_alloc_idle_other_total"].get<std::string>(),
+                         n["state"].get<std::string>(), n["partition"].get<std::string>());
+  }
   out += fmt::format("workloads   {}\n", u.workloads.size());
   for (const auto& [spec, st] : u.workloads)
     out += fmt::format("  {:<24} {:<10} {:<6} {} rank(s) x {} core(s)  {}\n", spec.name,

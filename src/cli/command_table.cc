@@ -29,6 +29,7 @@ const std::vector<Command>& all_commands() {
       {&kWorkloadDeleteSpec, cmd_workload_delete},
       {&kWorkloadStatusSpec, cmd_workload_status},
       {&kWorkloadLogsSpec, cmd_workload_logs},
+      {&kWorkloadExecSpec, cmd_workload_exec},
       {&kInfoSpec, cmd_info},
   };
   return table;

@@ -14,14 +14,16 @@ const CommandSpec kDataPrepareSpec = {
     "data prepare",
     "",
     "train a SentencePiece tokenizer on text and write token shards",
-    {{"input", "FILE", "input text: .txt (documents split by '%' or blank lines) or .jsonl "
-                       "({\"text\": ...} per line)",
+    {{"input", "FILE",
+      "input text: .txt (documents split by '%' or blank lines) or .jsonl "
+      "({\"text\": ...} per line)",
       true},
      {"output", "DIR", "output directory, created if missing"},
      {"vocab-size", "N", "tokenizer vocabulary size (default 8192)"},
      {"tokenizer", "MODEL", "use this SentencePiece .model instead of training one"},
-     {"val-fraction", "F", "fraction of documents held out for validation, in [0, 1) (default "
-                           "0.05)"},
+     {"val-fraction", "F",
+      "fraction of documents held out for validation, in [0, 1) (default "
+      "0.05)"},
      {"seed", "N", "seed of the held-out split (default 1234)"},
      {"json", "", "print the summary as one JSON object"}},
     "Writes DIR/{tokenizer.model, train.bin, val.bin, meta.json}; the tokenizer follows "
@@ -33,8 +35,8 @@ namespace {
 // An integer given to `flag`, within [lo, hi].
 int64_t integer_in(const Flags& f, const char* flag, int64_t fallback, double lo, double hi) {
   const int64_t v = f.integer(flag, fallback);
-  HYP_USAGE_CHECK(double(v) >= lo && double(v) <= hi, "data prepare: --{} must be in [{}, {}], got {}",
-                  flag, lo, hi, v);
+  HYP_USAGE_CHECK(double(v) >= lo && double(v) <= hi,
+                  "data prepare: --{} must be in [{}, {}], got {}", flag, lo, hi, v);
   return v;
 }
 
@@ -52,7 +54,8 @@ int cmd_data_prepare(const Args& args) {
   opts.tokenizer_model = f.get("tokenizer");
   opts.val_fraction = f.number("val-fraction", opts.val_fraction);
   HYP_USAGE_CHECK(opts.val_fraction >= 0 && opts.val_fraction < 1,
-                  "data prepare: --val-fraction must be in [0, 1), got '{}'", f.get("val-fraction"));
+                  "data prepare: --val-fraction must be in [0, 1), got '{}'",
+                  f.get("val-fraction"));
   // integers above 2^53 are not exactly representable as parsed
   opts.seed = static_cast<uint64_t>(
       integer_in(f, "seed", static_cast<int64_t>(opts.seed), 0, 9007199254740992.0));

@@ -22,10 +22,10 @@ std::string help_text(const CommandSpec& spec) {
     left.push_back("-h, --help");
     width = std::min<size_t>(std::max(width, left.back().size()), 28);
     for (size_t i = 0; i < left.size(); ++i) {
-      const std::string help = i < spec.flags.size()
-                                    ? spec.flags[i].help +
-                                          (spec.flags[i].repeatable ? " (repeatable)" : "")
-                                    : "show this help";
+      const std::string help =
+          i < spec.flags.size()
+              ? spec.flags[i].help + (spec.flags[i].repeatable ? " (repeatable)" : "")
+              : "show this help";
       if (left[i].size() > width)
         out += fmt::format("  {}\n  {:<{}}  {}\n", left[i], "", width, help);
       else
@@ -60,8 +60,8 @@ Flags::Flags(const CommandSpec& spec, const Args& args) : spec_(spec) {
     // knows: a usage error rather than "no such file '-x'". A negative number passes.
     const bool single_dash = a.size() > 1 && a[0] == '-' && a[1] != '-';
     if (single_dash && !std::isdigit(static_cast<unsigned char>(a[1])) && a[1] != '.')
-      usage_fail("{}: unknown flag {} (flags take two dashes; see hyperion {} --help)",
-                 spec_.name, a, spec_.name);
+      usage_fail("{}: unknown flag {} (flags take two dashes; see hyperion {} --help)", spec_.name,
+                 a, spec_.name);
     if (a.rfind("--", 0) != 0 || a == "--") {
       positional_.push_back(a);
       continue;
@@ -92,7 +92,8 @@ Flags::Flags(const CommandSpec& spec, const Args& args) : spec_(spec) {
     }
     std::vector<std::string>& slot = values_[name];
     HYP_USAGE_CHECK(slot.empty() || f->repeatable || f->value.empty(),
-                    "{}: --{} given twice ('{}' and '{}')", spec_.name, name, slot.empty() ? "" : slot.back(), value);
+                    "{}: --{} given twice ('{}' and '{}')", spec_.name, name,
+                    slot.empty() ? "" : slot.back(), value);
     slot.push_back(std::move(value));
   }
 }
@@ -108,8 +109,8 @@ std::vector<std::string> Flags::all(const std::string& name) const {
 }
 
 std::string Flags::require(const std::string& name) const {
-  HYP_USAGE_CHECK(has(name), "{}: missing required flag --{} (see hyperion {} --help)",
-                  spec_.name, name, spec_.name);
+  HYP_USAGE_CHECK(has(name), "{}: missing required flag --{} (see hyperion {} --help)", spec_.name,
+                  name, spec_.name);
   return get(name);
 }
 
@@ -132,8 +133,8 @@ NameAndOverrides split_positional(const Flags& flags, const char* what) {
     if (a.find('=') != std::string::npos) {
       out.overrides.push_back(a);
     } else {
-      HYP_USAGE_CHECK(out.name.empty(), "{}: expected one {}, got '{}' and '{}'",
-                      flags.spec().name, what, out.name, a);
+      HYP_USAGE_CHECK(out.name.empty(), "{}: expected one {}, got '{}' and '{}'", flags.spec().name,
+                      what, out.name, a);
       out.name = a;
     }
   }
@@ -148,8 +149,7 @@ double parse_number(const std::string& value, const char* flag) {
   } catch (const std::exception&) {
     used = 0;
   }
-  HYP_USAGE_CHECK(used == value.size() && used > 0, "{}: expected a number, got '{}'", flag,
-                  value);
+  HYP_USAGE_CHECK(used == value.size() && used > 0, "{}: expected a number, got '{}'", flag, value);
   return v;
 }
 

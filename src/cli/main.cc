@@ -12,10 +12,10 @@
 #include <new>
 #include <string>
 
-#include "cli/build_info.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/threads.h"
+#include "cli/build_info.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "dist/communicator.h"

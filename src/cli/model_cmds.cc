@@ -86,8 +86,9 @@ const CommandSpec kConvertSpec = {
     {kCheckpointFlag,
      {"to", "FORMAT", "gguf or safetensors"},
      {"type", "T", "GGUF tensor type: f32, f16 (default), bf16 or q8_0"},
-     {"output", "PATH", "output file (gguf; default DIR/model-TYPE.gguf) or directory "
-                        "(safetensors; required)"}},
+     {"output", "PATH",
+      "output file (gguf; default DIR/model-TYPE.gguf) or directory "
+      "(safetensors; required)"}},
     "A sharded (multi-process) checkpoint converts to safetensors first; that output then "
     "converts to gguf.",
     "convert --checkpoint runs/tiny --to gguf --type q8_0"};
@@ -126,8 +127,7 @@ int cmd_eval(const Args& args) {
 
 int cmd_generate(const Args& args) {
   const Flags f(kGenerateSpec, args);
-  HYP_USAGE_CHECK(f.positional().empty(), "generate: unexpected argument '{}'",
-                  f.positional()[0]);
+  HYP_USAGE_CHECK(f.positional().empty(), "generate: unexpected argument '{}'", f.positional()[0]);
   GenerateOptions go;
   go.sampling.temperature = static_cast<float>(f.number("temperature", 0.8));
   go.sampling.top_k = static_cast<int>(f.integer("top-k", 0));
@@ -181,8 +181,7 @@ int cmd_generate(const Args& args) {
 
 int cmd_convert(const Args& args) {
   const Flags f(kConvertSpec, args);
-  HYP_USAGE_CHECK(f.positional().empty(), "convert: unexpected argument '{}'",
-                  f.positional()[0]);
+  HYP_USAGE_CHECK(f.positional().empty(), "convert: unexpected argument '{}'", f.positional()[0]);
   const std::string to = f.require("to");
   HYP_USAGE_CHECK(to == "gguf" || to == "safetensors",
                   "convert: --to must be gguf or safetensors, got '{}'", to);

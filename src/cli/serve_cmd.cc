@@ -25,8 +25,9 @@ const CommandSpec kServeSpec = {
     "OpenAI-compatible HTTP server for a checkpoint (continuous batching, paged KV cache)",
     {{"host", "H", "address to listen on (default 127.0.0.1)"},
      {"port", "P", "port to listen on (default 8000; 0 picks a free one)"},
-     {"drain-timeout", "S", "on SIGTERM/SIGINT, seconds running requests may take to finish "
-                            "(default 30)"},
+     {"drain-timeout", "S",
+      "on SIGTERM/SIGINT, seconds running requests may take to finish "
+      "(default 30)"},
      {"max-connections", "N", "open connections at most; more get 503 (default 1024)"},
      {"header-timeout", "S", "seconds a client has to send a request head (default 10)"},
      {"request-timeout", "S", "seconds a client has to send a request body (default 60)"},
@@ -47,8 +48,7 @@ int cmd_serve(const Args& args) {
   serve::EngineConfig ec = serve::parse_engine_config(overrides);
   const std::string host = f.get("host", "127.0.0.1");
   const int64_t port = f.integer("port", 8000);
-  HYP_USAGE_CHECK(port >= 0 && port <= 65535, "serve: --port must be in [0, 65535], got {}",
-                  port);
+  HYP_USAGE_CHECK(port >= 0 && port <= 65535, "serve: --port must be in [0, 65535], got {}", port);
   auto positive = [&f](const char* name, double fallback) {
     const double v = f.number(name, fallback);
     HYP_USAGE_CHECK(v > 0 && v < 1e7, "serve: --{} must be > 0, got '{}'", name, f.get(name));

@@ -19,6 +19,7 @@
 #include "cli/flags.h"
 #include "launch/cluster_store.h"
 #include "launch/local_supervisor.h"
+#include "launch/slurm_backend.h"
 
 namespace hyperion::cli {
 
@@ -59,6 +60,12 @@ void ensure_supervisor(const Target& t) {
            t.cluster.name, t.store.cluster_dir(t.cluster.name));
   launch::start_supervisor(t.store, t.cluster.name,
                            std::filesystem::read_symlink("/proc/self/exe").string());
+}
+
+launch::WorkloadStatus current_status(const Target& t, const launch::WorkloadSpec& w) {
+  return t.cluster.backend == launch::Backend::kSlurm
+             ? launch::slurm::live_status(t.store, t.cluster, w)
+             : t.store.load_status(t.cluster.name, w.name);
 }
 
 std::vector<int> parse_exit_codes(const std::string& text) {
@@ -162,6 +169,24 @@ const CommandSpec kWorkloadLogsSpec = {
     "Each attempt's start and end are marked by lines beginning '== hyperion workload'.",
     "workload logs --cluster dev --workload llama --follow"};
 
+const CommandSpec kWorkloadExecSpec = {
+    "workload exec",
+    "",
+    "(internal) runs a workload's attempts inside its Slurm batch job",
+    {{"cluster", "NAME", "the cluster"}, {"workload", "NAME", "the workload"}},
+    "The batch script that workload create submits runs this: each attempt is a job step "
+    "(srun), and the restart policy is applied between attempts.",
+    "workload exec --cluster hpc --workload llama"};
+
+int cmd_workload_exec(const Args& args) {
+  const Flags f(kWorkloadExecSpec, args);
+  Target t = target(f, true);
+  HYP_USAGE_CHECK(t.cluster.backend == launch::Backend::kSlurm,
+                  "workload exec runs inside a Slurm batch job; cluster {} is local",
+                  t.cluster.name);
+  return launch::slurm::exec_in_allocation(t.store, t.cluster, t.workload);
+}
+
 int cmd_workload_create(const Args& args) {
   const Flags f(kWorkloadCreateSpec, args);
   Target t = target(f, true);
@@ -196,7 +221,7 @@ int cmd_workload_create(const Args& args) {
   HYP_USAGE_CHECK(w.grace_s >= 0 && w.grace_s <= 86400,
                   "--grace-seconds must be between 0 and 86400, got {}", w.grace_s);
   if (t.store.workload_exists(w.cluster, w.name)) {
-    const launch::WorkloadStatus old = t.store.load_status(w.cluster, w.name);
+    const launch::WorkloadStatus old = current_status(t, t.store.load_spec(w.cluster, w.name));
     HYP_USAGE_CHECK(launch::is_final(old.state),
                     "workload {} exists in cluster {} and is {}; delete it first (hyperion "
                     "workload delete --cluster {} --workload {})",
@@ -206,9 +231,17 @@ int cmd_workload_create(const Args& args) {
   w.created = now_s();
   w.sequence = t.store.next_sequence(w.cluster);
   t.store.save_spec(w);
+  if (t.cluster.backend == launch::Backend::kSlurm) {
+    try {
+      launch::slurm::submit(t.store, t.cluster, w,
+                            std::filesystem::read_symlink("/proc/self/exe").string());
+    } catch (const Error&) {
+      t.store.remove_workload(w.cluster, w.name);  // nothing was submitted
+      throw;
+    }
+  }
   ensure_supervisor(t);
-  const nlohmann::json j =
-      launch::status_json(w, t.cluster.backend, t.store.load_status(w.cluster, w.name));
+  const nlohmann::json j = launch::status_json(w, t.cluster.backend, current_status(t, w));
   if (f.has("json"))
     std::printf("%s\n", j.dump().c_str());
   else
@@ -225,8 +258,8 @@ int cmd_workload_list(const Args& args) {
   Target t = target(f, false);
   nlohmann::json all = nlohmann::json::array();
   for (const std::string& name : t.store.workloads(t.cluster.name)) try {
-      all.push_back(launch::status_json(t.store.load_spec(t.cluster.name, name), t.cluster.backend,
-                                        t.store.load_status(t.cluster.name, name)));
+      const launch::WorkloadSpec w = t.store.load_spec(t.cluster.name, name);
+      all.push_back(launch::status_json(w, t.cluster.backend, current_status(t, w)));
     } catch (const Error& e) {
       all.push_back({{"workload", name}, {"cluster", t.cluster.name}, {"error", e.what()}});
     }
@@ -264,6 +297,12 @@ int cmd_workload_delete(const Args& args) {
   const double grace = f.number("grace-seconds", w.grace_s);
   HYP_USAGE_CHECK(grace >= 0 && grace <= 86400,
                   "--grace-seconds must be between 0 and 86400, got {}", grace);
+  if (t.cluster.backend == launch::Backend::kSlurm) {
+    launch::slurm::delete_workload(t.store, t.cluster, w, grace);
+    std::printf("workload %s deleted: %s\n", t.workload.c_str(),
+                t.store.load_status(t.cluster.name, t.workload).reason.c_str());
+    return 0;
+  }
   t.store.request_delete(t.cluster.name, t.workload, grace);
   ensure_supervisor(t);
   if (f.has("no-wait")) {
@@ -289,9 +328,8 @@ int cmd_workload_delete(const Args& args) {
 int cmd_workload_status(const Args& args) {
   const Flags f(kWorkloadStatusSpec, args);
   Target t = target(f, true);
-  const nlohmann::json j =
-      launch::status_json(t.store.load_spec(t.cluster.name, t.workload), t.cluster.backend,
-                          t.store.load_status(t.cluster.name, t.workload));
+  const launch::WorkloadSpec w = t.store.load_spec(t.cluster.name, t.workload);
+  const nlohmann::json j = launch::status_json(w, t.cluster.backend, current_status(t, w));
   if (f.has("json"))
     std::printf("%s\n", j.dump().c_str());
   else
@@ -302,15 +340,14 @@ int cmd_workload_status(const Args& args) {
 int cmd_workload_logs(const Args& args) {
   const Flags f(kWorkloadLogsSpec, args);
   Target t = target(f, true);
-  t.store.load_spec(t.cluster.name, t.workload);  // names the workload when missing
+  const launch::WorkloadSpec w = t.store.load_spec(t.cluster.name, t.workload);
   const std::string path = t.store.output_log(t.cluster.name, t.workload);
   std::ifstream in;
   std::streamoff offset = 0;
   const bool follow = f.has("follow");
   for (;;) {
     // Read what is there; with --follow, stop once the workload is final and drained.
-    const bool final_before =
-        launch::is_final(t.store.load_status(t.cluster.name, t.workload).state);
+    const bool final_before = launch::is_final(current_status(t, w).state);
     in.open(path, std::ios::binary);
     if (in) {
       in.seekg(offset);

@@ -401,14 +401,23 @@ std::string mpi_library_version() {
 
 LaunchInfo detect_launch() {
   LaunchInfo info;
-  // Open MPI's mpirun, then PMIx/PMI launchers (srun, hydra).
-  const int size = env_int("OMPI_COMM_WORLD_SIZE", env_int("PMIX_SIZE", env_int("PMI_SIZE", 0)));
+  // Open MPI's mpirun, then PMIx/PMI launchers (hydra). Slurm's srun --mpi=pmix sets
+  // PMIX_RANK but no size: the step's task count is Slurm's.
+  const bool slurm_pmi = std::getenv("PMIX_RANK") != nullptr || std::getenv("PMI_RANK") != nullptr;
+  const int slurm_size =
+      slurm_pmi ? env_int("SLURM_STEP_NUM_TASKS", env_int("SLURM_NTASKS", 0)) : 0;
+  const int size =
+      env_int("OMPI_COMM_WORLD_SIZE", env_int("PMIX_SIZE", env_int("PMI_SIZE", slurm_size)));
   if (size <= 0) return info;
   info.under_mpi = true;
   info.world = size;
   info.rank = env_int("OMPI_COMM_WORLD_RANK", env_int("PMIX_RANK", env_int("PMI_RANK", 0)));
-  info.local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("MPI_LOCALNRANKS", 1));
-  info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("MPI_LOCALRANKID", 0));
+  // Ranks on this host: "2" or "2(x3),1" in SLURM_STEP_TASKS_PER_NODE (this node's first).
+  const int slurm_local = slurm_pmi ? env_int("SLURM_STEP_TASKS_PER_NODE", 1) : 1;
+  info.local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("MPI_LOCALNRANKS", slurm_local));
+  info.local_rank =
+      env_int("OMPI_COMM_WORLD_LOCAL_RANK",
+              env_int("MPI_LOCALRANKID", slurm_pmi ? env_int("SLURM_LOCALID", 0) : 0));
   return info;
 }
 

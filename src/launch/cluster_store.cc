@@ -190,6 +190,9 @@ json to_json(const ClusterSpec& c) {
           {"backend", backend_name(c.backend)},
           {"cores", c.cores},
           {"partition", c.partition},
+          {"partition_low", c.partition_low},
+          {"partition_high", c.partition_high},
+          {"created_partitions", c.created_partitions},
           {"created", c.created}};
 }
 
@@ -199,6 +202,9 @@ ClusterSpec cluster_from_json(const json& j, const std::string& where) {
   c.backend = parse_backend(field<std::string>(j, "backend", where, "local"));
   c.cores = field<int>(j, "cores", where, 0);
   c.partition = field<std::string>(j, "partition", where, "");
+  c.partition_low = field<std::string>(j, "partition_low", where, "");
+  c.partition_high = field<std::string>(j, "partition_high", where, "");
+  c.created_partitions = field<std::vector<std::string>>(j, "created_partitions", where, {});
   c.created = field<double>(j, "created", where, 0);
   HYP_CHECK(!c.name.empty(), "{}: no cluster name", where);
   return c;

@@ -40,9 +40,13 @@ void check_name(const std::string& what, const std::string& name);
 struct ClusterSpec {
   std::string name;
   Backend backend = Backend::kLocal;
-  int cores = 0;          // local: the pool's size (cores 0..cores-1 of this machine)
-  std::string partition;  // slurm: the partition
-  double created = 0;     // Unix time
+  int cores = 0;  // local: the pool's size (cores 0..cores-1 of this machine)
+  // slurm: the partitions workloads of each priority go to (low and high empty when the
+  // cluster has one partition: priorities then order jobs by --nice, without
+  // preemption), and those `cluster create` made (deleted with the cluster).
+  std::string partition, partition_low, partition_high;
+  std::vector<std::string> created_partitions;
+  double created = 0;  // Unix time
 };
 
 struct WorkloadSpec {

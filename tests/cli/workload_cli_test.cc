@@ -197,11 +197,13 @@ TEST_F(WorkloadCli, DeleteLeavesNoProcessBehind) {
 }
 
 // The training command both tests below run: small, float32, a checkpoint every 25 steps.
-std::string train_command(const std::string& root, const std::string& run, int steps) {
+std::string train_command(const std::string& root, const std::string& run, int steps,
+                          int checkpoint_period = 25) {
   std::string cmd = HYPERION_CLI_PATH + std::string(" train");
   for (const std::string& o : testing_util::small_run_overrides(root, run, "float32", steps))
     cmd += " " + o;
-  return cmd + " checkpoint_period=25 sample_count=0 eval_batches=1";
+  return cmd + " checkpoint_period=" + std::to_string(checkpoint_period) +
+         " sample_count=0 eval_batches=1";
 }
 
 json last_metrics(const std::string& run_dir) {
@@ -228,7 +230,7 @@ pid_t rank_process(pid_t sid, int rank) {
 TEST_F(WorkloadCli, KilledRankRestartsAndEndsWithTheUnbrokenLoss) {
   create_cluster("dev", 2);
   const std::string root = home_ + "/runs";
-  const int steps = 300;
+  const int steps = 600;  // a few seconds: time to kill a rank mid-run
   ASSERT_EQ(hy("workload create --cluster dev --workload ref --nproc 2 --command '" +
                train_command(root, "ref", steps) + "'")
                 .code,
@@ -264,10 +266,10 @@ TEST_F(WorkloadCli, HighPriorityPreemptsLowWhichResumes) {
   const std::string root = home_ + "/runs";
   ASSERT_EQ(hy("workload create --cluster dev --workload background --priority low --nproc 2 "
                "--grace-seconds 5 --command '" +
-               train_command(root, "background", 300) + "'")
+               train_command(root, "background", 2000, 100) + "'")
                 .code,
             0);
-  ASSERT_TRUE(eventually([&] { return fs::exists(root + "/background/checkpoints/50"); }, 600));
+  ASSERT_TRUE(eventually([&] { return fs::exists(root + "/background/checkpoints/100"); }, 600));
   ASSERT_EQ(hy("workload create --cluster dev --workload urgent --priority high --nproc 2 "
                "--command 'sleep 1'")
                 .code,
@@ -285,7 +287,7 @@ TEST_F(WorkloadCli, HighPriorityPreemptsLowWhichResumes) {
   EXPECT_EQ(s["restarts"], 0);
   const std::string log = slurp(home_ + "/clusters/dev/workloads/background/output.log");
   EXPECT_NE(log.find("resume: from"), std::string::npos) << log;
-  EXPECT_EQ(last_metrics(root + "/background")["step"], 300);
+  EXPECT_EQ(last_metrics(root + "/background")["step"], 2000);
 }
 
 }  // namespace

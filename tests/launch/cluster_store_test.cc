@@ -35,7 +35,10 @@ TEST(WorkloadNames, RulesAreNamedInTheError) {
 TEST(ClusterStore, SpecsAndStatusesRoundTrip) {
   TempDir tmp;
   ClusterStore store(tmp.file("clusters"));
-  ClusterSpec c{"dev", Backend::kLocal, 2, "", 1.5};
+  ClusterSpec c;
+  c.name = "dev";
+  c.cores = 2;
+  c.created = 1.5;
   store.save_cluster(c);
   EXPECT_EQ(store.clusters(), std::vector<std::string>{"dev"});
   EXPECT_EQ(store.load_cluster("dev").cores, 2);
@@ -79,7 +82,10 @@ TEST(ClusterStore, MissingAndDamagedFilesAreNamed) {
   TempDir tmp;
   ClusterStore store(tmp.file("clusters"));
   testing_util::expect_error([&] { store.load_cluster("nope"); }, {"no cluster 'nope'", "none"});
-  store.save_cluster({"dev", Backend::kLocal, 1, "", 0});
+  ClusterSpec c;
+  c.name = "dev";
+  c.cores = 1;
+  store.save_cluster(c);
   testing_util::expect_error([&] { store.load_spec("dev", "ghost"); },
                              {"no workload 'ghost' in cluster 'dev'"});
   std::filesystem::create_directories(store.workload_dir("dev", "bad"));
