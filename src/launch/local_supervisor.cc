@@ -265,7 +265,11 @@ void LocalSupervisor::launch(Entry& e, const std::vector<int>& cpus) {
   } else {
     o.argv = shell;
   }
-  o.env = {{"HYPERION_THREADS", std::to_string(w.cores_per_rank)},
+  // When a rank dies, mpirun by default waits 1 s between its SIGTERM and SIGKILL to the
+  // other ranks before it exits: a second added to every restart. Deletes and
+  // preemptions signal every process of the session directly, so nothing needs it.
+  o.env = {{"OMPI_MCA_odls_base_sigkill_timeout", "0"},
+           {"HYPERION_THREADS", std::to_string(w.cores_per_rank)},
            {"OMP_NUM_THREADS", std::to_string(w.cores_per_rank)},
            {"HYPERION_CLUSTER", cluster_},
            {"HYPERION_WORKLOAD", w.name},
