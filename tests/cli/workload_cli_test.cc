@@ -139,6 +139,11 @@ TEST_F(WorkloadCli, UserErrorIsNotRestartedAndStatusSaysWhy) {
   EXPECT_NE(lines.find("error: no such file"), std::string::npos) << lines;
   r = hy("workload status --cluster dev --workload oops");
   EXPECT_NE(r.out.find("last output before it:"), std::string::npos) << r.out;
+  // logs: the output and the supervisor's lines; --follow returns once it is final.
+  r = hy("workload logs --follow --cluster dev --workload oops");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("loading the config"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("== hyperion workload oops: attempt 1 ended"), std::string::npos) << r.out;
   r = hy("workload list --cluster dev --json");
   const json list = json::parse(r.out);
   ASSERT_EQ(list.size(), 1u);
