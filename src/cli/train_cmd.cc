@@ -127,7 +127,18 @@ int cmd_train(const Args& args) {
   if (dist::detect_launch().rank == 0)
     for (const std::string& change : changes) log_info("resume: changed {}", change);
   TrainResult r = run_training(c, name, opts);
-  if (dist::detect_launch().rank != 0) return 0;  // rank 0 reports for the job
+  // Stopped by SIGTERM or SIGINT after saving: exit as a process killed by it would
+  // (128 + the signal), which schedulers read as "stopped", not "succeeded".
+  const int stopped_code = r.stopped_by_signal ? 128 + r.stopped_by_signal : 0;
+  if (dist::detect_launch().rank != 0) return stopped_code;  // rank 0 reports for the job
+  if (r.stopped_by_signal) {
+    std::printf(
+        "stopped at step %lld of the run by signal %d; checkpoint %s (the same "
+        "command resumes from it)\n",
+        static_cast<long long>(r.steps), r.stopped_by_signal,
+        r.checkpoint.empty() ? "none (enable_checkpointing=false)" : r.checkpoint.c_str());
+    return stopped_code;
+  }
   if (f.has("json")) {
     nlohmann::ordered_json j;
     j["run_dir"] = r.run_dir;

@@ -184,8 +184,10 @@ void LocalSupervisor::on_exit(Entry& e, int wait_status) {
 void LocalSupervisor::stop(Entry& e, Stopping why, double grace_s) {
   e.stopping = why;
   e.stop_deadline = now_s() + grace_s;
-  signal_session(static_cast<pid_t>(e.status.pid), SIGTERM);
-  log_line(e, fmt::format("sending SIGTERM to every process ({}); SIGKILL in {} s",
+  // SIGTERM to the workers (not the shells and mpirun that wait on them), so a training
+  // can save; SIGKILL to everything after the grace period.
+  signal_session_workers(static_cast<pid_t>(e.status.pid), SIGTERM, e.spec.nproc > 1);
+  log_line(e, fmt::format("sending SIGTERM ({}); SIGKILL to every process in {} s",
                           why == Stopping::kPreempt ? "preempted" : "deleted", grace_s));
 }
 

@@ -74,6 +74,10 @@ pid_t spawn_session(const SpawnOptions& o) {
     ::dup2(log, 1);
     ::dup2(log, 2);
     if (null_in >= 0) ::dup2(null_in, 0);
+    // Nothing else of ours leaks into the workload or the supervisor: a daemon that kept
+    // a caller's descriptor (a lock held by the shell that started it, a pipe a test
+    // reads to its end) would hold it for its whole life.
+    ::close_range(3, ~0U, 0);
     if (!o.cpus.empty() && ::sched_setaffinity(0, sizeof set, &set) != 0)
       child_say(2, "cannot set the CPU affinity: ", std::strerror(errno));
     if (!o.workdir.empty() && ::chdir(o.workdir.c_str()) != 0) {
@@ -89,8 +93,15 @@ pid_t spawn_session(const SpawnOptions& o) {
   return pid;
 }
 
-std::vector<pid_t> session_processes(pid_t sid) {
-  std::vector<pid_t> out;
+namespace {
+
+struct Member {
+  pid_t pid, ppid;
+  std::string comm;
+};
+
+std::vector<Member> session_members(pid_t sid) {
+  std::vector<Member> out;
   DIR* proc = ::opendir("/proc");
   if (!proc) return out;
   while (dirent* e = ::readdir(proc)) {
@@ -100,18 +111,42 @@ std::vector<pid_t> session_processes(pid_t sid) {
     std::ifstream stat(std::string("/proc/") + e->d_name + "/stat");
     std::string line;
     if (!std::getline(stat, line)) continue;
-    // Fields after the command name (which may hold spaces and ')'): state ppid pgrp session.
-    const size_t close = line.rfind(')');
-    if (close == std::string::npos) continue;
+    // "pid (comm) state ppid pgrp session ...": comm may hold spaces and ')'.
+    const size_t open = line.find('('), close = line.rfind(')');
+    if (open == std::string::npos || close == std::string::npos || close < open) continue;
     char state = 0;
     long ppid = 0, pgrp = 0, session = 0;
     if (std::sscanf(line.c_str() + close + 1, " %c %ld %ld %ld", &state, &ppid, &pgrp, &session) !=
         4)
       continue;
-    if (session == sid && state != 'Z') out.push_back(static_cast<pid_t>(pid));
+    if (session == sid && state != 'Z')
+      out.push_back({static_cast<pid_t>(pid), static_cast<pid_t>(ppid),
+                     line.substr(open + 1, close - open - 1)});
   }
   ::closedir(proc);
   return out;
+}
+
+}  // namespace
+
+std::vector<pid_t> session_processes(pid_t sid) {
+  std::vector<pid_t> out;
+  for (const Member& m : session_members(sid)) out.push_back(m.pid);
+  return out;
+}
+
+int signal_session_workers(pid_t sid, int sig, bool spare_leader) {
+  const std::vector<Member> members = session_members(sid);
+  int n = 0;
+  for (const Member& m : members) {
+    if (spare_leader && m.pid == sid) continue;
+    const bool shell = m.comm == "sh" || m.comm == "dash" || m.comm == "bash";
+    bool has_children = false;
+    for (const Member& c : members) has_children = has_children || c.ppid == m.pid;
+    if (shell && has_children) continue;
+    if (::kill(m.pid, sig) == 0) ++n;
+  }
+  return n;
 }
 
 int signal_session(pid_t sid, int sig) {

@@ -30,6 +30,12 @@ std::vector<pid_t> session_processes(pid_t sid);
 // Sends `sig` to every process of the session; returns how many were signalled.
 int signal_session(pid_t sid, int sig);
 
+// The polite stop: `sig` to the processes that do the work, sparing those that only wait
+// on them: shells with children in the session, and the leader when `spare_leader`
+// (mpirun, which on SIGTERM tears the whole job down at once). A training rank can then
+// finish its step and save before anything kills it. Returns how many were signalled.
+int signal_session_workers(pid_t sid, int sig, bool spare_leader);
+
 // Makes this process the reaper of its orphaned descendants (PR_SET_CHILD_SUBREAPER), so
 // a rank whose mpirun died is reparented here, not to init, and is reaped here.
 void become_subreaper();

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -32,6 +33,7 @@
 #include "train/data_prepare.h"
 #include "train/optimizer.h"
 #include "train/parallel.h"
+#include "train/stop_signal.h"
 #include "train/training_monitor.h"
 
 namespace hyperion {
@@ -206,12 +208,14 @@ class TrainingRun {
         process_start_(process_start) {}
 
   TrainResult run() {
+    StopSignalScope stop_signals;
     setup();
     monitor_->init_done();
     const int64_t last_step =
         options_.stop_at > 0 ? std::min(options_.stop_at, t_.steps) : t_.steps;
     while (state_.step < last_step) {
       step();
+      if (stop_requested_) return stop_early();
       if (t_.checkpoint_period > 0 && state_.step % t_.checkpoint_period == 0 &&
           state_.step < last_step)
         save();
@@ -228,6 +232,7 @@ class TrainingRun {
   EvalResult evaluate(int64_t max_batches);
   void save();
   void finish();
+  TrainResult stop_early();
 
   const Config& config_;
   TrainConfig t_;
@@ -259,6 +264,8 @@ class TrainingRun {
   double flops_per_token_ = 0;
   double tps_sum_ = 0, mfu_sum_ = 0, emfu_sum_ = 0;
   int64_t timed_steps_ = 0;
+  int stop_requested_ = 0;  // a rank of the job got this signal: stop after this step
+  int64_t saved_step_ = -1;
 };
 
 void TrainingRun::setup() {
@@ -491,7 +498,8 @@ void TrainingRun::report_setup(const MemoryPlan& mem) {
 }
 
 void TrainingRun::save() {
-  if (!t_.enable_checkpointing) return;
+  if (!t_.enable_checkpointing || saved_step_ == state_.step) return;
+  saved_step_ = state_.step;
   monitor_->save_started(state_.step);
   Timer blocked;
   sync_->gather_all();
@@ -564,13 +572,18 @@ void TrainingRun::step() {
   const OptimizerStepResult opt = optimizer_->step(lr);
   sync_->after_optimizer_step();
   if (QuantizedMatmuls* q = model_->quantized()) q->weights_changed();
+  const int local_stop = stop_signal_received();
+  stop_requested_ = local_stop;
   if (world_ > 1) {
     // The job's objective: the mean over ranks (each rank's loss is its tokens' mean).
-    float l[3] = {static_cast<float>(loss), ms.lb_loss, ms.z_loss};
-    comm_->all_reduce(l, 3, dist::ReduceOp::kAvg);
+    // The same reduction carries the stop signal, so every rank stops after this step
+    // if any rank was asked to (mpirun and Slurm signal the ranks one by one).
+    float l[4] = {static_cast<float>(loss), ms.lb_loss, ms.z_loss, static_cast<float>(local_stop)};
+    comm_->all_reduce(l, 4, dist::ReduceOp::kAvg);
     loss = l[0];
     ms.lb_loss = l[1];
     ms.z_loss = l[2];
+    if (l[3] > 0 && stop_requested_ == 0) stop_requested_ = SIGTERM;
   }
   state_.step += 1;
   state_.tokens_seen += t.tokens_per_step();
@@ -625,6 +638,23 @@ void TrainingRun::step() {
     log_info("eval  step {:>5}  held-out loss {:.4f}  perplexity {:.2f}", state_.step, e.loss,
              std::exp(e.loss));
   }
+}
+
+// Asked to stop: save where the run is (the same command resumes from here), wait for
+// the write, and leave together; no evaluation or samples.
+TrainResult TrainingRun::stop_early() {
+  log_warn("stopping after step {} on {}: saving a checkpoint; the same command resumes from it",
+           state_.step, stop_requested_ == SIGINT ? "SIGINT" : "SIGTERM");
+  save();
+  ckpt_->wait();
+  if (world_ > 1) comm_->barrier();  // no rank exits while another still writes
+  result_.steps = state_.step;
+  result_.stopped_by_signal = stop_requested_;
+  result_.seconds = total_.seconds();
+  result_.world_size = world_;
+  result_.parallel_mode = parallel_mode_name(mode_);
+  monitor_->finished(state_.step, false);
+  return std::move(result_);
 }
 
 void TrainingRun::finish() {

@@ -39,6 +39,8 @@ struct TrainResult {
   int world_size = 1;
   std::string parallel_mode = "data";
   std::vector<std::string> samples;
+  // SIGTERM or SIGINT stopped the run early (after saving a checkpoint), else 0.
+  int stopped_by_signal = 0;
 };
 
 struct TrainOptions {

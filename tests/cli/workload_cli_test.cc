@@ -292,6 +292,9 @@ TEST_F(WorkloadCli, HighPriorityPreemptsLowWhichResumes) {
   EXPECT_EQ(s["restarts"], 0);
   const std::string log = slurp(home_ + "/clusters/dev/workloads/background/output.log");
   EXPECT_NE(log.find("resume: from"), std::string::npos) << log;
+  // SIGTERM reached the ranks (not mpirun first): they saved where they stopped.
+  EXPECT_NE(log.find("saving a checkpoint; the same command resumes from it"), std::string::npos)
+      << log;
   EXPECT_EQ(last_metrics(root + "/background")["step"], 2000);
 }
 

@@ -1,5 +1,6 @@
 #include "launch/process_session.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -62,6 +63,27 @@ TEST(ProcessSession, EnvAffinityLogAndEveryMemberSignalled) {
   EXPECT_EQ(waitpid(pid, &status, 0), pid);
   EXPECT_TRUE(WIFSIGNALED(status));
   EXPECT_TRUE(eventually([&] { return session_processes(pid).empty(); }));
+}
+
+// A descriptor of the caller (here a pipe without O_CLOEXEC, in real life a lock a shell
+// holds) is not inherited by the session.
+TEST(ProcessSession, CallersDescriptorsAreNotInherited) {
+  TempDir tmp;
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c", "ls /proc/$$/fd | tr '\\n' ' '"};
+  o.log_path = tmp.file("out.log");
+  const pid_t pid = spawn_session(o);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ::close(fds[0]);
+  ::close(fds[1]);
+  // fmt rather than `" " + ...` chains: GCC 12 -Wrestrict misfires on those.
+  const std::string listed = fmt::format(" {}", slurp(o.log_path));
+  EXPECT_NE(listed.find(" 2 "), std::string::npos) << listed;
+  EXPECT_EQ(listed.find(fmt::format(" {} ", fds[0])), std::string::npos) << listed;
+  EXPECT_EQ(listed.find(fmt::format(" {} ", fds[1])), std::string::npos) << listed;
 }
 
 TEST(ProcessSession, BadWorkdirOrCommandExits127WithAReason) {
