@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -316,6 +317,36 @@ void say(const std::string& path, const std::string& w, const std::string& line)
 
 }  // namespace
 
+namespace {
+
+// Kills the job's remaining job steps (not the batch script) and waits until Slurm lists
+// none, up to a minute.
+void reap_steps(const std::string& job, const std::string& log, const std::string& name) {
+  if (job.empty()) return;
+  auto steps = [&] {
+    std::vector<std::string> out;
+    const CommandResult q = run_command({"squeue", "-h", "-s", "-j", job, "-o", "%i"}, 30);
+    std::istringstream in(q.out);
+    std::string id;
+    while (in >> id) {
+      const size_t dot = id.find('.');
+      // "3.0", "3.1": srun steps; "3.batch" and "3.extern" are the job's own.
+      if (dot != std::string::npos && std::isdigit(static_cast<unsigned char>(id[dot + 1])))
+        out.push_back(id);
+    }
+    return out;
+  };
+  std::vector<std::string> left = steps();
+  if (left.empty()) return;
+  say(log, name, fmt::format("{} step(s) of the last attempt still running: SIGKILL", left.size()));
+  for (const std::string& step : left) run_command({"scancel", "--signal=KILL", step}, 30);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!steps().empty() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+}
+
+}  // namespace
+
 int exec_in_allocation(const ClusterStore& store, const ClusterSpec& c, const std::string& name) {
   const WorkloadSpec w = store.load_spec(c.name, name);
   WorkloadStatus s = store.load_status(c.name, name);
@@ -368,6 +399,10 @@ int exec_in_allocation(const ClusterStore& store, const ClusterSpec& c, const st
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
     const ExitInfo exit = ExitInfo::from_wait_status(status);
+    // srun can return before its step's processes are gone (it stops waiting after a
+    // while); a rank still finishing would hold the run directory against the next
+    // attempt. Every step of this job is over now: SIGKILL what is left, wait for it.
+    reap_steps(s.slurm_job_id, log, name);
     s.has_exit = true;
     s.last_exit_code = exit.code;
     s.ended = now_s();

@@ -1,6 +1,7 @@
 #include "train/stop_signal.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 
@@ -28,6 +29,7 @@ StopSignalScope::StopSignalScope() {
 }
 
 StopSignalScope::~StopSignalScope() {
+  ::alarm(0);
   ::sigaction(SIGTERM, &g_old_term, nullptr);
   ::sigaction(SIGINT, &g_old_int, nullptr);
 }

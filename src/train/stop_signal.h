@@ -3,6 +3,8 @@
 // 128 + the signal, so the same command resumes where it stopped rather than at the last
 // periodic checkpoint. The trainer installs the handlers for the length of a run
 // (StopSignalScope); the ranks of a job agree on the step through the step's all-reduce.
+// A second signal stops the process at once, and a stop still unfinished after 60 s (a
+// step blocked on a dead peer) ends by SIGALRM.
 #pragma once
 
 namespace hyperion {
