@@ -1,9 +1,10 @@
 #include "monitor/metrics_registry.h"
 
+#include "monitor/prometheus_text.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 
 #include "base/error.h"
@@ -336,83 +337,20 @@ std::string MetricsRegistry::render() const {
   return out;
 }
 
-// ---- parser ---------------------------------------------------------------------
+// ---- lookup ---------------------------------------------------------------------
 
-namespace {
-
-std::optional<double> parse_number(std::string_view s) {
-  if (s == "+Inf" || s == "Inf") return HUGE_VAL;
-  if (s == "-Inf") return -HUGE_VAL;
-  if (s == "NaN") return std::nan("");
-  if (!s.empty() && s[0] == '+') s.remove_prefix(1);
-  double v = 0;
-  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || ptr != s.data() + s.size() || s.empty()) return std::nullopt;
-  return v;
-}
-
-// Parses `{k="v",...}` starting at line[pos] == '{'; advances pos past '}'.
-std::optional<Labels> parse_labels(std::string_view line, size_t& pos) {
-  Labels out;
-  ++pos;
-  while (true) {
-    while (pos < line.size() && (line[pos] == ' ' || line[pos] == ',')) ++pos;
-    if (pos < line.size() && line[pos] == '}') {
-      ++pos;
-      return out;
-    }
-    const size_t eq = line.find('=', pos);
-    if (eq == std::string_view::npos || eq + 1 >= line.size() || line[eq + 1] != '"') {
-      return std::nullopt;
-    }
-    std::string key(line.substr(pos, eq - pos)), value;
-    pos = eq + 2;
-    while (pos < line.size() && line[pos] != '"') {
-      if (line[pos] == '\\') {
-        if (++pos >= line.size()) return std::nullopt;
-        value += line[pos] == 'n' ? '\n' : line[pos];
-      } else {
-        value += line[pos];
-      }
-      ++pos;
-    }
-    if (pos >= line.size()) return std::nullopt;  // unterminated value
-    ++pos;
-    out.emplace_back(std::move(key), std::move(value));
-  }
-}
-
-}  // namespace
-
+// One reader of the format for the project: monitor/prometheus_text.h.
 std::optional<double> parse_prometheus_value(const std::string& text, const std::string& name,
                                              const Labels& labels) {
-  const Labels want = sorted_labels(labels);
-  std::string_view rest(text);
-  while (!rest.empty()) {
-    const size_t nl = rest.find('\n');
-    std::string_view line = rest.substr(0, nl);
-    rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
-    if (line.empty() || line[0] == '#') continue;
-    const size_t name_end = line.find_first_of("{ \t");
-    if (line.substr(0, name_end) != name) continue;
-    auto malformed = [&]() -> std::optional<double> {
-      fail("parse_prometheus_value: malformed sample line for {}: '{}'", name, line);
-    };
-    if (name_end == std::string_view::npos) return malformed();
-    size_t pos = name_end;
-    Labels got;
-    if (line[pos] == '{') {
-      std::optional<Labels> l = parse_labels(line, pos);
-      if (!l) return malformed();
-      got = sorted_labels(std::move(*l));
-    }
-    if (got != want) continue;
-    while (pos < line.size() && (line[pos] == ' ' || line[pos] == '\t')) ++pos;
-    const size_t end = line.find_first_of(" \t", pos);  // a timestamp may follow
-    const std::optional<double> v = parse_number(line.substr(pos, end - pos));
-    if (!v) return malformed();
-    return v;
+  std::vector<PrometheusSample> samples;
+  try {
+    samples = parse_prometheus_text(text);
+  } catch (const Error& e) {
+    fail("parse_prometheus_value: malformed sample line while looking for {}: {}", name, e.what());
   }
+  const Labels want = sorted_labels(labels);
+  for (PrometheusSample& sample : samples)
+    if (sample.name == name && sorted_labels(std::move(sample.labels)) == want) return sample.value;
   return std::nullopt;
 }
 

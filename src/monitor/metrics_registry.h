@@ -121,7 +121,8 @@ class MetricsRegistry {
 // The sample value of the line in exposition `text` whose metric name is exactly `name`
 // and whose label set equals `labels` (order-insensitive; a `le` label, if any, must be
 // given too); nullopt when no line matches. Comment lines are skipped and a trailing
-// timestamp ignored. Throws hyperion::Error if a line with that name is malformed.
+// timestamp ignored. Throws hyperion::Error naming the line when a sample line is
+// malformed (monitor/prometheus_text.h reads the text).
 std::optional<double> parse_prometheus_value(const std::string& text, const std::string& name,
                                              const Labels& labels = {});
 
