@@ -11,7 +11,7 @@ object per backend.
 The slurm backend starts its own one-node Slurm (as tests/launch/slurm_workload_test.py
 does; root and Debian's slurm-wlm and munge needed).
 """
-import argparse, json, os, shutil, signal, subprocess, sys, tempfile, time
+import argparse, json, os, shutil, signal, statistics, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
                                 "launch"))
@@ -91,9 +91,9 @@ def drill(a, backend, hy, home, kill_after_step):
         "first_resumed_step": first_step["step"],
         "restarts": s["restarts"],
         "attempts": s["attempts"],
-        "step_s_median": sorted(e2["time"] - e1["time"] for e1, e2 in zip(ev, ev[1:])
-                                if e1["event"] == "step_start" and e2["event"] == "step_end")[
-            len([1 for e in ev if e["event"] == "step_end"]) // 2],
+        "step_s_median": statistics.median(
+            e2["time"] - e1["time"] for e1, e2 in zip(ev, ev[1:])
+            if e1["event"] == "step_start" and e2["event"] == "step_end"),
         "restart_line": next(l for l in log.splitlines() if "restart 1 of" in l),
         "goodput": goodput["goodput"],
         "wasted_progress_s": goodput["badput"]["wasted_progress"]["seconds"],

@@ -74,14 +74,18 @@ int slurm_cpus(const nlohmann::json& described) {
   return total;
 }
 
-nlohmann::json cluster_json(const launch::ClusterStore& store, const launch::ClusterSpec& c) {
+// The cluster's summary; `usage` and (slurm) `described` as the caller already has them,
+// so that Slurm is asked once per command.
+nlohmann::json cluster_json(const launch::ClusterStore& store, const launch::ClusterSpec& c,
+                            const ClusterUsage& u, nlohmann::json* described = nullptr) {
   nlohmann::json j = launch::to_json(c);
   if (c.backend == launch::Backend::kSlurm) try {
-      j["cores"] = slurm_cpus(launch::slurm::describe(c));  // the partitions' nodes now
+      nlohmann::json d = launch::slurm::describe(c);
+      j["cores"] = slurm_cpus(d);  // the partitions' nodes now
+      if (described) *described = std::move(d);
     } catch (const Error& e) {
       j["slurm_error"] = e.what();
     }
-  const ClusterUsage u = usage_of(store, c);
   j["supervisor_running"] =
       c.backend == launch::Backend::kLocal && launch::supervisor_alive(store, c.name);
   j["cores_used"] = u.cores_used;
@@ -182,7 +186,7 @@ int cmd_cluster_create(const Args& args) {
     launch::start_supervisor(store, name, self_exe());
   }
   if (f.has("json")) {
-    std::printf("%s\n", cluster_json(store, c).dump().c_str());
+    std::printf("%s\n", cluster_json(store, c, usage_of(store, c)).dump().c_str());
     return 0;
   }
   if (backend == launch::Backend::kSlurm)
@@ -240,7 +244,8 @@ int cmd_cluster_list(const Args& args) {
   launch::ClusterStore store;
   nlohmann::json all = nlohmann::json::array();
   for (const std::string& name : store.clusters()) try {
-      all.push_back(cluster_json(store, store.load_cluster(name)));
+      const launch::ClusterSpec c = store.load_cluster(name);
+      all.push_back(cluster_json(store, c, usage_of(store, c)));
     } catch (const Error& e) {
       all.push_back({{"name", name}, {"error", e.what()}});
     }
@@ -279,12 +284,13 @@ int cmd_cluster_describe(const Args& args) {
   launch::check_name("cluster", name);
   launch::ClusterStore store;
   const launch::ClusterSpec c = store.load_cluster(name);
-  nlohmann::json j = cluster_json(store, c);
   const ClusterUsage u = usage_of(store, c);
+  nlohmann::json described;
+  nlohmann::json j = cluster_json(store, c, u, &described);
   nlohmann::json ws = nlohmann::json::array();
   for (const auto& [spec, st] : u.workloads) ws.push_back(launch::status_json(spec, c.backend, st));
   j["workload_list"] = ws;
-  if (c.backend == launch::Backend::kSlurm) j["slurm"] = launch::slurm::describe(c);
+  if (!described.is_null()) j["slurm"] = std::move(described);
   if (f.has("json")) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
