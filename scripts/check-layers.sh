@@ -14,11 +14,12 @@ declare -A allowed=(
   [monitor]="base monitor"
   [model]="base tensor kernels dist model"
   [io]="base tensor kernels io"
-  [train]="base tensor kernels dist model io monitor train"
+  [recsys]="base tensor kernels dist model io recsys"
+  [train]="base tensor kernels dist model io monitor recsys train"
   [serve]="base tensor kernels model io monitor serve"
   [launch]="base dist io launch"
   [cases]="base tensor kernels dist model cases"
-  [cli]="base tensor kernels dist model io monitor train serve launch cases cli"
+  [cli]="base tensor kernels dist model io monitor recsys train serve launch cases cli"
 )
 bad=0
 check_dir() {  # check_dir LAYER DIR
@@ -37,7 +38,7 @@ check_dir() {  # check_dir LAYER DIR
     esac
   done < <(grep -rnE '^#include "[a-z_]+/' "$dir" --include='*.cc' --include='*.h' || true)
 }
-for layer in base tensor kernels dist monitor model io train serve launch cli; do
+for layer in base tensor kernels dist monitor model io recsys train serve launch cli; do
   check_dir "$layer" "$root/src/$layer"
 done
 check_dir cases "$root/bench/cases"
