@@ -13,6 +13,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/system_memory.h"
 #include "base/threads.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
@@ -36,7 +37,7 @@ const CommandSpec kTrainSpec = {
     "train",
     "[CONFIG] [key=value ...]",
     "pre-train a Llama, Mixtral or Gemma model (no CONFIG: the embedded tiny preset on the bundled "
-    "corpus)",
+    "corpus), or a DLRM-V2 recommender (model_type: dlrm)",
     {{"resume", "DIR", "continue a run from its latest checkpoint (restores its config)"},
      {"stop-at", "STEP", "stop after this step, as if interrupted (the run can be resumed)"},
      {"nproc", "N", "run N MPI ranks on this host (data / FSDP / expert parallel)"},
@@ -44,7 +45,8 @@ const CommandSpec kTrainSpec = {
      {"quiet", "", "no per-step log lines"},
      {"json", "", "print the result as one JSON object"}},
     "CONFIG is a YAML file or a preset name (tiny, llama-25m, llama-110m, mixtral-tiny, "
-    "llama2-7b, ...;\nconfigs/). Later key=value overrides win. Guide: docs/TRAINING.md, "
+    "llama2-7b, dlrm-tiny, ...;\nconfigs/). Later key=value overrides win. Guide: "
+    "docs/TRAINING.md, "
     "docs/MOE.md, docs/SCALING.md.",
     "train llama-25m steps=200 learning_rate=1e-3",
     train_config_schema};
@@ -52,8 +54,10 @@ const CommandSpec kTrainSpec = {
 const CommandSpec kPlanSpec = {
     "plan",
     "CONFIG [key=value ...]",
-    "parameters, FLOPs per token and training memory per process of a config",
-    {{"json", "", "print the plan as one JSON object"}},
+    "parameters, FLOPs per token (per example for a recommender) and training memory per "
+    "process of a config",
+    {{"json", "", "print the plan as one JSON object"},
+     {"nproc", "N", "recommenders: memory per rank with the tables over N ranks (default 1)"}},
     "CONFIG and keys as for `hyperion train` (see hyperion train --help).",
     "plan llama2-7b per_device_batch_size=1 --json"};
 
@@ -159,10 +163,21 @@ int cmd_train(const Args& args) {
     j["parallel_mode"] = r.parallel_mode;
     j["peak_rss_mib"] = r.peak_rss_mib;
     j["samples"] = r.samples;
+    if (r.auc >= 0) j["auc"] = r.auc;
+    if (r.mean_samples_per_s > 0) j["samples_per_s"] = r.mean_samples_per_s;
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("\nrun dir     %s\n", r.run_dir.c_str());
     if (!r.checkpoint.empty()) std::printf("checkpoint  %s\n", r.checkpoint.c_str());
+    if (r.mean_samples_per_s > 0) {  // a recommender
+      std::printf("steps       %lld (%.1f s, %.0f samples/s, MFU %.1f%%)\n",
+                  static_cast<long long>(r.steps), r.seconds, r.mean_samples_per_s,
+                  100 * r.mean_mfu);
+      if (r.auc >= 0)
+        std::printf("held-out    AUC %.4f, loss %.4f (%lld examples)\n", r.auc, r.eval_loss,
+                    static_cast<long long>(r.eval_tokens));
+      return 0;
+    }
     std::printf("steps       %lld (%.1f s, %.0f tokens/s, MFU %.1f%%, EMFU %.1f%%)\n",
                 static_cast<long long>(r.steps), r.seconds, r.mean_tokens_per_s, 100 * r.mean_mfu,
                 100 * r.mean_emfu);
@@ -175,12 +190,79 @@ int cmd_train(const Args& args) {
   return 0;
 }
 
+namespace {
+
+// A recommender's plan: parameters, FLOPs per example and the memory of each rank, the
+// tables placed by dlrm.sharding over `ranks` (row: an equal share of every table;
+// table: the largest table bounds the busiest rank).
+int plan_dlrm(const TrainConfig& t, int64_t ranks, bool json) {
+  const recsys::DlrmConfig& d = t.dlrm;
+  const int64_t per_row = sparse_optimizer_state_per_row(d.sparse_optimizer, d.embedding_dim);
+  const int64_t row_bytes = d.embedding_dim * int64_t(dtype_size(d.embedding_dtype));
+  int64_t rows = 0, largest = 0;
+  for (int64_t r : d.table_rows) rows += r, largest = std::max(largest, r);
+  const int64_t table_bytes = rows * row_bytes, state_bytes = rows * per_row * 4;
+  const int64_t rank_rows = d.sharding == recsys::Sharding::kRow
+                                ? (rows + ranks - 1) / ranks
+                                : std::max(largest, (rows + ranks - 1) / ranks);
+  const int64_t dense_bytes = 3 * 4 * d.dense_params();  // weights, gradients, Adagrad
+  const int64_t act_bytes =
+      t.per_device_batch_size * 4 * (d.interaction_dim() * (2 * d.cross_layers + 4) + 4096);
+  const int64_t rank_bytes = rank_rows * (row_bytes + per_row * 4) + dense_bytes + act_bytes;
+  const double fwd = d.forward_flops_per_example();
+  if (json) {
+    nlohmann::ordered_json j;
+    j["name"] = t.name;
+    j["model_type"] = "dlrm";
+    j["tables"] = d.tables();
+    j["table_rows"] = rows;
+    j["embedding_dim"] = d.embedding_dim;
+    j["embedding_params"] = d.embedding_params();
+    j["dense_params"] = d.dense_params();
+    j["params"] = d.embedding_params() + d.dense_params();
+    j["forward_flops_per_example"] = fwd;
+    j["flops_per_example"] = 3 * fwd;
+    j["batch"] = t.per_device_batch_size;
+    j["ranks"] = ranks;
+    j["sharding"] = recsys::sharding_name(d.sharding);
+    j["memory"] = {{"tables", table_bytes},
+                   {"table_optimizer_state", state_bytes},
+                   {"dense_with_gradients_and_adagrad", dense_bytes},
+                   {"activations_per_rank", act_bytes},
+                   {"per_rank", rank_bytes}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s: DLRM, %lld tables (%lld rows, dim %lld): %.3fB embedding + %.3fM dense params\n",
+              t.name.c_str(), static_cast<long long>(d.tables()), static_cast<long long>(rows),
+              static_cast<long long>(d.embedding_dim), double(d.embedding_params()) / 1e9,
+              double(d.dense_params()) / 1e6);
+  std::printf("FLOPs per example: %.3g forward, %.3g training (%.3g per step of %lld per rank)\n",
+              fwd, 3 * fwd, 3 * fwd * double(t.per_device_batch_size),
+              static_cast<long long>(t.per_device_batch_size));
+  std::printf("memory: tables %s + %s state (%s), dense part %s, activations %s per rank\n",
+              format_bytes(table_bytes).c_str(), format_bytes(state_bytes).c_str(),
+              sparse_optimizer_name(d.sparse_optimizer), format_bytes(dense_bytes).c_str(),
+              format_bytes(act_bytes).c_str());
+  std::printf("per rank over %lld ranks (%s-wise tables): %s; this machine has %s\n",
+              static_cast<long long>(ranks), recsys::sharding_name(d.sharding),
+              format_bytes(rank_bytes).c_str(), format_bytes(machine_memory_bytes()).c_str());
+  return 0;
+}
+
+}  // namespace
+
 int cmd_plan(const Args& args) {
   const Flags f(kPlanSpec, args);
   const auto [config, overrides] = split_positional(f, "CONFIG (file or preset)");
   HYP_USAGE_CHECK(!config.empty(), "plan: expected a config file or preset name");
   Config c = load_train_config(config, overrides);
   TrainConfig t = parse_train_config(c, config_name(config));
+  if (t.dlrm_model) {
+    const int64_t ranks = f.integer("nproc", 1);
+    HYP_USAGE_CHECK(ranks >= 1, "plan: --nproc must be >= 1");
+    return plan_dlrm(t, ranks, f.has("json"));
+  }
   const MemoryPlan m = memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16,
                                    t.remat, t.moe.capacity_factor);
   const double fpt = t.model.train_flops_per_token(t.max_target_length);

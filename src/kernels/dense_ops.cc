@@ -12,6 +12,15 @@ HWY_BEFORE_NAMESPACE();
 namespace hyperion {
 namespace HWY_NAMESPACE {
 
+void AddTo(float* y, const float* x, size_t n) {
+  const DF d;
+  const size_t L = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + L <= n; i += L)
+    hn::StoreU(hn::Add(hn::LoadU(d, y + i), hn::LoadU(d, x + i)), d, y + i);
+  for (; i < n; ++i) y[i] += x[i];
+}
+
 void ReluForward(float* x, size_t n) {
   const DF d;
   const size_t L = hn::Lanes(d);
@@ -75,6 +84,24 @@ void CrossBackward(const float* dout, const float* x0, const float* z, float* dz
   }
 }
 
+void AdagradUpdate(float* w, float* state, const float* g, size_t n, float lr, float eps) {
+  const DF d;
+  const size_t L = hn::Lanes(d);
+  const VF vlr = hn::Set(d, lr), veps = hn::Set(d, eps);
+  size_t i = 0;
+  for (; i + L <= n; i += L) {
+    const VF v = hn::LoadU(d, g + i);
+    const VF s = hn::MulAdd(v, v, hn::LoadU(d, state + i));
+    hn::StoreU(s, d, state + i);
+    hn::StoreU(hn::Sub(hn::LoadU(d, w + i), hn::Div(hn::Mul(vlr, v), hn::Add(hn::Sqrt(s), veps))),
+               d, w + i);
+  }
+  for (; i < n; ++i) {
+    state[i] += g[i] * g[i];
+    w[i] -= lr * g[i] / (std::sqrt(state[i]) + eps);
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace hyperion
 HWY_AFTER_NAMESPACE();
@@ -87,14 +114,22 @@ HWY_AFTER_NAMESPACE();
 
 namespace hyperion {
 
+HWY_EXPORT(AddTo);
 HWY_EXPORT(ReluForward);
 HWY_EXPORT(ReluBackward);
 HWY_EXPORT(ColumnSums);
 HWY_EXPORT(CrossForward);
 HWY_EXPORT(CrossBackward);
+HWY_EXPORT(AdagradUpdate);
 
 namespace {
 constexpr int64_t kGrain = 16384;  // elements per thread chunk
+}
+
+void add_to(float* y, const float* x, int64_t n) {
+  parallel_chunks(n, kGrain, [&](int64_t b, int64_t e) {
+    HWY_DYNAMIC_DISPATCH(AddTo)(y + b, x + b, size_t(e - b));
+  });
 }
 
 void relu_forward(float* x, int64_t n) {
@@ -134,6 +169,12 @@ void cross_backward(const float* dout, const float* x0, const float* z, float* d
   });
 }
 
+void adagrad_update(float* w, float* state, const float* g, int64_t n, float lr, float eps) {
+  parallel_chunks(n, kGrain, [&](int64_t b, int64_t e) {
+    HWY_DYNAMIC_DISPATCH(AdagradUpdate)(w + b, state + b, g + b, size_t(e - b), lr, eps);
+  });
+}
+
 double bce_with_logits(const float* logits, const float* labels, int64_t n, float* dlogits,
                        float scale) {
   // n is a batch of logits (thousands): the exp and log1p dominate, scalar is fine.
@@ -142,6 +183,9 @@ double bce_with_logits(const float* logits, const float* labels, int64_t n, floa
 
 namespace ref {
 
+void add_to(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
 void relu_forward(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
@@ -164,6 +208,12 @@ void cross_backward(const float* dout, const float* x0, const float* z, float* d
   for (int64_t i = 0; i < n; ++i) {
     dx0[i] += dout[i] * z[i];
     dz[i] = dout[i] * x0[i];
+  }
+}
+void adagrad_update(float* w, float* state, const float* g, int64_t n, float lr, float eps) {
+  for (int64_t i = 0; i < n; ++i) {
+    state[i] += g[i] * g[i];
+    w[i] -= lr * g[i] / (std::sqrt(state[i]) + eps);
   }
 }
 double bce_with_logits(const float* logits, const float* labels, int64_t n, float* dlogits,

@@ -8,6 +8,7 @@
 #include "base/source_dir.h"
 #include "io/atomic_file.h"
 #include "kernels/hardware.h"
+#include "recsys/dlrm_config.h"
 #include "train/checkpoint.h"
 
 namespace hyperion {
@@ -41,9 +42,12 @@ checkpoint_period: 200
 
 std::vector<ConfigKey> train_config_schema() {
   using T = ConfigType;
-  return {
+  std::vector<ConfigKey> keys = {
       // Model (MaxText names; Hugging Face LlamaConfig equivalents in the help).
       {"model_name", T::kString, "", "preset name, for logs"},
+      {"model_type", T::kString, "decoder",
+       "decoder (a language model: the keys below) or dlrm (a DLRM-V2 recommender: the dlrm.* "
+       "keys)"},
       {"decoder_block", T::kString, "llama2",
        "decoder family: llama2 (also llama3, mistral, mixtral) or gemma ((1 + w) RMSNorm, "
        "GELU-tanh MLP, embeddings scaled by sqrt(base_emb_dim), head tied to the embedding)"},
@@ -149,6 +153,8 @@ std::vector<ConfigKey> train_config_schema() {
       {"crash_at_step", T::kInt, "0",
        "fault injection: the run's first process aborts after this step (0: off)"},
   };
+  for (ConfigKey& k : recsys::dlrm_config_schema()) keys.push_back(std::move(k));
+  return keys;
 }
 
 namespace {
@@ -192,7 +198,17 @@ bool is_model_shape_key(const std::string& key) {
                                        "base_moe_mlp_dim",
                                        "first_num_dense_layers",
                                        "interleave_moe_layer_step",
-                                       "decoder_block"};
+                                       "decoder_block",
+                                       "model_type",
+                                       "dlrm.dense_features",
+                                       "dlrm.table_rows",
+                                       "dlrm.embedding_dim",
+                                       "dlrm.bottom_mlp",
+                                       "dlrm.top_mlp",
+                                       "dlrm.cross_layers",
+                                       "dlrm.cross_rank",
+                                       "dlrm.embedding_dtype",
+                                       "dlrm.sparse_optimizer"};
   for (const char* k : kShape)
     if (key == k) return true;
   return false;
@@ -239,6 +255,11 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
   TrainConfig t;
   t.name = c.get_string("model_name").empty() ? name : c.get_string("model_name");
   auto where = [&](const char* key) { return std::string(key) + " (" + c.source_of(key) + ")"; };
+  const std::string& model_type = c.get_string("model_type");
+  HYP_CHECK(model_type == "decoder" || model_type == "dlrm",
+            "config key {} must be decoder or dlrm, got '{}'", where("model_type"), model_type);
+  t.dlrm_model = model_type == "dlrm";
+  if (t.dlrm_model) t.dlrm = recsys::parse_dlrm_config(c);
   auto positive = [&](const char* key) {
     const int64_t v = c.get_int(key);
     HYP_CHECK(v > 0, "config key {} must be > 0, got {}", where(key), v);

@@ -14,6 +14,7 @@
 #include "model/llama_config.h"
 #include "model/moe_block.h"
 #include "model/quantized_matmul.h"
+#include "recsys/dlrm_config.h"
 #include "train/schedule.h"
 
 namespace hyperion {
@@ -61,6 +62,11 @@ struct TrainMonitorConfig {
 // Typed view of a loaded Config, validated (errors name the key).
 struct TrainConfig {
   std::string name;  // preset / file stem
+  // model_type: dlrm trains the recommender of `dlrm` (train/recsys_trainer.h) with the
+  // same run directory, logs, metrics, monitoring and checkpoint layout; the language
+  // model keys are then unused.
+  bool dlrm_model = false;
+  recsys::DlrmConfig dlrm;
   LlamaConfig model;
   MoeOptions moe;  // capacity factor and aux-loss weights of the MoE layers
   // Data.

@@ -33,6 +33,8 @@
 #include "train/data_prepare.h"
 #include "train/optimizer.h"
 #include "train/parallel.h"
+#include "train/recsys_trainer.h"
+#include "train/run_directory.h"
 #include "train/stop_signal.h"
 #include "train/training_monitor.h"
 
@@ -45,13 +47,6 @@ namespace {
 bool is_prepared(const std::string& dir) {
   return fs::exists(dir + "/train.bin") && fs::exists(dir + "/val.bin") &&
          fs::exists(dir + "/tokenizer.model");
-}
-
-std::string timestamp() {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", std::localtime(&t));
-  return buf;
 }
 
 // Exactly equal: eval, generate, serve and convert refuse a checkpoint whose tokenizer
@@ -161,16 +156,6 @@ PreparedDataset resolve_dataset(const TrainConfig& t, bool prepare) {
 }
 
 namespace {
-
-// The same string on every rank: rank 0's.
-std::string agree(dist::Communicator& comm, const std::string& value) {
-  if (comm.world_size() == 1) return value;
-  uint64_t n = value.size();
-  comm.broadcast(&n, sizeof n, 0);
-  std::string out = comm.rank() == 0 ? value : std::string(n, '\0');
-  comm.broadcast(out.data(), n, 0);
-  return out;
-}
 
 TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions& options,
                         dist::Communicator& comm_ref, double process_start);
@@ -302,36 +287,12 @@ void TrainingRun::setup() {
     check_tokenizer_size(io::Tokenizer::load(t.tokenizer_path), t.tokenizer_path, config_, t);
 
   // Run directory: base_output_directory/run_name, or the directory being resumed.
-  std::string run_dir;
-  if (!options_.resume.empty()) {
-    HYP_CHECK(fs::is_directory(options_.resume), "--resume '{}': no such directory",
-              options_.resume);
-    run_dir = has_model_weights(options_.resume)
-                  ? fs::path(options_.resume).parent_path().parent_path().string()
-                  : options_.resume;
-  } else {
-    const std::string name = t.run_name.empty() ? t.name + "-" + timestamp() : t.run_name;
-    run_dir = t.base_output_directory + "/" + name;
-  }
-  run_dir_ = agree(*comm_, run_dir);
-  io::make_directories(run_dir_);
+  run_dir_ = open_run_directory(t, options_.resume, *comm_, lock_);
   result_.run_dir = run_dir_;
-  // One training per run directory: a second one would interleave checkpoints and
-  // metrics with this one's.
-  if (rank_ == 0) {
-    lock_.emplace(run_dir_, "run directory");
-    if (!lock_->previous_holder().empty())
-      log_info("run directory {}: took over the lock of {} (no longer running)", run_dir_,
-               lock_->previous_holder());
-  }
-  if (world_ > 1) {
-    io::make_directories(run_dir_ + "/logs");
-    set_log_rank(rank_, fmt::format("{}/logs/rank-{}.log", run_dir_, rank_),
-                 rank_ == 0 ? LogLevel::kDebug : LogLevel::kWarn);
+  if (world_ > 1)
     log_info("rank {} of {}: pid {}, {} threads, mesh data {} fsdp {} expert {}, mode {}", rank_,
              world_, static_cast<int64_t>(::getpid()), num_threads(), mesh_.data, mesh_.fsdp,
              mesh_.expert, parallel_mode_name(mode_));
-  }
   // The event log, metrics endpoint and stack dumps from here on (a collective: every
   // rank gets here).
   monitor_ = std::make_unique<TrainingMonitor>(t_, *comm_, run_dir_, process_start_);
@@ -716,6 +677,7 @@ void TrainingRun::finish() {
 
 TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions& options,
                         dist::Communicator& comm, double process_start) {
+  if (t.dlrm_model) return run_recsys_training(config, t, options, comm, process_start);
   TrainingRun run(config, std::move(t), options, comm, process_start);
   return run.run();
 }

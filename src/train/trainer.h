@@ -28,6 +28,9 @@ struct TrainResult {
   std::vector<StepMetrics> history;  // steps run by this process
   double eval_loss = 0, eval_perplexity = 0;
   int64_t eval_tokens = 0;
+  // Recommenders: held-out AUC (-1: none) over eval_tokens examples, and examples/s.
+  double auc = -1;
+  double mean_samples_per_s = 0;
   // MFU denominator: the peak of the precision the matmuls run in (int8 for quantization:
   // int8, bf16 or f32 otherwise; fp8 runs emulated on bf16 units here).
   double peak_gflops = 0;

@@ -22,6 +22,10 @@ TEST(DenseOps, MatchReference) {
       const std::vector<float> x0 = randn(size_t(n), rng), z = randn(size_t(n), rng),
                                x = randn(size_t(n), rng), g = randn(size_t(n), rng);
       for_each_target([&] {
+        std::vector<float> s1 = x, s2 = x;
+        add_to(s1.data(), z.data(), n);
+        ref::add_to(s2.data(), z.data(), n);
+        EXPECT_EQ(s1, s2);
         std::vector<float> a = x, b = x;
         relu_forward(a.data(), n);
         ref::relu_forward(b.data(), n);
@@ -56,6 +60,23 @@ TEST(DenseOps, MatchReference) {
         for (int64_t j = 0; j < cols; ++j) ASSERT_NEAR(a[size_t(j)], b[size_t(j)], 1e-4f);
       });
     }
+  }
+}
+
+TEST(DenseOps, AdagradMatchesReference) {
+  for (int64_t n : {3, 16, 1000}) {
+    std::mt19937 rng(static_cast<unsigned>(n));
+    const std::vector<float> w0 = randn(size_t(n), rng), g = randn(size_t(n), rng);
+    std::vector<float> s0(size_t(n), 0.5f);
+    for_each_target([&] {
+      std::vector<float> w1 = w0, w2 = w0, s1 = s0, s2 = s0;
+      adagrad_update(w1.data(), s1.data(), g.data(), n, 0.1f, 1e-8f);
+      ref::adagrad_update(w2.data(), s2.data(), g.data(), n, 0.1f, 1e-8f);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_NEAR(w1[size_t(i)], w2[size_t(i)], 1e-6f);
+        ASSERT_NEAR(s1[size_t(i)], s2[size_t(i)], 1e-6f);
+      }
+    });
   }
 }
 

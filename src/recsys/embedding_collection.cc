@@ -1,0 +1,435 @@
+#include "recsys/embedding_collection.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <numeric>
+
+#include "base/error.h"
+#include "base/threads.h"
+#include "tensor/convert.h"
+
+namespace hyperion::recsys {
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::string table_name(int64_t t) {
+  return fmt::format("embedding_bags.t_cat_{}.weight", t);
+}
+
+// A name of this collection's tensors: table, first row (-1: whole table), state or not.
+struct PieceName {
+  int64_t table = -1;
+  int64_t first_row = 0;
+  bool whole = true;
+  bool state = false;
+};
+
+bool parse_piece_name(const std::string& name, PieceName& out) {
+  static const std::string prefix = "embedding_bags.t_cat_";
+  if (name.rfind(prefix, 0) != 0) return false;
+  size_t pos = prefix.size();
+  size_t end = name.find(".weight", pos);
+  if (end == std::string::npos || end == pos) return false;
+  try {
+    out.table = std::stoll(name.substr(pos, end - pos));
+  } catch (const std::exception&) {
+    return false;
+  }
+  std::string rest = name.substr(end + 7);  // after ".weight"
+  out.whole = true;
+  out.first_row = 0;
+  if (!rest.empty() && rest[0] == '@') {
+    size_t dot = rest.find('.');
+    try {
+      out.first_row = std::stoll(rest.substr(1, dot == std::string::npos ? dot : dot - 1));
+    } catch (const std::exception&) {
+      return false;
+    }
+    out.whole = false;
+    rest = dot == std::string::npos ? "" : rest.substr(dot);
+  }
+  out.state = rest == ".sum";
+  return rest.empty() || out.state;
+}
+
+}  // namespace
+
+EmbeddingCollection::EmbeddingCollection(const DlrmConfig& config, dist::Communicator& comm)
+    : config_(config), comm_(comm), rank_(comm.rank()), world_(comm.world_size()) {
+  const int64_t T = config_.tables(), D = config_.embedding_dim;
+  shards_.resize(size_t(T));
+  if (config_.sharding == Sharding::kTable || world_ == 1) {
+    // Largest first onto the least loaded rank (ties: the lowest rank).
+    std::vector<int64_t> order(static_cast<size_t>(T));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return config_.table_rows[size_t(a)] > config_.table_rows[size_t(b)];
+    });
+    std::vector<int64_t> load(static_cast<size_t>(world_), 0);
+    for (int64_t t : order) {
+      const int owner = int(std::min_element(load.begin(), load.end()) - load.begin());
+      load[size_t(owner)] += config_.table_rows[size_t(t)];
+      TableShard& s = shards_[size_t(t)];
+      s.rows = config_.table_rows[size_t(t)];
+      s.owner = owner;
+      s.block = s.rows;
+      s.first_row = 0;
+      s.local_rows = owner == rank_ ? s.rows : 0;
+    }
+  } else {
+    for (int64_t t = 0; t < T; ++t) {
+      TableShard& s = shards_[size_t(t)];
+      s.rows = config_.table_rows[size_t(t)];
+      s.block = (s.rows + world_ - 1) / world_;
+      s.first_row = std::min(s.rows, s.block * rank_);
+      s.local_rows = std::min(s.rows, s.first_row + s.block) - s.first_row;
+    }
+  }
+  const int64_t per_row = sparse_optimizer_state_per_row(config_.sparse_optimizer, D);
+  for (int64_t t = 0; t < T; ++t) {
+    const TableShard& s = shards_[size_t(t)];
+    weights_.emplace_back(size_t(s.local_rows * D) * dtype_size(config_.embedding_dtype));
+    state_.emplace_back(size_t(s.local_rows * per_row));
+  }
+}
+
+int64_t EmbeddingCollection::local_bytes() const {
+  int64_t n = 0;
+  for (size_t t = 0; t < weights_.size(); ++t)
+    n += int64_t(weights_[t].size() + state_[t].size() * sizeof(float));
+  return n;
+}
+
+int EmbeddingCollection::owner_of(int64_t t, int32_t id) const {
+  const TableShard& s = shards_[size_t(t)];
+  return config_.sharding == Sharding::kTable || world_ == 1 ? s.owner : int(id / s.block);
+}
+
+EmbeddingBagTable EmbeddingCollection::local_table(int64_t t) const {
+  EmbeddingBagTable tab;
+  tab.weights = const_cast<unsigned char*>(weights_[size_t(t)].data());
+  tab.dtype = config_.embedding_dtype;
+  tab.state = const_cast<float*>(state_[size_t(t)].data());
+  tab.rows = shards_[size_t(t)].local_rows;
+  tab.dim = config_.embedding_dim;
+  tab.pooling = config_.pooling;
+  return tab;
+}
+
+void EmbeddingCollection::init(uint64_t seed) {
+  const int64_t D = config_.embedding_dim;
+  for (int64_t t = 0; t < config_.tables(); ++t) {
+    const TableShard& s = shards_[size_t(t)];
+    const float bound = 1.0f / std::sqrt(static_cast<float>(s.rows));
+    unsigned char* w = weights_[size_t(t)].data();
+    const DType dt = config_.embedding_dtype;
+    parallel_chunks(s.local_rows, 256, [&](int64_t begin, int64_t end) {
+      std::vector<float> row(static_cast<size_t>(D));
+      for (int64_t r = begin; r < end; ++r) {
+        uint64_t h = splitmix64(seed ^ splitmix64(uint64_t(t) << 40 ^ uint64_t(s.first_row + r)));
+        for (int64_t j = 0; j < D; ++j) {
+          h = splitmix64(h);
+          const float u = static_cast<float>(h >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+          row[size_t(j)] = (2.0f * u - 1.0f) * bound;
+        }
+        convert_any(row.data(), DType::kF32, w + size_t(r * D) * dtype_size(dt), dt, size_t(D));
+      }
+    });
+    std::fill(state_[size_t(t)].begin(), state_[size_t(t)].end(), 0.0f);
+  }
+}
+
+void EmbeddingCollection::forward(const Batch& batch, float* out, int64_t out_stride,
+                                  int64_t first_column) {
+  const int64_t T = config_.tables();
+  HYP_CHECK(int64_t(batch.sparse_offsets.size()) == T * batch.rows + 1,
+            "embedding lookup: the batch has {} bag offsets for {} examples and {} tables "
+            "(expected {})",
+            batch.sparse_offsets.size(), batch.rows, T, T * batch.rows + 1);
+  batch_ = &batch;
+  if (world_ == 1) {
+    std::vector<EmbeddingBagTable> tabs;
+    for (int64_t t = 0; t < T; ++t) {
+      tabs.push_back(local_table(t));
+      tabs.back().out_column = first_column + t * config_.embedding_dim;
+    }
+    embedding_bag_forward(
+        tabs, {T, batch.rows, batch.sparse_ids.data(), batch.sparse_offsets.data(), nullptr}, out,
+        out_stride);
+    return;
+  }
+  forward_sharded(batch, out, out_stride, first_column);
+}
+
+void EmbeddingCollection::backward_update(const float* dout, int64_t dout_stride,
+                                          int64_t first_column, float lr) {
+  HYP_CHECK(batch_, "embedding backward: no forward pass before it");
+  if (world_ == 1) {
+    const int64_t T = config_.tables();
+    std::vector<EmbeddingBagTable> tabs;
+    for (int64_t t = 0; t < T; ++t) {
+      tabs.push_back(local_table(t));
+      tabs.back().out_column = first_column + t * config_.embedding_dim;
+    }
+    last_updated_ = embedding_bag_backward_update(
+        tabs, {T, batch_->rows, batch_->sparse_ids.data(), batch_->sparse_offsets.data(), nullptr},
+        dout, dout_stride, {config_.sparse_optimizer, lr, static_cast<float>(config_.adagrad_eps)},
+        &scratch_);
+  } else {
+    backward_sharded(dout, dout_stride, first_column, lr);
+  }
+  batch_ = nullptr;
+}
+
+void EmbeddingCollection::forward_sharded(const Batch& batch, float* out, int64_t out_stride,
+                                          int64_t first_column) {
+  const int64_t T = config_.tables(), D = config_.embedding_dim, B = batch.rows;
+  const int W = world_;
+  const int64_t* off = batch.sparse_offsets.data();
+  inverse_.resize(batch.sparse_ids.size());
+  unique_.resize(size_t(T));
+  rows_.resize(size_t(T));
+  send_counts_.assign(size_t(W * T), 0);
+  // 1. Distinct ids per table, counted per owner (ascending ids meet ascending owners).
+  std::vector<int32_t> inv;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t first = off[t * B], n = off[(t + 1) * B] - first;
+    for (int64_t p = first; p < first + n; ++p)
+      HYP_CHECK(
+          batch.sparse_ids[size_t(p)] >= 0 && batch.sparse_ids[size_t(p)] < shards_[size_t(t)].rows,
+          "embedding lookup: id {} at position {} is out of range for table {} ({} rows)",
+          batch.sparse_ids[size_t(p)], p, t, shards_[size_t(t)].rows);
+    dedup_ids(batch.sparse_ids.data() + first, n, unique_[size_t(t)], inv);
+    std::copy(inv.begin(), inv.end(), inverse_.begin() + first);
+    for (int32_t id : unique_[size_t(t)]) ++send_counts_[size_t(owner_of(t, id) * T + t)];
+  }
+  // The counts both ways, then the ids.
+  recv_counts_.assign(size_t(W * T), 0);
+  std::vector<size_t> count_bytes(static_cast<size_t>(W), size_t(T) * sizeof(int64_t));
+  comm_.all_to_all_v(send_counts_.data(), count_bytes, recv_counts_.data(), count_bytes);
+  std::vector<int32_t> send_ids;
+  std::vector<size_t> send_bytes(static_cast<size_t>(W), 0), recv_bytes(static_cast<size_t>(W), 0);
+  std::vector<int64_t> cursor(static_cast<size_t>(T), 0);
+  for (int p = 0; p < W; ++p)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t c = send_counts_[size_t(p * T + t)];
+      const int32_t* u = unique_[size_t(t)].data() + cursor[size_t(t)];
+      send_ids.insert(send_ids.end(), u, u + c);
+      cursor[size_t(t)] += c;
+      send_bytes[size_t(p)] += size_t(c) * sizeof(int32_t);
+      recv_bytes[size_t(p)] += size_t(recv_counts_[size_t(p * T + t)]) * sizeof(int32_t);
+    }
+  int64_t total_recv = 0;
+  for (int64_t c : recv_counts_) total_recv += c;
+  recv_ids_.assign(size_t(total_recv), 0);
+  comm_.all_to_all_v(send_ids.data(), send_bytes, recv_ids_.data(), recv_bytes);
+  // 2. Gather the asked-for rows (as f32) and send them back.
+  std::vector<float> send_rows(static_cast<size_t>(total_recv * D));
+  std::vector<int32_t> local(static_cast<size_t>(total_recv));
+  std::vector<int64_t> ones(static_cast<size_t>(total_recv + 1));
+  std::iota(ones.begin(), ones.end(), 0);
+  int64_t pos = 0;
+  for (int p = 0; p < W; ++p)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t c = recv_counts_[size_t(p * T + t)];
+      if (c == 0) continue;
+      const TableShard& s = shards_[size_t(t)];
+      for (int64_t i = pos; i < pos + c; ++i) {
+        const int64_t id = recv_ids_[size_t(i)];
+        HYP_CHECK(id >= s.first_row && id < s.first_row + s.local_rows,
+                  "embedding lookup: rank {} asked rank {} for row {} of table {}, which it does "
+                  "not hold",
+                  p, rank_, id, t);
+        local[size_t(i)] = static_cast<int32_t>(id - s.first_row);
+      }
+      EmbeddingBagTable tab = local_table(t);
+      tab.pooling = Pooling::kSum;
+      embedding_bag_forward({&tab, 1}, {1, c, local.data() + pos, ones.data(), nullptr},
+                            send_rows.data() + pos * D, D);
+      pos += c;
+    }
+  std::vector<size_t> row_send(static_cast<size_t>(W)), row_recv(static_cast<size_t>(W));
+  int64_t want = 0;
+  for (int p = 0; p < W; ++p) {
+    row_send[size_t(p)] = recv_bytes[size_t(p)] / sizeof(int32_t) * size_t(D) * sizeof(float);
+    row_recv[size_t(p)] = send_bytes[size_t(p)] / sizeof(int32_t) * size_t(D) * sizeof(float);
+    want += int64_t(send_bytes[size_t(p)] / sizeof(int32_t));
+  }
+  std::vector<float> got(static_cast<size_t>(want * D));
+  comm_.all_to_all_v(send_rows.data(), row_send, got.data(), row_recv);
+  // 3. Each table's rows in its distinct-id order, then pool from them.
+  std::fill(cursor.begin(), cursor.end(), 0);
+  for (int64_t t = 0; t < T; ++t) rows_[size_t(t)].resize(unique_[size_t(t)].size() * size_t(D));
+  const float* src = got.data();
+  for (int p = 0; p < W; ++p)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t c = send_counts_[size_t(p * T + t)];
+      std::memcpy(rows_[size_t(t)].data() + cursor[size_t(t)] * D, src,
+                  size_t(c * D) * sizeof(float));
+      src += c * D;
+      cursor[size_t(t)] += c;
+    }
+  std::vector<EmbeddingBagTable> tabs(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    EmbeddingBagTable& tab = tabs[size_t(t)];
+    tab.weights = rows_[size_t(t)].data();
+    tab.rows = int64_t(unique_[size_t(t)].size());
+    tab.dim = D;
+    tab.pooling = config_.pooling;
+    tab.out_column = first_column + t * D;
+  }
+  embedding_bag_forward(tabs, {T, B, inverse_.data(), off, nullptr}, out, out_stride);
+}
+
+void EmbeddingCollection::backward_sharded(const float* dout, int64_t dout_stride,
+                                           int64_t first_column, float lr) {
+  const int64_t T = config_.tables(), D = config_.embedding_dim, B = batch_->rows;
+  const int W = world_;
+  // The summed gradient of every distinct row this rank used (rows_ is reused for it).
+  std::vector<EmbeddingBagTable> tabs(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    std::fill(rows_[size_t(t)].begin(), rows_[size_t(t)].end(), 0.0f);
+    EmbeddingBagTable& tab = tabs[size_t(t)];
+    tab.weights = rows_[size_t(t)].data();
+    tab.rows = int64_t(unique_[size_t(t)].size());
+    tab.dim = D;
+    tab.pooling = config_.pooling;
+    tab.out_column = first_column + t * D;
+  }
+  embedding_bag_backward_update(tabs,
+                                {T, B, inverse_.data(), batch_->sparse_offsets.data(), nullptr},
+                                dout, dout_stride, {SparseOptimizer::kAccumulate, 0, 0}, &scratch_);
+  // To the owners, in the order the ids went.
+  std::vector<float> send;
+  std::vector<size_t> send_bytes(static_cast<size_t>(W), 0), recv_bytes(static_cast<size_t>(W), 0);
+  std::vector<int64_t> cursor(static_cast<size_t>(T), 0);
+  int64_t total_recv = 0;
+  for (int p = 0; p < W; ++p)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t c = send_counts_[size_t(p * T + t)];
+      const float* g = rows_[size_t(t)].data() + cursor[size_t(t)] * D;
+      send.insert(send.end(), g, g + c * D);
+      cursor[size_t(t)] += c;
+      send_bytes[size_t(p)] += size_t(c * D) * sizeof(float);
+      recv_bytes[size_t(p)] += size_t(recv_counts_[size_t(p * T + t)] * D) * sizeof(float);
+      total_recv += recv_counts_[size_t(p * T + t)];
+    }
+  std::vector<float> got(static_cast<size_t>(total_recv * D));
+  comm_.all_to_all_v(send.data(), send_bytes, got.data(), recv_bytes);
+  // Per table: the rows asked for by every rank (rank order), one update per distinct row.
+  std::vector<std::vector<int32_t>> ids(static_cast<size_t>(T));
+  std::vector<std::vector<float>> grads(static_cast<size_t>(T));
+  int64_t pos = 0;
+  for (int p = 0; p < W; ++p)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t c = recv_counts_[size_t(p * T + t)];
+      const int64_t first = shards_[size_t(t)].first_row;
+      for (int64_t i = pos; i < pos + c; ++i)
+        ids[size_t(t)].push_back(static_cast<int32_t>(recv_ids_[size_t(i)] - first));
+      grads[size_t(t)].insert(grads[size_t(t)].end(), got.begin() + pos * D,
+                              got.begin() + (pos + c) * D);
+      pos += c;
+    }
+  last_updated_ = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t n = int64_t(ids[size_t(t)].size());
+    if (n == 0) continue;
+    std::vector<int64_t> offsets(static_cast<size_t>(n + 1));
+    std::iota(offsets.begin(), offsets.end(), 0);
+    EmbeddingBagTable tab = local_table(t);
+    tab.pooling = Pooling::kSum;
+    last_updated_ += embedding_bag_backward_update(
+        {&tab, 1}, {1, n, ids[size_t(t)].data(), offsets.data(), nullptr}, grads[size_t(t)].data(),
+        D, {config_.sparse_optimizer, lr, static_cast<float>(config_.adagrad_eps)}, &scratch_);
+  }
+}
+
+void EmbeddingCollection::add_tensors(io::SafetensorsWriter& model,
+                                      io::SafetensorsWriter& optimizer) const {
+  const int64_t D = config_.embedding_dim;
+  const int64_t per_row = sparse_optimizer_state_per_row(config_.sparse_optimizer, D);
+  for (int64_t t = 0; t < config_.tables(); ++t) {
+    const TableShard& s = shards_[size_t(t)];
+    if (s.local_rows == 0) continue;
+    const std::string name =
+        s.local_rows == s.rows ? table_name(t) : fmt::format("{}@{}", table_name(t), s.first_row);
+    model.add(name, config_.embedding_dtype, {s.local_rows, D}, weights_[size_t(t)].data());
+    if (per_row > 0)
+      optimizer.add(name + ".sum", DType::kF32,
+                    per_row == 1 ? Shape{s.local_rows} : Shape{s.local_rows, D},
+                    state_[size_t(t)].data());
+  }
+}
+
+void EmbeddingCollection::load(std::span<const io::SafetensorsFile* const> model_files,
+                               std::span<const io::SafetensorsFile* const> optimizer_files) {
+  const int64_t T = config_.tables(), D = config_.embedding_dim;
+  const int64_t per_row = sparse_optimizer_state_per_row(config_.sparse_optimizer, D);
+  std::vector<int64_t> covered(static_cast<size_t>(T), 0), covered_state(static_cast<size_t>(T), 0);
+  auto visit = [&](const io::SafetensorsFile& file, bool state_file) {
+    for (const io::SafetensorsTensor& x : file.tensors()) {
+      const std::string& name = x.name;
+      PieceName pn;
+      if (!parse_piece_name(name, pn) || pn.state != state_file) continue;
+      HYP_CHECK(pn.table >= 0 && pn.table < T,
+                "checkpoint {}: tensor {} is for table {}, but the model has {} tables",
+                file.path(), name, pn.table, T);
+      const TableShard& s = shards_[size_t(pn.table)];
+      const int64_t width = state_file ? per_row : D;
+      const int64_t rows = x.shape.rank() == 0 ? 0 : x.shape[0];
+      const bool shape_ok = state_file && per_row == 1 ? x.shape.rank() == 1
+                                                       : x.shape.rank() == 2 && x.shape[1] == width;
+      HYP_CHECK(shape_ok && pn.first_row + rows <= s.rows && (!pn.whole || rows == s.rows),
+                "checkpoint {}: tensor {} has shape {} which does not fit table {} ({} rows, "
+                "dim {}{})",
+                file.path(), name, x.shape.str(), pn.table, s.rows, D,
+                state_file ? fmt::format(", {} state floats per row ({})", per_row,
+                                         sparse_optimizer_name(config_.sparse_optimizer))
+                           : std::string());
+      const int64_t lo = std::max(pn.first_row, s.first_row);
+      const int64_t hi = std::min(pn.first_row + rows, s.first_row + s.local_rows);
+      if (lo >= hi) continue;
+      const size_t src_elem = dtype_size(x.dtype);
+      const auto* src = static_cast<const unsigned char*>(x.data) +
+                        size_t((lo - pn.first_row) * width) * src_elem;
+      if (state_file) {
+        convert_any(src, x.dtype, state_[size_t(pn.table)].data() + (lo - s.first_row) * width,
+                    DType::kF32, size_t((hi - lo) * width));
+        covered_state[size_t(pn.table)] += hi - lo;
+      } else {
+        const DType dt = config_.embedding_dtype;
+        convert_any(
+            src, x.dtype,
+            weights_[size_t(pn.table)].data() + size_t((lo - s.first_row) * D) * dtype_size(dt), dt,
+            size_t((hi - lo) * D));
+        covered[size_t(pn.table)] += hi - lo;
+      }
+    }
+  };
+  for (const io::SafetensorsFile* f : model_files) visit(*f, false);
+  for (const io::SafetensorsFile* f : optimizer_files) visit(*f, true);
+  for (int64_t t = 0; t < T; ++t) {
+    const TableShard& s = shards_[size_t(t)];
+    HYP_CHECK(covered[size_t(t)] == s.local_rows,
+              "checkpoint: {} holds {} of the {} rows [{}, {}) this rank needs (overlapping or "
+              "missing pieces)",
+              table_name(t), covered[size_t(t)], s.local_rows, s.first_row,
+              s.first_row + s.local_rows);
+    HYP_CHECK(per_row == 0 || covered_state[size_t(t)] == s.local_rows,
+              "checkpoint: the {} state of {} covers {} of the {} rows this rank needs (was the "
+              "run trained with another dlrm.sparse_optimizer?)",
+              sparse_optimizer_name(config_.sparse_optimizer), table_name(t),
+              covered_state[size_t(t)], s.local_rows);
+  }
+}
+
+}  // namespace hyperion::recsys
