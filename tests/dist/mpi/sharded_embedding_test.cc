@@ -118,7 +118,8 @@ TEST(ShardedEmbedding, DlrmStepsEqualOneProcess) {
       float l = static_cast<float>(loss);
       comm.all_reduce(&l, 1, dist::ReduceOp::kAvg);
       const double want = whole.train_step(global, 0.02f).loss;
-      EXPECT_NEAR(l, want, 1e-5 * (1 + std::fabs(want))) << sharding_name(sharding) << " step " << step;
+      EXPECT_NEAR(l, want, 1e-5 * (1 + std::fabs(want)))
+          << sharding_name(sharding) << " step " << step;
     }
     for (int64_t i = 0; i < sharded.dense_size(); ++i)
       ASSERT_NEAR(sharded.dense_params()[i], whole.dense_params()[i], 1e-5f)
