@@ -21,6 +21,15 @@ void* aligned_malloc(size_t bytes, size_t alignment) {
   return p;
 }
 
+void* huge_page_malloc(size_t bytes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (bytes < kHuge) return aligned_malloc(bytes);
+  void* p = aligned_malloc(bytes, kHuge);
+  // Advice only: without transparent huge pages the memory works the same, with 4 KiB pages.
+  (void)madvise(p, (bytes + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);
+  return p;
+}
+
 void aligned_free(void* ptr) {
   std::free(ptr);
 }

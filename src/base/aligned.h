@@ -21,6 +21,12 @@ void aligned_free(void* ptr);
 // buffers a rank holds only part of at a time (FSDP parameters and gradients).
 void release_pages(void* ptr, size_t bytes, bool zero);
 
+// Allocates `bytes` for a large table read at random (embedding rows): 2 MiB aligned and
+// advised to transparent huge pages (madvise MADV_HUGEPAGE, before first touch), so random
+// rows of a multi-GB table hit the TLB instead of walking page tables. Small sizes get a
+// plain aligned_malloc. Free with aligned_free.
+void* huge_page_malloc(size_t bytes);
+
 inline bool is_aligned(const void* ptr, size_t alignment = kAlignment) {
   return (reinterpret_cast<uintptr_t>(ptr) % alignment) == 0;
 }
@@ -37,6 +43,14 @@ class AlignedBuffer {
   explicit AlignedBuffer(size_t count)
       : data_(static_cast<T*>(aligned_malloc(count * sizeof(T) == 0 ? 1 : count * sizeof(T)))),
         size_(count) {}
+  // A buffer for random access over many MB (huge_page_malloc).
+  static AlignedBuffer huge_pages(size_t count) {
+    AlignedBuffer b;
+    b.data_.reset(
+        static_cast<T*>(huge_page_malloc(count * sizeof(T) == 0 ? 1 : count * sizeof(T))));
+    b.size_ = count;
+    return b;
+  }
   T* data() { return data_.get(); }
   const T* data() const { return data_.get(); }
   size_t size() const { return size_; }

@@ -17,6 +17,7 @@ const std::vector<Command>& all_commands() {
       {&kBenchMoeSpec, cmd_bench_moe},
       {&kBenchServeSpec, cmd_bench_serve},
       {&kBenchDecodeSpec, cmd_bench_decode},
+      {&kBenchEmbeddingSpec, cmd_bench_embedding},
       {&kGoodputSpec, cmd_goodput},
       {&kMonitorSpec, cmd_monitor},
       {&kClusterCreateSpec, cmd_cluster_create},

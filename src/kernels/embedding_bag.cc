@@ -16,8 +16,12 @@ HWY_BEFORE_NAMESPACE();
 namespace hyperion {
 namespace HWY_NAMESPACE {
 
-// Ids ahead whose rows are prefetched (about 8 KB in flight per thread at dim 128 f32).
-constexpr int64_t kPrefetchDistance = 16;
+// Ids ahead whose rows are prefetched: 8 rows (4 KB at dim 128 f32) in flight per thread.
+// Measured on large-d128-bag1 (hyperion bench embedding): 4, 8 and 16 are within 1%, 0 is
+// 30% slower and 32-64 a few % slower; prefetching only a row's first lines (leaving the
+// rest to the hardware streamer), hints T1/T2 and transparent huge pages made no
+// difference on this machine (docs/PERFORMANCE.md).
+constexpr int64_t kPrefetchDistance = 8;
 
 // The scale every id of a bag of n ids gets from the pooling mode.
 HWY_INLINE float PoolFactor(Pooling p, int64_t n) {

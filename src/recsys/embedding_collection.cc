@@ -97,8 +97,9 @@ EmbeddingCollection::EmbeddingCollection(const DlrmConfig& config, dist::Communi
   const int64_t per_row = sparse_optimizer_state_per_row(config_.sparse_optimizer, D);
   for (int64_t t = 0; t < T; ++t) {
     const TableShard& s = shards_[size_t(t)];
-    weights_.emplace_back(size_t(s.local_rows * D) * dtype_size(config_.embedding_dtype));
-    state_.emplace_back(size_t(s.local_rows * per_row));
+    weights_.push_back(AlignedBuffer<unsigned char>::huge_pages(
+        size_t(s.local_rows * D) * dtype_size(config_.embedding_dtype)));
+    state_.push_back(AlignedBuffer<float>::huge_pages(size_t(s.local_rows * per_row)));
   }
 }
 
