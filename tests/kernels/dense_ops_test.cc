@@ -46,8 +46,9 @@ TEST(DenseOps, MatchReference) {
         for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(dx1[size_t(i)], dx2[size_t(i)], 1e-6f);
       });
     }
-    for (auto [rows, cols] :
+    for (const auto& shape :
          std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 33}, {300, 130}}) {
+      const int64_t rows = shape.first, cols = shape.second;
       std::mt19937 rng(9);
       const std::vector<float> dy = randn(size_t(rows * cols), rng);
       for_each_target([&] {
