@@ -1,6 +1,7 @@
 // What the trainer drives (train/trainer.h): a model it can step, evaluate and
-// checkpoint, fed batches by a data source. LlamaModel is one; a recommender model
-// (embedding bags over sparse features, then an MLP) plugs into the same trainer.
+// checkpoint, fed batches by a data source. LlamaModel is one. The recommender
+// (recsys/dlrm_model.h) reads the same Batch (its dense and sparse fields) but steps its
+// own sharded tables and optimizers, under train/recsys_trainer.h.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +34,10 @@ struct Batch {
   int64_t seq_len = 0;                   // tokens per sequence (language models)
   std::vector<int32_t> inputs, targets;  // [rows * seq_len] token ids, next-token targets
   std::vector<float> dense;              // [rows, dense features]
-  std::vector<int32_t> sparse_ids;       // every (example, table) bag's ids, concatenated
-  std::vector<int64_t> sparse_offsets;   // bag starts into sparse_ids, plus the end
+  // Bags in table-major order: bag (table t, example b) is sparse_ids[sparse_offsets[t *
+  // rows + b] .. sparse_offsets[t * rows + b + 1]) (kernels/embedding_bag.h).
+  std::vector<int32_t> sparse_ids;
+  std::vector<int64_t> sparse_offsets;  // tables * rows + 1 entries
   std::vector<float> labels;             // [rows]
 
   // A token batch of rows x seq_len (zeros).
