@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "kernels/dense_ops.h"
+#include "kernels/fill.h"
 #include "kernels/gemm.h"
 #include "kernels/global_norm.h"
 
@@ -14,13 +15,6 @@ namespace hyperion::recsys {
 namespace {
 
 constexpr int64_t kAlign = 16;  // floats: each tensor starts on a 64-byte boundary
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 uint64_t hash_name(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
@@ -31,18 +25,8 @@ uint64_t hash_name(const std::string& s) {
 // y [rows, out] = x [rows, in] W^T + b, W [out, in].
 void linear_forward(const float* x, int64_t rows, int64_t in, int64_t out, const float* w,
                     const float* b, float* y) {
-  GemmArgs a;
-  a.trans_a = Trans::kN;
-  a.trans_b = Trans::kT;
-  a.m = rows;
-  a.n = out;
-  a.k = in;
-  a.a = x;
-  a.lda = in;
-  a.b = w;
-  a.ldb = in;
-  a.c = y;
-  a.ldc = out;
+  GemmArgs a = contiguous_gemm_args(Trans::kN, Trans::kT, rows, out, in, x, DType::kF32, w,
+                                    DType::kF32, y, DType::kF32);
   a.bias = b;
   gemm(a);
 }

@@ -8,18 +8,12 @@
 
 #include "base/error.h"
 #include "base/threads.h"
+#include "kernels/fill.h"
 #include "tensor/convert.h"
 
 namespace hyperion::recsys {
 
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 std::string table_name(int64_t t) {
   return fmt::format("embedding_bags.t_cat_{}.weight", t);
@@ -126,6 +120,32 @@ EmbeddingBagTable EmbeddingCollection::local_table(int64_t t) const {
   return tab;
 }
 
+// Every table this rank holds, its pooled vector at first_column + t * dim.
+std::vector<EmbeddingBagTable> EmbeddingCollection::local_tables(int64_t first_column) const {
+  std::vector<EmbeddingBagTable> tabs;
+  for (int64_t t = 0; t < config_.tables(); ++t) {
+    tabs.push_back(local_table(t));
+    tabs.back().out_column = first_column + t * config_.embedding_dim;
+  }
+  return tabs;
+}
+
+// The rows received for this rank's distinct ids (rows_, one buffer per table) as tables
+// the kernels pool from (their row i is the row of unique_[t][i]).
+std::vector<EmbeddingBagTable> EmbeddingCollection::received_tables(int64_t first_column) {
+  const int64_t D = config_.embedding_dim;
+  std::vector<EmbeddingBagTable> tabs(rows_.size());
+  for (size_t t = 0; t < rows_.size(); ++t) {
+    EmbeddingBagTable& tab = tabs[t];
+    tab.weights = rows_[t].data();
+    tab.rows = int64_t(unique_[t].size());
+    tab.dim = D;
+    tab.pooling = config_.pooling;
+    tab.out_column = first_column + int64_t(t) * D;
+  }
+  return tabs;
+}
+
 void EmbeddingCollection::init(uint64_t seed) {
   const int64_t D = config_.embedding_dim;
   for (int64_t t = 0; t < config_.tables(); ++t) {
@@ -158,13 +178,9 @@ void EmbeddingCollection::forward(const Batch& batch, float* out, int64_t out_st
             batch.sparse_offsets.size(), batch.rows, T, T * batch.rows + 1);
   batch_ = &batch;
   if (world_ == 1) {
-    std::vector<EmbeddingBagTable> tabs;
-    for (int64_t t = 0; t < T; ++t) {
-      tabs.push_back(local_table(t));
-      tabs.back().out_column = first_column + t * config_.embedding_dim;
-    }
     embedding_bag_forward(
-        tabs, {T, batch.rows, batch.sparse_ids.data(), batch.sparse_offsets.data(), nullptr}, out,
+        local_tables(first_column),
+        {T, batch.rows, batch.sparse_ids.data(), batch.sparse_offsets.data(), nullptr}, out,
         out_stride);
     return;
   }
@@ -176,14 +192,10 @@ void EmbeddingCollection::backward_update(const float* dout, int64_t dout_stride
   HYP_CHECK(batch_, "embedding backward: no forward pass before it");
   if (world_ == 1) {
     const int64_t T = config_.tables();
-    std::vector<EmbeddingBagTable> tabs;
-    for (int64_t t = 0; t < T; ++t) {
-      tabs.push_back(local_table(t));
-      tabs.back().out_column = first_column + t * config_.embedding_dim;
-    }
     last_updated_ = embedding_bag_backward_update(
-        tabs, {T, batch_->rows, batch_->sparse_ids.data(), batch_->sparse_offsets.data(), nullptr},
-        dout, dout_stride, {config_.sparse_optimizer, lr, static_cast<float>(config_.adagrad_eps)},
+        local_tables(first_column),
+        {T, batch_->rows, batch_->sparse_ids.data(), batch_->sparse_offsets.data(), nullptr}, dout,
+        dout_stride, {config_.sparse_optimizer, lr, static_cast<float>(config_.adagrad_eps)},
         &scratch_);
   } else {
     backward_sharded(dout, dout_stride, first_column, lr);
@@ -279,16 +291,8 @@ void EmbeddingCollection::forward_sharded(const Batch& batch, float* out, int64_
       src += c * D;
       cursor[size_t(t)] += c;
     }
-  std::vector<EmbeddingBagTable> tabs(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) {
-    EmbeddingBagTable& tab = tabs[size_t(t)];
-    tab.weights = rows_[size_t(t)].data();
-    tab.rows = int64_t(unique_[size_t(t)].size());
-    tab.dim = D;
-    tab.pooling = config_.pooling;
-    tab.out_column = first_column + t * D;
-  }
-  embedding_bag_forward(tabs, {T, B, inverse_.data(), off, nullptr}, out, out_stride);
+  embedding_bag_forward(received_tables(first_column), {T, B, inverse_.data(), off, nullptr}, out,
+                        out_stride);
 }
 
 void EmbeddingCollection::backward_sharded(const float* dout, int64_t dout_stride,
@@ -296,17 +300,8 @@ void EmbeddingCollection::backward_sharded(const float* dout, int64_t dout_strid
   const int64_t T = config_.tables(), D = config_.embedding_dim, B = batch_->rows;
   const int W = world_;
   // The summed gradient of every distinct row this rank used (rows_ is reused for it).
-  std::vector<EmbeddingBagTable> tabs(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) {
-    std::fill(rows_[size_t(t)].begin(), rows_[size_t(t)].end(), 0.0f);
-    EmbeddingBagTable& tab = tabs[size_t(t)];
-    tab.weights = rows_[size_t(t)].data();
-    tab.rows = int64_t(unique_[size_t(t)].size());
-    tab.dim = D;
-    tab.pooling = config_.pooling;
-    tab.out_column = first_column + t * D;
-  }
-  embedding_bag_backward_update(tabs,
+  for (std::vector<float>& r : rows_) std::fill(r.begin(), r.end(), 0.0f);
+  embedding_bag_backward_update(received_tables(first_column),
                                 {T, B, inverse_.data(), batch_->sparse_offsets.data(), nullptr},
                                 dout, dout_stride, {SparseOptimizer::kAccumulate, 0, 0}, &scratch_);
   // To the owners, in the order the ids went.

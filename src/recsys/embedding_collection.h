@@ -86,6 +86,8 @@ class EmbeddingCollection {
  private:
   int owner_of(int64_t t, int32_t id) const;
   EmbeddingBagTable local_table(int64_t t) const;
+  std::vector<EmbeddingBagTable> local_tables(int64_t first_column) const;
+  std::vector<EmbeddingBagTable> received_tables(int64_t first_column);
   void forward_sharded(const Batch& batch, float* out, int64_t out_stride, int64_t first_column);
   void backward_sharded(const float* dout, int64_t dout_stride, int64_t first_column, float lr);
 
