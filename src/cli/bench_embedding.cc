@@ -3,8 +3,8 @@
 // and GB/s against this machine's measured memory bandwidth. The cases and the byte
 // counts are those of bench/embedding_torch.py, the PyTorch nn.EmbeddingBag peer:
 //   forward bytes   per table: ids * dim * sizeof(row) + batch * dim * 4 (pooled output)
-//   update bytes    per table: distinct rows * dim * 4 * (4 for Adagrad: weight and state
-//                   read and written; 2 for SGD; 2 + 2/dim for row-wise Adagrad)
+//   update bytes    per table: distinct rows * (dim * sizeof(row) * 2 for the row read and
+//                   written, + dim * 4 * 2 for Adagrad's state, + 8 for row-wise Adagrad's)
 //                   + batch * dim * 4 (the pooled gradient read)
 // Ids are uniform over the rows (or a power law with --zipf); --id-sets batches of them
 // are drawn up front and cycled, so calls keep reaching new rows (set it so that the rows
@@ -236,9 +236,11 @@ int cmd_bench_embedding(const Args& args) {
           ++calls;
         });
         const double rows_per_call = double(distinct) / double(calls);
-        const double per_row = opt == SparseOptimizer::kAdagrad          ? 4.0 * double(D) * 4
-                               : opt == SparseOptimizer::kRowwiseAdagrad ? 2.0 * double(D) * 4 + 8
-                                                                         : 2.0 * double(D) * 4;
+        // The row read and written in its dtype, Adagrad's f32 state likewise.
+        const double row = 2.0 * double(D) * double(elem);
+        const double per_row = opt == SparseOptimizer::kAdagrad          ? row + 2.0 * double(D) * 4
+                               : opt == SparseOptimizer::kRowwiseAdagrad ? row + 8
+                                                                         : row;
         const Figures up = figures(s, rows_per_call * per_row + double(T * B * D) * 4);
         j[sparse_optimizer_name(opt)] = to_json(up);
         j[sparse_optimizer_name(opt)]["distinct_rows_per_call"] = rows_per_call;

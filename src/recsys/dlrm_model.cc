@@ -228,6 +228,7 @@ DlrmStepResult DlrmModel::train_step(const Batch& batch, float lr) {
 
 void DlrmModel::predict(const Batch& batch, float* logits) {
   forward(batch);
+  embeddings_.end_forward();
   std::memcpy(logits, top_acts_.back().data(), size_t(rows_) * sizeof(float));
 }
 

@@ -57,37 +57,60 @@ bool parse_piece_name(const std::string& name, PieceName& out) {
 
 }  // namespace
 
-EmbeddingCollection::EmbeddingCollection(const DlrmConfig& config, dist::Communicator& comm)
-    : config_(config), comm_(comm), rank_(comm.rank()), world_(comm.world_size()) {
-  const int64_t T = config_.tables(), D = config_.embedding_dim;
-  shards_.resize(size_t(T));
-  if (config_.sharding == Sharding::kTable || world_ == 1) {
+std::vector<TableShard> EmbeddingCollection::placement(const DlrmConfig& config, int world,
+                                                       int rank) {
+  const int64_t T = config.tables();
+  std::vector<TableShard> shards(static_cast<size_t>(T));
+  if (config.sharding == Sharding::kTable || world == 1) {
     // Largest first onto the least loaded rank (ties: the lowest rank).
     std::vector<int64_t> order(static_cast<size_t>(T));
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-      return config_.table_rows[size_t(a)] > config_.table_rows[size_t(b)];
+      return config.table_rows[size_t(a)] > config.table_rows[size_t(b)];
     });
-    std::vector<int64_t> load(static_cast<size_t>(world_), 0);
+    std::vector<int64_t> load(static_cast<size_t>(world), 0);
     for (int64_t t : order) {
       const int owner = int(std::min_element(load.begin(), load.end()) - load.begin());
-      load[size_t(owner)] += config_.table_rows[size_t(t)];
-      TableShard& s = shards_[size_t(t)];
-      s.rows = config_.table_rows[size_t(t)];
+      load[size_t(owner)] += config.table_rows[size_t(t)];
+      TableShard& s = shards[size_t(t)];
+      s.rows = config.table_rows[size_t(t)];
       s.owner = owner;
       s.block = s.rows;
       s.first_row = 0;
-      s.local_rows = owner == rank_ ? s.rows : 0;
+      s.local_rows = owner == rank ? s.rows : 0;
     }
   } else {
     for (int64_t t = 0; t < T; ++t) {
-      TableShard& s = shards_[size_t(t)];
-      s.rows = config_.table_rows[size_t(t)];
-      s.block = (s.rows + world_ - 1) / world_;
-      s.first_row = std::min(s.rows, s.block * rank_);
+      TableShard& s = shards[size_t(t)];
+      s.rows = config.table_rows[size_t(t)];
+      s.block = (s.rows + world - 1) / world;
+      s.first_row = std::min(s.rows, s.block * rank);
       s.local_rows = std::min(s.rows, s.first_row + s.block) - s.first_row;
     }
   }
+  return shards;
+}
+
+int64_t EmbeddingCollection::max_rank_bytes(const DlrmConfig& config, int world) {
+  const int64_t D = config.embedding_dim;
+  const int64_t row_bytes = D * int64_t(dtype_size(config.embedding_dtype)) +
+                            4 * sparse_optimizer_state_per_row(config.sparse_optimizer, D);
+  int64_t most = 0;
+  for (int r = 0; r < world; ++r) {
+    int64_t rows = 0;
+    for (const TableShard& s : placement(config, world, r)) rows += s.local_rows;
+    most = std::max(most, rows * row_bytes);
+  }
+  return most;
+}
+
+EmbeddingCollection::EmbeddingCollection(const DlrmConfig& config, dist::Communicator& comm)
+    : config_(config),
+      comm_(comm),
+      rank_(comm.rank()),
+      world_(comm.world_size()),
+      shards_(placement(config, comm.world_size(), comm.rank())) {
+  const int64_t T = config_.tables(), D = config_.embedding_dim;
   const int64_t per_row = sparse_optimizer_state_per_row(config_.sparse_optimizer, D);
   for (int64_t t = 0; t < T; ++t) {
     const TableShard& s = shards_[size_t(t)];
@@ -176,6 +199,15 @@ void EmbeddingCollection::forward(const Batch& batch, float* out, int64_t out_st
             "embedding lookup: the batch has {} bag offsets for {} examples and {} tables "
             "(expected {})",
             batch.sparse_offsets.size(), batch.rows, T, T * batch.rows + 1);
+  const int64_t nbags = T * batch.rows;
+  HYP_CHECK(batch.sparse_offsets[0] == 0 &&
+                batch.sparse_offsets[size_t(nbags)] == int64_t(batch.sparse_ids.size()),
+            "embedding lookup: the bag offsets run from {} to {} over {} ids (expected 0 to {})",
+            batch.sparse_offsets[0], batch.sparse_offsets[size_t(nbags)], batch.sparse_ids.size(),
+            batch.sparse_ids.size());
+  for (int64_t i = 0; i < nbags; ++i)
+    HYP_CHECK(batch.sparse_offsets[size_t(i)] <= batch.sparse_offsets[size_t(i + 1)],
+              "embedding lookup: the bag offsets decrease at bag {}", i);
   batch_ = &batch;
   if (world_ == 1) {
     embedding_bag_forward(
@@ -370,12 +402,20 @@ void EmbeddingCollection::load(std::span<const io::SafetensorsFile* const> model
                                std::span<const io::SafetensorsFile* const> optimizer_files) {
   const int64_t T = config_.tables(), D = config_.embedding_dim;
   const int64_t per_row = sparse_optimizer_state_per_row(config_.sparse_optimizer, D);
-  std::vector<int64_t> covered(static_cast<size_t>(T), 0), covered_state(static_cast<size_t>(T), 0);
+  // The row ranges each table's pieces filled here, to find gaps and overlaps.
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  std::vector<Ranges> covered(static_cast<size_t>(T)), covered_state(static_cast<size_t>(T));
   auto visit = [&](const io::SafetensorsFile& file, bool state_file) {
     for (const io::SafetensorsTensor& x : file.tensors()) {
       const std::string& name = x.name;
       PieceName pn;
       if (!parse_piece_name(name, pn) || pn.state != state_file) continue;
+      // SGD keeps no state: a previous optimizer's is left behind.
+      if (state_file && per_row == 0) continue;
+      HYP_CHECK(x.dtype == DType::kF32 || x.dtype == DType::kBF16 || x.dtype == DType::kF16,
+                "checkpoint {}: tensor {} is {}; table rows and state load from f32, bf16 or f16 "
+                "(an int8 serving table cannot resume training)",
+                file.path(), name, dtype_name(x.dtype));
       HYP_CHECK(pn.table >= 0 && pn.table < T,
                 "checkpoint {}: tensor {} is for table {}, but the model has {} tables",
                 file.path(), name, pn.table, T);
@@ -400,31 +440,45 @@ void EmbeddingCollection::load(std::span<const io::SafetensorsFile* const> model
       if (state_file) {
         convert_any(src, x.dtype, state_[size_t(pn.table)].data() + (lo - s.first_row) * width,
                     DType::kF32, size_t((hi - lo) * width));
-        covered_state[size_t(pn.table)] += hi - lo;
+        covered_state[size_t(pn.table)].emplace_back(lo, hi);
       } else {
         const DType dt = config_.embedding_dtype;
         convert_any(
             src, x.dtype,
             weights_[size_t(pn.table)].data() + size_t((lo - s.first_row) * D) * dtype_size(dt), dt,
             size_t((hi - lo) * D));
-        covered[size_t(pn.table)] += hi - lo;
+        covered[size_t(pn.table)].emplace_back(lo, hi);
       }
     }
   };
   for (const io::SafetensorsFile* f : model_files) visit(*f, false);
   for (const io::SafetensorsFile* f : optimizer_files) visit(*f, true);
-  for (int64_t t = 0; t < T; ++t) {
+  // Ranges sorted must tile [first_row, first_row + local_rows) exactly.
+  auto check = [&](Ranges& r, int64_t t, const char* what) {
     const TableShard& s = shards_[size_t(t)];
-    HYP_CHECK(covered[size_t(t)] == s.local_rows,
-              "checkpoint: {} holds {} of the {} rows [{}, {}) this rank needs (overlapping or "
-              "missing pieces)",
-              table_name(t), covered[size_t(t)], s.local_rows, s.first_row,
-              s.first_row + s.local_rows);
-    HYP_CHECK(per_row == 0 || covered_state[size_t(t)] == s.local_rows,
-              "checkpoint: the {} state of {} covers {} of the {} rows this rank needs (was the "
-              "run trained with another dlrm.sparse_optimizer?)",
-              sparse_optimizer_name(config_.sparse_optimizer), table_name(t),
-              covered_state[size_t(t)], s.local_rows);
+    std::sort(r.begin(), r.end());
+    int64_t at = s.first_row;
+    for (const auto& [lo, hi] : r) {
+      HYP_CHECK(
+          lo == at,
+          "checkpoint: the {} of {} {} rows [{}, {}) this rank needs (pieces overlap or leave "
+          "a gap at row {})",
+          what, table_name(t), lo < at ? "overlap within" : "miss part of", s.first_row,
+          s.first_row + s.local_rows, std::min(lo, at));
+      at = hi;
+    }
+    HYP_CHECK(
+        at == s.first_row + s.local_rows,
+        "checkpoint: the {} of {} stop at row {} of the rows [{}, {}) this rank needs{}", what,
+        table_name(t), at, s.first_row, s.first_row + s.local_rows,
+        std::string(what) == "state"
+            ? fmt::format(" (was the run trained with another dlrm.sparse_optimizer than {}?)",
+                          sparse_optimizer_name(config_.sparse_optimizer))
+            : std::string());
+  };
+  for (int64_t t = 0; t < T; ++t) {
+    check(covered[size_t(t)], t, "rows");
+    if (per_row > 0) check(covered_state[size_t(t)], t, "state");
   }
 }
 

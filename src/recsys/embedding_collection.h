@@ -55,12 +55,19 @@ class EmbeddingCollection {
  public:
   EmbeddingCollection(const DlrmConfig& config, dist::Communicator& comm);
 
+  // Where rank `rank` of `world` holds each table's rows (see the top of the file).
+  static std::vector<TableShard> placement(const DlrmConfig& config, int world, int rank);
+  // Bytes of rows and optimizer state on the busiest rank of `world`.
+  static int64_t max_rank_bytes(const DlrmConfig& config, int world);
+
   // Initial rows: uniform(-1/sqrt(rows), 1/sqrt(rows)); state zero.
   void init(uint64_t seed);
 
   // Pools the batch's bags (batch.sparse_*: table-major, rows examples) into
   // out[b * out_stride + first_column + t * dim + j]. A collective with several ranks.
   void forward(const Batch& batch, float* out, int64_t out_stride, int64_t first_column);
+  // After a forward pass that has no backward (prediction): forgets the batch.
+  void end_forward() { batch_ = nullptr; }
   // After forward on the same batch: dout laid out as out (the pooled vectors'
   // gradients). Updates the rows the batch used (on their owners) with `lr`.
   void backward_update(const float* dout, int64_t dout_stride, int64_t first_column, float lr);

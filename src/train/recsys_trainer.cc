@@ -62,9 +62,10 @@ class RecsysRun {
     while (step_ < last) {
       step();
       if (stop_requested_) {
-        log_warn(
-            "stopping after step {} on {}: saving a checkpoint; the same command resumes from it",
-            step_, stop_requested_ == SIGINT ? "SIGINT" : "SIGTERM");
+        log_warn("stopping after step {} on {}: {}", step_,
+                 stop_requested_ == SIGINT ? "SIGINT" : "SIGTERM",
+                 t_.enable_checkpointing ? "saving a checkpoint; the same command resumes from it"
+                                         : "enable_checkpointing=false, so nothing is saved");
         save();
         result_.stopped_by_signal = stop_requested_;
         return finish(false);
@@ -135,26 +136,28 @@ void RecsysRun::setup() {
             "have no GPU form yet)");
   batch_ = t_.per_device_batch_size * t_.gradient_accumulation_steps;
   const recsys::DlrmConfig& d = t_.dlrm;
-  // Every byte this rank will hold, checked before any of it is allocated.
+  // Every byte the busiest rank will hold, times the ranks sharing this host, checked
+  // before any of it is allocated.
   {
-    const int64_t per_row = sparse_optimizer_state_per_row(d.sparse_optimizer, d.embedding_dim);
-    const double share = d.sharding == recsys::Sharding::kRow ? 1.0 / world_ : 1.0;
-    int64_t table_bytes = 0;
-    for (int64_t rows : d.table_rows)
-      table_bytes += static_cast<int64_t>(double(rows) * share + 1) *
-                     (d.embedding_dim * int64_t(dtype_size(d.embedding_dtype)) + per_row * 4);
+    const int64_t table_bytes = recsys::EmbeddingCollection::max_rank_bytes(d, world_);
     const int64_t act = batch_ * (4 * d.interaction_dim() * (d.cross_layers + 4) + 4 * 4096);
+    const int64_t ranks_here = std::max(dist::detect_launch().local_size, 1);
     check_fits_in_memory(
-        table_bytes + 3 * 4 * d.dense_params() + act,
-        fmt::format("training {} ({} embedding and {} dense parameters)", t_.name,
-                    d.embedding_params(), d.dense_params()),
-        fmt::format("tables {} (placed by dlrm.sharding={} over {} ranks), dense part and "
-                    "Adagrad {}",
-                    format_bytes(table_bytes), recsys::sharding_name(d.sharding), world_,
+        sat_mul(table_bytes + 3 * 4 * d.dense_params() + act, ranks_here),
+        fmt::format("training {} ({} embedding and {} dense parameters{})", t_.name,
+                    d.embedding_params(), d.dense_params(),
+                    ranks_here > 1 ? fmt::format(", {} ranks on this host", ranks_here) : ""),
+        fmt::format("tables and their optimizer state {} on the busiest of {} ranks (placed by "
+                    "dlrm.sharding={}), dense part and Adagrad {}",
+                    format_bytes(table_bytes), world_, recsys::sharding_name(d.sharding),
                     format_bytes(3 * 4 * d.dense_params())));
   }
   run_dir_ = open_run_directory(t_, options_.resume, comm_, lock_);
   result_.run_dir = run_dir_;
+  // A save killed half-way leaves its hidden directory (named by the dead process's pid).
+  if (rank_ == 0 && fs::is_directory(run_dir_ + "/checkpoints"))
+    for (const auto& entry : fs::directory_iterator(run_dir_ + "/checkpoints"))
+      if (entry.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(entry.path());
   monitor_ = std::make_unique<TrainingMonitor>(t_, comm_, run_dir_, process_start_);
 
   // Data.
@@ -398,16 +401,19 @@ void RecsysRun::save() {
     fs::rename(tmp, final_dir);
     io::fsync_directory(dir);
     // Keep the newest checkpoints_to_keep.
+    // Keep the newest checkpoints_to_keep, and always the one just written (a run resumed
+    // from an older checkpoint may have newer ones from before).
     std::vector<std::pair<int64_t, fs::path>> all;
     for (const auto& entry : fs::directory_iterator(dir)) {
       const std::string name = entry.path().filename().string();
-      if (!name.empty() && name.size() < 19 &&
-          std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      if (entry.is_directory() && !name.empty() && name.size() < 19 &&
+          std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+          std::stoll(name) != step_)
         all.emplace_back(std::stoll(name), entry.path());
     }
     std::sort(all.begin(), all.end());
-    for (size_t i = 0; i + size_t(std::max<int64_t>(t_.checkpoints_to_keep, 1)) < all.size(); ++i)
-      fs::remove_all(all[i].second);
+    const size_t keep_others = size_t(std::max<int64_t>(t_.checkpoints_to_keep, 1)) - 1;
+    for (size_t i = 0; i + keep_others < all.size(); ++i) fs::remove_all(all[i].second);
   }
   if (world_ > 1) comm_.barrier();
   result_.checkpoint = final_dir;
