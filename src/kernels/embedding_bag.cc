@@ -17,10 +17,10 @@ namespace hyperion {
 namespace HWY_NAMESPACE {
 
 // Ids ahead whose rows are prefetched: 8 rows (4 KB at dim 128 f32) in flight per thread.
-// Measured on large-d128-bag1 (hyperion bench embedding): 4, 8 and 16 are within 1%, 0 is
-// 30% slower and 32-64 a few % slower; prefetching only a row's first lines (leaving the
-// rest to the hardware streamer), hints T1/T2 and transparent huge pages made no
-// difference on this machine (docs/PERFORMANCE.md).
+// Measured with hyperion bench embedding: no prefetch is 39% slower on small-d64-bag1 and
+// 6% slower on large-d128-bag1; distances 4, 8 and 16 are within 1% of each other, 32-64 a
+// few % slower. Prefetching only a row's first lines (leaving the rest to the hardware
+// streamer), hints T1/T2 and transparent huge pages made no measurable difference here.
 constexpr int64_t kPrefetchDistance = 8;
 
 // The scale every id of a bag of n ids gets from the pooling mode.
