@@ -37,6 +37,11 @@ void init_threads() {
   set_num_threads(n);
 }
 
+void release_thread_pool() {
+  if (omp_in_parallel()) return;
+  omp_pause_resource_all(omp_pause_soft);
+}
+
 int num_threads() {
   int n = g_threads.load(std::memory_order_relaxed);
   if (n == 0) {

@@ -18,6 +18,14 @@ void init_threads();
 void set_num_threads(int n);
 int num_threads();
 int hardware_cores();
+// Ends the calling thread's OpenMP team (its idle workers exit). OpenMP keeps one team
+// per thread that starts parallel regions, and libgomp counts the workers of every team:
+// once they outnumber the cores it stops spin-waiting at barriers, so every parallel
+// region then costs a futex sleep and wake-up per worker (130 per decode step of a small
+// model). A thread that hands all parallel work to another (serve: the main thread after
+// loading the model, before the engine thread steps) calls this so one team remains.
+// Must not be called inside a parallel region; a later region builds a new team.
+void release_thread_pool();
 
 // Runs fn(begin, end) over [0, n) split into contiguous chunks of at least `grain`
 // items, one chunk per worker. Runs inline when there is one chunk or we are already

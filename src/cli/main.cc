@@ -89,17 +89,6 @@ int dispatch(int argc, char** argv, int i) {
 
 int main(int argc, char** argv) {
   using namespace hyperion;
-  // `hyperion serve` shares the cores between the engine's OpenMP team and the HTTP I/O
-  // threads. OpenMP's default spin-waiting at barriers then starves those threads (and
-  // a spinning worker delays the team when I/O takes its core): passive waiting measured
-  // 1.6-2x the output tokens/s. libgomp reads the policy when it loads, so set it and
-  // re-execute once; an OMP_WAIT_POLICY from the user wins.
-  for (int a = 1; a < argc; ++a) {
-    if (std::strcmp(argv[a], "serve") != 0) continue;
-    if (std::getenv("OMP_WAIT_POLICY") == nullptr && setenv("OMP_WAIT_POLICY", "PASSIVE", 1) == 0)
-      execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
-    break;
-  }
   try {
     int i = 1;
     int threads = 0;

@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/threads.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/loaded_checkpoint.h"
@@ -99,6 +100,7 @@ int cmd_serve(const Args& args) {
   ctx.chat_template = rc.chat_template;
   ctx.context_tokens = rc.max_seq_len;
   ctx.max_prompt_bytes = serve::prompt_byte_bound(c.tokenizer, rc.max_seq_len);
+  release_thread_pool();  // the engine thread runs every parallel region from here on
   serve::AsyncEngine async(engine);
   serve::HttpServer server(async, ctx, http);
   const int bound = server.bind(host, static_cast<int>(port));
