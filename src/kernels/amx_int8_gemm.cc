@@ -61,10 +61,12 @@ HYP_AMX void store_block(const int32_t* s, int64_t r0, int64_t rows, int64_t c0,
   }
 }
 
-// Rows [r0, r1) (a multiple of 32 apart, except at the end), every column block.
-HYP_AMX void gemm_rows(int64_t r0, int64_t r1, int64_t m, int64_t n, int64_t k, const int8_t* a,
-                       int64_t lda, const int8_t* pb, const float* a_scale, const float* b_scale,
-                       void* c, DType cd, int64_t ldc, float beta) {
+// Rows [r0, r1) (a multiple of 32 apart, except at the end), columns [j0, j1) (j0 a
+// multiple of 32).
+HYP_AMX void gemm_rows(int64_t r0, int64_t r1, int64_t j0, int64_t j1, int64_t m, int64_t k,
+                       const int8_t* a, int64_t lda, const int8_t* pb, int64_t n,
+                       const float* a_scale, const float* b_scale, void* c, DType cd, int64_t ldc,
+                       float beta) {
   amx_configure_full_tiles();
   const int64_t np = round_up(n, kBlock);
   const int64_t pb_stride = np * 4;  // bytes of one packed row (4 k values per column)
@@ -72,8 +74,8 @@ HYP_AMX void gemm_rows(int64_t r0, int64_t r1, int64_t m, int64_t n, int64_t k, 
   alignas(64) int8_t a_pad[kBlock * kKBlock];
   for (int64_t r = r0; r < r1; r += kBlock) {
     const int64_t rows = std::min(kBlock, m - r);
-    for (int64_t j = 0; j < n; j += kBlock) {
-      const int64_t cols = std::min(kBlock, n - j);
+    for (int64_t j = j0; j < j1; j += kBlock) {
+      const int64_t cols = std::min(kBlock, j1 - j);
       _tile_zero(0);
       _tile_zero(1);
       _tile_zero(2);
@@ -194,10 +196,21 @@ void amx_int8_gemm(int64_t m, int64_t n, int64_t k, const int8_t* a, int64_t lda
             "amx_int8_gemm: output must be f32 or bf16, got {}", dtype_name(c_dtype));
   HYP_CHECK(lda >= k && ldc >= n && a_scale && b_scale, "amx_int8_gemm: bad arguments");
   if (m == 0 || n == 0) return;
-  const int64_t blocks = (m + kBlock - 1) / kBlock;
-  parallel_chunks(blocks, 1, [&](int64_t b0, int64_t b1) {
-    gemm_rows(b0 * kBlock, std::min(m, b1 * kBlock), m, n, k, a, lda, packed_b, a_scale, b_scale, c,
-              c_dtype, ldc, beta);
+  // Tasks: row blocks, each split into column ranges when there are fewer row blocks
+  // than threads (decode batches are one or two row blocks: split by rows alone, one
+  // thread would stream the whole weight). Every element is one tile accumulation over
+  // k either way, so the split never changes a result.
+  const int64_t blocks = (m + kBlock - 1) / kBlock, col_blocks = (n + kBlock - 1) / kBlock;
+  const int64_t splits =
+      std::min(col_blocks, std::max<int64_t>(1, (num_threads() + blocks - 1) / blocks));
+  parallel_chunks(blocks * splits, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t rb = t / splits, cs = t % splits;
+      const int64_t j0 = col_blocks * cs / splits * kBlock;
+      const int64_t j1 = std::min(n, col_blocks * (cs + 1) / splits * kBlock);
+      gemm_rows(rb * kBlock, std::min(m, (rb + 1) * kBlock), j0, j1, m, k, a, lda, packed_b, n,
+                a_scale, b_scale, c, c_dtype, ldc, beta);
+    }
   });
 }
 

@@ -45,6 +45,11 @@ struct GemmArgs {
   const float* bias = nullptr;     // [n]
   const float* a_scale = nullptr;  // [m]
   const float* b_scale = nullptr;  // [n]
+  // Optional, int8 B only: b_sums[j] = sum over k of op(B)[k, j], precomputed (a weight's
+  // row sums, taken once at load). Signed int8 A runs as unsigned A + 128 on VNNI's
+  // u8 x s8 instruction, and these sums are its correction; without them the decode
+  // kernel spends a third of its instructions recomputing them. Must be exact if given.
+  const int32_t* b_sums = nullptr;
   // Batched (strided) form: `batch` independent GEMMs, operand i at base + i * stride
   // (in elements). Scales and bias are shared by every batch entry.
   int64_t batch = 1;

@@ -52,7 +52,6 @@ inline const unsigned char* wrow(const Ctx& c, int64_t n) {
 // half of the int8 GEMV's time on Sapphire Rapids.
 __attribute__((always_inline)) inline void store_f(const Ctx& c, int i, int64_t j, float sum) {
   const GemmArgs& g = *c.g;
-  if (i >= g.m) return;  // a duplicated activation row (see gemv())
   float v = sum * c.row_scale[i];
   if (g.b_scale) v *= g.b_scale[j];
   if (g.bias) v += g.bias[j];
@@ -69,7 +68,6 @@ __attribute__((always_inline)) inline void store_f(const Ctx& c, int i, int64_t 
 }
 
 __attribute__((always_inline)) inline void store_i(const Ctx& c, int i, int64_t j, int32_t sum) {
-  if (i >= c.g->m) return;
   if (c.g->c_dtype == DType::kI32) {
     static_cast<int32_t*>(c.g->c)[i * c.g->ldc + j] = sum;
   } else {
@@ -250,9 +248,11 @@ HYP_AVX512 void f32_rows(const Ctx& c, int64_t n0, int64_t pf0) {
 
 // ---- AVX512-VNNI int8: dpbusd multiplies unsigned x signed bytes, so x is packed as
 // uint8 [M][kpad] (kpad a multiple of 64); signed activations are stored as x + 128 and
-// the excess 128 * sum(W row) is removed at the end, with the row sums taken in the same
-// pass (dpbusd against ones). All int32 arithmetic wraps, like oneDNN's. ----
-template <int M, int R, int A, bool kSignedA>
+// the excess 128 * sum(W row) is removed at the end, with the row sums given
+// (GemmArgs::b_sums) or taken in the same pass (dpbusd against ones). All int32
+// arithmetic wraps, like oneDNN's. kSignedA: 0 unsigned A, 1 signed A with the sums
+// computed here, 2 signed A with the sums given. ----
+template <int M, int R, int A, int kSignedA>
 HYP_AVX512_VNNI void i8_vnni_rows(const Ctx& c, int64_t n0, int64_t pf0) {
   const uint8_t* x = static_cast<const uint8_t*>(c.x);
   const int8_t* w[R];
@@ -270,7 +270,7 @@ HYP_AVX512_VNNI void i8_vnni_rows(const Ctx& c, int64_t n0, int64_t pf0) {
   const __m512i ones = _mm512_set1_epi8(1);
   const int64_t k = c.k;
   auto step = [&](int a, const __m512i* wv, int64_t p) HYP_AVX512_VNNI {
-    if constexpr (kSignedA) {
+    if constexpr (kSignedA == 1) {
       for (int r = 0; r < R; ++r) rsum[r][a] = _mm512_dpbusd_epi32(rsum[r][a], ones, wv[r]);
     }
     for (int i = 0; i < M; ++i) {
@@ -297,7 +297,9 @@ HYP_AVX512_VNNI void i8_vnni_rows(const Ctx& c, int64_t n0, int64_t pf0) {
     step(a, wv, p);
   }
   for (int r = 0; r < R; ++r) {
-    const uint32_t corr = kSignedA ? uint32_t(hsum(tree_sum<A>(rsum[r]))) * 128u : 0u;
+    uint32_t corr = 0;
+    if constexpr (kSignedA == 1) corr = uint32_t(hsum(tree_sum<A>(rsum[r]))) * 128u;
+    if constexpr (kSignedA == 2) corr = uint32_t(c.g->b_sums[n0 + r]) * 128u;
     for (int i = 0; i < M; ++i) {
       const uint32_t s = uint32_t(hsum(tree_sum<A>(acc[r][i]))) - corr;
       store_i(c, i, n0 + r, int32_t(s));
@@ -339,7 +341,7 @@ void portable_row(const Ctx& c, int64_t n0, int64_t /*pf0*/) {
 }
 
 // ---- Selection and packing. ----
-enum class Kind { kBf16Dp, kBf16Widen, kF32, kI8Signed, kI8Unsigned, kPortable };
+enum class Kind { kBf16Dp, kBf16Widen, kF32, kI8Signed, kI8SignedSums, kI8Unsigned, kPortable };
 
 using RowsFn = void (*)(const Ctx&, int64_t n0, int64_t pf0);
 struct Kernels {
@@ -369,9 +371,11 @@ Kernels pick_m(Kind kind) {
     case Kind::kF32:
       return {&f32_rows<M, R, A>, &f32_rows<M, 1, A>, R};
     case Kind::kI8Signed:
-      return {&i8_vnni_rows<M, R, A, true>, &i8_vnni_rows<M, 1, A, true>, R};
+      return {&i8_vnni_rows<M, R, A, 1>, &i8_vnni_rows<M, 1, A, 1>, R};
+    case Kind::kI8SignedSums:
+      return {&i8_vnni_rows<M, R, A, 2>, &i8_vnni_rows<M, 1, A, 2>, R};
     case Kind::kI8Unsigned:
-      return {&i8_vnni_rows<M, R, A, false>, &i8_vnni_rows<M, 1, A, false>, R};
+      return {&i8_vnni_rows<M, R, A, 0>, &i8_vnni_rows<M, 1, A, 0>, R};
     case Kind::kPortable:
       break;
   }
@@ -411,7 +415,8 @@ Kind select_kind(const GemmArgs& g) {
       return Kind::kF32;
     default:
       if (!ext || !f.avx512_vnni) return Kind::kPortable;
-      return g.a_dtype == DType::kI8 ? Kind::kI8Signed : Kind::kI8Unsigned;
+      if (g.a_dtype != DType::kI8) return Kind::kI8Unsigned;
+      return g.b_sums != nullptr ? Kind::kI8SignedSums : Kind::kI8Signed;
   }
 }
 
@@ -436,7 +441,7 @@ int64_t pack_x(const GemmArgs& g, Kind kind, int64_t m, AlignedBuffer<unsigned c
   for (int64_t i = 0; i < m; ++i) {
     unsigned char* dst = buf.data() + size_t(i * kpad) * esize;
     const unsigned char* src = static_cast<const unsigned char*>(g.a) +
-                               size_t(std::min(i, g.m - 1) * g.lda) * dtype_size(g.a_dtype);
+                               size_t(i * g.lda) * dtype_size(g.a_dtype);
     switch (kind) {
       case Kind::kBf16Dp:
       case Kind::kF32:
@@ -452,6 +457,7 @@ int64_t pack_x(const GemmArgs& g, Kind kind, int64_t m, AlignedBuffer<unsigned c
         break;
       }
       case Kind::kI8Signed:
+      case Kind::kI8SignedSums:
         for (int64_t p = 0; p < k; ++p) dst[p] = uint8_t(src[p] ^ 0x80u);
         break;
       case Kind::kI8Unsigned:
@@ -497,15 +503,12 @@ void gemv(const GemmArgs& g) {
   const Kind kind = select_kind(g);
   Ctx c;
   c.g = &g;
-  // int8 with one activation row measured at half the bandwidth of two rows (for any
-  // grouping and prefetch tried), so it runs the two-row kernel on a duplicated row.
-  const bool dup = g.m == 1 && (kind == Kind::kI8Signed || kind == Kind::kI8Unsigned);
-  c.m = dup ? 2 : int(g.m);
+  c.m = int(g.m);
   c.k = g.k;
   c.w = static_cast<const unsigned char*>(g.b);
   c.ldb_bytes = g.ldb * int64_t(dtype_size(g.b_dtype));
   for (int i = 0; i < c.m; ++i)
-    c.row_scale[i] = g.alpha * (g.a_scale ? g.a_scale[std::min<int64_t>(i, g.m - 1)] : 1.0f);
+    c.row_scale[i] = g.alpha * (g.a_scale ? g.a_scale[i] : 1.0f);
   thread_local AlignedBuffer<unsigned char> xbuf;
   c.kpad = pack_x(g, kind, c.m, xbuf);
   c.x = xbuf.data();

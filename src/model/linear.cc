@@ -4,9 +4,26 @@
 #include <vector>
 
 #include "base/error.h"
+#include "kernels/amx_int8_gemm.h"
 #include "kernels/quantize.h"
 
 namespace hyperion {
+
+namespace {
+
+// Up to this many rows the int8 GEMM runs on the decode GEMV path (kernels/gemv.h, which
+// streams W once for all rows); beyond it on AMX tiles where the CPU has them.
+constexpr int64_t kInt8GemvMaxRows = 8;
+
+void row_sums_int8(const int8_t* w, int64_t rows, int64_t cols, int32_t* sums) {
+  for (int64_t r = 0; r < rows; ++r) {
+    int32_t s = 0;
+    for (int64_t c = 0; c < cols; ++c) s += w[r * cols + c];
+    sums[r] = s;
+  }
+}
+
+}  // namespace
 
 LinearWeights::LinearWeights(const ParamStore& params, WeightFormat format)
     : params_(params), backend_(backend_for(params.device())), format_(format) {
@@ -42,6 +59,13 @@ LinearWeights::LinearWeights(const ParamStore& params, WeightFormat format)
     qm.w = AlignedBuffer<int8_t>(static_cast<size_t>(qm.out * qm.in));
     qm.scale = AlignedBuffer<float>(static_cast<size_t>(qm.out));
     quantize_rows(w, TensorView(qm.w.data(), DType::kI8, {qm.out, qm.in}), qm.scale.data());
+    qm.sums = AlignedBuffer<int32_t>(static_cast<size_t>(qm.out));
+    row_sums_int8(qm.w.data(), qm.out, qm.in, qm.sums.data());
+    if (backend_.device() == Device::kHost && amx_int8_available() &&
+        amx_int8_gemm_applies(qm.in)) {
+      qm.packed = AlignedBuffer<int8_t>(static_cast<size_t>(amx_packed_b_bytes(qm.in, qm.out)));
+      amx_pack_b_nk(qm.w.data(), qm.out, qm.in, qm.packed.data());
+    }
     quant_.emplace(i, std::move(qm));
   }
 }
@@ -68,6 +92,11 @@ void LinearWeights::forward(int index, const void* x, void* y, DType yd, int64_t
                 TensorView(qx_.data(), DType::kI8, {n, qm.in}), qscale_.data());
   // int8 weights are a host format for now (quantize_rows and the VNNI GEMM).
   HYP_CHECK(backend_.device() == Device::kHost, "int8 weights need the host backend");
+  if (qm.packed.size() > 0 && n > kInt8GemvMaxRows) {
+    amx_int8_gemm(n, qm.out, qm.in, qx_.data(), qm.in, qm.packed.data(), qscale_.data(),
+                  qm.scale.data(), y, yd, qm.out, beta);
+    return;
+  }
   GemmArgs g;
   g.trans_a = Trans::kN;
   g.trans_b = Trans::kT;
@@ -86,6 +115,7 @@ void LinearWeights::forward(int index, const void* x, void* y, DType yd, int64_t
   g.beta = beta;
   g.a_scale = qscale_.data();
   g.b_scale = qm.scale.data();
+  g.b_sums = qm.sums.data();
   backend_.gemm(g);
 }
 

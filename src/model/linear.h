@@ -83,6 +83,11 @@ class LinearWeights {
   struct QuantMatrix {
     AlignedBuffer<int8_t> w;  // [out, in]
     AlignedBuffer<float> scale;
+    AlignedBuffer<int32_t> sums;  // [out] row sums of w (the decode GEMV's correction)
+    // w in AMX's tile layout (kernels/amx_int8_gemm.h), where the CPU has AMX-INT8: the
+    // batched decode and prefill GEMMs (more rows than the GEMV path takes) run on it.
+    // Empty otherwise. Costs one more copy of the int8 weights.
+    AlignedBuffer<int8_t> packed;
     int64_t out = 0, in = 0;
   };
 

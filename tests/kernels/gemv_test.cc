@@ -47,6 +47,7 @@ struct Problem {
   GemmArgs g;
   std::vector<unsigned char> a, b, c_init, c_ref;
   std::vector<float> bias, as, bs;
+  std::vector<int32_t> sums;  // int8 B's row sums, given to half the signed-A problems
 
   Problem(const Combo& combo, int64_t m, int64_t n, int64_t k, int variant) {
     std::mt19937 rng(unsigned(m * 7919 + n * 131 + k * 17 + variant));
@@ -65,6 +66,12 @@ struct Problem {
     a = random_bytes(combo.a, size_t(m * g.lda), rng);
     b = random_bytes(combo.b, size_t(n * g.ldb), rng);
     const bool raw = combo.c == DType::kI32;
+    if (combo.a == DType::kI8 && combo.b == DType::kI8 && variant % 2 == 1) {
+      sums.assign(size_t(n), 0);
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t p = 0; p < k; ++p) sums[size_t(j)] += int8_t(b[size_t(j * g.ldb + p)]);
+      g.b_sums = sums.data();
+    }
     // Scalars vary with the variant; int32 output takes raw sums only.
     g.alpha = raw || variant % 2 == 0 ? 1.0f : 0.75f;
     g.beta = raw || variant % 4 < 2 ? 0.0f : -0.5f;
