@@ -84,6 +84,10 @@ int cmd_serve(const Args& args) {
     serve::EngineConfig planned = ec;
     serve::resolve_engine_config(planned, model,
                                  ParamStore::bytes(model, {bf16_copy, /*gradients=*/false}));
+    // The slot count is chosen once, beside the weights (the engine resolves again with
+    // the cache alone, which would leave room for more).
+    ec.max_concurrent_decodes = planned.max_concurrent_decodes;
+    ec.automatic_slots = planned.automatic_slots;
   });
   if (ec.model_name.empty()) {
     std::filesystem::path p(checkpoint);
@@ -106,9 +110,10 @@ int cmd_serve(const Args& args) {
   const int bound = server.bind(host, static_cast<int>(port));
   const serve::ModelRunner& runner = engine.runner();
   log_info(
-      "serve: {} ({}) on http://{}:{}  slots {}  context {}  KV {} pages x {} tokens ({}, {:.1f} "
+      "serve: {} ({}) on http://{}:{}  slots {}{}  context {}  KV {} pages x {} tokens ({}, {:.1f} "
       "MiB, {} B/token)  weights {}  attention {}  prefix caching {}",
-      rc.model_name, c.dir, host, bound, rc.max_concurrent_decodes, rc.max_seq_len, rc.kv_pages,
+      rc.model_name, c.dir, host, bound, rc.max_concurrent_decodes,
+      rc.automatic_slots ? " (from memory)" : "", rc.max_seq_len, rc.kv_pages,
       rc.kv_page_tokens, dtype_name(rc.kv_dtype), double(runner.kv_cache_bytes()) / (1 << 20),
       runner.kv_bytes_per_token(), serve::weight_format_name(rc.weights),
       rc.padded_attention ? "padded" : "ragged", rc.prefix_caching ? "on" : "off");

@@ -1,5 +1,7 @@
 #include "serve/engine_config.h"
 
+#include <algorithm>
+
 #include "base/config.h"
 #include "base/error.h"
 #include "base/system_memory.h"
@@ -10,7 +12,8 @@ namespace hyperion::serve {
 
 std::vector<ConfigKey> engine_config_schema() {
   return {
-      {"max_concurrent_decodes", ConfigType::kInt, "16", "decode slots"},
+      {"max_concurrent_decodes", ConfigType::kInt, "0",
+       "decode slots; 0 = as many as half the memory beside the weights holds (at most 256)"},
       {"max_queue", ConfigType::kInt, "256", "waiting requests before 429"},
       {"max_seq_len", ConfigType::kInt, "0", "context length; 0 = the model's"},
       {"prefill_chunk", ConfigType::kInt, "256", "prompt tokens prefilled per step"},
@@ -52,8 +55,9 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
   c.prefill_chunk = cfg.get_int("prefill_chunk");
   c.kv_page_tokens = cfg.get_int("kv_page_tokens");
   c.kv_pages = cfg.get_int("kv_pages");
-  HYP_CHECK(c.max_concurrent_decodes >= 1 && c.max_concurrent_decodes <= 4096,
-            "serve: max_concurrent_decodes must be in [1, 4096], got {}", c.max_concurrent_decodes);
+  HYP_CHECK(c.max_concurrent_decodes >= 0 && c.max_concurrent_decodes <= 4096,
+            "serve: max_concurrent_decodes must be in [0, 4096] (0 = what memory allows), got {}",
+            c.max_concurrent_decodes);
   HYP_CHECK(c.max_queue >= 0 && c.max_queue <= 1000000,
             "serve: max_queue must be in [0, 1000000], got {}", c.max_queue);
   HYP_CHECK(c.max_seq_len >= 0 && c.max_seq_len <= (int64_t{1} << 24),
@@ -102,6 +106,21 @@ void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t we
   if (c.max_seq_len == 0) c.max_seq_len = model.max_seq_len;
   const bool automatic_pages = c.kv_pages == 0 || c.padded_attention;
   const int64_t per_slot = (c.max_seq_len + c.kv_page_tokens - 1) / c.kv_page_tokens;
+  const int64_t page_bytes =
+      sat_mul(c.kv_page_tokens,
+              sat_mul(model.n_layers,
+                      paged_kv_bytes_per_token(c.kv_dtype, model.n_kv_heads, model.head_dim)));
+  if (c.max_concurrent_decodes == 0) {
+    // As vLLM sizes its KV cache from the memory left beside the weights: half of what
+    // this machine (or its cgroup) has beyond the weights, in whole contexts, so every slot
+    // can hold a full max_seq_len; at least 1 (the memory check below names the keys when
+    // even that does not fit) and at most kAutoMaxSlots, past which a CPU step only grows
+    // its latency.
+    const int64_t left = std::max<int64_t>(0, machine_memory_bytes() - weight_bytes) / 2;
+    const int64_t slot_bytes = std::max<int64_t>(1, sat_mul(per_slot, page_bytes));
+    c.max_concurrent_decodes = std::clamp<int64_t>(left / slot_bytes, 1, kAutoMaxSlots);
+    c.automatic_slots = true;
+  }
   if (c.padded_attention) {
     // The padded baseline gives every slot a static region of its whole context.
     HYP_CHECK(c.kv_pages == 0 || c.kv_pages == per_slot * c.max_concurrent_decodes,
@@ -118,19 +137,16 @@ void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t we
             c.kv_pages, c.max_seq_len, per_slot, c.kv_page_tokens);
   // The pool is allocated whole at start-up: check it fits (beside the weights, when
   // given) before trying. Saturating: kv_pages x layers x bytes can pass 2^63.
-  const int64_t kv_bytes =
-      sat_mul(sat_mul(c.kv_pages, c.kv_page_tokens),
-              sat_mul(model.n_layers,
-                      paged_kv_bytes_per_token(c.kv_dtype, model.n_kv_heads, model.head_dim)));
+  const int64_t kv_bytes = sat_mul(c.kv_pages, page_bytes);
   const std::string kv = fmt::format("the KV cache ({} pages x {} tokens, {}", c.kv_pages,
                                      c.kv_page_tokens, dtype_name(c.kv_dtype));
   std::string hint =
       automatic_pages
           ? fmt::format(
-                "it holds max_seq_len={}{} for each of max_concurrent_decodes={}; set "
+                "it holds max_seq_len={}{} for each of max_concurrent_decodes={}{}; set "
                 "max_seq_len=, max_concurrent_decodes=, kv_pages= or kv_dtype=int8",
                 c.max_seq_len, c.max_seq_len == model.max_seq_len ? " (the model's)" : "",
-                c.max_concurrent_decodes)
+                c.max_concurrent_decodes, c.automatic_slots ? " (automatic)" : "")
           : std::string("set a smaller kv_pages= or kv_dtype=int8");
   if (weight_bytes > kv_bytes && c.weights != WeightFormat::kF32)
     hint +=

@@ -1,7 +1,8 @@
 // Serving engine settings (`hyperion serve CHECKPOINT key=value ...`), checked against a
 // schema so a misspelt key or a wrong value is an error naming it.
 //
-//   max_concurrent_decodes  decode slots (requests generating at once)        16
+//   max_concurrent_decodes  decode slots (requests generating at once);        0
+//                           0 = what memory allows (resolve_engine_config)
 //   max_queue               requests waiting for a slot before 429            256
 //   max_seq_len             context (prompt + output); 0 = the model's          0
 //   prefill_chunk           prompt tokens prefilled per engine step           256
@@ -29,8 +30,11 @@
 
 namespace hyperion::serve {
 
+// The most slots max_concurrent_decodes=0 chooses.
+inline constexpr int64_t kAutoMaxSlots = 256;
+
 struct EngineConfig {
-  int64_t max_concurrent_decodes = 16;
+  int64_t max_concurrent_decodes = 0;  // 0 until resolved: what memory allows
   int64_t max_queue = 256;
   int64_t max_seq_len = 0;
   int64_t prefill_chunk = 256;
@@ -43,6 +47,7 @@ struct EngineConfig {
   bool prefix_caching = true;
   std::string chat_template = "plain";
   std::string model_name;
+  bool automatic_slots = false;  // max_concurrent_decodes was chosen from memory
 };
 
 // The keys above, with types, defaults and help (`hyperion serve --help` lists them).
@@ -51,8 +56,9 @@ std::vector<ConfigKey> engine_config_schema();
 // Parses `key=value` overrides (errors name the key and the accepted values).
 EngineConfig parse_engine_config(const std::vector<std::string>& overrides);
 
-// Fills the automatic values for this model: max_seq_len (the model's), kv_pages
-// (every slot's whole context); padded attention always gets one static region per slot.
+// Fills the automatic values for this model: max_seq_len (the model's),
+// max_concurrent_decodes (as many whole contexts as half the memory beside
+// `weight_bytes` holds, 1..kAutoMaxSlots), kv_pages (every slot's whole context); padded attention always gets one static region per slot.
 // Then checks the KV cache fits this machine's memory beside `weight_bytes` of weights:
 // `hyperion serve` passes them before loading the weights; the engine checks the cache
 // alone (0) as a backstop. Errors name the keys that size the cache.

@@ -155,7 +155,8 @@ TEST_F(CheckpointRefusals, AbsurdSizesAreNamedBeforeAnyAllocation) {
                                              std::string(HYPERION_CLI_PATH) + " --threads 1 serve " +
                                              checkpoint_ + " --port 0 " + args + " 2>&1");
   };
-  const Result kv = serve("16G", "max_seq_len=16777216");
+  // 16 slots, as asked (the automatic count would fall to one slot, whose 4 GiB fit).
+  const Result kv = serve("16G", "max_seq_len=16777216 max_concurrent_decodes=16");
   EXPECT_EQ(kv.code, 1) << kv.out;
   EXPECT_TRUE(contains(kv.out, "KV cache")) << kv.out;
   EXPECT_TRUE(contains(kv.out, "max_seq_len=16777216")) << kv.out;
@@ -164,8 +165,9 @@ TEST_F(CheckpointRefusals, AbsurdSizesAreNamedBeforeAnyAllocation) {
   EXPECT_TRUE(contains(pages.out, "kv_pages")) << pages.out;
   // The weights (164160 parameters, f32 + bf16: 962 KiB) fit 1100 KiB, and so does the
   // KV cache alone (16 slots x 64 positions x 256 bytes: 256 KiB); together they do not,
-  // which is refused before the weights are loaded, naming both and the keys.
-  const Result both = serve("1100K", "");
+  // which is refused before the weights are loaded, naming both and the keys. (16 slots
+  // asked for: the automatic count would size itself to fit.)
+  const Result both = serve("1100K", "max_concurrent_decodes=16");
   EXPECT_EQ(both.code, 1) << both.out;
   EXPECT_TRUE(contains(both.out, "serve: the weights (961.9 KiB) plus the KV cache (64 pages x "
                                  "16 tokens, bf16: 256.0 KiB) needs 1.2 MiB"))

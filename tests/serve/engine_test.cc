@@ -4,6 +4,8 @@
 // and int8 weights against bf16 by top-1 agreement; page accounting; request errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <random>
 
@@ -338,6 +340,42 @@ TEST(Engine, RequestErrorsNameTheField) {
   expect_pool_empty(engine);
 }
 
+TEST(EngineConfig, AutomaticSlotsFillHalfTheMemoryBesideTheWeights) {
+  const LlamaConfig model = small_config();
+  EngineConfig c = parse_engine_config({"max_seq_len=64"});
+  EXPECT_EQ(c.max_concurrent_decodes, 0);
+  const int64_t slot_bytes =
+      64 * model.n_layers * paged_kv_bytes_per_token(DType::kBF16, model.n_kv_heads, model.head_dim);
+  setenv("HYPERION_MEMORY_LIMIT", "64M", 1);
+  const int64_t weights = int64_t{16} << 20;
+  EngineConfig a = c;
+  resolve_engine_config(a, model, weights);
+  EXPECT_TRUE(a.automatic_slots);
+  EXPECT_EQ(a.max_concurrent_decodes,
+            std::clamp<int64_t>(((int64_t{64} << 20) - weights) / 2 / slot_bytes, 1, kAutoMaxSlots));
+  EXPECT_EQ(a.kv_pages, a.max_concurrent_decodes * 4);  // 64 positions = 4 pages each
+  // Plenty of memory: capped. Too little for one context: 1, then the memory check.
+  setenv("HYPERION_MEMORY_LIMIT", "1T", 1);
+  EngineConfig b = c;
+  resolve_engine_config(b, model, weights);
+  EXPECT_EQ(b.max_concurrent_decodes, kAutoMaxSlots);
+  setenv("HYPERION_MEMORY_LIMIT", "16M", 1);
+  EngineConfig d = parse_engine_config({"max_seq_len=64"});
+  std::string refusal;
+  try {
+    resolve_engine_config(d, model, weights);
+  } catch (const Error& err) {
+    refusal = err.what();
+  }
+  EXPECT_NE(refusal.find("max_concurrent_decodes=1 (automatic)"), std::string::npos) << refusal;
+  unsetenv("HYPERION_MEMORY_LIMIT");
+  // An explicit count is kept.
+  EngineConfig e = parse_engine_config({"max_seq_len=64", "max_concurrent_decodes=3"});
+  resolve_engine_config(e, model, weights);
+  EXPECT_EQ(e.max_concurrent_decodes, 3);
+  EXPECT_FALSE(e.automatic_slots);
+}
+
 TEST(EngineConfig, ParsesAndRejectsKeys) {
   EngineConfig c = parse_engine_config(
       {"kv_dtype=int8", "quantize_weights=int8", "attention=padded", "max_concurrent_decodes=8"});
@@ -355,7 +393,7 @@ TEST(EngineConfig, ParsesAndRejectsKeys) {
   };
   EXPECT_NE(message({"kv_dtype=int4"}).find("kv_dtype"), std::string::npos);
   EXPECT_NE(message({"no_such_key=1"}).find("no_such_key"), std::string::npos);
-  EXPECT_NE(message({"max_concurrent_decodes=0"}).find("max_concurrent_decodes"),
+  EXPECT_NE(message({"max_concurrent_decodes=-1"}).find("max_concurrent_decodes"),
             std::string::npos);
   EXPECT_NE(message({"attention=dense"}).find("attention"), std::string::npos);
   EXPECT_NE(message({"hardware=tpu"}).find("hardware"), std::string::npos);
