@@ -2,7 +2,9 @@
 // is built on the same OpenMP runtime, so kernels, GEMM and everything else share one
 // pool of `num_threads()` workers and never oversubscribe the cores.
 //
-// Thread count: --threads on the CLI, else HYPERION_THREADS, else the number of cores.
+// Thread count: --threads on the CLI, else HYPERION_THREADS, else the CPUs this process
+// may use (hardware_cores(): online CPUs, narrowed by the affinity mask and the cgroup's
+// CPU quota).
 #pragma once
 
 #include <omp.h>

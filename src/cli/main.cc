@@ -116,6 +116,11 @@ int main(int argc, char** argv) {
     if (i >= argc) usage_fail("expected a command\n\n{}", usage_text());
     if (threads > 0) {
       set_num_threads(threads);
+      if (threads > hardware_cores())
+        log_warn(
+            "--threads {}: this process may use {} CPUs; a larger OpenMP team is preempted at "
+            "every barrier and runs several times slower (bench/decode_threads.sh measures it)",
+            threads, hardware_cores());
     } else if (const dist::LaunchInfo launch = dist::detect_launch();
                launch.under_mpi && std::getenv("HYPERION_THREADS") == nullptr &&
                std::getenv("OMP_NUM_THREADS") == nullptr) {
