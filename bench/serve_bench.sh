@@ -3,7 +3,7 @@
 # each engine setting, load-tests it with `hyperion bench serve`, and prints one JSON
 # object per case (the bench serve --json keys plus "case" and "server").
 #
-#   bench/serve_bench.sh CHECKPOINT [concurrency|kv|single|all]
+#   bench/serve_bench.sh CHECKPOINT [concurrency|kv|single|scaling|all]
 #
 # concurrency: output tokens/s at 1, 8, 32 and 64 concurrent requests (inputs 64..512
 #              tokens, 256 output tokens each, ragged attention), with bf16 and with
@@ -12,11 +12,16 @@
 #              out): int8 KV + ragged attention against bf16 KV + padded attention.
 # single:      one request at a time, 16-token prompts, 256 output tokens: decode
 #              tokens/s (1 / TPOT) to compare with the weight-streaming bound.
+# scaling:     1 and 32 concurrent requests (8 and 64 requests, inputs 16..200 tokens,
+#              128 output tokens), bf16 and int8 weights, automatic slots: TPOT against
+#              `bench decode` and the 32 / 1 ratio. With URL_UNDER_TEST set, the same two
+#              loads run against that server instead (e.g. llama-server on the same
+#              model as GGUF), nothing is started.
 # Environment: HYPERION (the binary, default build/release/hyperion), PORT (8123),
 # THREADS (engine threads, default 2).
 set -euo pipefail
 
-CKPT=${1:?usage: bench/serve_bench.sh CHECKPOINT [concurrency|kv|single|all]}
+CKPT=${1:?usage: bench/serve_bench.sh CHECKPOINT [concurrency|kv|single|scaling|all]}
 SUITE=${2:-all}
 BIN=${HYPERION:-build/release/hyperion}
 PORT=${PORT:-8123}
@@ -102,5 +107,26 @@ if [ "$SUITE" = single ] || [ "$SUITE" = all ]; then
     grep -o "weights read per token [^)]*" "$LOG_DIR/single_$w.log" >&2 || true
     stop_server
   done
+fi
+if [ "$SUITE" = scaling ] || [ "$SUITE" = all ]; then
+  scaling_loads() {
+    local tag=$1 server=$2
+    for c in 1 32; do
+      local n=8
+      [ "$c" -gt 1 ] && n=$((c * 2))
+      run_case "scaling_${c}_$tag" "$server" --num-prompts "$n" --max-concurrency "$c" \
+        --min-input-len 16 --max-input-len 200 --min-output-len 128 --max-output-len 128 --seed 1
+    done
+  }
+  if [ -n "${URL_UNDER_TEST:-}" ]; then
+    URL=$URL_UNDER_TEST
+    scaling_loads external "$URL_UNDER_TEST"
+  else
+    for w in none int8; do
+      start_server "scaling_$w" max_seq_len=1024 quantize_weights=$w
+      scaling_loads "$w" "weights $w, automatic slots"
+      stop_server
+    done
+  fi
 fi
 echo "serve_bench: logs in $LOG_DIR" >&2
