@@ -113,8 +113,8 @@ int cmd_serve(const Args& args) {
       "serve: {} ({}) on http://{}:{}  slots {}{}  context {}  KV {} pages x {} tokens ({}, {:.1f} "
       "MiB, {} B/token)  weights {}  attention {}  prefix caching {}",
       rc.model_name, c.dir, host, bound, rc.max_concurrent_decodes,
-      rc.automatic_slots ? " (from memory)" : "", rc.max_seq_len, rc.kv_pages,
-      rc.kv_page_tokens, dtype_name(rc.kv_dtype), double(runner.kv_cache_bytes()) / (1 << 20),
+      rc.automatic_slots ? " (from memory)" : "", rc.max_seq_len, rc.kv_pages, rc.kv_page_tokens,
+      dtype_name(rc.kv_dtype), double(runner.kv_cache_bytes()) / (1 << 20),
       runner.kv_bytes_per_token(), serve::weight_format_name(rc.weights),
       rc.padded_attention ? "padded" : "ragged", rc.prefix_caching ? "on" : "off");
   log_info("serve: weights read per token {:.1f} MiB ({} B)",

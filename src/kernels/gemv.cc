@@ -440,8 +440,8 @@ int64_t pack_x(const GemmArgs& g, Kind kind, int64_t m, AlignedBuffer<unsigned c
   std::memset(buf.data(), 0, bytes);
   for (int64_t i = 0; i < m; ++i) {
     unsigned char* dst = buf.data() + size_t(i * kpad) * esize;
-    const unsigned char* src = static_cast<const unsigned char*>(g.a) +
-                               size_t(i * g.lda) * dtype_size(g.a_dtype);
+    const unsigned char* src =
+        static_cast<const unsigned char*>(g.a) + size_t(i * g.lda) * dtype_size(g.a_dtype);
     switch (kind) {
       case Kind::kBf16Dp:
       case Kind::kF32:
@@ -507,8 +507,7 @@ void gemv(const GemmArgs& g) {
   c.k = g.k;
   c.w = static_cast<const unsigned char*>(g.b);
   c.ldb_bytes = g.ldb * int64_t(dtype_size(g.b_dtype));
-  for (int i = 0; i < c.m; ++i)
-    c.row_scale[i] = g.alpha * (g.a_scale ? g.a_scale[i] : 1.0f);
+  for (int i = 0; i < c.m; ++i) c.row_scale[i] = g.alpha * (g.a_scale ? g.a_scale[i] : 1.0f);
   thread_local AlignedBuffer<unsigned char> xbuf;
   c.kpad = pack_x(g, kind, c.m, xbuf);
   c.x = xbuf.data();

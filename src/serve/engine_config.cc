@@ -106,10 +106,9 @@ void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t we
   if (c.max_seq_len == 0) c.max_seq_len = model.max_seq_len;
   const bool automatic_pages = c.kv_pages == 0 || c.padded_attention;
   const int64_t per_slot = (c.max_seq_len + c.kv_page_tokens - 1) / c.kv_page_tokens;
-  const int64_t page_bytes =
-      sat_mul(c.kv_page_tokens,
-              sat_mul(model.n_layers,
-                      paged_kv_bytes_per_token(c.kv_dtype, model.n_kv_heads, model.head_dim)));
+  const int64_t page_bytes = sat_mul(
+      c.kv_page_tokens, sat_mul(model.n_layers, paged_kv_bytes_per_token(
+                                                    c.kv_dtype, model.n_kv_heads, model.head_dim)));
   if (c.max_concurrent_decodes == 0) {
     // As vLLM sizes its KV cache from the memory left beside the weights: half of what
     // this machine (or its cgroup) has beyond the weights, in whole contexts, so every slot

@@ -58,10 +58,10 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides);
 
 // Fills the automatic values for this model: max_seq_len (the model's),
 // max_concurrent_decodes (as many whole contexts as half the memory beside
-// `weight_bytes` holds, 1..kAutoMaxSlots), kv_pages (every slot's whole context); padded attention always gets one static region per slot.
-// Then checks the KV cache fits this machine's memory beside `weight_bytes` of weights:
-// `hyperion serve` passes them before loading the weights; the engine checks the cache
-// alone (0) as a backstop. Errors name the keys that size the cache.
+// `weight_bytes` holds, 1..kAutoMaxSlots), kv_pages (every slot's whole context); padded attention
+// always gets one static region per slot. Then checks the KV cache fits this machine's memory
+// beside `weight_bytes` of weights: `hyperion serve` passes them before loading the weights; the
+// engine checks the cache alone (0) as a backstop. Errors name the keys that size the cache.
 void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t weight_bytes = 0);
 
 const char* weight_format_name(WeightFormat w);

@@ -69,9 +69,8 @@ class CheckpointRefusals : public testing::Test {
     for (const std::string& cmd :
          {"eval --checkpoint " + dir + " --text " + std::string(HYPERION_SOURCE_DIR) +
               "/data/corpus/fortunes.txt",
-          "generate --checkpoint " + dir + " --prompt hi", "convert --checkpoint " + dir +
-                                                                " --to gguf --output " + dir +
-                                                                "/m.gguf"}) {
+          "generate --checkpoint " + dir + " --prompt hi",
+          "convert --checkpoint " + dir + " --to gguf --output " + dir + "/m.gguf"}) {
       const Result r = run(cmd);
       EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
       EXPECT_TRUE(contains(r.out, message)) << cmd << "\n" << r.out;
@@ -151,9 +150,9 @@ TEST_F(CheckpointRefusals, AbsurdSizesAreNamedBeforeAnyAllocation) {
   // limits make these refusals deterministic: on a large host the 64 GiB cache of
   // max_seq_len=16777216 would fit, and the server would start.)
   auto serve = [&](const std::string& limit, const std::string& args) {
-    return hyperion::testing_util::run_shell("HYPERION_MEMORY_LIMIT=" + limit + " timeout 120 " +
-                                             std::string(HYPERION_CLI_PATH) + " --threads 1 serve " +
-                                             checkpoint_ + " --port 0 " + args + " 2>&1");
+    return hyperion::testing_util::run_shell(
+        "HYPERION_MEMORY_LIMIT=" + limit + " timeout 120 " + std::string(HYPERION_CLI_PATH) +
+        " --threads 1 serve " + checkpoint_ + " --port 0 " + args + " 2>&1");
   };
   // 16 slots, as asked (the automatic count would fall to one slot, whose 4 GiB fit).
   const Result kv = serve("16G", "max_seq_len=16777216 max_concurrent_decodes=16");
@@ -169,8 +168,9 @@ TEST_F(CheckpointRefusals, AbsurdSizesAreNamedBeforeAnyAllocation) {
   // asked for: the automatic count would size itself to fit.)
   const Result both = serve("1100K", "max_concurrent_decodes=16");
   EXPECT_EQ(both.code, 1) << both.out;
-  EXPECT_TRUE(contains(both.out, "serve: the weights (961.9 KiB) plus the KV cache (64 pages x "
-                                 "16 tokens, bf16: 256.0 KiB) needs 1.2 MiB"))
+  EXPECT_TRUE(contains(both.out,
+                       "serve: the weights (961.9 KiB) plus the KV cache (64 pages x "
+                       "16 tokens, bf16: 256.0 KiB) needs 1.2 MiB"))
       << both.out;
   EXPECT_TRUE(contains(both.out, "max_seq_len=64 (the model's)")) << both.out;
   EXPECT_TRUE(contains(both.out, "max_concurrent_decodes=16")) << both.out;
@@ -183,8 +183,9 @@ TEST_F(CheckpointRefusals, AbsurdBatchIsNamedAndNeverWrapsPastTheMemoryCheck) {
   const Result huge =
       run("train tiny per_device_batch_size=1000000000000 base_output_directory=" + root_);
   EXPECT_EQ(huge.code, 1) << huge.out;
-  EXPECT_TRUE(contains(huge.out, "per_device_batch_size (command line) = 1000000000000 is out "
-                                 "of range (at most 65536)"))
+  EXPECT_TRUE(contains(huge.out,
+                       "per_device_batch_size (command line) = 1000000000000 is out "
+                       "of range (at most 65536)"))
       << huge.out;
   EXPECT_FALSE(contains(huge.out, "bad_alloc")) << huge.out;
   // Within the cap, the memory check refuses it naming the batch.
@@ -199,7 +200,8 @@ TEST_F(CheckpointRefusals, AbsurdBatchIsNamedAndNeverWrapsPastTheMemoryCheck) {
   // Training keys name themselves, not the model's fields.
   const Result layers = run("train tiny base_num_decoder_layers=100000");
   EXPECT_EQ(layers.code, 1) << layers.out;
-  EXPECT_TRUE(contains(layers.out, "base_num_decoder_layers = 100000 is out of range")) << layers.out;
+  EXPECT_TRUE(contains(layers.out, "base_num_decoder_layers = 100000 is out of range"))
+      << layers.out;
   const Result dim = run("train tiny base_emb_dim=1000000");
   EXPECT_TRUE(contains(dim.out, "base_emb_dim = 1000000 is out of range")) << dim.out;
   const Result length = run("train tiny max_target_length=100000000");
@@ -218,8 +220,7 @@ TEST_F(CheckpointRefusals, ATokenizerOfAnotherModel) {
   for (const std::string& cmd :
        {"eval --checkpoint " + dir + " --text " + std::string(HYPERION_SOURCE_DIR) +
             "/data/corpus/fortunes.txt",
-        "generate --checkpoint " + dir + " --prompt hi",
-        "serve " + dir + " --port 0",
+        "generate --checkpoint " + dir + " --prompt hi", "serve " + dir + " --port 0",
         "convert --checkpoint " + dir + " --to safetensors --output " + dir + "/merged",
         "convert --checkpoint " + dir + " --to gguf --output " + dir + "/m.gguf"}) {
     const Result r = run(cmd);
@@ -234,8 +235,10 @@ TEST_F(CheckpointRefusals, ATokenizerOfAnotherModel) {
     const Result r = run("train " + train_args(root_, "tok_" + vocab) + " tokenizer_path=" + other +
                          "/tokenizer.model vocab_size=" + vocab + " steps=1");
     EXPECT_EQ(r.code, 1) << r.out;
-    EXPECT_TRUE(contains(r.out, "tokenizer " + other + "/tokenizer.model has 600 tokens but "
-                                "config key vocab_size (command line) is " + vocab))
+    EXPECT_TRUE(contains(r.out, "tokenizer " + other +
+                                    "/tokenizer.model has 600 tokens but "
+                                    "config key vocab_size (command line) is " +
+                                    vocab))
         << r.out;
     // Refused before the run directory or the dataset is made.
     EXPECT_FALSE(fs::exists(root_ + "/tok_" + vocab)) << vocab;
@@ -251,7 +254,8 @@ TEST_F(CheckpointRefusals, NonFiniteWeights) {
     hyperion::io::SafetensorsWriter w;
     for (const auto& t : in.tensors()) {
       data.emplace_back(static_cast<size_t>(t.shape.numel()));
-      in.read_into(t.name, hyperion::TensorView(data.back().data(), hyperion::DType::kF32, t.shape));
+      in.read_into(t.name,
+                   hyperion::TensorView(data.back().data(), hyperion::DType::kF32, t.shape));
       if (t.name == "model.layers.1.self_attn.v_proj.weight")
         data.back()[7] = std::numeric_limits<float>::quiet_NaN();
       w.add(t.name, hyperion::DType::kF32, t.shape, data.back().data());
@@ -280,9 +284,8 @@ TEST_F(CheckpointRefusals, OutputsThatAreNotRegularFiles) {
 
 TEST_F(CheckpointRefusals, ResumeRestoresTheSavedConfigAndNamesChanges) {
   const std::string run_dir = root_ + "/resumed";
-  const Result first = run("train --json " + train_args(root_, "resumed") +
-                               " steps=6 dtype=float32 --stop-at 3",
-                           false);
+  const Result first = run(
+      "train --json " + train_args(root_, "resumed") + " steps=6 dtype=float32 --stop-at 3", false);
   ASSERT_EQ(first.code, 0) << first.out;
   // No CONFIG: the run's own settings (6 steps, float32), not the tiny preset's.
   const Result again = run("train --resume " + run_dir + " --json");

@@ -345,14 +345,16 @@ TEST(EngineConfig, AutomaticSlotsFillHalfTheMemoryBesideTheWeights) {
   EngineConfig c = parse_engine_config({"max_seq_len=64"});
   EXPECT_EQ(c.max_concurrent_decodes, 0);
   const int64_t slot_bytes =
-      64 * model.n_layers * paged_kv_bytes_per_token(DType::kBF16, model.n_kv_heads, model.head_dim);
+      64 * model.n_layers *
+      paged_kv_bytes_per_token(DType::kBF16, model.n_kv_heads, model.head_dim);
   setenv("HYPERION_MEMORY_LIMIT", "64M", 1);
   const int64_t weights = int64_t{16} << 20;
   EngineConfig a = c;
   resolve_engine_config(a, model, weights);
   EXPECT_TRUE(a.automatic_slots);
-  EXPECT_EQ(a.max_concurrent_decodes,
-            std::clamp<int64_t>(((int64_t{64} << 20) - weights) / 2 / slot_bytes, 1, kAutoMaxSlots));
+  EXPECT_EQ(
+      a.max_concurrent_decodes,
+      std::clamp<int64_t>(((int64_t{64} << 20) - weights) / 2 / slot_bytes, 1, kAutoMaxSlots));
   EXPECT_EQ(a.kv_pages, a.max_concurrent_decodes * 4);  // 64 positions = 4 pages each
   // Plenty of memory: capped. Too little for one context: 1, then the memory check.
   setenv("HYPERION_MEMORY_LIMIT", "1T", 1);
