@@ -14,10 +14,8 @@
 
 namespace hyperion {
 namespace {
-std::atomic<int> g_threads{0};
-}
 
-namespace {
+std::atomic<int> g_threads{0};
 
 // The CPU quota of this process's cgroup in whole CPUs (v2 cpu.max, v1
 // cpu.cfs_quota_us / cpu.cfs_period_us), or 0 when there is none.
@@ -49,8 +47,7 @@ int hardware_cores() {
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
-    n = std::min<long>(n > 0 ? n : CPU_COUNT(&set), CPU_COUNT(&set));
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) n = CPU_COUNT(&set);
   if (const int quota = cgroup_cpu_quota(); quota > 0 && quota < n) n = quota;
   return n > 0 ? static_cast<int>(n) : 1;
 }

@@ -309,6 +309,24 @@ void dequantize_rows(const TensorView& q, const float* scales, const TensorView&
   });
 }
 
+void int8_row_sums(const TensorView& q, int32_t* sums) {
+  const char* op = "int8_row_sums";
+  check_rank(op, "q", q, 2);
+  check_contiguous(op, "q", q);
+  HYP_CHECK(q.dtype == DType::kI8, "{}: q must be int8, got {}", op, q.str());
+  const int64_t rows = q.shape[0], cols = q.shape[1];
+  HYP_CHECK(cols < (int64_t{1} << 24), "{}: {} columns could overflow an int32 sum", op, cols);
+  HYP_CHECK(sums != nullptr || rows == 0, "{}: null sums for q {}", op, q.str());
+  const auto* qp = static_cast<const int8_t*>(q.data);
+  parallel_chunks(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      int32_t sum = 0;  // a plain reduction the compiler vectorises
+      for (int64_t c = 0; c < cols; ++c) sum += qp[r * cols + c];
+      sums[r] = sum;
+    }
+  });
+}
+
 namespace ref {
 
 float quantize_row(const void* x, DType xd, int64_t n, void* q, DType qd) {

@@ -35,6 +35,11 @@ void quantize_rows(const TensorView& x, const TensorView& q, float* scales);
 // nearest even), all contiguous. Parallel over rows when large.
 void dequantize_rows(const TensorView& q, const float* scales, const TensorView& out);
 
+// Row sums of an int8 matrix q [rows, cols] (contiguous): sums[r] = sum_c q[r, c], exact
+// (|sum| <= 127 * cols < 2^31). A weight's sums are the correction the int8 decode GEMV
+// takes as GemmArgs::b_sums; taken once at load. Parallel over rows when large.
+void int8_row_sums(const TensorView& q, int32_t* sums);
+
 // Largest representable |q|: 127 for kI8, 448 for kE4M3 (throws for other dtypes).
 float quantize_qmax(DType qd);
 

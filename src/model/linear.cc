@@ -15,14 +15,6 @@ namespace {
 // streams W once for all rows); beyond it on AMX tiles where the CPU has them.
 constexpr int64_t kInt8GemvMaxRows = 8;
 
-void row_sums_int8(const int8_t* w, int64_t rows, int64_t cols, int32_t* sums) {
-  for (int64_t r = 0; r < rows; ++r) {
-    int32_t s = 0;
-    for (int64_t c = 0; c < cols; ++c) s += w[r * cols + c];
-    sums[r] = s;
-  }
-}
-
 }  // namespace
 
 LinearWeights::LinearWeights(const ParamStore& params, WeightFormat format)
@@ -60,7 +52,7 @@ LinearWeights::LinearWeights(const ParamStore& params, WeightFormat format)
     qm.scale = AlignedBuffer<float>(static_cast<size_t>(qm.out));
     quantize_rows(w, TensorView(qm.w.data(), DType::kI8, {qm.out, qm.in}), qm.scale.data());
     qm.sums = AlignedBuffer<int32_t>(static_cast<size_t>(qm.out));
-    row_sums_int8(qm.w.data(), qm.out, qm.in, qm.sums.data());
+    int8_row_sums(TensorView(qm.w.data(), DType::kI8, {qm.out, qm.in}), qm.sums.data());
     if (backend_.device() == Device::kHost && amx_int8_available() &&
         amx_int8_gemm_applies(qm.in)) {
       qm.packed = AlignedBuffer<int8_t>(static_cast<size_t>(amx_packed_b_bytes(qm.in, qm.out)));

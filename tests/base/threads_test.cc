@@ -4,11 +4,13 @@
 
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -66,6 +68,43 @@ TEST_F(Threads, SetAndGet) {
   EXPECT_EQ(num_threads(), 1);
   init_threads();  // idempotent once configured: does not reset to the core count
   EXPECT_EQ(num_threads(), 1);
+}
+
+TEST_F(Threads, HardwareCoresFollowTheAffinityMask) {
+  cpu_set_t saved;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(saved), &saved), 0);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &saved)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  const int pinned = hardware_cores();
+  ASSERT_EQ(sched_setaffinity(0, sizeof(saved), &saved), 0);
+  EXPECT_EQ(pinned, 1);
+  EXPECT_LE(hardware_cores(), CPU_COUNT(&saved));
+}
+
+TEST_F(Threads, ParallelWorkRunsAgainAfterTheTeamIsReleased) {
+  set_num_threads(2);
+  std::atomic<int64_t> sum{0};
+  auto run = [&] {
+    sum = 0;
+    parallel_chunks(1000, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) sum += i;
+    });
+    return sum.load();
+  };
+  EXPECT_EQ(run(), 499500);
+  release_thread_pool();
+  EXPECT_EQ(run(), 499500);  // a new team, the same coverage
+  // From another thread after the release, as serve's engine thread does.
+  int64_t other = 0;
+  std::thread t([&] { other = run(); });
+  t.join();
+  EXPECT_EQ(other, 499500);
 }
 
 TEST_F(Threads, RejectsInvalidCounts) {

@@ -201,6 +201,29 @@ TEST(Quantize, DeterministicAcrossThreads) {
   EXPECT_EQ(s1, s2);
 }
 
+TEST(Quantize, Int8RowSums) {
+  // By hand, with the extremes: 127 - 128 + 0 + 5 = 4; -128 * 3 = -384.
+  std::vector<int8_t> q = {127, -128, 0, 5, -128, -128, -128, 0};
+  std::vector<int32_t> sums(2, 99);
+  int8_row_sums(TensorView(q.data(), DType::kI8, {2, 4}), sums.data());
+  EXPECT_EQ(sums, (std::vector<int32_t>{4, -384}));
+  // Many rows of an odd width (the parallel split), against a plain sum.
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> u(-128, 127);
+  const int64_t rows = 301, cols = 4099;
+  std::vector<int8_t> big(static_cast<size_t>(rows * cols));
+  for (auto& v : big) v = int8_t(u(rng));
+  std::vector<int32_t> got(static_cast<size_t>(rows));
+  int8_row_sums(TensorView(big.data(), DType::kI8, {rows, cols}), got.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t want = 0;
+    for (int64_t c = 0; c < cols; ++c) want += big[size_t(r * cols + c)];
+    ASSERT_EQ(got[size_t(r)], want) << "row " << r;
+  }
+  std::vector<float> f(4);
+  EXPECT_THROW(int8_row_sums(TensorView(f.data(), DType::kF32, {1, 4}), sums.data()), Error);
+}
+
 TEST(Quantize, ErrorPaths) {
   float x[4] = {1, 2, 3, 4};
   int8_t q[4];
