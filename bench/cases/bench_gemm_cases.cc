@@ -192,8 +192,9 @@ std::vector<KernelBench> gemm_benches() {
   return {
       square<float>(2048, Bound::kF32, "f32"),    square<bf16>(2048, Bound::kBF16, "bf16"),
       square<int8_t>(2048, Bound::kInt8, "int8"), decode<bf16>(1, 2048, 2048, "bf16"),
-      decode<bf16>(8, 2048, 2048, "bf16"),        decode<int8_t>(1, 2048, 2048, "int8"),
-      decode<float>(1, 2048, 2048, "f32"),
+      decode<bf16>(8, 2048, 2048, "bf16"),        decode<bf16>(16, 2048, 2048, "bf16"),
+      decode<bf16>(32, 2048, 2048, "bf16"),       decode<bf16>(64, 2048, 2048, "bf16"),
+      decode<int8_t>(1, 2048, 2048, "int8"),      decode<float>(1, 2048, 2048, "f32"),
   };
 }
 

@@ -11,9 +11,11 @@
 
 namespace hyperion {
 
-void* aligned_malloc(size_t bytes, size_t alignment) {
-  HYP_CHECK(alignment != 0 && (alignment & (alignment - 1)) == 0,
-            "aligned_malloc: alignment {} is not a power of two", alignment);
+namespace {
+
+constexpr size_t kHuge = size_t{2} << 20;
+
+void* plain_aligned_malloc(size_t bytes, size_t alignment) {
   size_t rounded = (bytes + alignment - 1) / alignment * alignment;
   if (rounded == 0) rounded = alignment;
   void* p = std::aligned_alloc(alignment, rounded);
@@ -21,13 +23,27 @@ void* aligned_malloc(size_t bytes, size_t alignment) {
   return p;
 }
 
-void* huge_page_malloc(size_t bytes) {
-  constexpr size_t kHuge = size_t{2} << 20;
-  if (bytes < kHuge) return aligned_malloc(bytes);
-  void* p = aligned_malloc(bytes, kHuge);
+// 2 MiB aligned, whole huge pages, advised to transparent huge pages before first touch.
+void* huge_aligned_malloc(size_t bytes) {
+  const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+  void* p = plain_aligned_malloc(rounded, kHuge);
   // Advice only: without transparent huge pages the memory works the same, with 4 KiB pages.
-  (void)madvise(p, (bytes + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);
+  (void)madvise(p, rounded, MADV_HUGEPAGE);
   return p;
+}
+
+}  // namespace
+
+void* aligned_malloc(size_t bytes, size_t alignment) {
+  HYP_CHECK(alignment != 0 && (alignment & (alignment - 1)) == 0,
+            "aligned_malloc: alignment {} is not a power of two", alignment);
+  if (bytes >= kHugePageMinBytes && alignment <= kHuge) return huge_aligned_malloc(bytes);
+  return plain_aligned_malloc(bytes, alignment);
+}
+
+void* huge_page_malloc(size_t bytes) {
+  if (bytes < kHuge) return aligned_malloc(bytes);
+  return huge_aligned_malloc(bytes);
 }
 
 void aligned_free(void* ptr) {

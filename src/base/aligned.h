@@ -10,8 +10,17 @@ namespace hyperion {
 
 inline constexpr size_t kAlignment = 64;
 
+// Allocations of at least this many bytes get transparent huge pages (see aligned_malloc).
+inline constexpr size_t kHugePageMinBytes = size_t{4} << 20;
+
 // Allocates `bytes` (rounded up to the alignment) aligned to `alignment`; throws
-// hyperion::Error on failure. Free with aligned_free.
+// hyperion::Error on failure. Free with aligned_free. From kHugePageMinBytes on, the
+// block is 2 MiB aligned, rounded up to whole 2 MiB pages and advised to transparent huge
+// pages (madvise MADV_HUGEPAGE, before first touch): weights, KV pages and activations
+// are then read with one TLB entry per 2 MiB. Measured on a 2-vCPU Sapphire Rapids:
+// paged attention over 16-token pages scattered through a 256 MiB pool 15-20% faster,
+// streaming reads (bench peak) 40 -> 50 GB/s, the llama-25m decode step 2-4%. The
+// rounding costs at most one partly used 2 MiB page per block.
 void* aligned_malloc(size_t bytes, size_t alignment = kAlignment);
 void aligned_free(void* ptr);
 

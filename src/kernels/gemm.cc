@@ -12,6 +12,7 @@
 #include "base/cpu.h"
 #include "base/error.h"
 #include "base/threads.h"
+#include "kernels/amx_bf16_gemm.h"
 #include "kernels/gemv.h"
 #include "tensor/convert.h"
 
@@ -285,6 +286,12 @@ void gemm(const GemmArgs& g) {
   // in our own kernel; oneDNN reaches about half of that for them.
   if (detail::gemv_applies(g)) {
     detail::gemv(g);
+    return;
+  }
+  // Decode batches past the GEMV's rows: AMX tiles reading the weight in place, once for
+  // up to 32 rows.
+  if (amx_bf16_gemm_applies(g)) {
+    amx_bf16_gemm(g);
     return;
   }
   // A scaled GEMM (int8 dequantisation, fp8 alpha) applies its scales in a second pass
