@@ -3,9 +3,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <cstring>
-
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
 
 #include "base/error.h"
 
@@ -16,6 +18,7 @@ namespace {
 constexpr size_t kHuge = size_t{2} << 20;
 
 void* plain_aligned_malloc(size_t bytes, size_t alignment) {
+  HYP_CHECK(bytes <= SIZE_MAX - alignment, "aligned_malloc: {} bytes is too large", bytes);
   size_t rounded = (bytes + alignment - 1) / alignment * alignment;
   if (rounded == 0) rounded = alignment;
   void* p = std::aligned_alloc(alignment, rounded);
@@ -23,13 +26,37 @@ void* plain_aligned_malloc(size_t bytes, size_t alignment) {
   return p;
 }
 
+// Huge blocks are their own anonymous mappings, not malloc's: madvise advice on memory
+// malloc recycles would outlive the block (glibc serves later 4-32 MiB requests from its
+// heap once its mmap threshold has grown, and small allocations would then land on huge
+// pages). The registry maps each block's start to its mapped length for aligned_free.
+std::mutex& huge_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_map<uintptr_t, size_t>& huge_blocks() {
+  static auto* blocks = new std::unordered_map<uintptr_t, size_t>();  // outlives statics
+  return *blocks;
+}
+
 // 2 MiB aligned, whole huge pages, advised to transparent huge pages before first touch.
 void* huge_aligned_malloc(size_t bytes) {
+  HYP_CHECK(bytes <= SIZE_MAX - 2 * kHuge, "aligned_malloc: {} bytes is too large", bytes);
   const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
-  void* p = plain_aligned_malloc(rounded, kHuge);
+  void* raw =
+      mmap(nullptr, rounded + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  HYP_CHECK(raw != MAP_FAILED, "aligned_malloc: out of memory allocating {} bytes", bytes);
+  // Trim the mapping to a 2 MiB-aligned start and whole 2 MiB pages.
+  const uintptr_t b = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t start = (b + kHuge - 1) / kHuge * kHuge;
+  if (start > b) munmap(raw, start - b);
+  const size_t tail = (b + rounded + kHuge) - (start + rounded);
+  if (tail > 0) munmap(reinterpret_cast<void*>(start + rounded), tail);
   // Advice only: without transparent huge pages the memory works the same, with 4 KiB pages.
-  (void)madvise(p, rounded, MADV_HUGEPAGE);
-  return p;
+  (void)madvise(reinterpret_cast<void*>(start), rounded, MADV_HUGEPAGE);
+  std::lock_guard<std::mutex> lock(huge_mutex());
+  huge_blocks()[start] = rounded;
+  return reinterpret_cast<void*>(start);
 }
 
 }  // namespace
@@ -47,6 +74,22 @@ void* huge_page_malloc(size_t bytes) {
 }
 
 void aligned_free(void* ptr) {
+  const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+  if (p != 0 && p % kHuge == 0) {  // only a 2 MiB-aligned pointer can be a huge block
+    size_t length = 0;
+    {
+      std::lock_guard<std::mutex> lock(huge_mutex());
+      auto it = huge_blocks().find(p);
+      if (it != huge_blocks().end()) {
+        length = it->second;
+        huge_blocks().erase(it);
+      }
+    }
+    if (length > 0) {
+      munmap(ptr, length);
+      return;
+    }
+  }
   std::free(ptr);
 }
 

@@ -17,10 +17,12 @@ inline constexpr size_t kHugePageMinBytes = size_t{4} << 20;
 // hyperion::Error on failure. Free with aligned_free. From kHugePageMinBytes on, the
 // block is 2 MiB aligned, rounded up to whole 2 MiB pages and advised to transparent huge
 // pages (madvise MADV_HUGEPAGE, before first touch): weights, KV pages and activations
-// are then read with one TLB entry per 2 MiB. Measured on a 2-vCPU Sapphire Rapids:
-// paged attention over 16-token pages scattered through a 256 MiB pool 15-20% faster,
-// streaming reads (bench peak) 40 -> 50 GB/s, the llama-25m decode step 2-4%. The
-// rounding costs at most one partly used 2 MiB page per block.
+// are then read with one TLB entry per 2 MiB. Such blocks are their own memory mappings
+// (returned to the OS by aligned_free), so the advice never reaches memory malloc
+// recycles. Measured on a 2-vCPU Sapphire Rapids: paged attention over 16-token pages
+// scattered through a 256 MiB pool 13-14 -> 16-18 GB/s, the llama-25m decode step 2-4%
+// faster. The rounding commits up to one more 2 MiB page per block once its tail is
+// touched (a 4 MiB + 1 byte block can commit 6 MiB).
 void* aligned_malloc(size_t bytes, size_t alignment = kAlignment);
 void aligned_free(void* ptr);
 

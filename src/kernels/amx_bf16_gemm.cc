@@ -14,8 +14,10 @@
 
 #include "base/aligned.h"
 #include "base/cpu.h"
+#include "base/error.h"
 #include "base/threads.h"
 #include "kernels/amx_tiles.h"
+#include "kernels/gemv.h"
 
 namespace hyperion {
 namespace {
@@ -94,9 +96,6 @@ HYP_AMX_BF16 void store_tile(const GemmArgs& g, const float* s, int64_t j0, int6
   }
 }
 
-// One block of OB x 16 weight rows (w, stride ldw bytes; rows [j0, j0 + jrows) of C) times
-// TB x 16 columns of xp starting at t0 (tcols of them real). Tiles: results 0..OB*TB-1,
-// A^T pieces next, weight pieces last.
 // The k loop of one block: OB x 16 weight rows (w, stride ldw bytes) times TB x 16
 // columns of xp from t0, into result tiles 0..OB*TB-1 (then stored to s[OB*TB][16][16]).
 // The tile intrinsics take literal tile numbers, so each blocking is spelled out:
@@ -207,15 +206,32 @@ bool amx_bf16_available() {
   return yes;
 }
 
-bool amx_bf16_gemm_applies(const GemmArgs& g) {
+namespace {
+// What the kernel itself needs (amx_bf16_gemm checks it; gemm routes only shapes that
+// also pass the row range of amx_bf16_gemm_applies).
+bool shape_fits(const GemmArgs& g) {
   return g.batch == 1 && g.trans_a == Trans::kN && g.trans_b == Trans::kT &&
          g.a_dtype == DType::kBF16 && g.b_dtype == DType::kBF16 &&
          (g.c_dtype == DType::kF32 || g.c_dtype == DType::kBF16) && g.m >= 1 &&
-         g.m <= kAmxBf16MaxRows && g.n >= 1 && g.k >= kKStep && g.k % kKStep == 0 &&
-         g.lda * 15 < (int64_t(1) << 31) && env_enabled() && amx_bf16_available();
+         g.m <= kAmxBf16MaxRows && g.n >= 1 && g.k >= kKStep && g.k % kKStep == 0 && g.lda >= g.k &&
+         g.ldb >= g.k && g.ldc >= g.n && g.a && g.b && g.c &&
+         g.lda * (kTile - 1) < (int64_t(1) << 31);  // the int32 gather index of pack_a
+}
+}  // namespace
+
+bool amx_bf16_gemm_applies(const GemmArgs& g) {
+  // Up to detail::kGemvMaxMBf16 rows the GEMV streams the weight as fast (and
+  // HYPERION_GEMV=0 then means oneDNN, as it always did).
+  return g.m > detail::kGemvMaxMBf16 && shape_fits(g) && env_enabled() && amx_bf16_available();
 }
 
 void amx_bf16_gemm(const GemmArgs& g) {
+  HYP_CHECK(amx_bf16_available(), "amx_bf16_gemm: this CPU has no AMX-BF16");
+  HYP_CHECK(shape_fits(g),
+            "amx_bf16_gemm: needs one NT GEMM of bf16 A [m, k] and B [n, k] into f32 or bf16 C, "
+            "1 <= m <= {}, k a positive multiple of {}, lda >= k, ldb >= k, ldc >= n; got m {} n "
+            "{} k {} lda {} ldb {} ldc {}",
+            kAmxBf16MaxRows, kKStep, g.m, g.n, g.k, g.lda, g.ldb, g.ldc);
   // Up to 16 rows: 3 x 16 weight rows per block against one A^T piece (7 tiles); more: 2 x 16
   // weight rows against 32 rows of A (8 tiles), repeated per 32 rows from L2.
   if (g.m <= kTile)

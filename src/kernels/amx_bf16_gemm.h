@@ -8,8 +8,9 @@
 // computes C^T = B A^T, with A transposed into AMX's pair layout per call (m x k values,
 // small beside the n x k weight) and each 16 x 16 block of C^T transposed on its way out.
 // Every weight element is read from memory once for up to 32 rows of A (the GEMV path,
-// kernels/gemv.h, takes 1-4 rows; oneDNN runs plain-layout batches of 5-64 rows at about
-// half the bandwidth here). Rows beyond 32 re-read each weight block from L2.
+// kernels/gemv.h, takes 1-4 rows; oneDNN ran plain-layout batches of 32 and 64 rows at
+// about 0.8 of this kernel's bandwidth here). Rows beyond 32 re-read each weight block
+// from L2.
 //
 // Needs AMX-BF16 (Sapphire Rapids and later) and k % 32 == 0; gemm() routes the shapes
 // it takes (amx_bf16_gemm_applies) and leaves the rest to oneDNN. Sums are f32 over
@@ -28,13 +29,14 @@ constexpr int64_t kAmxBf16MaxRows = 64;
 // Whether this CPU runs the kernel (AMX-BF16 with the OS permission granted).
 bool amx_bf16_available();
 
-// Whether gemm(g) runs on this kernel: one NT GEMM of bf16 A and B, f32 or bf16 C,
-// m <= kAmxBf16MaxRows, k % 32 == 0, on a CPU with AMX-BF16 (HYPERION_AMX_BF16=0 turns
+// Whether gemm(g) runs on this kernel: one NT GEMM of bf16 A and B, f32 or bf16 C, more
+// rows than the GEMV takes (kernels/gemv.h) and at most kAmxBf16MaxRows, k % 32 == 0,
+// lda * 15 < 2^31 (the gather index), on a CPU with AMX-BF16 (HYPERION_AMX_BF16=0 turns
 // it off, for comparisons).
 bool amx_bf16_gemm_applies(const GemmArgs& g);
 
-// Runs g (amx_bf16_gemm_applies(g) must hold). Column blocks run in parallel
-// (base/threads.h).
+// Runs g: any m in [1, kAmxBf16MaxRows] with the other conditions above (checked: throws
+// hyperion::Error naming amx_bf16_gemm). Column blocks run in parallel (base/threads.h).
 void amx_bf16_gemm(const GemmArgs& g);
 
 }  // namespace hyperion

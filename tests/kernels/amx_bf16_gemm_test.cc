@@ -14,8 +14,10 @@
 #include <tuple>
 #include <vector>
 
+#include "base/error.h"
 #include "base/threads.h"
 #include "kernels/gemm.h"
+#include "kernels/gemv.h"
 #include "tensor/convert.h"
 
 namespace hyperion {
@@ -30,7 +32,7 @@ struct Case {
   Case(int64_t m, int64_t n, int64_t k, DType cd, int variant) {
     std::mt19937 rng(unsigned(m * 131 + n * 17 + k + variant));
     std::uniform_real_distribution<float> u(-1.0f, 1.0f), pos(0.01f, 0.1f);
-    const int64_t pad = variant % 2 == 0 ? 0 : 5;
+    const int64_t pad = (variant / 2) % 2 == 0 ? 0 : 5;  // both outputs see both layouts
     g = contiguous_gemm_args(Trans::kN, Trans::kT, m, n, k, nullptr, DType::kBF16, nullptr,
                              DType::kBF16, nullptr, cd);
     g.lda = k + pad;
@@ -109,7 +111,7 @@ struct Case {
 TEST(AmxBf16Gemm, MatchesTheReference) {
   if (!amx_bf16_available()) GTEST_SKIP() << "no AMX-BF16 on this CPU";
   int variant = 0;
-  for (int64_t m : {1, 5, 16, 17, 32, 33, 64})
+  for (int64_t m : {1, 3, 5, 15, 16, 17, 31, 32, 33, 48, 64})
     for (auto [n, k] :
          {std::tuple<int64_t, int64_t>{70, 64}, {48, 32}, {1, 96}, {613, 512}, {130, 1408}})
       for (DType cd : {DType::kF32, DType::kBF16}) {
@@ -149,11 +151,31 @@ TEST(AmxBf16Gemm, GemmRoutesDecodeBatchesHere) {
   t.m = kAmxBf16MaxRows + 1;  // prefill sizes stay on oneDNN
   EXPECT_FALSE(amx_bf16_gemm_applies(t));
   t = c.g;
+  t.m = detail::kGemvMaxMBf16;  // the GEMV's rows stay there
+  EXPECT_FALSE(amx_bf16_gemm_applies(t));
+  t = c.g;
+  t.lda = (int64_t(1) << 31) / 15 + 1;  // the A gather's int32 index would overflow
+  EXPECT_FALSE(amx_bf16_gemm_applies(t));
+  t = c.g;
   t.trans_b = Trans::kN;
   EXPECT_FALSE(amx_bf16_gemm_applies(t));
   t = c.g;
   t.a_dtype = t.b_dtype = t.c_dtype = DType::kF32;
   EXPECT_FALSE(amx_bf16_gemm_applies(t));
+}
+
+TEST(AmxBf16Gemm, RefusesWhatItCannotRun) {
+  if (!amx_bf16_available()) GTEST_SKIP() << "no AMX-BF16 on this CPU";
+  Case c(8, 40, 64, DType::kF32, 0);
+  GemmArgs g = c.g;
+  g.k = 48;  // not a multiple of 32: the last tile row would read past A and B
+  EXPECT_THROW(amx_bf16_gemm(g), Error);
+  g = c.g;
+  g.m = kAmxBf16MaxRows + 1;
+  EXPECT_THROW(amx_bf16_gemm(g), Error);
+  g = c.g;
+  g.ldb = g.k - 1;
+  EXPECT_THROW(amx_bf16_gemm(g), Error);
 }
 
 }  // namespace
