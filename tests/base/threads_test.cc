@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -163,6 +166,40 @@ TEST_F(Threads, ParallelChunksSplitsLargeWorkAcrossThreads) {
   ASSERT_EQ(log.chunks.size(), 2u);
   EXPECT_EQ(log.chunks[0], (std::pair<int64_t, int64_t>{0, 500}));
   EXPECT_EQ(log.chunks[1], (std::pair<int64_t, int64_t>{500, 1000}));
+}
+
+// Every region asks for the whole pool, however few chunks it has: libgomp ends and
+// re-creates threads when consecutive regions ask for different sizes (threads.h).
+TEST_F(Threads, ParallelChunksKeepsOneTeamSize) {
+  set_num_threads(3);
+  for (int64_t chunks_wanted : {2, 3}) {
+    std::atomic<int> team{0}, calls{0};
+    parallel_chunks(chunks_wanted * 10, 10, [&](int64_t, int64_t) {
+      team = omp_get_num_threads();
+      ++calls;
+    });
+    EXPECT_EQ(calls.load(), chunks_wanted);
+    EXPECT_EQ(team.load(), 3) << chunks_wanted << " chunks";
+  }
+  std::atomic<int> team{0};
+  parallel_for_dynamic(2, [&](int64_t) { team = omp_get_num_threads(); });
+  EXPECT_EQ(team.load(), 3);
+
+  // Regions of 3, 2 and 3 chunks, many times: the same three OS threads run them all. (A
+  // team sized by the chunks would end its third thread after each 2-chunk region and
+  // make a new one, with a new thread id, for the next 3-chunk region.)
+  std::mutex mu;
+  std::set<pid_t> tids;
+  auto record = [&](int64_t, int64_t) {
+    const auto tid = static_cast<pid_t>(syscall(SYS_gettid));
+    std::lock_guard<std::mutex> lock(mu);
+    tids.insert(tid);
+  };
+  for (int round = 0; round < 20; ++round) {
+    parallel_chunks(30, 10, record);
+    parallel_chunks(20, 10, record);
+  }
+  EXPECT_LE(tids.size(), 3u) << "threads were created again between regions";
 }
 
 // threads.h documents "contiguous chunks of at least `grain` items".
