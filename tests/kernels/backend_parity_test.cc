@@ -217,6 +217,74 @@ TEST_P(BackendParity, RopeByStartAndByPosition) {
   expect_close(dx, dx_ref, 1e-5, 1e-6, "backward");
 }
 
+// The element-wise ops at the model's aligned sizes (rows of a multiple of 8 elements,
+// D/2 a multiple of 8), where the CUDA backend takes its 16-byte paths; the tests above
+// use odd sizes and so its scalar paths. f32 and bf16 storage; the reference computes on
+// the bf16 values widened to f32, so bf16 is off by its output rounding only.
+TEST_P(BackendParity, ElementwiseAtAlignedSizes) {
+  std::mt19937 rng(33);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const bool b16 = dt == DType::kBF16;
+    const double rel = b16 ? 1e-2 : 1e-4, abs = b16 ? 1e-2 : 1e-5;
+    auto widened = [](const Tensor& t) { return make_tensor(DType::kF32, t.shape(), values(t)); };
+    const std::string name(dtype_name(dt));
+    // SwiGLU and GeGLU, forward and backward, over 6 x 64.
+    for (GatedActivation act : {GatedActivation::kSilu, GatedActivation::kGeluTanh}) {
+      const bool gelu = act == GatedActivation::kGeluTanh;
+      Tensor g = random_tensor(dt, {6, 64}, rng, 2.0f), u = random_tensor(dt, {6, 64}, rng);
+      Tensor dh = random_tensor(dt, {6, 64}, rng);
+      Tensor h_ref(DType::kF32, {6, 64}), dg_ref(DType::kF32, {6, 64}),
+          du_ref(DType::kF32, {6, 64});
+      (gelu ? ref::geglu_forward : ref::swiglu_forward)(widened(g), widened(u), h_ref);
+      (gelu ? ref::geglu_backward : ref::swiglu_backward)(widened(dh), widened(g), widened(u),
+                                                          dg_ref, du_ref);
+      Dev dg_in = dev(g), du_in = dev(u), ddh = dev(dh), h = dev(dt, {6, 64}),
+          dg = dev(dt, {6, 64}), du = dev(dt, {6, 64});
+      k().gated_forward(act, dg_in, du_in, h);
+      k().gated_backward(act, ddh, dg_in, du_in, dg, du);
+      const std::string what = std::string(gated_activation_name(act)) + " " + name;
+      expect_close(h, h_ref, rel, abs, what);
+      expect_close(dg, dg_ref, rel, abs * 10, "dg " + what);
+      expect_close(du, du_ref, rel, abs * 10, "du " + what);
+    }
+    // RMSNorm over 5 rows of 64 (f32 weight), forward and backward.
+    {
+      Tensor x = random_tensor(dt, {5, 64}, rng), dy = random_tensor(dt, {5, 64}, rng);
+      Tensor w = random_tensor(DType::kF32, {64}, rng);
+      Tensor y_ref(DType::kF32, {5, 64}), rs_ref(DType::kF32, {5}), dx_ref(DType::kF32, {5, 64});
+      Tensor dw_ref = Tensor::zeros(DType::kF32, {64});
+      ref::rmsnorm_forward(widened(x), w, 1e-6f, y_ref, rs_ref, 0.0f);
+      ref::rmsnorm_backward(widened(dy), widened(x), w, rs_ref, dx_ref, dw_ref, false, 0.0f);
+      Dev dx_in = dev(x), dw_in = dev(w), ddy = dev(dy), y = dev(dt, {5, 64}),
+          rs = dev(DType::kF32, {5}), dx = dev(dt, {5, 64}), dw = dev(DType::kF32, {64});
+      k().rmsnorm_forward(dx_in, dw_in, 1e-6f, y, rs, 0.0f);
+      expect_close(y, y_ref, rel, abs, "rmsnorm " + name);
+      expect_close(rs, rs_ref, 1e-5, 1e-6, "rstd " + name);
+      k().rmsnorm_backward(ddy, dx_in, dw_in, rs, dx, dw, false, 0.0f);
+      expect_close(dx, dx_ref, rel, abs * 10, "rmsnorm dx " + name);
+      expect_close(dw, dw_ref, 1e-4, 1e-4, "rmsnorm dweight " + name);
+    }
+    // RoPE with head_dim 16 (8 rotated pairs), by start and backward.
+    {
+      const int64_t b = 2, t = 5, heads = 3, hd = 16;
+      RopeTable table(64, hd, 10000.0);
+      Tensor x = random_tensor(dt, {b, t, heads, hd}, rng);
+      std::vector<int32_t> pos;
+      for (int64_t i = 0; i < b * t; ++i) pos.push_back(static_cast<int32_t>(3 + i % t));
+      Tensor positions = make_i32(pos);
+      const TensorView positions_bt(positions.data(), DType::kI32, {b, t});
+      Tensor y_ref(DType::kF32, x.shape()), dx_ref(DType::kF32, x.shape());
+      ref::rope_forward(widened(x), y_ref, positions_bt, table);
+      ref::rope_backward(widened(x), dx_ref, positions_bt, table);
+      Dev dx_in = dev(x), y = dev(dt, x.shape()), dx = dev(dt, x.shape());
+      k().rope_forward(dx_in, y, 3, table);
+      k().rope_backward(dx_in, dx, 3, table);
+      expect_close(y, y_ref, rel, abs, "rope " + name);
+      expect_close(dx, dx_ref, rel, abs, "rope backward " + name);
+    }
+  }
+}
+
 TEST_P(BackendParity, Attention) {
   std::mt19937 rng(5);
   // Odd sizes: 11 tokens, head_dim 16 and 40 (not multiples of the warp), GQA 4:2, and a
@@ -250,6 +318,86 @@ TEST_P(BackendParity, Attention) {
   }
 }
 
+// ||got - want|| / ||want||.
+double relative_error(const Tensor& got, const Tensor& want) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double d = at(got, i) - at(want, i);
+    num += d * d;
+    den += at(want, i) * at(want, i);
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// Both checks of the bf16 attention: the whole tensor's relative error within `rel`, and
+// no element off by more than 5 * rel of the largest (a wrong row or tile fails this
+// even when the norm hides it).
+void expect_close_norm(const Tensor& got, const Tensor& want, double rel, const std::string& what) {
+  EXPECT_LE(relative_error(got, want), rel) << what;
+  double largest = 0, worst = 0;
+  int64_t worst_at = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    largest = std::max(largest, std::fabs(at(want, i)));
+    const double d = std::fabs(at(got, i) - at(want, i));
+    if (!(d <= worst)) {  // NaN counts as the worst
+      worst = std::isnan(d) ? INFINITY : d;
+      worst_at = i;
+    }
+  }
+  EXPECT_LE(worst, 5 * rel * largest) << what << ": element " << worst_at;
+}
+
+// bf16 q/k/v at head dims 64 and 128: the shapes the CUDA backend runs on the tensor
+// cores. Lengths that are not multiples of its 64-row tiles, GQA, Tq < Tk, and both output
+// dtypes. The CUDA path rounds P and dS to bf16 before their products (FlashAttention's
+// choice), so the check is on the relative error of the whole tensor: <= 1e-2 forward and
+// 2e-2 backward, no element off by more than 5x that of the largest, and every element
+// was written (poisoned outputs).
+TEST_P(BackendParity, AttentionBf16AtModelHeadDims) {
+  std::mt19937 rng(55);
+  struct Case {
+    int64_t b, tq, tk, hq, hkv, hd;
+    DType out;
+  };
+  for (const Case& cs :
+       {Case{2, 77, 77, 4, 2, 64, DType::kF32}, Case{1, 45, 130, 2, 1, 128, DType::kF32},
+        Case{1, 128, 128, 3, 3, 64, DType::kBF16}, Case{1, 200, 200, 2, 1, 128, DType::kBF16},
+        // GQA 4:1 as in Llama 3, a single query row (decode), Tq < Tk with bf16 out, and
+        // a sequence past 1024 tokens.
+        Case{1, 1, 150, 8, 2, 64, DType::kBF16}, Case{2, 70, 133, 8, 2, 64, DType::kBF16},
+        Case{1, 1030, 1030, 2, 1, 64, DType::kF32}}) {
+    const std::string what = "T " + std::to_string(cs.tq) + "/" + std::to_string(cs.tk) + " d " +
+                             std::to_string(cs.hd) + " out " + std::string(dtype_name(cs.out));
+    Tensor q = random_tensor(DType::kBF16, {cs.b, cs.tq, cs.hq, cs.hd}, rng);
+    Tensor kt = random_tensor(DType::kBF16, {cs.b, cs.tk, cs.hkv, cs.hd}, rng);
+    Tensor v = random_tensor(DType::kBF16, {cs.b, cs.tk, cs.hkv, cs.hd}, rng);
+    Tensor dout = random_tensor(DType::kBF16, q.shape(), rng);
+    Tensor o_ref(DType::kF32, q.shape()), lse_ref(DType::kF32, {cs.b, cs.hq, cs.tq});
+    ref::attention_forward(q, kt, v, o_ref, lse_ref);
+    // The backward reads the forward's output in the dtype the model stores it in.
+    Tensor o_in = make_tensor(DType::kBF16, q.shape(), values(o_ref));
+    Tensor dq_ref(DType::kF32, q.shape()), dk_ref(DType::kF32, kt.shape()),
+        dv_ref(DType::kF32, v.shape());
+    ref::attention_backward(q, kt, v, o_in, dout, lse_ref, dq_ref, dk_ref, dv_ref);
+    auto poisoned = [&](Shape s) {
+      return dev(make_tensor(cs.out, s, std::vector<float>(static_cast<size_t>(s.numel()), NAN)));
+    };
+
+    Dev dq_in = dev(q), dk_in = dev(kt), dv_in = dev(v), o = poisoned(q.shape()),
+        lse = dev(DType::kF32, {cs.b, cs.hq, cs.tq});
+    k().attention_forward(dq_in, dk_in, dv_in, o, lse);
+    expect_close_norm(o.host(), o_ref, 1e-2, "out " + what);
+    expect_close(lse, lse_ref, 1e-4, 1e-3, "lse " + what);
+
+    Dev ddout = dev(dout), o_dev = dev(o_in), dq = poisoned(q.shape()), dk = poisoned(kt.shape()),
+        dv = poisoned(v.shape());
+    k().attention_backward(dq_in, dk_in, dv_in, o_dev, ddout, lse, dq, dk, dv);
+    expect_close_norm(dq.host(), dq_ref, 2e-2, "dq " + what);
+    expect_close_norm(dk.host(), dk_ref, 2e-2, "dk " + what);
+    expect_close_norm(dv.host(), dv_ref, 2e-2, "dv " + what);
+  }
+}
+
 TEST_P(BackendParity, EmbeddingScaled) {
   std::mt19937 rng(6);
   Tensor table = random_tensor(DType::kF32, {13, 24}, rng);
@@ -264,6 +412,18 @@ TEST_P(BackendParity, EmbeddingScaled) {
   k().embedding_backward(dids, out, dt, 4.0f);
   ref::embedding_backward(ids, out_ref, dt_ref, 4.0f);
   expect_close(dt, dt_ref, 1e-6, 1e-6, "backward");
+
+  // More ids than the CUDA kernel stages at once (2048), in bf16, many repeats per row:
+  // the sums must still run in ascending position (up to fused multiply-adds).
+  std::vector<int32_t> many(5000);
+  for (int32_t& id : many) id = static_cast<int32_t>(rng() % 300);
+  Tensor ids2 = make_i32(many);
+  Tensor dout2 = random_tensor(DType::kBF16, {5000, 70}, rng);
+  Tensor dt2_ref = Tensor::zeros(DType::kF32, {300, 70});
+  Dev dids2 = dev(ids2), ddout2 = dev(dout2), dt2 = dev(DType::kF32, {300, 70});
+  k().embedding_backward(dids2, ddout2, dt2, 0.5f);
+  ref::embedding_backward(ids2, dout2, dt2_ref, 0.5f);
+  expect_close(dt2, dt2_ref, 1e-6, 1e-6, "backward, 5000 ids");
 }
 
 // An id outside the vocabulary is an error naming it, on every backend (a device backend

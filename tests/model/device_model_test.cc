@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../kernels/simulated_device.h"
+#include "model/llama_generator.h"
 #include "model/llama_model.h"
 #include "model/param_store.h"
 #include "model_test_util.h"
@@ -65,6 +66,34 @@ TEST_P(DeviceModel, TrainingStepEqualsTheHost) {
     for (float g : hg) scale = std::max(scale, static_cast<double>(std::fabs(g)));
     for (size_t i = 0; i < hg.size(); ++i)
       ASSERT_NEAR(dg[i], hg[i], rel * scale) << "gradient " << i << ", bf16 " << bf16;
+  }
+}
+
+// Greedy decoding with the KV cache on the device picks the host's tokens, and its
+// logits match the host's at every step (f32: a GPU differs only in summation order).
+TEST_P(DeviceModel, GreedyDecodingEqualsTheHost) {
+  KernelBackend* dev = testing_util::simulated_device();
+  if (dev == nullptr) dev = &backend_for(Device::kCuda);
+  const LlamaConfig cfg = testing_util::tiny_test_config(GetParam());
+  ParamStore host_ps(cfg, false, true), dev_ps(cfg, false, true, dev->allocator());
+  host_ps.init(11, 0.5);
+  dev_ps.init(11, 0.5);
+  LlamaGenerator host_gen(host_ps, cfg.max_seq_len), dev_gen(dev_ps, cfg.max_seq_len);
+  std::vector<int32_t> prompt = {1, 5, 9, 2, 7};
+  const float* hl = host_gen.feed(prompt.data(), static_cast<int64_t>(prompt.size()));
+  const float* dl = dev_gen.feed(prompt.data(), static_cast<int64_t>(prompt.size()));
+  const bool exact = std::string(dev->name()) == "simulated";
+  for (int64_t step = 0; step + static_cast<int64_t>(prompt.size()) < cfg.max_seq_len; ++step) {
+    double scale = 0;
+    for (int64_t v = 0; v < cfg.vocab_size; ++v)
+      scale = std::max(scale, static_cast<double>(std::fabs(hl[v])));
+    for (int64_t v = 0; v < cfg.vocab_size; ++v)
+      ASSERT_NEAR(dl[v], hl[v], exact ? 0.0 : 1e-4 * scale) << "step " << step << " logit " << v;
+    const auto host_next = static_cast<int32_t>(std::max_element(hl, hl + cfg.vocab_size) - hl);
+    const auto dev_next = static_cast<int32_t>(std::max_element(dl, dl + cfg.vocab_size) - dl);
+    ASSERT_EQ(dev_next, host_next) << "step " << step;
+    hl = host_gen.feed(&host_next, 1);
+    dl = dev_gen.feed(&dev_next, 1);
   }
 }
 

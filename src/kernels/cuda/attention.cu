@@ -5,8 +5,9 @@
 // from lse and splits into a dQ pass and a dK/dV pass, so every output element is summed
 // by one warp in a fixed order: deterministic, no atomics.
 //
-// Head dims up to 256 (8 values per lane). This is the portable first version, checked
-// against the host kernels; the tensor-core version is the speed work of docs/GPU.md.
+// Head dims up to 256 (8 values per lane). This is the portable version, for f32 and for
+// head dims other than 64 and 128; bf16 at those head dims runs on the tensor cores
+// (attention_mma.cu).
 #include "kernels/cuda/device_util.cuh"
 
 namespace hyperion::cuda {
@@ -261,6 +262,10 @@ size_t tile_bytes(int64_t d) {
 void attention_forward(cudaStream_t s, const AttentionShape& sh, const void* q, const void* k,
                        const void* v, Elem t, void* out, Elem ot, float* lse) {
   if (sh.b * sh.tq * sh.hq == 0) return;
+  if (attention_mma_applies(sh, t, {q, k, v, out})) {
+    attention_mma_forward(s, sh, q, k, v, out, ot, lse);
+    return;
+  }
   attention_forward_kernel<<<grid_of(sh.tq, sh.hq, sh.b), kWarps * 32, tile_bytes(sh.d), s>>>(
       layout_of(sh), q, k, v, t, out, ot, lse);
 }
@@ -273,6 +278,10 @@ void attention_backward(cudaStream_t s, const AttentionShape& sh, const void* q,
   const int64_t rows = sh.b * sh.tq * sh.hq;
   attention_delta_kernel<<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kWarps * 32, 0,
                            s>>>(L, out, dout, t, delta);
+  if (attention_mma_applies(sh, t, {q, k, v, out, dout, dq, dk, dv})) {
+    attention_mma_backward(s, sh, q, k, v, dout, lse, delta, dq, dk, dv, gt);
+    return;
+  }
   attention_dq_kernel<<<grid_of(sh.tq, sh.hq, sh.b), kWarps * 32, tile_bytes(sh.d), s>>>(
       L, q, k, v, dout, t, lse, delta, dq, gt);
   const size_t dkv_bytes = tile_bytes(sh.d) + 2 * tile_rows(sh.d) * sizeof(float);

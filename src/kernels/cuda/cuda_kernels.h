@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 namespace hyperion::cuda {
 
@@ -92,6 +93,18 @@ void attention_forward(cudaStream_t s, const AttentionShape& sh, const void* q, 
 void attention_backward(cudaStream_t s, const AttentionShape& sh, const void* q, const void* k,
                         const void* v, const void* out, const void* dout, Elem t, const float* lse,
                         float* delta, void* dq, void* dk, void* dv, Elem gt);
+
+// ---- attention_mma.cu: the tensor-core version of the two above, for bf16 q/k/v with
+// head_dim 64 or 128 and 16-byte aligned tensors (the `applies` check); attention.cu
+// routes there.
+bool attention_mma_applies(const AttentionShape& sh, Elem t,
+                           std::initializer_list<const void*> tensors);
+void attention_mma_forward(cudaStream_t s, const AttentionShape& sh, const void* q, const void* k,
+                           const void* v, void* out, Elem ot, float* lse);
+// delta: rowsum(dout * out), already computed.
+void attention_mma_backward(cudaStream_t s, const AttentionShape& sh, const void* q, const void* k,
+                            const void* v, const void* dout, const float* lse, const float* delta,
+                            void* dq, void* dk, void* dv, Elem gt);
 
 // ---- paged.cu (kernels/paged_attention.h layout). dtype: the project's DType value of
 // the cache (f32, bf16 or i8).

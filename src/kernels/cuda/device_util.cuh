@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -21,6 +22,51 @@ __device__ __forceinline__ void store(void* p, Elem t, int64_t i, float v) {
     static_cast<float*>(p)[i] = v;
   else
     static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+}
+
+// Eight consecutive elements from index i as f32: one 16-byte load for bf16, two for f32.
+// i must be a multiple of 8 and the tensor 16-byte aligned (vec8_ok says so).
+__device__ __forceinline__ void load8(const void* p, Elem t, int64_t i, float (&v)[8]) {
+  if (t == Elem::kBF16) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p) + i);
+    const auto* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __bfloat1622float2(h2[k]);
+      v[2 * k] = f.x;
+      v[2 * k + 1] = f.y;
+    }
+  } else {
+    const auto* f4 = reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
+    const float4 a = f4[0], b = f4[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+}
+__device__ __forceinline__ void load8(const float* p, int64_t i, float (&v)[8]) {
+  load8(p, Elem::kF32, i, v);
+}
+__device__ __forceinline__ void store8(void* p, Elem t, int64_t i, const float (&v)[8]) {
+  if (t == Elem::kBF16) {
+    uint4 raw;
+    auto* h2 = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) h2[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+    *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p) + i) = raw;
+  } else {
+    auto* f4 = reinterpret_cast<float4*>(static_cast<float*>(p) + i);
+    f4[0] = make_float4(v[0], v[1], v[2], v[3]);
+    f4[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+}
+
+// Whether the 8-wide loads and stores above may run over `n` elements (per row or in all)
+// of these tensors: n a multiple of 8 and every pointer 16-byte aligned.
+inline bool vec8_ok(int64_t n, std::initializer_list<const void*> tensors) {
+  if (n % 8 != 0) return false;
+  for (const void* p : tensors)
+    if ((reinterpret_cast<uintptr_t>(p) & 15) != 0) return false;
+  return true;
 }
 
 __host__ __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) {
