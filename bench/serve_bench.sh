@@ -18,7 +18,8 @@
 #              loads run against that server instead (e.g. llama-server on the same
 #              model as GGUF), nothing is started.
 # Environment: HYPERION (the binary, default build/release/hyperion), PORT (8123),
-# THREADS (engine threads, default 2).
+# THREADS (engine threads, default 2), SCALING_KEYS (more serve keys for the scaling
+# servers, e.g. "kv_dtype=int8").
 set -euo pipefail
 
 CKPT=${1:?usage: bench/serve_bench.sh CHECKPOINT [concurrency|kv|single|scaling|all]}
@@ -123,7 +124,8 @@ if [ "$SUITE" = scaling ] || [ "$SUITE" = all ]; then
     scaling_loads external "$URL_UNDER_TEST"
   else
     for w in none int8; do
-      start_server "scaling_$w" max_seq_len=1024 quantize_weights=$w
+      # shellcheck disable=SC2086  # SCALING_KEYS is a list of key=value words
+      start_server "scaling_$w" max_seq_len=1024 quantize_weights=$w ${SCALING_KEYS:-}
       scaling_loads "$w" "weights $w, automatic slots"
       stop_server
     done
