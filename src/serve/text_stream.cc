@@ -20,25 +20,33 @@ TextStream::TextStream(const io::Tokenizer* tokenizer, int32_t context_token,
     : tok_(tokenizer), stop_(std::move(stop)) {
   stop_.erase(std::remove(stop_.begin(), stop_.end(), std::string()), stop_.end());
   if (tok_ != nullptr) {
-    ids_.push_back(context_token);
-    context_text_ = tok_->decode(ids_);
+    window_.push_back(context_token);
+    anchor_text_ = tok_->decode(window_);
   }
 }
 
-std::string TextStream::decoded() const {
-  std::string full = tok_->decode(ids_);
-  if (full.compare(0, context_text_.size(), context_text_) == 0)
-    return full.substr(context_text_.size());
-  // The context token merged with what follows (should not happen with SentencePiece):
-  // fall back to decoding the generated tokens alone.
-  return tok_->decode(std::vector<int32_t>(ids_.begin() + 1, ids_.end()));
+std::string TextStream::window_text() const {
+  std::string full = tok_->decode(window_);
+  if (full.compare(0, anchor_text_.size(), anchor_text_) == 0)
+    return full.substr(anchor_text_.size());
+  // The anchor merged with what follows (should not happen with SentencePiece): fall
+  // back to decoding the tokens after it alone.
+  return tok_->decode(std::vector<int32_t>(window_.begin() + 1, window_.end()));
 }
 
 std::string TextStream::push(int32_t token, bool* stopped) {
   *stopped = false;
   if (tok_ == nullptr || stopped_) return {};
-  ids_.push_back(token);
-  std::string text = decoded();
+  window_.push_back(token);
+  const std::string tail = window_text();
+  std::string text = settled_ + tail;
+  if (!ends_with(tail, kReplacement)) {
+    // Every character so far is whole: later tokens cannot change this text, so the
+    // newest token becomes the anchor.
+    settled_ = text;
+    window_.assign(1, token);
+    anchor_text_ = tok_->decode(window_);
+  }
   while (ends_with(text, kReplacement)) text.resize(text.size() - kReplacement.size());
   if (text.size() < released_.size() || text.compare(0, released_.size(), released_) != 0)
     return {};  // not yet consistent with what was sent (a character still forming)
@@ -75,7 +83,7 @@ std::string TextStream::push(int32_t token, bool* stopped) {
 
 std::string TextStream::flush() {
   if (tok_ == nullptr || stopped_) return {};
-  std::string text = decoded();
+  const std::string text = settled_ + window_text();
   if (text.size() <= released_.size() || text.compare(0, released_.size(), released_) != 0)
     return {};
   std::string out = text.substr(released_.size());

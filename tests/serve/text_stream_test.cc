@@ -65,6 +65,51 @@ TEST(TextStream, ReassemblesTheDecodedText) {
   }
 }
 
+// Random token sequences, rich in byte-fallback tokens (split and invalid UTF-8): the
+// streamed text, which decodes a short window per token, equals decoding all the
+// generated tokens at once after the context token.
+TEST(TextStream, WindowedDecodingEqualsDecodingEverything) {
+  const io::Tokenizer& tok = tokenizer();
+  std::vector<int32_t> byte_ids, other_ids;
+  for (int32_t id = 3; id < tok.vocab_size(); ++id)
+    (tok.id_to_piece(id).rfind("<0x", 0) == 0 ? byte_ids : other_ids).push_back(id);
+  ASSERT_EQ(byte_ids.size(), 256u);
+  const std::vector<int32_t> utf8 = tok.encode("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80");
+  uint64_t state = 12345;
+  auto next = [&](uint64_t n) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (state >> 33) % n;
+  };
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 40; ++i) {
+      const uint64_t kind = next(4);
+      if (kind == 0)
+        ids.push_back(byte_ids[next(byte_ids.size())]);
+      else if (kind == 1)
+        ids.push_back(utf8[next(utf8.size())]);
+      else
+        ids.push_back(other_ids[next(other_ids.size())]);
+    }
+    const int32_t context = trial % 2 == 0 ? tok.bos_id() : other_ids[next(other_ids.size())];
+    TextStream ts(&tok, context, {});
+    std::string joined;
+    for (int32_t id : ids) {
+      bool stopped = false;
+      joined += ts.push(id, &stopped);
+      ASSERT_FALSE(stopped);
+    }
+    joined += ts.flush();
+    std::vector<int32_t> all{context};
+    all.insert(all.end(), ids.begin(), ids.end());
+    const std::string full = tok.decode(all);
+    const std::string context_text = tok.decode({context});
+    ASSERT_EQ(full.compare(0, context_text.size(), context_text), 0);
+    EXPECT_EQ(joined, full.substr(context_text.size())) << "trial " << trial;
+    EXPECT_EQ(ts.text(), joined);
+  }
+}
+
 TEST(TextStream, StopsBeforeTheStopStringAndNeverSendsIt) {
   bool stopped = false;
   std::string all;
