@@ -11,7 +11,10 @@
 // (the SIMD path moves m only when a score exceeds it by more than 8, i.e. p > 256, and
 // keeps l lane by lane until the end of the task: no horizontal reductions per block).
 // Each key/value row is loaded (and widened from bf16 / int8 / e4m3) once per block for
-// all query heads of the group; nothing is ever dequantised into a copy.
+// all query heads of the group; nothing is ever dequantised into a copy. A bf16 cache
+// whose head_dim is a multiple of 32 is widened 32 values at a time in even/odd order
+// (one load, a shift and a mask: see load_pair), with q and the accumulator kept in that
+// order for the task and put back in order at its end.
 #include "kernels/paged_attention.h"
 #include "kernels/exp2_avx512.h"
 
@@ -162,6 +165,7 @@ struct TaskArgs {
   float* lanes;     // [group, 16] SIMD path: the running sums lane by lane, folded into l
                     // at the end of the task (no horizontal sum per block)
   float* acc;       // [group, dp] accumulator, starts at 0
+  bool pairs;       // bf16 pairs mode: qf and acc in even/odd order within each 32 columns
 };
 
 void gather_block(const TaskArgs& a, int64_t pos, Block* b) {
@@ -198,34 +202,30 @@ void gather_block(const TaskArgs& a, int64_t pos, Block* b) {
   }
 }
 
-// Asks for the key and value rows of positions [pos, pos + 16) of this task's kv head
-// (clipped to the range) to be brought into cache: run_task calls it one block ahead, so
-// the reads of every (block, head) start a whole round of heads (e.g. 8 x 4 KB) before the
-// kernel needs them. The pages are scattered through the pool, so the hardware prefetcher
-// loses the stream at every page boundary; this keeps the next page's lines in flight
-// (`bench kernels --filter paged_attn` on 2 Zen 5 cores: bf16 19-20 -> 26-31 GB/s, int8
-// 17-19 -> 31-34 GB/s; prefetching further ahead or into L2 only measured the same or
-// worse).
-void prefetch_block(const TaskArgs& a, int64_t pos) {
+// Asks for the scale lines of positions [pos, pos + 16) of this task's kv head (a quantised
+// cache's): one line per page run. run_task issues it a few (block, head) steps before the
+// block is gathered, since gathering copies the scales.
+void prefetch_scales(const TaskArgs& a, int64_t pos) {
   const PagedKvCache& c = *a.cache;
   const int64_t end = std::min<int64_t>(a.end, pos + kBlock);
-  const int64_t row_bytes = c.head_dim * int64_t(dtype_size(c.dtype));
   while (pos < end) {
     const int64_t off = pos % c.page_tokens;
     const int64_t run = std::min<int64_t>(c.page_tokens - off, end - pos);
     const int64_t slot =
         (int64_t(a.pages[pos / c.page_tokens]) * c.n_kv_heads + a.kvh) * c.page_tokens + off;
-    const char* k = static_cast<const char*>(c.k) + slot * row_bytes;
-    const char* v = static_cast<const char*>(c.v) + slot * row_bytes;
-    for (int64_t b = 0; b < run * row_bytes; b += 64) {
-      _mm_prefetch(k + b, _MM_HINT_T0);
-      _mm_prefetch(v + b, _MM_HINT_T0);
-    }
-    if (c.k_scale != nullptr && is_quantised(c.dtype)) {  // a run's scales: one line each
-      _mm_prefetch(reinterpret_cast<const char*>(c.k_scale + slot), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(c.v_scale + slot), _MM_HINT_T0);
-    }
+    _mm_prefetch(reinterpret_cast<const char*>(c.k_scale + slot), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(c.v_scale + slot), _MM_HINT_T0);
     pos += run;
+  }
+}
+
+// Prefetches the key and value rows of block `pf` (a row per position of 16), called by
+// the block kernel between its position groups so that the requests are spread over its
+// work rather than issued in one burst.
+HYP_AVX512 inline void prefetch_rows(const Block& pf, int t, int64_t row_bytes) {
+  for (int64_t o = 0; o < row_bytes; o += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(pf.k[t]) + o, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(pf.v[t]) + o, _MM_HINT_T0);
   }
 }
 
@@ -343,6 +343,26 @@ HYP_AVX512 inline __m512 load_chunk(const unsigned char* p, __mmask16 k) {
   }
 }
 
+// 32 bf16 values of a key/value row as two f32 vectors: lo = the even-indexed values,
+// hi = the odd ones. A bf16 in the low half of a 32-bit lane becomes f32 by a shift, one
+// in the high half by clearing the low half: one load and two ALU ops for 32 values,
+// against a widening load (two uops) and a shift for each 16 with load_chunk.
+HYP_AVX512 inline void load_pair(const unsigned char* p, __m512* lo, __m512* hi) {
+  const __m512i x = _mm512_loadu_si512(p);
+  *lo = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+  *hi = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(int32_t(0xFFFF0000u))));
+}
+
+// W = 1: chunk c of a row (16 values) as f32. W = 2 (bf16 pairs mode): chunks c and c + 1
+// (32 values) in even/odd order.
+template <typename KT, bool kTail, int W>
+HYP_AVX512 inline void load_w(const unsigned char* p, __mmask16 k, __m512* out) {
+  if constexpr (W == 2)
+    load_pair(p, &out[0], &out[1]);
+  else
+    out[0] = load_chunk<KT, kTail>(p, k);
+}
+
 // r[i] = sum of the 16 lanes of row i of p[16][16]: a transpose-and-add tree, ~3 ops
 // per row instead of a horizontal reduction each.
 HYP_AVX512 inline __m512 reduce16(const float* p) {
@@ -364,9 +384,11 @@ HYP_AVX512 inline __m512 reduce16(const float* p) {
 }
 
 // One block for query heads [h0, h0 + GB) of the group. kTail: head_dim is not a multiple
-// of 16, so the last chunk of each row is a masked load.
-template <typename KT, int GB, bool kTail>
-HYP_AVX512 void block_heads_avx512(const TaskArgs& a, const Block& b, int64_t h0) {
+// of 16, so the last chunk of each row is a masked load. W = 2: bf16 pairs mode, two
+// chunks per load (see load_pair).
+template <typename KT, int GB, bool kTail, int W>
+HYP_AVX512 void block_heads_avx512(const TaskArgs& a, const Block& b, int64_t h0, const Block* pf) {
+  static_assert(W == 1 || (W == 2 && std::is_same_v<KT, bf16> && !kTail));
   constexpr int64_t es = sizeof(KT);
   constexpr bool kQuant = std::is_same_v<KT, int8_t> || std::is_same_v<KT, fp8_e4m3>;
   const int64_t nc = a.dp / 16;
@@ -387,14 +409,18 @@ HYP_AVX512 void block_heads_avx512(const TaskArgs& a, const Block& b, int64_t h0
     for (int u = 0; u < U; ++u)
 #pragma GCC unroll 8
       for (int h = 0; h < GB; ++h) s[u][h] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < nc; ++c) {
+    for (int64_t c = 0; c < nc; c += W) {
       const __mmask16 k = c + 1 < nc ? __mmask16(0xFFFF) : last;
 #pragma GCC unroll 8
       for (int u = 0; u < U; ++u) {
-        const __m512 kv = load_chunk<KT, kTail>(b.k[t0 + u] + 16 * c * es, k);
+        if (pf != nullptr && c == 0) prefetch_rows(*pf, t0 + u, a.d * es);
+        __m512 kv[W];
+        load_w<KT, kTail, W>(b.k[t0 + u] + 16 * c * es, k, kv);
+#pragma GCC unroll 2
+        for (int w = 0; w < W; ++w)
 #pragma GCC unroll 8
-        for (int h = 0; h < GB; ++h)
-          s[u][h] = _mm512_fmadd_ps(_mm512_load_ps(qf + h * a.dp + 16 * c), kv, s[u][h]);
+          for (int h = 0; h < GB; ++h)
+            s[u][h] = _mm512_fmadd_ps(_mm512_load_ps(qf + h * a.dp + 16 * (c + w)), kv[w], s[u][h]);
       }
     }
 #pragma GCC unroll 8
@@ -433,67 +459,72 @@ HYP_AVX512 void block_heads_avx512(const TaskArgs& a, const Block& b, int64_t h0
 
   // Values: GB x U accumulators per 16 columns stay in registers across the block (U
   // interleaved chains over the positions); positions past nt have p = 0.
-  for (int64_t c = 0; c < nc; ++c) {
+  for (int64_t c = 0; c < nc; c += W) {
     const __mmask16 k = c + 1 < nc ? __mmask16(0xFFFF) : last;
-    __m512 acc_v[U][GB];
+    __m512 acc_v[W][U][GB];
+#pragma GCC unroll 2
+    for (int w = 0; w < W; ++w)
 #pragma GCC unroll 8
-    for (int h = 0; h < GB; ++h) {
-      acc_v[0][h] =
-          _mm512_mul_ps(_mm512_load_ps(acc + h * a.dp + 16 * c), _mm512_set1_ps(alpha[h]));
+      for (int h = 0; h < GB; ++h) {
+        acc_v[w][0][h] =
+            _mm512_mul_ps(_mm512_load_ps(acc + h * a.dp + 16 * (c + w)), _mm512_set1_ps(alpha[h]));
 #pragma GCC unroll 8
-      for (int u = 1; u < U; ++u) acc_v[u][h] = _mm512_setzero_ps();
-    }
-    if (b.ntv == b.nt) {
-      for (int t0 = 0; t0 < ntu; t0 += U)
+        for (int u = 1; u < U; ++u) acc_v[w][u][h] = _mm512_setzero_ps();
+      }
+    // Padded block: masked positions are read and multiplied like the others, but zeroed
+    // first so that whatever they hold (unwritten pages) cannot make 0 * v NaN.
+    const bool padded = b.ntv != b.nt;
+    for (int t0 = 0; t0 < ntu; t0 += U)
 #pragma GCC unroll 8
-        for (int u = 0; u < U; ++u) {
-          const __m512 vv = load_chunk<KT, kTail>(b.v[t0 + u] + 16 * c * es, k);
-#pragma GCC unroll 8
-          for (int h = 0; h < GB; ++h)
-            acc_v[u][h] = _mm512_fmadd_ps(_mm512_set1_ps(pv[h][t0 + u]), vv, acc_v[u][h]);
-        }
-    } else {
-      // Padded block: masked positions are read and multiplied like the others, but zeroed
-      // first so that whatever they hold (unwritten pages) cannot make 0 * v NaN.
-      for (int t0 = 0; t0 < ntu; t0 += U)
-#pragma GCC unroll 8
-        for (int u = 0; u < U; ++u) {
+      for (int u = 0; u < U; ++u) {
+        __m512 vv[W];
+        load_w<KT, kTail, W>(b.v[t0 + u] + 16 * c * es, k, vv);
+        if (padded) {
           const __mmask16 tk = t0 + u < b.ntv ? __mmask16(0xFFFF) : __mmask16(0);
-          const __m512 vv =
-              _mm512_maskz_mov_ps(tk, load_chunk<KT, kTail>(b.v[t0 + u] + 16 * c * es, k));
-#pragma GCC unroll 8
-          for (int h = 0; h < GB; ++h)
-            acc_v[u][h] = _mm512_fmadd_ps(_mm512_set1_ps(pv[h][t0 + u]), vv, acc_v[u][h]);
+#pragma GCC unroll 2
+          for (int w = 0; w < W; ++w) vv[w] = _mm512_maskz_mov_ps(tk, vv[w]);
         }
-    }
 #pragma GCC unroll 8
-    for (int h = 0; h < GB; ++h) {
-      __m512 r = acc_v[0][h];
-      if constexpr (U == 2) r = _mm512_add_ps(r, acc_v[1][h]);
-      if constexpr (U == 4)
-        r = _mm512_add_ps(_mm512_add_ps(r, acc_v[1][h]), _mm512_add_ps(acc_v[2][h], acc_v[3][h]));
-      _mm512_store_ps(acc + h * a.dp + 16 * c, r);
-    }
+        for (int h = 0; h < GB; ++h) {
+          const __m512 ph = _mm512_set1_ps(pv[h][t0 + u]);
+#pragma GCC unroll 2
+          for (int w = 0; w < W; ++w) acc_v[w][u][h] = _mm512_fmadd_ps(ph, vv[w], acc_v[w][u][h]);
+        }
+      }
+#pragma GCC unroll 2
+    for (int w = 0; w < W; ++w)
+#pragma GCC unroll 8
+      for (int h = 0; h < GB; ++h) {
+        __m512 r = acc_v[w][0][h];
+        if constexpr (U == 2) r = _mm512_add_ps(r, acc_v[w][1][h]);
+        if constexpr (U == 4)
+          r = _mm512_add_ps(_mm512_add_ps(r, acc_v[w][1][h]),
+                            _mm512_add_ps(acc_v[w][2][h], acc_v[w][3][h]));
+        _mm512_store_ps(acc + h * a.dp + 16 * (c + w), r);
+      }
   }
 }
 
-template <typename KT, bool kTail>
-HYP_AVX512 void block_avx512_t(const TaskArgs& a, const Block& b) {
+template <typename KT, bool kTail, int W>
+HYP_AVX512 void block_avx512_t(const TaskArgs& a, const Block& b, const Block* pf) {
   // The group in sub-groups of 8, 4, 2, 1 heads (register-resident accumulators); the
   // block's rows are in L1 after the first sub-group.
   int64_t h = 0;
-  for (; h + 8 <= a.group; h += 8) block_heads_avx512<KT, 8, kTail>(a, b, h);
-  if (h + 4 <= a.group) block_heads_avx512<KT, 4, kTail>(a, b, h), h += 4;
-  if (h + 2 <= a.group) block_heads_avx512<KT, 2, kTail>(a, b, h), h += 2;
-  if (h < a.group) block_heads_avx512<KT, 1, kTail>(a, b, h);
+  for (; h + 8 <= a.group; h += 8)
+    block_heads_avx512<KT, 8, kTail, W>(a, b, h, h == 0 ? pf : nullptr);
+  if (h + 4 <= a.group) block_heads_avx512<KT, 4, kTail, W>(a, b, h, h == 0 ? pf : nullptr), h += 4;
+  if (h + 2 <= a.group) block_heads_avx512<KT, 2, kTail, W>(a, b, h, h == 0 ? pf : nullptr), h += 2;
+  if (h < a.group) block_heads_avx512<KT, 1, kTail, W>(a, b, h, h == 0 ? pf : nullptr);
 }
 
 template <typename KT>
-HYP_AVX512 void block_avx512(const TaskArgs& a, const Block& b) {
+HYP_AVX512 void block_avx512(const TaskArgs& a, const Block& b, const Block* pf) {
+  if constexpr (std::is_same_v<KT, bf16>)
+    if (a.pairs) return block_avx512_t<KT, false, 2>(a, b, pf);
   if (a.d == a.dp)
-    block_avx512_t<KT, false>(a, b);
+    block_avx512_t<KT, false, 1>(a, b, pf);
   else
-    block_avx512_t<KT, true>(a, b);
+    block_avx512_t<KT, true, 1>(a, b, pf);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -504,21 +535,69 @@ HYP_AVX512 void block_avx512(const TaskArgs& a, const Block& b) {
 // reads each page as one stream (8 KB to 16 KB for 8 heads of 64) instead of one 1-2 KB
 // piece per head, which the hardware prefetcher follows much better (measured on a
 // 2-core Sapphire Rapids VM: random 1 KB pieces read at ~5 GB/s per core, 16 KB at ~9).
+// Pairs mode keeps each 32 columns as [the 16 even ones, the 16 odd ones]: pair_order
+// puts a row of d values in that order in place, unpair puts it back.
+void pair_order(float* x, int64_t d) {
+  float tmp[32];
+  for (int64_t j = 0; j < d; j += 32) {
+    for (int64_t e = 0; e < 16; ++e) {
+      tmp[e] = x[j + 2 * e];
+      tmp[16 + e] = x[j + 2 * e + 1];
+    }
+    std::copy(tmp, tmp + 32, x + j);
+  }
+}
+
+void unpair(float* acc, int64_t d) {
+  float tmp[32];
+  for (int64_t j = 0; j < d; j += 32) {
+    for (int64_t e = 0; e < 16; ++e) {
+      tmp[2 * e] = acc[j + e];
+      tmp[2 * e + 1] = acc[j + 16 + e];
+    }
+    std::copy(tmp, tmp + 32, acc + j);
+  }
+}
+
 template <typename KT>
 void run_task(const TaskArgs* heads, int64_t n, bool simd) {
   if (simd)
     for (int64_t i = 0; i < n; ++i)
       std::fill(heads[i].lanes, heads[i].lanes + heads[i].group * 16, 0.0f);
-  Block b;
-  for (int64_t pos = heads[0].begin; pos < heads[0].end; pos += kBlock)
-    for (int64_t i = 0; i < n; ++i) {
-      if (pos + kBlock < heads[i].end) prefetch_block(heads[i], pos + kBlock);
-      gather_block(heads[i], pos, &b);
-      if (simd)
-        block_avx512<KT>(heads[i], b);
-      else
-        block_portable<KT>(heads[i], b);
+  // The (block, head) steps in order: positions in blocks of 16, and for each block every
+  // kv head of the task. Step j + kRowsAhead is gathered before step j runs, and its rows
+  // are prefetched by step j's kernel; step j + kScalesAhead's scales before that.
+  // Pages are scattered through the pool, so the hardware prefetcher loses the stream at
+  // every page, and prefetching the whole next block in one burst before each kernel
+  // call kept fewer lines in flight (bench kernels --filter paged_attn on 2 Zen 5 cores,
+  // bf16: no prefetch 19-20 GB/s, burst one block ahead 26-29, spread 2 steps ahead
+  // 35-37; 1 step ahead measured the same, 3-6 steps slower).
+  constexpr int64_t kRowsAhead = 2, kScalesAhead = 4;
+  const int64_t steps = ceil_div(heads[0].end - heads[0].begin, kBlock) * n;
+  const bool quant = is_quantised(heads[0].cache->dtype);
+  auto step_head = [&](int64_t j) -> const TaskArgs& { return heads[j % n]; };
+  auto step_pos = [&](int64_t j) { return heads[0].begin + j / n * kBlock; };
+  Block ring[kRowsAhead + 1];
+  if (quant)
+    for (int64_t j = 0; j < std::min(kScalesAhead, steps); ++j)
+      prefetch_scales(step_head(j), step_pos(j));
+  for (int64_t j = 0; j < std::min(kRowsAhead, steps); ++j)
+    gather_block(step_head(j), step_pos(j), &ring[j]);
+  for (int64_t j = 0; j < steps; ++j) {
+    if (quant && j + kScalesAhead < steps)
+      prefetch_scales(step_head(j + kScalesAhead), step_pos(j + kScalesAhead));
+    const Block* next = nullptr;
+    if (j + kRowsAhead < steps) {
+      Block* slot = &ring[(j + kRowsAhead) % (kRowsAhead + 1)];
+      gather_block(step_head(j + kRowsAhead), step_pos(j + kRowsAhead), slot);
+      next = slot;
     }
+    const Block& b = ring[j % (kRowsAhead + 1)];
+    if (simd)
+      block_avx512<KT>(step_head(j), b, next);
+    else
+      block_portable<KT>(step_head(j), b);
+  }
   if (simd)
     for (int64_t i = 0; i < n; ++i)
       for (int64_t g = 0; g < heads[i].group; ++g) {
@@ -526,6 +605,10 @@ void run_task(const TaskArgs* heads, int64_t n, bool simd) {
         for (int j = 0; j < 16; ++j) sum += heads[i].lanes[g * 16 + j];
         heads[i].l[g] = sum;
       }
+  for (int64_t i = 0; i < n; ++i)
+    if (heads[i].pairs)
+      for (int64_t g = 0; g < heads[i].group; ++g)
+        unpair(heads[i].acc + g * heads[i].dp, heads[i].d);
 }
 
 void run_task_dtype(const TaskArgs* heads, int64_t n, bool simd) {
@@ -693,6 +776,7 @@ void paged_attention(const PagedKvCache& cache, const TensorView& q, const Paged
   float* partial = tls_partials.data();
 
   const size_t qes = dtype_size(q.dtype);
+  const bool pairs = simd && cache.dtype == DType::kBF16 && p.d % 32 == 0;
   // Per kv head of a task: q [group, dp] (scaled), its own state, lane sums [group, 16].
   const int64_t per_head = p.group * p.dp + state + p.group * 16;
   parallel_for_dynamic(int64_t(tasks.size()), [&](int64_t ti) {
@@ -712,6 +796,7 @@ void paged_attention(const PagedKvCache& cache, const TensorView& q, const Paged
             static_cast<const unsigned char*>(q.data) + (task.row * p.hq + head) * p.d * qes;
         for (int64_t i = 0; i < p.dp; ++i)
           qf[g * p.dp + i] = i < p.d ? load_as_f32(qsrc, q.dtype, size_t(i)) * p.qscale : 0.0f;
+        if (pairs) pair_order(qf + g * p.dp, p.d);
         st[g] = kNegInf;         // m
         st[p.group + g] = 0.0f;  // l
       }
@@ -729,7 +814,8 @@ void paged_attention(const PagedKvCache& cache, const TensorView& q, const Paged
                       .m = st,
                       .l = st + p.group,
                       .lanes = own + state,
-                      .acc = st + hdr});
+                      .acc = st + hdr,
+                      .pairs = pairs});
     }
     run_task_dtype(args.data(), nh, simd);
     if (task.partial < 0)

@@ -195,9 +195,9 @@ TEST(PagedAttention, ReadReturnsTheWrittenRows) {
           // Exact for f32 into f32; else the cache's (and the output's) rounding: int8 is
           // within half a step of its row's absmax / 127.
           const float tol = dt == DType::kF32 && out == DType::kF32 ? 0.0f
-                            : dt == DType::kI8                       ? 0.03f
-                            : dt == DType::kE4M3                     ? 0.25f
-                                                                     : 0.02f;
+                            : dt == DType::kI8                      ? 0.03f
+                            : dt == DType::kE4M3                    ? 0.25f
+                                                                    : 0.02f;
           ASSERT_NEAR(got_k, want_k, tol * std::max(1.0f, std::fabs(want_k)))
               << dtype_name(dt) << " -> " << dtype_name(out) << " row " << i << " element " << j;
           ASSERT_NEAR(got_v, want_v, tol * std::max(1.0f, std::fabs(want_v)));
@@ -251,11 +251,11 @@ TEST(PagedAttention, MatchesReferenceAllCacheTypes) {
 
 TEST(PagedAttention, OddGroupsAndHeadSizes) {
   // Groups that split into 8 + 8, 4 + 2 and 4 + 2 + 1 heads; head sizes with and without
-  // a full vector.
+  // a full vector, and a multiple of 32 (a bf16 cache's pairs path).
   std::mt19937 rng(4);
   for (DType dt : kCacheDTypes)
     for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{16, 1}, {12, 2}, {7, 1}, {8, 1}})
-      for (int64_t d : {1, 16, 17, 130}) {
+      for (int64_t d : {1, 16, 17, 96, 130}) {  // 96: bf16 pairs of 32 values
         SCOPED_TRACE(::testing::Message()
                      << dtype_name(dt) << " hq " << hq << " hkv " << hkv << " d " << d);
         const Batch b({3, 40}, hq, hkv, d, 16, rng);
@@ -295,20 +295,22 @@ TEST(PagedAttention, QuantisedCacheCloseToBf16) {
 
 TEST(PagedAttention, PaddedEqualsRagged) {
   std::mt19937 rng(7);
+  // head_dim 64: a bf16 cache takes the pairs path (32 values per load), 24 does not.
   for (DType dt : kCacheDTypes)
-    for (int64_t pt : {16, 5}) {
-      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " pt " << pt);
-      const std::vector<int64_t> lens = {700, 3, 17, 1, 64, 5};
-      const int64_t padded = 703;  // beyond the longest row too
-      const Batch b(lens, 8, 2, 24, pt, rng, padded);
-      const CacheStore s = b.cache(dt);  // unwritten positions hold NaN bytes
-      PagedAttentionParams pp;
-      pp.mode = PagedAttentionMode::kPadded;
-      pp.padded_length = padded;
-      EXPECT_LT(max_abs_diff(run(s, b, DType::kF32, pp), run(s, b)), 1e-5);
-      pp.force_portable = true;
-      EXPECT_LT(max_abs_diff(run(s, b, DType::kF32, pp), run(s, b)), 1e-5);
-    }
+    for (int64_t pt : {16, 5})
+      for (int64_t d : {24, 64}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " pt " << pt << " d " << d);
+        const std::vector<int64_t> lens = {700, 3, 17, 1, 64, 5};
+        const int64_t padded = 703;  // beyond the longest row too
+        const Batch b(lens, 8, 2, d, pt, rng, padded);
+        const CacheStore s = b.cache(dt);  // unwritten positions hold NaN bytes
+        PagedAttentionParams pp;
+        pp.mode = PagedAttentionMode::kPadded;
+        pp.padded_length = padded;
+        EXPECT_LT(max_abs_diff(run(s, b, DType::kF32, pp), run(s, b)), 1e-5);
+        pp.force_portable = true;
+        EXPECT_LT(max_abs_diff(run(s, b, DType::kF32, pp), run(s, b)), 1e-5);
+      }
 }
 
 TEST(PagedAttention, DeterministicAcrossThreadCounts) {
