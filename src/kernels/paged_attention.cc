@@ -568,10 +568,10 @@ void run_task(const TaskArgs* heads, int64_t n, bool simd) {
   // kv head of the task. Step j + kRowsAhead is gathered before step j runs, and its rows
   // are prefetched by step j's kernel; step j + kScalesAhead's scales before that.
   // Pages are scattered through the pool, so the hardware prefetcher loses the stream at
-  // every page, and prefetching the whole next block in one burst before each kernel
-  // call kept fewer lines in flight (bench kernels --filter paged_attn on 2 Zen 5 cores,
-  // bf16: no prefetch 19-20 GB/s, burst one block ahead 26-29, spread 2 steps ahead
-  // 35-37; 1 step ahead measured the same, 3-6 steps slower).
+  // every page; prefetching the whole next block in one burst before each kernel call
+  // did not overlap with the kernel's work (bench kernels --filter paged_attn on 2 Zen 5
+  // cores, bf16: no prefetch 19-20 GB/s, a burst one block ahead 27, spread 2 steps
+  // ahead 33; 1 step ahead measured the same, 3-6 steps slower).
   constexpr int64_t kRowsAhead = 2, kScalesAhead = 4;
   const int64_t steps = ceil_div(heads[0].end - heads[0].begin, kBlock) * n;
   const bool quant = is_quantised(heads[0].cache->dtype);
