@@ -530,35 +530,29 @@ HYP_AVX512 void block_avx512(const TaskArgs& a, const Block& b, const Block* pf)
 // ---------------------------------------------------------------------------------------
 // Tasks
 
-// A task: positions [begin, end) of one row for kv heads heads[0 .. n). Blocks outer,
-// heads inner: the kv heads of a page are contiguous in the pool, so a task over all heads
-// reads each page as one stream (8 KB to 16 KB for 8 heads of 64) instead of one 1-2 KB
-// piece per head, which the hardware prefetcher follows much better (measured on a
-// 2-core Sapphire Rapids VM: random 1 KB pieces read at ~5 GB/s per core, 16 KB at ~9).
-// Pairs mode keeps each 32 columns as [the 16 even ones, the 16 odd ones]: pair_order
-// puts a row of d values in that order in place, unpair puts it back.
-void pair_order(float* x, int64_t d) {
+// Pairs mode keeps each 32 columns as [the 16 even ones, the 16 odd ones]. Puts a row of
+// d values (a multiple of 32) into that order in place, or back into column order.
+void reorder_pairs(float* x, int64_t d, bool to_pairs) {
   float tmp[32];
   for (int64_t j = 0; j < d; j += 32) {
     for (int64_t e = 0; e < 16; ++e) {
-      tmp[e] = x[j + 2 * e];
-      tmp[16 + e] = x[j + 2 * e + 1];
+      if (to_pairs) {
+        tmp[e] = x[j + 2 * e];
+        tmp[16 + e] = x[j + 2 * e + 1];
+      } else {
+        tmp[2 * e] = x[j + e];
+        tmp[2 * e + 1] = x[j + 16 + e];
+      }
     }
     std::copy(tmp, tmp + 32, x + j);
   }
 }
 
-void unpair(float* acc, int64_t d) {
-  float tmp[32];
-  for (int64_t j = 0; j < d; j += 32) {
-    for (int64_t e = 0; e < 16; ++e) {
-      tmp[2 * e] = acc[j + e];
-      tmp[2 * e + 1] = acc[j + 16 + e];
-    }
-    std::copy(tmp, tmp + 32, acc + j);
-  }
-}
-
+// A task: positions [begin, end) of one row for kv heads heads[0 .. n). Blocks outer,
+// heads inner: the kv heads of a page are contiguous in the pool, so a task over all heads
+// reads each page as one stream (8 KB to 16 KB for 8 heads of 64) instead of one 1-2 KB
+// piece per head, which the hardware prefetcher follows much better (measured on a
+// 2-core Sapphire Rapids VM: random 1 KB pieces read at ~5 GB/s per core, 16 KB at ~9).
 template <typename KT>
 void run_task(const TaskArgs* heads, int64_t n, bool simd) {
   if (simd)
@@ -608,7 +602,7 @@ void run_task(const TaskArgs* heads, int64_t n, bool simd) {
   for (int64_t i = 0; i < n; ++i)
     if (heads[i].pairs)
       for (int64_t g = 0; g < heads[i].group; ++g)
-        unpair(heads[i].acc + g * heads[i].dp, heads[i].d);
+        reorder_pairs(heads[i].acc + g * heads[i].dp, heads[i].d, false);
 }
 
 void run_task_dtype(const TaskArgs* heads, int64_t n, bool simd) {
@@ -796,7 +790,7 @@ void paged_attention(const PagedKvCache& cache, const TensorView& q, const Paged
             static_cast<const unsigned char*>(q.data) + (task.row * p.hq + head) * p.d * qes;
         for (int64_t i = 0; i < p.dp; ++i)
           qf[g * p.dp + i] = i < p.d ? load_as_f32(qsrc, q.dtype, size_t(i)) * p.qscale : 0.0f;
-        if (pairs) pair_order(qf + g * p.dp, p.d);
+        if (pairs) reorder_pairs(qf + g * p.dp, p.d, true);
         st[g] = kNegInf;         // m
         st[p.group + g] = 0.0f;  // l
       }
