@@ -1,0 +1,43 @@
+// Internal (not public API): the decode-batch GEMM path behind hyperion::gemm.
+//
+// A decode step over a batch of sequences multiplies M activation rows, one per sequence,
+// by every weight W [N, K] (row-major as Hugging Face stores it, Trans::kT for B):
+//
+//   C[m, n] = alpha * a_scale[m] * b_scale[n] * (x[m, :] . W[n, :]) + bias[n] + beta * C[m, n]
+//
+// for M above the GEMV's rows (kernels/gemv.h: 4 for bf16, 8 for int8) up to
+// kBatchGemmMaxM. oneDNN 2.6 runs these shapes at 30-45% of the bf16 and int8 peaks on Zen 5
+// (K = 512..1408, M = 16..64), which made its GEMMs the largest part of a batch-32 step.
+//
+// Here each thread takes a contiguous block of W rows, four at a time. The four rows are
+// read from memory once and stay in L1 while every group of four activation rows is dotted
+// with them: 16 accumulators, one dpbf16ps (AVX512-BF16) or dpbusd (AVX512-VNNI, activations
+// as u8 with the excess folded out through the weight's row sums) per pair and K step. The 16
+// sums are reduced together by one transposing tree and scaled and stored as vectors.
+//
+// Every output element is one accumulation chain whose order depends only on K, so
+// results are bitwise identical for any number of threads and any position of the element in
+// its group. Machines without these instruction sets keep oneDNN.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/gemm.h"
+
+namespace hyperion::detail {
+
+// Rows of A this path takes at most (a decode batch; prefill chunks go to oneDNN).
+inline constexpr int64_t kBatchGemmMaxM = 64;
+
+// True when `g` (already validated, m, n, k > 0) is a decode batch this path handles:
+// batch 1, A not transposed, B transposed, more rows than the GEMV takes and at most
+// kBatchGemmMaxM, and bf16 x bf16 -> f32 / bf16 on a CPU with AVX512-BF16 or int8 / u8 x
+// int8 -> f32 / bf16 / int32 on one with AVX512-VNNI. HYPERION_BATCH_GEMM=0 turns it off
+// (read once), for comparisons with oneDNN.
+bool batch_gemm_applies(const GemmArgs& g);
+
+// Runs g. Precondition: the dtype, layout and instruction-set conditions of
+// batch_gemm_applies(g) and 1 <= m <= kBatchGemmMaxM (tests run it from m = 1).
+void batch_gemm(const GemmArgs& g);
+
+}  // namespace hyperion::detail
