@@ -314,15 +314,42 @@ void run_group(const Ctx& c, int64_t n0, int64_t pf0) {
   }
 }
 
-// Packs the activations into the layout of Ctx::x: each step of 16 rows is one gather.
+// Transposes a 16 x 16 block of 32-bit values in place: r[s] becomes the s-th values of
+// the 16 inputs.
+HYP_AVX512 HYP_INLINE void transpose16(__m512i* r) {
+  __m512i t[16], u[16];
+  for (int p = 0; p < 8; ++p) {
+    t[2 * p] = _mm512_unpacklo_epi32(r[2 * p], r[2 * p + 1]);
+    t[2 * p + 1] = _mm512_unpackhi_epi32(r[2 * p], r[2 * p + 1]);
+  }
+  // u[4q + j], 128-bit block L: inputs 4q .. 4q + 4 at position 4L + j.
+  for (int q = 0; q < 4; ++q) {
+    const __m512i* tq = t + 4 * q;
+    u[4 * q + 0] = _mm512_unpacklo_epi64(tq[0], tq[2]);
+    u[4 * q + 1] = _mm512_unpackhi_epi64(tq[0], tq[2]);
+    u[4 * q + 2] = _mm512_unpacklo_epi64(tq[1], tq[3]);
+    u[4 * q + 3] = _mm512_unpackhi_epi64(tq[1], tq[3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88);
+    const __m512i w0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xDD);
+    const __m512i v1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
+    const __m512i w1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xDD);
+    r[j] = _mm512_shuffle_i32x4(v0, v1, 0x88);
+    r[8 + j] = _mm512_shuffle_i32x4(v0, v1, 0xDD);
+    r[4 + j] = _mm512_shuffle_i32x4(w0, w1, 0x88);
+    r[12 + j] = _mm512_shuffle_i32x4(w0, w1, 0xDD);
+  }
+}
+
+// Packs the activations into the layout of Ctx::x, 16 rows by 16 steps at a time through
+// a transpose (one gather per step measured 5 cycles a value on Zen 5: 8% of a batch-32
+// step, serial before the parallel part).
 HYP_AVX512 void pack_x(const Ctx& c, unsigned char* out) {
   const GemmArgs& g = *c.g;
   const int64_t lda_bytes = g.lda * int64_t(dtype_size(g.a_dtype));
   const bool flip = g.a_dtype == DType::kI8;  // signed int8 -> u8 as x + 128
-  const __m512i lane_offsets =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(int32_t(lda_bytes)));
-  const __m512i bias = _mm512_set1_epi32(flip ? int32_t(0x80808080u) : 0);
+  const __m512i excess = _mm512_set1_epi32(int32_t(0x80808080u));
   for (int64_t m0 = 0; m0 < c.mpad; m0 += kPassRows) {
     const int64_t width = std::min<int64_t>(kPassRows, c.mpad - m0);
     unsigned char* block = out + m0 * c.steps * kStepBytes;
@@ -331,11 +358,18 @@ HYP_AVX512 void pack_x(const Ctx& c, unsigned char* out) {
       const int64_t valid = std::clamp<int64_t>(c.m - row0, 0, kLanes);
       const __mmask16 rows = __mmask16((1u << valid) - 1);
       const unsigned char* src = static_cast<const unsigned char*>(g.a) + row0 * lda_bytes;
-      for (int64_t s = 0; s < c.full_steps; ++s) {
-        __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, lane_offsets,
-                                                src + s * kStepBytes, 1);
-        v = _mm512_maskz_xor_epi32(rows, v, bias);
-        _mm512_store_si512(block + (s * width + i) * kStepBytes, v);
+      for (int64_t s0 = 0; s0 < c.full_steps; s0 += kLanes) {
+        const int64_t n = std::min<int64_t>(kLanes, c.full_steps - s0);
+        const __mmask16 steps = __mmask16((1u << n) - 1);
+        __m512i r[kLanes];
+        for (int l = 0; l < kLanes; ++l)
+          r[l] = l < valid ? _mm512_maskz_loadu_epi32(steps, src + l * lda_bytes + s0 * kStepBytes)
+                           : _mm512_setzero_si512();
+        transpose16(r);
+        for (int64_t s = 0; s < n; ++s) {
+          const __m512i v = flip ? _mm512_maskz_xor_epi32(rows, r[s], excess) : r[s];
+          _mm512_store_si512(block + ((s0 + s) * width + i) * kStepBytes, v);
+        }
       }
       if (c.tail_bytes > 0) {
         int32_t* dst = reinterpret_cast<int32_t*>(block + (c.full_steps * width + i) * kStepBytes);
@@ -386,15 +420,12 @@ bool batch_gemm_applies(const GemmArgs& g) {
   if (g.m < 1 || g.n < 1 || g.k < 1 || g.m > kBatchGemmMaxM) return false;
   const int64_t gemv_rows = g.b_dtype == DType::kBF16 ? kGemvMaxMBf16 : kGemvMaxM;
   if (g.m <= gemv_rows) return false;
-  // The packing gathers rows at 32-bit offsets.
-  if (g.lda * int64_t(dtype_size(g.a_dtype)) * kLanes >= (int64_t(1) << 31)) return false;
   return select(g) != nullptr && env_enabled();
 }
 
 void batch_gemm(const GemmArgs& g) {
   const GroupFn group = select(g);
-  HYP_CHECK(group != nullptr && g.m >= 1 && g.m <= kBatchGemmMaxM &&
-                g.lda * int64_t(dtype_size(g.a_dtype)) * kLanes < (int64_t(1) << 31),
+  HYP_CHECK(group != nullptr && g.m >= 1 && g.m <= kBatchGemmMaxM,
             "batch_gemm: unsupported arguments (see batch_gemm_applies)");
   Ctx c;
   c.g = &g;
