@@ -2,14 +2,16 @@
 // [--steps S] [key=value ...] [--json]`: the serving engine's decode step alone (what
 // llama-bench calls tg), with no HTTP and no prefill in the timed part. B requests with
 // prompt lengths uniform in [context-min, context-max] are prefilled, then S decode
-// steps (each one token for every request) are timed. Reports tokens/s, the step time,
-// the bytes a step must read (weights once + every request's KV), and the rate those
-// bytes allow at the machine's measured read bandwidth (`--bandwidth-gbps`, else
-// the memory figure of `hyperion bench peak` is measured).
+// steps (each one token for every request) are timed. Reports tokens/s, the step time
+// (mean, median and slowest), the bytes a step must read (weights once + every request's
+// KV), and the rate those bytes allow at the machine's measured read bandwidth
+// (`--bandwidth-gbps`, else the memory figure of `hyperion bench peak` is measured).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <vector>
 
 #include "base/error.h"
 #include "base/log.h"
@@ -94,9 +96,21 @@ int cmd_bench_decode(const Args& args) {
   for (int64_t b = 0; b < batch; ++b)
     context_now += lengths[static_cast<size_t>(b)] + produced[static_cast<size_t>(b)];
   const int64_t before = engine.stats().generated_tokens;
+  // Each step is timed too: the median and the slowest show steps that stall (a page
+  // fault of fresh KV memory, a stray thread) apart from the steady state the mean mixes
+  // them into.
+  std::vector<double> step_times(static_cast<size_t>(steps));
   const auto t0 = std::chrono::steady_clock::now();
-  for (int64_t s = 0; s < steps; ++s) engine.step();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto last = t0;
+  for (int64_t s = 0; s < steps; ++s) {
+    engine.step();
+    const auto now = std::chrono::steady_clock::now();
+    step_times[static_cast<size_t>(s)] = std::chrono::duration<double>(now - last).count() * 1e3;
+    last = now;
+  }
+  const double secs = std::chrono::duration<double>(last - t0).count();
+  std::sort(step_times.begin(), step_times.end());
+  const double p50_ms = step_times[step_times.size() / 2], max_ms = step_times.back();
   const int64_t tokens = engine.stats().generated_tokens - before;
   HYP_CHECK(tokens == batch * steps, "bench decode: {} tokens in {} steps of {} requests", tokens,
             steps, batch);
@@ -119,6 +133,8 @@ int cmd_bench_decode(const Args& args) {
     j["weights"] = serve::weight_format_name(rc.weights);
     j["attention"] = rc.padded_attention ? "padded" : "ragged";
     j["step_ms"] = step_ms;
+    j["step_ms_p50"] = p50_ms;
+    j["step_ms_max"] = max_ms;
     j["tokens_per_s"] = tps;
     j["weight_bytes"] = engine.runner().weight_bytes();
     j["kv_bytes_per_token"] = engine.runner().kv_bytes_per_token();
@@ -130,12 +146,14 @@ int cmd_bench_decode(const Args& args) {
   } else {
     std::printf(
         "decode: batch %lld, mean context %.0f, KV %s, weights %s, %s attention\n"
-        "  %.2f ms/step, %.1f tokens/s; a step reads %.1f MiB (weights %.1f + KV %.1f)\n"
+        "  %.2f ms/step (median %.2f, slowest %.2f), %.1f tokens/s; a step reads %.1f MiB "
+        "(weights %.1f + KV %.1f)\n"
         "  at %.1f GB/s that allows %.1f tokens/s: %.0f%% of the bound\n",
         static_cast<long long>(batch), mean_context, std::string(dtype_name(rc.kv_dtype)).c_str(),
         serve::weight_format_name(rc.weights), rc.padded_attention ? "padded" : "ragged", step_ms,
-        tps, step_bytes / (1 << 20), double(engine.runner().weight_bytes()) / (1 << 20),
-        kv_bytes / (1 << 20), bw, bound_tps, 100.0 * tps / bound_tps);
+        p50_ms, max_ms, tps, step_bytes / (1 << 20),
+        double(engine.runner().weight_bytes()) / (1 << 20), kv_bytes / (1 << 20), bw, bound_tps,
+        100.0 * tps / bound_tps);
   }
   return 0;
 }
