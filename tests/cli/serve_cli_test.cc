@@ -182,8 +182,8 @@ TEST_F(ServeCli, SigtermDrainsStreamsAndExitsZero) {
                        root_ + "/drain.log");
   ASSERT_GT(server.port(), 0);
   // A second server on the same port is refused, by name, before loading anything.
-  const Result second = run("serve " + checkpoint_ + " --port " + std::to_string(server.port()),
-                            true);
+  const Result second =
+      run("serve " + checkpoint_ + " --port " + std::to_string(server.port()), true);
   EXPECT_EQ(second.code, 1) << second.out;
   EXPECT_NE(second.out.find("in use"), std::string::npos) << second.out;
   EXPECT_EQ(second.out.find("serve: kernels compiled"), std::string::npos) << second.out;
@@ -227,8 +227,11 @@ TEST_F(ServeCli, BenchDecodeReportsTheBound) {
   EXPECT_EQ(j["kv_dtype"], "int8");
   EXPECT_EQ(j["read_gbps"], 10.0);
   for (const char* k : {"step_ms", "tokens_per_s", "step_bytes", "bandwidth_bound_tokens_per_s",
-                        "fraction_of_bound", "mean_context"})
+                        "fraction_of_bound", "mean_context", "step_ms_p50", "step_ms_max"})
     EXPECT_GT(j[k].get<double>(), 0) << k;
+  // The median and the slowest of the timed steps bracket what the mean mixes.
+  EXPECT_LE(j["step_ms_p50"].get<double>(), j["step_ms_max"].get<double>());
+  EXPECT_LE(j["step_ms"].get<double>(), j["step_ms_max"].get<double>() * (1 + 1e-9));
   EXPECT_NE(run("bench decode " + checkpoint_ + " --batch 2 --context-min 90", true).code, 0);
 }
 
