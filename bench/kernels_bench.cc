@@ -14,6 +14,10 @@ int register_all() {
     benchmark::RegisterBenchmark(("kernel/" + c.name).c_str(),
                                  [&c](benchmark::State& state) {
                                    auto s = c.setup();
+                                   if (!s) {
+                                     state.SkipWithError("this CPU lacks what the case needs");
+                                     return;
+                                   }
                                    for (auto _ : state) s->run();
                                    if (c.bound == Bound::kMemory) {
                                      state.counters["bytes/s"] = benchmark::Counter(

@@ -46,6 +46,8 @@ struct KernelBench {
   Bound bound;
   double flops = 0;  // per run, for compute-bound cases
   double bytes = 0;  // per run, for memory-bound cases (compulsory traffic)
+  // Returns nullptr when this machine cannot run the case (an AMX kernel without AMX):
+  // it is listed as not run rather than timed as an empty call.
   std::function<std::unique_ptr<BenchState>()> setup;
 };
 

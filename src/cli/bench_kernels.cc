@@ -78,6 +78,14 @@ int cmd_bench_kernels(const Args& args) {
     if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
     ++ran;
     auto state = c.setup();
+    if (!state) {  // needs what this CPU lacks (AMX)
+      if (json) {
+        out.push_back({{"name", c.name}, {"bound", bound_name(c.bound)}, {"skipped", true}});
+      } else {
+        std::printf("%-36s %16s\n", c.name.c_str(), "not run: this CPU lacks it");
+      }
+      continue;
+    }
     const Timing t = time_calls([&] { state->run(); }, seconds);
     const double work = c.bound == Bound::kMemory ? c.bytes : c.flops;
     const double achieved = work / t.best / 1e9, achieved_median = work / t.median / 1e9;
