@@ -34,9 +34,10 @@ namespace {
 // place.
 constexpr int kStepBytes = 4;
 constexpr int kLanes = 16;
-// Activation rows per pass: two vectors. A pass dots a group of W rows (8, or 16 when
-// all of M fits one vector) with them: 16 accumulators either way.
+// Activation rows per pass: two vectors, dotted with a group of 8 W rows (16 accumulators;
+// a last pass of one vector keeps two sets of 8, see phases()).
 constexpr int kPassRows = 2 * kLanes;
+constexpr int kGroupRows = 8;
 
 enum class Kind { kBf16, kU8, kS8, kS8Sums };
 
@@ -53,7 +54,6 @@ struct Ctx {
   const unsigned char* x;
   const unsigned char* w;  // W row 0
   int64_t ldb_bytes;
-  int group_rows;          // W rows per group: 16 when mpad == kLanes, else 8
   const float* row_scale;  // [mpad]: alpha * a_scale[m], 0 past m
 };
 
@@ -180,36 +180,67 @@ HYP_AVX512 HYP_INLINE void store_pass(const Ctx& c, __m512* v, int64_t m0, int64
 // pass runs it prefetches the next group's rows (pf), a line per row every 16 steps, so
 // memory streams the next weights while this group computes. ----
 
-template <int NR, int MV>
-HYP_BF16 void bf16_pass(const Ctx& c, const unsigned char* const* w, const char* const* pf,
-                        const unsigned char* x, int64_t width, int64_t m0, int64_t n0) {
-  __m512 acc[NR * MV];
-  for (int j = 0; j < NR * MV; ++j) acc[j] = _mm512_setzero_ps();
-  auto step = [&](int64_t s, const int32_t* wd) HYP_BF16 {
-    __m512bh xv[MV];
-    for (int i = 0; i < MV; ++i)
-      xv[i] = (__m512bh)_mm512_load_si512(x + (s * width + kLanes * i) * kStepBytes);
-    for (int r = 0; r < NR; ++r) {
-      const __m512bh wb = (__m512bh)_mm512_set1_epi32(wd[r]);
-      for (int i = 0; i < MV; ++i) acc[r * MV + i] = _mm512_dpbf16_ps(acc[r * MV + i], xv[i], wb);
-    }
-  };
+// Accumulator sets a pass keeps: NR x MV accumulators are independent chains, and one
+// vector of rows (MV = 1) gives only 8, fewer than dpbf16ps / dpbusd need in flight to
+// keep both FMA pipes busy; its even and odd K steps go to two sets, added at the end.
+constexpr int phases(int mv) {
+  return mv == 1 ? 2 : 1;
+}
+
+// Calls body(s, wd, s % PH) for every K step s with wd[r] the step's 4 bytes of W row r
+// (the partial last step zero-extended, in set 0). Every 16 steps (one line of each row)
+// it prefetches the same line of the next group's rows into L2: into L1 they would meet
+// this group's rows in the same L1 set whenever the row length is a multiple of 4 KiB
+// (K = 2048 or 4096 in bf16), 16 lines for 12 ways, and evict them between steps.
+template <int NR, int PH, typename Body>
+HYP_INLINE void for_each_step(const Ctx& c, const unsigned char* const* w, const char* const* pf,
+                              Body&& body) {
   const int64_t full = c.full_steps;
-  for (int64_t s0 = 0; s0 < full; s0 += 16) {
-    for (int r = 0; r < NR; ++r) _mm_prefetch(pf[r] + s0 * kStepBytes, _MM_HINT_T0);
-    const int64_t s1 = std::min(full, s0 + 16);
-    for (int64_t s = s0; s < s1; ++s) {
+  for (int64_t s0 = 0; s0 < full; s0 += kLanes) {
+    for (int r = 0; r < NR; ++r) _mm_prefetch(pf[r] + s0 * kStepBytes, _MM_HINT_T1);
+    const int64_t s1 = std::min(full, s0 + kLanes);
+    int64_t s = s0;
+    for (; s + PH <= s1; s += PH) {
+      for (int p = 0; p < PH; ++p) {
+        int32_t wd[NR];
+        for (int r = 0; r < NR; ++r) wd[r] = load_step(w[r] + (s + p) * kStepBytes);
+        body(s + p, wd, p);
+      }
+    }
+    if (s < s1) {  // an odd count at the end: s is even, set 0
       int32_t wd[NR];
       for (int r = 0; r < NR; ++r) wd[r] = load_step(w[r] + s * kStepBytes);
-      step(s, wd);
+      body(s, wd, 0);
     }
   }
   if (c.tail_bytes > 0) {
     int32_t wd[NR];
     for (int r = 0; r < NR; ++r) wd[r] = tail_step(w[r] + full * kStepBytes, c.tail_bytes);
-    step(full, wd);
+    body(full, wd, 0);
   }
-  store_pass<NR, MV>(c, acc, m0, n0);
+}
+
+template <int NR, int MV>
+HYP_BF16 void bf16_pass(const Ctx& c, const unsigned char* const* w, const char* const* pf,
+                        const unsigned char* x, int64_t width, int64_t m0, int64_t n0) {
+  constexpr int PH = phases(MV);
+  __m512 acc[PH][NR * MV];
+  for (int p = 0; p < PH; ++p)
+    for (int j = 0; j < NR * MV; ++j) acc[p][j] = _mm512_setzero_ps();
+  auto step = [&](int64_t s, const int32_t* wd, __m512* a) HYP_BF16 {
+    __m512bh xv[MV];
+    for (int i = 0; i < MV; ++i)
+      xv[i] = (__m512bh)_mm512_load_si512(x + (s * width + kLanes * i) * kStepBytes);
+    for (int r = 0; r < NR; ++r) {
+      const __m512bh wb = (__m512bh)_mm512_set1_epi32(wd[r]);
+      for (int i = 0; i < MV; ++i) a[r * MV + i] = _mm512_dpbf16_ps(a[r * MV + i], xv[i], wb);
+    }
+  };
+  for_each_step<NR, PH>(c, w, pf,
+                        [&](int64_t s, const int32_t* wd, int p) HYP_BF16 { step(s, wd, acc[p]); });
+  if constexpr (PH == 2)
+    for (int j = 0; j < NR * MV; ++j) acc[0][j] = _mm512_add_ps(acc[0][j], acc[1][j]);
+  store_pass<NR, MV>(c, acc[0], m0, n0);
 }
 
 // int8: dpbusd multiplies the activations' unsigned bytes by W's signed ones; `excess`
@@ -219,40 +250,30 @@ template <int NR, int MV>
 HYP_VNNI void i8_pass(const Ctx& c, const unsigned char* const* w, const char* const* pf,
                       const unsigned char* x, int64_t width, int64_t m0, int64_t n0,
                       const int32_t* excess) {
-  __m512i acc[NR * MV];
-  for (int j = 0; j < NR * MV; ++j) acc[j] = _mm512_setzero_si512();
-  auto step = [&](int64_t s, const int32_t* wd) HYP_VNNI {
+  constexpr int PH = phases(MV);
+  __m512i acc[PH][NR * MV];
+  for (int p = 0; p < PH; ++p)
+    for (int j = 0; j < NR * MV; ++j) acc[p][j] = _mm512_setzero_si512();
+  auto step = [&](int64_t s, const int32_t* wd, __m512i* a) HYP_VNNI {
     __m512i xv[MV];
     for (int i = 0; i < MV; ++i)
       xv[i] = _mm512_load_si512(x + (s * width + kLanes * i) * kStepBytes);
     for (int r = 0; r < NR; ++r) {
       const __m512i wb = _mm512_set1_epi32(wd[r]);
-      for (int i = 0; i < MV; ++i)
-        acc[r * MV + i] = _mm512_dpbusd_epi32(acc[r * MV + i], xv[i], wb);
+      for (int i = 0; i < MV; ++i) a[r * MV + i] = _mm512_dpbusd_epi32(a[r * MV + i], xv[i], wb);
     }
   };
-  const int64_t full = c.full_steps;
-  for (int64_t s0 = 0; s0 < full; s0 += 16) {
-    for (int r = 0; r < NR; ++r) _mm_prefetch(pf[r] + s0 * kStepBytes, _MM_HINT_T0);
-    const int64_t s1 = std::min(full, s0 + 16);
-    for (int64_t s = s0; s < s1; ++s) {
-      int32_t wd[NR];
-      for (int r = 0; r < NR; ++r) wd[r] = load_step(w[r] + s * kStepBytes);
-      step(s, wd);
-    }
-  }
-  if (c.tail_bytes > 0) {
-    int32_t wd[NR];
-    for (int r = 0; r < NR; ++r) wd[r] = tail_step(w[r] + full * kStepBytes, c.tail_bytes);
-    step(full, wd);
-  }
+  for_each_step<NR, PH>(c, w, pf,
+                        [&](int64_t s, const int32_t* wd, int p) HYP_VNNI { step(s, wd, acc[p]); });
+  if constexpr (PH == 2)
+    for (int j = 0; j < NR * MV; ++j) acc[0][j] = _mm512_add_epi32(acc[0][j], acc[1][j]);
   __m512 v[NR * MV];
   const bool raw = c.g->c_dtype == DType::kI32;
   for (int r = 0; r < NR; ++r) {
     const __m512i e = _mm512_set1_epi32(excess[r]);
     for (int i = 0; i < MV; ++i) {
-      const __m512i s = _mm512_sub_epi32(acc[r * MV + i], e);
-      v[r * MV + i] = raw ? _mm512_castsi512_ps(s) : _mm512_cvtepi32_ps(s);
+      const __m512i sum = _mm512_sub_epi32(acc[0][r * MV + i], e);
+      v[r * MV + i] = raw ? _mm512_castsi512_ps(sum) : _mm512_cvtepi32_ps(sum);
     }
   }
   store_pass<NR, MV>(c, v, m0, n0);
@@ -276,39 +297,33 @@ HYP_VNNI void row_excess(const Ctx& c, const unsigned char* const* w, int rows, 
 // group at pf0.
 template <Kind K>
 void run_group(const Ctx& c, int64_t n0, int64_t pf0) {
-  constexpr int kMaxRows = 16;
-  const int rows = c.group_rows;
-  const unsigned char* w[kMaxRows];
-  const char* pf[kMaxRows];
-  for (int r = 0; r < rows; ++r) {
+  const unsigned char* w[kGroupRows];
+  const char* pf[kGroupRows];
+  for (int r = 0; r < kGroupRows; ++r) {
     w[r] = wrow(c, n0, r);
     pf[r] = reinterpret_cast<const char*>(wrow(c, pf0, r));
   }
-  int32_t excess[kMaxRows] = {};
+  int32_t excess[kGroupRows] = {};
   if constexpr (K == Kind::kS8) {
-    row_excess(c, w, rows, excess);
+    row_excess(c, w, kGroupRows, excess);
   } else if constexpr (K == Kind::kS8Sums) {
-    for (int r = 0; r < rows; ++r)
+    for (int r = 0; r < kGroupRows; ++r)
       excess[r] = int32_t(uint32_t(c.g->b_sums[std::min(n0 + r, c.n - 1)]) * 128u);
   }
   for (int64_t m0 = 0; m0 < c.mpad; m0 += kPassRows) {
     const int64_t width = std::min<int64_t>(kPassRows, c.mpad - m0);
     const unsigned char* x = c.x + m0 * c.steps * kStepBytes;
     if constexpr (K == Kind::kBf16) {
-      if (rows == 16) {
-        bf16_pass<16, 1>(c, w, pf, x, width, m0, n0);
-      } else if (width == kPassRows) {
-        bf16_pass<8, 2>(c, w, pf, x, width, m0, n0);
+      if (width == kPassRows) {
+        bf16_pass<kGroupRows, 2>(c, w, pf, x, width, m0, n0);
       } else {
-        bf16_pass<8, 1>(c, w, pf, x, width, m0, n0);
+        bf16_pass<kGroupRows, 1>(c, w, pf, x, width, m0, n0);
       }
     } else {
-      if (rows == 16) {
-        i8_pass<16, 1>(c, w, pf, x, width, m0, n0, excess);
-      } else if (width == kPassRows) {
-        i8_pass<8, 2>(c, w, pf, x, width, m0, n0, excess);
+      if (width == kPassRows) {
+        i8_pass<kGroupRows, 2>(c, w, pf, x, width, m0, n0, excess);
       } else {
-        i8_pass<8, 1>(c, w, pf, x, width, m0, n0, excess);
+        i8_pass<kGroupRows, 1>(c, w, pf, x, width, m0, n0, excess);
       }
     }
   }
@@ -438,7 +453,6 @@ void batch_gemm(const GemmArgs& g) {
   c.steps = c.full_steps + (c.tail_bytes > 0 ? 1 : 0);
   c.w = static_cast<const unsigned char*>(g.b);
   c.ldb_bytes = g.ldb * int64_t(dtype_size(g.b_dtype));
-  c.group_rows = c.mpad == kLanes ? 16 : 8;
 
   thread_local AlignedBuffer<unsigned char> xbuf;
   thread_local AlignedBuffer<float> scale_buf;
@@ -451,7 +465,7 @@ void batch_gemm(const GemmArgs& g) {
     scale_buf[size_t(i)] = i < g.m ? g.alpha * (g.a_scale ? g.a_scale[i] : 1.0f) : 0.0f;
   c.row_scale = scale_buf.data();
 
-  const int64_t rows = c.group_rows;
+  const int64_t rows = kGroupRows;
   const int64_t groups = (g.n + rows - 1) / rows;
   // At least ~64 KiB of W per chunk, so small GEMMs do not pay for a parallel region.
   const int64_t grain =
