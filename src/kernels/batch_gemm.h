@@ -6,18 +6,23 @@
 //   C[m, n] = alpha * a_scale[m] * b_scale[n] * (x[m, :] . W[n, :]) + bias[n] + beta * C[m, n]
 //
 // for M above the GEMV's rows (kernels/gemv.h: 4 for bf16, 8 for int8) up to
-// kBatchGemmMaxM. oneDNN 2.6 runs these shapes at 30-45% of the bf16 and int8 peaks on Zen 5
-// (K = 512..1408, M = 16..64), which made its GEMMs the largest part of a batch-32 step.
+// kBatchGemmMaxM. oneDNN 2.6 ran these shapes at 30-45% of the bf16 and int8 peaks on
+// Zen 5 (K = 512..1408, M = 16..64), which made its GEMMs the largest part of a batch-32
+// decode step. Machines with AMX take bf16 batches on AMX tiles (kernels/amx_bf16_gemm.h).
 //
-// Here each thread takes a contiguous block of W rows, four at a time. The four rows are
-// read from memory once and stay in L1 while every group of four activation rows is dotted
-// with them: 16 accumulators, one dpbf16ps (AVX512-BF16) or dpbusd (AVX512-VNNI, activations
-// as u8 with the excess folded out through the weight's row sums) per pair and K step. The 16
-// sums are reduced together by one transposing tree and scaled and stored as vectors.
+// The activations (small) are packed once per call so that a vector holds one K step
+// (2 bf16 or 4 int8 values) of 16 rows; each step of a W row (read in place) is broadcast
+// and multiplied into that vector with dpbf16ps (AVX512-BF16) or dpbusd (AVX512-VNNI,
+// activations as u8 with the excess folded out through the weight's row sums). Each lane
+// accumulates one output over K: no horizontal sums. A group of 8 W rows meets 32
+// activation rows at a time (16 accumulators), so the weight is read from memory once for
+// up to 32 rows and from L1 for the next 32; the 8 x 16 tiles are transposed into C's rows
+// on the way out. Each thread takes a contiguous block of W rows and prefetches the next
+// group while it computes.
 //
 // Every output element is one accumulation chain whose order depends only on K, so
-// results are bitwise identical for any number of threads and any position of the element in
-// its group. Machines without these instruction sets keep oneDNN.
+// results are bitwise identical for any number of threads. CPUs without these
+// instruction sets keep oneDNN.
 #pragma once
 
 #include <cstdint>

@@ -494,8 +494,8 @@ bool gemv_applies(const GemmArgs& g) {
       (g.a_dtype == DType::kI8 || g.a_dtype == DType::kU8) && g.b_dtype == DType::kI8 &&
       (g.c_dtype == DType::kF32 || g.c_dtype == DType::kBF16 || g.c_dtype == DType::kI32);
   // bf16 does M dot products per W element with one dpbf16ps each: from M = 5 on it
-  // measured no faster than AMX tiles (kernels/amx_bf16_gemm.h, or oneDNN's), which then
-  // take over.
+  // measured no faster than AMX tiles (kernels/amx_bf16_gemm.h), which then take over, or
+  // without AMX the batch GEMM (kernels/batch_gemm.h), which also takes int8 past 8 rows.
   if (g.m > (bf16 ? kGemvMaxMBf16 : kGemvMaxM)) return false;
   return (f32 || bf16 || int8) && env_enabled();
 }

@@ -24,7 +24,7 @@
 namespace hyperion::detail {
 
 inline constexpr int64_t kGemvMaxM = 8;      // f32 and int8
-inline constexpr int64_t kGemvMaxMBf16 = 4;  // bf16: AMX tiles (amx_bf16_gemm.h) match us beyond
+inline constexpr int64_t kGemvMaxMBf16 = 4;  // bf16: AMX tiles or batch_gemm.h beyond
 
 // True when `g` (already validated, m, n, k > 0) has the decode shape this path handles:
 // batch 1, A not transposed, B transposed, m <= kGemvMaxM (kGemvMaxMBf16 for bf16), a

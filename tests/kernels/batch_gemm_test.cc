@@ -46,10 +46,10 @@ bool supported(const Combo& combo) {
 }
 
 // (n, k) pairs: K not a whole number of 4-byte steps (odd bf16 K, int8 K % 4 of 1..3),
-// N tails of the 8- and 16-row groups, several prefetch lines per row.
+// N tails of the 8-row groups, several prefetch lines per row.
 const int64_t kShapes[][2] = {{1, 1},   {7, 7},    {31, 33},  {33, 30},
                               {17, 66}, {100, 99}, {9, 1001}, {300, 64}};
-// One vector of rows (16-row groups), two (8-row groups), and two passes with a
+// One vector of rows (two accumulator sets), two, and two passes with a
 // one-vector tail; the kernel takes any m from 1, gemm() only m above the GEMV's.
 const int64_t kMs[] = {1, 5, 9, 16, 17, 33, 64};
 
