@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -10,6 +11,12 @@
 #include <unordered_map>
 
 #include "base/error.h"
+#include "base/threads.h"
+
+// Linux 5.14; older headers lack the name (the call then fails and pages are touched).
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
 
 namespace hyperion {
 
@@ -109,6 +116,26 @@ void release_pages(void* ptr, size_t bytes, bool zero) {
   // Anonymous private memory: the pages come back zero-filled on the next touch.
   if (madvise(reinterpret_cast<void*>(pb), pe - pb, MADV_DONTNEED) != 0 && zero)
     std::memset(reinterpret_cast<void*>(pb), 0, pe - pb);
+}
+
+void commit_pages(void* ptr, size_t bytes) {
+  if (bytes == 0) return;
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  constexpr uintptr_t kChunk = uintptr_t{2} << 20;
+  const uintptr_t b = reinterpret_cast<uintptr_t>(ptr) / page * page;
+  const uintptr_t e = reinterpret_cast<uintptr_t>(ptr) + bytes;
+  const int64_t chunks = static_cast<int64_t>((e - b + kChunk - 1) / kChunk);
+  parallel_chunks(chunks, 1, [&](int64_t c0, int64_t c1) {
+    const uintptr_t cb = b + static_cast<uintptr_t>(c0) * kChunk;
+    const uintptr_t ce = std::min(e, b + static_cast<uintptr_t>(c1) * kChunk);
+    if (madvise(reinterpret_cast<void*>(cb), ce - cb, MADV_POPULATE_WRITE) == 0) return;
+    // Kernels before 5.14: touch each page. A volatile read-then-write keeps contents.
+    for (uintptr_t p = std::max(cb, reinterpret_cast<uintptr_t>(ptr)); p < ce;
+         p = (p / page + 1) * page) {
+      volatile unsigned char* q = reinterpret_cast<volatile unsigned char*>(p);
+      *q = *q;
+    }
+  });
 }
 
 }  // namespace hyperion

@@ -32,6 +32,14 @@ void aligned_free(void* ptr);
 // buffers a rank holds only part of at a time (FSDP parameters and gradients).
 void release_pages(void* ptr, size_t bytes, bool zero);
 
+// Backs [ptr, ptr + bytes) with memory now instead of at first touch: madvise
+// MADV_POPULATE_WRITE per 2 MiB chunk, the chunks split over the thread pool (a byte
+// written per page where the kernel lacks the advice). For a buffer that is reserved
+// whole but written a little at a time inside latency-bound work: the serving engine's
+// KV pool, whose fresh pages otherwise fault (and are zeroed, 2 MiB at a time) inside
+// decode steps. The contents are unchanged (fresh anonymous memory reads as zero).
+void commit_pages(void* ptr, size_t bytes);
+
 // Allocates `bytes` for a large table read at random (embedding rows): 2 MiB aligned and
 // advised to transparent huge pages (madvise MADV_HUGEPAGE, before first touch), so random
 // rows of a multi-GB table hit the TLB instead of walking page tables. Small sizes get a

@@ -117,8 +117,9 @@ int cmd_serve(const Args& args) {
       dtype_name(rc.kv_dtype), double(runner.kv_cache_bytes()) / (1 << 20),
       runner.kv_bytes_per_token(), serve::weight_format_name(rc.weights),
       rc.padded_attention ? "padded" : "ragged", rc.prefix_caching ? "on" : "off");
-  log_info("serve: weights read per token {:.1f} MiB ({} B)",
-           double(runner.weight_bytes()) / (1 << 20), runner.weight_bytes());
+  log_info("serve: weights read per token {:.1f} MiB ({} B); KV cache backed by memory in {:.2f} s",
+           double(runner.weight_bytes()) / (1 << 20), runner.weight_bytes(),
+           runner.kv_commit_seconds());
   std::atomic<bool> serving{true};
   std::thread waiter([&] {
     int sig = 0;

@@ -1,8 +1,10 @@
 #include "serve/model_runner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
+#include "base/aligned.h"
 #include "base/error.h"
 #include "kernels/attention.h"
 
@@ -63,14 +65,21 @@ ModelRunner::ModelRunner(const ParamStore& params, const RunnerOptions& options)
   const size_t elems = static_cast<size_t>(opt_.num_pages * opt_.page_tokens * hkv * hd);
   const bool scaled = opt_.kv_dtype == DType::kI8 || opt_.kv_dtype == DType::kE4M3;
   const size_t rows = static_cast<size_t>(opt_.num_pages * opt_.page_tokens * hkv);
+  const auto commit_start = std::chrono::steady_clock::now();
   for (int l = 0; l < cfg_.n_layers; ++l) {
     k_pages_.emplace_back(elems * dtype_size(opt_.kv_dtype));
     v_pages_.emplace_back(elems * dtype_size(opt_.kv_dtype));
+    commit_pages(k_pages_.back().data(), elems * dtype_size(opt_.kv_dtype));
+    commit_pages(v_pages_.back().data(), elems * dtype_size(opt_.kv_dtype));
     if (scaled) {
       k_scales_.emplace_back(rows);
       v_scales_.emplace_back(rows);
+      commit_pages(k_scales_.back().data(), rows * sizeof(float));
+      commit_pages(v_scales_.back().data(), rows * sizeof(float));
     }
   }
+  kv_commit_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - commit_start).count();
   for (int l = 0; l < cfg_.n_layers; ++l) {
     PagedKvCache c;
     c.k = k_pages_[static_cast<size_t>(l)].data();

@@ -89,6 +89,11 @@ class ModelRunner {
   }
   // Bytes of weights read per decode step (matrices in their serving format).
   int64_t weight_bytes() const { return weights_.weight_bytes(); }
+  // Seconds the constructor took to back the whole KV pool with memory (commit_pages):
+  // a fresh page written inside a decode step would fault and be zeroed there (2 MiB at a
+  // time with huge pages), stalling that step (80-90 ms in a VM whose memory the host had
+  // not backed yet). llama.cpp clears its KV buffer at start for the same effect.
+  double kv_commit_seconds() const { return kv_commit_seconds_; }
 
   // Runs the batch; returns logits f32 [logit_rows.size(), vocab] (valid until the next
   // call). Positions must be < max_positions; slots and page ids are the caller's.
@@ -105,6 +110,7 @@ class ModelRunner {
   PagedKvSource kv_;
   std::vector<AlignedBuffer<unsigned char>> k_pages_, v_pages_;
   std::vector<AlignedBuffer<float>> k_scales_, v_scales_;
+  double kv_commit_seconds_ = 0;
   std::vector<PagedKvCache> caches_;
   int64_t capacity_ = 0;
   std::vector<int32_t> tokens_, positions_;  // the batch's, padded to padded_rows()

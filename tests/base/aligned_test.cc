@@ -5,6 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -59,6 +63,36 @@ TEST(Aligned, ReleasePagesOfAHugeBlockReadsZero) {
   release_pages(p + 1000, 3 * kMiB, /*zero=*/true);
   for (size_t i : {size_t{999}, size_t{1000}, kMiB, 3 * kMiB + 999, 3 * kMiB + 1000})
     EXPECT_EQ(p[i], i >= 1000 && i < 3 * kMiB + 1000 ? 0 : 0x7F) << i;
+  aligned_free(p);
+}
+
+// Fraction of the pages of [p, p + bytes) resident in memory (mincore).
+double resident_fraction(const unsigned char* p, size_t bytes) {
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p) / page * page;
+  const uintptr_t e = reinterpret_cast<uintptr_t>(p) + bytes;
+  std::vector<unsigned char> vec((e - b + page - 1) / page);
+  EXPECT_EQ(mincore(reinterpret_cast<void*>(b), e - b, vec.data()), 0);
+  size_t in = 0;
+  for (unsigned char v : vec) in += v & 1;
+  return double(in) / double(vec.size());
+}
+
+TEST(Aligned, CommitPagesBacksTheRangeAndKeepsItsContents) {
+  const size_t bytes = 10 * kMiB + 77;
+  auto* p = static_cast<unsigned char*>(aligned_malloc(bytes));
+  // Written bytes at both ends and in the middle; the rest was never touched.
+  p[0] = 1;
+  p[5 * kMiB] = 2;
+  p[bytes - 1] = 3;
+  EXPECT_LT(resident_fraction(p, bytes), 0.9);
+  commit_pages(p, bytes);
+  EXPECT_EQ(resident_fraction(p, bytes), 1.0);
+  EXPECT_EQ(p[0], 1);
+  EXPECT_EQ(p[5 * kMiB], 2);
+  EXPECT_EQ(p[bytes - 1], 3);
+  EXPECT_EQ(p[3 * kMiB + 5], 0);  // fresh memory still reads as zero
+  commit_pages(p, 0);             // nothing to do
   aligned_free(p);
 }
 
