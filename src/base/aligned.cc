@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +13,8 @@
 #include <unordered_map>
 
 #include "base/error.h"
+#include "base/log.h"
+#include "base/system_memory.h"
 #include "base/threads.h"
 
 // Linux 5.14; older headers lack the name (the call then fails and pages are touched).
@@ -121,21 +125,29 @@ void release_pages(void* ptr, size_t bytes, bool zero) {
 void commit_pages(void* ptr, size_t bytes) {
   if (bytes == 0) return;
   static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  constexpr uintptr_t kChunk = uintptr_t{2} << 20;
   const uintptr_t b = reinterpret_cast<uintptr_t>(ptr) / page * page;
   const uintptr_t e = reinterpret_cast<uintptr_t>(ptr) + bytes;
-  const int64_t chunks = static_cast<int64_t>((e - b + kChunk - 1) / kChunk);
+  const int64_t chunks = static_cast<int64_t>((e - b + kHuge - 1) / kHuge);
+  std::atomic<int> failure{0};
   parallel_chunks(chunks, 1, [&](int64_t c0, int64_t c1) {
-    const uintptr_t cb = b + static_cast<uintptr_t>(c0) * kChunk;
-    const uintptr_t ce = std::min(e, b + static_cast<uintptr_t>(c1) * kChunk);
+    const uintptr_t cb = b + static_cast<uintptr_t>(c0) * kHuge;
+    const uintptr_t ce = std::min(e, b + static_cast<uintptr_t>(c1) * kHuge);
     if (madvise(reinterpret_cast<void*>(cb), ce - cb, MADV_POPULATE_WRITE) == 0) return;
-    // Kernels before 5.14: touch each page. A volatile read-then-write keeps contents.
+    if (errno != EINVAL) {  // out of memory or a bad range: leave the rest to first use
+      failure.store(errno);
+      return;
+    }
+    // A kernel before 5.14 does not know the advice: touch each page. A volatile
+    // read-then-write keeps the contents.
     for (uintptr_t p = std::max(cb, reinterpret_cast<uintptr_t>(ptr)); p < ce;
          p = (p / page + 1) * page) {
       volatile unsigned char* q = reinterpret_cast<volatile unsigned char*>(p);
       *q = *q;
     }
   });
+  if (const int err = failure.load())
+    log_warn("commit_pages: {} of memory left to be backed on first use ({})",
+             format_bytes(static_cast<int64_t>(bytes)), std::strerror(err));
 }
 
 }  // namespace hyperion

@@ -33,8 +33,9 @@ void aligned_free(void* ptr);
 void release_pages(void* ptr, size_t bytes, bool zero);
 
 // Backs [ptr, ptr + bytes) with memory now instead of at first touch: madvise
-// MADV_POPULATE_WRITE per 2 MiB chunk, the chunks split over the thread pool (a byte
-// written per page where the kernel lacks the advice). For a buffer that is reserved
+// MADV_POPULATE_WRITE, the range split over the thread pool in whole 2 MiB pages (a byte
+// rewritten per page where the kernel lacks the advice). If the kernel refuses (out of
+// memory), a warning is logged and the rest is left to first use. For a buffer that is reserved
 // whole but written a little at a time inside latency-bound work: the serving engine's
 // KV pool, whose fresh pages otherwise fault (and are zeroed, 2 MiB at a time) inside
 // decode steps. The contents are unchanged (fresh anonymous memory reads as zero).

@@ -27,11 +27,24 @@ int64_t parse_size(const std::string& text) {
   if (used < text.size()) {
     if (used + 1 != text.size()) return -1;
     switch (text[used]) {
-      case 'K': case 'k': scale = 1024.0; break;
-      case 'M': case 'm': scale = 1024.0 * 1024; break;
-      case 'G': case 'g': scale = 1024.0 * 1024 * 1024; break;
-      case 'T': case 't': scale = 1024.0 * 1024 * 1024 * 1024; break;
-      default: return -1;
+      case 'K':
+      case 'k':
+        scale = 1024.0;
+        break;
+      case 'M':
+      case 'm':
+        scale = 1024.0 * 1024;
+        break;
+      case 'G':
+      case 'g':
+        scale = 1024.0 * 1024 * 1024;
+        break;
+      case 'T':
+      case 't':
+        scale = 1024.0 * 1024 * 1024 * 1024;
+        break;
+      default:
+        return -1;
     }
   }
   if (!(v > 0)) return -1;
@@ -63,6 +76,36 @@ int64_t machine_memory_bytes() {
     if (limit > 0) bytes = std::min(bytes, limit);  // v1's "no limit" is a huge number
   }
   return bytes;
+}
+
+int64_t available_memory_bytes() {
+  int64_t bytes = -1;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib) {
+    std::getline(meminfo, unit);
+    if (key == "MemAvailable:") {
+      bytes = kib * 1024;
+      break;
+    }
+  }
+  const struct {
+    const char* limit;
+    const char* usage;
+  } cgroups[] = {{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+                 {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                  "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+  for (const auto& cg : cgroups) {
+    const int64_t limit = read_limit(cg.limit), usage = read_limit(cg.usage);
+    if (limit > 0 && usage >= 0 && limit < (int64_t{1} << 60)) {
+      const int64_t left = std::max<int64_t>(0, limit - usage);
+      bytes = bytes < 0 ? left : std::min(bytes, left);
+    }
+  }
+  const int64_t machine = machine_memory_bytes();
+  return bytes < 0 ? -1 : std::min(bytes, machine);
 }
 
 std::string format_bytes(int64_t bytes) {

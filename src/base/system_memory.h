@@ -28,6 +28,11 @@ inline int64_t sat_add(int64_t a, int64_t b) {
 // K/M/G/T suffix) overrides both, for tests and for sharing a machine.
 int64_t machine_memory_bytes();
 
+// Memory that can be committed now without swapping or reclaiming much: the kernel's
+// MemAvailable, lowered to what the cgroup's limit leaves beside its current usage, and
+// to machine_memory_bytes(). -1 when none of these can be read.
+int64_t available_memory_bytes();
+
 // "12.3 GiB" / "512.0 MiB" / "4.0 KiB".
 std::string format_bytes(int64_t bytes);
 

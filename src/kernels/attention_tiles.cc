@@ -15,6 +15,7 @@
 #include "base/cpu.h"
 #include "kernels/attention_tiles.h"
 #include "kernels/exp2_avx512.h"
+#include "kernels/transpose_avx512.h"
 
 #define HYP_AVX512 __attribute__((target("avx512f")))
 
@@ -133,32 +134,6 @@ HYP_AVX512 void gemm_avx512(int m, int n, int k, const float* a, int64_t lda, bo
     gemm_avx512_t<false>(m, n, k, a, lda, b, ldb, c, ldc, accumulate, skip);
 }
 
-// In-register 16 x 16 transpose: 32-bit, 64-bit, then two 128-bit-lane interleaves.
-HYP_AVX512 inline void transpose16(__m512 r[16]) {
-  __m512 t[16], u[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    const __m512d t0 = _mm512_castps_pd(t[i]), t1 = _mm512_castps_pd(t[i + 1]);
-    const __m512d t2 = _mm512_castps_pd(t[i + 2]), t3 = _mm512_castps_pd(t[i + 3]);
-    u[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));      // column 4L of rows i..i+3
-    u[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));  // column 4L + 1
-    u[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));  // column 4L + 2
-    u[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));  // column 4L + 3
-  }
-  for (int h = 0; h < 16; h += 8)
-    for (int j = 0; j < 4; ++j) {
-      t[h + j] = _mm512_shuffle_f32x4(u[h + j], u[h + j + 4], 0x88);
-      t[h + j + 4] = _mm512_shuffle_f32x4(u[h + j], u[h + j + 4], 0xdd);
-    }
-  for (int j = 0; j < 8; ++j) {
-    r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
-    r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
-  }
-}
-
 #define HYP_AVX512BW __attribute__((target("avx512f,avx512bw,avx512vl")))
 
 HYP_AVX512BW void pack_cols_avx512(const void* src, DType dtype, int64_t row_stride, int n,
@@ -181,7 +156,7 @@ HYP_AVX512BW void pack_cols_avx512(const void* src, DType dtype, int64_t row_str
           r[i] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
         }
       }
-      transpose16(r);
+      simd::transpose16x16(r);
       for (int c = 0; c < cols; ++c) _mm512_store_ps(dst + (c0 + c) * kBq + r0, r[c]);
     }
   }

@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "base/threads.h"
 #include "kernels/gemv.h"
+#include "kernels/transpose_avx512.h"
 
 namespace hyperion::detail {
 namespace {
@@ -146,13 +147,13 @@ HYP_AVX512 HYP_INLINE void store_row(const Ctx& c, int64_t row, int64_t col, __m
 // Finishes a pass: v[r * MV + i] holds C[m0 + 16 i + lane, n0 + r] as f32 sums (or raw
 // int32 sums, cast, for an int32 C). Applies gemm.h's
 // alpha * a_scale[m] * b_scale[n] * sum + bias[n] (+ beta * C in store_row), in that order.
-template <int NR, int MV>
+template <int MV>
 HYP_AVX512 HYP_INLINE void store_pass(const Ctx& c, __m512* v, int64_t m0, int64_t n0) {
   const GemmArgs& g = *c.g;
   if (g.c_dtype != DType::kI32) {
     for (int i = 0; i < MV; ++i) {
       const __m512 rs = _mm512_loadu_ps(c.row_scale + m0 + kLanes * i);
-      for (int r = 0; r < NR; ++r) {
+      for (int r = 0; r < kGroupRows; ++r) {
         const int64_t col = std::min(n0 + r, c.n - 1);
         __m512 s = _mm512_mul_ps(v[r * MV + i], rs);
         if (g.b_scale) s = _mm512_mul_ps(s, _mm512_set1_ps(g.b_scale[col]));
@@ -161,18 +162,15 @@ HYP_AVX512 HYP_INLINE void store_pass(const Ctx& c, __m512* v, int64_t m0, int64
       }
     }
   }
-  for (int h = 0; h < NR / 8; ++h) {
-    const int64_t col = n0 + 8 * h;
-    if (col >= c.n) break;
-    const __mmask8 cols = __mmask8((1u << std::min<int64_t>(8, c.n - col)) - 1);
-    for (int i = 0; i < MV; ++i) {
-      __m512 a[8];
-      for (int r = 0; r < 8; ++r) a[r] = v[(8 * h + r) * MV + i];
-      const Transposed8 t(a);
-      const int64_t row0 = m0 + kLanes * i;
-      const int rows = int(std::min<int64_t>(kLanes, c.m - row0));
-      for (int l = 0; l < rows; ++l) store_row(c, row0 + l, col, cols, t.row(l));
-    }
+  static_assert(kGroupRows == 8, "one 8 x 16 transpose per vector of rows");
+  const __mmask8 cols = __mmask8((1u << std::min<int64_t>(kGroupRows, c.n - n0)) - 1);
+  for (int i = 0; i < MV; ++i) {
+    __m512 a[kGroupRows];
+    for (int r = 0; r < kGroupRows; ++r) a[r] = v[r * MV + i];
+    const Transposed8 t(a);
+    const int64_t row0 = m0 + kLanes * i;
+    const int rows = int(std::min<int64_t>(kLanes, c.m - row0));
+    for (int l = 0; l < rows; ++l) store_row(c, row0 + l, n0, cols, t.row(l));
   }
 }
 
@@ -180,7 +178,7 @@ HYP_AVX512 HYP_INLINE void store_pass(const Ctx& c, __m512* v, int64_t m0, int64
 // pass runs it prefetches the next group's rows (pf), a line per row every 16 steps, so
 // memory streams the next weights while this group computes. ----
 
-// Accumulator sets a pass keeps: NR x MV accumulators are independent chains, and one
+// Accumulator sets a pass keeps: kGroupRows x MV accumulators are independent chains, and one
 // vector of rows (MV = 1) gives only 8, fewer than dpbf16ps / dpbusd need in flight to
 // keep both FMA pipes busy; its even and odd K steps go to two sets, added at the end.
 constexpr int phases(int mv) {
@@ -192,98 +190,98 @@ constexpr int phases(int mv) {
 // it prefetches the same line of the next group's rows into L2: into L1 they would meet
 // this group's rows in the same L1 set whenever the row length is a multiple of 4 KiB
 // (K = 2048 or 4096 in bf16), 16 lines for 12 ways, and evict them between steps.
-template <int NR, int PH, typename Body>
+template <int PH, typename Body>
 HYP_INLINE void for_each_step(const Ctx& c, const unsigned char* const* w, const char* const* pf,
                               Body&& body) {
   const int64_t full = c.full_steps;
   for (int64_t s0 = 0; s0 < full; s0 += kLanes) {
-    for (int r = 0; r < NR; ++r) _mm_prefetch(pf[r] + s0 * kStepBytes, _MM_HINT_T1);
+    for (int r = 0; r < kGroupRows; ++r) _mm_prefetch(pf[r] + s0 * kStepBytes, _MM_HINT_T1);
     const int64_t s1 = std::min(full, s0 + kLanes);
     int64_t s = s0;
     for (; s + PH <= s1; s += PH) {
       for (int p = 0; p < PH; ++p) {
-        int32_t wd[NR];
-        for (int r = 0; r < NR; ++r) wd[r] = load_step(w[r] + (s + p) * kStepBytes);
+        int32_t wd[kGroupRows];
+        for (int r = 0; r < kGroupRows; ++r) wd[r] = load_step(w[r] + (s + p) * kStepBytes);
         body(s + p, wd, p);
       }
     }
     if (s < s1) {  // an odd count at the end: s is even, set 0
-      int32_t wd[NR];
-      for (int r = 0; r < NR; ++r) wd[r] = load_step(w[r] + s * kStepBytes);
+      int32_t wd[kGroupRows];
+      for (int r = 0; r < kGroupRows; ++r) wd[r] = load_step(w[r] + s * kStepBytes);
       body(s, wd, 0);
     }
   }
   if (c.tail_bytes > 0) {
-    int32_t wd[NR];
-    for (int r = 0; r < NR; ++r) wd[r] = tail_step(w[r] + full * kStepBytes, c.tail_bytes);
+    int32_t wd[kGroupRows];
+    for (int r = 0; r < kGroupRows; ++r) wd[r] = tail_step(w[r] + full * kStepBytes, c.tail_bytes);
     body(full, wd, 0);
   }
 }
 
-template <int NR, int MV>
+template <int MV>
 HYP_BF16 void bf16_pass(const Ctx& c, const unsigned char* const* w, const char* const* pf,
                         const unsigned char* x, int64_t width, int64_t m0, int64_t n0) {
   constexpr int PH = phases(MV);
-  __m512 acc[PH][NR * MV];
+  __m512 acc[PH][kGroupRows * MV];
   for (int p = 0; p < PH; ++p)
-    for (int j = 0; j < NR * MV; ++j) acc[p][j] = _mm512_setzero_ps();
+    for (int j = 0; j < kGroupRows * MV; ++j) acc[p][j] = _mm512_setzero_ps();
   auto step = [&](int64_t s, const int32_t* wd, __m512* a) HYP_BF16 {
     __m512bh xv[MV];
     for (int i = 0; i < MV; ++i)
       xv[i] = (__m512bh)_mm512_load_si512(x + (s * width + kLanes * i) * kStepBytes);
-    for (int r = 0; r < NR; ++r) {
+    for (int r = 0; r < kGroupRows; ++r) {
       const __m512bh wb = (__m512bh)_mm512_set1_epi32(wd[r]);
       for (int i = 0; i < MV; ++i) a[r * MV + i] = _mm512_dpbf16_ps(a[r * MV + i], xv[i], wb);
     }
   };
-  for_each_step<NR, PH>(c, w, pf,
-                        [&](int64_t s, const int32_t* wd, int p) HYP_BF16 { step(s, wd, acc[p]); });
+  for_each_step<PH>(c, w, pf,
+                    [&](int64_t s, const int32_t* wd, int p) HYP_BF16 { step(s, wd, acc[p]); });
   if constexpr (PH == 2)
-    for (int j = 0; j < NR * MV; ++j) acc[0][j] = _mm512_add_ps(acc[0][j], acc[1][j]);
-  store_pass<NR, MV>(c, acc[0], m0, n0);
+    for (int j = 0; j < kGroupRows * MV; ++j) acc[0][j] = _mm512_add_ps(acc[0][j], acc[1][j]);
+  store_pass<MV>(c, acc[0], m0, n0);
 }
 
 // int8: dpbusd multiplies the activations' unsigned bytes by W's signed ones; `excess`
 // (128 * the W row's sum for signed activations stored as x + 128, else 0) comes off
 // each sum. int32 arithmetic wraps, like the GEMV's and oneDNN's.
-template <int NR, int MV>
+template <int MV>
 HYP_VNNI void i8_pass(const Ctx& c, const unsigned char* const* w, const char* const* pf,
                       const unsigned char* x, int64_t width, int64_t m0, int64_t n0,
                       const int32_t* excess) {
   constexpr int PH = phases(MV);
-  __m512i acc[PH][NR * MV];
+  __m512i acc[PH][kGroupRows * MV];
   for (int p = 0; p < PH; ++p)
-    for (int j = 0; j < NR * MV; ++j) acc[p][j] = _mm512_setzero_si512();
+    for (int j = 0; j < kGroupRows * MV; ++j) acc[p][j] = _mm512_setzero_si512();
   auto step = [&](int64_t s, const int32_t* wd, __m512i* a) HYP_VNNI {
     __m512i xv[MV];
     for (int i = 0; i < MV; ++i)
       xv[i] = _mm512_load_si512(x + (s * width + kLanes * i) * kStepBytes);
-    for (int r = 0; r < NR; ++r) {
+    for (int r = 0; r < kGroupRows; ++r) {
       const __m512i wb = _mm512_set1_epi32(wd[r]);
       for (int i = 0; i < MV; ++i) a[r * MV + i] = _mm512_dpbusd_epi32(a[r * MV + i], xv[i], wb);
     }
   };
-  for_each_step<NR, PH>(c, w, pf,
-                        [&](int64_t s, const int32_t* wd, int p) HYP_VNNI { step(s, wd, acc[p]); });
+  for_each_step<PH>(c, w, pf,
+                    [&](int64_t s, const int32_t* wd, int p) HYP_VNNI { step(s, wd, acc[p]); });
   if constexpr (PH == 2)
-    for (int j = 0; j < NR * MV; ++j) acc[0][j] = _mm512_add_epi32(acc[0][j], acc[1][j]);
-  __m512 v[NR * MV];
+    for (int j = 0; j < kGroupRows * MV; ++j) acc[0][j] = _mm512_add_epi32(acc[0][j], acc[1][j]);
+  __m512 v[kGroupRows * MV];
   const bool raw = c.g->c_dtype == DType::kI32;
-  for (int r = 0; r < NR; ++r) {
+  for (int r = 0; r < kGroupRows; ++r) {
     const __m512i e = _mm512_set1_epi32(excess[r]);
     for (int i = 0; i < MV; ++i) {
       const __m512i sum = _mm512_sub_epi32(acc[0][r * MV + i], e);
       v[r * MV + i] = raw ? _mm512_castsi512_ps(sum) : _mm512_cvtepi32_ps(sum);
     }
   }
-  store_pass<NR, MV>(c, v, m0, n0);
+  store_pass<MV>(c, v, m0, n0);
 }
 
 // 128 * sum(W row) for each of the group's rows, wrapping (dpbusd of ones against W).
-HYP_VNNI void row_excess(const Ctx& c, const unsigned char* const* w, int rows, int32_t* out) {
+HYP_VNNI void row_excess(const Ctx& c, const unsigned char* const* w, int32_t* out) {
   const int64_t k = c.g->k;
   const __m512i ones = _mm512_set1_epi8(1);
-  for (int r = 0; r < rows; ++r) {
+  for (int r = 0; r < kGroupRows; ++r) {
     __m512i sum = _mm512_setzero_si512();
     for (int64_t p = 0; p < k; p += 64) {
       const __mmask64 mask = k - p >= 64 ? ~__mmask64(0) : (__mmask64(1) << (k - p)) - 1;
@@ -305,7 +303,7 @@ void run_group(const Ctx& c, int64_t n0, int64_t pf0) {
   }
   int32_t excess[kGroupRows] = {};
   if constexpr (K == Kind::kS8) {
-    row_excess(c, w, kGroupRows, excess);
+    row_excess(c, w, excess);
   } else if constexpr (K == Kind::kS8Sums) {
     for (int r = 0; r < kGroupRows; ++r)
       excess[r] = int32_t(uint32_t(c.g->b_sums[std::min(n0 + r, c.n - 1)]) * 128u);
@@ -315,45 +313,17 @@ void run_group(const Ctx& c, int64_t n0, int64_t pf0) {
     const unsigned char* x = c.x + m0 * c.steps * kStepBytes;
     if constexpr (K == Kind::kBf16) {
       if (width == kPassRows) {
-        bf16_pass<kGroupRows, 2>(c, w, pf, x, width, m0, n0);
+        bf16_pass<2>(c, w, pf, x, width, m0, n0);
       } else {
-        bf16_pass<kGroupRows, 1>(c, w, pf, x, width, m0, n0);
+        bf16_pass<1>(c, w, pf, x, width, m0, n0);
       }
     } else {
       if (width == kPassRows) {
-        i8_pass<kGroupRows, 2>(c, w, pf, x, width, m0, n0, excess);
+        i8_pass<2>(c, w, pf, x, width, m0, n0, excess);
       } else {
-        i8_pass<kGroupRows, 1>(c, w, pf, x, width, m0, n0, excess);
+        i8_pass<1>(c, w, pf, x, width, m0, n0, excess);
       }
     }
-  }
-}
-
-// Transposes a 16 x 16 block of 32-bit values in place: r[s] becomes the s-th values of
-// the 16 inputs.
-HYP_AVX512 HYP_INLINE void transpose16(__m512i* r) {
-  __m512i t[16], u[16];
-  for (int p = 0; p < 8; ++p) {
-    t[2 * p] = _mm512_unpacklo_epi32(r[2 * p], r[2 * p + 1]);
-    t[2 * p + 1] = _mm512_unpackhi_epi32(r[2 * p], r[2 * p + 1]);
-  }
-  // u[4q + j], 128-bit block L: inputs 4q .. 4q + 4 at position 4L + j.
-  for (int q = 0; q < 4; ++q) {
-    const __m512i* tq = t + 4 * q;
-    u[4 * q + 0] = _mm512_unpacklo_epi64(tq[0], tq[2]);
-    u[4 * q + 1] = _mm512_unpackhi_epi64(tq[0], tq[2]);
-    u[4 * q + 2] = _mm512_unpacklo_epi64(tq[1], tq[3]);
-    u[4 * q + 3] = _mm512_unpackhi_epi64(tq[1], tq[3]);
-  }
-  for (int j = 0; j < 4; ++j) {
-    const __m512i v0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88);
-    const __m512i w0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xDD);
-    const __m512i v1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
-    const __m512i w1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xDD);
-    r[j] = _mm512_shuffle_i32x4(v0, v1, 0x88);
-    r[8 + j] = _mm512_shuffle_i32x4(v0, v1, 0xDD);
-    r[4 + j] = _mm512_shuffle_i32x4(w0, w1, 0x88);
-    r[12 + j] = _mm512_shuffle_i32x4(w0, w1, 0xDD);
   }
 }
 
@@ -376,13 +346,15 @@ HYP_AVX512 void pack_x(const Ctx& c, unsigned char* out) {
       for (int64_t s0 = 0; s0 < c.full_steps; s0 += kLanes) {
         const int64_t n = std::min<int64_t>(kLanes, c.full_steps - s0);
         const __mmask16 steps = __mmask16((1u << n) - 1);
-        __m512i r[kLanes];
+        __m512 r[kLanes];
         for (int l = 0; l < kLanes; ++l)
-          r[l] = l < valid ? _mm512_maskz_loadu_epi32(steps, src + l * lda_bytes + s0 * kStepBytes)
-                           : _mm512_setzero_si512();
-        transpose16(r);
+          r[l] = _mm512_castsi512_ps(
+              l < valid ? _mm512_maskz_loadu_epi32(steps, src + l * lda_bytes + s0 * kStepBytes)
+                        : _mm512_setzero_si512());
+        simd::transpose16x16(r);
         for (int64_t s = 0; s < n; ++s) {
-          const __m512i v = flip ? _mm512_maskz_xor_epi32(rows, r[s], excess) : r[s];
+          const __m512i v = flip ? _mm512_maskz_xor_epi32(rows, _mm512_castps_si512(r[s]), excess)
+                                 : _mm512_castps_si512(r[s]);
           _mm512_store_si512(block + ((s0 + s) * width + i) * kStepBytes, v);
         }
       }
@@ -440,7 +412,8 @@ bool batch_gemm_applies(const GemmArgs& g) {
 
 void batch_gemm(const GemmArgs& g) {
   const GroupFn group = select(g);
-  HYP_CHECK(group != nullptr && g.m >= 1 && g.m <= kBatchGemmMaxM,
+  HYP_CHECK(group != nullptr && g.batch == 1 && g.trans_a == Trans::kN && g.trans_b == Trans::kT &&
+                g.m >= 1 && g.m <= kBatchGemmMaxM && g.n >= 1 && g.k >= 1,
             "batch_gemm: unsupported arguments (see batch_gemm_applies)");
   Ctx c;
   c.g = &g;
@@ -465,16 +438,15 @@ void batch_gemm(const GemmArgs& g) {
     scale_buf[size_t(i)] = i < g.m ? g.alpha * (g.a_scale ? g.a_scale[i] : 1.0f) : 0.0f;
   c.row_scale = scale_buf.data();
 
-  const int64_t rows = kGroupRows;
-  const int64_t groups = (g.n + rows - 1) / rows;
+  const int64_t groups = (g.n + kGroupRows - 1) / kGroupRows;
   // At least ~64 KiB of W per chunk, so small GEMMs do not pay for a parallel region.
   const int64_t grain =
-      std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(rows * c.ldb_bytes, 1));
+      std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(kGroupRows * c.ldb_bytes, 1));
   parallel_chunks(groups, grain, [&](int64_t g0, int64_t g1) {
     for (int64_t gi = g0; gi < g1; ++gi) {
       // Prefetch the next group of this block; the last one re-touches its own rows.
       const int64_t next = gi + 1 < g1 ? gi + 1 : gi;
-      group(c, gi * rows, next * rows);
+      group(c, gi * kGroupRows, next * kGroupRows);
     }
   });
 }

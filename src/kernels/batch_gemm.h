@@ -8,7 +8,8 @@
 // for M above the GEMV's rows (kernels/gemv.h: 4 for bf16, 8 for int8) up to
 // kBatchGemmMaxM. oneDNN 2.6 ran these shapes at 30-45% of the bf16 and int8 peaks on
 // Zen 5 (K = 512..1408, M = 16..64), which made its GEMMs the largest part of a batch-32
-// decode step. Machines with AMX take bf16 batches on AMX tiles (kernels/amx_bf16_gemm.h).
+// decode step. On machines with AMX, bf16 batches with K % 32 == 0 go to AMX tiles first
+// (kernels/amx_bf16_gemm.h); int8 batches come here there too.
 //
 // The activations (small) are packed once per call so that a vector holds one K step
 // (2 bf16 or 4 int8 values) of 16 rows; each step of a W row (read in place) is broadcast
@@ -16,13 +17,14 @@
 // activations as u8 with the excess folded out through the weight's row sums). Each lane
 // accumulates one output over K: no horizontal sums. A group of 8 W rows meets 32
 // activation rows at a time (16 accumulators), so the weight is read from memory once for
-// up to 32 rows and from L1 for the next 32; the 8 x 16 tiles are transposed into C's rows
-// on the way out. Each thread takes a contiguous block of W rows and prefetches the next
-// group while it computes.
+// up to 32 rows and from cache for the next 32 (L1 while 8 rows fit it, L2 beyond); the
+// 8 x 16 tiles are transposed into C's rows on the way out. Each thread takes a contiguous block of
+// W rows and prefetches the next group while it computes.
 //
-// Every output element is one accumulation chain whose order depends only on K, so
-// results are bitwise identical for any number of threads. CPUs without these
-// instruction sets keep oneDNN.
+// The order of every output's sum depends only on K and on whether its row falls in a
+// pass of two vectors of rows or of one (one keeps two chains, even and odd K steps,
+// added at the end), never on the thread count: results are bitwise identical for any
+// number of threads. CPUs without these instruction sets keep oneDNN.
 #pragma once
 
 #include <cstdint>

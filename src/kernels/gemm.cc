@@ -295,8 +295,9 @@ void gemm(const GemmArgs& g) {
     amx_bf16_gemm(g);
     return;
   }
-  // Without AMX: our AVX512-BF16 / VNNI kernel, which also reads each weight once for the
-  // whole batch; oneDNN ran these shapes at 30-45% of peak.
+  // The rest of the decode batches (bf16 without AMX, int8): our AVX512-BF16 / VNNI
+  // kernel, which also reads each weight once for the whole batch; oneDNN ran these shapes
+  // at 30-45% of peak.
   if (detail::batch_gemm_applies(g)) {
     detail::batch_gemm(g);
     return;

@@ -2,8 +2,8 @@
 // time by oneDNN), with primitives cached by shape so small repeated GEMMs (decode,
 // per-layer training GEMMs) never pay primitive creation again. Decode shapes (A of a few
 // rows times a weight B^T) go to our own kernels instead: the GEMV (kernels/gemv.h, up to
-// 4 bf16 / 8 int8 rows), AMX tiles (kernels/amx_bf16_gemm.h) and, without AMX, the
-// batch GEMM (kernels/batch_gemm.h, up to 64 rows).
+// 4 bf16 / 8 int8 rows), AMX tiles for bf16 (kernels/amx_bf16_gemm.h) and the batch
+// GEMM (kernels/batch_gemm.h, up to 64 rows; bf16 there only without AMX).
 //
 //   C[M, N] = alpha * a_scale[m] * b_scale[n] * (op(A) @ op(B))[m, n] + bias[n] + beta * C[m, n]
 //

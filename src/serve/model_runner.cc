@@ -6,6 +6,8 @@
 
 #include "base/aligned.h"
 #include "base/error.h"
+#include "base/log.h"
+#include "base/system_memory.h"
 #include "kernels/attention.h"
 
 namespace hyperion::serve {
@@ -65,17 +67,27 @@ ModelRunner::ModelRunner(const ParamStore& params, const RunnerOptions& options)
   const size_t elems = static_cast<size_t>(opt_.num_pages * opt_.page_tokens * hkv * hd);
   const bool scaled = opt_.kv_dtype == DType::kI8 || opt_.kv_dtype == DType::kE4M3;
   const size_t rows = static_cast<size_t>(opt_.num_pages * opt_.page_tokens * hkv);
+  // The pool was checked against the machine's memory, not against what is free now:
+  // backing more than that would swap or meet the OOM killer at start-up, so then the
+  // pages are left to first use (and the steps that first write them stall).
+  const int64_t available = available_memory_bytes();
+  const bool commit = available < 0 || kv_cache_bytes() <= available / 10 * 9;
+  if (!commit)
+    log_warn(
+        "serve: the KV cache ({}) is more than 90% of the memory available now ({}); its "
+        "pages are backed when first written, which stalls those decode steps",
+        format_bytes(kv_cache_bytes()), format_bytes(available));
   const auto commit_start = std::chrono::steady_clock::now();
   for (int l = 0; l < cfg_.n_layers; ++l) {
     k_pages_.emplace_back(elems * dtype_size(opt_.kv_dtype));
     v_pages_.emplace_back(elems * dtype_size(opt_.kv_dtype));
-    commit_pages(k_pages_.back().data(), elems * dtype_size(opt_.kv_dtype));
-    commit_pages(v_pages_.back().data(), elems * dtype_size(opt_.kv_dtype));
+    if (commit) commit_pages(k_pages_.back().data(), elems * dtype_size(opt_.kv_dtype));
+    if (commit) commit_pages(v_pages_.back().data(), elems * dtype_size(opt_.kv_dtype));
     if (scaled) {
       k_scales_.emplace_back(rows);
       v_scales_.emplace_back(rows);
-      commit_pages(k_scales_.back().data(), rows * sizeof(float));
-      commit_pages(v_scales_.back().data(), rows * sizeof(float));
+      if (commit) commit_pages(k_scales_.back().data(), rows * sizeof(float));
+      if (commit) commit_pages(v_scales_.back().data(), rows * sizeof(float));
     }
   }
   kv_commit_seconds_ =

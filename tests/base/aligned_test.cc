@@ -94,6 +94,14 @@ TEST(Aligned, CommitPagesBacksTheRangeAndKeepsItsContents) {
   EXPECT_EQ(p[3 * kMiB + 5], 0);  // fresh memory still reads as zero
   commit_pages(p, 0);             // nothing to do
   aligned_free(p);
+  // A range that starts and ends inside pages, in a block of plain (small) pages.
+  auto* q = static_cast<unsigned char*>(aligned_malloc(kMiB));
+  const size_t marks[] = {0, 99, 100, kMiB / 2, kMiB - 101, kMiB - 1};
+  for (size_t i : marks) q[i] = 0x5A;
+  commit_pages(q + 100, kMiB - 200);
+  EXPECT_EQ(resident_fraction(q + 100, kMiB - 200), 1.0);
+  for (size_t i : marks) EXPECT_EQ(q[i], 0x5A) << i;
+  aligned_free(q);
 }
 
 TEST(Aligned, AbsurdSizesAreRefused) {

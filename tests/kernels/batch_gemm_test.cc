@@ -26,7 +26,7 @@ const Combo kCombos[] = {
     {DType::kBF16, DType::kBF16, DType::kF32}, {DType::kBF16, DType::kBF16, DType::kBF16},
     {DType::kI8, DType::kI8, DType::kF32},     {DType::kI8, DType::kI8, DType::kBF16},
     {DType::kI8, DType::kI8, DType::kI32},     {DType::kU8, DType::kI8, DType::kF32},
-    {DType::kU8, DType::kI8, DType::kI32},
+    {DType::kU8, DType::kI8, DType::kBF16},    {DType::kU8, DType::kI8, DType::kI32},
 };
 
 // Whether this CPU runs the kernel for `combo` (AVX512-BF16 for bf16, AVX512-VNNI for
@@ -49,9 +49,10 @@ bool supported(const Combo& combo) {
 // N tails of the 8-row groups, several prefetch lines per row.
 const int64_t kShapes[][2] = {{1, 1},   {7, 7},    {31, 33},  {33, 30},
                               {17, 66}, {100, 99}, {9, 1001}, {300, 64}};
-// One vector of rows (two accumulator sets), two, and two passes with a
-// one-vector tail; the kernel takes any m from 1, gemm() only m above the GEMV's.
-const int64_t kMs[] = {1, 5, 9, 16, 17, 33, 64};
+// One vector of rows (two accumulator sets), two (one pass: the common batch of 32), and
+// two passes with a one-vector second pass (33, 48); the kernel takes any m from 1, gemm()
+// only m above the GEMV's.
+const int64_t kMs[] = {1, 5, 9, 16, 17, 32, 33, 48, 64};
 
 TEST(BatchGemm, MatchesReference) {
   int variant = 0, ran = 0;
@@ -87,15 +88,18 @@ TEST(BatchGemm, BitwiseIdenticalForAnyThreadCount) {
   set_num_threads(saved);
 }
 
-// A K that ends inside a 4-byte step reads only the row's own values: an Inf just past
-// the end of each W row (in the ldb padding) must not turn the zero-padded activations'
-// products into NaN.
+// A K that ends inside a 4-byte step reads only the rows' own values: an Inf just past
+// the end of each W row and each activation row (in the ldb and lda padding) must not
+// meet the other side's zero padding and make NaN.
 TEST(BatchGemm, PartialStepReadsOnlyTheRow) {
   const Combo combo{DType::kBF16, DType::kBF16, DType::kF32};
   if (!supported(combo)) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
-  const int64_t m = 20, n = 9, k = 5, ldb = 8;
-  std::vector<bf16> a(size_t(m * k)), b(size_t(n * ldb));
-  for (size_t i = 0; i < a.size(); ++i) a[i] = f32_to_bf16(float(i % 7) * 0.25f - 0.5f);
+  const int64_t m = 20, n = 9, k = 5, ldb = 8, lda = 7;
+  const bf16 inf = f32_to_bf16(std::numeric_limits<float>::infinity());
+  std::vector<bf16> a(size_t(m * lda), inf), b(size_t(n * ldb));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t p = 0; p < k; ++p)
+      a[size_t(i * lda + p)] = f32_to_bf16(float((i * k + p) % 7) * 0.25f - 0.5f);
   for (int64_t j = 0; j < n; ++j)
     for (int64_t p = 0; p < ldb; ++p)
       b[size_t(j * ldb + p)] = p < k ? f32_to_bf16(float((j + p) % 5) - 2.0f)
@@ -105,7 +109,7 @@ TEST(BatchGemm, PartialStepReadsOnlyTheRow) {
   g.trans_a = Trans::kN;
   g.trans_b = Trans::kT;
   g.m = m, g.n = n, g.k = k;
-  g.lda = k, g.ldb = ldb, g.ldc = n;
+  g.lda = lda, g.ldb = ldb, g.ldc = n;
   g.a = a.data(), g.a_dtype = DType::kBF16;
   g.b = b.data(), g.b_dtype = DType::kBF16;
   g.c = ref.data(), g.c_dtype = DType::kF32;

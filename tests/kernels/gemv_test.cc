@@ -4,11 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdlib>
-#include <cstring>
-#include <limits>
-#include <random>
 #include <vector>
 
 #include "base/threads.h"
