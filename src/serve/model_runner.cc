@@ -78,17 +78,20 @@ ModelRunner::ModelRunner(const ParamStore& params, const RunnerOptions& options)
         "pages are backed when first written, which stalls those decode steps",
         format_bytes(kv_cache_bytes()), format_bytes(available));
   const auto commit_start = std::chrono::steady_clock::now();
+  const size_t layer_bytes = elems * dtype_size(opt_.kv_dtype);  // one layer's K (or V)
   for (int l = 0; l < cfg_.n_layers; ++l) {
-    k_pages_.emplace_back(elems * dtype_size(opt_.kv_dtype));
-    v_pages_.emplace_back(elems * dtype_size(opt_.kv_dtype));
-    if (commit) commit_pages(k_pages_.back().data(), elems * dtype_size(opt_.kv_dtype));
-    if (commit) commit_pages(v_pages_.back().data(), elems * dtype_size(opt_.kv_dtype));
+    k_pages_.emplace_back(layer_bytes);
+    v_pages_.emplace_back(layer_bytes);
     if (scaled) {
       k_scales_.emplace_back(rows);
       v_scales_.emplace_back(rows);
-      if (commit) commit_pages(k_scales_.back().data(), rows * sizeof(float));
-      if (commit) commit_pages(v_scales_.back().data(), rows * sizeof(float));
     }
+  }
+  if (commit) {
+    for (auto* pool : {&k_pages_, &v_pages_})
+      for (auto& buf : *pool) commit_pages(buf.data(), layer_bytes);
+    for (auto* pool : {&k_scales_, &v_scales_})
+      for (auto& buf : *pool) commit_pages(buf.data(), rows * sizeof(float));
   }
   kv_commit_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - commit_start).count();
