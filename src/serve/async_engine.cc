@@ -96,6 +96,15 @@ void AsyncEngine::snapshot() {
 }
 
 void AsyncEngine::loop() {
+  std::function<void()> listener;
+  // After every round: callbacks may have queued events.
+  const auto end_round = [&] {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      listener = round_listener_;
+    }
+    if (listener) listener();
+  };
   for (;;) {
     std::vector<Pending> inbox;
     std::vector<int64_t> cancels;
@@ -127,6 +136,7 @@ void AsyncEngine::loop() {
     if (stopping) {
       engine_.fail_all(stop_message);
       snapshot();
+      end_round();
       return;
     }
     std::chrono::milliseconds delay;
@@ -142,6 +152,7 @@ void AsyncEngine::loop() {
       engine_.fail_all(fmt::format("engine step failed: {}", e.what()));
     }
     snapshot();
+    end_round();
   }
 }
 
@@ -154,6 +165,11 @@ void AsyncEngine::set_paused(bool paused) {
 void AsyncEngine::set_step_delay(std::chrono::milliseconds delay) {
   std::lock_guard<std::mutex> lock(mu_);
   step_delay_ = delay;
+}
+
+void AsyncEngine::set_round_listener(std::function<void()> listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  round_listener_ = std::move(listener);
 }
 
 void AsyncEngine::stop(const std::string& reason) {

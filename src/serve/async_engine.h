@@ -3,12 +3,19 @@
 // come back through each request's callback (on the engine thread). The engine thread
 // sleeps when there is no work. This and the HTTP server's I/O threads are the only
 // threads besides the OpenMP pool, which only the engine thread drives.
+//
+// Callbacks should only queue their event: the round listener, called once after every
+// round (new requests taken, cancellations, one step), hands a round's events on at
+// once. Waking an I/O thread per token held the engine thread ~20 us a token (a wake-up,
+// and where compute threads fill every core, the woken thread preempting the step):
+// 0.17 s of a 2.2 s run of 32 streams on 2 cores.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -41,6 +48,9 @@ class AsyncEngine {
   // before every step (holds requests in flight for disconnect and queue tests).
   void set_paused(bool paused);
   void set_step_delay(std::chrono::milliseconds delay);
+  // Called on the engine thread after every round in which callbacks may have run, and
+  // after stop() has ended every request; nullptr for none. Must not throw.
+  void set_round_listener(std::function<void()> listener);
   // Ends every unfinished request with FinishReason::kError and `reason`, refuses new
   // ones, and joins the engine thread. Idempotent.
   void stop(const std::string& reason = "the server is shutting down");
@@ -64,6 +74,7 @@ class AsyncEngine {
   int64_t outstanding_ = 0;  // accepted by submit(), final event not yet delivered
   bool paused_ = false;
   std::chrono::milliseconds step_delay_{0};
+  std::function<void()> round_listener_;
   int64_t next_id_ = 1;
   EngineStats stats_;
   std::thread thread_;

@@ -84,6 +84,7 @@ struct HttpServer::Impl : HttpApplication {
     limits.request_timeout_s = o.request_timeout_s;
     limits.idle_timeout_s = o.idle_timeout_s;
     limits.write_timeout_s = o.write_timeout_s;
+    engine.set_round_listener([this] { deliver_round(); });
   }
 
   AsyncEngine& engine;
@@ -100,6 +101,14 @@ struct HttpServer::Impl : HttpApplication {
   int64_t active = 0;  // generation requests not yet answered
   int64_t next_completion = 1;
   int64_t accept_failures = 0;  // in a row (on accept_strand)
+  // Token events queued by the engine's callbacks during a round (deliver_round).
+  struct Delivery {
+    std::shared_ptr<HttpConnection> conn;
+    std::shared_ptr<Generation> gen;
+    TokenEvent ev;
+  };
+  std::mutex outbox_mu;
+  std::vector<Delivery> outbox;
   // Last, so destroyed first: handlers still queued hold connections, whose destructors
   // use the members above. The hint is the number of threads that run it (1 would tell
   // Asio it is single-threaded).
@@ -107,6 +116,7 @@ struct HttpServer::Impl : HttpApplication {
   // The acceptor, its retry timer and drain's close of it run on any I/O thread; neither
   // object may be used from two at once, so they share a strand.
   net::strand<net::io_context::executor_type> accept_strand{ioc.get_executor()};
+  net::strand<net::io_context::executor_type> delivery_strand{ioc.get_executor()};
   tcp::acceptor acceptor{accept_strand};
   net::steady_timer accept_retry{accept_strand};
 
@@ -292,7 +302,8 @@ struct HttpServer::Impl : HttpApplication {
       id = engine.submit(gen->api.gen, [this, conn, gen, tracker](const TokenEvent& ev) {
         try {
           observe(*tracker, ev);
-          conn->post([this, conn, gen, ev] { on_event(*conn, *gen, ev); });
+          std::lock_guard<std::mutex> lock(outbox_mu);
+          outbox.push_back(Delivery{conn, gen, ev});
         } catch (...) {
           // The event never reaches the strand (out of memory): a last one must still
           // count the request as done, or drain would wait its whole grace period for
@@ -323,6 +334,28 @@ struct HttpServer::Impl : HttpApplication {
     // A client that goes away frees its slot and pages at the engine's next step.
     conn->set_cancel_hook([this, id] { engine.cancel(id); });
     if (gen->api.stream) conn->begin_stream("text/event-stream");
+  }
+
+  // Engine thread, after each round: the round's events go to the I/O threads in one
+  // hand-off. The delivery strand keeps rounds in order when two I/O threads run.
+  void deliver_round() {
+    auto batch = std::make_shared<std::vector<Delivery>>();
+    {
+      std::lock_guard<std::mutex> lock(outbox_mu);
+      if (outbox.empty()) return;
+      batch->swap(outbox);
+    }
+    try {
+      net::post(delivery_strand, [this, batch] {
+        for (Delivery& d : *batch) d.conn->post([this, d] { on_event(*d.conn, *d.gen, d.ev); });
+      });
+    } catch (...) {
+      // Out of memory: these events are lost; the requests they end must still count as
+      // done, or drain would wait its whole grace period for them.
+      log_error("serve: {} token events could not be handed to the I/O threads", batch->size());
+      for (const Delivery& d : *batch)
+        if (d.ev.finish != FinishReason::kNone) request_done();
+    }
   }
 
   void request_done() {
@@ -390,7 +423,10 @@ HttpServer::HttpServer(AsyncEngine& engine, ApiContext context, HttpOptions opti
 HttpServer::~HttpServer() {
   stop();
   // No engine callback may outlive the server: they hold its connections and metrics.
-  if (impl_) impl_->engine.stop("the server is shutting down");
+  if (impl_) {
+    impl_->engine.stop("the server is shutting down");
+    impl_->engine.set_round_listener(nullptr);
+  }
 }
 
 namespace {

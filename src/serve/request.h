@@ -35,7 +35,8 @@ struct TokenEvent {
   std::string error;              // kError only
 };
 
-// Called on the engine thread; must not block for long (hand off to the HTTP thread).
+// Called on the engine thread; must not block for long (queue the event for the HTTP
+// threads: serve/async_engine.h).
 using TokenCallback = std::function<void(const TokenEvent&)>;
 
 }  // namespace hyperion::serve
