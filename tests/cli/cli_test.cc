@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli_test_util.h"
+#include "kernels/amx_int8_gemm.h"
 
 namespace {
 
@@ -77,6 +78,29 @@ TEST(Cli, BenchKernelsFilterAndJson) {
   auto bad = run("bench kernels --bogus");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.out.find("--bogus"), std::string::npos) << bad.out;
+}
+
+// A case this CPU has no instructions for (AMX int8 on Zen 5) is listed as not run, in
+// text and JSON, and the command still succeeds; on a CPU with AMX it is timed.
+TEST(Cli, BenchKernelsMarksWhatThisCpuCannotRun) {
+  const std::string filter = "--filter gemm_train_dx_amx_int8_4096x512x512 --seconds 0.01";
+  auto r = run("bench kernels --json " + filter);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["kernels"].size(), 1u) << r.out;
+  auto k = j["kernels"][0];
+  EXPECT_EQ(k["name"], "gemm_train_dx_amx_int8_4096x512x512");
+  auto text = run("bench kernels " + filter);
+  ASSERT_EQ(text.code, 0) << text.out;
+  if (hyperion::amx_int8_available()) {
+    EXPECT_FALSE(k.contains("skipped")) << k;
+    EXPECT_GT(k["achieved"].get<double>(), 0.0) << k;
+    EXPECT_EQ(text.out.find("not run"), std::string::npos) << text.out;
+  } else {
+    EXPECT_EQ(k["skipped"], true) << k;
+    EXPECT_FALSE(k.contains("achieved")) << k;
+    EXPECT_NE(text.out.find("not run: this CPU lacks it"), std::string::npos) << text.out;
+  }
 }
 
 }  // namespace
