@@ -7,6 +7,14 @@
 
 namespace hyperion::serve {
 
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
     case FinishReason::kStop:
@@ -236,6 +244,7 @@ void Engine::step() {
   process_cancellations();
   admit();
   if (live_ == 0) return;
+  const auto start = std::chrono::steady_clock::now();
   batch_.clear();
   // Rows: first every decoding slot's last token, then prefill chunks (oldest first).
   std::vector<Sequence*> logit_seqs;
@@ -288,7 +297,9 @@ void Engine::step() {
   for (const auto& [s, c] : chunks)
     for (int64_t j = 0; j < c; ++j, ++row) batch_.attn[row].pages = page_table(*s);
 
+  const auto forward_start = std::chrono::steady_clock::now();
   const float* logits = runner_->forward(batch_);
+  forward_seconds_ += seconds_since(forward_start);
   ++steps_;
   for (size_t i = 0; i < decode_rows; ++i) ++logit_seqs[i]->computed;
   for (const auto& [s, c] : chunks) s->computed += c;
@@ -302,6 +313,14 @@ void Engine::step() {
     const int32_t tok = s.sampler.sample(logits + static_cast<int64_t>(i) * vocab, vocab,
                                          s.req.logprobs ? &lp : nullptr);
     emit_token(s, tok, lp);
+  }
+  const double seconds = seconds_since(start);
+  if (chunks.empty()) {
+    ++decode_steps_;
+    decode_step_seconds_ += seconds;
+  } else {
+    ++prefill_steps_;
+    prefill_step_seconds_ += seconds;
   }
 }
 
@@ -367,6 +386,11 @@ EngineStats Engine::stats() const {
   st.prompt_tokens = prompt_tokens_;
   st.generated_tokens = generated_tokens_;
   st.steps = steps_;
+  st.decode_steps = decode_steps_;
+  st.prefill_steps = prefill_steps_;
+  st.decode_step_seconds = decode_step_seconds_;
+  st.prefill_step_seconds = prefill_step_seconds_;
+  st.forward_seconds = forward_seconds_;
   st.kv_bytes_per_token = runner_->kv_bytes_per_token();
   return st;
 }

@@ -67,6 +67,11 @@ struct EngineStats {
   int64_t prefix_queries = 0, prefix_hits = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0;  // totals since start
   int64_t steps = 0;
+  // Steps with decode rows only, and steps that also prefill prompt chunks; the wall
+  // seconds of each kind (batch assembly, the model, sampling, handing the tokens on) and
+  // of the model's forward passes alone (seconds totals since start).
+  int64_t decode_steps = 0, prefill_steps = 0;
+  double decode_step_seconds = 0.0, prefill_step_seconds = 0.0, forward_seconds = 0.0;
   int64_t kv_bytes_per_token = 0;
 };
 
@@ -132,6 +137,8 @@ class Engine {
   int64_t next_id_ = 1;
   int64_t admitted_seq_ = 0;  // admission order (prefill FIFO)
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0, steps_ = 0;
+  int64_t decode_steps_ = 0, prefill_steps_ = 0;
+  double decode_step_seconds_ = 0.0, prefill_step_seconds_ = 0.0, forward_seconds_ = 0.0;
   StepBatch batch_;
 };
 

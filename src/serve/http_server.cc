@@ -251,14 +251,19 @@ struct HttpServer::Impl : HttpApplication {
     m.kv_pages_total.set(double(st.pages_total));
     m.prefix_cache_hit_rate.set(
         st.prefix_queries > 0 ? double(st.prefix_hits) / double(st.prefix_queries) : 0.0);
-    auto sync = [](Counter& c, int64_t total) {
-      const double delta = double(total) - c.value();
+    auto sync = [](Counter& c, double total) {
+      const double delta = total - c.value();
       if (delta > 0) c.inc(delta);
     };
     sync(m.prefix_cache_queries, st.prefix_queries);
     sync(m.prefix_cache_hits, st.prefix_hits);
     sync(m.prompt_tokens, st.prompt_tokens);
     sync(m.generation_tokens, st.generated_tokens);
+    sync(m.decode_steps, st.decode_steps);
+    sync(m.prefill_steps, st.prefill_steps);
+    sync(m.decode_step_seconds, st.decode_step_seconds);
+    sync(m.prefill_step_seconds, st.prefill_step_seconds);
+    sync(m.forward_seconds, st.forward_seconds);
     return registry.render();
   }
 

@@ -13,6 +13,10 @@ const std::vector<double> kE2eBuckets = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,  
                                          5,    10,    20,   30,  60,   120, 300};
 const char* const kFinishedHelp = "Finished requests by finish reason.";
 const char* const kRejectedHelp = "Requests rejected before admission, by reason.";
+const char* const kStepsHelp =
+    "Engine steps: decode rows only (kind=decode), or also prompt chunks (kind=prefill).";
+const char* const kStepSecondsHelp =
+    "Wall seconds of engine steps (batch, model, sampling, token hand-off), by kind.";
 }  // namespace
 
 ServerMetrics::ServerMetrics(MetricsRegistry& r)
@@ -36,6 +40,14 @@ ServerMetrics::ServerMetrics(MetricsRegistry& r)
       prompt_tokens(r.counter("hyperion_prompt_tokens_total", "Prompt tokens prefilled.")),
       generation_tokens(
           r.counter("hyperion_generation_tokens_total", "Tokens generated (sampled).")),
+      decode_steps(r.counter("hyperion_engine_steps_total", kStepsHelp, {{"kind", "decode"}})),
+      prefill_steps(r.counter("hyperion_engine_steps_total", kStepsHelp, {{"kind", "prefill"}})),
+      decode_step_seconds(
+          r.counter("hyperion_engine_step_seconds_total", kStepSecondsHelp, {{"kind", "decode"}})),
+      prefill_step_seconds(
+          r.counter("hyperion_engine_step_seconds_total", kStepSecondsHelp, {{"kind", "prefill"}})),
+      forward_seconds(r.counter("hyperion_engine_forward_seconds_total",
+                                "Wall seconds of the model's forward passes in engine steps.")),
       finished_stop(
           r.counter("hyperion_requests_total", kFinishedHelp, {{"finish_reason", "stop"}})),
       finished_length(

@@ -36,6 +36,16 @@ struct ServerMetrics {
   Counter& prefix_cache_hits;     // hyperion_prefix_cache_hits_total: lookups that hit
   Counter& prompt_tokens;         // hyperion_prompt_tokens_total: prefilled prompt tokens
   Counter& generation_tokens;     // hyperion_generation_tokens_total: sampled tokens
+  // hyperion_engine_steps_total{kind=decode|prefill} and
+  // hyperion_engine_step_seconds_total{kind=...}: engine steps with decode rows only, and
+  // those that also prefill prompt chunks, and their wall seconds; with
+  // hyperion_engine_forward_seconds_total (the model's part of every step) they show where
+  // the engine thread's time goes (prefill against decode, the model against the rest).
+  Counter& decode_steps;
+  Counter& prefill_steps;
+  Counter& decode_step_seconds;
+  Counter& prefill_step_seconds;
+  Counter& forward_seconds;
 
   // hyperion_requests_total{finish_reason=...}: finished requests by reason.
   Counter& finished_stop;    // stop sequence / EOS

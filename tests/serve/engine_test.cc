@@ -121,6 +121,23 @@ TEST(Engine, SingleRequestEqualsGeneratorF32) {
   expect_pool_empty(engine);
 }
 
+TEST(Engine, StepCountersSplitPrefillFromDecode) {
+  const LlamaConfig c = small_config();
+  auto p = make_params(c, false);
+  Engine engine(*p, nullptr, f32_config());  // prefill_chunk 7
+  run_all(engine, {greedy(random_prompt(23, 5), 20)});
+  const EngineStats st = engine.stats();
+  // 23 prompt tokens in chunks of 7, 7, 7, 2 (the last also samples the first token),
+  // then one decode step for each of the other 19 tokens.
+  EXPECT_EQ(st.prefill_steps, 4);
+  EXPECT_EQ(st.decode_steps, 19);
+  EXPECT_EQ(st.steps, 23);
+  EXPECT_GT(st.prefill_step_seconds, 0.0);
+  EXPECT_GT(st.decode_step_seconds, 0.0);
+  EXPECT_GT(st.forward_seconds, 0.0);
+  EXPECT_LE(st.forward_seconds, st.prefill_step_seconds + st.decode_step_seconds);
+}
+
 TEST(Engine, BatchedRequestsEqualSingleRequests) {
   const LlamaConfig c = small_config();
   auto p = make_params(c, false);

@@ -313,6 +313,15 @@ TEST_F(HttpServerTest, SaturatingLoadReturnsEveryPage) {
             metric("hyperion_kv_pages_total"));
   EXPECT_EQ(metric("hyperion_generation_tokens_total") - before, double(total));
   EXPECT_GT(metric("hyperion_time_to_first_token_seconds_count"), 0);
+  // Every request was prefilled in some step and decoded in others.
+  for (const char* kind : {"decode", "prefill"}) {
+    EXPECT_GT(metric("hyperion_engine_steps_total", {{"kind", kind}}), 0) << kind;
+    EXPECT_GT(metric("hyperion_engine_step_seconds_total", {{"kind", kind}}), 0) << kind;
+  }
+  EXPECT_GT(metric("hyperion_engine_forward_seconds_total"), 0);
+  EXPECT_LE(metric("hyperion_engine_forward_seconds_total"),
+            metric("hyperion_engine_step_seconds_total", {{"kind", "decode"}}) +
+                metric("hyperion_engine_step_seconds_total", {{"kind", "prefill"}}));
 }
 
 }  // namespace

@@ -26,8 +26,14 @@ TEST(Metrics, ServerMetricsRendersAllNames) {
         "hyperion_slots_total", "hyperion_kv_pages_used", "hyperion_kv_pages_free",
         "hyperion_kv_pages_cached", "hyperion_kv_pages_total", "hyperion_prefix_cache_hit_rate",
         "hyperion_prefix_cache_queries_total", "hyperion_prefix_cache_hits_total",
-        "hyperion_prompt_tokens_total", "hyperion_generation_tokens_total"}) {
+        "hyperion_prompt_tokens_total", "hyperion_generation_tokens_total",
+        "hyperion_engine_forward_seconds_total"}) {
     EXPECT_TRUE(monitor::parse_prometheus_value(text, name).has_value()) << name;
+  }
+  for (const char* kind : {"decode", "prefill"}) {
+    for (const char* name : {"hyperion_engine_steps_total", "hyperion_engine_step_seconds_total"})
+      EXPECT_EQ(monitor::parse_prometheus_value(text, name, {{"kind", kind}}), 0.0)
+          << name << " " << kind;
   }
   for (const char* reason : {"stop", "length", "abort", "error"}) {
     EXPECT_EQ(monitor::parse_prometheus_value(text, "hyperion_requests_total",
