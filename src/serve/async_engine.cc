@@ -96,14 +96,19 @@ void AsyncEngine::snapshot() {
 }
 
 void AsyncEngine::loop() {
-  std::function<void()> listener;
   // After every round: callbacks may have queued events.
   const auto end_round = [&] {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      listener = round_listener_;
+    try {
+      std::function<void()> listener;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        listener = round_listener_;
+      }
+      if (listener) listener();
+    } catch (...) {
+      // Kept off the engine thread, which would otherwise end the process.
+      log_error("serve: the round listener failed: {}", current_error());
     }
-    if (listener) listener();
   };
   for (;;) {
     std::vector<Pending> inbox;

@@ -1,19 +1,11 @@
 #include "serve/engine.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "base/log.h"
+#include "base/timer.h"
 
 namespace hyperion::serve {
-
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-}  // namespace
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
@@ -244,7 +236,7 @@ void Engine::step() {
   process_cancellations();
   admit();
   if (live_ == 0) return;
-  const auto start = std::chrono::steady_clock::now();
+  const Timer step_timer;
   batch_.clear();
   // Rows: first every decoding slot's last token, then prefill chunks (oldest first).
   std::vector<Sequence*> logit_seqs;
@@ -297,10 +289,11 @@ void Engine::step() {
   for (const auto& [s, c] : chunks)
     for (int64_t j = 0; j < c; ++j, ++row) batch_.attn[row].pages = page_table(*s);
 
-  const auto forward_start = std::chrono::steady_clock::now();
+  const Timer forward_timer;
   const float* logits = runner_->forward(batch_);
-  forward_seconds_ += seconds_since(forward_start);
+  forward_seconds_ += forward_timer.seconds();
   ++steps_;
+  ++(chunks.empty() ? decode_steps_ : prefill_steps_);
   for (size_t i = 0; i < decode_rows; ++i) ++logit_seqs[i]->computed;
   for (const auto& [s, c] : chunks) s->computed += c;
   if (cfg_.prefix_caching && !cfg_.padded_attention)
@@ -314,14 +307,7 @@ void Engine::step() {
                                          s.req.logprobs ? &lp : nullptr);
     emit_token(s, tok, lp);
   }
-  const double seconds = seconds_since(start);
-  if (chunks.empty()) {
-    ++decode_steps_;
-    decode_step_seconds_ += seconds;
-  } else {
-    ++prefill_steps_;
-    prefill_step_seconds_ += seconds;
-  }
+  (chunks.empty() ? decode_step_seconds_ : prefill_step_seconds_) += step_timer.seconds();
 }
 
 void Engine::fail_all(const std::string& message) {
@@ -338,7 +324,7 @@ void Engine::fail_all(const std::string& message) {
 
 double Engine::warmup() {
   HYP_CHECK(!has_work(), "serve: warmup must run before any request");
-  const auto start = std::chrono::steady_clock::now();
+  const Timer timer;
   const int32_t page0 = 0;
   const int64_t max_rows = std::min(cfg_.max_concurrent_decodes + cfg_.prefill_chunk,
                                     cfg_.kv_pages * cfg_.kv_page_tokens);
@@ -360,7 +346,7 @@ double Engine::warmup() {
     runner_->forward(batch_);
   }
   batch_.clear();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return timer.seconds();
 }
 
 void Engine::run_until_idle() {

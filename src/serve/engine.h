@@ -68,8 +68,8 @@ struct EngineStats {
   int64_t prompt_tokens = 0, generated_tokens = 0;  // totals since start
   int64_t steps = 0;
   // Steps with decode rows only, and steps that also prefill prompt chunks; the wall
-  // seconds of each kind (batch assembly, the model, sampling, handing the tokens on) and
-  // of the model's forward passes alone (seconds totals since start).
+  // seconds of each kind (batch assembly, the model, sampling, queueing the token events)
+  // and of the model's forward passes alone (seconds totals since start).
   int64_t decode_steps = 0, prefill_steps = 0;
   double decode_step_seconds = 0.0, prefill_step_seconds = 0.0, forward_seconds = 0.0;
   int64_t kv_bytes_per_token = 0;

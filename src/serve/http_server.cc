@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -63,6 +64,7 @@ struct Generation {
   ApiRequest api;
   Completion completion;
   bool first = true;
+  std::atomic<int64_t> request_id{0};  // the engine's, once submit() returned it
 };
 
 struct Route {
@@ -101,14 +103,6 @@ struct HttpServer::Impl : HttpApplication {
   int64_t active = 0;  // generation requests not yet answered
   int64_t next_completion = 1;
   int64_t accept_failures = 0;  // in a row (on accept_strand)
-  // Token events queued by the engine's callbacks during a round (deliver_round).
-  struct Delivery {
-    std::shared_ptr<HttpConnection> conn;
-    std::shared_ptr<Generation> gen;
-    TokenEvent ev;
-  };
-  std::mutex outbox_mu;
-  std::vector<Delivery> outbox;
   // Last, so destroyed first: handlers still queued hold connections, whose destructors
   // use the members above. The hint is the number of threads that run it (1 would tell
   // Asio it is single-threaded).
@@ -119,6 +113,16 @@ struct HttpServer::Impl : HttpApplication {
   net::strand<net::io_context::executor_type> delivery_strand{ioc.get_executor()};
   tcp::acceptor acceptor{accept_strand};
   net::steady_timer accept_retry{accept_strand};
+  // Token events queued by the engine's callbacks, handed on once per engine round
+  // (deliver_round). After the io_context, so destroyed before it.
+  struct Delivery {
+    std::shared_ptr<HttpConnection> conn;
+    std::shared_ptr<Generation> gen;
+    TokenEvent ev;
+  };
+  std::mutex outbox_mu;  // guards: outbox, drain_posted
+  std::vector<Delivery> outbox;
+  bool drain_posted = false;  // a drain_outbox is queued on delivery_strand
 
   // HttpApplication.
   bool draining() const override { return draining_.load(); }
@@ -310,9 +314,8 @@ struct HttpServer::Impl : HttpApplication {
           std::lock_guard<std::mutex> lock(outbox_mu);
           outbox.push_back(Delivery{conn, gen, ev});
         } catch (...) {
-          // The event never reaches the strand (out of memory): a last one must still
-          // count the request as done, or drain would wait its whole grace period for
-          // it. The engine ends a request whose callback throws.
+          // The event is not queued (out of memory): see lost(). The engine ends a request
+          // whose callback throws.
           if (ev.finish != FinishReason::kNone) request_done();
           throw;
         }
@@ -329,6 +332,7 @@ struct HttpServer::Impl : HttpApplication {
       }
       return send_error(*conn, make_error(503, e.what()));
     }
+    gen->request_id.store(id);
     {
       std::lock_guard<std::mutex> lock(mu);
       gen->completion.id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", next_completion++);
@@ -341,25 +345,51 @@ struct HttpServer::Impl : HttpApplication {
     if (gen->api.stream) conn->begin_stream("text/event-stream");
   }
 
-  // Engine thread, after each round: the round's events go to the I/O threads in one
-  // hand-off. The delivery strand keeps rounds in order when two I/O threads run.
+  // Engine thread, after each round: one post wakes an I/O thread for all the events
+  // queued so far. Drains run one at a time on the delivery strand, each taking the
+  // events queued before it, so every connection gets its events in order whichever
+  // I/O thread runs them.
   void deliver_round() {
-    auto batch = std::make_shared<std::vector<Delivery>>();
     {
       std::lock_guard<std::mutex> lock(outbox_mu);
-      if (outbox.empty()) return;
-      batch->swap(outbox);
+      if (outbox.empty() || drain_posted) return;
+      drain_posted = true;
     }
     try {
-      net::post(delivery_strand, [this, batch] {
-        for (Delivery& d : *batch) d.conn->post([this, d] { on_event(*d.conn, *d.gen, d.ev); });
-      });
+      net::post(delivery_strand, [this] { drain_outbox(); });
     } catch (...) {
-      // Out of memory: these events are lost; the requests they end must still count as
-      // done, or drain would wait its whole grace period for them.
-      log_error("serve: {} token events could not be handed to the I/O threads", batch->size());
-      for (const Delivery& d : *batch)
-        if (d.ev.finish != FinishReason::kNone) request_done();
+      // Out of memory: the events stay queued for the next round's try.
+      std::lock_guard<std::mutex> lock(outbox_mu);
+      drain_posted = false;
+    }
+  }
+
+  // Delivery strand: each queued event to its connection's strand.
+  void drain_outbox() {
+    std::vector<Delivery> batch;
+    {
+      std::lock_guard<std::mutex> lock(outbox_mu);
+      batch.swap(outbox);
+      drain_posted = false;
+    }
+    for (Delivery& d : batch) {
+      try {
+        d.conn->post([this, d] { on_event(*d.conn, *d.gen, d.ev); });
+      } catch (...) {
+        lost(d);
+      }
+    }
+  }
+
+  // An event that cannot reach its connection (out of memory). A last one must still
+  // count its request as done, or drain would wait its whole grace period for it; an
+  // earlier one ends the request, whose reply would otherwise miss text.
+  void lost(const Delivery& d) noexcept {
+    try {
+      if (d.ev.finish != FinishReason::kNone) return request_done();
+      if (const int64_t id = d.gen->request_id.load()) engine.cancel(id);
+    } catch (...) {
+      // Nothing more can be done without memory; the request ends at its own pace.
     }
   }
 

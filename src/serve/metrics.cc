@@ -16,7 +16,7 @@ const char* const kRejectedHelp = "Requests rejected before admission, by reason
 const char* const kStepsHelp =
     "Engine steps: decode rows only (kind=decode), or also prompt chunks (kind=prefill).";
 const char* const kStepSecondsHelp =
-    "Wall seconds of engine steps (batch, model, sampling, token hand-off), by kind.";
+    "Wall seconds of engine steps (batch, model, sampling, queueing tokens), by kind.";
 }  // namespace
 
 ServerMetrics::ServerMetrics(MetricsRegistry& r)

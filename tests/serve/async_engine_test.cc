@@ -15,6 +15,9 @@
 namespace hyperion::serve {
 namespace {
 
+using testing_util::f32_engine_config;
+using testing_util::greedy_request;
+
 // Events as the HTTP server sees them: queued by callbacks, delivered by the listener.
 struct Mailbox {
   std::mutex mu;
@@ -45,35 +48,35 @@ struct Mailbox {
   }
 };
 
-GenerationRequest greedy(int64_t prompt_len, int64_t max_tokens) {
-  GenerationRequest r;
-  for (int64_t i = 0; i < prompt_len; ++i) r.prompt.push_back(static_cast<int32_t>(3 + i % 90));
-  r.sampling.temperature = 0.0f;
-  r.max_tokens = max_tokens;
-  r.ignore_eos = true;
-  return r;
-}
-
-EngineConfig small_engine() {
-  EngineConfig c;
-  c.weights = WeightFormat::kF32;
-  c.kv_dtype = DType::kF32;
-  c.kv_page_tokens = 4;
-  c.max_concurrent_decodes = 4;
-  return c;
+std::vector<int32_t> prompt(int64_t n, int32_t first) {
+  std::vector<int32_t> p;
+  for (int64_t i = 0; i < n; ++i) p.push_back(static_cast<int32_t>(3 + (first + 7 * i) % 90));
+  return p;
 }
 
 TEST(AsyncEngine, RoundListenerPassesOnEveryEventInOrder) {
   const LlamaConfig cfg = testing_util::small_serving_config(97, false);
   auto params = testing_util::small_serving_params(cfg, false, 7);
-  Engine engine(*params, nullptr, small_engine());
+  constexpr int64_t kTokens = 6;
+  const std::vector<GenerationRequest> reqs = {greedy_request(prompt(5, 1), kTokens),
+                                               greedy_request(prompt(9, 2), kTokens)};
+  // The same requests stepped on this thread, for the tokens.
+  std::map<int, std::vector<int32_t>> want;
+  {
+    Engine direct(*params, nullptr, f32_engine_config());
+    for (int r = 0; r < 2; ++r)
+      direct.add(reqs[size_t(r)], [&want, r](const TokenEvent& ev) {
+        if (ev.token >= 0) want[r].push_back(ev.token);
+      });
+    direct.run_until_idle();
+  }
+
+  Mailbox box;  // before the engine thread that calls into it, so it outlives the thread
+  Engine engine(*params, nullptr, f32_engine_config());
   AsyncEngine async(engine);
-  Mailbox box;
   async.set_round_listener([&box] { box.on_round(); });
   async.set_paused(true);  // both requests start in the same round
-  constexpr int64_t kTokens = 6;
-  async.submit(greedy(5, kTokens), box.callback(0));
-  async.submit(greedy(9, kTokens), box.callback(1));
+  for (int r = 0; r < 2; ++r) async.submit(reqs[size_t(r)], box.callback(r));
   async.set_paused(false);
   ASSERT_TRUE(box.wait_finished(2));
   async.stop();
@@ -85,9 +88,13 @@ TEST(AsyncEngine, RoundListenerPassesOnEveryEventInOrder) {
   for (int r = 0; r < 2; ++r) {
     const auto& evs = per_request[r];
     ASSERT_EQ(static_cast<int64_t>(evs.size()), kTokens) << "request " << r;
-    for (size_t i = 0; i + 1 < evs.size(); ++i)
-      EXPECT_EQ(evs[i].finish, FinishReason::kNone) << "request " << r << " event " << i;
-    EXPECT_EQ(evs.back().finish, FinishReason::kLength) << "request " << r;
+    std::vector<int32_t> got;
+    for (size_t i = 0; i < evs.size(); ++i) {
+      got.push_back(evs[i].token);
+      EXPECT_EQ(evs[i].finish, i + 1 < evs.size() ? FinishReason::kNone : FinishReason::kLength)
+          << "request " << r << " event " << i;
+    }
+    EXPECT_EQ(got, want[r]) << "request " << r;
   }
   // Decoding together, a round carries both requests' tokens: one hand-off, not two.
   size_t most = 0;
@@ -98,12 +105,12 @@ TEST(AsyncEngine, RoundListenerPassesOnEveryEventInOrder) {
 TEST(AsyncEngine, RoundListenerRunsAfterStopEndsRequests) {
   const LlamaConfig cfg = testing_util::small_serving_config(97, false);
   auto params = testing_util::small_serving_params(cfg, false, 7);
-  Engine engine(*params, nullptr, small_engine());
-  AsyncEngine async(engine);
   Mailbox box;
+  Engine engine(*params, nullptr, f32_engine_config());
+  AsyncEngine async(engine);
   async.set_round_listener([&box] { box.on_round(); });
   async.set_paused(true);  // never steps: stop() ends the request
-  async.submit(greedy(5, 4), box.callback(0));
+  async.submit(greedy_request(prompt(5, 3), 4), box.callback(0));
   async.stop("going away");
   std::lock_guard<std::mutex> lock(box.mu);
   EXPECT_TRUE(box.queued.empty());

@@ -16,6 +16,9 @@
 namespace hyperion::serve {
 namespace {
 
+using testing_util::f32_engine_config;
+using testing_util::greedy_request;
+
 LlamaConfig small_config(bool moe = false) {
   return testing_util::small_serving_config(97, moe);
 }
@@ -40,16 +43,6 @@ std::vector<int32_t> reference(const ParamStore& p, const std::vector<int32_t>& 
   o.max_tokens = max_tokens;
   o.stop_at_eos = false;
   return generate_tokens(gen, prompt, o);
-}
-
-EngineConfig f32_config() {
-  EngineConfig c;
-  c.weights = WeightFormat::kF32;
-  c.kv_dtype = DType::kF32;
-  c.kv_page_tokens = 4;
-  c.prefill_chunk = 7;
-  c.max_concurrent_decodes = 4;
-  return c;
 }
 
 struct Collected {
@@ -77,15 +70,6 @@ std::vector<Collected> run_all(Engine& engine, const std::vector<GenerationReque
   return out;
 }
 
-GenerationRequest greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
-  GenerationRequest r;
-  r.prompt = std::move(prompt);
-  r.sampling.temperature = 0.0f;
-  r.max_tokens = max_tokens;
-  r.ignore_eos = true;
-  return r;
-}
-
 // Runs every request through `engine` at once and checks each output against the
 // single-sequence generator with the request's own sampling settings.
 void expect_equal_to_generator(Engine& engine, const ParamStore& p,
@@ -108,11 +92,11 @@ void expect_pool_empty(const Engine& e) {
 TEST(Engine, SingleRequestEqualsGeneratorF32) {
   const LlamaConfig c = small_config();
   auto p = make_params(c, false);
-  Engine engine(*p, nullptr, f32_config());
+  Engine engine(*p, nullptr, f32_engine_config());
   for (int64_t len : {1, 4, 5, 23}) {
     const auto prompt = random_prompt(len, static_cast<uint32_t>(len));
     const auto want = reference(*p, prompt, 20);
-    const auto got = run_all(engine, {greedy(prompt, 20)});
+    const auto got = run_all(engine, {greedy_request(prompt, 20)});
     EXPECT_EQ(got[0].tokens, want) << "prompt length " << len;
     EXPECT_EQ(got[0].finish, FinishReason::kLength);
     EXPECT_EQ(got[0].last.prompt_tokens, len);
@@ -124,8 +108,8 @@ TEST(Engine, SingleRequestEqualsGeneratorF32) {
 TEST(Engine, StepCountersSplitPrefillFromDecode) {
   const LlamaConfig c = small_config();
   auto p = make_params(c, false);
-  Engine engine(*p, nullptr, f32_config());  // prefill_chunk 7
-  run_all(engine, {greedy(random_prompt(23, 5), 20)});
+  Engine engine(*p, nullptr, f32_engine_config());  // prefill_chunk 7
+  run_all(engine, {greedy_request(random_prompt(23, 5), 20)});
   const EngineStats st = engine.stats();
   // 23 prompt tokens in chunks of 7, 7, 7, 2 (the last also samples the first token),
   // then one decode step for each of the other 19 tokens.
@@ -141,14 +125,14 @@ TEST(Engine, StepCountersSplitPrefillFromDecode) {
 TEST(Engine, BatchedRequestsEqualSingleRequests) {
   const LlamaConfig c = small_config();
   auto p = make_params(c, false);
-  EngineConfig ec = f32_config();
+  EngineConfig ec = f32_engine_config();
   ec.prefix_caching = false;
   Engine engine(*p, nullptr, ec);
   // More requests than slots, different lengths: admission, chunked prefill next to
   // running decodes, and slots reused as requests finish.
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 9; ++i) {
-    GenerationRequest r = greedy(random_prompt(3 + 5 * i, 100 + i), 8 + 3 * i);
+    GenerationRequest r = greedy_request(random_prompt(3 + 5 * i, 100 + i), 8 + 3 * i);
     if (i % 3 == 1) {  // seeded sampling is per request too
       r.sampling = SamplingParams{0.9f, 20, 0.95f, static_cast<uint64_t>(i)};
     }
@@ -161,12 +145,12 @@ TEST(Engine, BatchedRequestsEqualSingleRequests) {
 TEST(Engine, PaddedAttentionEqualsRagged) {
   const LlamaConfig c = small_config();
   auto p = make_params(c, false);
-  EngineConfig ec = f32_config();
+  EngineConfig ec = f32_engine_config();
   ec.padded_attention = true;
   Engine engine(*p, nullptr, ec);
   EXPECT_FALSE(engine.config().prefix_caching);
   std::vector<GenerationRequest> reqs;
-  for (int i = 0; i < 6; ++i) reqs.push_back(greedy(random_prompt(2 + 7 * i, 300 + i), 10));
+  for (int i = 0; i < 6; ++i) reqs.push_back(greedy_request(random_prompt(2 + 7 * i, 300 + i), 10));
   expect_equal_to_generator(engine, *p, reqs);
   expect_pool_empty(engine);
 }
@@ -174,17 +158,17 @@ TEST(Engine, PaddedAttentionEqualsRagged) {
 TEST(Engine, PrefixCacheReusesPagesWithSameOutput) {
   const LlamaConfig c = small_config();
   auto p = make_params(c, false);
-  Engine engine(*p, nullptr, f32_config());
+  Engine engine(*p, nullptr, f32_engine_config());
   const auto shared = random_prompt(21, 5);  // 5 full pages of 4
   auto a = shared, b = shared;
   a.push_back(10);
   b.push_back(11);
-  const auto first = run_all(engine, {greedy(a, 6)});
+  const auto first = run_all(engine, {greedy_request(a, 6)});
   EXPECT_EQ(first[0].last.cached_tokens, 0);
-  const auto second = run_all(engine, {greedy(b, 6)});
+  const auto second = run_all(engine, {greedy_request(b, 6)});
   EXPECT_EQ(second[0].last.cached_tokens, 20);  // 5 pages; the last prompt token is recomputed
   EXPECT_EQ(second[0].tokens, reference(*p, b, 6));
-  const auto again = run_all(engine, {greedy(a, 6)});
+  const auto again = run_all(engine, {greedy_request(a, 6)});
   EXPECT_GE(again[0].last.cached_tokens, 20);
   EXPECT_EQ(again[0].tokens, first[0].tokens);
   EXPECT_GT(engine.stats().prefix_hits, 0);
@@ -194,9 +178,9 @@ TEST(Engine, PrefixCacheReusesPagesWithSameOutput) {
 TEST(Engine, MoeModelEqualsGenerator) {
   const LlamaConfig c = small_config(true);
   auto p = make_params(c, false);
-  Engine engine(*p, nullptr, f32_config());
+  Engine engine(*p, nullptr, f32_engine_config());
   std::vector<GenerationRequest> reqs;
-  for (int i = 0; i < 5; ++i) reqs.push_back(greedy(random_prompt(4 + 6 * i, 500 + i), 12));
+  for (int i = 0; i < 5; ++i) reqs.push_back(greedy_request(random_prompt(4 + 6 * i, 500 + i), 12));
   expect_equal_to_generator(engine, *p, reqs);
 }
 
@@ -209,9 +193,9 @@ TEST(Engine, GemmaModelEqualsGenerator) {
   c.tie_embeddings = true;
   c.head_dim = 24;  // not dim / heads
   auto p = make_params(c, false);
-  Engine engine(*p, nullptr, f32_config());
+  Engine engine(*p, nullptr, f32_engine_config());
   std::vector<GenerationRequest> reqs;
-  for (int i = 0; i < 4; ++i) reqs.push_back(greedy(random_prompt(3 + 7 * i, 900 + i), 12));
+  for (int i = 0; i < 4; ++i) reqs.push_back(greedy_request(random_prompt(3 + 7 * i, 900 + i), 12));
   expect_equal_to_generator(engine, *p, reqs);
   expect_pool_empty(engine);
 }
@@ -234,9 +218,9 @@ TEST(Engine, QuantizedKvAndWeightsAgreeWithBf16) {
   const LlamaConfig c = small_config();
   auto p = make_params(c, true);
   std::vector<GenerationRequest> reqs;
-  for (int i = 0; i < 8; ++i) reqs.push_back(greedy(random_prompt(5 + 9 * i, 700 + i), 16));
+  for (int i = 0; i < 8; ++i) reqs.push_back(greedy_request(random_prompt(5 + 9 * i, 700 + i), 16));
   auto run = [&](DType kv, WeightFormat w) {
-    EngineConfig ec = f32_config();
+    EngineConfig ec = f32_engine_config();
     ec.weights = w;
     ec.kv_dtype = kv;
     Engine engine(*p, nullptr, ec);
@@ -255,14 +239,14 @@ TEST(Engine, QuantizedKvAndWeightsAgreeWithBf16) {
 TEST(Engine, StopsAtEosUnlessIgnored) {
   const LlamaConfig c = small_config();
   auto p = make_params(c, false);
-  Engine engine(*p, nullptr, f32_config());
+  Engine engine(*p, nullptr, f32_engine_config());
   // Find a prompt whose greedy continuation contains EOS (id 2) by search.
   for (uint32_t seed = 0; seed < 400; ++seed) {
     const auto prompt = random_prompt(6, seed);
     const auto want = reference(*p, prompt, 30);
     const auto it = std::find(want.begin(), want.end(), 2);
     if (it == want.end()) continue;
-    GenerationRequest r = greedy(prompt, 30);
+    GenerationRequest r = greedy_request(prompt, 30);
     r.ignore_eos = false;
     const auto got = run_all(engine, {r});
     EXPECT_EQ(got[0].finish, FinishReason::kStop);
@@ -287,7 +271,7 @@ TEST(Engine, RandomArrivalAndCancelReturnsEveryPage) {
   for (int round = 0; round < 60; ++round) {
     const int adds = static_cast<int>(rng() % 3);
     for (int a = 0; a < adds; ++a) {
-      GenerationRequest r = greedy(random_prompt(1 + rng() % 40, rng()), 1 + rng() % 30);
+      GenerationRequest r = greedy_request(random_prompt(1 + rng() % 40, rng()), 1 + rng() % 30);
       // Shared prefixes now and then, for the prefix cache.
       if (rng() % 3 == 0) r.prompt = random_prompt(24, 42);
       r.sampling.temperature = 0.7f;
@@ -313,10 +297,10 @@ TEST(Engine, RandomArrivalAndCancelReturnsEveryPage) {
 TEST(Engine, CancelFreesSlotAndPagesOnNextStep) {
   const LlamaConfig c = small_config();
   auto p = make_params(c, false);
-  Engine engine(*p, nullptr, f32_config());
+  Engine engine(*p, nullptr, f32_engine_config());
   FinishReason fin = FinishReason::kNone;
-  const int64_t id =
-      engine.add(greedy(random_prompt(30, 1), 60), [&](const TokenEvent& ev) { fin = ev.finish; });
+  const int64_t id = engine.add(greedy_request(random_prompt(30, 1), 60),
+                                [&](const TokenEvent& ev) { fin = ev.finish; });
   for (int i = 0; i < 8; ++i) engine.step();
   EXPECT_EQ(engine.stats().running, 1);
   EXPECT_GT(engine.stats().pages_used, 0);
@@ -329,7 +313,7 @@ TEST(Engine, CancelFreesSlotAndPagesOnNextStep) {
 TEST(Engine, RequestErrorsNameTheField) {
   const LlamaConfig c = small_config();
   auto p = make_params(c, false);
-  EngineConfig ec = f32_config();
+  EngineConfig ec = f32_engine_config();
   ec.max_queue = 1;
   ec.max_concurrent_decodes = 1;
   Engine engine(*p, nullptr, ec);
@@ -341,18 +325,18 @@ TEST(Engine, RequestErrorsNameTheField) {
     }
     return "";
   };
-  EXPECT_EQ(field_of(greedy({}, 4)), "prompt");
-  EXPECT_EQ(field_of(greedy(random_prompt(128, 1), 1)), "prompt");
-  EXPECT_EQ(field_of(greedy({1, 200}, 4)), "prompt");
-  EXPECT_EQ(field_of(greedy(random_prompt(100, 1), 29)), "max_tokens");
-  EXPECT_EQ(field_of(greedy(random_prompt(10, 1), 0)), "max_tokens");
-  GenerationRequest r = greedy(random_prompt(10, 1), 4);
+  EXPECT_EQ(field_of(greedy_request({}, 4)), "prompt");
+  EXPECT_EQ(field_of(greedy_request(random_prompt(128, 1), 1)), "prompt");
+  EXPECT_EQ(field_of(greedy_request({1, 200}, 4)), "prompt");
+  EXPECT_EQ(field_of(greedy_request(random_prompt(100, 1), 29)), "max_tokens");
+  EXPECT_EQ(field_of(greedy_request(random_prompt(10, 1), 0)), "max_tokens");
+  GenerationRequest r = greedy_request(random_prompt(10, 1), 4);
   r.sampling.top_p = 0.0f;
   EXPECT_EQ(field_of(r), "top_p");
   // One slot + one queue entry: the third waiting request is refused.
-  engine.add(greedy(random_prompt(10, 1), 4), {});
-  engine.add(greedy(random_prompt(10, 2), 4), {});
-  EXPECT_THROW(engine.add(greedy(random_prompt(10, 3), 4), {}), QueueFullError);
+  engine.add(greedy_request(random_prompt(10, 1), 4), {});
+  engine.add(greedy_request(random_prompt(10, 2), 4), {});
+  EXPECT_THROW(engine.add(greedy_request(random_prompt(10, 3), 4), {}), QueueFullError);
   engine.run_until_idle();
   expect_pool_empty(engine);
 }

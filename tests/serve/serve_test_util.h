@@ -1,12 +1,16 @@
 // The small Llama the serving tests run: 2 layers, GQA (4 query / 2 kv heads of 16),
 // 128 positions, with an init larger than training's so greedy choices are not decided
-// by round-off.
+// by round-off; and the engine settings and requests the engine tests share.
 #pragma once
 
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "model/llama_config.h"
 #include "model/param_store.h"
+#include "serve/engine_config.h"
+#include "serve/request.h"
 
 namespace hyperion::testing_util {
 
@@ -36,6 +40,28 @@ inline std::unique_ptr<ParamStore> small_serving_params(const LlamaConfig& c, bo
   p->init(seed, 0.3);
   if (bf16) p->sync_bf16();
   return p;
+}
+
+// f32 weights and KV (token-for-token comparisons), 4-token pages and 7-token prefill
+// chunks (page crossings and chunked prefill at test sizes), 4 slots.
+inline serve::EngineConfig f32_engine_config() {
+  serve::EngineConfig c;
+  c.weights = serve::WeightFormat::kF32;
+  c.kv_dtype = DType::kF32;
+  c.kv_page_tokens = 4;
+  c.prefill_chunk = 7;
+  c.max_concurrent_decodes = 4;
+  return c;
+}
+
+// A greedy request that ignores EOS: exactly max_tokens tokens come out.
+inline serve::GenerationRequest greedy_request(std::vector<int32_t> prompt, int64_t max_tokens) {
+  serve::GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0.0f;
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  return r;
 }
 
 }  // namespace hyperion::testing_util
