@@ -2,8 +2,12 @@
 # Proves the README's two commands on a fresh Debian 12: builds a minimal root with
 # `debootstrap --variant=minbase bookworm` (from the mirror in this machine's apt sources),
 # clones this repository's committed HEAD into it, and runs `scripts/run.sh` and then
-# `scripts/test.sh` inside it with chroot. /proc, /sys and /dev/shm are mounted for the run
-# and unmounted afterwards, whatever happens.
+# `scripts/test.sh` inside it with chroot. The root is laid out as a booted machine's is:
+# /proc, /sys with the cgroup file system, /dev (with /dev/pts and /dev/shm) and /run are
+# mounted for the run (and unmounted afterwards, whatever happens); /etc/hostname and
+# /etc/hosts name this machine, so its own hostname resolves; and the root trusts the
+# certificate authorities this machine trusts (a network whose TLS goes through an
+# intercepting proxy needs them for npm's registry), as any machine on that network does.
 #
 # Usage: scripts/fresh-machine.sh [--root DIR] [--only run|test] [--keep] [--ccache DIR]
 #   --root DIR   where to build the root (default /tmp/hyperion-fresh; replaced if present)
@@ -69,13 +73,41 @@ deb $mirror bookworm-updates main
 deb ${mirror%/debian}/debian-security bookworm-security main
 EOF
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# This machine's name, resolving to itself (slurmd, MPI and others look it up).
+host=$(hostname)
+echo "$host" >"$root/etc/hostname"
+printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' "$host" >"$root/etc/hosts"
+# The certificate authorities this machine adds to Debian's (update-ca-certificates in the
+# root takes them in when its ca-certificates package is installed), and this machine's
+# whole bundle for Node.js (npm), which reads NODE_EXTRA_CA_CERTS.
+mkdir -p "$root/usr/local/share/ca-certificates" "$root/etc/ssl/certs"
+cp -a /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
+host_bundle=""
+for b in /etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt; do
+  if [ -s "$b" ]; then host_bundle=$b; break; fi
+done
+if [ -n "$host_bundle" ]; then
+  cp "$host_bundle" "$root/etc/ssl/certs/host-ca-bundle.crt"
+  ca_env="NODE_EXTRA_CA_CERTS=/etc/ssl/certs/host-ca-bundle.crt"
+else
+  ca_env=""
+fi
 git clone -q --no-local "$src" "$root/root/hyperion"
 echo "fresh-machine: root ready in $(( $(date +%s) - start )) s; cloned $(git -C "$src" rev-parse --short HEAD)"
 
-for m in proc sys dev/shm; do mkdir -p "$root/$m"; done
+for m in proc sys dev run; do mkdir -p "$root/$m"; done
 mount -t proc proc "$root/proc" && mounted+=("$root/proc")
 mount -t sysfs sysfs "$root/sys" && mounted+=("$root/sys")
+# The cgroup file system, where a booted machine has it (slurmd looks for it there).
+if mountpoint -q /sys/fs/cgroup; then
+  mount --bind /sys/fs/cgroup "$root/sys/fs/cgroup" && mounted+=("$root/sys/fs/cgroup")
+fi
+mount --bind /dev "$root/dev" && mounted+=("$root/dev")
+mount --make-private "$root/dev"  # what is mounted under it stays in the root
+mkdir -p "$root/dev/pts" "$root/dev/shm"
+mount -t devpts -o newinstance,ptmxmode=0666 devpts "$root/dev/pts" && mounted+=("$root/dev/pts")
 mount -t tmpfs -o mode=1777 shm "$root/dev/shm" && mounted+=("$root/dev/shm")
+mount -t tmpfs -o mode=0755 run "$root/run" && mounted+=("$root/run")
 if [ -n "$cache" ]; then
   mkdir -p "$cache" "$root/root/.cache/ccache"
   mount --bind "$cache" "$root/root/.cache/ccache" || exit 1
@@ -90,7 +122,7 @@ in_root() {  # $1: label; rest: the command, run in the clone inside the root
   t0=$(date +%s)
   echo "fresh-machine: $label: $*"
   set +e
-  chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
+  chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb $ca_env \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     /bin/bash -c "cd /root/hyperion && $*" >"$root.$label.log" 2>&1
   rc=$?

@@ -15,6 +15,17 @@
 
 namespace hyperion::testing_util {
 
+// Whether a temporary file of an atomic write of `path` ("<path>.tmp.<pid>.<n>") is left
+// beside it.
+inline bool temp_files_left(const std::string& path) {
+  const std::filesystem::path p(path);
+  const std::string prefix = p.filename().string() + ".tmp.";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(p.parent_path(), ec))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
 // A fresh directory named after the running test (and the process), removed at the end.
 struct TempDir {
   std::filesystem::path path;

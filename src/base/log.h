@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <map>
 #include <string>
 #include <string_view>
 
@@ -37,5 +38,25 @@ template <typename... Args>
 void log_error(fmt::format_string<Args...> f, Args&&... args) {
   log_write(LogLevel::kError, fmt::format(f, std::forward<Args>(args)...));
 }
+
+// For a polling loop that meets the same problem on every pass (a corrupt file, a full
+// disk): log it once, and again only when it changes, never once per pass. Not
+// thread-safe (one per loop).
+class OncePerChange {
+ public:
+  // True the first time `key` is seen in `state`, and whenever its state has changed.
+  bool operator()(const std::string& key, const std::string& state) {
+    auto [it, fresh] = last_.try_emplace(key, state);
+    if (fresh) return true;
+    if (it->second == state) return false;
+    it->second = state;
+    return true;
+  }
+  // The problem has gone: the next occurrence is logged again.
+  void forget(const std::string& key) { last_.erase(key); }
+
+ private:
+  std::map<std::string, std::string> last_;
+};
 
 }  // namespace hyperion

@@ -142,7 +142,7 @@ int cmd_bench_decode(const Args& args) {
     j["read_gbps"] = bw;
     j["bandwidth_bound_tokens_per_s"] = bound_tps;
     j["fraction_of_bound"] = tps / bound_tps;
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j, -1);
   } else {
     std::printf(
         "decode: batch %lld, mean context %.0f, KV %s, weights %s, %s attention\n"

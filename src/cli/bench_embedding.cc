@@ -126,15 +126,20 @@ int cmd_bench_embedding(const Args& args) {
   const DType dtype = dtype_name_arg == "f32"    ? DType::kF32
                       : dtype_name_arg == "bf16" ? DType::kBF16
                                                  : DType::kI8;
+  // Every case when --cases is left out; a list names each case it runs (in its order),
+  // and an empty list or an unknown name is a usage error, never "all".
   std::vector<Case> cases;
-  const std::string list = f.get("cases", "");
-  for (const Case& c : kCases)
-    if (list.empty() || ("," + list + ",").find(fmt::format(",{},", c.name)) != std::string::npos)
-      cases.push_back(c);
-  HYP_USAGE_CHECK(!cases.empty(),
-                  "bench embedding: --cases '{}' names no case (small-d64-bag1, small-d128-bag20, "
-                  "large-d128-bag1, large-d128-bag20)",
-                  list);
+  if (!f.has("cases")) cases.assign(std::begin(kCases), std::end(kCases));
+  for (const std::string& name : f.list("cases")) {
+    const Case* found = nullptr;
+    for (const Case& c : kCases)
+      if (name == c.name) found = &c;
+    HYP_USAGE_CHECK(found != nullptr,
+                    "bench embedding: --cases: no case '{}' (small-d64-bag1, small-d128-bag20, "
+                    "large-d128-bag1, large-d128-bag20)",
+                    name);
+    cases.push_back(*found);
+  }
   const bool json = f.has("json");
   const PeakResult& peak = cached_peak();
   const double mem = peak.mem_gbps;
@@ -254,7 +259,7 @@ int cmd_bench_embedding(const Args& args) {
     }
     out["cases"].push_back(j);
   }
-  if (json) std::printf("%s\n", out.dump(2).c_str());
+  if (json) print_json(out, 2);
   return 0;
 }
 

@@ -57,7 +57,7 @@ int cmd_bench_kernels(const Args& args) {
   HYP_USAGE_CHECK(f.positional().empty(), "bench kernels: unexpected argument '{}'",
                   f.positional()[0]);
   const bool json = f.has("json");
-  const std::string filter = f.get("filter");
+  const std::string filter = f.nonempty("filter");
   const double seconds = f.number("seconds", 0.3);
   HYP_USAGE_CHECK(seconds > 0 && seconds < 60, "bench kernels: --seconds must be in (0, 60)");
   // A longer peak run than the default: on a shared host the best burst needs samples.
@@ -134,7 +134,7 @@ int cmd_bench_kernels(const Args& args) {
                           {"int8_isa", peak.int8_isa},
                           {"mem_gbps", peak.mem_gbps}}},
                         {"kernels", out}};
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j, -1);
   }
   return 0;
 }

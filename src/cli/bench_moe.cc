@@ -327,7 +327,7 @@ int cmd_bench_moe(const Args& args) {
                     r["step_vs_e4"].get<double>());
     }
   }
-  if (as_json) std::printf("%s\n", out.dump(2).c_str());
+  if (as_json) print_json(out, 2);
   return 0;
 }
 

@@ -42,7 +42,7 @@ int cmd_bench_peak(const Args& args) {
                         {"triad_gbps", r.triad_gbps},
                         {"read_gbps", r.read_gbps},
                         {"update_gbps", r.update_gbps}};
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j, -1);
     return 0;
   }
   std::printf("machine: %s, %d threads\n", cpu_summary().c_str(), r.threads);

@@ -105,7 +105,7 @@ int cmd_bench_serve(const Args& args) {
   opts.endpoint = f.get("endpoint", "/v1/completions");
   HYP_USAGE_CHECK(!opts.endpoint.empty() && opts.endpoint.front() == '/',
                   "bench serve: --endpoint must start with '/', got '{}'", opts.endpoint);
-  opts.model = f.get("model");
+  opts.model = f.nonempty("model");
   opts.request_rate = f.number("request-rate", INFINITY);
   HYP_USAGE_CHECK(opts.request_rate > 0, "bench serve: --request-rate must be > 0 or inf, got '{}'",
                   f.get("request-rate"));

@@ -160,6 +160,17 @@ int cmd_cluster_create(const Args& args) {
         "hyperion cluster delete --cluster {}",
         name, launch::backend_name(old.backend), old.cores, store.cluster_dir(name), name);
   }
+  // A directory there that is not a cluster of ours is never adopted (`cluster delete`
+  // removes the cluster's directory).
+  {
+    std::error_code ec;
+    const std::string dir = store.cluster_dir(name);
+    HYP_CHECK(!std::filesystem::exists(dir, ec) ||
+                  std::filesystem::directory_iterator(dir, ec) == std::filesystem::directory_iterator(),
+              "cluster '{}': {} exists and holds files that are not a hyperion cluster (no "
+              "cluster.json); move them away or choose another name",
+              name, dir);
+  }
   launch::ClusterSpec c;
   c.name = name;
   c.backend = backend;
@@ -170,7 +181,7 @@ int cmd_cluster_create(const Args& args) {
                     "--cores is for the local backend; a Slurm cluster's "
                     "resources are its partition's nodes");
     launch::slurm::check_reachable();
-    launch::slurm::setup_partitions(c, f.get("partition"), f.get("nodes", "ALL"));
+    launch::slurm::setup_partitions(c, f.nonempty("partition"), f.nonempty("nodes", "ALL"));
     c.cores = slurm_cpus(launch::slurm::describe(c));
     store.save_cluster(c);
   } else {
@@ -186,7 +197,7 @@ int cmd_cluster_create(const Args& args) {
     launch::start_supervisor(store, name, self_exe());
   }
   if (f.has("json")) {
-    std::printf("%s\n", cluster_json(store, c, usage_of(store, c)).dump().c_str());
+    print_json(cluster_json(store, c, usage_of(store, c)), -1);
     return 0;
   }
   if (backend == launch::Backend::kSlurm)
@@ -230,7 +241,9 @@ int cmd_cluster_delete(const Args& args) {
     // No supervisor: whatever it left running is stopped here.
     for (const std::string& w : store.workloads(name)) try {
         const launch::WorkloadStatus st = store.load_status(name, w);
-        if (st.pid > 0) launch::signal_session(static_cast<pid_t>(st.pid), SIGKILL);
+        if (st.pid > 0)
+          launch::signal_recorded_session(static_cast<pid_t>(st.pid), st.pid_start_ticks,
+                                          st.boot_id, st.started, SIGKILL);
       } catch (const Error&) {
       }
   }
@@ -250,7 +263,7 @@ int cmd_cluster_list(const Args& args) {
       all.push_back({{"name", name}, {"error", e.what()}});
     }
   if (f.has("json")) {
-    std::printf("%s\n", all.dump().c_str());
+    print_json(all, -1);
     return 0;
   }
   if (all.empty()) {
@@ -292,7 +305,7 @@ int cmd_cluster_describe(const Args& args) {
   j["workload_list"] = ws;
   if (!described.is_null()) j["slurm"] = std::move(described);
   if (f.has("json")) {
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j, -1);
     return 0;
   }
   std::string out = fmt::format(

@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "io/file_identity.h"
 #include "train/data_prepare.h"
 
 namespace hyperion::cli {
@@ -60,6 +61,13 @@ int cmd_data_prepare(const Args& args) {
   opts.seed = static_cast<uint64_t>(
       integer_in(f, "seed", static_cast<int64_t>(opts.seed), 0, 9007199254740992.0));
   HYP_USAGE_CHECK(!opts.inputs.empty(), "data prepare: --input FILE is required");
+  // The same file twice would hold each document twice: copies would land on both sides
+  // of the held-out split.
+  for (size_t i = 0; i < opts.inputs.size(); ++i)
+    for (size_t j = i + 1; j < opts.inputs.size(); ++j)
+      HYP_USAGE_CHECK(opts.inputs[i] != opts.inputs[j] && !io::same_file(opts.inputs[i], opts.inputs[j]),
+                      "data prepare: --input {} and --input {} are the same file", opts.inputs[i],
+                      opts.inputs[j]);
   HYP_USAGE_CHECK(!opts.output_dir.empty(), "data prepare: --output DIR is required");
 
   const train::PrepareResult r = train::prepare_dataset(opts);
@@ -74,7 +82,7 @@ int cmd_data_prepare(const Args& args) {
                         {"train", r.train_path},
                         {"val", r.val_path},
                         {"seconds", r.seconds}};
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j, 2);
   } else {
     std::printf("documents   %lld (train %lld, val %lld)\n", static_cast<long long>(r.documents),
                 static_cast<long long>(r.train_docs), static_cast<long long>(r.val_docs));

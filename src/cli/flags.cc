@@ -1,5 +1,6 @@
 #include "cli/flags.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 
@@ -112,6 +113,39 @@ std::string Flags::require(const std::string& name) const {
   HYP_USAGE_CHECK(has(name), "{}: missing required flag --{} (see hyperion {} --help)", spec_.name,
                   name, spec_.name);
   return get(name);
+}
+
+std::string Flags::nonempty(const std::string& name, const std::string& fallback) const {
+  if (!has(name)) return fallback;
+  const std::string v = get(name);
+  HYP_USAGE_CHECK(v.find_first_not_of(" \t") != std::string::npos,
+                  "{}: --{} must not be empty (leave the flag out for its default)", spec_.name,
+                  name);
+  return v;
+}
+
+std::vector<std::string> Flags::list(const std::string& name) const {
+  std::vector<std::string> out;
+  if (!has(name)) return out;
+  const std::string text = nonempty(name);
+  size_t from = 0;
+  for (;;) {
+    const size_t comma = std::min(text.find(',', from), text.size());
+    const size_t b = text.find_first_not_of(" \t", from);
+    const size_t e = text.find_last_not_of(" \t", comma == 0 ? 0 : comma - 1);
+    const std::string item =
+        b == std::string::npos || b >= comma || e == std::string::npos || e < b
+            ? std::string()
+            : text.substr(b, e - b + 1);
+    HYP_USAGE_CHECK(!item.empty(), "{}: --{} '{}': empty item in the list (give A,B,...)",
+                    spec_.name, name, text);
+    HYP_USAGE_CHECK(std::find(out.begin(), out.end(), item) == out.end(),
+                    "{}: --{} '{}': '{}' is given twice", spec_.name, name, text, item);
+    out.push_back(item);
+    if (comma == text.size()) break;
+    from = comma + 1;
+  }
+  return out;
 }
 
 double Flags::number(const std::string& name, double fallback) const {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -55,6 +56,13 @@ class Flags {
   std::vector<std::string> all(const std::string& name) const;
   // Usage error naming the flag when missing.
   std::string require(const std::string& name) const;
+  // The value, which must not be empty when the flag is given ("" is a usage error, never
+  // "the default" or "all"); `fallback` when the flag is absent.
+  std::string nonempty(const std::string& name, const std::string& fallback = "") const;
+  // A comma-separated list ("a,b,c"; spaces around items ignored). Usage errors name the
+  // flag for an empty list, an empty item ("a,,b", "a,") and an item given twice. Empty
+  // when the flag is absent.
+  std::vector<std::string> list(const std::string& name) const;
   // Usage errors name the flag and the value when it is not a number / an integer.
   double number(const std::string& name, double fallback) const;
   int64_t integer(const std::string& name, int64_t fallback) const;
@@ -74,5 +82,14 @@ struct NameAndOverrides {
   std::vector<std::string> overrides;
 };
 NameAndOverrides split_positional(const Flags& flags, const char* what);
+
+// Prints a command's --json result (one object, then a newline). Text that is not valid
+// UTF-8 (a sample cut inside a character, a path with Latin-1 bytes) is written with
+// U+FFFD in place of the bad bytes: the output is always valid JSON, never an exception
+// after the work is done. `indent` as nlohmann's dump (-1: one line).
+template <typename Json>
+void print_json(const Json& j, int indent = 2) {
+  std::printf("%s\n", j.dump(indent, ' ', false, Json::error_handler_t::replace).c_str());
+}
 
 }  // namespace hyperion::cli

@@ -56,7 +56,7 @@ int cmd_info(const Args& args) {
     j["gpu_memory_bytes"] = cuda.memory_bytes;
   }
   if (json) {
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j, -1);
   } else {
     std::printf("cpu:       %s\nthreads:   %d of %d cores\ngpu:       %s\n%s",
                 cpu_summary().c_str(), num_threads(), hardware_cores(), cuda.summary.c_str(),

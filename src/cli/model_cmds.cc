@@ -4,14 +4,17 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/utf8.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/loaded_checkpoint.h"
 #include "io/atomic_file.h"
+#include "io/file_identity.h"
 #include "io/gguf_convert.h"
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
 #include "model/llama_generator.h"
+#include "model/sampler.h"
 #include "serve/text_stream.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
@@ -87,10 +90,11 @@ const CommandSpec kConvertSpec = {
      {"to", "FORMAT", "gguf or safetensors"},
      {"type", "T", "GGUF tensor type: f32, f16 (default), bf16 or q8_0"},
      {"output", "PATH",
-      "output file (gguf; default DIR/model-TYPE.gguf) or directory "
-      "(safetensors; required)"}},
+      "output file (gguf; default: beside the checkpoint directory, DIR-TYPE.gguf) or "
+      "directory (safetensors; required)"}},
     "A sharded (multi-process) checkpoint converts to safetensors first; that output then "
-    "converts to gguf.",
+    "converts to gguf. An output that is one of the checkpoint's own files, or the "
+    "checkpoint directory itself, is refused.",
     "convert --checkpoint runs/tiny --to gguf --type q8_0"};
 
 int cmd_eval(const Args& args) {
@@ -117,7 +121,7 @@ int cmd_eval(const Args& args) {
     j["checkpoint"] = c.dir;
     j["seq_len"] = seq;
     j["seconds"] = r.seconds;
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j, 2);
   } else {
     std::printf("checkpoint %s\nloss %.4f  perplexity %.3f  tokens %lld  (%.2f s)\n", c.dir.c_str(),
                 r.loss, r.perplexity, static_cast<long long>(r.tokens), r.seconds);
@@ -128,18 +132,32 @@ int cmd_eval(const Args& args) {
 int cmd_generate(const Args& args) {
   const Flags f(kGenerateSpec, args);
   HYP_USAGE_CHECK(f.positional().empty(), "generate: unexpected argument '{}'", f.positional()[0]);
+  // Every flag is checked before the (slow) checkpoint load, with the ranges and meanings
+  // the server gives the same knobs (model/sampler.h: top_k -1 or 0 is off).
   GenerateOptions go;
-  go.sampling.temperature = static_cast<float>(f.number("temperature", 0.8));
-  go.sampling.top_k = static_cast<int>(f.integer("top-k", 0));
-  go.sampling.top_p = static_cast<float>(f.number("top-p", 1.0));
-  go.sampling.seed = static_cast<uint64_t>(f.integer("seed", 0));
+  const double temperature = f.number("temperature", 0.8);
+  const int64_t top_k = f.integer("top-k", 0);
+  const double top_p = f.number("top-p", 1.0);
+  const int64_t seed = f.integer("seed", 0);
+  const std::pair<const char*, std::string> checks[] = {
+      {"temperature", temperature_error(temperature)},
+      {"top-k", top_k_error(top_k)},
+      {"top-p", top_p_error(top_p)}};
+  for (const auto& [flag, error] : checks)
+    HYP_USAGE_CHECK(error.empty(), "generate: --{} {}", flag, error);
+  HYP_USAGE_CHECK(seed >= 0, "generate: --seed must be >= 0, got {}", seed);
+  go.sampling.temperature = static_cast<float>(temperature);
+  go.sampling.top_k = top_k_param(top_k);
+  go.sampling.top_p = static_cast<float>(top_p);
+  go.sampling.seed = static_cast<uint64_t>(seed);
   go.max_tokens = f.integer("max-tokens", 64);
-  HYP_USAGE_CHECK(go.max_tokens >= 0, "generate: --max-tokens must be >= 0");
+  HYP_USAGE_CHECK(go.max_tokens >= 0, "generate: --max-tokens must be >= 0, got {}", go.max_tokens);
   go.stop_at_eos = !f.has("ignore-eos");
-  // Every flag is checked before the (slow) checkpoint load.
+  const std::string prompt = f.get("prompt");
+  if (const size_t bad = utf8_invalid_at(prompt); bad != std::string::npos)
+    usage_fail("generate: --prompt is not valid UTF-8 (byte {} of {})", bad, prompt.size());
   LoadedCheckpoint c = load_checkpoint(f.require("checkpoint"), parse_dtype_flag(f));
   go.eos_id = c.tokenizer.eos_id();
-  const std::string prompt = f.get("prompt");
   std::vector<int32_t> ids{c.tokenizer.bos_id()};
   const std::vector<int32_t> enc = c.tokenizer.encode(prompt);
   ids.insert(ids.end(), enc.begin(), enc.end());
@@ -172,7 +190,7 @@ int cmd_generate(const Args& args) {
     j["text"] = c.tokenizer.decode(out);
     j["tokens"] = out;
     j["finish_reason"] = eos ? "stop" : "length";
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j, 2);
   } else {
     std::printf("\n");
   }
@@ -193,10 +211,19 @@ int cmd_convert(const Args& args) {
   HYP_USAGE_CHECK(to == "gguf" || !f.has("type"), "convert: --type applies to --to gguf only");
   if (to == "safetensors") f.require("output");
   const std::string dir = resolve_checkpoint_dir(f.require("checkpoint"));
+  // The checkpoint's files: an output written over one of them would destroy it.
+  std::vector<std::string> inputs;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.is_regular_file()) inputs.push_back(e.path().string());
   if (to == "safetensors") {
     // One model.safetensors (f32) + config.json + tokenizer.model, from a single-file or
     // sharded (multi-process) checkpoint: what Hugging Face tools load most simply.
     const std::string out = f.require("output");
+    HYP_CHECK(!io::same_file(out, dir),
+              "convert: the output directory {} is the checkpoint {} itself; choose another", out,
+              dir);
+    for (const char* name : {"model.safetensors", "config.json", "tokenizer.model"})
+      io::check_output_is_not_an_input(out + "/" + name, inputs, "convert");
     const LlamaConfig config = read_checkpoint_config(dir);
     check_weights_match_config(dir, config);
     check_load_fits_in_memory(dir, config, false);
@@ -221,7 +248,13 @@ int cmd_convert(const Args& args) {
             "convert: {} is a sharded (multi-rank) checkpoint; merge it first with `hyperion "
             "convert --checkpoint {} --to safetensors --output DIR`, then convert DIR to gguf",
             dir, dir);
-  const std::string out = f.get("output", dir + "/model-" + type + ".gguf");
+  // The default output sits beside the checkpoint directory, not inside it: a checkpoint
+  // directory is the trainer's (runs/x/checkpoints/200 -> runs/x/checkpoints/200-f16.gguf).
+  std::filesystem::path ckpt = std::filesystem::absolute(dir).lexically_normal();
+  if (!ckpt.has_filename()) ckpt = ckpt.parent_path();
+  const std::string out = f.get(
+      "output", (ckpt.parent_path() / (ckpt.filename().string() + "-" + type + ".gguf")).string());
+  io::check_output_is_not_an_input(out, inputs, "convert");
   // The config must describe these weights exactly (the writer then checks every tensor
   // for non-finite values as it converts it), and the tokenizer must be the model's, as
   // eval, generate and serve require: the GGUF embeds it.

@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/signals.h"
 #include "base/threads.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
@@ -120,19 +121,30 @@ int cmd_serve(const Args& args) {
   log_info("serve: weights read per token {:.1f} MiB ({} B); KV cache backed by memory in {:.2f} s",
            double(runner.weight_bytes()) / (1 << 20), runner.weight_bytes(),
            runner.kv_commit_seconds());
+  // The first signal drains (on a thread of its own); a second one stops at once.
   std::atomic<bool> serving{true};
+  std::thread drainer;
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&signals, &sig);
     if (!serving) return;  // woken by run() returning on its own
-    log_info("serve: signal {}: draining (up to {} s for running requests)", sig, drain_s);
-    const int64_t cut = server.drain(drain_s);
-    log_info("serve: drained; {} requests were cut short", cut);
+    log_info("serve: signal {}: draining (up to {} s for running requests; a second signal "
+             "stops at once)",
+             sig, drain_s);
+    drainer = std::thread([&] {
+      const int64_t cut = server.drain(drain_s);
+      log_info("serve: drained; {} requests were cut short", cut);
+    });
+    sigwait(&signals, &sig);
+    if (!serving) return;
+    log_warn("serve: second signal {}: stopping now, without waiting for running requests", sig);
+    die_by_signal(sig);
   });
   server.run();
   serving = false;
   pthread_kill(waiter.native_handle(), SIGTERM);  // wake the signal thread if still waiting
   waiter.join();
+  if (drainer.joinable()) drainer.join();
   async.stop();
   return 0;
 }

@@ -149,9 +149,13 @@ int cmd_train(const Args& args) {
     j["checkpoint"] = r.checkpoint;
     j["start_step"] = r.start_step;
     j["steps"] = r.steps;
-    j["final_loss"] = r.history.empty() ? 0.0 : r.history.back().loss;
-    j["eval_loss"] = r.eval_loss;
-    j["eval_perplexity"] = r.eval_perplexity;
+    // null, not 0, for what was not measured (no step run by this process, no held-out
+    // data): a 0 perplexity reads as a perfect model.
+    const nlohmann::ordered_json none;
+    j["final_loss"] = r.history.empty() ? none : nlohmann::ordered_json(r.history.back().loss);
+    j["eval_loss"] = r.eval_tokens > 0 ? nlohmann::ordered_json(r.eval_loss) : none;
+    j["eval_perplexity"] =
+        r.eval_tokens > 0 && r.auc < 0 ? nlohmann::ordered_json(r.eval_perplexity) : none;
     j["eval_tokens"] = r.eval_tokens;
     j["tokens_per_s"] = r.mean_tokens_per_s;
     j["mfu"] = r.mean_mfu;
@@ -165,7 +169,7 @@ int cmd_train(const Args& args) {
     j["samples"] = r.samples;
     if (r.auc >= 0) j["auc"] = r.auc;
     if (r.mean_samples_per_s > 0) j["samples_per_s"] = r.mean_samples_per_s;
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j, 2);
   } else {
     std::printf("\nrun dir     %s\n", r.run_dir.c_str());
     if (!r.checkpoint.empty()) std::printf("checkpoint  %s\n", r.checkpoint.c_str());
@@ -230,7 +234,7 @@ int plan_dlrm(const TrainConfig& t, int64_t ranks, bool json) {
                    {"dense_with_gradients_and_adagrad", dense_bytes},
                    {"activations_per_rank", act_bytes},
                    {"per_rank", rank_bytes}};
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j, 2);
     return 0;
   }
   std::printf("%s: DLRM, %lld tables (%lld rows, dim %lld): %.3fB embedding + %.3fM dense params\n",
@@ -300,7 +304,7 @@ int cmd_plan(const Args& args) {
                    {"activations", m.activation_bytes},
                    {"scratch", m.scratch_bytes},
                    {"total", m.total()}};
-    std::printf("%s\n", j.dump(2).c_str());
+    print_json(j, 2);
     return 0;
   }
   auto gib = [](int64_t b) { return double(b) / (1024.0 * 1024.0 * 1024.0); };

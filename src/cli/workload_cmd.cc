@@ -5,12 +5,12 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <thread>
 
 #include "base/error.h"
@@ -68,11 +68,9 @@ launch::WorkloadStatus current_status(const Target& t, const launch::WorkloadSpe
              : t.store.load_status(t.cluster.name, w.name);
 }
 
-std::vector<int> parse_exit_codes(const std::string& text) {
+std::vector<int> parse_exit_codes(const std::vector<std::string>& items) {
   std::vector<int> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
+  for (const std::string& item : items) {
     const double v = parse_number(item, "--restart-on-exit-codes");
     HYP_USAGE_CHECK(v >= 1 && v <= 255 && v == static_cast<int>(v),
                     "--restart-on-exit-codes: '{}' is not an exit code (1-255)", item);
@@ -211,11 +209,18 @@ int cmd_workload_create(const Args& args) {
                   restarts);
   w.max_restarts = static_cast<int>(restarts);
   if (f.has("restart-on-exit-codes"))
-    w.restart_on_exit_codes = parse_exit_codes(f.get("restart-on-exit-codes"));
+    w.restart_on_exit_codes = parse_exit_codes(f.list("restart-on-exit-codes"));
   for (const std::string& kv : f.all("env")) {
     const size_t eq = kv.find('=');
     HYP_USAGE_CHECK(eq != std::string::npos && eq > 0, "--env '{}': expected KEY=VALUE", kv);
-    w.env.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+    const std::string key = kv.substr(0, eq);
+    HYP_USAGE_CHECK(key.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                          "0123456789_") == std::string::npos &&
+                        !std::isdigit(static_cast<unsigned char>(key[0])),
+                    "--env '{}': '{}' is not a variable name (letters, digits, _)", kv, key);
+    for (const auto& [k, v] : w.env)
+      HYP_USAGE_CHECK(k != key, "--env: {} is given twice ('{}' and '{}')", key, k + "=" + v, kv);
+    w.env.emplace_back(key, kv.substr(eq + 1));
   }
   w.grace_s = f.number("grace-seconds", 30);
   HYP_USAGE_CHECK(w.grace_s >= 0 && w.grace_s <= 86400,
@@ -243,7 +248,7 @@ int cmd_workload_create(const Args& args) {
   ensure_supervisor(t);
   const nlohmann::json j = launch::status_json(w, t.cluster.backend, current_status(t, w));
   if (f.has("json"))
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j, -1);
   else
     std::printf(
         "workload %s submitted to cluster %s (%d rank(s) x %d core(s), priority %s, "
@@ -264,7 +269,7 @@ int cmd_workload_list(const Args& args) {
       all.push_back({{"workload", name}, {"cluster", t.cluster.name}, {"error", e.what()}});
     }
   if (f.has("json")) {
-    std::printf("%s\n", all.dump().c_str());
+    print_json(all, -1);
     return 0;
   }
   if (all.empty()) {
@@ -331,7 +336,7 @@ int cmd_workload_status(const Args& args) {
   const launch::WorkloadSpec w = t.store.load_spec(t.cluster.name, t.workload);
   const nlohmann::json j = launch::status_json(w, t.cluster.backend, current_status(t, w));
   if (f.has("json"))
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j, -1);
   else
     std::fputs(status_text(j).c_str(), stdout);
   return 0;

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -131,14 +132,22 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   writer.commit();
 }
 
-AtomicFileWriter::AtomicFileWriter(std::string path)
-    : path_(std::move(path)), temp_path_(path_ + ".tmp." + std::to_string(::getpid())) {
+AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
   HYP_CHECK(!path_.empty(), "AtomicFileWriter: empty output path");
   check_replaceable(path_);
-  fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd_ < 0)
-    fail("cannot create '{}' (temporary file for '{}'): {}", temp_path_, path_,
-         os_error_text(errno));
+  // A temporary name of our own, created exclusively: a file already there (another
+  // writer's, or anything else) is never truncated, nor deleted by abandon().
+  static std::atomic<uint64_t> serial{0};
+  for (int attempt = 0; fd_ < 0; ++attempt) {
+    temp_path_ = fmt::format("{}.tmp.{}.{}", path_, static_cast<int64_t>(::getpid()), serial++);
+    fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd_ < 0 && (errno != EEXIST || attempt >= 100))
+      fail("cannot create '{}' (temporary file for '{}'): {}", temp_path_, path_,
+           os_error_text(errno));
+  }
+  // A replaced file keeps its permissions (a 0600 file stays private).
+  struct stat old {};
+  if (::stat(path_.c_str(), &old) == 0) (void)!::fchmod(fd_, old.st_mode & 07777);
   buffer_.reserve(kBufferSize);
 }
 

@@ -1,11 +1,13 @@
 // Crash-safe file output and whole-file input.
 //
 // Outputs (checkpoints, converted models, configs) are written to a temporary file in the
-// destination's directory ("<path>.tmp.<pid>"), flushed to disk with fsync, renamed over
+// destination's directory ("<path>.tmp.<pid>.<n>", created exclusively, so no other file
+// is ever truncated or removed in its place), flushed to disk with fsync, renamed over
 // the destination and the directory is fsynced, so after a crash the destination holds
 // either the complete old contents or the complete new ones, never a torn mix. Only a
 // regular file is ever replaced: an existing directory, device, FIFO, socket or symbolic
-// link at the destination is refused with an error naming it.
+// link at the destination is refused with an error naming it. A replaced file keeps its
+// permission bits.
 #pragma once
 
 #include <cstddef>

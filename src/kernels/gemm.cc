@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -71,7 +72,9 @@ struct Entry {
 struct Backend {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   std::mutex mutex;
-  std::unordered_map<Key, Entry, KeyHash> cache;
+  // Shared: a caller executes its entry outside the mutex, so a clear() (on shape churn,
+  // or gemm_cache_clear) by another thread must not destroy a primitive in use.
+  std::unordered_map<Key, std::shared_ptr<const Entry>, KeyHash> cache;
   int64_t hits = 0;
   Backend() {
     // AMX needs per-process permission from the kernel before any tile instruction.
@@ -341,17 +344,17 @@ void gemm(const GemmArgs& g) {
   key.bias = !key.scaled && g.bias != nullptr;
 
   Backend& be = backend();
-  const Entry* entry;
+  std::shared_ptr<const Entry> entry;
   {
     std::lock_guard<std::mutex> lock(be.mutex);
     auto it = be.cache.find(key);
     if (it == be.cache.end()) {
       if (be.cache.size() >= 4096) be.cache.clear();  // bound memory on shape churn
-      it = be.cache.emplace(key, create(key)).first;
+      it = be.cache.emplace(key, std::make_shared<const Entry>(create(key))).first;
     } else {
       ++be.hits;
     }
-    entry = &it->second;
+    entry = it->second;
   }
   // The stream is per thread; execution of one primitive from several threads is safe.
   thread_local dnnl::stream stream(be.engine);

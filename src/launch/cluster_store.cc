@@ -15,15 +15,28 @@ namespace hyperion::launch {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+namespace {
+
+// Absolute: the supervisor runs in / and must find the same store as the command that
+// started it (a relative HYPERION_HOME=state would otherwise become /state).
+std::string absolute_path(const std::string& p) {
+  std::error_code ec;
+  const fs::path a = fs::absolute(p, ec);
+  return ec ? p : a.lexically_normal().string();
+}
+
+}  // namespace
+
 std::string clusters_root() {
-  if (const char* h = std::getenv("HYPERION_HOME"); h && *h) return std::string(h) + "/clusters";
+  if (const char* h = std::getenv("HYPERION_HOME"); h && *h)
+    return absolute_path(std::string(h) + "/clusters");
   if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x)
-    return std::string(x) + "/hyperion/clusters";
+    return absolute_path(std::string(x) + "/hyperion/clusters");
   const char* home = std::getenv("HOME");
   HYP_CHECK(home && *home,
             "cluster state: neither HYPERION_HOME, XDG_STATE_HOME nor HOME is set; set "
             "HYPERION_HOME to a directory for hyperion's cluster state");
-  return std::string(home) + "/.local/state/hyperion/clusters";
+  return absolute_path(std::string(home) + "/.local/state/hyperion/clusters");
 }
 
 ClusterStore::ClusterStore(std::string root) : root_(std::move(root)) {}
@@ -260,6 +273,8 @@ json to_json(const WorkloadStatus& s) {
           {"reason", s.reason},
           {"last_log_lines", s.last_log_lines},
           {"pid", s.pid},
+          {"pid_start_ticks", s.pid_start_ticks},
+          {"boot_id", s.boot_id},
           {"slurm_job_id", s.slurm_job_id},
           {"cpus", s.cpus},
           {"started", s.started},
@@ -279,6 +294,8 @@ WorkloadStatus status_from_json(const json& j, const std::string& where) {
   s.reason = field<std::string>(j, "reason", where, "");
   s.last_log_lines = field<std::vector<std::string>>(j, "last_log_lines", where, {});
   s.pid = field<int64_t>(j, "pid", where, 0);
+  s.pid_start_ticks = field<uint64_t>(j, "pid_start_ticks", where, 0);
+  s.boot_id = field<std::string>(j, "boot_id", where, "");
   s.slurm_job_id = field<std::string>(j, "slurm_job_id", where, "");
   s.cpus = field<std::vector<int>>(j, "cpus", where, {});
   s.started = field<double>(j, "started", where, 0);

@@ -72,8 +72,9 @@ void LocalSupervisor::save(Entry& e) {
   try {
     store_.save_status(cluster_, e.spec.name, e.status);
     e.saved = now;
+    warned_.forget("save " + e.spec.name);
   } catch (const Error& err) {
-    log_warn("supervisor: {}", err.what());
+    if (warned_("save " + e.spec.name, err.what())) log_warn("supervisor: {}", err.what());
   }
 }
 
@@ -98,13 +99,24 @@ void LocalSupervisor::refresh() {
       e.spec = store_.load_spec(cluster_, name);
       e.status = store_.load_status(cluster_, name);
     } catch (const Error& err) {
-      log_warn("supervisor: workload {} skipped: {}", name, err.what());
+      // Once per version of the files, not on every poll.
+      if (warned_("load " + name, key + " " + err.what()))
+        log_warn("supervisor: workload {} skipped (until its files change): {}", name,
+                 err.what());
       continue;
     }
+    warned_.forget("load " + name);
     if (e.status.state == WorkloadState::kRunning) {
       // Running under a supervisor that is gone: its processes are not our children, so
       // they are stopped and the workload runs again (not counted as a restart).
-      if (e.status.pid > 0) signal_session(static_cast<pid_t>(e.status.pid), SIGKILL);
+      // Only while the recorded pid is still that process (same boot, same start time):
+      // after a reboot, or once the number is reused, it is someone else's.
+      if (e.status.pid > 0 &&
+          signal_recorded_session(static_cast<pid_t>(e.status.pid), e.status.pid_start_ticks,
+                                  e.status.boot_id, e.status.started, SIGKILL) == 0 &&
+          process_start_ticks(static_cast<pid_t>(e.status.pid)) != 0)
+        log_warn("supervisor: workload {}: pid {} is no longer its process; not signalled", name,
+                 e.status.pid);
       e.status.state = WorkloadState::kQueued;
       e.status.pid = 0;
       e.status.cpus.clear();
@@ -286,6 +298,8 @@ void LocalSupervisor::launch(Entry& e, const std::vector<int>& cpus) {
                        utc(now_s()), cpu_list(cpus), w.nproc, w.nproc == 1 ? "" : "s", w.command));
   try {
     e.status.pid = spawn_session(o);
+    e.status.pid_start_ticks = process_start_ticks(static_cast<pid_t>(e.status.pid));
+    e.status.boot_id = current_boot_id();
   } catch (const Error& err) {
     e.status.state = WorkloadState::kFailed;
     e.status.reason = fmt::format("could not start: {}", err.what());
@@ -310,11 +324,18 @@ void LocalSupervisor::tick() {
   plan_and_launch();
 }
 
-void LocalSupervisor::shutdown() {
+void LocalSupervisor::shutdown(const std::atomic<int>& signals) {
   for (auto& [name, e] : entries_)
     if (e.status.pid > 0 && e.stopping == Stopping::kNo)
       stop(e, Stopping::kShutdown, e.spec.grace_s);
+  bool forced = false;
   for (;;) {
+    if (!forced && signals.load() >= 2) {
+      forced = true;
+      log_warn("supervisor: second signal: killing every workload now");
+      for (auto& [name, e] : entries_)
+        if (e.status.pid > 0) e.stop_deadline = 0;
+    }
     reap();
     enforce_deadlines();
     bool any = false;
@@ -330,26 +351,28 @@ void LocalSupervisor::shutdown() {
     }
 }
 
-void LocalSupervisor::run(const std::atomic<bool>& stop, double poll_s) {
+void LocalSupervisor::run(const std::atomic<int>& signals, double poll_s) {
   become_subreaper();
   log_info("supervisor: cluster {} ({} cores), pid {}", cluster_, spec_.cores, ::getpid());
-  while (!stop.load()) {
+  while (signals.load() == 0) {
     try {
       tick();
+      warned_.forget("tick");
     } catch (const std::exception& e) {
-      log_warn("supervisor: {}", e.what());
+      if (warned_("tick", e.what())) log_warn("supervisor: {}", e.what());
     }
     std::this_thread::sleep_for(std::chrono::duration<double>(poll_s));
   }
-  log_info("supervisor: stopping every workload of cluster {}", cluster_);
-  shutdown();
+  log_info("supervisor: stopping every workload of cluster {} (a second signal kills them now)",
+           cluster_);
+  shutdown(signals);
 }
 
 namespace {
 
-std::atomic<bool> g_stop{false};
+std::atomic<int> g_signals{0};
 void on_stop_signal(int) {
-  g_stop.store(true);
+  g_signals.fetch_add(1);
 }
 
 std::string lock_path(const ClusterStore& store, const std::string& cluster) {
@@ -377,7 +400,7 @@ bool run_local_supervisor(const ClusterStore& store, const std::string& cluster)
   ::signal(SIGHUP, SIG_IGN);
   ::signal(SIGPIPE, SIG_IGN);
   LocalSupervisor sup(store, cluster);
-  sup.run(g_stop);
+  sup.run(g_signals);
   ::close(fd);  // releases the lock
   return true;
 }

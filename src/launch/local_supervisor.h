@@ -13,6 +13,7 @@
 #include <map>
 #include <string>
 
+#include "base/log.h"
 #include "launch/cluster_store.h"
 #include "launch/workload_spec.h"
 
@@ -21,9 +22,10 @@ namespace hyperion::launch {
 class LocalSupervisor {
  public:
   LocalSupervisor(ClusterStore store, std::string cluster);
-  // Polls until `stop` is set (SIGTERM), then stops every running workload (grace, then
-  // SIGKILL) and marks it deleted when `delete_all` is set, else leaves them queued.
-  void run(const std::atomic<bool>& stop, double poll_s = 0.1);
+  // Polls until `signals` > 0 (SIGTERM or SIGINT received), then stops every running
+  // workload (SIGTERM, SIGKILL after its grace period; at once when a second signal comes)
+  // and marks it deleted.
+  void run(const std::atomic<int>& signals, double poll_s = 0.1);
   // One pass (tests).
   void tick();
 
@@ -51,12 +53,13 @@ class LocalSupervisor {
   void stop(Entry& e, Stopping why, double grace_s);
   void save(Entry& e);
   void log_line(const Entry& e, const std::string& line);
-  void shutdown();
+  void shutdown(const std::atomic<int>& signals);
 
   ClusterStore store_;
   std::string cluster_;
   ClusterSpec spec_;
   std::map<std::string, Entry> entries_;
+  OncePerChange warned_;  // problems met on every poll are logged once per change
 };
 
 // Entry point of `hyperion cluster supervise` (the detached process): holds the

@@ -7,7 +7,10 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <time.h>
+
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -45,7 +48,13 @@ pid_t spawn_session(const SpawnOptions& o) {
     for (const auto& [k, v] : o.env) overridden = overridden || k == key;
     if (!overridden) env_strings.push_back(kv);
   }
-  for (const auto& [k, v] : o.env) env_strings.push_back(k + "=" + v);
+  // A key given twice in o.env: the later one wins (a workload's --env over the defaults
+  // set before it), as setenv would have it.
+  for (size_t i = 0; i < o.env.size(); ++i) {
+    bool later = false;
+    for (size_t j = i + 1; j < o.env.size(); ++j) later = later || o.env[j].first == o.env[i].first;
+    if (!later) env_strings.push_back(o.env[i].first + "=" + o.env[i].second);
+  }
   std::vector<char*> envp, argv;
   for (std::string& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
@@ -154,6 +163,53 @@ int signal_session(pid_t sid, int sig) {
   for (pid_t p : session_processes(sid))
     if (::kill(p, sig) == 0) ++n;
   return n;
+}
+
+uint64_t process_start_ticks(pid_t pid) {
+  if (pid <= 0) return 0;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return 0;
+  // After "(comm)" (which may hold spaces and ')'): field 3 onwards; start time is 22.
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  const char* p = line.c_str() + close + 1;
+  for (int field = 3; field < 22; ++field) {
+    while (*p == ' ') ++p;
+    while (*p != ' ' && *p != '\0') ++p;
+  }
+  return std::strtoull(p, nullptr, 10);
+}
+
+std::string current_boot_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
+
+bool is_recorded_process(pid_t sid, uint64_t start_ticks, const std::string& boot_id,
+                         double started) {
+  if (sid <= 0) return false;
+  const uint64_t now_ticks = process_start_ticks(sid);
+  if (now_ticks == 0) return false;  // the leader is gone: nothing proves the session is it
+  if (start_ticks != 0) return boot_id == current_boot_id() && now_ticks == start_ticks;
+  // A record from before the ticks were kept: the leader's start, as wall-clock time,
+  // within 2 s of the recorded start.
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  timespec boot{}, real{};
+  if (started <= 0 || hz <= 0 || ::clock_gettime(CLOCK_BOOTTIME, &boot) != 0 ||
+      ::clock_gettime(CLOCK_REALTIME, &real) != 0)
+    return false;
+  const double since_boot = double(boot.tv_sec) + 1e-9 * double(boot.tv_nsec);
+  const double now = double(real.tv_sec) + 1e-9 * double(real.tv_nsec);
+  const double leader_started = now - (since_boot - double(now_ticks) / double(hz));
+  return std::abs(leader_started - started) < 2.0;
+}
+
+int signal_recorded_session(pid_t sid, uint64_t start_ticks, const std::string& boot_id,
+                            double started, int sig) {
+  return is_recorded_process(sid, start_ticks, boot_id, started) ? signal_session(sid, sig) : 0;
 }
 
 void become_subreaper() {

@@ -36,6 +36,24 @@ int signal_session(pid_t sid, int sig);
 // finish its step and save before anything kills it. Returns how many were signalled.
 int signal_session_workers(pid_t sid, int sig, bool spare_leader);
 
+// When process `pid` started, in clock ticks after boot (/proc/PID/stat field 22); 0 when
+// there is no such process.
+uint64_t process_start_ticks(pid_t pid);
+// This boot's id (/proc/sys/kernel/random/boot_id); "" when unreadable.
+std::string current_boot_id();
+
+// Whether session leader `sid`, recorded at spawn as started at `start_ticks` in boot
+// `boot_id` (`started`: the wall-clock start, for records without ticks), is still that
+// process: same boot and same start time. A pid read back from a file after the recording
+// process is gone may since have been reused by any process (after a reboot, certainly).
+bool is_recorded_process(pid_t sid, uint64_t start_ticks, const std::string& boot_id,
+                         double started);
+
+// signal_session for a session read back from a record: only while is_recorded_process
+// holds (else nothing is signalled and 0 is returned).
+int signal_recorded_session(pid_t sid, uint64_t start_ticks, const std::string& boot_id,
+                            double started, int sig);
+
 // Makes this process the reaper of its orphaned descendants (PR_SET_CHILD_SUBREAPER), so
 // a rank whose mpirun died is reparented here, not to init, and is reaped here.
 void become_subreaper();

@@ -76,6 +76,11 @@ struct WorkloadStatus {
   std::string reason;                       // why it is in this state, in words
   std::vector<std::string> last_log_lines;  // output before the last exit
   int64_t pid = 0;                          // session leader while running (local)
+  // Which process `pid` was: its start time in clock ticks after boot (/proc/PID/stat)
+  // and the boot it ran in. A pid read back from disk is signalled only while it is still
+  // that process (after a reboot or a reuse of the number it is another one).
+  uint64_t pid_start_ticks = 0;
+  std::string boot_id;
   std::string slurm_job_id;
   std::vector<int> cpus;  // cores it holds while running (local)
   double started = 0, ended = 0, updated = 0;

@@ -124,6 +124,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include <algorithm>
 #include <array>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -247,6 +248,19 @@ void validate(const SamplingParams& p) {
   HYP_CHECK(p.top_k >= 0, "sampling: top_k must be >= 0 (0 = off), got {}", p.top_k);
   HYP_CHECK(p.top_p > 0.0f && p.top_p <= 1.0f, "sampling: top_p must be in (0, 1], got {}",
             p.top_p);
+}
+
+std::string temperature_error(double t) {
+  return t >= 0.0 && t <= 2.0 ? "" : fmt::format("must be in [0, 2], got {}", t);
+}
+
+std::string top_k_error(int64_t k) {
+  return k >= -1 && k <= INT32_MAX ? ""
+                                   : fmt::format("must be -1 or 0 (off) or a count >= 1, got {}", k);
+}
+
+std::string top_p_error(double p) {
+  return p > 0.0 && p <= 1.0 ? "" : fmt::format("must be in (0, 1], got {}", p);
 }
 
 Sampler::Sampler(const SamplingParams& p) : params_(p), state_(p.seed) {

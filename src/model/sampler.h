@@ -30,6 +30,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace hyperion {
@@ -44,6 +45,17 @@ struct SamplingParams {
 // Throws hyperion::Error naming the field: temperature < 0 or not finite, top_k < 0,
 // top_p outside (0, 1].
 void validate(const SamplingParams& p);
+
+// The sampling knobs as a user gives them, with one meaning for each value in every place
+// that takes them (hyperion generate, the OpenAI API): temperature in [0, 2] (0: greedy);
+// top_k -1 or 0: off, else the k most likely; top_p in (0, 1]. Each returns "" for a valid
+// value, else what is wrong ("must be in [0, 2], got 3"), for the caller to prefix with
+// the name its user knows (--top-k, 'top_k').
+std::string temperature_error(double temperature);
+std::string top_k_error(int64_t top_k);
+std::string top_p_error(double top_p);
+// top_k as SamplingParams holds it: -1 (off) -> 0.
+inline int top_k_param(int64_t top_k) { return top_k < 0 ? 0 : static_cast<int>(top_k); }
 
 class Sampler {
  public:

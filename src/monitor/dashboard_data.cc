@@ -6,8 +6,10 @@
 #include <cerrno>
 #include <chrono>
 #include <fstream>
+#include <optional>
 
 #include "base/error.h"
+#include "base/line_reader.h"
 #include "base/log.h"
 #include "monitor/goodput.h"
 #include "monitor/prometheus_text.h"
@@ -20,6 +22,7 @@ namespace {
 using nlohmann::json;
 
 constexpr size_t kMaxBadLines = 5;
+constexpr size_t kMaxLineBytes = 1 << 20;
 // Points kept per scraped series: a day of 2 s scrapes at one step each; the oldest
 // quarter goes when it is reached, so memory stays bounded on a long job.
 constexpr size_t kMaxPoints = 40000;
@@ -65,34 +68,34 @@ void JsonlTail::update() {
     inode_ = st.st_ino;
   }
   if (st.st_size == offset_) return;
-  std::ifstream in(path_, std::ios::binary);
-  if (!in) {
-    read_error_ = fmt::format("cannot read {}: {}", path_, os_error_text(errno));
+  // Streamed a line at a time in bounded memory: a line over 1 MiB (no metrics line is
+  // near that) is skipped as a problem, not held.
+  std::optional<LineReader> in;
+  try {
+    in.emplace(path_, kMaxLineBytes, offset_);
+  } catch (const Error& e) {
+    read_error_ = e.what();
     return;
   }
   read_error_.clear();
-  in.seekg(offset_);
-  std::string chunk(static_cast<size_t>(st.st_size - offset_), '\0');
-  in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-  chunk.resize(static_cast<size_t>(in.gcount()));
-  size_t start = 0;
-  for (size_t nl = chunk.find('\n'); nl != std::string::npos; nl = chunk.find('\n', start)) {
-    const std::string_view line(chunk.data() + start, nl - start);
-    start = nl + 1;
+  std::string_view line;
+  for (LineReader::Status got; (got = in->next(line)) != LineReader::Status::kEnd;) {
+    if (got == LineReader::Status::kLine && in->unterminated()) break;  // waits for its newline
+    offset_ = in->offset();
     ++lines_;
-    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    json row = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (row.is_discarded() || !row.is_object()) {
+    const bool too_long = got == LineReader::Status::kTooLong;
+    if (!too_long && line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    json row = too_long ? json() : json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (too_long || row.is_discarded() || !row.is_object()) {
       if (bad_lines_.size() < kMaxBadLines)
-        bad_lines_.push_back(
-            fmt::format("{} line {}: not a JSON object (skipped)", basename_of(path_), lines_));
+        bad_lines_.push_back(fmt::format("{} line {}: {} (skipped)", basename_of(path_), lines_,
+                                         too_long ? "longer than 1 MiB" : "not a JSON object"));
       else
         ++more_bad_lines_;
       continue;
     }
     rows_.push_back(std::move(row));
   }
-  offset_ += static_cast<long long>(start);  // a torn last line waits for its newline
 }
 
 std::vector<std::string> JsonlTail::problems() const {

@@ -8,11 +8,13 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/line_reader.h"
 
 namespace hyperion::monitor {
 
@@ -51,13 +53,14 @@ double process_launch_time() {
 
 EventLog::EventLog(const std::string& run_dir, bool writer)
     : path_(run_dir + "/events.jsonl"), writer_(writer) {
-  {
-    std::ifstream in(path_);
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.empty()) continue;
-      was_empty_ = false;
-      if (line.find("\"event\":\"process_start\"") != std::string::npos) ++previous_attempts_;
+  if (std::filesystem::exists(path_)) {
+    // Streamed in bounded memory: a log grown huge, or a corrupt line of any length,
+    // costs no more than 1 MiB here.
+    LineReader in(path_, 1 << 20);
+    std::string_view line;
+    for (LineReader::Status st; (st = in.next(line)) != LineReader::Status::kEnd;) {
+      if (st == LineReader::Status::kTooLong || !line.empty()) was_empty_ = false;
+      if (line.find("\"event\":\"process_start\"") != std::string_view::npos) ++previous_attempts_;
     }
   }
   fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);

@@ -4,12 +4,12 @@
 #include <climits>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "base/error.h"
+#include "base/line_reader.h"
 #include "monitor/run_files.h"
 
 namespace hyperion::monitor {
@@ -39,12 +39,7 @@ struct Event {
   double time = 0;
   std::string kind;
   nlohmann::json fields;
-  size_t line = 0;
-};
-
-// One process's events, from its process_start to the event before the next one.
-struct Attempt {
-  std::vector<Event> events;
+  int64_t line = 0;
 };
 
 double number(const Event& e, const char* key, double fallback = 0) {
@@ -52,32 +47,36 @@ double number(const Event& e, const char* key, double fallback = 0) {
   return it != e.fields.end() && it->is_number() ? it->get<double>() : fallback;
 }
 
-std::vector<Event> read_events(const std::string& path) {
-  std::ifstream in(path);
-  HYP_CHECK(in.good(),
+// An event line is small (a few hundred bytes); a longer one is not one of ours.
+constexpr size_t kMaxEventLineBytes = 1 << 20;
+
+// Calls `visit` with every event of the log, in order, checking each line as it goes:
+// the log is streamed (a line at a time, in bounded memory), never read whole.
+template <typename Visit>
+void for_each_event(const std::string& path, Visit&& visit) {
+  std::error_code ec;
+  HYP_CHECK(std::filesystem::is_regular_file(path, ec),
             "goodput: {}: cannot read (no event log: was the run made by hyperion "
             "train with this version?)",
             path);
-  std::vector<Event> events;
-  std::string text;
-  size_t line_no = 0;
+  LineReader in(path, kMaxEventLineBytes);
+  std::string_view text;
   double last_time = -INFINITY;
-  while (std::getline(in, text)) {
-    ++line_no;
+  for (LineReader::Status st; (st = in.next(text)) != LineReader::Status::kEnd;) {
+    const int64_t line_no = in.line_number();
+    HYP_CHECK(st != LineReader::Status::kTooLong,
+              "goodput: {} line {}: longer than {} bytes: not an event (corrupt or foreign)",
+              path, line_no, kMaxEventLineBytes);
     if (text.empty()) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error&) {
-      fail("goodput: {} line {}: not a JSON line ({}): '{}'", path, line_no,
-           in.peek() == EOF ? "truncated: the last line is incomplete" : "corrupt or foreign",
-           text.substr(0, 80));
-    }
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    HYP_CHECK(!j.is_discarded(), "goodput: {} line {}: not a JSON line ({}): '{}'", path, line_no,
+              in.unterminated() ? "truncated: the last line is incomplete" : "corrupt or foreign",
+              std::string(text.substr(0, 80)));
     HYP_CHECK(j.is_object() && j.contains("time") && j["time"].is_number() && j.contains("event") &&
                   j["event"].is_string(),
               "goodput: {} line {}: not an event (an object with a numeric \"time\" and a "
               "string \"event\"): '{}'",
-              path, line_no, text.substr(0, 80));
+              path, line_no, std::string(text.substr(0, 80)));
     Event e;
     e.time = j["time"].get<double>();
     e.kind = j["event"].get<std::string>();
@@ -92,10 +91,15 @@ std::vector<Event> read_events(const std::string& path) {
       last_time = std::max(last_time, e.time);
     }
     e.fields = std::move(j);
-    events.push_back(std::move(e));
+    visit(e);
   }
-  return events;
 }
+
+// What the accounting of one process needs to know of the next (first pass).
+struct AttemptSummary {
+  double launch = 0;        // the OS's start of the process
+  long long restored = 0;   // the step its last restore_end restored (0: none)
+};
 
 }  // namespace
 
@@ -111,108 +115,107 @@ GoodputReport compute_goodput(const std::string& run_dir_or_file) {
   const std::string path = fs::is_directory(run_dir_or_file)
                                ? (fs::path(run_dir_or_file) / kEventsFile).string()
                                : run_dir_or_file;
-  const std::vector<Event> events = read_events(path);
-  HYP_CHECK(!events.empty() && std::any_of(events.begin(), events.end(),
-                                           [](const Event& e) { return e.kind == "job_start"; }),
-            "goodput: {}: no job_start event (an empty or foreign event log)", path);
-
-  std::vector<Attempt> attempts;
-  for (const Event& e : events) {
-    if (e.kind == "job_start") continue;
-    if (e.kind == "process_start") attempts.emplace_back();
+  // First pass: the processes (what each restored decides which steps of the one before
+  // were kept), and the job's first and last moments.
+  std::vector<AttemptSummary> attempts;
+  bool job_start = false;
+  double first_launch = INFINITY, last_time = -INFINITY;
+  for_each_event(path, [&](const Event& e) {
+    first_launch = std::min(first_launch, e.time);
+    last_time = std::max(last_time, e.time);
+    if (e.kind == "job_start") {
+      job_start = true;
+      return;
+    }
+    if (e.kind == "process_start") {
+      const double launch = std::min(number(e, "launch_time", e.time), e.time);
+      attempts.push_back({launch, 0});
+      first_launch = std::min(first_launch, launch);
+    }
     HYP_CHECK(!attempts.empty(), "goodput: {} line {}: '{}' before any process_start", path, e.line,
               e.kind);
-    attempts.back().events.push_back(e);
-  }
+    if (e.kind == "restore_end") attempts.back().restored = static_cast<long long>(number(e, "step"));
+  });
+  HYP_CHECK(job_start, "goodput: {}: no job_start event (an empty or foreign event log)", path);
 
   GoodputReport r;
   for (const std::string& k : badput_kinds()) r.badput[k] = 0;
   r.processes = static_cast<int>(attempts.size());
-  double first_launch = INFINITY, last_time = -INFINITY;
-  for (const Event& e : events) {
-    first_launch = std::min(first_launch, e.time);
-    last_time = std::max(last_time, e.time);
-  }
 
-  for (size_t a = 0; a < attempts.size(); ++a) {
-    const std::vector<Event>& ev = attempts[a].events;
-    const Event& start = ev.front();
-    const double launch = std::min(number(start, "launch_time", start.time), start.time);
-    first_launch = std::min(first_launch, launch);
-    r.badput["program_startup"] += start.time - launch;
-    const double end = ev.back().time;
+  // Second pass: each process's time, one process at a time.
+  struct Process {
+    double start = 0, end = 0;
     bool clean = false, init_seen = false;
-    double restore_begin = -1, restore_s = 0, init_end = end, save_begin = -1;
-    // Steps this process ran: step -> {seconds, data wait}; a step re-run after a restore
-    // in the same process cannot happen, so the last record of a step number wins.
-    struct StepRecord {
-      double start = 0, seconds = 0, data_wait = 0;
-    };
-    std::map<long long, StepRecord> steps;
+    double restore_begin = -1, restore_s = 0, init_end = 0, save_begin = -1;
     long long running_step = -1;
     double running_start = 0;
-    for (const Event& e : ev) {
-      if (e.kind == "restore_start") restore_begin = e.time;
-      if (e.kind == "restore_end" && restore_begin >= 0) {
-        restore_s += e.time - restore_begin;
-        restore_begin = -1;
-      }
-      if (e.kind == "init_done" && !init_seen) {
-        init_seen = true;
-        init_end = e.time;
-      }
-      if (e.kind == "step_start") {
-        running_step = static_cast<long long>(number(e, "step"));
-        running_start = e.time;
-      }
-      if (e.kind == "step_end" && running_step >= 0) {
-        const double secs = e.time - running_start;
-        steps[running_step] = {running_start, secs,
-                               std::clamp(number(e, "data_wait_s"), 0.0, secs)};
-        running_step = -1;
-      }
-      if (e.kind == "checkpoint_save_start") save_begin = e.time;
-      if (e.kind == "checkpoint_save_end" && save_begin >= 0) {
-        r.badput["checkpoint_save"] += e.time - save_begin;
-        save_begin = -1;
-      }
-      if (e.kind == "process_end" || e.kind == "job_end") clean = true;
-      if (e.kind == "job_end") r.finished = true;
-    }
-    // A restore still open when the process died counts up to its last event.
-    if (restore_begin >= 0) restore_s += end - restore_begin;
-    r.badput["checkpoint_restore"] += restore_s;
-    r.badput["initialization"] += std::max(0.0, init_end - start.time - restore_s);
-
-    // What the next process restored decides which of these steps were kept.
-    long long kept_up_to = LLONG_MAX;
-    if (a + 1 < attempts.size()) {
-      kept_up_to = 0;  // a next process that restored nothing started over
-      for (const Event& e : attempts[a + 1].events)
-        if (e.kind == "restore_end") kept_up_to = static_cast<long long>(number(e, "step"));
-    }
-    for (const auto& [step, rec] : steps) {
-      if (step <= kept_up_to) {
-        r.productive_s += rec.seconds - rec.data_wait;
-        r.badput["data_loading"] += rec.data_wait;
-        ++r.steps_kept;
-      } else {
-        r.badput["wasted_progress"] += rec.seconds;
-        ++r.steps_lost;
-      }
-    }
-    if (!clean) {
+    long long kept_up_to = LLONG_MAX;  // steps after this one were lost
+  };
+  Process p;
+  long long a = -1;
+  auto finish = [&] {
+    if (a < 0) return;
+    if (p.restore_begin >= 0) p.restore_s += p.end - p.restore_begin;  // died restoring
+    r.badput["checkpoint_restore"] += p.restore_s;
+    r.badput["initialization"] +=
+        std::max(0.0, (p.init_seen ? p.init_end : p.end) - p.start - p.restore_s);
+    if (!p.clean) {
       ++r.disruptions;
       // The step the process died in, up to its last sign of life.
-      if (running_step >= 0) r.badput["wasted_progress"] += end - running_start;
-      if (save_begin >= 0) r.badput["checkpoint_save"] += end - save_begin;
+      if (p.running_step >= 0) r.badput["wasted_progress"] += p.end - p.running_start;
+      if (p.save_begin >= 0) r.badput["checkpoint_save"] += p.end - p.save_begin;
     }
-    if (a + 1 < attempts.size()) {
-      const Event& next = attempts[a + 1].events.front();
-      const double next_launch = std::min(number(next, "launch_time", next.time), next.time);
-      r.badput["recovery"] += std::max(0.0, next_launch - end);
+    if (static_cast<size_t>(a + 1) < attempts.size())
+      r.badput["recovery"] += std::max(0.0, attempts[static_cast<size_t>(a + 1)].launch - p.end);
+  };
+  for_each_event(path, [&](const Event& e) {
+    if (e.kind == "job_start") return;
+    if (e.kind == "process_start") {
+      finish();
+      ++a;
+      p = Process{};
+      p.start = e.time;
+      r.badput["program_startup"] += e.time - attempts[static_cast<size_t>(a)].launch;
+      // A next process that restored nothing started over: none of these steps was kept.
+      if (static_cast<size_t>(a + 1) < attempts.size())
+        p.kept_up_to = attempts[static_cast<size_t>(a + 1)].restored;
     }
-  }
+    p.end = e.time;
+    if (e.kind == "restore_start") p.restore_begin = e.time;
+    if (e.kind == "restore_end" && p.restore_begin >= 0) {
+      p.restore_s += e.time - p.restore_begin;
+      p.restore_begin = -1;
+    }
+    if (e.kind == "init_done" && !p.init_seen) {
+      p.init_seen = true;
+      p.init_end = e.time;
+    }
+    if (e.kind == "step_start") {
+      p.running_step = static_cast<long long>(number(e, "step"));
+      p.running_start = e.time;
+    }
+    if (e.kind == "step_end" && p.running_step >= 0) {
+      const double secs = e.time - p.running_start;
+      if (p.running_step <= p.kept_up_to) {
+        const double wait = std::clamp(number(e, "data_wait_s"), 0.0, secs);
+        r.productive_s += secs - wait;
+        r.badput["data_loading"] += wait;
+        ++r.steps_kept;
+      } else {
+        r.badput["wasted_progress"] += secs;
+        ++r.steps_lost;
+      }
+      p.running_step = -1;
+    }
+    if (e.kind == "checkpoint_save_start") p.save_begin = e.time;
+    if (e.kind == "checkpoint_save_end" && p.save_begin >= 0) {
+      r.badput["checkpoint_save"] += e.time - p.save_begin;
+      p.save_begin = -1;
+    }
+    if (e.kind == "process_end" || e.kind == "job_end") p.clean = true;
+    if (e.kind == "job_end") r.finished = true;
+  });
+  finish();
   r.total_s = std::max(0.0, last_time - first_launch);
   double accounted = r.productive_s;
   for (const auto& [k, v] : r.badput) accounted += v;

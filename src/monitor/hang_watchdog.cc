@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 
 #include "base/log.h"
@@ -40,19 +41,25 @@ int64_t HangWatchdog::now_ns() {
 
 void HangWatchdog::run() {
   pthread_setname_np(pthread_self(), "hang-watchdog");  // as the dumps list it
-  int64_t last_dump_ns = 0;  // a dump re-arms the clock, as a heartbeat does
+  // A dump re-arms the clock, as a heartbeat does, but each further dump of the same hang
+  // waits twice as long as the one before (timeout, 2x, 4x, ...): a run hung for a day
+  // leaves a dozen dumps, not one per timeout.
+  int64_t last_dump_ns = 0, wait_ns = timeout_ns_;
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
-    const int64_t since = std::max(last_beat_ns_.load(std::memory_order_relaxed), last_dump_ns);
+    const int64_t beat = last_beat_ns_.load(std::memory_order_relaxed);
+    if (beat > last_dump_ns) wait_ns = timeout_ns_;  // progress since the last dump
+    const int64_t since = std::max(beat, last_dump_ns);
     const int64_t now = now_ns();
-    if (now < since + timeout_ns_) {
-      wake_.wait_for(lock, std::chrono::nanoseconds(since + timeout_ns_ - now));
+    if (now < since + wait_ns) {
+      wake_.wait_for(lock, std::chrono::nanoseconds(since + wait_ns - now));
       continue;
     }
     lock.unlock();
-    on_timeout(now - last_beat_ns_.load(std::memory_order_relaxed));
+    on_timeout(now - beat);
     lock.lock();
     last_dump_ns = now_ns();
+    wait_ns = std::min<int64_t>(wait_ns, INT64_MAX / 4) * 2;
   }
 }
 

@@ -19,7 +19,9 @@ namespace hyperion::monitor {
 // on_hang(path, last step) (path empty if the dump failed), and then either aborts the process
 // (abort_on_hang: std::abort(); the crash handler, if installed, then writes its crash
 // event and stderr line but no second file) or keeps watching, dumping again only after
-// a further timeout_s without a heartbeat, never in a storm. timeout_s <= 0: disabled,
+// twice as long again without a heartbeat (timeout_s, then 2x, 4x, ... of it: a day-long
+// hang leaves a dozen dumps, never a storm); a heartbeat resets the wait to timeout_s.
+// timeout_s <= 0: disabled,
 // no thread. The destructor stops and joins the thread promptly.
 class HangWatchdog {
  public:

@@ -104,6 +104,12 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
 
 void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t weight_bytes) {
   if (c.max_seq_len == 0) c.max_seq_len = model.max_seq_len;
+  // Positions past those the model was trained for (max_position_embeddings) give RoPE
+  // angles it never saw: its output there is noise, so they are not offered.
+  HYP_USAGE_CHECK(c.max_seq_len <= model.max_seq_len,
+                  "serve: max_seq_len={} is beyond the model's context (max_position_embeddings "
+                  "{} in its config.json); give at most {}",
+                  c.max_seq_len, model.max_seq_len, model.max_seq_len);
   const bool automatic_pages = c.kv_pages == 0 || c.padded_attention;
   const int64_t per_slot = (c.max_seq_len + c.kv_page_tokens - 1) / c.kv_page_tokens;
   const int64_t page_bytes = sat_mul(

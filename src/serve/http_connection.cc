@@ -249,8 +249,14 @@ void HttpConnection::reply_complete() {
   wait_for_request();
 }
 
-// While a reply is pending, a read on the socket notices a client that goes away (EOF or
+// While a reply is pending, a read on the socket notices a client that goes away (a
 // reset); bytes that arrive instead are the next pipelined request, kept in the buffer.
+// An end of stream (EOF) is not a client gone: it is also what a client that has sent
+// its whole request and shut its sending side (shutdown(SHUT_WR), `nc -N`, `curl
+// --no-keepalive` piping) sends, and that client still reads. The reply goes on and the
+// connection closes after it; a client that closed entirely is noticed when a write to
+// it fails (a stream's next token; a whole reply is generated to its end, bounded by its
+// max_tokens).
 void HttpConnection::watch_disconnect() {
   if (watching_ || closed_) return;
   net::mutable_buffer space;
@@ -270,6 +276,8 @@ void HttpConnection::on_watch(beast::error_code ec, size_t n) {
   if (!ec) {
     buffer_.commit(n);
     if (busy_) return watch_disconnect();
+  } else if (ec == net::error::eof || ec == http::error::end_of_stream) {
+    keep_alive_ = false;  // half-closed: answer, then close (nothing more will come)
   } else if (ec != net::error::operation_aborted) {
     return close();  // the client went away: close() runs the cancel hook
   }

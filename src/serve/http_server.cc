@@ -405,6 +405,9 @@ struct HttpServer::Impl : HttpApplication {
     if (ev.token >= 0) {
       c.tokens.push_back(ev.token);
       c.logprobs.push_back(ev.logprob);
+      c.token_texts.push_back(ev.text);
+    } else if (!ev.text.empty() && !c.token_texts.empty()) {
+      c.token_texts.back() += ev.text;  // held-back text released at the end
     }
     c.text += ev.text;
     const bool last = ev.finish != FinishReason::kNone;

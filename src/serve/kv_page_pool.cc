@@ -1,26 +1,24 @@
 #include "serve/kv_page_pool.h"
 
 #include <algorithm>
+#include <random>
 
 #include "base/error.h"
 #include "kernels/fill.h"
 
 namespace hyperion::serve {
 
-uint64_t page_hash(uint64_t parent, const int32_t* tokens, int64_t n) {
-  uint64_t h = splitmix64(parent ^ 0x9e3779b97f4a7c15ull);
-  for (int64_t i = 0; i < n; ++i) h = splitmix64(h ^ static_cast<uint32_t>(tokens[i]));
-  // 0 means "not published" in the pool.
-  return h == 0 ? 1 : h;
-}
-
-KvPagePool::KvPagePool(int64_t num_pages, int64_t page_tokens) : page_tokens_(page_tokens) {
+KvPagePool::KvPagePool(int64_t num_pages, int64_t page_tokens)
+    : page_tokens_(page_tokens), seed_(std::random_device{}()) {
+  seed_ = (seed_ << 32) ^ std::random_device{}();
   HYP_CHECK(num_pages > 0 && num_pages < (int64_t{1} << 31),
             "kv cache: the page count must be in [1, 2^31), got {}", num_pages);
   HYP_CHECK(page_tokens > 0, "kv cache: kv_page_tokens must be > 0, got {}", page_tokens);
   const size_t n = static_cast<size_t>(num_pages);
   refcount_.assign(n, 0);
   page_hash_.assign(n, 0);
+  page_parent_.assign(n, 0);
+  page_tokens_of_.assign(n * static_cast<size_t>(page_tokens), 0);
   lru_pos_.resize(n);
   in_lru_.assign(n, 0);
   free_.reserve(n);
@@ -76,7 +74,15 @@ void KvPagePool::release(PageId p) {
   }
 }
 
-bool KvPagePool::publish(PageId p, uint64_t hash) {
+uint64_t KvPagePool::hash(uint64_t parent, const int32_t* tokens) const {
+  uint64_t h = splitmix64(parent ^ seed_ ^ 0x9e3779b97f4a7c15ull);
+  for (int64_t i = 0; i < page_tokens_; ++i)
+    h = splitmix64(h ^ static_cast<uint32_t>(tokens[i]));
+  // 0 means "not published" in the pool.
+  return h == 0 ? 1 : h;
+}
+
+bool KvPagePool::publish(PageId p, uint64_t hash, uint64_t parent, const int32_t* tokens) {
   check_page(p, "publish");
   const size_t i = static_cast<size_t>(p);
   HYP_CHECK(refcount_[i] > 0, "kv cache: publish of page {} that is not in use", p);
@@ -84,13 +90,19 @@ bool KvPagePool::publish(PageId p, uint64_t hash) {
   if (page_hash_[i] != 0) return page_hash_[i] == hash;
   if (!by_hash_.emplace(hash, p).second) return false;
   page_hash_[i] = hash;
+  page_parent_[i] = parent;
+  std::copy(tokens, tokens + page_tokens_, page_tokens_of_.begin() + static_cast<ptrdiff_t>(i) * page_tokens_);
   return true;
 }
 
-PageId KvPagePool::lookup(uint64_t hash) {
+PageId KvPagePool::lookup(uint64_t hash, uint64_t parent, const int32_t* tokens) {
   ++lookups_;
   auto it = by_hash_.find(hash);
   if (it == by_hash_.end()) return kNoPage;
+  const size_t i = static_cast<size_t>(it->second);
+  const auto own = page_tokens_of_.begin() + static_cast<ptrdiff_t>(i) * page_tokens_;
+  if (page_parent_[i] != parent || !std::equal(tokens, tokens + page_tokens_, own))
+    return kNoPage;  // a hash collision: another prefix's KV
   ++hits_;
   retain(it->second);
   return it->second;
@@ -102,8 +114,8 @@ int64_t SequencePages::acquire_prefix(KvPagePool& pool, const std::vector<int32_
   const int64_t usable = prompt.empty() ? 0 : (static_cast<int64_t>(prompt.size()) - 1) / pt;
   uint64_t parent = 0;
   for (int64_t i = 0; i < usable; ++i) {
-    const uint64_t h = page_hash(parent, prompt.data() + i * pt, pt);
-    const PageId p = pool.lookup(h);
+    const uint64_t h = pool.hash(parent, prompt.data() + i * pt);
+    const PageId p = pool.lookup(h, parent, prompt.data() + i * pt);
     if (p == kNoPage) break;
     pages_.push_back(p);
     hashes_.push_back(h);
@@ -136,9 +148,9 @@ void SequencePages::publish_full_pages(KvPagePool& pool) {
   const int64_t full = length_ / pt;
   for (int64_t i = published_; i < full; ++i) {
     const uint64_t parent = i == 0 ? 0 : hashes_[static_cast<size_t>(i - 1)];
-    const uint64_t h = page_hash(parent, tokens_.data() + i * pt, pt);
+    const uint64_t h = pool.hash(parent, tokens_.data() + i * pt);
     hashes_.push_back(h);
-    pool.publish(pages_[static_cast<size_t>(i)], h);
+    pool.publish(pages_[static_cast<size_t>(i)], h, parent, tokens_.data() + i * pt);
   }
   published_ = std::max(published_, full);
 }

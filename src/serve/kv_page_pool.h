@@ -4,7 +4,10 @@
 // pool when the request ends or its client goes away.
 //
 // Prefix caching: a full page can be published under a hash of every token up to its end
-// (chained page by page, so equal hashes mean equal prefixes). A page that is released
+// (chained page by page, seeded at random per pool so that no client can craft a
+// collision). The hash only finds a candidate: the page keeps its own tokens and its
+// parent's hash, and a lookup is a hit only when both equal the request's, so KV computed
+// for other tokens is never reused, whatever the hash does. A page that is released
 // to a reference count of zero while published stays in the cache, reusable by the next
 // request with the same prefix, until a fresh allocation needs the memory: then the least
 // recently used cached page is evicted. A page is in exactly one state:
@@ -28,10 +31,6 @@ namespace hyperion::serve {
 using PageId = int32_t;
 inline constexpr PageId kNoPage = -1;
 
-// Chained hash of one full page of tokens after a prefix whose hash is `parent` (0 for
-// the first page).
-uint64_t page_hash(uint64_t parent, const int32_t* tokens, int64_t n);
-
 class KvPagePool {
  public:
   KvPagePool(int64_t num_pages, int64_t page_tokens);
@@ -53,12 +52,16 @@ class KvPagePool {
   // Drops one reference; at zero the page becomes cached (if published) or free.
   void release(PageId p);
 
-  // Publishes a full, used page under `hash` for reuse. A hash already published keeps
-  // its page (the new one stays private); returns whether this page was published.
-  bool publish(PageId p, uint64_t hash);
-  // The page published under `hash`, retained (refcount + 1), or kNoPage. Counts a hit or
-  // a miss for prefix_hit_rate().
-  PageId lookup(uint64_t hash);
+  // Chained hash of one full page of `tokens` (page_tokens() of them) after a prefix
+  // whose hash is `parent` (0 for the first page). Never 0.
+  uint64_t hash(uint64_t parent, const int32_t* tokens) const;
+  // Publishes a full, used page holding `tokens` after the prefix `parent` under `hash`
+  // (= hash(parent, tokens)) for reuse. A hash already published keeps its page (the new
+  // one stays private); returns whether this page was published.
+  bool publish(PageId p, uint64_t hash, uint64_t parent, const int32_t* tokens);
+  // The page published under `hash` whose tokens and parent are `tokens` and `parent`,
+  // retained (refcount + 1), or kNoPage. Counts a hit or a miss for prefix_hit_rate().
+  PageId lookup(uint64_t hash, uint64_t parent, const int32_t* tokens);
   int64_t prefix_lookups() const { return lookups_; }
   int64_t prefix_hits() const { return hits_; }
 
@@ -67,7 +70,10 @@ class KvPagePool {
 
   int64_t page_tokens_;
   std::vector<int32_t> refcount_;
-  std::vector<uint64_t> page_hash_;  // published hash, 0 = not published
+  std::vector<uint64_t> page_hash_;    // published hash, 0 = not published
+  std::vector<uint64_t> page_parent_;  // a published page's parent hash
+  std::vector<int32_t> page_tokens_of_;  // a published page's tokens (page_tokens_ each)
+  uint64_t seed_;
   std::vector<PageId> free_;
   std::list<PageId> lru_;  // cached pages, least recently released first
   std::vector<std::list<PageId>::iterator> lru_pos_;

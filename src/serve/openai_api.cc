@@ -5,6 +5,8 @@
 #include <cmath>
 #include <set>
 
+#include "model/sampler.h"
+
 namespace hyperion::serve {
 
 using nlohmann::json;
@@ -175,20 +177,20 @@ bool parse_common(const json& j, const std::string& key, const ApiContext& ctx, 
   } else if (key == "temperature") {
     if (!j[key].is_null()) {
       const double t = get_number(j, "temperature");
-      if (!(t >= 0.0 && t <= 2.0))
-        bad(key, fmt::format("'temperature' must be in [0, 2], got {}", t));
+      if (const std::string e = temperature_error(t); !e.empty()) bad(key, "'temperature' " + e);
       g.sampling.temperature = static_cast<float>(t);
     }
   } else if (key == "top_p") {
     if (!j[key].is_null()) {
       const double p = get_number(j, "top_p");
-      if (!(p > 0.0 && p <= 1.0)) bad(key, fmt::format("'top_p' must be in (0, 1], got {}", p));
+      if (const std::string e = top_p_error(p); !e.empty()) bad(key, "'top_p' " + e);
       g.sampling.top_p = static_cast<float>(p);
     }
   } else if (key == "top_k") {
     if (!j[key].is_null()) {
-      const int64_t k = get_int(j, "top_k", -1, INT32_MAX);
-      g.sampling.top_k = static_cast<int>(k < 0 ? 0 : k);  // -1 = off, as in vLLM
+      const int64_t k = get_int(j, "top_k", INT64_MIN, INT64_MAX);
+      if (const std::string e = top_k_error(k); !e.empty()) bad(key, "'top_k' " + e);
+      g.sampling.top_k = top_k_param(k);  // -1 = off, as in vLLM
     }
   } else if (key == "seed") {
     if (!j[key].is_null()) {
@@ -435,28 +437,41 @@ json finish_json(FinishReason f) {
   return finish_reason_name(f);
 }
 
-std::string piece_text(const ApiContext& ctx, int32_t token) {
-  return ctx.tokenizer != nullptr ? ctx.tokenizer->id_to_piece(token) : std::to_string(token);
+// The text token i added (see Completion::token_texts).
+const std::string& token_text(const Completion& c, size_t i) {
+  static const std::string none;
+  return i < c.token_texts.size() ? c.token_texts[i] : none;
 }
 
-json completion_logprobs(const Completion& c, const ApiContext& ctx) {
+json utf8_bytes(const std::string& text) {
+  json out = json::array();
+  for (const unsigned char b : text) out.push_back(static_cast<int>(b));
+  return out;
+}
+
+json completion_logprobs(const Completion& c) {
   json lp;
-  json tokens = json::array(), values = json::array();
+  json tokens = json::array(), values = json::array(), offsets = json::array();
+  size_t offset = 0;
   for (size_t i = 0; i < c.tokens.size(); ++i) {
-    tokens.push_back(piece_text(ctx, c.tokens[i]));
+    tokens.push_back(token_text(c, i));
     values.push_back(i < c.logprobs.size() ? c.logprobs[i] : 0.0f);
+    offsets.push_back(offset);
+    offset += token_text(c, i).size();
   }
   lp["tokens"] = tokens;
   lp["token_logprobs"] = values;
   lp["top_logprobs"] = nullptr;
+  lp["text_offset"] = offsets;
   return lp;
 }
 
-json chat_logprobs(const Completion& c, const ApiContext& ctx, size_t from) {
+json chat_logprobs(const Completion& c, size_t from) {
   json content = json::array();
   for (size_t i = from; i < c.tokens.size(); ++i)
-    content.push_back({{"token", piece_text(ctx, c.tokens[i])},
+    content.push_back({{"token", token_text(c, i)},
                        {"logprob", i < c.logprobs.size() ? c.logprobs[i] : 0.0f},
+                       {"bytes", utf8_bytes(token_text(c, i))},
                        {"top_logprobs", json::array()}});
   return {{"content", content}};
 }
@@ -482,10 +497,10 @@ std::string completion_response(const ApiRequest& r, const Completion& c, const 
   choice["index"] = 0;
   if (r.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", c.text}};
-    choice["logprobs"] = r.logprobs > 0 ? chat_logprobs(c, ctx, 0) : json(nullptr);
+    choice["logprobs"] = r.logprobs > 0 ? chat_logprobs(c, 0) : json(nullptr);
   } else {
     choice["text"] = c.text;
-    choice["logprobs"] = r.logprobs >= 0 ? completion_logprobs(c, ctx) : json(nullptr);
+    choice["logprobs"] = r.logprobs >= 0 ? completion_logprobs(c) : json(nullptr);
   }
   choice["finish_reason"] = finish_json(c.finish);
   j["choices"] = json::array({choice});
@@ -505,13 +520,14 @@ std::string stream_token_event(const ApiRequest& r, const Completion& c, const T
     delta["content"] = ev.text;
     choice["delta"] = delta;
     choice["logprobs"] =
-        r.logprobs > 0 && has_token ? chat_logprobs(c, ctx, c.tokens.size() - 1) : json(nullptr);
+        r.logprobs > 0 && has_token ? chat_logprobs(c, c.tokens.size() - 1) : json(nullptr);
   } else {
     choice["text"] = ev.text;
     if (r.logprobs >= 0 && has_token) {
-      choice["logprobs"] = {{"tokens", {piece_text(ctx, ev.token)}},
+      choice["logprobs"] = {{"tokens", {ev.text}},
                             {"token_logprobs", {ev.logprob}},
-                            {"top_logprobs", nullptr}};
+                            {"top_logprobs", nullptr},
+                            {"text_offset", {c.text.size() - ev.text.size()}}};
     } else {
       choice["logprobs"] = nullptr;
     }

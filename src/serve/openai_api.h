@@ -87,6 +87,10 @@ struct Completion {
   std::string text;
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
+  // The text each token added to `text` (what the stream sent with it; text released
+  // later, such as a character completed by a following token, counts for that token):
+  // these concatenate to `text`, as OpenAI's logprobs tokens do.
+  std::vector<std::string> token_texts;
   FinishReason finish = FinishReason::kNone;
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
 };

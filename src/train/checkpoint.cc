@@ -1,4 +1,5 @@
 #include "train/checkpoint.h"
+#include "train/checkpoint_files.h"
 
 #include <unistd.h>
 
@@ -151,29 +152,6 @@ void CheckpointManager::save(const ParamStore& params, const AdamW& optimizer,
   blocking_seconds_ += timer.seconds();
 }
 
-namespace {
-
-bool is_step_dir(const fs::path& p, int64_t* step) {
-  const std::string name = p.filename().string();
-  if (name.empty() || name.size() > 18) return false;
-  for (char ch : name)
-    if (ch < '0' || ch > '9') return false;
-  *step = std::stoll(name);
-  return fs::is_directory(p);
-}
-
-std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const std::string& dir) {
-  std::vector<std::pair<int64_t, fs::path>> out;
-  if (!fs::is_directory(dir)) return out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    int64_t step = 0;
-    if (is_step_dir(e.path(), &step)) out.emplace_back(step, e.path());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-}  // namespace
 
 void CheckpointManager::write_files(const Snapshot& s, const std::string& dir) const {
   io::SafetensorsWriter model, opt;
@@ -237,14 +215,7 @@ void CheckpointManager::write_common(const Snapshot& s, const std::string& tmp) 
 }
 
 void CheckpointManager::publish(const std::string& tmp, int64_t step) {
-  io::fsync_directory(tmp);
-  const std::string final_dir = dir_ + "/" + std::to_string(step);
-  if (fs::exists(final_dir)) fs::remove_all(final_dir);  // re-save of the same step
-  fs::rename(tmp, final_dir);
-  io::fsync_directory(dir_);
-  auto all = list_checkpoints(dir_);
-  for (size_t i = 0; i + static_cast<size_t>(keep_) < all.size(); ++i)
-    fs::remove_all(all[i].second);
+  publish_checkpoint(dir_, tmp, step, keep_);
 }
 
 void CheckpointManager::write(const Snapshot& s) {
@@ -265,7 +236,7 @@ bool has_model_weights(const std::string& dir) {
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
-  auto all = list_checkpoints(run_dir + "/checkpoints");
+  auto all = list_step_dirs(run_dir + "/checkpoints");
   for (auto it = all.rbegin(); it != all.rend(); ++it)
     if (fs::exists(it->second / "trainer_state.json") && has_model_weights(it->second.string()))
       return it->second.string();
@@ -285,6 +256,23 @@ std::string resolve_checkpoint_dir(const std::string& path) {
 
 LlamaConfig read_checkpoint_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
+  if (!fs::exists(path)) {
+    // Say what the directory is, not only what it lacks.
+    std::string model_type;
+    try {
+      model_type = nlohmann::json::parse(io::read_file(dir + "/trainer_state.json"))
+                       .value("model_type", std::string());
+    } catch (const std::exception&) {
+    }
+    HYP_CHECK(model_type != "dlrm",
+              "{} is a recommender (DLRM) checkpoint: eval, generate, serve and convert work on "
+              "language-model checkpoints (with a config.json); a DLRM run resumes with "
+              "`hyperion train --resume {}`",
+              dir, dir);
+    fail("{}: no config.json: not a language-model checkpoint (hyperion train writes "
+         "config.json, model.safetensors and tokenizer.model into each checkpoint)",
+         dir);
+  }
   return LlamaConfig::from_hf_json(io::read_file(path), path);
 }
 

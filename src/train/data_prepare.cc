@@ -13,6 +13,7 @@
 #include "base/threads.h"
 #include "base/timer.h"
 #include "io/atomic_file.h"
+#include "io/file_identity.h"
 #include "io/text_input.h"
 #include "io/token_shard.h"
 #include "io/tokenizer.h"
@@ -86,6 +87,32 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
             "data prepare: val_fraction must be in [0, 1), got {}", opts.val_fraction);
   HYP_CHECK(!opts.tokenizer_model.empty() || opts.vocab_size > 0,
             "data prepare: vocab_size must be positive, got {}", opts.vocab_size);
+  // An output written over an input would destroy it (--input DIR/train.bin --output DIR).
+  // The given tokenizer may be DIR/tokenizer.model itself: it is rewritten unchanged.
+  for (const char* name : {"train.bin", "val.bin", "meta.json", "tokenizer.model"})
+    io::check_output_is_not_an_input((std::filesystem::path(opts.output_dir) / name).string(),
+                                     opts.inputs, "data prepare");
+
+  // The output directory is new, empty, or an earlier output of this command (meta.json
+  // says so): never a directory of someone else's files (a model's tokenizer.model).
+  {
+    std::error_code ec;
+    const std::filesystem::path out(opts.output_dir);
+    if (std::filesystem::exists(out, ec)) {
+      HYP_CHECK(std::filesystem::is_directory(out, ec), "data prepare: --output {} is not a directory",
+                opts.output_dir);
+      bool ours = false;
+      try {
+        ours = nlohmann::json::parse(io::read_file((out / "meta.json").string()))
+                   .value("format", "") == "hyperion-token-shards";
+      } catch (const std::exception&) {
+      }
+      HYP_CHECK(ours || std::filesystem::directory_iterator(out, ec) == std::filesystem::directory_iterator(),
+                "data prepare: --output {} holds files that are not a prepared dataset (no "
+                "meta.json of hyperion data prepare); choose a new or empty directory",
+                opts.output_dir);
+    }
+  }
 
   std::vector<std::string> docs;
   for (const std::string& input : opts.inputs) {
@@ -99,6 +126,9 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
 
   io::make_directories(opts.output_dir);
   const std::filesystem::path dir(opts.output_dir);
+  // meta.json is written last: until then the directory is not a complete dataset (a
+  // prepare killed half-way leaves no mix of old and new files that looks complete).
+  std::filesystem::remove(dir / "meta.json");
   PrepareResult r;
   r.tokenizer_path = (dir / "tokenizer.model").string();
   r.train_path = (dir / "train.bin").string();
@@ -166,6 +196,7 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
       {"train", "train.bin"},
       {"val", "val.bin"},
   };
+  if (!opts.cache_key.empty()) meta["cache_key"] = opts.cache_key;
   io::write_file_atomic((dir / "meta.json").string(), meta.dump(2) + "\n");
   r.seconds = timer.seconds();
   return r;

@@ -14,6 +14,9 @@ struct PrepareOptions {
   int vocab_size = 8192;            // only used when training a tokenizer
   double val_fraction = 0.05;       // in [0, 1)
   uint64_t seed = 1234;             // chooses the held-out documents
+  // What the output was made from, in words (the trainer's dataset cache key: inputs'
+  // fingerprints, tokenizer, vocabulary, split); written to meta.json as "cache_key".
+  std::string cache_key;
 };
 
 struct PrepareResult {

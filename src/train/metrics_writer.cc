@@ -6,24 +6,28 @@
 
 #include "base/error.h"
 #include "io/atomic_file.h"
+#include "base/line_reader.h"
 
 namespace hyperion {
 
 namespace {
 
-// Keeps the metrics of steps <= `step`.
+// Keeps the metrics of steps <= `step`, streamed (a line at a time) into the new file.
 void truncate_metrics(const std::string& path, int64_t step) {
   if (!std::filesystem::exists(path)) return;
-  std::ifstream in(path);
-  std::string line, kept;
-  while (std::getline(in, line)) {
-    try {
-      if (nlohmann::json::parse(line).at("step").get<int64_t>() <= step) kept += line + "\n";
-    } catch (const std::exception&) {
-      // A torn last line from a killed run: dropped.
+  LineReader in(path, 1 << 20);  // a metrics line is a few hundred bytes
+  io::AtomicFileWriter out(path);
+  std::string_view line;
+  for (LineReader::Status st; (st = in.next(line)) != LineReader::Status::kEnd;) {
+    if (st != LineReader::Status::kLine) continue;  // corrupt: dropped
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<int64_t>() <= step) {
+      out.write(line);
+      out.write("\n");
     }
   }
-  io::write_file_atomic(path, kept);
+  out.commit();
 }
 
 }  // namespace

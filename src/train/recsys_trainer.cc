@@ -26,6 +26,7 @@
 #include "recsys/dlrm_model.h"
 #include "recsys/synthetic_data.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_files.h"
 #include "train/metrics_writer.h"
 #include "train/run_directory.h"
 #include "train/stop_signal.h"
@@ -183,6 +184,7 @@ void RecsysRun::setup() {
   else if (t_.enable_checkpointing)
     from = latest_checkpoint(run_dir_);
   if (from) {
+    check_resume_shape(config_, *from);  // names the key, the values, the source
     monitor_->restore_started();
     Timer timer;
     restore(*from);
@@ -396,24 +398,7 @@ void RecsysRun::save() {
     for (const auto& [k, v] : config_.values()) cfg[k] = v;
     state["config"] = cfg;
     io::write_file_atomic(tmp + "/trainer_state.json", state.dump(2));
-    io::fsync_directory(tmp);
-    if (fs::exists(final_dir)) fs::remove_all(final_dir);
-    fs::rename(tmp, final_dir);
-    io::fsync_directory(dir);
-    // Keep the newest checkpoints_to_keep.
-    // Keep the newest checkpoints_to_keep, and always the one just written (a run resumed
-    // from an older checkpoint may have newer ones from before).
-    std::vector<std::pair<int64_t, fs::path>> all;
-    for (const auto& entry : fs::directory_iterator(dir)) {
-      const std::string name = entry.path().filename().string();
-      if (entry.is_directory() && !name.empty() && name.size() < 19 &&
-          std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
-          std::stoll(name) != step_)
-        all.emplace_back(std::stoll(name), entry.path());
-    }
-    std::sort(all.begin(), all.end());
-    const size_t keep_others = size_t(std::max<int64_t>(t_.checkpoints_to_keep, 1)) - 1;
-    for (size_t i = 0; i + keep_others < all.size(); ++i) fs::remove_all(all[i].second);
+    publish_checkpoint(dir, tmp, step_, t_.checkpoints_to_keep);
   }
   if (world_ > 1) comm_.barrier();
   result_.checkpoint = final_dir;

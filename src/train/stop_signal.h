@@ -3,15 +3,18 @@
 // 128 + the signal, so the same command resumes where it stopped rather than at the last
 // periodic checkpoint. The trainer installs the handlers for the length of a run
 // (StopSignalScope); the ranks of a job agree on the step through the step's all-reduce.
-// A second signal stops the process at once, and a stop still unfinished after 60 s (a
-// step blocked on a dead peer) ends by SIGALRM.
+// A second signal stops the process at once (by that signal's default action: exit
+// status 128 + the signal, no save), and a stop still unfinished `grace_s` (60 s) after
+// the first signal (a step blocked on a dead peer) ends by SIGALRM.
 #pragma once
 
 namespace hyperion {
 
 class StopSignalScope {
  public:
-  StopSignalScope();   // installs SIGTERM and SIGINT handlers that only record the signal
+  // Installs SIGTERM and SIGINT handlers: the first signal is recorded (and arms the
+  // alarm), the second ends the process.
+  explicit StopSignalScope(unsigned grace_s = 60);
   ~StopSignalScope();  // restores the previous handlers
   StopSignalScope(const StopSignalScope&) = delete;
   StopSignalScope& operator=(const StopSignalScope&) = delete;

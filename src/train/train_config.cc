@@ -214,6 +214,41 @@ bool is_model_shape_key(const std::string& key) {
   return false;
 }
 
+namespace {
+
+std::string shape_change_error(const std::string& checkpoint, const std::string& key,
+                               const std::string& saved, const std::string& now,
+                               const std::string& source) {
+  return fmt::format(
+      "resume from {}: {} cannot change on resume (the checkpoint's model has {}, {} asks {}); "
+      "start a new run (another run_name) to train another shape",
+      checkpoint, key, saved, source, now);
+}
+
+}  // namespace
+
+void check_resume_shape(const Config& config, const std::string& checkpoint_dir) {
+  nlohmann::json saved;
+  try {
+    saved = nlohmann::json::parse(io::read_file(checkpoint_dir + "/trainer_state.json")).at("config");
+  } catch (const std::exception&) {
+    return;
+  }
+  if (!saved.is_object()) return;
+  for (const auto& [key, value] : config.values()) {
+    if (!is_model_shape_key(key) || !saved.contains(key) || !saved[key].is_string()) continue;
+    const std::string before = saved[key].get<std::string>();
+    if (before != value)
+    {
+      const std::string& source = config.source_of(key);
+      usage_fail("{}", shape_change_error(checkpoint_dir, key, before, value,
+                                          source == "command line" ? "the command line"
+                                          : source == "default"    ? "the default"
+                                                                   : source));
+    }
+  }
+}
+
 Config load_resumed_train_config(const std::string& resume,
                                  const std::vector<std::string>& overrides,
                                  std::vector<std::string>* changes) {
@@ -241,10 +276,8 @@ Config load_resumed_train_config(const std::string& resume,
     probe.apply_override(o);
     const std::string before = c.values().at(key), after = probe.values().at(key);
     if (before == after) continue;
-    HYP_USAGE_CHECK(!is_model_shape_key(key),
-                    "--resume {}: {} cannot change on resume (the checkpoint's model has {}, the "
-                    "command line asks {}); start a new run to train another shape",
-                    resume, key, before, after);
+    HYP_USAGE_CHECK(!is_model_shape_key(key), "{}",
+                    shape_change_error(dir, key, before, after, "the command line"));
     c.apply_override(o);
     if (changes != nullptr) changes->push_back(fmt::format("{}: {} -> {}", key, before, after));
   }

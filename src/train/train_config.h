@@ -39,6 +39,11 @@ Config load_resumed_train_config(const std::string& resume,
                                  std::vector<std::string>* changes);
 // Keys that fix the shape of the model's tensors (a resumed run cannot change them).
 bool is_model_shape_key(const std::string& key);
+// Before a resume from `checkpoint_dir` (explicit or the run directory's latest): a usage
+// error naming the first model-shape key whose value in `config` differs from the config
+// the checkpoint saved, both values and where the new one comes from (a file and line, or
+// the command line). Nothing when the checkpoint saved no config.
+void check_resume_shape(const Config& config, const std::string& checkpoint_dir);
 
 // Parallelism axes as configured (-1: the ranks left over), see resolve_mesh.
 struct MeshConfig {

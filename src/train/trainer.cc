@@ -20,6 +20,7 @@
 #include "dist/communicator.h"
 #include "io/atomic_file.h"
 #include "io/directory_lock.h"
+#include "io/file_identity.h"
 #include "io/text_input.h"
 #include "io/tokenizer.h"
 #include "kernels/hardware.h"
@@ -44,9 +45,22 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Complete: meta.json is written last (train/data_prepare.h).
 bool is_prepared(const std::string& dir) {
   return fs::exists(dir + "/train.bin") && fs::exists(dir + "/val.bin") &&
-         fs::exists(dir + "/tokenizer.model");
+         fs::exists(dir + "/tokenizer.model") && fs::exists(dir + "/meta.json");
+}
+
+// Complete, and prepared from exactly the inputs `key` describes ("" = any).
+bool dataset_ready(const PreparedDataset& d) {
+  if (!is_prepared(d.dir)) return false;
+  if (d.key.empty()) return true;
+  try {
+    return nlohmann::json::parse(io::read_file(d.dir + "/meta.json")).value("cache_key", "") ==
+           d.key;
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 // Exactly equal: eval, generate, serve and convert refuse a checkpoint whose tokenizer
@@ -124,25 +138,44 @@ PreparedDataset resolve_dataset(const TrainConfig& t, bool prepare) {
   std::string input = t.dataset_path;
   if (!input.empty() && fs::is_directory(input)) {
     HYP_CHECK(is_prepared(input),
-              "dataset_path '{}': a directory must hold train.bin, val.bin and tokenizer.model "
-              "(made by `hyperion data prepare`)",
+              "dataset_path '{}': a directory must hold train.bin, val.bin, tokenizer.model and "
+              "meta.json (made by `hyperion data prepare`)",
               input);
     d.dir = input;
   } else {
     if (input.empty()) input = io::require_bundled_corpus("dataset_path is empty");
     HYP_CHECK(fs::is_regular_file(input), "dataset_path '{}': no such file or directory", input);
+    // The prepared data is keyed by everything it is made from: the input file's and the
+    // tokenizer's fingerprints (path, size, modification time), the vocabulary and the
+    // held-out fraction. Another input with the same name or vocabulary, or the same file
+    // changed, gets its own directory.
+    std::string key = fmt::format("input {}\nvocab {}\neval_fraction {}\n", io::file_fingerprint(input),
+                                  t.model.vocab_size, t.eval_fraction);
+    if (!t.tokenizer_path.empty())
+      key += fmt::format("tokenizer {}\n", io::file_fingerprint(t.tokenizer_path));
     const std::string stem = fs::path(input).stem().string();
     // fmt::format rather than `"-" + string` chains: GCC 12 -Wrestrict misfires on those.
-    d.dir = fmt::format("{}/datasets/{}-v{}", t.base_output_directory, stem, t.model.vocab_size);
-    if (!t.tokenizer_path.empty())
-      d.dir += fmt::format("-{}", fs::path(t.tokenizer_path).stem().string());
-    if (prepare && !is_prepared(d.dir)) {
+    d.dir = fmt::format("{}/datasets/{}-v{}-{}", t.base_output_directory, stem, t.model.vocab_size,
+                        io::short_hash(key).substr(0, 12));
+    d.key = key;
+    bool ready = false;
+    if (prepare && is_prepared(d.dir)) {
+      ready = dataset_ready(d);
+      if (ready)
+        log_info("data: reusing {} (prepared from {}, unchanged since)", d.dir, input);
+      else
+        log_warn("data: {} holds data prepared from other inputs (its meta.json cache_key "
+                 "differs); preparing it again",
+                 d.dir);
+    }
+    if (prepare && !ready) {
       train::PrepareOptions po;
       po.inputs = {input};
       po.output_dir = d.dir;
       po.tokenizer_model = t.tokenizer_path;
       po.vocab_size = static_cast<int>(t.model.vocab_size);
       po.val_fraction = t.eval_fraction;
+      po.cache_key = key;
       log_info("data: preparing {} into {} (vocab {})", input, d.dir, t.model.vocab_size);
       train::PrepareResult r = train::prepare_dataset(po);
       log_info("data: {} documents, {} train / {} held-out tokens, {:.1f} s", r.documents,
@@ -301,7 +334,7 @@ void TrainingRun::setup() {
   // files outside any collective (preparing a large corpus can outlast
   // collective_timeout_s; a failure on rank 0 aborts them all).
   PreparedDataset data = resolve_dataset(t, rank_ == 0);
-  while (rank_ != 0 && !is_prepared(data.dir))
+  while (rank_ != 0 && !dataset_ready(data))
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   comm_->barrier();
   tokenizer_.emplace(io::Tokenizer::load(data.tokenizer));
@@ -342,6 +375,7 @@ void TrainingRun::setup() {
                      : std::optional<std::string>(resolve_checkpoint_dir(options_.resume));
   if (resume_from_) {
     if (options_.resume.empty()) log_config_changes(config_, *resume_from_);
+    check_resume_shape(config_, *resume_from_);  // names the key, the values, the source
     const LlamaConfig saved = read_checkpoint_config(*resume_from_);
     HYP_CHECK(saved.dim == t.model.dim && saved.n_layers == t.model.n_layers &&
                   saved.vocab_size == t.model.vocab_size && saved.ffn_dim == t.model.ffn_dim &&

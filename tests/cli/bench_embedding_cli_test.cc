@@ -30,7 +30,15 @@ TEST(BenchEmbeddingCli, JsonHasEveryPhase) {
 TEST(BenchEmbeddingCli, RejectsBadFlags) {
   CliResult r = run_cli("bench embedding --cases nope");
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("--cases 'nope' names no case"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--cases: no case 'nope'"), std::string::npos) << r.out;
+  // An empty list is not "all" (gigabytes of tables), an unknown name next to a known one
+  // is not dropped, and an empty item is a mistake: each a usage error naming the flag.
+  for (const char* list : {"''", "' '", "small-d64-bag1,nope", "small-d64-bag1,,small-d128-bag20",
+                           "small-d64-bag1,", "small-d64-bag1,small-d64-bag1"}) {
+    r = run_cli(std::string("bench embedding --cases ") + list);
+    EXPECT_EQ(r.code, 2) << list << "\n" << r.out;
+    EXPECT_NE(r.out.find("--cases"), std::string::npos) << list << "\n" << r.out;
+  }
   r = run_cli("bench embedding --dtype f16");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("--dtype must be f32, bf16 or int8"), std::string::npos) << r.out;

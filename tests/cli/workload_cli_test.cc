@@ -119,6 +119,89 @@ TEST_F(WorkloadCli, BadNamesAndRequestsAreUsageErrors) {
   }
 }
 
+// Values that would be read as something else are usage errors naming the flag: an empty
+// or malformed --restart-on-exit-codes list (never "restart on no code"), an --env key
+// given twice (which value would the workload see?) or one no shell could name. Nothing
+// is submitted.
+TEST_F(WorkloadCli, MalformedExitCodesAndEnvAreUsageErrors) {
+  create_cluster("dev", 1);
+  const std::string submit = "workload create --cluster dev --workload w ";
+  const std::string create = submit + "--command true ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--restart-on-exit-codes ''", "--restart-on-exit-codes must not be empty"},
+      {"--restart-on-exit-codes 1,,2", "--restart-on-exit-codes '1,,2': empty item"},
+      {"--restart-on-exit-codes 1,", "--restart-on-exit-codes '1,': empty item"},
+      {"--restart-on-exit-codes 3,3", "--restart-on-exit-codes '3,3': '3' is given twice"},
+      {"--env A=1 --env A=2", "--env: A is given twice"},
+      {"--env 'A B=1'", "--env 'A B=1': 'A B' is not a variable name"},
+      {"--env 1A=1", "--env '1A=1': '1A' is not a variable name"},
+  };
+  for (const auto& [flags, message] : cases) {
+    const CliResult r = hy(create + flags);
+    EXPECT_EQ(r.code, 2) << flags << "\n" << r.out;
+    EXPECT_NE(r.out.find(message), std::string::npos) << flags << "\n" << r.out;
+  }
+  CliResult r = hy("workload list --cluster dev --json");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(json::parse(r.out, nullptr, false), json::array()) << r.out;
+  // Well-formed ones are kept as given; a workload's --env wins over the supervisor's
+  // default of the same variable, which the workload sees once.
+  r = hy(submit +
+         "--restart-on-exit-codes ' 1, 7' --env OMP_NUM_THREADS=3 --env B=x=y "
+         "--command 'env | grep -e ^OMP_NUM_THREADS= -e ^B='");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json spec = json::parse(slurp(home_ + "/clusters/dev/workloads/w/spec.json"));
+  EXPECT_EQ(spec["restart_on_exit_codes"], json::array({1, 7})) << spec.dump();
+  EXPECT_EQ(spec["env"], json::parse(R"([["OMP_NUM_THREADS", "3"], ["B", "x=y"]])"))
+      << spec.dump();
+  ASSERT_TRUE(reaches("dev", "w", "succeeded")) << status("dev", "w").dump();
+  std::string log = slurp(home_ + "/clusters/dev/workloads/w/output.log");
+  log.insert(0, 1, '\n');
+  size_t seen = 0;
+  for (size_t at = log.find("\nOMP_NUM_THREADS="); at != std::string::npos;
+       at = log.find("\nOMP_NUM_THREADS=", at + 1))
+    ++seen;
+  EXPECT_EQ(seen, 1u) << log;
+  EXPECT_NE(log.find("\nOMP_NUM_THREADS=3\n"), std::string::npos) << log;
+  EXPECT_NE(log.find("\nB=x=y\n"), std::string::npos) << log;
+}
+
+// A directory where the cluster's state would go that holds something else is never
+// adopted (cluster delete would remove it with the cluster): create refuses, touching
+// nothing. An empty one is fine.
+TEST_F(WorkloadCli, CreateRefusesADirectoryThatIsNotACluster) {
+  const std::string dir = home_ + "/clusters/dev";
+  fs::create_directories(dir);
+  std::ofstream(dir + "/notes.txt") << "mine\n";
+  const CliResult r = hy("cluster create --cluster dev --cores 1");
+  if (r.code == 0) clusters_.push_back("dev");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("not a hyperion cluster (no cluster.json)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("clusters/dev"), std::string::npos) << r.out;
+  EXPECT_EQ(slurp(dir + "/notes.txt"), "mine\n");
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"notes.txt"});
+  const CliResult list = hy("cluster list --json");
+  EXPECT_EQ(list.code, 0) << list.out;
+  EXPECT_EQ(json::parse(list.out, nullptr, false), json::array()) << list.out;
+  fs::create_directories(home_ + "/clusters/empty");
+  create_cluster("empty", 1);
+}
+
+// A relative HYPERION_HOME names the same state for the supervisor (which runs in /) as
+// for the command that started it.
+TEST_F(WorkloadCli, RelativeHomeIsTheSameStateForTheSupervisor) {
+  clusters_.push_back("rel");  // deleted at the end whatever happens
+  const CliResult r = testing_util::run_shell("cd " + home_ + " && HYPERION_HOME=. " +
+                                              HYPERION_CLI_PATH +
+                                              " cluster create --cluster rel --cores 1 2>&1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(home_ + "/clusters/rel/cluster.json"));
+  ASSERT_EQ(hy("workload create --cluster rel --workload w --command true").code, 0);
+  EXPECT_TRUE(reaches("rel", "w", "succeeded")) << status("rel", "w").dump();
+}
+
 TEST_F(WorkloadCli, UserErrorIsNotRestartedAndStatusSaysWhy) {
   create_cluster("dev", 1);
   CliResult r =

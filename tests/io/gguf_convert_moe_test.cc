@@ -214,7 +214,7 @@ class ConvertMoeTest : public ::testing::Test {
     needles.push_back(ckpt_);
     expect_error([&] { convert_checkpoint_to_gguf(ckpt_, out_, type); }, needles);
     EXPECT_FALSE(fs::exists(out_));
-    EXPECT_FALSE(fs::exists(out_ + ".tmp." + std::to_string(::getpid())));
+    EXPECT_FALSE(testing_util::temp_files_left(out_));
   }
 
   static inline fs::path tok_dir_;

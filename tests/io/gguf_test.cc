@@ -861,7 +861,7 @@ TEST_F(ConvertTest, F32UntiedMetadataTensorsAndVocab) {
               weights_.at(p + "k_proj.weight"));
     EXPECT_NE(f.dequantize(b + "attn_q.weight"), weights_.at(p + "q_proj.weight"));
   }
-  EXPECT_FALSE(fs::exists(out_ + ".tmp." + std::to_string(::getpid())));
+  EXPECT_FALSE(testing_util::temp_files_left(out_));
 }
 
 // What the permutation is for: Hugging Face applies RoPE to (i, i + hd/2) pairs of each
@@ -1097,7 +1097,7 @@ TEST_F(ConvertTest, ErrorsNameDirectoryFileAndField) {
     needles.push_back(ckpt_);
     expect_error([&] { convert_checkpoint_to_gguf(ckpt_, out_, type); }, needles);
     EXPECT_FALSE(fs::exists(out_));
-    EXPECT_FALSE(fs::exists(out_ + ".tmp." + std::to_string(::getpid())));
+    EXPECT_FALSE(testing_util::temp_files_left(out_));
   };
   Options o;
   o.drop_key = "hidden_size";

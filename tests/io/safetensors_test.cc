@@ -74,7 +74,7 @@ TEST(Safetensors, RoundTripEveryDTypeWithMetadata) {
   w.set_metadata("note", "quotes \" and unicode \xc3\xa9");
   const std::string path = dir.file("model.safetensors");
   w.write(path);
-  EXPECT_FALSE(fs::exists(path + ".tmp." + std::to_string(::getpid())));
+  EXPECT_FALSE(testing_util::temp_files_left(path));
 
   const std::string bytes = read_file(path);
   uint64_t n = 0;

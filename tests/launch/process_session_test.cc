@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -106,6 +107,82 @@ TEST(ProcessSession, BadWorkdirOrCommandExits127WithAReason) {
   EXPECT_NE(slurp(o.log_path).find("cannot run: /nonexistent/program"), std::string::npos);
   o.log_path = tmp.file("no/such/dir/log");
   testing_util::expect_error([&] { spawn_session(o); }, {o.log_path});
+}
+
+double wall_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// A pid read back from a status file is signalled only while it is still the process that
+// was recorded: same boot, same start time (issue 18's supervisor restarts; pid reuse).
+TEST(ProcessSession, RecordedProcessIsMatchedByBootAndStartTime) {
+  TempDir tmp;
+  SpawnOptions o;
+  o.argv = {"sleep", "30"};
+  o.log_path = tmp.file("out.log");
+  const pid_t pid = spawn_session(o);
+  ASSERT_GT(pid, 0);
+  const uint64_t ticks = process_start_ticks(pid);
+  const std::string boot = current_boot_id();
+  EXPECT_GT(ticks, 0u);
+  EXPECT_FALSE(boot.empty());
+  EXPECT_TRUE(is_recorded_process(pid, ticks, boot, 0));
+  EXPECT_FALSE(is_recorded_process(pid, ticks + 1, boot, 0));  // the pid was reused
+  EXPECT_FALSE(is_recorded_process(pid, ticks, "other-boot", 0));  // recorded before a reboot
+  EXPECT_FALSE(is_recorded_process(0, ticks, boot, 0));
+  // A record from before the ticks were kept: the wall-clock start decides.
+  EXPECT_TRUE(is_recorded_process(pid, 0, "", wall_now()));
+  EXPECT_FALSE(is_recorded_process(pid, 0, "", wall_now() - 3600));
+  EXPECT_FALSE(is_recorded_process(pid, 0, "", 0));
+  // Another process's identity: nothing is signalled and the child lives on.
+  int status = 0;
+  EXPECT_EQ(signal_recorded_session(pid, ticks + 1, boot, 0, SIGKILL), 0);
+  EXPECT_EQ(signal_recorded_session(pid, ticks, "other-boot", 0, SIGKILL), 0);
+  EXPECT_EQ(signal_recorded_session(pid, 0, "", wall_now() - 3600, SIGKILL), 0);
+  EXPECT_EQ(::kill(pid, 0), 0);
+  EXPECT_EQ(waitpid(pid, &status, WNOHANG), 0);
+  // Its own identity: killed.
+  EXPECT_GE(signal_recorded_session(pid, ticks, boot, 0, SIGKILL), 1);
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(WTERMSIG(status), SIGKILL);
+  // Reaped: no such process any more, so no record matches it.
+  EXPECT_EQ(process_start_ticks(pid), 0u);
+  EXPECT_FALSE(is_recorded_process(pid, ticks, boot, 0));
+  EXPECT_EQ(signal_recorded_session(pid, ticks, boot, 0, SIGKILL), 0);
+  EXPECT_EQ(process_start_ticks(0), 0u);
+}
+
+// A key given twice in SpawnOptions::env (the supervisor's defaults, then the workload's
+// --env): the child sees the later value only, also over one it would inherit.
+TEST(ProcessSession, DuplicateEnvKeyPassesTheLaterValueOnly) {
+  TempDir tmp;
+  ASSERT_EQ(::setenv("HYP_TEST_INHERITED", "parent", 1), 0);
+  SpawnOptions o;
+  o.argv = {"/usr/bin/env"};
+  o.env = {{"HYP_TEST_DUP", "a"},
+           {"HYP_TEST_INHERITED", "first"},
+           {"HYP_TEST_DUP", "b"},
+           {"HYP_TEST_INHERITED", "second"}};
+  o.log_path = tmp.file("out.log");
+  const pid_t pid = spawn_session(o);
+  ::unsetenv("HYP_TEST_INHERITED");
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  const std::string listed = fmt::format("\n{}", slurp(o.log_path));
+  const auto count = [&](const std::string& needle) {
+    int n = 0;
+    for (size_t at = listed.find(needle); at != std::string::npos;
+         at = listed.find(needle, at + 1))
+      ++n;
+    return n;
+  };
+  EXPECT_EQ(count("\nHYP_TEST_DUP="), 1) << listed;
+  EXPECT_EQ(count("\nHYP_TEST_DUP=b\n"), 1) << listed;
+  EXPECT_EQ(count("\nHYP_TEST_INHERITED="), 1) << listed;
+  EXPECT_EQ(count("\nHYP_TEST_INHERITED=second\n"), 1) << listed;
 }
 
 }  // namespace

@@ -56,10 +56,13 @@ class Slurm:
         os.chmod(key, 0o600)
         node = subprocess.check_output(["slurmd", "-C"], text=True).splitlines()[0]
         host = subprocess.check_output(["hostname", "-s"], text=True).strip()
+        # Every daemon is addressed as 127.0.0.1: the test must not depend on this machine's
+        # name resolving (containers and fresh roots often lack it in /etc/hosts).
+        node += " NodeAddr=127.0.0.1"
         ctld_port, slurmd_port = free_port(), free_port()
         with open(self.conf, "w") as f:
             f.write(f"""ClusterName=hytest
-SlurmctldHost={host}
+SlurmctldHost={host}(127.0.0.1)
 AuthType=auth/munge
 AuthInfo=socket={d}/munge.sock,cred_expire=10
 CredType=cred/munge

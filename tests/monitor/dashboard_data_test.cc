@@ -55,6 +55,21 @@ TEST_F(DashboardData, TailFollowsAppendsReplacementAndTruncation) {
   EXPECT_TRUE(tail.problems().empty());
 }
 
+// A line over 1 MiB is skipped as a problem, never held; the rows around it are read.
+TEST_F(DashboardData, AHugeLineIsSkippedNotHeld) {
+  const std::string path = dir_ + "/metrics.jsonl";
+  {
+    std::ofstream out(path);
+    out << "{\"step\": 1}\n{\"pad\": \"" << std::string(3 << 20, 'x') << "\"}\n{\"step\": 2}\n";
+  }
+  JsonlTail tail(path);
+  tail.update();
+  ASSERT_EQ(tail.rows().size(), 2u);
+  EXPECT_EQ(tail.rows()[1]["step"], 2);
+  ASSERT_EQ(tail.problems().size(), 1u);
+  EXPECT_EQ(tail.problems()[0], "metrics.jsonl line 2: longer than 1 MiB (skipped)");
+}
+
 // A long run is thinned evenly for the page, its last row kept; goodput without an
 // event log says why.
 TEST_F(DashboardData, RunDirThinsRowsAndExplainsMissingGoodput) {

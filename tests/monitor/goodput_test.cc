@@ -130,6 +130,9 @@ TEST(Goodput, BadLogsNameTheLine) {
   EXPECT_NE(msg.find("teleport"), std::string::npos) << msg;
   msg = error_of(write_log("backwards", good + ev(1, "init_done") + ev(-5, "step_start")));
   EXPECT_NE(msg.find("line 4"), std::string::npos) << msg;
+  msg = error_of(write_log("huge", good + "{\"time\": 1, \"event\": \"step_start\", \"pad\": \"" +
+                                          std::string(2 << 20, 'x') + "\"}\n"));
+  EXPECT_NE(msg.find("line 3: longer than 1048576 bytes"), std::string::npos) << msg.substr(0, 300);
   msg = error_of(write_log("empty", ""));
   EXPECT_NE(msg.find("no job_start"), std::string::npos) << msg;
   msg = error_of(testing::TempDir() + "goodput_does_not_exist");

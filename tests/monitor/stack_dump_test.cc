@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -305,6 +306,28 @@ TEST(HangWatchdog, DumpsOncePerTimeoutWithoutHeartbeats) {
   const std::string dump = read_file(paths[0]);
   EXPECT_NE(dump.find("reason: hang: no step finished for "), std::string::npos) << dump;
   EXPECT_NE(dump.find(" s (last step 7)\n"), std::string::npos) << dump;
+}
+
+// A long hang is dumped at timeout, 3x, 7x, 15x ... of it (each wait twice the last), not
+// once per timeout: over 20 timeouts at most 5 dumps, however slow the machine (an upper
+// bound), and the first two come.
+TEST(HangWatchdog, RepeatedDumpsOfOneHangBackOff) {
+  TempDir tmp;
+  const std::string dir = tmp.file("stacks");
+  std::atomic<int> dumps{0};
+  const auto start = std::chrono::steady_clock::now();
+  {
+    HangWatchdog dog(0.1, dir, 4, false, [&](const std::string&, int64_t) { ++dumps; });
+    dog.heartbeat(1);
+    EXPECT_TRUE(eventually([&] { return dumps.load() >= 2; }));
+    const auto until = start + std::chrono::milliseconds(2000);
+    std::this_thread::sleep_until(until);
+  }
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Dumps at 0.1, 0.3, 0.7, 1.5, 3.1 s...: within `elapsed` s at most log2(elapsed/0.1 + 1).
+  EXPECT_LE(dumps.load(), static_cast<int>(std::log2(elapsed / 0.1 + 1)) + 1) << elapsed;
+  EXPECT_GE(dumps.load(), 2);
 }
 
 TEST(HangWatchdog, HeartbeatsKeepItQuiet) {

@@ -2,10 +2,14 @@
 // huge prompts, slow clients, too many connections, a taken port, a graceful drain,
 // and the HTTP/1.1 edges (pipelining, conflicting or negative Content-Length, wrong
 // methods). Every case gets a clean status code, never a crash, a hang or a 500.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -452,6 +456,89 @@ TEST_F(HttpHardening, SilentConnectionsAreCutAtTheHeadDeadline) {
   // `kept`, idle for longer than the head deadline by now, still serves.
   kept.send("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(status_of(kept.read()), 200);
+}
+
+// Sends `request` on a fresh connection, shuts the sending side (shutdown(SHUT_WR), as
+// `nc -N` does after its input), and reads until the server closes or 20 s pass (a
+// liveness bound, not a timing assertion). *eof: whether the server closed.
+std::string send_and_half_close(int port, const std::string& request, bool* eof) {
+  *eof = false;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  timeval tv{};
+  tv.tv_sec = 20;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    size_t done = 0;
+    while (done < request.size()) {
+      const ssize_t n = ::send(fd, request.data() + done, request.size() - done, MSG_NOSIGNAL);
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    if (done == request.size() && ::shutdown(fd, SHUT_WR) == 0) {
+      char buf[4096];
+      for (;;) {
+        const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+        if (n <= 0) {
+          *eof = n == 0;
+          break;
+        }
+        out.append(buf, static_cast<size_t>(n));
+      }
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
+// A client that sends a whole request and then half-closes (EOF on the server's read
+// side) is still reading: it gets its answer, then the server closes. Before, the EOF
+// was taken for a client gone and the request was cancelled with no reply.
+TEST_F(HttpHardening, HalfClosedClientStillGetsItsAnswer) {
+  auto s = stack();
+  const std::string completion = greedy_body("Half closed", 4).dump();
+  bool eof = false;
+  const std::string reply = send_and_half_close(
+      s->port,
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+          std::to_string(completion.size()) + "\r\n\r\n" + completion,
+      &eof);
+  EXPECT_EQ(status_of(reply), 200) << reply;
+  EXPECT_TRUE(eof) << "the connection stays open after the reply to a half-closed client";
+  const size_t head_end = reply.find("\r\n\r\n");
+  ASSERT_NE(head_end, std::string::npos) << reply;
+  const json body = json::parse(reply.substr(head_end + 4), nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(body.is_object()) << reply;
+  ASSERT_TRUE(body.contains("choices")) << reply;
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length") << reply;
+  EXPECT_EQ(body["usage"]["completion_tokens"], 4) << reply;
+
+  // The same for a request answered at once.
+  const std::string health =
+      send_and_half_close(s->port, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", &eof);
+  EXPECT_EQ(status_of(health), 200) << health;
+  EXPECT_TRUE(contains(health, "\"status\":\"ok\"")) << health;
+  EXPECT_TRUE(eof);
+
+  // A streamed reply, too: every token and [DONE].
+  json streamed = greedy_body("Half closed stream", 4);
+  streamed["stream"] = true;
+  const std::string sb = streamed.dump();
+  const std::string stream = send_and_half_close(
+      s->port,
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+          std::to_string(sb.size()) + "\r\n\r\n" + sb,
+      &eof);
+  EXPECT_EQ(status_of(stream), 200) << stream;
+  EXPECT_TRUE(contains(stream, "data: [DONE]")) << stream;
+  EXPECT_TRUE(eof);
 }
 
 // Out of file descriptors (EMFILE), accept fails until some are freed: the server

@@ -193,6 +193,85 @@ TEST_F(HttpServerTest, ChatCompletionWholeAndStreamed) {
   EXPECT_EQ(text, w["choices"][0]["message"]["content"].get<std::string>());
 }
 
+// logprobs tokens are the text each token added (as OpenAI's are), not the tokenizer's
+// pieces ("\u2581word", "<0xE2>"): joined they give the returned text, text_offset
+// indexes it, and chat's bytes are each token's UTF-8.
+TEST_F(HttpServerTest, LogprobsTokensConcatenateToTheText) {
+  const std::string piece_mark = "\xE2\x96\x81";  // SentencePiece's word mark, U+2581
+  json body = greedy_body("The quick brown fox", 16);
+  body["logprobs"] = 0;
+  auto r = post("/v1/completions", body);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json choice = json::parse(r->body)["choices"][0];
+  const json& lp = choice["logprobs"];
+  ASSERT_TRUE(lp.is_object()) << r->body;
+  ASSERT_TRUE(lp.contains("tokens") && lp.contains("text_offset")) << r->body;
+  const std::string text = choice["text"];
+  ASSERT_EQ(lp["tokens"].size(), 16u) << r->body;
+  ASSERT_EQ(lp["token_logprobs"].size(), lp["tokens"].size());
+  ASSERT_EQ(lp["text_offset"].size(), lp["tokens"].size());
+  std::string joined;
+  for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+    const std::string token = lp["tokens"][i];
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), joined.size()) << i << ": " << r->body;
+    EXPECT_EQ(token.find(piece_mark), std::string::npos) << i << ": " << token;
+    joined += token;
+  }
+  EXPECT_EQ(joined, text) << r->body;
+
+  // Streamed: each chunk's token is its text, at its offset in the whole.
+  body["stream"] = true;
+  auto streamed = post("/v1/completions", body);
+  ASSERT_TRUE(streamed);
+  ASSERT_EQ(streamed->status, 200) << streamed->body;
+  bool done = false;
+  std::string so_far, stream_tokens;
+  for (const json& e : sse_events(streamed->body, &done)) {
+    const json& c = e["choices"][0];
+    const std::string piece = c["text"];
+    if (!c["logprobs"].is_null()) {
+      ASSERT_TRUE(c["logprobs"].contains("text_offset")) << e.dump();
+      ASSERT_EQ(c["logprobs"]["tokens"].size(), 1u) << e.dump();
+      EXPECT_EQ(c["logprobs"]["tokens"][0].get<std::string>(), piece) << e.dump();
+      ASSERT_EQ(c["logprobs"]["text_offset"].size(), 1u) << e.dump();
+      EXPECT_EQ(c["logprobs"]["text_offset"][0].get<size_t>(), so_far.size()) << e.dump();
+      stream_tokens += c["logprobs"]["tokens"][0].get<std::string>();
+    }
+    so_far += piece;
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(so_far, text);
+  EXPECT_EQ(stream_tokens.find(piece_mark), std::string::npos) << stream_tokens;
+
+  // Chat: content[i].token joins to the message, bytes are its UTF-8.
+  const json chat = {{"messages", json::array({{{"role", "user"}, {"content", "Say something."}}})},
+                     {"max_tokens", 16},
+                     {"temperature", 0},
+                     {"ignore_eos", true},
+                     {"logprobs", true}};
+  auto cr = post("/v1/chat/completions", chat);
+  ASSERT_TRUE(cr);
+  ASSERT_EQ(cr->status, 200) << cr->body;
+  const json cc = json::parse(cr->body)["choices"][0];
+  ASSERT_TRUE(cc["logprobs"].is_object() && cc["logprobs"].contains("content")) << cr->body;
+  const json& content = cc["logprobs"]["content"];
+  ASSERT_FALSE(content.empty()) << cr->body;  // 16 unless the template's stop ends it
+  std::string chat_joined;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const std::string token = content[i]["token"];
+    EXPECT_EQ(token.find(piece_mark), std::string::npos) << i << ": " << token;
+    ASSERT_TRUE(content[i].contains("bytes") && content[i]["bytes"].is_array())
+        << content[i].dump();
+    std::vector<int> want;
+    for (const unsigned char b : token) want.push_back(static_cast<int>(b));
+    EXPECT_EQ(content[i]["bytes"].get<std::vector<int>>(), want) << i << ": " << content[i].dump();
+    EXPECT_LE(content[i]["logprob"].get<double>(), 0.0);
+    chat_joined += token;
+  }
+  EXPECT_EQ(chat_joined, cc["message"]["content"].get<std::string>()) << cr->body;
+}
+
 TEST_F(HttpServerTest, BadRequestsGet400NamingTheField) {
   auto expect_error = [](const std::string& path, const std::string& body, int status,
                          const std::string& param) {

@@ -112,6 +112,55 @@ TEST(KvPagePool, AppendFailsWithoutChangingState) {
   EXPECT_EQ(pool.pages_free(), 2);
 }
 
+// A lookup whose hash matches a published page but whose tokens (or parent) differ is a
+// collision: it must miss rather than hand out KV computed for another prompt.
+TEST(KvPagePool, AHashCollisionIsAMissNotAnotherPromptsKv) {
+  KvPagePool pool(4, 4);
+  const std::vector<int32_t> a = tokens(4, 10), b = tokens(4, 20);
+  const uint64_t h = pool.hash(0, a.data());
+  EXPECT_NE(h, 0u);
+  const PageId p = pool.allocate();
+  ASSERT_NE(p, kNoPage);
+  EXPECT_TRUE(pool.publish(p, h, 0, a.data()));
+  pool.release(p);  // refcount 0 and published: cached
+  EXPECT_EQ(pool.refcount(p), 0);
+  EXPECT_EQ(pool.pages_cached(), 1);
+
+  // Same hash, other tokens (as a crafted or accidental collision would give): a miss.
+  EXPECT_EQ(pool.lookup(h, 0, b.data()), kNoPage);
+  EXPECT_EQ(pool.refcount(p), 0);
+  EXPECT_EQ(pool.pages_cached(), 1);
+  // Same hash and tokens but another parent prefix: also a miss.
+  EXPECT_EQ(pool.lookup(h, pool.hash(0, b.data()), a.data()), kNoPage);
+  EXPECT_EQ(pool.refcount(p), 0);
+  EXPECT_EQ(pool.pages_cached(), 1);
+  EXPECT_EQ(pool.prefix_hits(), 0);
+  EXPECT_EQ(pool.prefix_lookups(), 2);
+
+  // The right tokens and parent: a hit, and the page comes back into use.
+  EXPECT_EQ(pool.lookup(h, 0, a.data()), p);
+  EXPECT_EQ(pool.refcount(p), 1);
+  EXPECT_EQ(pool.pages_cached(), 0);
+  EXPECT_EQ(pool.prefix_hits(), 1);
+  EXPECT_EQ(pool.prefix_lookups(), 3);
+  pool.release(p);
+  expect_accounting(pool);
+}
+
+TEST(KvPagePool, HashesDependOnAPerPoolSeed) {
+  KvPagePool one(2, 4), two(2, 4);
+  const std::vector<int32_t> t = tokens(4, 1);
+  // Deterministic within a pool...
+  EXPECT_EQ(one.hash(0, t.data()), one.hash(0, t.data()));
+  EXPECT_NE(one.hash(0, t.data()), 0u);
+  // ...but seeded per pool, so hashes cannot be predicted (or collisions crafted) from
+  // outside. Two 64-bit seeds agreeing has probability ~2^-64.
+  EXPECT_NE(one.hash(0, t.data()), two.hash(0, t.data()));
+  // The chain and the tokens both feed the hash.
+  EXPECT_NE(one.hash(0, t.data()), one.hash(one.hash(0, t.data()), t.data()));
+  EXPECT_NE(one.hash(0, t.data()), one.hash(0, tokens(4, 2).data()));
+}
+
 // Requests arrive, grow, publish and finish or are cancelled at random; the page
 // accounting holds after every operation and every page is back when all are gone.
 TEST(KvPagePool, AccountingUnderRandomArrivalAndCancel) {

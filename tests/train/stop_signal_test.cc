@@ -10,12 +10,14 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
 #include "../cli/cli_test_util.h"
+#include "train/stop_signal.h"
 #include "train_test_util.h"
 
 extern char** environ;
@@ -89,6 +91,54 @@ TEST(StopSignal, SigtermSavesWhereItStoppedAndTheSameCommandResumes) {
   const testing_util::CliResult unbroken = testing_util::run_shell(cmd + " 2>&1");
   ASSERT_EQ(unbroken.code, 0) << unbroken.out;
   EXPECT_EQ(metrics(root + "/stopped").back()["loss"], metrics(root + "/unbroken").back()["loss"]);
+}
+
+// The mechanism alone, in a child process: the first signal is recorded, the second ends
+// the process by that signal; and a stop left unfinished ends by SIGALRM after the grace.
+int run_child(const std::function<void()>& body) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    body();
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return status;
+}
+
+TEST(StopSignalScope, TheSecondSignalStopsAtOnce) {
+  for (const int sig : {SIGINT, SIGTERM}) {
+    const int status = run_child([sig] {
+      StopSignalScope scope;
+      ::raise(sig);
+      if (stop_signal_received() != sig) ::_exit(3);  // the first is only recorded
+      ::raise(sig);
+      ::_exit(4);  // not reached: the second ends the process
+    });
+    ASSERT_TRUE(WIFSIGNALED(status)) << "signal " << sig << " status " << status;
+    EXPECT_EQ(WTERMSIG(status), sig);
+  }
+}
+
+TEST(StopSignalScope, AStopUnfinishedAfterTheGracePeriodEndsBySigalrm) {
+  const int status = run_child([] {
+    StopSignalScope scope(1);
+    ::raise(SIGTERM);
+    for (;;) ::pause();  // a step blocked on a dead peer
+  });
+  ASSERT_TRUE(WIFSIGNALED(status)) << status;
+  EXPECT_EQ(WTERMSIG(status), SIGALRM);
+}
+
+TEST(StopSignalScope, NoAlarmWithoutASignal) {
+  const int status = run_child([] {
+    {
+      StopSignalScope scope(1);
+    }
+    ::sleep(2);  // past the grace period: no alarm was armed
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 }  // namespace
