@@ -15,6 +15,7 @@
 #include "base/threads.h"
 #include "kernels/amx_bf16_gemm.h"
 #include "kernels/batch_gemm.h"
+#include "kernels/gemm_widened.h"
 #include "kernels/gemv.h"
 #include "tensor/convert.h"
 
@@ -202,6 +203,10 @@ void empty_k(const GemmArgs& g) {
   }
 }
 
+}  // namespace
+
+namespace detail {
+
 // C = alpha * a_scale[m] * b_scale[n] * sums + bias[n] + beta * C, converted to C's dtype.
 // `sums` may be C itself (f32, beta == 0): each element is read before it is written.
 // The per-column factors are materialised once so the row loops are branch-free and
@@ -249,7 +254,8 @@ void scale_epilogue(const GemmArgs& g, const float* sums, int64_t sums_ld, int64
                   });
 }
 
-}  // namespace
+
+}  // namespace detail
 
 void gemm_contiguous(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k, const void* a,
                      DType a_dtype, const void* b, DType b_dtype, void* c, DType c_dtype,
@@ -321,6 +327,22 @@ void gemm(const GemmArgs& g) {
     }
     return;
   }
+  // bf16 without AVX-512, int8 without VNNI: oneDNN cannot run them (or its int8 kernels
+  // saturate), so they run widened to f32, exactly; f32 without AVX-512 runs in tiles of
+  // a fixed size, for results that do not depend on the thread count
+  // (kernels/gemm_widened.h).
+  if (!detail::onednn_runs_natively(g)) {
+    detail::widened_gemm(g);
+    return;
+  }
+  if (detail::tiles_for_determinism(g)) {
+    detail::tiled_f32_gemm(g);
+    return;
+  }
+  detail::onednn_gemm(g);
+}
+
+void detail::onednn_gemm(const GemmArgs& g) {
   Key key{};
   std::memset(&key, 0, sizeof(key));  // padding bytes take part in hashing and comparison
   key.ta = g.trans_a;
@@ -385,7 +407,7 @@ void gemm(const GemmArgs& g) {
   if (key.scaled) {
     const int64_t sums_ld = key.to_scratch ? g.n : g.ldc;
     const int64_t sums_stride = key.to_scratch ? g.m * g.n : g.stride_c;
-    scale_epilogue(g, sums, sums_ld, sums_stride);
+    detail::scale_epilogue(g, sums, sums_ld, sums_stride);
   }
 }
 

@@ -4,9 +4,12 @@
 
 #include <cmath>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "base/error.h"
+#include "base/threads.h"
+#include "kernels/gemm_widened.h"
 #include "tensor/convert.h"
 
 namespace hyperion {
@@ -42,7 +45,7 @@ struct Case {
   int64_t batch;
 };
 
-void run_case(const Case& c, double tol) {
+void run_case(const Case& c, double tol, void (*run)(const GemmArgs&) = &gemm) {
   std::mt19937 rng(unsigned(c.m * 131 + c.n * 31 + c.k));
   GemmArgs g;
   g.trans_a = c.ta;
@@ -81,7 +84,7 @@ void run_case(const Case& c, double tol) {
 
   Buffer got = c_init, want = c_init;
   g.c = got.data();
-  gemm(g);
+  run(g);
   g.c = want.data();
   ref::gemm(g);
   double max_ref = 0;
@@ -113,6 +116,62 @@ TEST(Gemm, F32AllTransposesOddShapes) {
             {ta, tb, m, n, k, DType::kF32, DType::kF32, DType::kF32, 0.5f, 1.5f, true, false, 3, 1},
             1e-5);
       }
+}
+
+// The widened path (kernels/gemm_widened.h: bf16 without AVX-512, int8 without VNNI),
+// run directly so that every machine tests it: bf16 to within one rounding, int8 sums
+// exactly, with K past one exact chunk (512), transposes, padding, batches, scales, bias
+// and beta.
+TEST(Gemm, WidenedPathMatchesTheReference) {
+  auto widened = [](const GemmArgs& g) { detail::widened_gemm(g); };
+  for (Trans ta : {Trans::kN, Trans::kT})
+    for (Trans tb : {Trans::kN, Trans::kT}) {
+      run_case({ta, tb, 37, 29, 70, DType::kBF16, DType::kBF16, DType::kF32, 1.0f, 0.0f, false,
+                false, 0, 1},
+               1e-5, widened);
+      run_case({ta, tb, 20, 48, 64, DType::kBF16, DType::kBF16, DType::kBF16, 0.5f, 1.0f, true,
+                true, 3, 2},
+               8e-3, widened);
+      // Exact integer sums over three K chunks (-128 * -128 * 1300 needs 22 bits).
+      run_case({ta, tb, 9, 31, 1300, DType::kI8, DType::kI8, DType::kI32, 1.0f, 0.0f, false, false,
+                2, 2},
+               0, widened);
+      run_case({ta, tb, 13, 40, 600, DType::kU8, DType::kI8, DType::kF32, 1.0f, 0.5f, true, true,
+                0, 1},
+               1e-6, widened);
+      run_case({ta, tb, 5, 17, 96, DType::kI8, DType::kI8, DType::kBF16, 0.25f, 0.0f, false, true,
+                1, 1},
+               8e-3, widened);
+    }
+}
+
+// The f32 tiles give the same bits at any thread count (oneDNN's AVX2 GEMM splits K over
+// threads for small outputs with long sums, as these).
+TEST(Gemm, TiledF32IsBitwiseEqualAtAnyThreadCount) {
+  const int saved = num_threads();
+  for (auto [m, n, k, batch] : {std::tuple{8, 16, 4096, 1}, {300, 200, 64, 2}, {1, 3, 9000, 1}}) {
+    std::mt19937 rng(unsigned(m + n + k));
+    Buffer a = random_buffer(DType::kF32, size_t(m * k * batch), rng);
+    Buffer b = random_buffer(DType::kF32, size_t(k * n * batch), rng);
+    std::vector<std::vector<unsigned char>> outs;
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      Buffer c(DType::kF32, size_t(m * n * batch));
+      GemmArgs g = contiguous_gemm_args(Trans::kN, Trans::kN, m, n, k, a.data(), DType::kF32,
+                                        b.data(), DType::kF32, c.data(), DType::kF32);
+      g.batch = batch;
+      g.stride_a = m * k;
+      g.stride_b = k * n;
+      g.stride_c = m * n;
+      detail::tiled_f32_gemm(g);
+      outs.push_back(c.bytes);
+    }
+    EXPECT_EQ(outs[0], outs[1]) << m << "x" << n << "x" << k;
+  }
+  set_num_threads(saved);
+  run_case({Trans::kT, Trans::kT, 200, 150, 70, DType::kF32, DType::kF32, DType::kF32, 0.5f, 1.5f,
+            true, true, 3, 2},
+           1e-5, [](const GemmArgs& g) { detail::tiled_f32_gemm(g); });
 }
 
 TEST(Gemm, Bf16InputsF32AndBf16Outputs) {
