@@ -51,10 +51,10 @@ for round in $(seq 1 "$ROUNDS"); do
          --json | json_get '["tokens_per_s"]')
     emit "$round" "$which" "bench decode batch 1 tokens/s" "$v"
     v=$("$bin" --threads "$THREADS" bench decode "$CKPT" --batch 32 --context-min 64 \
-         --context-max 512 --steps 20 max_seq_len=2048 --json | json_get '["tokens_per_s"]')
+         --context-max 512 --steps 20 max_seq_len=2048 allow_long_context=true --json | json_get '["tokens_per_s"]')
     emit "$round" "$which" "bench decode batch 32 tokens/s" "$v"
     "$bin" --threads "$THREADS" serve "$CKPT" --port "$PORT" max_concurrent_decodes=64 \
-      max_seq_len=1024 >"$WORK/serve-$which.log" 2>&1 &
+      max_seq_len=1024 allow_long_context=true >"$WORK/serve-$which.log" 2>&1 &
     server_pid=$!
     for _ in $(seq 1 600); do
       curl -sf "$URL/health" >/dev/null 2>&1 && break

@@ -31,7 +31,7 @@ for w in ${WEIGHTS:-none int8}; do
     fell=""
     for t in $(threads_list); do
       out=$("$BIN" --threads "$t" bench decode "$CKPT" --batch "$b" --context-min "$CMIN" \
-        --context-max "$CMAX" --steps "$STEPS" max_seq_len=$((CMAX + STEPS + 8)) \
+        --context-max "$CMAX" --steps "$STEPS" max_seq_len=$((CMAX + STEPS + 8)) allow_long_context=true \
         quantize_weights="$w" --json)
       tps=$(/usr/bin/python3 -c 'import json,sys; print(json.loads(sys.argv[1])["tokens_per_s"])' "$out")
       /usr/bin/python3 -c 'import json,sys; j=json.loads(sys.argv[1]); j["threads"]=int(sys.argv[2]); print(json.dumps(j))' "$out" "$t"

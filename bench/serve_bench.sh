@@ -74,7 +74,7 @@ EOF
 
 if [ "$SUITE" = concurrency ] || [ "$SUITE" = all ]; then
   for kv in ${CONC_KV:-bfloat16 int8}; do
-    start_server "conc_$kv" max_concurrent_decodes=64 max_seq_len=1024 kv_dtype="$kv"
+    start_server "conc_$kv" max_concurrent_decodes=64 max_seq_len=1024 allow_long_context=true kv_dtype="$kv"
     for c in 1 8 32 64; do
       n=$((c * 2))
       [ "$n" -lt 8 ] && n=8
@@ -89,7 +89,7 @@ fi
 if [ "$SUITE" = kv ] || [ "$SUITE" = all ]; then
   args=(--num-prompts 64 --max-concurrency 64 --min-input-len 64 --max-input-len 1792
         --min-output-len 256 --max-output-len 256 --seed 2)
-  start_server int8_ragged max_concurrent_decodes=64 max_seq_len=2048 kv_dtype=int8 attention=ragged
+  start_server int8_ragged max_concurrent_decodes=64 max_seq_len=2048 allow_long_context=true kv_dtype=int8 attention=ragged
   run_case kv_int8_ragged "int8 KV, ragged, 64 slots" "${args[@]}"
   stop_server
   start_server bf16_padded max_concurrent_decodes=64 max_seq_len=2048 kv_dtype=bfloat16 attention=padded

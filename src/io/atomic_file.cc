@@ -147,7 +147,7 @@ AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
   }
   // A replaced file keeps its permissions (a 0600 file stays private).
   struct stat old {};
-  if (::stat(path_.c_str(), &old) == 0) (void)!::fchmod(fd_, old.st_mode & 07777);
+  if (::stat(path_.c_str(), &old) == 0) (void)!::fchmod(fd_, old.st_mode & 0777);
   buffer_.reserve(kBufferSize);
 }
 

@@ -7,7 +7,7 @@
 // either the complete old contents or the complete new ones, never a torn mix. Only a
 // regular file is ever replaced: an existing directory, device, FIFO, socket or symbolic
 // link at the destination is refused with an error naming it. A replaced file keeps its
-// permission bits.
+// read/write/execute permission bits (not set-id bits).
 #pragma once
 
 #include <cstddef>

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <mutex>
 
 #include "base/aligned.h"
 #include "base/cpu.h"
@@ -67,21 +69,23 @@ void bf16_gemm(const GemmArgs& g) {
     return;
   }
   // bf16 C: computed in f32 (with the old C when beta needs it), rounded once at the end;
-  // only C's m x n elements are written (its padding may be another tensor's).
-  thread_local AlignedBuffer<float> c;
+  // only C's m x n elements are written (its padding may be another tensor's). The
+  // buffer is this thread's; the workers below get its address, not their own.
+  thread_local AlignedBuffer<float> cbuf;
   const int64_t mn = g.m * g.n;
-  if (int64_t(c.size()) < g.batch * mn) c = AlignedBuffer<float>(size_t(g.batch * mn));
+  if (int64_t(cbuf.size()) < g.batch * mn) cbuf = AlignedBuffer<float>(size_t(g.batch * mn));
+  float* const c = cbuf.data();
   auto rows = [&](auto&& fn) {
     parallel_chunks(g.batch * g.m, 64, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t bi = r / g.m, i = r % g.m;
-        fn(static_cast<bf16*>(g.c) + bi * g.stride_c + i * g.ldc, c.data() + r * g.n);
+        fn(static_cast<bf16*>(g.c) + bi * g.stride_c + i * g.ldc, c + r * g.n);
       }
     });
   };
   if (g.beta != 0.0f)
     rows([&](const bf16* dst, float* t) { convert_bf16_to_f32(dst, t, size_t(g.n)); });
-  f.c = c.data();
+  f.c = c;
   f.c_dtype = DType::kF32;
   f.ldc = g.n;
   f.stride_c = mn;
@@ -97,11 +101,14 @@ void int8_gemm(const GemmArgs& g) {
   thread_local Widened w;
   widen_operands(g, w);
   const int64_t mn = g.m * g.n, total = g.batch * mn;
-  thread_local AlignedBuffer<float> chunk;
-  thread_local AlignedBuffer<int32_t> sums;
-  if (int64_t(chunk.size()) < total) chunk = AlignedBuffer<float>(size_t(total));
-  if (int64_t(sums.size()) < total) sums = AlignedBuffer<int32_t>(size_t(total));
-  std::fill(sums.data(), sums.data() + total, 0);
+  // This thread's buffers, used by the workers below through these pointers.
+  thread_local AlignedBuffer<float> chunk_buf;
+  thread_local AlignedBuffer<int32_t> sums_buf;
+  if (int64_t(chunk_buf.size()) < total) chunk_buf = AlignedBuffer<float>(size_t(total));
+  if (int64_t(sums_buf.size()) < total) sums_buf = AlignedBuffer<int32_t>(size_t(total));
+  float* const chunk = chunk_buf.data();
+  int32_t* const sums = sums_buf.data();
+  std::fill(sums, sums + total, 0);
   const bool ta = g.trans_a == Trans::kT, tb = g.trans_b == Trans::kT;
   for (int64_t k0 = 0; k0 < g.k; k0 += kExactChunk) {
     const int64_t kc = std::min(kExactChunk, g.k - k0);
@@ -115,7 +122,7 @@ void int8_gemm(const GemmArgs& g) {
     f.lda = g.lda;
     f.b = w.b.data() + (tb ? k0 : k0 * g.ldb);
     f.ldb = g.ldb;
-    f.c = chunk.data();
+    f.c = chunk;
     f.ldc = g.n;
     f.batch = g.batch;
     f.stride_a = g.stride_a;
@@ -123,24 +130,77 @@ void int8_gemm(const GemmArgs& g) {
     f.stride_c = mn;
     gemm(f);
     parallel_chunks(total, 1 << 14, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) sums.data()[i] += static_cast<int32_t>(std::lrintf(chunk.data()[i]));
+      for (int64_t i = b; i < e; ++i) sums[i] += static_cast<int32_t>(std::lrintf(chunk[i]));
     });
   }
   if (g.c_dtype == DType::kI32) {
     parallel_chunks(g.batch * g.m, 64, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t bi = r / g.m, i = r % g.m;
-        std::memcpy(static_cast<int32_t*>(g.c) + bi * g.stride_c + i * g.ldc,
-                    sums.data() + r * g.n, size_t(g.n) * sizeof(int32_t));
+        std::memcpy(static_cast<int32_t*>(g.c) + bi * g.stride_c + i * g.ldc, sums + r * g.n,
+                    size_t(g.n) * sizeof(int32_t));
       }
     });
     return;
   }
   // The integer sums as f32 (rounded as oneDNN's s32 -> f32 does), then the scales.
   parallel_chunks(total, 1 << 14, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) chunk.data()[i] = static_cast<float>(sums.data()[i]);
+    for (int64_t i = b; i < e; ++i) chunk[i] = static_cast<float>(sums[i]);
   });
-  scale_epilogue(g, chunk.data(), g.n, mn);
+  scale_epilogue(g, chunk, g.n, mn);
+}
+
+// oneDNN single-threaded on this thread for the guard's life (restored however it ends).
+class OneDnnOnOneThread {
+ public:
+  OneDnnOnOneThread() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OneDnnOnOneThread() { omp_set_num_threads(saved_); }
+  OneDnnOnOneThread(const OneDnnOnOneThread&) = delete;
+  OneDnnOnOneThread& operator=(const OneDnnOnOneThread&) = delete;
+
+ private:
+  int saved_;
+};
+
+// Runs task(i) for i in [0, n) on the pool; an exception in any task (a GEMM oneDNN
+// refuses) is rethrown here, after the loop, instead of ending the process inside the
+// parallel region.
+template <typename Task>
+void run_tasks(int64_t n, Task&& task) {
+  std::exception_ptr error;
+  std::mutex mu;
+  parallel_for_dynamic(n, [&](int64_t i) {
+    try {
+      task(i);
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+    }
+  });
+  if (error) std::rethrow_exception(error);
+}
+
+// Fixed sizes (never the thread count): a tile of C, and the K chunk of a GEMM with too
+// few tiles to keep the pool busy (a long sum into a small output, as a weight gradient's).
+constexpr int64_t kTile = 128;
+constexpr int64_t kSplitK = 1024;
+
+// A tile of f (rows i0.., cols j0.. of batch entry bi, K from k0, kc deep) as its own GEMM.
+GemmArgs tile_of(const GemmArgs& f, int64_t bi, int64_t i0, int64_t j0, int64_t k0, int64_t kc) {
+  const bool ta = f.trans_a == Trans::kT, tb = f.trans_b == Trans::kT;
+  GemmArgs x = f;
+  x.batch = 1;
+  x.m = std::min(kTile, f.m - i0);
+  x.n = std::min(kTile, f.n - j0);
+  x.k = kc;
+  x.a = static_cast<const float*>(f.a) + bi * f.stride_a + (ta ? i0 + k0 * f.lda : i0 * f.lda + k0);
+  x.b = static_cast<const float*>(f.b) + bi * f.stride_b + (tb ? j0 * f.ldb + k0 : j0 + k0 * f.ldb);
+  x.c = static_cast<float*>(f.c) + bi * f.stride_c + i0 * f.ldc + j0;
+  if (f.bias) x.bias = f.bias + j0;
+  if (f.a_scale) x.a_scale = f.a_scale + i0;
+  if (f.b_scale) x.b_scale = f.b_scale + j0;
+  x.stride_a = x.stride_b = x.stride_c = 0;
+  return x;
 }
 
 }  // namespace
@@ -153,29 +213,39 @@ bool tiles_for_determinism(const GemmArgs& g) {
 }
 
 void tiled_f32_gemm(const GemmArgs& f) {
-  constexpr int64_t kTile = 128;
+  if (f.m == 0 || f.n == 0 || f.k == 0) return gemm(f);  // nothing to tile
   const int64_t tm = (f.m + kTile - 1) / kTile, tn = (f.n + kTile - 1) / kTile;
-  const bool ta = f.trans_a == Trans::kT, tb = f.trans_b == Trans::kT;
-  parallel_for_dynamic(f.batch * tm * tn, [&](int64_t t) {
+  const int64_t tiles = f.batch * tm * tn;
+  const int64_t chunks = tiles <= 2 && f.k >= 4 * kSplitK ? (f.k + kSplitK - 1) / kSplitK : 1;
+  if (chunks == 1) {
+    run_tasks(tiles, [&](int64_t t) {
+      const OneDnnOnOneThread one;
+      onednn_gemm(tile_of(f, t / (tm * tn), (t / tn) % tm * kTile, t % tn * kTile, 0, f.k));
+    });
+    return;
+  }
+  // A small output with a long sum: K chunks of the same fixed size, in parallel, each into
+  // its own partial sums, added in chunk order; then alpha, scales, bias and beta once.
+  const int64_t mn = f.m * f.n, total = f.batch * mn;
+  AlignedBuffer<float> partial(size_t(chunks * total));
+  float* const part = partial.data();
+  run_tasks(tiles * chunks, [&](int64_t task) {
+    const int64_t t = task / chunks, ch = task % chunks, k0 = ch * kSplitK;
     const int64_t bi = t / (tm * tn), i0 = (t / tn) % tm * kTile, j0 = t % tn * kTile;
-    GemmArgs x = f;
-    x.batch = 1;
-    x.m = std::min(kTile, f.m - i0);
-    x.n = std::min(kTile, f.n - j0);
-    x.a = static_cast<const float*>(f.a) + bi * f.stride_a + (ta ? i0 : i0 * f.lda);
-    x.b = static_cast<const float*>(f.b) + bi * f.stride_b + (tb ? j0 * f.ldb : j0);
-    x.c = static_cast<float*>(f.c) + bi * f.stride_c + i0 * f.ldc + j0;
-    if (f.bias) x.bias = f.bias + j0;
-    if (f.a_scale) x.a_scale = f.a_scale + i0;
-    if (f.b_scale) x.b_scale = f.b_scale + j0;
-    x.stride_a = x.stride_b = x.stride_c = 0;
-    // One thread for oneDNN whether or not this runs inside the pool's parallel region
-    // (a single tile runs inline, where oneDNN would take every thread).
-    const int saved = omp_get_max_threads();
-    omp_set_num_threads(1);
+    GemmArgs x = tile_of(f, bi, i0, j0, k0, std::min(kSplitK, f.k - k0));
+    x.alpha = 1.0f;
+    x.beta = 0.0f;
+    x.bias = x.a_scale = x.b_scale = nullptr;
+    x.c = part + ch * total + bi * mn + i0 * f.n + j0;
+    x.ldc = f.n;
+    const OneDnnOnOneThread one;
     onednn_gemm(x);
-    omp_set_num_threads(saved);
   });
+  parallel_chunks(total, 1 << 12, [&](int64_t b, int64_t e) {
+    for (int64_t ch = 1; ch < chunks; ++ch)
+      for (int64_t i = b; i < e; ++i) part[i] += part[ch * total + i];
+  });
+  scale_epilogue(f, part, f.n, mn);
 }
 
 bool onednn_runs_natively(const GemmArgs& g) {
@@ -189,6 +259,7 @@ bool onednn_runs_natively(const GemmArgs& g) {
 }
 
 void widened_gemm(const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0 || g.k == 0) return gemm(g);  // gemm() handles these itself
   if (g.a_dtype == DType::kBF16)
     bf16_gemm(g);
   else

@@ -80,7 +80,7 @@ void JsonlTail::update() {
   read_error_.clear();
   std::string_view line;
   for (LineReader::Status got; (got = in->next(line)) != LineReader::Status::kEnd;) {
-    if (got == LineReader::Status::kLine && in->unterminated()) break;  // waits for its newline
+    if (in->unterminated()) break;  // a last line without its newline waits for it
     offset_ = in->offset();
     ++lines_;
     const bool too_long = got == LineReader::Status::kTooLong;

@@ -51,9 +51,11 @@ double number(const Event& e, const char* key, double fallback = 0) {
 constexpr size_t kMaxEventLineBytes = 1 << 20;
 
 // Calls `visit` with every event of the log, in order, checking each line as it goes:
-// the log is streamed (a line at a time, in bounded memory), never read whole.
+// the log is streamed (a line at a time, in bounded memory), never read whole. Stops at
+// byte `end` (-1: the end of the file) and returns where it stopped: a second pass over a
+// log still being written reads exactly what the first one read.
 template <typename Visit>
-void for_each_event(const std::string& path, Visit&& visit) {
+int64_t for_each_event(const std::string& path, Visit&& visit, int64_t end = -1) {
   std::error_code ec;
   HYP_CHECK(std::filesystem::is_regular_file(path, ec),
             "goodput: {}: cannot read (no event log: was the run made by hyperion "
@@ -62,7 +64,8 @@ void for_each_event(const std::string& path, Visit&& visit) {
   LineReader in(path, kMaxEventLineBytes);
   std::string_view text;
   double last_time = -INFINITY;
-  for (LineReader::Status st; (st = in.next(text)) != LineReader::Status::kEnd;) {
+  for (LineReader::Status st; (end < 0 || in.offset() < end) &&
+                             (st = in.next(text)) != LineReader::Status::kEnd;) {
     const int64_t line_no = in.line_number();
     HYP_CHECK(st != LineReader::Status::kTooLong,
               "goodput: {} line {}: longer than {} bytes: not an event (corrupt or foreign)",
@@ -93,6 +96,7 @@ void for_each_event(const std::string& path, Visit&& visit) {
     e.fields = std::move(j);
     visit(e);
   }
+  return in.offset();
 }
 
 // What the accounting of one process needs to know of the next (first pass).
@@ -120,7 +124,7 @@ GoodputReport compute_goodput(const std::string& run_dir_or_file) {
   std::vector<AttemptSummary> attempts;
   bool job_start = false;
   double first_launch = INFINITY, last_time = -INFINITY;
-  for_each_event(path, [&](const Event& e) {
+  const int64_t read = for_each_event(path, [&](const Event& e) {
     first_launch = std::min(first_launch, e.time);
     last_time = std::max(last_time, e.time);
     if (e.kind == "job_start") {
@@ -214,7 +218,7 @@ GoodputReport compute_goodput(const std::string& run_dir_or_file) {
     }
     if (e.kind == "process_end" || e.kind == "job_end") p.clean = true;
     if (e.kind == "job_end") r.finished = true;
-  });
+  }, read);
   finish();
   r.total_s = std::max(0.0, last_time - first_launch);
   double accounted = r.productive_s;

@@ -4,6 +4,7 @@
 
 #include "base/config.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "base/system_memory.h"
 #include "kernels/hardware.h"
 #include "kernels/paged_attention.h"
@@ -15,7 +16,11 @@ std::vector<ConfigKey> engine_config_schema() {
       {"max_concurrent_decodes", ConfigType::kInt, "0",
        "decode slots; 0 = as many as half the memory beside the weights holds (at most 256)"},
       {"max_queue", ConfigType::kInt, "256", "waiting requests before 429"},
-      {"max_seq_len", ConfigType::kInt, "0", "context length; 0 = the model's"},
+      {"max_seq_len", ConfigType::kInt, "0",
+       "context length; 0 = the model's (max_position_embeddings, the most it allows)"},
+      {"allow_long_context", ConfigType::kBool, "false",
+       "allow max_seq_len past the model's positions (its output there is unreliable; for "
+       "load tests)"},
       {"prefill_chunk", ConfigType::kInt, "256", "prompt tokens prefilled per step"},
       {"kv_page_tokens", ConfigType::kInt, "16", "positions per KV page"},
       {"kv_pages", ConfigType::kInt, "0", "KV pages; 0 = every slot's whole context"},
@@ -52,6 +57,7 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
   c.max_concurrent_decodes = cfg.get_int("max_concurrent_decodes");
   c.max_queue = cfg.get_int("max_queue");
   c.max_seq_len = cfg.get_int("max_seq_len");
+  c.allow_long_context = cfg.get_bool("allow_long_context");
   c.prefill_chunk = cfg.get_int("prefill_chunk");
   c.kv_page_tokens = cfg.get_int("kv_page_tokens");
   c.kv_pages = cfg.get_int("kv_pages");
@@ -105,11 +111,17 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
 void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t weight_bytes) {
   if (c.max_seq_len == 0) c.max_seq_len = model.max_seq_len;
   // Positions past those the model was trained for (max_position_embeddings) give RoPE
-  // angles it never saw: its output there is noise, so they are not offered.
-  HYP_USAGE_CHECK(c.max_seq_len <= model.max_seq_len,
+  // angles it never saw: its output there is unreliable, so they are not offered, unless
+  // asked for by name (as vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN), with a warning.
+  HYP_USAGE_CHECK(c.max_seq_len <= model.max_seq_len || c.allow_long_context,
                   "serve: max_seq_len={} is beyond the model's context (max_position_embeddings "
-                  "{} in its config.json); give at most {}",
-                  c.max_seq_len, model.max_seq_len, model.max_seq_len);
+                  "{} in its config.json); give at most {} (or allow_long_context=true for a "
+                  "load test, knowing its output past {} is unreliable)",
+                  c.max_seq_len, model.max_seq_len, model.max_seq_len, model.max_seq_len);
+  if (c.max_seq_len > model.max_seq_len)
+    log_warn("serve: max_seq_len={} is past the model's {} positions (allow_long_context): "
+             "output beyond them is unreliable",
+             c.max_seq_len, model.max_seq_len);
   const bool automatic_pages = c.kv_pages == 0 || c.padded_attention;
   const int64_t per_slot = (c.max_seq_len + c.kv_page_tokens - 1) / c.kv_page_tokens;
   const int64_t page_bytes = sat_mul(

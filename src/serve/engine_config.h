@@ -45,6 +45,7 @@ struct EngineConfig {
   WeightFormat weights = WeightFormat::kBF16;
   bool padded_attention = false;
   bool prefix_caching = true;
+  bool allow_long_context = false;  // max_seq_len may exceed max_position_embeddings
   std::string chat_template = "plain";
   std::string model_name;
   bool automatic_slots = false;  // max_concurrent_decodes was chosen from memory

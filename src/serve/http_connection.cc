@@ -63,7 +63,7 @@ void HttpConnection::post(std::function<void()> fn) {
 void HttpConnection::wait_for_request() {
   if (closed_) return;
   if (buffer_.size() > 0) return read_header();
-  if (app_.draining() || !keep_alive_) return close();
+  if (app_.draining() || !keep_alive_ || peer_eof_) return close();
   stream_.expires_after(seconds(limits_.idle_timeout_s));
   stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](
                                                      beast::error_code ec, size_t n) {
@@ -254,11 +254,12 @@ void HttpConnection::reply_complete() {
 // An end of stream (EOF) is not a client gone: it is also what a client that has sent
 // its whole request and shut its sending side (shutdown(SHUT_WR), `nc -N`, `curl
 // --no-keepalive` piping) sends, and that client still reads. The reply goes on and the
-// connection closes after it; a client that closed entirely is noticed when a write to
+// connection closes after it (and after any pipelined request already read); a client
+// that closed entirely is noticed when a write to
 // it fails (a stream's next token; a whole reply is generated to its end, bounded by its
 // max_tokens).
 void HttpConnection::watch_disconnect() {
-  if (watching_ || closed_) return;
+  if (watching_ || closed_ || peer_eof_) return;
   net::mutable_buffer space;
   try {
     space = buffer_.prepare(4096);
@@ -277,7 +278,8 @@ void HttpConnection::on_watch(beast::error_code ec, size_t n) {
     buffer_.commit(n);
     if (busy_) return watch_disconnect();
   } else if (ec == net::error::eof || ec == http::error::end_of_stream) {
-    keep_alive_ = false;  // half-closed: answer, then close (nothing more will come)
+    // Half-closed: answer this request and any already read behind it, then close.
+    peer_eof_ = true;
   } else if (ec != net::error::operation_aborted) {
     return close();  // the client went away: close() runs the cancel hook
   }

@@ -110,6 +110,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   bool writing_ = false;
   bool watching_ = false;  // a disconnect watch read is pending
   bool resume_after_watch_ = false;
+  bool peer_eof_ = false;  // the client has shut its sending side: nothing more will come
   bool closed_ = false;
   std::deque<std::string> out_;
   std::function<void()> cancel_hook_;

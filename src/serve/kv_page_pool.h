@@ -6,8 +6,9 @@
 // Prefix caching: a full page can be published under a hash of every token up to its end
 // (chained page by page, seeded at random per pool so that no client can craft a
 // collision). The hash only finds a candidate: the page keeps its own tokens and its
-// parent's hash, and a lookup is a hit only when both equal the request's, so KV computed
-// for other tokens is never reused, whatever the hash does. A page that is released
+// parent's hash, and a lookup is a hit only when both equal the request's, so a page's
+// own hash colliding never reuses KV computed for other tokens. (An earlier page's hash
+// colliding as well, with a per-pool random seed, has odds near 2^-64.) A page that is released
 // to a reference count of zero while published stays in the cache, reusable by the next
 // request with the same prefix, until a fresh allocation needs the memory: then the least
 // recently used cached page is evicted. A page is in exactly one state:

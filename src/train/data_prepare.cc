@@ -79,6 +79,20 @@ std::vector<bool> split_validation(int64_t n, double val_fraction, uint64_t seed
   return is_val;
 }
 
+bool is_prepared_dataset(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(dir + "/train.bin", ec) || !fs::exists(dir + "/val.bin", ec) ||
+      !fs::exists(dir + "/tokenizer.model", ec) || !fs::exists(dir + "/meta.json", ec))
+    return false;
+  try {
+    const nlohmann::json meta = nlohmann::json::parse(io::read_file(dir + "/meta.json"));
+    return meta.value("complete", true);  // written before "complete" existed: complete
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 PrepareResult prepare_dataset(const PrepareOptions& opts) {
   Timer timer;
   HYP_CHECK(!opts.inputs.empty(), "data prepare: no input files given");
@@ -126,9 +140,13 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
 
   io::make_directories(opts.output_dir);
   const std::filesystem::path dir(opts.output_dir);
-  // meta.json is written last: until then the directory is not a complete dataset (a
-  // prepare killed half-way leaves no mix of old and new files that looks complete).
-  std::filesystem::remove(dir / "meta.json");
+  // meta.json says "complete": false until everything is written, then is rewritten last:
+  // a prepare killed half-way leaves a directory that is ours (it may be prepared again)
+  // but never one that looks complete with a mix of old and new files.
+  io::write_file_atomic((dir / "meta.json").string(),
+                        nlohmann::json{{"format", "hyperion-token-shards"}, {"complete", false}}
+                                .dump(2) +
+                            "\n");
   PrepareResult r;
   r.tokenizer_path = (dir / "tokenizer.model").string();
   r.train_path = (dir / "train.bin").string();
@@ -195,6 +213,7 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
       {"tokenizer", "tokenizer.model"},
       {"train", "train.bin"},
       {"val", "val.bin"},
+      {"complete", true},
   };
   if (!opts.cache_key.empty()) meta["cache_key"] = opts.cache_key;
   io::write_file_atomic((dir / "meta.json").string(), meta.dump(2) + "\n");

@@ -19,6 +19,10 @@ struct PrepareOptions {
   std::string cache_key;
 };
 
+// A complete output of prepare_dataset: the shards, the tokenizer and a meta.json that
+// does not say "complete": false (a prepare still running, or killed half-way).
+bool is_prepared_dataset(const std::string& dir);
+
 struct PrepareResult {
   std::string tokenizer_path, train_path, val_path;
   int64_t documents = 0, train_docs = 0, val_docs = 0;

@@ -67,6 +67,7 @@ class RecsysRun {
                  stop_requested_ == SIGINT ? "SIGINT" : "SIGTERM",
                  t_.enable_checkpointing ? "saving a checkpoint; the same command resumes from it"
                                          : "enable_checkpointing=false, so nothing is saved");
+        stop_signal_saving();  // the save may take longer than the grace period
         save();
         result_.stopped_by_signal = stop_requested_;
         return finish(false);

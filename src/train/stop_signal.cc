@@ -11,7 +11,7 @@ namespace {
 
 std::atomic<int> g_signal{0};
 unsigned g_grace_s = 60;
-struct sigaction g_old_term, g_old_int;
+struct sigaction g_old_term, g_old_int, g_old_alrm;
 
 void say(const char* text) {
   size_t n = 0;
@@ -45,17 +45,25 @@ StopSignalScope::StopSignalScope(unsigned grace_s) {
   sa.sa_flags = SA_RESTART;
   ::sigaction(SIGTERM, &sa, &g_old_term);
   ::sigaction(SIGINT, &sa, &g_old_int);
-  ::signal(SIGALRM, SIG_DFL);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  ::sigaction(SIGALRM, &dfl, &g_old_alrm);  // the grace alarm ends the process
 }
 
 StopSignalScope::~StopSignalScope() {
   ::alarm(0);
   ::sigaction(SIGTERM, &g_old_term, nullptr);
   ::sigaction(SIGINT, &g_old_int, nullptr);
+  ::sigaction(SIGALRM, &g_old_alrm, nullptr);
 }
 
 int stop_signal_received() {
   return g_signal.load();
+}
+
+void stop_signal_saving() {
+  ::alarm(0);
 }
 
 }  // namespace hyperion

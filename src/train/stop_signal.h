@@ -5,7 +5,8 @@
 // (StopSignalScope); the ranks of a job agree on the step through the step's all-reduce.
 // A second signal stops the process at once (by that signal's default action: exit
 // status 128 + the signal, no save), and a stop still unfinished `grace_s` (60 s) after
-// the first signal (a step blocked on a dead peer) ends by SIGALRM.
+// the first signal (a step blocked on a dead peer) ends by SIGALRM, unless the stop has
+// reached its save (stop_signal_saving).
 #pragma once
 
 namespace hyperion {
@@ -22,5 +23,11 @@ class StopSignalScope {
 
 // The signal received since the scope began (SIGTERM or SIGINT), or 0.
 int stop_signal_received();
+
+// The stop has reached its save (the step it waited for has finished): the grace alarm
+// is disarmed, so a save longer than the grace period (gigabytes on a slow disk) is not
+// killed half-way. (A save blocked on a dead peer ends by the collective timeout.) A
+// second signal still stops the process at once.
+void stop_signal_saving();
 
 }  // namespace hyperion

@@ -45,10 +45,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Complete: meta.json is written last (train/data_prepare.h).
 bool is_prepared(const std::string& dir) {
-  return fs::exists(dir + "/train.bin") && fs::exists(dir + "/val.bin") &&
-         fs::exists(dir + "/tokenizer.model") && fs::exists(dir + "/meta.json");
+  return train::is_prepared_dataset(dir);
 }
 
 // Complete, and prepared from exactly the inputs `key` describes ("" = any).
@@ -158,34 +156,37 @@ PreparedDataset resolve_dataset(const TrainConfig& t, bool prepare) {
     d.dir = fmt::format("{}/datasets/{}-v{}-{}", t.base_output_directory, stem, t.model.vocab_size,
                         io::short_hash(key).substr(0, 12));
     d.key = key;
-    bool ready = false;
-    if (prepare && is_prepared(d.dir)) {
-      ready = dataset_ready(d);
-      if (ready)
-        log_info("data: reusing {} (prepared from {}, unchanged since)", d.dir, input);
-      else
-        log_warn("data: {} holds data prepared from other inputs (its meta.json cache_key "
-                 "differs); preparing it again",
-                 d.dir);
-    }
-    if (prepare && !ready) {
-      train::PrepareOptions po;
-      po.inputs = {input};
-      po.output_dir = d.dir;
-      po.tokenizer_model = t.tokenizer_path;
-      po.vocab_size = static_cast<int>(t.model.vocab_size);
-      po.val_fraction = t.eval_fraction;
-      po.cache_key = key;
-      log_info("data: preparing {} into {} (vocab {})", input, d.dir, t.model.vocab_size);
-      train::PrepareResult r = train::prepare_dataset(po);
-      log_info("data: {} documents, {} train / {} held-out tokens, {:.1f} s", r.documents,
-               r.train_tokens, r.val_tokens, r.seconds);
-    }
+    d.input = input;
   }
   d.train = d.dir + "/train.bin";
   d.val = d.dir + "/val.bin";
   d.tokenizer = t.tokenizer_path.empty() ? d.dir + "/tokenizer.model" : t.tokenizer_path;
+  if (prepare) ensure_prepared(t, d);
   return d;
+}
+
+void ensure_prepared(const TrainConfig& t, const PreparedDataset& d) {
+  if (d.input.empty()) return;  // a given directory
+  if (is_prepared(d.dir)) {
+    if (dataset_ready(d)) {
+      log_info("data: reusing {} (prepared from {}, unchanged since)", d.dir, d.input);
+      return;
+    }
+    log_warn("data: {} holds data prepared from other inputs (its meta.json cache_key "
+             "differs); preparing it again",
+             d.dir);
+  }
+  train::PrepareOptions po;
+  po.inputs = {d.input};
+  po.output_dir = d.dir;
+  po.tokenizer_model = t.tokenizer_path;
+  po.vocab_size = static_cast<int>(t.model.vocab_size);
+  po.val_fraction = t.eval_fraction;
+  po.cache_key = d.key;
+  log_info("data: preparing {} into {} (vocab {})", d.input, d.dir, t.model.vocab_size);
+  const train::PrepareResult r = train::prepare_dataset(po);
+  log_info("data: {} documents, {} train / {} held-out tokens, {:.1f} s", r.documents,
+           r.train_tokens, r.val_tokens, r.seconds);
 }
 
 namespace {
@@ -333,7 +334,17 @@ void TrainingRun::setup() {
   // Rank 0 prepares the dataset (tokenizer training, sharding); the others wait for its
   // files outside any collective (preparing a large corpus can outlast
   // collective_timeout_s; a failure on rank 0 aborts them all).
-  PreparedDataset data = resolve_dataset(t, rank_ == 0);
+  // The paths and key are rank 0's (another rank's view of the input, its absolute path,
+  // inode or modification time, may differ: a per-node copy, another working directory).
+  PreparedDataset data;
+  if (rank_ == 0) data = resolve_dataset(t, false);
+  data.dir = agree_on_rank0(*comm_, data.dir);
+  data.key = agree_on_rank0(*comm_, data.key);
+  data.input = agree_on_rank0(*comm_, data.input);
+  data.train = data.dir + "/train.bin";
+  data.val = data.dir + "/val.bin";
+  data.tokenizer = t.tokenizer_path.empty() ? data.dir + "/tokenizer.model" : t.tokenizer_path;
+  if (rank_ == 0) ensure_prepared(t, data);
   while (rank_ != 0 && !dataset_ready(data))
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   comm_->barrier();
@@ -640,6 +651,7 @@ void TrainingRun::step() {
 TrainResult TrainingRun::stop_early() {
   log_warn("stopping after step {} on {}: saving a checkpoint; the same command resumes from it",
            state_.step, stop_requested_ == SIGINT ? "SIGINT" : "SIGTERM");
+  stop_signal_saving();  // the save may take longer than the grace period
   save();
   ckpt_->wait();
   if (world_ > 1) comm_->barrier();  // no rank exits while another still writes

@@ -61,13 +61,17 @@ TrainResult run_training(const Config& config, const std::string& config_name,
 // Where a dataset lives after preparation: train.bin, val.bin, tokenizer.model.
 struct PreparedDataset {
   std::string dir, train, val, tokenizer;
-  std::string key;  // what a prepared-here dataset is made from ("" for a given directory)
+  std::string input;  // the text file prepared here ("" for a given directory)
+  std::string key;    // what a prepared-here dataset is made from ("" for a given directory)
 };
 // dataset_path: a prepared directory, a .txt/.jsonl file, or empty for the bundled corpus
 // (prepared once into <base_output_directory>/datasets/<name>-v<vocab>-<key hash>/ and
 // reused while its inputs are unchanged: the key holds the input's and the tokenizer's
 // path, size and modification time, the vocabulary and eval_fraction).
-// prepare = false only resolves the paths (ranks other than 0 wait for rank 0's files).
+// prepare = false only resolves the paths and the key; ensure_prepared then prepares the
+// data unless it is there, unchanged (rank 0 only: the other ranks take rank 0's paths
+// and key and wait for its files).
 PreparedDataset resolve_dataset(const TrainConfig& t, bool prepare = true);
+void ensure_prepared(const TrainConfig& t, const PreparedDataset& d);
 
 }  // namespace hyperion

@@ -154,11 +154,10 @@ TEST_F(CheckpointRefusals, AbsurdSizesAreNamedBeforeAnyAllocation) {
         "HYPERION_MEMORY_LIMIT=" + limit + " timeout 120 " + std::string(HYPERION_CLI_PATH) +
         " --threads 1 serve " + checkpoint_ + " --port 0 " + args + " 2>&1");
   };
-  // 16 slots, as asked (the automatic count would fall to one slot, whose 4 GiB fit).
+  // A context past the model's positions is refused by name before anything is sized.
   const Result kv = serve("16G", "max_seq_len=16777216 max_concurrent_decodes=16");
-  EXPECT_EQ(kv.code, 1) << kv.out;
-  EXPECT_TRUE(contains(kv.out, "KV cache")) << kv.out;
-  EXPECT_TRUE(contains(kv.out, "max_seq_len=16777216")) << kv.out;
+  EXPECT_EQ(kv.code, 2) << kv.out;
+  EXPECT_TRUE(contains(kv.out, "max_seq_len=16777216 is beyond the model's context")) << kv.out;
   const Result pages = serve("16G", "kv_pages=2000000000");
   EXPECT_EQ(pages.code, 1) << pages.out;
   EXPECT_TRUE(contains(pages.out, "kv_pages")) << pages.out;

@@ -95,7 +95,7 @@ TEST_F(Reliability, ResumeFromACopiedCheckpointNeverAdoptsTheRunAroundIt) {
   const std::string victim = root_ + "/base";
   const std::string saved = copy_checkpoint(victim + "/saved/best");
   const auto before = snapshot(victim);
-  const Result r = run("train --json --resume " + saved + " steps=6 checkpoints_to_keep=1");
+  const Result r = run("train --json --resume " + saved + " steps=6 max_num_checkpoints_to_keep=1");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(snapshot(victim), before) << r.out;
   const json j = json_of(r);
@@ -200,13 +200,13 @@ TEST_F(Reliability, DataPrepareNeverWritesOverWhatIsNotItsOwn) {
   fs::create_directories(foreign);
   hyperion::io::write_file_atomic(foreign + "/tokenizer.model", "someone's tokenizer");
   const Result r = run("data prepare --input " + corpus() + " --output " + foreign +
-                       " --vocab-size 300");
+                       " --vocab-size 512");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(contains(r.out, "not a prepared dataset")) << r.out;
   EXPECT_EQ(hyperion::io::read_file(foreign + "/tokenizer.model"), "someone's tokenizer");
   // Its own earlier output may be prepared again, but not from one of its own files.
   const std::string own = root_ + "/prepared";
-  ASSERT_EQ(run("data prepare --input " + corpus() + " --output " + own + " --vocab-size 300").code,
+  ASSERT_EQ(run("data prepare --input " + corpus() + " --output " + own + " --vocab-size 512").code,
             0);
   const std::string train_bin = hyperion::io::read_file(own + "/train.bin");
   const Result self = run("data prepare --input " + own + "/train.bin --output " + own);

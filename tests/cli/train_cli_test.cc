@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "../train/train_test_util.h"
 #include "cli_test_util.h"
 
 namespace {
@@ -81,8 +82,8 @@ TEST_F(TrainCli, EvalOnTextAndShard) {
   auto j = nlohmann::json::parse(r.out);
   EXPECT_GT(j["tokens"].get<int64_t>(), 10);
   EXPECT_NEAR(j["perplexity"].get<double>(), std::exp(j["loss"].get<double>()), 1e-6);
-  Result s = run("eval --checkpoint " + run_dir_ + "/checkpoints/6 --shard " + root_ +
-                     "/datasets/fortunes-v512/val.bin --json",
+  Result s = run("eval --checkpoint " + run_dir_ + "/checkpoints/6 --shard " +
+                     hyperion::testing_util::prepared_dataset(root_) + "/val.bin --json",
                  false);
   ASSERT_EQ(s.code, 0) << s.out;
   EXPECT_GT(nlohmann::json::parse(s.out)["tokens"].get<int64_t>(), 1000);
@@ -107,9 +108,9 @@ TEST_F(TrainCli, GenerateIsDeterministicPerSeed) {
   EXPECT_TRUE(j["finish_reason"] == "length" || j["finish_reason"] == "stop");
   Result greedy = run(base + "--max-tokens 4 --temperature 0", false);
   ASSERT_EQ(greedy.code, 0) << greedy.out;
-  Result bad = run(base + "--top-p 2");
-  EXPECT_EQ(bad.code, 1);
-  EXPECT_TRUE(contains(bad.out, "top_p")) << bad.out;
+  Result bad = run(base + "--top-p 2");  // a usage error, before the checkpoint is read
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_TRUE(contains(bad.out, "--top-p must be in (0, 1], got 2")) << bad.out;
   Result unknown = run(base + "--temprature 1");
   EXPECT_EQ(unknown.code, 2);
   EXPECT_TRUE(contains(unknown.out, "--temprature")) << unknown.out;

@@ -92,7 +92,7 @@ TEST_P(MoeTraining, LossFallsAndRoutingIsLogged) {
   load_model_weights(ck, ps);
   EXPECT_NE(ps.find("model.layers.1.block_sparse_moe.experts.3.w2.weight"), nullptr);
   std::vector<int32_t> val =
-      read_shard_tokens(temp_root() + "/datasets/fortunes-v512/val.bin", c.vocab_size);
+      read_shard_tokens(testing_util::prepared_dataset(temp_root()) + "/val.bin", c.vocab_size);
   EvalReport e = evaluate_stream(ps, val, 64, 8);
   // Evaluation is dropless (nothing dropped at inference), in f32: near the trainer's.
   EXPECT_NEAR(e.loss, r.eval_loss, cf > 0 ? 0.15 : 0.05);

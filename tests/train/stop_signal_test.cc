@@ -130,6 +130,17 @@ TEST(StopSignalScope, AStopUnfinishedAfterTheGracePeriodEndsBySigalrm) {
   EXPECT_EQ(WTERMSIG(status), SIGALRM);
 }
 
+TEST(StopSignalScope, ASaveIsNotCutByTheGraceAlarm) {
+  const int status = run_child([] {
+    StopSignalScope scope(1);
+    ::raise(SIGTERM);
+    stop_signal_saving();  // the step ended: a long save follows
+    ::sleep(2);
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
 TEST(StopSignalScope, NoAlarmWithoutASignal) {
   const int status = run_child([] {
     {

@@ -54,6 +54,22 @@ inline std::vector<std::string> small_run_overrides(const std::string& root,
           "log_period=1000"};
 }
 
+// The dataset the runs under `root` prepared from `stem` at vocabulary `vocab`
+// (<root>/datasets/<stem>-v<vocab>-<key>/, the key being a hash of its inputs: the one
+// directory of that prefix).
+inline std::string prepared_dataset(const std::string& root, const std::string& stem = "fortunes",
+                                    int vocab = 512) {
+  const std::string prefix = stem + "-v" + std::to_string(vocab) + "-";
+  std::string found;
+  for (const auto& e : std::filesystem::directory_iterator(root + "/datasets"))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) {
+      EXPECT_TRUE(found.empty()) << "two datasets of prefix " << prefix << " under " << root;
+      found = e.path().string();
+    }
+  EXPECT_FALSE(found.empty()) << "no dataset " << prefix << "* under " << root;
+  return found;
+}
+
 // End-to-end training tests run single-threaded: CTest runs tests in parallel on a small
 // machine, and OpenMP regions waiting on a descheduled second thread would make these
 // runs slow without testing anything more (the kernel tests cover thread counts).

@@ -92,7 +92,7 @@ TEST_F(Trainer, LossFallsOnBundledCorpusAndArtifactsAreWritten) {
   // Evaluating the loaded checkpoint on the held-out shard agrees with the trainer's
   // own final eval (the trainer ran bf16; this runs f32, so loosely).
   std::vector<int32_t> val =
-      read_shard_tokens(temp_root() + "/datasets/fortunes-v512/val.bin", c.vocab_size);
+      read_shard_tokens(testing_util::prepared_dataset(temp_root()) + "/val.bin", c.vocab_size);
   EvalReport e = evaluate_stream(ps, val, 64, 8);
   EXPECT_NEAR(e.loss, r.eval_loss, 0.05);
 }
