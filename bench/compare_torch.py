@@ -260,7 +260,7 @@ def train_only_dataset(dataset, workdir):
     """The dataset with an empty val.bin: hyperion then skips its final held-out eval."""
     d = os.path.join(workdir, "train-only")
     os.makedirs(d, exist_ok=True)
-    for f in ("train.bin", "tokenizer.model"):
+    for f in ("train.bin", "tokenizer.model", "meta.json"):  # meta.json: a complete dataset
         if not os.path.exists(os.path.join(d, f)):
             os.symlink(os.path.join(dataset, f), os.path.join(d, f))
     with open(os.path.join(dataset, "train.bin"), "rb") as f:
@@ -332,7 +332,8 @@ class Interference:
 
 
 def prepared(d):
-    return all(os.path.isfile(os.path.join(d, f)) for f in ("train.bin", "val.bin", "tokenizer.model"))
+    return all(os.path.isfile(os.path.join(d, f))
+               for f in ("train.bin", "val.bin", "tokenizer.model", "meta.json"))
 
 
 def machine_info(threads):

@@ -11,13 +11,8 @@ medians per mode and the overhead in percent. Prints one JSON object.
 import argparse, json, os, socket, statistics, subprocess, sys, tempfile, threading, time
 import urllib.request
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from free_ports import free_port  # noqa: E402
 
 
 def run(a, root, name, monitored):

@@ -174,9 +174,20 @@ int cmd_bench_serve(const Args& args) {
     const std::string corpus = f.has("corpus") ? f.get("corpus") : serve::bundled_corpus_path();
     requests = serve::corpus_prompts(tok, corpus, shape);
     source = fmt::format("{} tokenized with {}", corpus, tok.origin());
+    // A chat endpoint takes text: each prompt as the text its ids decode to (the chat
+    // template adds a few tokens to each).
+    if (serve::is_chat_endpoint(opts.endpoint))
+      for (serve::BenchRequest& r : requests) {
+        r.text = tok.decode(r.ids);
+        r.is_text = true;
+      }
   } else {
     const int64_t vocab = f.integer("vocab-size", 0);
     HYP_USAGE_CHECK(vocab > 3, "bench serve: --vocab-size must be > 3, got {}", vocab);
+    HYP_USAGE_CHECK(!serve::is_chat_endpoint(opts.endpoint),
+                    "bench serve: {} takes text prompts: give --tokenizer (corpus text) or "
+                    "--dataset-path, not --vocab-size (random token ids)",
+                    opts.endpoint);
     requests = serve::random_prompts(vocab, shape);
     source = fmt::format("random token ids in [3, {})", vocab);
   }

@@ -207,6 +207,13 @@ GemmArgs tile_of(const GemmArgs& f, int64_t bi, int64_t i0, int64_t j0, int64_t 
 
 bool tiles_for_determinism(const GemmArgs& g) {
   if (g.a_dtype != DType::kF32) return false;
+  // HYPERION_GEMM_TILES=0: oneDNN's own threading (faster for some shapes, not
+  // reproducible across thread counts); for measuring what the tiles cost.
+  static const bool off = [] {
+    const char* v = std::getenv("HYPERION_GEMM_TILES");
+    return v != nullptr && std::strcmp(v, "0") == 0;
+  }();
+  if (off) return false;
   if (force_widen()) return true;
   const CpuFeatures& f = cpu_features();
   return !(f.avx512f && f.avx512bw && f.avx512vl);

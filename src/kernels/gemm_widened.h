@@ -32,7 +32,8 @@ void widened_gemm(const GemmArgs& g);
 // thread count. Such GEMMs (and the f32 GEMMs of the widened ones) run instead as tiles
 // of C of a fixed size (128 x 128), each on one thread with oneDNN single-threaded:
 // the tiling, and so every result bit, is the same at any thread count, as it is with
-// the AVX-512 kernels. HYPERION_GEMM_WIDEN=1 tiles everywhere too.
+// the AVX-512 kernels. HYPERION_GEMM_WIDEN=1 tiles everywhere too; HYPERION_GEMM_TILES=0
+// turns the tiles off (for measuring what they cost).
 bool tiles_for_determinism(const GemmArgs& g);
 void tiled_f32_gemm(const GemmArgs& f);
 

@@ -492,6 +492,10 @@ PromptShape fit_shape(PromptShape shape, int64_t max_model_len) {
   return shape;
 }
 
+bool is_chat_endpoint(const std::string& endpoint) {
+  return endpoint.find("/chat/") != std::string::npos;
+}
+
 int64_t fit_requests(std::vector<BenchRequest>& requests, int64_t max_model_len) {
   if (max_model_len <= 1) return 0;
   int64_t dropped = 0;
@@ -512,10 +516,14 @@ int64_t fit_requests(std::vector<BenchRequest>& requests, int64_t max_model_len)
 std::string request_body(const BenchRequest& r, const LoadOptions& opts) {
   json j;
   j["model"] = opts.model;
-  if (r.is_text)
+  if (is_chat_endpoint(opts.endpoint)) {
+    HYP_CHECK(r.is_text, "bench serve: {} takes text prompts, not token ids", opts.endpoint);
+    j["messages"] = json::array({{{"role", "user"}, {"content", r.text}}});
+  } else if (r.is_text) {
     j["prompt"] = r.text;
-  else
+  } else {
     j["prompt"] = r.ids;
+  }
   j["max_tokens"] = r.max_tokens;
   j["temperature"] = opts.temperature;
   j["stream"] = true;

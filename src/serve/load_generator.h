@@ -211,7 +211,12 @@ PromptShape fit_shape(PromptShape shape, int64_t max_model_len);
 // room left, and prompts that alone fill the context are dropped (returns how many).
 int64_t fit_requests(std::vector<BenchRequest>& requests, int64_t max_model_len);
 
-// The JSON body of one completion request (exposed for tests).
+// Whether `endpoint` is a chat one (/v1/chat/completions): its requests carry `messages`
+// (the prompt text as one user message), not `prompt`, so they need text prompts.
+bool is_chat_endpoint(const std::string& endpoint);
+
+// The JSON body of one completion request (exposed for tests): `prompt` for completions,
+// `messages` for a chat endpoint.
 std::string request_body(const BenchRequest& r, const LoadOptions& opts);
 
 // Sends every request (arrival offsets from opts.request_rate and opts.seed, at most

@@ -187,6 +187,19 @@ TEST_F(Reliability, PreparedDataIsKeyedByItsInputs) {
   ASSERT_EQ(again.code, 0) << again.out;
   EXPECT_TRUE(contains(again.out, "data: reusing")) << again.out;
   EXPECT_EQ(datasets_made().size(), 2u);
+  // A prepare killed half-way (meta.json still says "complete": false) is prepared again.
+  {
+    std::string reused;
+    for (const auto& e : fs::directory_iterator(datasets + "/datasets"))
+      if (contains(again.out, e.path().filename().string())) reused = e.path().string();
+    ASSERT_FALSE(reused.empty()) << again.out;
+    hyperion::io::write_file_atomic(reused + "/meta.json",
+                                    R"({"format": "hyperion-token-shards", "complete": false})");
+    const Result redo = run("train --json " + train_args(datasets, "a4", a) + " steps=1");
+    ASSERT_EQ(redo.code, 0) << redo.out;
+    EXPECT_TRUE(contains(redo.out, "data: preparing")) << redo.out;
+    EXPECT_EQ(datasets_made().size(), 2u);
+  }
   // The same file changed is new data.
   hyperion::io::write_file_atomic(a, text.substr(0, text.size() / 3));
   const Result changed = run("train --json " + train_args(datasets, "a3", a) + " steps=1");

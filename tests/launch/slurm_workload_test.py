@@ -13,18 +13,13 @@ delete leaves no process behind; cluster delete removes the partitions it made.
 
   tests/launch/slurm_workload_test.py --hyperion build/release/hyperion --source-dir .
 """
-import argparse, json, os, shutil, signal, socket, subprocess, sys, tempfile, time
+import argparse, json, os, shutil, signal, subprocess, sys, tempfile, time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from free_ports import free_port  # noqa: E402
 
 TOOLS = ["munged", "slurmctld", "slurmd", "sinfo", "squeue", "scontrol", "sbatch", "srun",
          "scancel"]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def wait_for(what, fn, timeout=180, every=0.2):

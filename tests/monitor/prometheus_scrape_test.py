@@ -6,29 +6,11 @@ top-k by rank). Exits 77 (a visible CTest skip) when prometheus is not installed
 
   tests/monitor/prometheus_scrape_test.py --hyperion build/release/hyperion
 """
-import argparse, json, os, shutil, signal, socket, subprocess, sys, tempfile, time
+import argparse, json, os, shutil, signal, subprocess, sys, tempfile, time
 import urllib.parse, urllib.request
 
-
-def free_ports(n):
-    socks, ports = [], []
-    # Consecutive ports for the ranks: metrics_port + rank.
-    for _ in range(200):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        base = s.getsockname()[1]
-        s.close()
-        ok = True
-        for p in range(base, base + n):
-            t = socket.socket()
-            try:
-                t.bind(("127.0.0.1", p))
-            except OSError:
-                ok = False
-            t.close()
-        if ok and base + n < 65535:
-            return base
-    sys.exit("no free port range")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from free_ports import free_ports  # noqa: E402
 
 
 def query(port, promql):

@@ -615,6 +615,14 @@ TEST(LoadGeneratorClient, ParseUrlAndRequestBody) {
   j = json::parse(request_body(r, opts));
   EXPECT_EQ(j["prompt"], "hi");
   EXPECT_FALSE(j.contains("ignore_eos"));
+  // A chat endpoint gets the text as one user message (it has no `prompt` field), and
+  // refuses token ids.
+  opts.endpoint = "/v1/chat/completions";
+  j = json::parse(request_body(r, opts));
+  EXPECT_FALSE(j.contains("prompt"));
+  EXPECT_EQ(j["messages"], json::parse(R"([{"role": "user", "content": "hi"}])"));
+  r.is_text = false;
+  EXPECT_THROW(request_body(r, opts), Error);
 }
 
 // ---------------------------------------------------------------------------------------

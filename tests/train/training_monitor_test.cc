@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -29,22 +30,28 @@ namespace {
 
 using testing_util::run_cli;
 
-// A port free right now (bound to 0 and released).
+// A port free right now, picked below the kernel's ephemeral range: a port got by binding
+// port 0 is handed to the next outgoing connection (another test's MPI ranks, a client) as
+// soon as it is released, and a parallel test run then finds it taken.
 int free_port() {
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (s < 0 || ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ADD_FAILURE() << "cannot bind a loopback socket";
-    if (s >= 0) ::close(s);
-    return 0;
+  static std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> pick(10000, 32000);
+  for (int tries = 0; tries < 500; ++tries) {
+    const int port = pick(rng);
+    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (s < 0) break;
+    const int one = 1;
+    ::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool ok = ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(s);
+    if (ok) return port;
   }
-  socklen_t len = sizeof a;
-  if (::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    ADD_FAILURE() << "getsockname failed";
-  ::close(s);
-  return ntohs(a.sin_port);
+  ADD_FAILURE() << "no free loopback port in 10000-32000";
+  return 0;
 }
 
 std::string read_text(const std::string& path) {
