@@ -172,6 +172,13 @@ TEST(Gemm, TiledF32IsBitwiseEqualAtAnyThreadCount) {
   run_case({Trans::kT, Trans::kT, 200, 150, 70, DType::kF32, DType::kF32, DType::kF32, 0.5f, 1.5f,
             true, true, 3, 2},
            1e-5, [](const GemmArgs& g) { detail::tiled_f32_gemm(g); });
+  // A bias without scales on tiles narrower than C (computed densely, then combined with
+  // beta * C), with and without beta, and a tile as wide as C.
+  for (float beta : {0.0f, 1.5f})
+    for (int64_t n : {int64_t(150), int64_t(96)})
+      run_case({Trans::kN, Trans::kT, 260, n, 40, DType::kF32, DType::kF32, DType::kF32, 1.0f,
+                beta, true, false, 0, 1},
+               1e-5, [](const GemmArgs& g) { detail::tiled_f32_gemm(g); });
 }
 
 TEST(Gemm, Bf16InputsF32AndBf16Outputs) {
