@@ -316,10 +316,16 @@ PeakResult measure_peak(double seconds) {
       r.bf16_isa = "avx512_bf16";
     }
   }
+  // Without VNNI or AMX, int8 GEMMs run widened to f32 (kernels/gemm_widened.h): their
+  // ceiling is the f32 FMA rate, not zero (a ratio to zero would read as nothing done).
+  r.int8_gops = r.f32_gflops;
+  r.int8_isa = f.avx512f ? "avx512f (f32 fma)" : "avx2 (f32 fma)";
   if (f.avx512_vnni) {
     r.int8_vnni_gops = measure_rate(dot_int8_vnni, seconds) / 1e9;
-    r.int8_gops = r.int8_vnni_gops;
-    r.int8_isa = "avx512_vnni";
+    if (r.int8_vnni_gops > r.int8_gops) {
+      r.int8_gops = r.int8_vnni_gops;
+      r.int8_isa = "avx512_vnni";
+    }
   }
   if (f.amx_bf16 && request_amx()) {
     double amx = measure_rate(amx_bf16, seconds) / 1e9;

@@ -16,7 +16,7 @@ struct PeakResult {
   double bf16_gflops = 0;  // best of AMX / AVX512-BF16 / f32 FMA
   std::string bf16_isa;
   double bf16_avx512_gflops = 0;  // AVX512-BF16 dot product rate (0 if absent)
-  double int8_gops = 0;           // best of AMX / VNNI
+  double int8_gops = 0;           // best of AMX / VNNI / f32 FMA (int8 widened)
   std::string int8_isa;
   double int8_vnni_gops = 0;  // AVX512-VNNI rate (0 if absent)
   double copy_gbps = 0;       // STREAM copy (2 x 8 bytes counted per element)

@@ -56,6 +56,9 @@ TEST(Cli, BenchPeakJsonHasStableKeys) {
   EXPECT_GT(j["f32_gflops"].get<double>(), 0.0);
   EXPECT_GT(j["mem_gbps"].get<double>(), 0.0);
   EXPECT_GE(j["bf16_gflops"].get<double>(), j["f32_gflops"].get<double>());
+  // int8 runs widened to f32 where the CPU has no VNNI/AMX: never a zero ceiling.
+  EXPECT_GE(j["int8_gops"].get<double>(), j["f32_gflops"].get<double>());
+  EXPECT_FALSE(j["int8_isa"].get<std::string>().empty());
 }
 
 TEST(Cli, BenchKernelsFilterAndJson) {
