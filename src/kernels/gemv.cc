@@ -15,10 +15,13 @@
 #include "base/aligned.h"
 #include "base/cpu.h"
 #include "base/threads.h"
+#include "kernels/gemv_common.h"
 #include "tensor/convert.h"
 
 namespace hyperion::detail {
 namespace {
+
+using namespace gemv_impl;
 
 #define HYP_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define HYP_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -29,51 +32,6 @@ GemvIsa g_isa = GemvIsa::kAuto;
 // Software prefetch distance in row groups: while a thread dots one group of W rows it
 // prefetches the same offsets of the group this many groups ahead (within its block).
 constexpr int64_t kPrefetchGroups = 1;
-
-// Everything a row-group kernel needs. x is the activation block packed once per call
-// (layout per kernel, rows `kpad` elements apart, zero-padded); w points at W row 0.
-struct Ctx {
-  const GemmArgs* g;
-  int m;
-  int64_t k, kpad;
-  const void* x;
-  const unsigned char* w;
-  int64_t ldb_bytes;
-  float row_scale[kGemvMaxM];  // alpha * a_scale[m]
-};
-
-inline const unsigned char* wrow(const Ctx& c, int64_t n) {
-  return c.w + n * c.ldb_bytes;
-}
-
-// Epilogue of one output element (per element, not per K step, so plain scalar code).
-// Always inlined, so in the AVX-512 kernels it is compiled VEX-encoded: an out-of-line
-// call ran legacy-SSE code with the zmm upper halves dirty, and that transition cost
-// half of the int8 GEMV's time on Sapphire Rapids.
-__attribute__((always_inline)) inline void store_f(const Ctx& c, int i, int64_t j, float sum) {
-  const GemmArgs& g = *c.g;
-  float v = sum * c.row_scale[i];
-  if (g.b_scale) v *= g.b_scale[j];
-  if (g.bias) v += g.bias[j];
-  const int64_t idx = i * g.ldc + j;
-  if (g.c_dtype == DType::kF32) {
-    float* dst = static_cast<float*>(g.c) + idx;
-    if (g.beta != 0.0f) v += g.beta * *dst;
-    *dst = v;
-  } else {  // bf16
-    bf16* dst = static_cast<bf16*>(g.c) + idx;
-    if (g.beta != 0.0f) v += g.beta * bf16_to_f32(*dst);
-    *dst = f32_to_bf16(v);
-  }
-}
-
-__attribute__((always_inline)) inline void store_i(const Ctx& c, int i, int64_t j, int32_t sum) {
-  if (c.g->c_dtype == DType::kI32) {
-    static_cast<int32_t*>(c.g->c)[i * c.g->ldc + j] = sum;
-  } else {
-    store_f(c, i, j, float(sum));
-  }
-}
 
 // Horizontal sums in a fixed order, independent of the compiler's reduce_add expansion.
 HYP_AVX512 inline float hsum(__m512 v) {
@@ -341,14 +299,27 @@ void portable_row(const Ctx& c, int64_t n0, int64_t /*pf0*/) {
 }
 
 // ---- Selection and packing. ----
-enum class Kind { kBf16Dp, kBf16Widen, kF32, kI8Signed, kI8SignedSums, kI8Unsigned, kPortable };
-
-using RowsFn = void (*)(const Ctx&, int64_t n0, int64_t pf0);
-struct Kernels {
-  RowsFn group = nullptr;   // `rows` consecutive W rows
-  RowsFn single = nullptr;  // one W row (the tail of N); same per-row arithmetic
-  int64_t rows = 1;
+enum class Kind {
+  kBf16Dp,
+  kBf16Widen,
+  kF32,
+  kI8Signed,
+  kI8SignedSums,
+  kI8Unsigned,
+  kAvx2F32,
+  kAvx2Bf16,
+  kAvx2I8,
+  kPortable
 };
+
+bool is_avx2(Kind kind) {
+  return kind == Kind::kAvx2F32 || kind == Kind::kAvx2Bf16 || kind == Kind::kAvx2I8;
+}
+Avx2Kind avx2_kind(Kind kind) {
+  return kind == Kind::kAvx2F32 ? Avx2Kind::kF32
+         : kind == Kind::kAvx2Bf16 ? Avx2Kind::kBf16
+                                   : Avx2Kind::kI8;
+}
 
 // Rows per group: R * M * A accumulators must stay in registers next to the W and x
 // vectors.
@@ -376,6 +347,9 @@ Kernels pick_m(Kind kind) {
       return {&i8_vnni_rows<M, R, A, 2>, &i8_vnni_rows<M, 1, A, 2>, R};
     case Kind::kI8Unsigned:
       return {&i8_vnni_rows<M, R, A, 0>, &i8_vnni_rows<M, 1, A, 0>, R};
+    case Kind::kAvx2F32:
+    case Kind::kAvx2Bf16:
+    case Kind::kAvx2I8:
     case Kind::kPortable:
       break;
   }
@@ -383,6 +357,7 @@ Kernels pick_m(Kind kind) {
 }
 
 Kernels pick(Kind kind, int m) {
+  if (is_avx2(kind)) return pick_avx2(avx2_kind(kind), m);
   switch (m) {
     case 1:
       return pick_m<1>(kind);
@@ -405,8 +380,14 @@ Kernels pick(Kind kind, int m) {
 
 Kind select_kind(const GemmArgs& g) {
   const CpuFeatures& f = cpu_features();
-  if (g_isa == GemvIsa::kPortable || !f.avx512f || !f.avx512bw || !f.avx512vl)
-    return Kind::kPortable;
+  if (g_isa == GemvIsa::kPortable) return Kind::kPortable;
+  const bool avx512 = f.avx512f && f.avx512bw && f.avx512vl;
+  if (g_isa == GemvIsa::kAvx2 || !avx512) {
+    if (!f.avx2 || !f.fma) return Kind::kPortable;
+    return g.b_dtype == DType::kF32    ? Kind::kAvx2F32
+           : g.b_dtype == DType::kBF16 ? Kind::kAvx2Bf16
+                                       : Kind::kAvx2I8;
+  }
   const bool ext = g_isa == GemvIsa::kAuto;
   switch (g.b_dtype) {
     case DType::kBF16:
@@ -429,6 +410,7 @@ int64_t round_up(int64_t v, int64_t to) {
 int64_t pack_x(const GemmArgs& g, Kind kind, int64_t m, AlignedBuffer<unsigned char>& buf) {
   const int64_t k = g.k;
   if (kind == Kind::kPortable) return k;  // reads x in place
+  if (is_avx2(kind)) return pack_avx2(g, avx2_kind(kind), m, buf);
   const int64_t kpad = round_up(k, kind == Kind::kF32                                  ? 16
                                    : kind == Kind::kBf16Dp || kind == Kind::kBf16Widen ? 32
                                                                                        : 64);
@@ -463,6 +445,9 @@ int64_t pack_x(const GemmArgs& g, Kind kind, int64_t m, AlignedBuffer<unsigned c
       case Kind::kI8Unsigned:
         std::memcpy(dst, src, size_t(k));
         break;
+      case Kind::kAvx2F32:
+      case Kind::kAvx2Bf16:
+      case Kind::kAvx2I8:
       case Kind::kPortable:
         break;
     }
@@ -477,6 +462,8 @@ bool env_enabled() {
   }();
   return enabled;
 }
+
+void gemv_block(const GemmArgs& g);  // m <= kGemvMaxM rows, one pass over W
 
 }  // namespace
 
@@ -493,14 +480,40 @@ bool gemv_applies(const GemmArgs& g) {
   const bool int8 =
       (g.a_dtype == DType::kI8 || g.a_dtype == DType::kU8) && g.b_dtype == DType::kI8 &&
       (g.c_dtype == DType::kF32 || g.c_dtype == DType::kBF16 || g.c_dtype == DType::kI32);
-  // bf16 does M dot products per W element with one dpbf16ps each: from M = 5 on it
-  // measured no faster than AMX tiles (kernels/amx_bf16_gemm.h), which then take over, or
-  // without AMX the batch GEMM (kernels/batch_gemm.h), which also takes int8 past 8 rows.
-  if (g.m > (bf16 ? kGemvMaxMBf16 : kGemvMaxM)) return false;
+  if (g.m > gemv_max_rows(g)) return false;
   return (f32 || bf16 || int8) && env_enabled();
 }
 
+int64_t gemv_max_rows(const GemmArgs& g) {
+  // bf16 does M dot products per W element with one dpbf16ps each: from M = 5 on it
+  // measured no faster than AMX tiles (kernels/amx_bf16_gemm.h), which then take over, or
+  // without AMX the batch GEMM (kernels/batch_gemm.h), which also takes int8 past 8 rows.
+  // Neither runs without AVX-512; there the AVX2 kernels take decode batches too, in
+  // blocks of kGemvMaxM rows (each block one pass over W; a widened f32 GEMM converted
+  // and re-read W for every row tile, 3-10x slower at these M).
+  if (is_avx2(select_kind(g))) return kGemvMaxMAvx2;
+  return g.b_dtype == DType::kBF16 ? kGemvMaxMBf16 : kGemvMaxM;
+}
+
 void gemv(const GemmArgs& g) {
+  if (g.m <= kGemvMaxM) {
+    gemv_block(g);
+    return;
+  }
+  const size_t as = dtype_size(g.a_dtype), cs = dtype_size(g.c_dtype);
+  for (int64_t r0 = 0; r0 < g.m; r0 += kGemvMaxM) {
+    GemmArgs b = g;
+    b.m = std::min(kGemvMaxM, g.m - r0);
+    b.a = static_cast<const unsigned char*>(g.a) + size_t(r0 * g.lda) * as;
+    b.c = static_cast<unsigned char*>(g.c) + size_t(r0 * g.ldc) * cs;
+    if (g.a_scale != nullptr) b.a_scale = g.a_scale + r0;
+    gemv_block(b);
+  }
+}
+
+namespace {
+
+void gemv_block(const GemmArgs& g) {
   const Kind kind = select_kind(g);
   Ctx c;
   c.g = &g;
@@ -534,5 +547,7 @@ void gemv(const GemmArgs& g) {
     }
   });
 }
+
+}  // namespace
 
 }  // namespace hyperion::detail

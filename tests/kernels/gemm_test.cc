@@ -142,7 +142,32 @@ TEST(Gemm, WidenedPathMatchesTheReference) {
       run_case({ta, tb, 5, 17, 96, DType::kI8, DType::kI8, DType::kBF16, 0.25f, 0.0f, false, true,
                 1, 1},
                8e-3, widened);
+      // Several tiles in M and N (with tails) and several K pieces.
+      run_case({ta, tb, 150, 260, 300, DType::kBF16, DType::kBF16, DType::kF32, 1.0f, 0.0f, true,
+                false, 0, 1},
+               1e-5, widened);
+      run_case({ta, tb, 140, 130, 520, DType::kU8, DType::kI8, DType::kI32, 1.0f, 0.0f, false,
+                false, 0, 2},
+               0, widened);
     }
+  // The same bits at any thread count.
+  const int saved = num_threads();
+  for (DType dt : {DType::kBF16, DType::kI8}) {
+    std::mt19937 rng(7);
+    const int64_t m = 200, n = 300, k = 700;
+    Buffer a = random_buffer(dt, size_t(m * k), rng);
+    Buffer b = random_buffer(dt, size_t(k * n), rng);
+    std::vector<std::vector<unsigned char>> outs;
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      Buffer c(DType::kF32, size_t(m * n));
+      detail::widened_gemm(contiguous_gemm_args(Trans::kN, Trans::kT, m, n, k, a.data(), dt,
+                                                b.data(), dt, c.data(), DType::kF32));
+      outs.push_back(c.bytes);
+    }
+    EXPECT_EQ(outs[0], outs[1]) << dtype_name(dt);
+  }
+  set_num_threads(saved);
 }
 
 // The f32 tiles give the same bits at any thread count (oneDNN's AVX2 GEMM splits K over
@@ -251,9 +276,10 @@ TEST(Gemm, EmptyReductionGivesBetaCPlusBias) {
 
 TEST(Gemm, PrimitivesAreCachedByShape) {
   gemm_cache_clear();
-  std::vector<float> a(64 * 64, 1.0f), b(64 * 64, 1.0f), c(64 * 64);
-  TensorView av(a.data(), DType::kF32, {64, 64}), bv(b.data(), DType::kF32, {64, 64}),
-      cv(c.data(), DType::kF32, {64, 64});
+  // 96 rows: past every decode path (the GEMV takes up to 64 rows on AVX2 CPUs).
+  std::vector<float> a(96 * 64, 1.0f), b(64 * 64, 1.0f), c(96 * 64);
+  TensorView av(a.data(), DType::kF32, {96, 64}), bv(b.data(), DType::kF32, {64, 64}),
+      cv(c.data(), DType::kF32, {96, 64});
   for (int i = 0; i < 5; ++i) gemm(av, Trans::kN, bv, Trans::kT, cv);
   EXPECT_EQ(c[0], 64.0f);
   GemmCacheStats s = gemm_cache_stats();
