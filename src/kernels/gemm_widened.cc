@@ -27,6 +27,130 @@ bool force_widen() {
   return on;
 }
 
+// The elements an operand's GEMM reads, from the first to the last: (rows x cols at
+// leading dimension ld, `batch` of them `stride` apart; stride 0 shares one).
+int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+  const int64_t one = (rows - 1) * ld + cols;
+  return batch > 1 && stride > 0 ? (batch - 1) * stride + one : one;
+}
+
+// Converts `n` elements of any GEMM operand dtype to f32 (exact), on the thread pool.
+void widen(const void* src, DType dtype, float* dst, int64_t n) {
+  const size_t es = dtype_size(dtype);
+  parallel_chunks(n, 1 << 14, [&](int64_t b, int64_t e) {
+    convert_any(static_cast<const unsigned char*>(src) + size_t(b) * es, dtype, dst + b, DType::kF32,
+                size_t(e - b));
+  });
+}
+
+// A and B of `g` as f32 copies with the same layout (leading dimensions, batch strides).
+struct Widened {
+  AlignedBuffer<float> a, b;
+};
+
+void widen_operands(const GemmArgs& g, Widened& w) {
+  const bool ta = g.trans_a == Trans::kT, tb = g.trans_b == Trans::kT;
+  const int64_t na = span(ta ? g.k : g.m, ta ? g.m : g.k, g.lda, g.batch, g.stride_a);
+  const int64_t nb = span(tb ? g.n : g.k, tb ? g.k : g.n, g.ldb, g.batch, g.stride_b);
+  if (int64_t(w.a.size()) < na) w.a = AlignedBuffer<float>(size_t(na));
+  if (int64_t(w.b.size()) < nb) w.b = AlignedBuffer<float>(size_t(nb));
+  widen(g.a, g.a_dtype, w.a.data(), na);
+  widen(g.b, g.b_dtype, w.b.data(), nb);
+}
+
+void bf16_gemm(const GemmArgs& g) {
+  thread_local Widened w;
+  widen_operands(g, w);
+  GemmArgs f = g;
+  f.a = w.a.data();
+  f.b = w.b.data();
+  f.a_dtype = f.b_dtype = DType::kF32;
+  if (g.c_dtype == DType::kF32) {
+    tiled_f32_gemm(f);
+    return;
+  }
+  // bf16 C: computed in f32 (with the old C when beta needs it), rounded once at the end;
+  // only C's m x n elements are written (its padding may be another tensor's). The
+  // buffer is this thread's; the workers below get its address, not their own.
+  thread_local AlignedBuffer<float> cbuf;
+  const int64_t mn = g.m * g.n;
+  if (int64_t(cbuf.size()) < g.batch * mn) cbuf = AlignedBuffer<float>(size_t(g.batch * mn));
+  float* const c = cbuf.data();
+  auto rows = [&](auto&& fn) {
+    parallel_chunks(g.batch * g.m, 64, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t bi = r / g.m, i = r % g.m;
+        fn(static_cast<bf16*>(g.c) + bi * g.stride_c + i * g.ldc, c + r * g.n);
+      }
+    });
+  };
+  if (g.beta != 0.0f)
+    rows([&](const bf16* dst, float* t) { convert_bf16_to_f32(dst, t, size_t(g.n)); });
+  f.c = c;
+  f.c_dtype = DType::kF32;
+  f.ldc = g.n;
+  f.stride_c = mn;
+  tiled_f32_gemm(f);
+  rows([&](bf16* dst, const float* t) { convert_f32_to_bf16(t, dst, size_t(g.n)); });
+}
+
+// The largest K chunk whose f32 partial sums are exact: |u8 x s8| <= 255 * 128 = 32640,
+// and 512 of them stay below 2^24.
+constexpr int64_t kExactChunk = 512;
+
+void int8_gemm(const GemmArgs& g) {
+  thread_local Widened w;
+  widen_operands(g, w);
+  const int64_t mn = g.m * g.n, total = g.batch * mn;
+  // This thread's buffers, used by the workers below through these pointers.
+  thread_local AlignedBuffer<float> chunk_buf;
+  thread_local AlignedBuffer<int32_t> sums_buf;
+  if (int64_t(chunk_buf.size()) < total) chunk_buf = AlignedBuffer<float>(size_t(total));
+  if (int64_t(sums_buf.size()) < total) sums_buf = AlignedBuffer<int32_t>(size_t(total));
+  float* const chunk = chunk_buf.data();
+  int32_t* const sums = sums_buf.data();
+  std::fill(sums, sums + total, 0);
+  const bool ta = g.trans_a == Trans::kT, tb = g.trans_b == Trans::kT;
+  for (int64_t k0 = 0; k0 < g.k; k0 += kExactChunk) {
+    const int64_t kc = std::min(kExactChunk, g.k - k0);
+    GemmArgs f;
+    f.trans_a = g.trans_a;
+    f.trans_b = g.trans_b;
+    f.m = g.m;
+    f.n = g.n;
+    f.k = kc;
+    f.a = w.a.data() + (ta ? k0 * g.lda : k0);
+    f.lda = g.lda;
+    f.b = w.b.data() + (tb ? k0 : k0 * g.ldb);
+    f.ldb = g.ldb;
+    f.c = chunk;
+    f.ldc = g.n;
+    f.batch = g.batch;
+    f.stride_a = g.stride_a;
+    f.stride_b = g.stride_b;
+    f.stride_c = mn;
+    gemm(f);
+    parallel_chunks(total, 1 << 14, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) sums[i] += static_cast<int32_t>(std::lrintf(chunk[i]));
+    });
+  }
+  if (g.c_dtype == DType::kI32) {
+    parallel_chunks(g.batch * g.m, 64, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t bi = r / g.m, i = r % g.m;
+        std::memcpy(static_cast<int32_t*>(g.c) + bi * g.stride_c + i * g.ldc, sums + r * g.n,
+                    size_t(g.n) * sizeof(int32_t));
+      }
+    });
+    return;
+  }
+  // The integer sums as f32 (rounded as oneDNN's s32 -> f32 does), then the scales.
+  parallel_chunks(total, 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) chunk[i] = static_cast<float>(sums[i]);
+  });
+  scale_epilogue(g, chunk, g.n, mn);
+}
+
 // oneDNN single-threaded on this thread for the guard's life (restored however it ends).
 class OneDnnOnOneThread {
  public:
@@ -108,88 +232,6 @@ void run_tile(const GemmArgs& x) {
   }
 }
 
-// The K depth of one widened piece: A's rows x kc and B's kc x columns of a tile, in
-// f32, stay in a core's L2 (2 x 128 KiB). For int8 it also keeps every f32 partial sum
-// an exact integer: |u8 x s8| <= 255 * 128 = 32640, and 256 of them stay below 2^24.
-constexpr int64_t kWidenK = 256;
-
-// rows x cols of `src` (leading dimension ld, any GEMM operand dtype) as dense f32.
-void widen_block(const void* src, DType dtype, int64_t ld, int64_t rows, int64_t cols,
-                 float* dst) {
-  const size_t es = dtype_size(dtype);
-  for (int64_t r = 0; r < rows; ++r)
-    convert_any(static_cast<const unsigned char*>(src) + size_t(r * ld) * es, dtype,
-                dst + r * cols, DType::kF32, size_t(cols));
-}
-
-// One thread's scratch for a widened tile.
-struct WidenScratch {
-  std::vector<float> a, b, part, acc;
-  std::vector<int32_t> sums;
-};
-
-// Tile (bi, i0, j0) of a bf16 or int8 GEMM: K in kWidenK pieces, each piece of A's tile
-// rows and B's tile columns widened to f32 in this thread's scratch and multiplied there
-// by oneDNN on this thread; bf16 pieces accumulate in f32 (oneDNN's sum post-op), int8
-// pieces as exact int32. Then alpha, scales, bias and beta once, into C's dtype. Only
-// the tile's operands are ever widened (never a whole weight matrix), and each element
-// of W once per row tile: a decode step reads its bf16 weights once.
-void widened_tile(const GemmArgs& g, int64_t bi, int64_t i0, int64_t j0) {
-  thread_local WidenScratch w;
-  const bool ta = g.trans_a == Trans::kT, tb = g.trans_b == Trans::kT;
-  const bool int8 = g.a_dtype != DType::kBF16;
-  const int64_t tm = std::min(kTile, g.m - i0), tn = std::min(kTile, g.n - j0);
-  const size_t as = dtype_size(g.a_dtype), bs = dtype_size(g.b_dtype);
-  const auto* a = static_cast<const unsigned char*>(g.a) + size_t(bi * g.stride_a) * as;
-  const auto* b = static_cast<const unsigned char*>(g.b) + size_t(bi * g.stride_b) * bs;
-  w.a.resize(size_t(tm * kWidenK));
-  w.b.resize(size_t(kWidenK * tn));
-  w.acc.resize(size_t(tm * tn));
-  if (int8) {
-    w.part.resize(size_t(tm * tn));
-    w.sums.assign(size_t(tm * tn), 0);
-  }
-  for (int64_t k0 = 0; k0 < g.k; k0 += kWidenK) {
-    const int64_t kc = std::min(kWidenK, g.k - k0);
-    // A's piece as stored: [tm][kc] (N) or [kc][tm] (T); B's: [kc][tn] (N) or [tn][kc] (T).
-    if (ta)
-      widen_block(a + size_t(k0 * g.lda + i0) * as, g.a_dtype, g.lda, kc, tm, w.a.data());
-    else
-      widen_block(a + size_t(i0 * g.lda + k0) * as, g.a_dtype, g.lda, tm, kc, w.a.data());
-    if (tb)
-      widen_block(b + size_t(j0 * g.ldb + k0) * bs, g.b_dtype, g.ldb, tn, kc, w.b.data());
-    else
-      widen_block(b + size_t(k0 * g.ldb + j0) * bs, g.b_dtype, g.ldb, kc, tn, w.b.data());
-    GemmArgs f = contiguous_gemm_args(g.trans_a, g.trans_b, tm, tn, kc, w.a.data(), DType::kF32,
-                                      w.b.data(), DType::kF32,
-                                      int8 ? w.part.data() : w.acc.data(), DType::kF32);
-    f.beta = !int8 && k0 > 0 ? 1.0f : 0.0f;
-    onednn_gemm(f);
-    if (int8)
-      for (int64_t i = 0; i < tm * tn; ++i)
-        w.sums[size_t(i)] += static_cast<int32_t>(std::lrintf(w.part[size_t(i)]));
-  }
-  if (g.c_dtype == DType::kI32) {
-    auto* c = static_cast<int32_t*>(g.c) + bi * g.stride_c + i0 * g.ldc + j0;
-    for (int64_t i = 0; i < tm; ++i)
-      std::copy(w.sums.data() + i * tn, w.sums.data() + (i + 1) * tn, c + i * g.ldc);
-    return;
-  }
-  if (int8)  // the integer sums as f32, rounded as oneDNN's s32 -> f32 does
-    for (int64_t i = 0; i < tm * tn; ++i) w.acc[size_t(i)] = static_cast<float>(w.sums[size_t(i)]);
-  GemmArgs x = g;
-  x.batch = 1;
-  x.m = tm;
-  x.n = tn;
-  x.c = static_cast<unsigned char*>(g.c) +
-        size_t(bi * g.stride_c + i0 * g.ldc + j0) * dtype_size(g.c_dtype);
-  x.bias = g.bias ? g.bias + j0 : nullptr;
-  x.a_scale = g.a_scale ? g.a_scale + i0 : nullptr;
-  x.b_scale = g.b_scale ? g.b_scale + j0 : nullptr;
-  x.stride_c = 0;
-  scale_epilogue(x, w.acc.data(), tn, 0);  // runs inline: this is a pool task
-}
-
 }  // namespace
 
 bool tiles_for_determinism(const GemmArgs& g) {
@@ -255,11 +297,10 @@ bool onednn_runs_natively(const GemmArgs& g) {
 
 void widened_gemm(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0 || g.k == 0) return gemm(g);  // gemm() handles these itself
-  const int64_t tm = (g.m + kTile - 1) / kTile, tn = (g.n + kTile - 1) / kTile;
-  run_tasks(g.batch * tm * tn, [&](int64_t t) {
-    const OneDnnOnOneThread one;
-    widened_tile(g, t / (tm * tn), (t / tn) % tm * kTile, t % tn * kTile);
-  });
+  if (g.a_dtype == DType::kBF16)
+    bf16_gemm(g);
+  else
+    int8_gemm(g);
 }
 
 }  // namespace hyperion::detail

@@ -1,21 +1,16 @@
 // Low-precision GEMMs on CPUs where oneDNN cannot run them as they are: bf16 needs AVX-512
 // (oneDNN 2.6 has no bf16 matmul for AVX2), and int8 without VNNI goes through
 // vpmaddubsw, whose 16-bit intermediate sums saturate (wrong results for full-range
-// int8). There the GEMM runs widened, tile by tile: C is cut into 128 x 128 tiles, one
-// task each; a task converts its A rows and B columns to f32 (exactly: every bf16 and
-// int8 value is an f32) 256 deep in K at a time, in its own cache-sized scratch, and
-// multiplies each piece with oneDNN's f32 GEMM on its thread.
+// int8). There the GEMM runs widened: the operands are converted to f32 (exactly: every
+// bf16 and int8 value is an f32) and multiplied by oneDNN's f32 GEMM.
 //
-//   bf16: the pieces accumulate in f32; a bf16 C is rounded to nearest even once.
-//   int8: every f32 sum of a 256-deep piece is an integer below 2^24 (|u8 x s8| <=
-//         32640) and so exact; the pieces add up in int32, so the sums are exactly the
-//         integer GEMM's, as the VNNI kernels give.
+//   bf16: one f32 GEMM; a bf16 C is rounded to nearest even once, at the end.
+//   int8: K is cut into chunks of at most 512, for which every f32 partial sum is an
+//         integer below 2^24 (|u8 x s8| <= 32640) and so exact; the chunks add up in
+//         int32, so the sums are exactly the integer GEMM's, as the VNNI kernels give.
 //
-// No whole operand is ever converted (a weight matrix is read once per row tile, in its
-// own dtype), and the tiling, so every result bit, is the same at any thread count. The
-// cost over native kernels is f32's rate instead of bf16's or int8's, and the
-// conversions: O(mk * n/128 + kn * m/128), against O(mnk). Internal to the GEMM dispatch
-// (kernels/gemm.h).
+// The cost over the native kernels is the conversions (O(mk + kn), against O(mnk)) and
+// f32's rate instead of bf16's or int8's. Internal to the GEMM dispatch (kernels/gemm.h).
 #pragma once
 
 #include <cstdint>
@@ -29,7 +24,7 @@ namespace hyperion::detail {
 // int8 everywhere (tests, and comparing the two paths).
 bool onednn_runs_natively(const GemmArgs& g);
 
-// `g` (bf16 or int8 operands, already validated) through f32 in tiles, as above.
+// `g` (bf16 or int8 operands, already validated) through f32 as described above.
 void widened_gemm(const GemmArgs& g);
 
 // f32 on a CPU without AVX-512: oneDNN's f32 GEMM there (gemm:jit) splits K over threads

@@ -488,10 +488,11 @@ int64_t gemv_max_rows(const GemmArgs& g) {
   // bf16 does M dot products per W element with one dpbf16ps each: from M = 5 on it
   // measured no faster than AMX tiles (kernels/amx_bf16_gemm.h), which then take over, or
   // without AMX the batch GEMM (kernels/batch_gemm.h), which also takes int8 past 8 rows.
-  // Neither runs without AVX-512; there the AVX2 kernels take decode batches too, in
-  // blocks of kGemvMaxM rows (each block one pass over W; a widened f32 GEMM converted
-  // and re-read W for every row tile, 3-10x slower at these M).
-  if (is_avx2(select_kind(g))) return kGemvMaxMAvx2;
+  // Neither runs without AVX-512; there the AVX2 kernels take decode batches too: int8
+  // up to kGemvMaxMAvx2 rows, in blocks of kGemvMaxM (each block one pass over W; the
+  // widened int8 GEMM was 2-5x slower at these M), f32 and bf16 up to kGemvMaxM (past
+  // it the widened f32 GEMM was faster: docs/PERFORMANCE.md).
+  if (is_avx2(select_kind(g))) return g.b_dtype == DType::kI8 ? kGemvMaxMAvx2 : kGemvMaxM;
   return g.b_dtype == DType::kBF16 ? kGemvMaxMBf16 : kGemvMaxM;
 }
 

@@ -26,7 +26,7 @@ namespace hyperion::detail {
 
 inline constexpr int64_t kGemvMaxM = 8;      // f32 and int8; rows of one pass over W
 inline constexpr int64_t kGemvMaxMBf16 = 4;  // bf16: AMX tiles or batch_gemm.h beyond
-inline constexpr int64_t kGemvMaxMAvx2 = 64;  // any dtype, on the AVX2 kernels (blocks of 8)
+inline constexpr int64_t kGemvMaxMAvx2 = 64;  // int8 on the AVX2 kernels (blocks of 8)
 
 // True when `g` (already validated, m, n, k > 0) has the decode shape this path handles:
 // batch 1, A not transposed, B transposed, m <= gemv_max_rows(g), a supported dtype
@@ -34,8 +34,8 @@ inline constexpr int64_t kGemvMaxMAvx2 = 64;  // any dtype, on the AVX2 kernels 
 bool gemv_applies(const GemmArgs& g);
 
 // The most rows gemv_applies takes for g's dtypes on this CPU: kGemvMaxM (f32, int8) or
-// kGemvMaxMBf16 (bf16) with AVX-512; kGemvMaxMAvx2 on the AVX2 kernels, where no AMX or
-// batch GEMM takes decode batches.
+// kGemvMaxMBf16 (bf16) with AVX-512; on the AVX2 kernels, where no AMX or batch GEMM
+// takes decode batches, kGemvMaxMAvx2 for int8 and kGemvMaxM for f32 and bf16.
 int64_t gemv_max_rows(const GemmArgs& g);
 
 // Runs the decode path. Precondition: the shape and dtype conditions of gemv_applies(g),

@@ -276,7 +276,7 @@ TEST(Gemm, EmptyReductionGivesBetaCPlusBias) {
 
 TEST(Gemm, PrimitivesAreCachedByShape) {
   gemm_cache_clear();
-  // 96 rows: past every decode path (the GEMV takes up to 64 rows on AVX2 CPUs).
+  // 96 rows: past every decode path (the GEMV takes up to 64 int8 rows on AVX2 CPUs).
   std::vector<float> a(96 * 64, 1.0f), b(64 * 64, 1.0f), c(96 * 64);
   TensorView av(a.data(), DType::kF32, {96, 64}), bv(b.data(), DType::kF32, {64, 64}),
       cv(c.data(), DType::kF32, {96, 64});

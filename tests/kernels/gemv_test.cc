@@ -125,20 +125,22 @@ TEST(Gemv, RoutingCondition) {
   if (std::getenv("HYPERION_GEMV")) GTEST_SKIP() << "HYPERION_GEMV is set";
   EXPECT_TRUE(detail::gemv_applies(g));
   // Rows: bf16 hands M > 4 to AMX or the batch GEMM and f32 / int8 M > 8 to those or
-  // oneDNN, on AVX-512; the AVX2 kernels keep up to 64 of any dtype.
+  // oneDNN, on AVX-512; the AVX2 kernels keep up to 8 of f32 and bf16, 64 of int8.
   const CpuFeatures& f = cpu_features();
   const bool avx2_kernels = !(f.avx512f && f.avx512bw && f.avx512vl) && f.avx2 && f.fma;
-  EXPECT_EQ(detail::gemv_max_rows(g), avx2_kernels ? detail::kGemvMaxMAvx2 : detail::kGemvMaxMBf16);
+  EXPECT_EQ(detail::gemv_max_rows(g), avx2_kernels ? detail::kGemvMaxM : detail::kGemvMaxMBf16);
   GemmArgs t = g;
   t.m = detail::gemv_max_rows(g) + 1;
   EXPECT_FALSE(detail::gemv_applies(t));
   t.m = detail::gemv_max_rows(g);
   EXPECT_TRUE(detail::gemv_applies(t));
   t.a_dtype = t.b_dtype = t.c_dtype = DType::kF32;
-  EXPECT_EQ(detail::gemv_max_rows(t), avx2_kernels ? detail::kGemvMaxMAvx2 : detail::kGemvMaxM);
+  EXPECT_EQ(detail::gemv_max_rows(t), detail::kGemvMaxM);
   t.m = detail::gemv_max_rows(t);
   EXPECT_TRUE(detail::gemv_applies(t));
   t.a_dtype = t.b_dtype = DType::kI8;
+  EXPECT_EQ(detail::gemv_max_rows(t), avx2_kernels ? detail::kGemvMaxMAvx2 : detail::kGemvMaxM);
+  t.m = detail::gemv_max_rows(t);
   EXPECT_TRUE(detail::gemv_applies(t));
   t.m += 1;
   EXPECT_FALSE(detail::gemv_applies(t));
