@@ -16,6 +16,8 @@
 #   --ccache DIR bind-mount this compiler cache as the root's (default: none, every file
 #                compiles). Packages, configuring, headers and linking stay the fresh
 #                root's own: a hit needs every header it read to be there, unchanged.
+#   --lint-cache DIR  the same for scripts/lint.sh's record of files that passed
+#                (~/.cache/hyperion-lint; keyed by their text, headers and clang-tidy)
 # Needs root and Debian's archive; installs debootstrap on this machine if missing.
 # Prints each command's exit status and time; exits non-zero if any failed.
 set -euo pipefail
@@ -26,6 +28,7 @@ root=/tmp/hyperion-fresh
 only=""
 keep=0
 cache=""
+lint_cache=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --root) root=$2; shift 2 ;;
@@ -33,7 +36,9 @@ while [ $# -gt 0 ]; do
     --keep) keep=1; shift ;;
     --ccache) [ $# -ge 2 ] || { echo "fresh-machine: --ccache needs a directory" >&2; exit 2; }
               cache=$(realpath -m "$2"); shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --lint-cache) [ $# -ge 2 ] || { echo "fresh-machine: --lint-cache needs a directory" >&2; exit 2; }
+              lint_cache=$(realpath -m "$2"); shift 2 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "fresh-machine: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -52,7 +57,7 @@ mounted=()
 cleanup() {
   local i
   for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do
-    umount "${mounted[i]}" 2>/dev/null || umount -l "${mounted[i]}" 2>/dev/null || true
+    umount -R "${mounted[i]}" 2>/dev/null || umount -R -l "${mounted[i]}" 2>/dev/null || true
   done
   if [ "$keep" -eq 0 ] && [ -d "$root" ]; then rm -rf --one-file-system "$root"; fi
 }
@@ -98,9 +103,13 @@ echo "fresh-machine: root ready in $(( $(date +%s) - start )) s; cloned $(git -C
 for m in proc sys dev run; do mkdir -p "$root/$m"; done
 mount -t proc proc "$root/proc" && mounted+=("$root/proc")
 mount -t sysfs sysfs "$root/sys" && mounted+=("$root/sys")
-# The cgroup file system, where a booted machine has it (slurmd looks for it there).
+# The cgroup file system, where a booted machine has it (slurmd looks for it there), with
+# the mounts under it: on cgroup v1 each controller (and systemd's named hierarchy) is its
+# own mount, and slurmd refuses a /sys/fs/cgroup/systemd that is not a cgroup ("Unexpected
+# fs type"). Recursive, kept from propagating back, and unmounted recursively.
 if mountpoint -q /sys/fs/cgroup; then
-  mount --bind /sys/fs/cgroup "$root/sys/fs/cgroup" && mounted+=("$root/sys/fs/cgroup")
+  mount --rbind /sys/fs/cgroup "$root/sys/fs/cgroup" && mounted+=("$root/sys/fs/cgroup")
+  mount --make-rslave "$root/sys/fs/cgroup"
 fi
 mount --bind /dev "$root/dev" && mounted+=("$root/dev")
 mount --make-private "$root/dev"  # what is mounted under it stays in the root
@@ -113,6 +122,12 @@ if [ -n "$cache" ]; then
   mount --bind "$cache" "$root/root/.cache/ccache" || exit 1
   mounted+=("$root/root/.cache/ccache")
   echo "fresh-machine: compiler cache $cache mounted as the root's"
+fi
+if [ -n "$lint_cache" ]; then
+  mkdir -p "$lint_cache" "$root/root/.cache/hyperion-lint"
+  mount --bind "$lint_cache" "$root/root/.cache/hyperion-lint" || exit 1
+  mounted+=("$root/root/.cache/hyperion-lint")
+  echo "fresh-machine: lint cache $lint_cache mounted as the root's"
 fi
 
 status=0
