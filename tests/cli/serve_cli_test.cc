@@ -225,30 +225,34 @@ TEST_F(ServeCli, SigtermDrainsStreamsAndExitsZero) {
   EXPECT_NE(log.find("draining"), std::string::npos) << log;
 }
 
-// The first SIGINT drains (here for up to 10 minutes: a stream is running); the second
-// stops the server at once, by that signal, as Ctrl-C twice does.
+// The first SIGINT drains (here for up to 10 minutes: streams are running or queued); the
+// second stops the server at once, by that signal, as Ctrl-C twice does. Twelve streams
+// queue behind one decode slot, so the drain still has work when the second signal
+// comes (one stream alone can finish on the server before the first signal lands).
 TEST_F(ServeCli, ASecondSignalStopsAtOnce) {
   ServerProcess server(checkpoint_, {"--drain-timeout", "600", "max_concurrent_decodes=1"},
                        root_ + "/twice.log");
   ASSERT_GT(server.port(), 0);
   std::atomic<bool> first_chunk{false};
-  std::thread client_thread([&] {
-    httplib::Client client("127.0.0.1", server.port());
-    client.set_read_timeout(60, 0);
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.body = R"({"prompt": "The", "max_tokens": 90, "ignore_eos": true, "stream": true})";
-    req.set_header("Content-Type", "application/json");
-    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
-      first_chunk = true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a slow reader
-      return true;
-    };
-    httplib::Response res;
-    httplib::Error err;
-    client.send(req, res, err);
-  });
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 12; ++c)
+    clients.emplace_back([&] {
+      httplib::Client client("127.0.0.1", server.port());
+      client.set_read_timeout(60, 0);
+      httplib::Request req;
+      req.method = "POST";
+      req.path = "/v1/completions";
+      req.body = R"({"prompt": "The", "max_tokens": 90, "ignore_eos": true, "stream": true})";
+      req.set_header("Content-Type", "application/json");
+      req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+        first_chunk = true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a slow reader
+        return true;
+      };
+      httplib::Response res;
+      httplib::Error err;
+      client.send(req, res, err);
+    });
   for (int i = 0; i < 2000 && !first_chunk; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   server.signal(SIGINT);
@@ -257,7 +261,7 @@ TEST_F(ServeCli, ASecondSignalStopsAtOnce) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   server.signal(SIGINT);
   const int status = server.wait();
-  client_thread.join();
+  for (std::thread& t : clients) t.join();
   ASSERT_TRUE(WIFSIGNALED(status)) << status << "\n" << read_file(log_path);
   EXPECT_EQ(WTERMSIG(status), SIGINT);
   EXPECT_NE(read_file(log_path).find("second signal"), std::string::npos) << read_file(log_path);
