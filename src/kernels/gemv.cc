@@ -358,24 +358,7 @@ Kernels pick_m(Kind kind) {
 
 Kernels pick(Kind kind, int m) {
   if (is_avx2(kind)) return pick_avx2(avx2_kind(kind), m);
-  switch (m) {
-    case 1:
-      return pick_m<1>(kind);
-    case 2:
-      return pick_m<2>(kind);
-    case 3:
-      return pick_m<3>(kind);
-    case 4:
-      return pick_m<4>(kind);
-    case 5:
-      return pick_m<5>(kind);
-    case 6:
-      return pick_m<6>(kind);
-    case 7:
-      return pick_m<7>(kind);
-    default:
-      return pick_m<8>(kind);
-  }
+  return pick_for_rows(m, [&](auto rows) { return pick_m<decltype(rows)::value>(kind); });
 }
 
 Kind select_kind(const GemmArgs& g) {

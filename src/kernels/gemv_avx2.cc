@@ -171,24 +171,7 @@ int64_t pack_avx2(const GemmArgs& g, Avx2Kind kind, int64_t m, AlignedBuffer<uns
 }
 
 Kernels pick_avx2(Avx2Kind kind, int m) {
-  switch (m) {
-    case 1:
-      return pick_m<1>(kind);
-    case 2:
-      return pick_m<2>(kind);
-    case 3:
-      return pick_m<3>(kind);
-    case 4:
-      return pick_m<4>(kind);
-    case 5:
-      return pick_m<5>(kind);
-    case 6:
-      return pick_m<6>(kind);
-    case 7:
-      return pick_m<7>(kind);
-    default:
-      return pick_m<8>(kind);
-  }
+  return pick_for_rows(m, [&](auto rows) { return pick_m<decltype(rows)::value>(kind); });
 }
 
 }  // namespace hyperion::detail::gemv_impl

@@ -3,7 +3,10 @@
 // entry point, which live in their own file (gemv_avx2.cc).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "base/aligned.h"
 #include "kernels/gemm.h"
@@ -63,6 +66,18 @@ struct Kernels {
   RowsFn single = nullptr;  // one W row (the tail of N); same per-row arithmetic
   int64_t rows = 1;
 };
+
+// pick(std::integral_constant<int, M>) for M = m (clamped to 1..kGemvMaxM): the row
+// count as the compile-time M the kernels are instantiated for.
+template <typename Pick>
+Kernels pick_for_rows(int m, Pick&& pick) {
+  const int rows = std::clamp(m, 1, int(kGemvMaxM));
+  return [&]<int... I>(std::integer_sequence<int, I...>) {
+    Kernels k;
+    (void)((rows == I + 1 ? (k = pick(std::integral_constant<int, I + 1>{}), true) : false) || ...);
+    return k;
+  }(std::make_integer_sequence<int, int(kGemvMaxM)>{});
+}
 
 // AVX2 + FMA kernels (gemv_avx2.cc) for CPUs without AVX-512: f32 weights, bf16 weights
 // widened to f32, int8 weights widened to int16 (vpmaddwd: exact products and sums).

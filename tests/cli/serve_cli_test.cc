@@ -185,6 +185,29 @@ TEST_F(ServeCli, ServesGenerateTextAndBenchServeReports) {
   EXPECT_EQ(server.stop(), 0);  // SIGTERM shuts down cleanly
 }
 
+// Streams a 90-token completion from the server at `port`, setting `first_chunk` at its
+// first chunk, appending what arrives to `streamed` (when given), and sleeping
+// `delay_ms` after each chunk (a slow reader).
+void stream_90_tokens(int port, std::atomic<bool>& first_chunk, std::string* streamed,
+                      int delay_ms) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(60, 0);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = R"({"prompt": "The", "max_tokens": 90, "ignore_eos": true, "stream": true})";
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+    if (streamed != nullptr) streamed->append(data, len);
+    first_chunk = true;
+    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error err;
+  client.send(req, res, err);
+}
+
 TEST_F(ServeCli, SigtermDrainsStreamsAndExitsZero) {
   ServerProcess server(checkpoint_, {"--drain-timeout", "0", "max_concurrent_decodes=2"},
                        root_ + "/drain.log");
@@ -198,23 +221,7 @@ TEST_F(ServeCli, SigtermDrainsStreamsAndExitsZero) {
 
   std::string streamed;
   std::atomic<bool> first_chunk{false};
-  std::thread client_thread([&] {
-    httplib::Client client("127.0.0.1", server.port());
-    client.set_read_timeout(60, 0);
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.body = R"({"prompt": "The", "max_tokens": 90, "ignore_eos": true, "stream": true})";
-    req.set_header("Content-Type", "application/json");
-    req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
-      streamed.append(data, len);
-      first_chunk = true;
-      return true;
-    };
-    httplib::Response res;
-    httplib::Error err;
-    client.send(req, res, err);
-  });
+  std::thread client_thread([&] { stream_90_tokens(server.port(), first_chunk, &streamed, 0); });
   for (int i = 0; i < 2000 && !first_chunk; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_EQ(server.stop(), 0);  // SIGTERM: drain, then a clean exit
@@ -235,24 +242,8 @@ TEST_F(ServeCli, ASecondSignalStopsAtOnce) {
   ASSERT_GT(server.port(), 0);
   std::atomic<bool> first_chunk{false};
   std::vector<std::thread> clients;
-  for (int c = 0; c < 12; ++c)
-    clients.emplace_back([&] {
-      httplib::Client client("127.0.0.1", server.port());
-      client.set_read_timeout(60, 0);
-      httplib::Request req;
-      req.method = "POST";
-      req.path = "/v1/completions";
-      req.body = R"({"prompt": "The", "max_tokens": 90, "ignore_eos": true, "stream": true})";
-      req.set_header("Content-Type", "application/json");
-      req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
-        first_chunk = true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a slow reader
-        return true;
-      };
-      httplib::Response res;
-      httplib::Error err;
-      client.send(req, res, err);
-    });
+  for (int c = 0; c < 12; ++c)  // slow readers: 50 ms per chunk
+    clients.emplace_back([&] { stream_90_tokens(server.port(), first_chunk, nullptr, 50); });
   for (int i = 0; i < 2000 && !first_chunk; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   server.signal(SIGINT);
