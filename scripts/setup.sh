@@ -15,6 +15,8 @@ PACKAGES=(
   nlohmann-json3-dev # JSON
   libyaml-cpp-dev    # YAML configs
   libsentencepiece-dev  # tokenizer training and encoding
+  libpcre2-dev       # Hugging Face tokenizer.json: the pre-tokenizers' Unicode regexes
+  libutf8proc-dev    # Hugging Face tokenizer.json: NFC/NFKC normalizers
   libboost1.81-dev   # Boost.Beast + Asio: the HTTP server of hyperion serve
   libcpp-httplib-dev # HTTP client (bench serve, tests)
   libdw-dev          # elfutils libdw: symbolized stack dumps of crashed and hung ranks
@@ -37,6 +39,12 @@ if [ "${1:-}" = "--list" ]; then
   printf '%s\n' "${PACKAGES[@]}"
   exit 0
 fi
+with_tests=0
+case "${1:-}" in
+  "") ;;
+  --tests) with_tests=1 ;;  # also the test-only npm packages (tests/js): scripts/test.sh
+  *) echo "usage: scripts/setup.sh [--list|--tests]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -81,4 +89,29 @@ else
   command -v npm >/dev/null || apt_install npm
   echo "setup: npm ci --prefix web (uplot ${installed:-missing}, locked $locked)"
   npm ci --prefix "$web" --no-audit --no-fund
+fi
+
+# The tests' reference implementations (tests/js/package.json: transformers.js's
+# tokenizers with the real Llama 3, Qwen3, Gemma 3 and Llama 2 tokenizer files, the OpenAI
+# Node SDK), at the versions tests/js/package-lock.json pins; test runs only (--tests), as
+# they are large (~500 MB) and nothing at run time uses them.
+if [ "$with_tests" -eq 1 ]; then
+  tests_js="$(cd "$(dirname "$0")/.." && pwd)/tests/js"
+  stale=$(python3 -c 'import json, os, sys
+d = sys.argv[1]
+lock = json.load(open(os.path.join(d, "package-lock.json")))["packages"]
+for name in json.load(open(os.path.join(d, "package.json")))["dependencies"]:
+    try:
+        have = json.load(open(os.path.join(d, "node_modules", name, "package.json")))["version"]
+    except Exception:
+        have = None
+    if have != lock["node_modules/" + name]["version"]:
+        print(name)' "$tests_js")
+  if [ -z "$stale" ]; then
+    echo "setup: tests/js/node_modules is as tests/js/package-lock.json pins"
+  else
+    command -v npm >/dev/null || apt_install npm
+    echo "setup: npm ci --prefix tests/js ($(echo $stale | tr '\n' ' ')missing or other versions)"
+    npm ci --prefix "$tests_js" --no-audit --no-fund
+  fi
 fi

@@ -13,7 +13,7 @@ case "$which" in
   all|release|asan|tsan|fuzz|lint) ;;
   *) echo "usage: scripts/test.sh [all|release|asan|tsan|fuzz|lint]" >&2; exit 2 ;;
 esac
-scripts/setup.sh
+scripts/setup.sh --tests
 command -v ccache >/dev/null && ccache --max-size=10G >/dev/null
 jobs=$(nproc)
 stage() {  # stage NAME COMMAND...: runs and times one stage

@@ -31,6 +31,7 @@
 #include "base/error.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/tokenizer_path.h"
 #include "io/tokenizer.h"
 #include "serve/load_generator.h"
 #include "train/checkpoint.h"
@@ -38,22 +39,6 @@
 namespace hyperion::cli {
 
 namespace {
-
-// A .model file, or a directory holding tokenizer.model (a checkpoint or prepared
-// dataset), or a training run directory (its latest checkpoint's tokenizer).
-std::string tokenizer_file(const std::string& path) {
-  namespace fs = std::filesystem;
-  if (fs::is_directory(path)) {
-    std::string f = (fs::path(path) / "tokenizer.model").string();
-    if (!fs::exists(f) && fs::is_directory(fs::path(path) / "checkpoints"))
-      f = (fs::path(resolve_checkpoint_dir(path)) / "tokenizer.model").string();
-    HYP_CHECK(fs::exists(f), "bench serve: --tokenizer {}: the directory has no tokenizer.model",
-              path);
-    return f;
-  }
-  HYP_CHECK(fs::exists(path), "bench serve: --tokenizer {}: no such file or directory", path);
-  return path;
-}
 
 int64_t positive(const Flags& f, const char* name, int64_t fallback) {
   const int64_t v = f.integer(name, fallback);
@@ -170,7 +155,7 @@ int cmd_bench_serve(const Args& args) {
     requests = serve::load_jsonl_prompts(f.get("dataset-path"), shape);
     source = f.get("dataset-path");
   } else if (tokenized) {
-    const io::Tokenizer tok = io::Tokenizer::load(tokenizer_file(f.get("tokenizer")));
+    const io::Tokenizer tok = io::Tokenizer::load(tokenizer_path(f.get("tokenizer"), "bench serve"));
     const std::string corpus = f.has("corpus") ? f.get("corpus") : serve::bundled_corpus_path();
     requests = serve::corpus_prompts(tok, corpus, shape);
     source = fmt::format("{} tokenized with {}", corpus, tok.origin());

@@ -8,6 +8,7 @@ const std::vector<Command>& all_commands() {
       {&kTrainSpec, cmd_train},
       {&kPlanSpec, cmd_plan},
       {&kDataPrepareSpec, cmd_data_prepare},
+      {&kTokenizeSpec, cmd_tokenize},
       {&kEvalSpec, cmd_eval},
       {&kGenerateSpec, cmd_generate},
       {&kConvertSpec, cmd_convert},

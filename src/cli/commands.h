@@ -30,6 +30,7 @@ const std::vector<Command>& all_commands();
 HYPERION_DECLARE_COMMAND(cmd_train, kTrainSpec)
 HYPERION_DECLARE_COMMAND(cmd_plan, kPlanSpec)
 HYPERION_DECLARE_COMMAND(cmd_data_prepare, kDataPrepareSpec)
+HYPERION_DECLARE_COMMAND(cmd_tokenize, kTokenizeSpec)
 HYPERION_DECLARE_COMMAND(cmd_eval, kEvalSpec)
 HYPERION_DECLARE_COMMAND(cmd_generate, kGenerateSpec)
 HYPERION_DECLARE_COMMAND(cmd_convert, kConvertSpec)

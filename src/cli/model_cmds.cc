@@ -158,9 +158,12 @@ int cmd_generate(const Args& args) {
     usage_fail("generate: --prompt is not valid UTF-8 (byte {} of {})", bad, prompt.size());
   LoadedCheckpoint c = load_checkpoint(f.require("checkpoint"), parse_dtype_flag(f));
   go.eos_id = c.tokenizer.eos_id();
-  std::vector<int32_t> ids{c.tokenizer.bos_id()};
-  const std::vector<int32_t> enc = c.tokenizer.encode(prompt);
-  ids.insert(ids.end(), enc.begin(), enc.end());
+  go.end_ids = c.tokenizer.end_ids();
+  std::vector<int32_t> ids = c.tokenizer.encode_with_special_tokens(prompt);
+  HYP_USAGE_CHECK(!ids.empty(),
+                  "generate: the prompt is empty and the tokenizer {} adds no BOS token; give "
+                  "--prompt",
+                  c.tokenizer.origin());
   HYP_CHECK(static_cast<int64_t>(ids.size()) < c.config.max_seq_len,
             "generate: --prompt is {} tokens, the model's context is {}", ids.size(),
             c.config.max_seq_len);
@@ -173,7 +176,7 @@ int cmd_generate(const Args& args) {
   // once final (a character split over byte-fallback tokens waits for its last byte).
   serve::TextStream stream(&c.tokenizer, ids.back(), {});
   std::vector<int32_t> out = generate_tokens(gen, ids, go, [&](int32_t tok) {
-    if (json || tok == c.tokenizer.eos_id()) return;
+    if (json || c.tokenizer.is_end(tok)) return;
     bool stopped = false;
     const std::string text = stream.push(tok, &stopped);
     if (!text.empty()) {
@@ -182,7 +185,7 @@ int cmd_generate(const Args& args) {
     }
   });
   if (!json) std::fputs(stream.flush().c_str(), stdout);
-  const bool eos = !out.empty() && out.back() == c.tokenizer.eos_id();
+  const bool eos = !out.empty() && c.tokenizer.is_end(out.back());
   if (eos) out.pop_back();
   if (json) {
     nlohmann::ordered_json j;
@@ -222,7 +225,9 @@ int cmd_convert(const Args& args) {
     HYP_CHECK(!io::same_file(out, dir),
               "convert: the output directory {} is the checkpoint {} itself; choose another", out,
               dir);
-    for (const char* name : {"model.safetensors", "config.json", "tokenizer.model"})
+    io::check_output_is_not_an_input(out + "/model.safetensors", inputs, "convert");
+    io::check_output_is_not_an_input(out + "/config.json", inputs, "convert");
+    for (const char* name : io::kTokenizerFileNames)
       io::check_output_is_not_an_input(out + "/" + name, inputs, "convert");
     const LlamaConfig config = read_checkpoint_config(dir);
     check_weights_match_config(dir, config);
@@ -239,8 +244,9 @@ int cmd_convert(const Args& args) {
     w.set_metadata("format", "pt");
     w.write(out + "/model.safetensors");
     io::write_file_atomic(out + "/config.json", io::read_file(dir + "/config.json"));
-    if (std::filesystem::exists(dir + "/tokenizer.model"))
-      io::write_file_atomic(out + "/tokenizer.model", io::read_file(dir + "/tokenizer.model"));
+    for (const char* name : io::kTokenizerFileNames)
+      if (std::filesystem::exists(dir + "/" + name))
+        io::write_file_atomic(out + "/" + name, io::read_file(dir + "/" + name));
     std::printf("wrote %s/model.safetensors (%zu tensors)\n", out.c_str(), params.infos().size());
     return 0;
   }

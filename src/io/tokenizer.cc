@@ -4,18 +4,34 @@
 #include <sentencepiece_trainer.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <unordered_map>
 
 #include "base/error.h"
 #include "io/atomic_file.h"
+#include "io/hf_tokenizer.h"
 
 namespace hyperion::io {
 
+namespace fs = std::filesystem;
+
+// Exactly one of `sp` (loaded) and `hf` is in use.
 struct Tokenizer::Impl {
   sentencepiece::SentencePieceProcessor sp;
-  std::string serialized;
+  std::unique_ptr<HfTokenizer> hf;
+  std::vector<std::pair<std::string, std::string>> files;
+  std::vector<int32_t> end_ids;
   std::string origin;
 };
+
+std::string tokenizer_file_in(const std::string& dir) {
+  std::error_code ec;
+  for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
+    const std::string f = (fs::path(dir) / name).string();
+    if (fs::is_regular_file(f, ec)) return f;
+  }
+  return {};
+}
 
 namespace {
 
@@ -82,14 +98,45 @@ Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
-Tokenizer Tokenizer::load(const std::string& model_path) {
+Tokenizer Tokenizer::load(const std::string& path) {
+  std::error_code ec;
+  std::string file = path;
+  if (fs::is_directory(path, ec)) {
+    file = tokenizer_file_in(path);
+    HYP_CHECK(!file.empty(), "tokenizer: the directory '{}' has neither tokenizer.json nor "
+              "tokenizer.model", path);
+  }
   std::string bytes;
   try {
-    bytes = read_file(model_path);
+    bytes = read_file(file);
   } catch (const Error& e) {
     fail("tokenizer: cannot load model: {}", e.what());
   }
-  return from_serialized(bytes, model_path);
+  if (fs::path(file).extension() != ".json") return from_serialized(bytes, file);
+
+  // tokenizer.json, with the files Hugging Face keeps beside it.
+  HfTokenizerSource src;
+  src.tokenizer_json = std::move(bytes);
+  src.tokenizer_json_path = file;
+  const fs::path dir = fs::path(file).parent_path();
+  auto beside = [&](const char* name, std::string* out, std::string* out_path) {
+    const fs::path f = dir / name;
+    if (!fs::is_regular_file(f, ec)) return;
+    *out = read_file(f.string());
+    if (out_path) *out_path = f.string();
+  };
+  beside("tokenizer_config.json", &src.config_json, &src.config_json_path);
+  beside("generation_config.json", &src.generation_config_json, nullptr);
+  beside("chat_template.jinja", &src.chat_template_override, nullptr);
+  auto impl = std::make_unique<Impl>();
+  impl->hf = HfTokenizer::parse(src);
+  impl->files.emplace_back("tokenizer.json", src.tokenizer_json);
+  if (!src.config_json.empty()) impl->files.emplace_back("tokenizer_config.json", src.config_json);
+  if (!src.chat_template_override.empty())
+    impl->files.emplace_back("chat_template.jinja", src.chat_template_override);
+  impl->end_ids = impl->hf->end_ids();
+  impl->origin = file;
+  return Tokenizer(std::move(impl));
 }
 
 Tokenizer Tokenizer::from_serialized(const std::string& bytes, std::string origin) {
@@ -99,7 +146,8 @@ Tokenizer Tokenizer::from_serialized(const std::string& bytes, std::string origi
   HYP_CHECK(status.ok(), "tokenizer: '{}' is not a valid SentencePiece model ({})", origin,
             status.ToString());
   HYP_CHECK(impl->sp.GetPieceSize() > 0, "tokenizer: model '{}' has an empty vocabulary", origin);
-  impl->serialized = bytes;
+  impl->files.emplace_back("tokenizer.model", bytes);
+  if (impl->sp.eos_id() >= 0) impl->end_ids.push_back(impl->sp.eos_id());
   impl->origin = std::move(origin);
   return Tokenizer(std::move(impl));
 }
@@ -165,13 +213,23 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& documents,
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  if (impl_->hf) return impl_->hf->encode(text);
   std::vector<int> ids;
   auto status = impl_->sp.Encode(text, &ids);
   HYP_CHECK(status.ok(), "tokenizer '{}': encode failed: {}", impl_->origin, status.ToString());
   return std::vector<int32_t>(ids.begin(), ids.end());
 }
 
-std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+std::vector<int32_t> Tokenizer::encode_with_special_tokens(std::string_view text) const {
+  if (impl_->hf) return impl_->hf->encode_with_special_tokens(text);
+  std::vector<int32_t> ids{bos_id()};
+  const std::vector<int32_t> body = encode(text);
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  if (impl_->hf) return impl_->hf->decode(ids, skip_special_tokens);
   const int32_t n = vocab_size();
   for (size_t i = 0; i < ids.size(); ++i) {
     HYP_CHECK(ids[i] >= 0 && ids[i] < n,
@@ -188,10 +246,17 @@ std::string Tokenizer::id_to_piece(int32_t id) const {
   HYP_CHECK(id >= 0 && id < vocab_size(),
             "tokenizer '{}': id_to_piece: id {} is outside the vocabulary [0, {})", impl_->origin,
             id, vocab_size());
-  return impl_->sp.IdToPiece(id);
+  return impl_->hf ? impl_->hf->piece(id) : impl_->sp.IdToPiece(id);
+}
+
+int32_t Tokenizer::token_id(std::string_view token) const {
+  if (impl_->hf) return impl_->hf->token_id(token);
+  const int id = impl_->sp.PieceToId(token);
+  return id == impl_->sp.unk_id() && token != impl_->sp.IdToPiece(id) ? -1 : id;
 }
 
 size_t Tokenizer::max_piece_bytes() const {
+  if (impl_->hf) return impl_->hf->max_piece_bytes();
   size_t longest = 1;
   for (int32_t id = 0; id < vocab_size(); ++id)
     longest = std::max(longest, impl_->sp.IdToPiece(id).size());
@@ -199,22 +264,46 @@ size_t Tokenizer::max_piece_bytes() const {
 }
 
 int32_t Tokenizer::vocab_size() const {
-  return impl_->sp.GetPieceSize();
+  return impl_->hf ? impl_->hf->vocab_size() : impl_->sp.GetPieceSize();
+}
+bool Tokenizer::fits_model_vocab(int64_t model_vocab) const {
+  return impl_->hf ? vocab_size() <= model_vocab : vocab_size() == model_vocab;
 }
 int32_t Tokenizer::bos_id() const {
-  return impl_->sp.bos_id();
+  return impl_->hf ? impl_->hf->bos_id() : impl_->sp.bos_id();
 }
 int32_t Tokenizer::eos_id() const {
-  return impl_->sp.eos_id();
+  return impl_->hf ? impl_->hf->eos_id() : impl_->sp.eos_id();
 }
 int32_t Tokenizer::unk_id() const {
-  return impl_->sp.unk_id();
+  return impl_->hf ? impl_->hf->unk_id() : impl_->sp.unk_id();
 }
 int32_t Tokenizer::pad_id() const {
-  return impl_->sp.pad_id();
+  return impl_->hf ? impl_->hf->pad_id() : impl_->sp.pad_id();
 }
-const std::string& Tokenizer::serialized() const {
-  return impl_->serialized;
+const std::vector<int32_t>& Tokenizer::end_ids() const {
+  return impl_->end_ids;
+}
+bool Tokenizer::is_end(int32_t id) const {
+  return std::find(impl_->end_ids.begin(), impl_->end_ids.end(), id) != impl_->end_ids.end();
+}
+const std::string& Tokenizer::chat_template() const {
+  static const std::string none;
+  return impl_->hf ? impl_->hf->chat_template() : none;
+}
+std::string Tokenizer::bos_token() const {
+  if (impl_->hf) return impl_->hf->bos_token();
+  return bos_id() >= 0 ? impl_->sp.IdToPiece(bos_id()) : std::string();
+}
+std::string Tokenizer::eos_token() const {
+  if (impl_->hf) return impl_->hf->eos_token();
+  return eos_id() >= 0 ? impl_->sp.IdToPiece(eos_id()) : std::string();
+}
+const char* Tokenizer::format() const {
+  return impl_->hf ? "tokenizer.json" : "sentencepiece";
+}
+const std::vector<std::pair<std::string, std::string>>& Tokenizer::files() const {
+  return impl_->files;
 }
 const std::string& Tokenizer::origin() const {
   return impl_->origin;

@@ -115,7 +115,10 @@ std::vector<int32_t> generate_tokens(LlamaGenerator& gen, const std::vector<int3
     const int32_t tok = sampler.sample(logits, gen.vocab_size());
     out.push_back(tok);
     if (on_token) on_token(tok);
-    if (options.stop_at_eos && tok == options.eos_id) break;
+    if (options.stop_at_eos &&
+        (tok == options.eos_id ||
+         std::find(options.end_ids.begin(), options.end_ids.end(), tok) != options.end_ids.end()))
+      break;
     if (gen.position() >= gen.max_len()) break;
     logits = gen.feed(&tok, 1);
   }

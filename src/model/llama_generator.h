@@ -72,6 +72,9 @@ struct GenerateOptions {
   int64_t max_tokens = 64;
   bool stop_at_eos = true;
   int32_t eos_id = 2;
+  // More tokens that end the generation like EOS (a chat format's end of turn:
+  // <|eot_id|>, <|im_end|>, <end_of_turn>).
+  std::vector<int32_t> end_ids;
 };
 
 // Feeds the prompt, then samples up to max_tokens tokens (stopping after EOS when asked).

@@ -56,8 +56,12 @@ Engine::Engine(const ParamStore& params, const io::Tokenizer* tokenizer, EngineC
           }(),
           cfg_.kv_page_tokens) {
   eos_id_ = params.config().eos_id;
+  end_ids_ = {eos_id_};
   if (tok_ != nullptr) {
-    eos_id_ = tok_->eos_id();
+    if (tok_->eos_id() >= 0) eos_id_ = tok_->eos_id();
+    end_ids_ = tok_->end_ids();
+    if (std::find(end_ids_.begin(), end_ids_.end(), eos_id_) == end_ids_.end())
+      end_ids_.push_back(eos_id_);
     HYP_CHECK(tok_->vocab_size() <= params.config().vocab_size,
               "serve: the tokenizer has {} tokens, the model's vocabulary {}", tok_->vocab_size(),
               params.config().vocab_size);
@@ -216,13 +220,17 @@ void Engine::admit() {
   }
 }
 
+bool Engine::is_end(int32_t token) const {
+  return std::find(end_ids_.begin(), end_ids_.end(), token) != end_ids_.end();
+}
+
 void Engine::emit_token(Sequence& s, int32_t token, float logprob) {
   s.output.push_back(token);
   ++generated_tokens_;
   TokenEvent ev;
   ev.token = token;
   ev.logprob = logprob;
-  const bool eos = token == eos_id_ && !s.req.ignore_eos;
+  const bool eos = is_end(token) && !s.req.ignore_eos;
   bool stopped = false;
   if (!eos) ev.text = s.text.push(token, &stopped);
   if (eos || stopped) return finish(s, FinishReason::kStop, std::move(ev));

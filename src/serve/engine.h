@@ -84,6 +84,8 @@ class Engine {
   const EngineConfig& config() const { return cfg_; }
   const ModelRunner& runner() const { return *runner_; }
   int32_t eos_id() const { return eos_id_; }
+  // Whether `token` ends a generation (eos, or the tokenizer's end-of-turn tokens).
+  bool is_end(int32_t token) const;
 
   // Throws RequestError naming the field when the request cannot be served (const: safe
   // to call from another thread than the one stepping the engine).
@@ -125,6 +127,7 @@ class Engine {
   EngineConfig cfg_;
   const io::Tokenizer* tok_;
   int32_t eos_id_ = 2;
+  std::vector<int32_t> end_ids_;  // eos_id_ and the tokenizer's other end tokens
   std::unique_ptr<ModelRunner> runner_;
   KvPagePool pool_;
   std::vector<int32_t> static_tables_;  // padded mode: slot s owns pages [s*P, (s+1)*P)

@@ -257,9 +257,10 @@ void check_text_bytes(const ApiContext& ctx, size_t bytes, const char* param) {
 std::vector<int32_t> encode_with_bos(const ApiContext& ctx, const std::string& text) {
   if (ctx.tokenizer == nullptr) bad("prompt", "this server has no tokenizer: send token ids");
   check_text_bytes(ctx, text.size(), "prompt");
-  std::vector<int32_t> ids{ctx.tokenizer->bos_id()};
-  const std::vector<int32_t> enc = ctx.tokenizer->encode(text);
-  ids.insert(ids.end(), enc.begin(), enc.end());
+  // BOS where the tokenizer adds one (Llama, Gemma; not Qwen), as Hugging Face's
+  // encode(add_special_tokens=True) and vLLM's completions do.
+  std::vector<int32_t> ids = ctx.tokenizer->encode_with_special_tokens(text);
+  if (ids.empty()) bad("prompt", "the prompt is empty and this tokenizer adds no BOS token");
   return ids;
 }
 

@@ -36,7 +36,7 @@ struct CheckpointManager::Snapshot {
   LlamaConfig config;
   TrainerState state;
   int64_t optimizer_steps = 0;
-  std::string tokenizer;
+  std::vector<std::pair<std::string, std::string>> tokenizer;
   std::map<std::string, std::string> config_values;
 };
 
@@ -79,7 +79,8 @@ std::string shard_name(const char* kind, int rank, int world) {
 }  // namespace
 
 void CheckpointManager::save(const ParamStore& params, const AdamW& optimizer,
-                             const TrainerState& state, const std::string& tokenizer_bytes,
+                             const TrainerState& state,
+                             const std::vector<std::pair<std::string, std::string>>& tokenizer_files,
                              const std::map<std::string, std::string>& config_values) {
   Timer timer;
   wait();
@@ -121,7 +122,7 @@ void CheckpointManager::save(const ParamStore& params, const AdamW& optimizer,
   snap->config = params.config();
   snap->state = state;
   snap->optimizer_steps = optimizer.steps_taken();
-  snap->tokenizer = tokenizer_bytes;
+  snap->tokenizer = tokenizer_files;
   snap->config_values = config_values;
   if (comm_ != nullptr) {
     // Collective: every rank writes its shard files into one shared temp directory.
@@ -181,7 +182,7 @@ void CheckpointManager::write_common(const Snapshot& s, const std::string& tmp) 
     io::write_file_atomic(tmp + "/model.safetensors.index.json", index.dump(2) + "\n");
   }
   io::write_file_atomic(tmp + "/config.json", s.config.to_hf_json());
-  io::write_file_atomic(tmp + "/tokenizer.model", s.tokenizer);
+  for (const auto& [name, bytes] : s.tokenizer) io::write_file_atomic(tmp + "/" + name, bytes);
   nlohmann::ordered_json st;
   st["format_version"] = 1;
   st["step"] = s.state.step;
@@ -270,7 +271,7 @@ LlamaConfig read_checkpoint_config(const std::string& dir) {
               "`hyperion train --resume {}`",
               dir, dir);
     fail("{}: no config.json: not a language-model checkpoint (hyperion train writes "
-         "config.json, model.safetensors and tokenizer.model into each checkpoint)",
+         "config.json, model.safetensors and the tokenizer into each checkpoint)",
          dir);
   }
   return LlamaConfig::from_hf_json(io::read_file(path), path);

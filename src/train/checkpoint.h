@@ -3,7 +3,8 @@
 //   <run dir>/checkpoints/<step>/
 //     model.safetensors       f32 weights under LlamaForCausalLM names
 //     config.json             LlamaConfig keys
-//     tokenizer.model         the SentencePiece model the data was tokenized with
+//     tokenizer.model         the SentencePiece model the data was tokenized with, or
+//     tokenizer.json          a Hugging Face tokenizer, with tokenizer_config.json
 //     optimizer.safetensors   AdamW moments: "<tensor>.exp_avg", "<tensor>.exp_avg_sq"
 //     trainer_state.json      step, optimizer step, data loader position, tokens seen,
 //                             and the resolved training config
@@ -71,7 +72,7 @@ class CheckpointManager {
 
   // Saves the current state as checkpoint `state.step`. Waits for the previous save first.
   void save(const ParamStore& params, const AdamW& optimizer, const TrainerState& state,
-            const std::string& tokenizer_bytes,
+            const std::vector<std::pair<std::string, std::string>>& tokenizer_files,
             const std::map<std::string, std::string>& config_values);
   // Blocks until no save is in flight; rethrows a failure of the background save.
   void wait();
@@ -129,7 +130,8 @@ void check_weights_match_config(const std::string& checkpoint_dir, const LlamaCo
 // The weights (f32, + bf16 copy) of an inference load fit this machine's memory.
 void check_load_fits_in_memory(const std::string& checkpoint_dir, const LlamaConfig& config,
                                bool bf16);
-// tokenizer.model of the checkpoint, refused when its vocabulary is not the model's.
+// The checkpoint's tokenizer (tokenizer.json, else tokenizer.model), refused when its
+// vocabulary does not fit the model's (Tokenizer::fits_model_vocab).
 io::Tokenizer load_checkpoint_tokenizer(const std::string& checkpoint_dir,
                                         const LlamaConfig& config);
 // Throws naming the file, the tensor and the element when `t` holds a NaN or infinity.

@@ -163,9 +163,10 @@ void check_load_fits_in_memory(const std::string& dir, const LlamaConfig& config
 }
 
 io::Tokenizer load_checkpoint_tokenizer(const std::string& dir, const LlamaConfig& config) {
-  const std::string path = dir + "/tokenizer.model";
+  std::string path = io::tokenizer_file_in(dir);
+  if (path.empty()) path = dir + "/tokenizer.model";  // the error names the file expected
   io::Tokenizer tok = io::Tokenizer::load(path);
-  HYP_CHECK(tok.vocab_size() == config.vocab_size,
+  HYP_CHECK(tok.fits_model_vocab(config.vocab_size),
             "{} has {} tokens but {}/config.json has vocab_size {}: the tokenizer does not belong "
             "to this model",
             path, tok.vocab_size(), dir, config.vocab_size);

@@ -44,7 +44,8 @@ bool is_trainer_checkpoint_file(const std::string& name) {
   static const char* const kNames[] = {"model.safetensors",        "model.safetensors.index.json",
                                        "optimizer.safetensors",    "config.json",
                                        "tokenizer.model",          "trainer_state.json",
-                                       "quantization.safetensors"};
+                                       "quantization.safetensors", "tokenizer.json",
+                                       "tokenizer_config.json",    "chat_template.jinja"};
   for (const char* n : kNames)
     if (name == n) return true;
   return is_shard_name(name, "model") || is_shard_name(name, "optimizer");

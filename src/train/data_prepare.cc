@@ -41,13 +41,13 @@ std::vector<int32_t> frame(const std::vector<std::vector<int32_t>>& encoded,
                            int32_t eos) {
   size_t total = 0;
   for (size_t i = 0; i < encoded.size(); ++i) {
-    if (is_val[i] == want_val) total += encoded[i].size() + 2;
+    if (is_val[i] == want_val) total += encoded[i].size() + 2;  // bos (when there is one), eos
   }
   std::vector<int32_t> out;
   out.reserve(total);
   for (size_t i = 0; i < encoded.size(); ++i) {
     if (is_val[i] != want_val) continue;
-    out.push_back(bos);
+    if (bos >= 0) out.push_back(bos);  // Qwen's vocabularies have no BOS
     out.insert(out.end(), encoded[i].begin(), encoded[i].end());
     out.push_back(eos);
   }
@@ -83,7 +83,7 @@ bool is_prepared_dataset(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(dir + "/train.bin", ec) || !fs::exists(dir + "/val.bin", ec) ||
-      !fs::exists(dir + "/tokenizer.model", ec) || !fs::exists(dir + "/meta.json", ec))
+      io::tokenizer_file_in(dir).empty() || !fs::exists(dir + "/meta.json", ec))
     return false;
   try {
     const nlohmann::json meta = nlohmann::json::parse(io::read_file(dir + "/meta.json"));
@@ -103,7 +103,7 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
             "data prepare: vocab_size must be positive, got {}", opts.vocab_size);
   // An output written over an input would destroy it (--input DIR/train.bin --output DIR).
   // The given tokenizer may be DIR/tokenizer.model itself: it is rewritten unchanged.
-  for (const char* name : {"train.bin", "val.bin", "meta.json", "tokenizer.model"})
+  for (const char* name : {"train.bin", "val.bin", "meta.json"})
     io::check_output_is_not_an_input((std::filesystem::path(opts.output_dir) / name).string(),
                                      opts.inputs, "data prepare");
 
@@ -154,8 +154,17 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
 
   std::optional<io::Tokenizer> tok;
   if (!opts.tokenizer_model.empty()) {
+    // An existing tokenizer (a SentencePiece .model, or a Hugging Face tokenizer.json with
+    // its config): its files are copied in, and no other format's file is left beside them.
     tok.emplace(io::Tokenizer::load(opts.tokenizer_model));
-    io::write_file_atomic(r.tokenizer_path, tok->serialized());
+    for (const char* name : io::kTokenizerFileNames) {
+      const bool carried = std::any_of(tok->files().begin(), tok->files().end(),
+                                       [&](const auto& f) { return f.first == name; });
+      std::error_code ec;
+      if (!carried) std::filesystem::remove(dir / name, ec);
+    }
+    for (const auto& [name, bytes] : tok->files()) io::write_file_atomic((dir / name).string(), bytes);
+    r.tokenizer_path = (dir / tok->files().front().first).string();
   } else {
     // Lend the train documents to the trainer (moved, not copied: corpora can be large).
     std::vector<std::string> train_docs;
@@ -171,13 +180,14 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
       if (!is_val[i]) docs[i] = std::move(train_docs[k++]);
     }
   }
-  HYP_CHECK(tok->bos_id() >= 0 && tok->eos_id() >= 0,
-            "data prepare: tokenizer '{}' has no BOS/EOS tokens (bos {}, eos {})", tok->origin(),
-            tok->bos_id(), tok->eos_id());
+  HYP_CHECK(tok->eos_id() >= 0,
+            "data prepare: tokenizer '{}' has no EOS token to end each document with (for a "
+            "tokenizer.json: eos_token in tokenizer_config.json)",
+            tok->origin());
   log_debug("data prepare: tokenizer ready ({} pieces) after {:.2f} s", tok->vocab_size(),
             timer.seconds());
 
-  // SentencePiece encoding is const and thread-safe; documents vary in length.
+  // Encoding is const and thread-safe; documents vary in length.
   std::vector<std::vector<int32_t>> encoded(docs.size());
   parallel_for_dynamic(n, [&](int64_t i) { encoded[i] = tok->encode(docs[i]); });
 
@@ -210,7 +220,7 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
       {"eos_id", tok->eos_id()},
       {"val_fraction", opts.val_fraction},
       {"seed", opts.seed},
-      {"tokenizer", "tokenizer.model"},
+      {"tokenizer", std::filesystem::path(r.tokenizer_path).filename().string()},
       {"train", "train.bin"},
       {"val", "val.bin"},
       {"complete", true},

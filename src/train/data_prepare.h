@@ -10,7 +10,9 @@ namespace hyperion::train {
 struct PrepareOptions {
   std::vector<std::string> inputs;  // .txt / .jsonl files (see io/text_input.h)
   std::string output_dir;           // created if missing
-  std::string tokenizer_model;      // an existing .model; empty = train one on the train split
+  // An existing tokenizer (a .model, a tokenizer.json or a directory holding one: its
+  // vocabulary is used as it is); empty = train a SentencePiece one on the train split.
+  std::string tokenizer_model;
   int vocab_size = 8192;            // only used when training a tokenizer
   double val_fraction = 0.05;       // in [0, 1)
   uint64_t seed = 1234;             // chooses the held-out documents
@@ -32,8 +34,9 @@ struct PrepareResult {
 };
 
 // Reads every input, chooses the held-out split, trains (or loads) the tokenizer and
-// writes output_dir/{tokenizer.model, train.bin, val.bin, meta.json}, each atomically.
-// Every document is stored as BOS, its tokens, EOS, in input order (packing into sequences
+// writes output_dir/{tokenizer.model (or tokenizer.json + tokenizer_config.json), train.bin,
+// val.bin, meta.json}, each atomically. Every document is stored as BOS (when the
+// tokenizer has one), its tokens, EOS, in input order (packing into sequences
 // happens in the data loader). The tokenizer is trained on the train split only, so the
 // validation text is truly unseen. The output is byte-identical for the same inputs and
 // options.

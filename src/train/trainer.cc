@@ -66,10 +66,11 @@ bool dataset_ready(const PreparedDataset& d) {
 // checkpoints nothing can load. (Tokenizers trained here always have vocab_size pieces.)
 void check_tokenizer_size(const io::Tokenizer& tokenizer, const std::string& path,
                           const Config& config, const TrainConfig& t) {
-  HYP_CHECK(tokenizer.vocab_size() == t.model.vocab_size,
-            "tokenizer {} has {} tokens but config key vocab_size ({}) is {}; they must be equal "
+  HYP_CHECK(tokenizer.fits_model_vocab(t.model.vocab_size),
+            "tokenizer {} has {} tokens but config key vocab_size ({}) is {}; they must be {} "
             "(set vocab_size={})",
             path, tokenizer.vocab_size(), config.source_of("vocab_size"), t.model.vocab_size,
+            std::string(tokenizer.format()) == "sentencepiece" ? "equal" : "at least as many",
             tokenizer.vocab_size());
 }
 
@@ -136,8 +137,8 @@ PreparedDataset resolve_dataset(const TrainConfig& t, bool prepare) {
   std::string input = t.dataset_path;
   if (!input.empty() && fs::is_directory(input)) {
     HYP_CHECK(is_prepared(input),
-              "dataset_path '{}': a directory must hold train.bin, val.bin, tokenizer.model and "
-              "meta.json (made by `hyperion data prepare`)",
+              "dataset_path '{}': a directory must hold train.bin, val.bin, tokenizer.model (or "
+              "tokenizer.json) and meta.json (made by `hyperion data prepare`)",
               input);
     d.dir = input;
   } else {
@@ -149,8 +150,12 @@ PreparedDataset resolve_dataset(const TrainConfig& t, bool prepare) {
     // changed, gets its own directory.
     std::string key = fmt::format("input {}\nvocab {}\neval_fraction {}\n", io::file_fingerprint(input),
                                   t.model.vocab_size, t.eval_fraction);
-    if (!t.tokenizer_path.empty())
-      key += fmt::format("tokenizer {}\n", io::file_fingerprint(t.tokenizer_path));
+    if (!t.tokenizer_path.empty()) {
+      const std::string f = fs::is_directory(t.tokenizer_path)
+                                ? io::tokenizer_file_in(t.tokenizer_path)
+                                : t.tokenizer_path;
+      key += fmt::format("tokenizer {}\n", io::file_fingerprint(f.empty() ? t.tokenizer_path : f));
+    }
     const std::string stem = fs::path(input).stem().string();
     // fmt::format rather than `"-" + string` chains: GCC 12 -Wrestrict misfires on those.
     d.dir = fmt::format("{}/datasets/{}-v{}-{}", t.base_output_directory, stem, t.model.vocab_size,
@@ -160,7 +165,7 @@ PreparedDataset resolve_dataset(const TrainConfig& t, bool prepare) {
   }
   d.train = d.dir + "/train.bin";
   d.val = d.dir + "/val.bin";
-  d.tokenizer = t.tokenizer_path.empty() ? d.dir + "/tokenizer.model" : t.tokenizer_path;
+  d.tokenizer = t.tokenizer_path.empty() ? d.dir : t.tokenizer_path;
   if (prepare) ensure_prepared(t, d);
   return d;
 }
@@ -343,14 +348,15 @@ void TrainingRun::setup() {
   data.input = agree_on_rank0(*comm_, data.input);
   data.train = data.dir + "/train.bin";
   data.val = data.dir + "/val.bin";
-  data.tokenizer = t.tokenizer_path.empty() ? data.dir + "/tokenizer.model" : t.tokenizer_path;
+  data.tokenizer = t.tokenizer_path.empty() ? data.dir : t.tokenizer_path;
   if (rank_ == 0) ensure_prepared(t, data);
   while (rank_ != 0 && !dataset_ready(data))
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   comm_->barrier();
   tokenizer_.emplace(io::Tokenizer::load(data.tokenizer));
   check_tokenizer_size(*tokenizer_, data.tokenizer, config_, t);
-  t_.model.bos_id = tokenizer_->bos_id();
+  // A tokenizer without a BOS (Qwen) leaves the model's bos_token_id as configured.
+  if (tokenizer_->bos_id() >= 0) t_.model.bos_id = tokenizer_->bos_id();
   t_.model.eos_id = tokenizer_->eos_id();
 
   // Weights, gradients and optimizer state live on the run's device (hardware).
@@ -515,7 +521,7 @@ void TrainingRun::save() {
     state_.quant_passes = q->passes();
     state_.quant_histories = q->histories();
   }
-  ckpt_->save(*params_, *optimizer_, state_, tokenizer_->serialized(), config_values_);
+  ckpt_->save(*params_, *optimizer_, state_, tokenizer_->files(), config_values_);
   monitor_->save_done(state_.step, blocked.seconds());
   result_.checkpoint = ckpt_->checkpoints_dir() + "/" + std::to_string(state_.step);
 }
@@ -703,9 +709,13 @@ void TrainingRun::finish() {
       go.sampling.seed = static_cast<uint64_t>(s + 1);
       go.max_tokens = t.sample_max_tokens;
       go.eos_id = tok.eos_id();
+      go.end_ids = tok.end_ids();
       gen.reset();
-      std::vector<int32_t> toks = generate_tokens(gen, {tok.bos_id()}, go);
-      if (!toks.empty() && toks.back() == tok.eos_id()) toks.pop_back();
+      // Samples start from BOS, or for a vocabulary without one from EOS (a document
+      // boundary: data prepare ends every document with it).
+      std::vector<int32_t> toks =
+          generate_tokens(gen, {tok.bos_id() >= 0 ? tok.bos_id() : tok.eos_id()}, go);
+      if (!toks.empty() && tok.is_end(toks.back())) toks.pop_back();
       result_.samples.push_back(tok.decode(toks));
     }
   }

@@ -75,11 +75,11 @@ TEST(Tokenizer, TrainEncodeDecodeRoundTrip) {
   // The written model loads to the same tokenizer; serialized() is the file.
   ASSERT_TRUE(fs::exists(path));
   Tokenizer loaded = Tokenizer::load(path);
-  EXPECT_EQ(loaded.serialized(), read_file(path));
-  EXPECT_EQ(loaded.serialized(), tok.serialized());
+  EXPECT_EQ(loaded.files().front().second, read_file(path));
+  EXPECT_EQ(loaded.files().front().second, tok.files().front().second);
   EXPECT_EQ(loaded.origin(), path);
   for (const auto& d : docs) EXPECT_EQ(loaded.encode(d), tok.encode(d));
-  Tokenizer copy = Tokenizer::from_serialized(tok.serialized(), "memory");
+  Tokenizer copy = Tokenizer::from_serialized(tok.files().front().second, "memory");
   EXPECT_EQ(copy.encode(docs[3]), tok.encode(docs[3]));
 
   // Movable.
@@ -124,14 +124,14 @@ TEST(Tokenizer, TrainingIsDeterministic) {
   const auto docs = make_corpus(120, 4);
   Tokenizer a = Tokenizer::train(docs, dir.file("a.model"), small_opts(350));
   Tokenizer b = Tokenizer::train(docs, dir.file("b.model"), small_opts(350));
-  EXPECT_EQ(a.serialized(), b.serialized());
+  EXPECT_EQ(a.files().front().second, b.files().front().second);
   EXPECT_EQ(read_file(dir.file("a.model")), read_file(dir.file("b.model")));
   // The sentence cap subsamples deterministically too.
   TokenizerTrainOptions capped = small_opts(300);
   capped.max_sentences = 200;
   Tokenizer c = Tokenizer::train(docs, dir.file("c.model"), capped);
   Tokenizer d = Tokenizer::train(docs, dir.file("d.model"), capped);
-  EXPECT_EQ(c.serialized(), d.serialized());
+  EXPECT_EQ(c.files().front().second, d.files().front().second);
 }
 
 TEST(Tokenizer, UnigramModelAlsoWorks) {
@@ -159,7 +159,7 @@ TEST(Tokenizer, LoadErrorsNameTheFile) {
 
   Tokenizer tok = Tokenizer::train(make_corpus(100, 6), dir.file("ok.model"), small_opts(300));
   const std::string truncated = dir.file("truncated.model");
-  write_file_atomic(truncated, tok.serialized().substr(0, tok.serialized().size() / 2));
+  write_file_atomic(truncated, tok.files().front().second.substr(0, tok.files().front().second.size() / 2));
   expect_error([&] { Tokenizer::load(truncated); }, {truncated});
 
   expect_error([&] { Tokenizer::from_serialized("junk", "ckpt.bin:tokenizer"); },

@@ -1,0 +1,126 @@
+// hyperion tokenize: text -> ids and pieces with any supported tokenizer, for checking a
+// tokenizer (or a chat template) by hand.
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/timer.h"
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "cli/tokenizer_path.h"
+#include "io/atomic_file.h"
+#include "io/tokenizer.h"
+
+namespace hyperion::cli {
+
+const CommandSpec kTokenizeSpec = {
+    "tokenize",
+    "",
+    "encode text with a tokenizer and show the ids and pieces",
+    {{"tokenizer", "PATH",
+      "tokenizer.json, a SentencePiece .model, or a directory holding one (a checkpoint, a "
+      "dataset, a Hugging Face model directory, a training run)",
+      true},
+     {"text", "T", "the text to encode"},
+     {"file", "F", "encode the contents of this file instead (- for standard input)"},
+     {"batch", "F",
+      "encode each line of this JSON Lines file (a JSON string per line); prints one "
+      "{ids, decoded} object per line"},
+     {"special", "", "add the special tokens the tokenizer adds (BOS for Llama and Gemma)"},
+     {"json", "", "print {ids, pieces, tokens, bytes, decoded, load_seconds, encode_seconds, "
+                  "mb_per_second} as one JSON object"}},
+    "Exactly one of --text, --file and --batch. Special-token strings in the text (\"<|eot_id|>\") "
+    "are\nthose tokens with a tokenizer.json. `decoded` is decode(ids) with special tokens "
+    "kept.",
+    "tokenize --tokenizer models/llama3 --text 'Hello, world!' --json"};
+
+namespace {
+
+int tokenize_batch(const Flags& f) {
+  const std::string path = f.get("batch");
+  const std::string all = io::read_file(path);
+  const io::Tokenizer tok = io::Tokenizer::load(tokenizer_path(f.get("tokenizer"), "tokenize"));
+  size_t line_no = 0;
+  for (size_t pos = 0; pos < all.size();) {
+    size_t end = all.find('\n', pos);
+    if (end == std::string::npos) end = all.size();
+    const std::string line = all.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json in;
+    try {
+      in = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      usage_fail("tokenize: {}:{}: not a JSON value: {}", path, line_no, e.what());
+    }
+    HYP_USAGE_CHECK(in.is_string(), "tokenize: {}:{}: expected a JSON string", path, line_no);
+    const std::string text = in.get<std::string>();
+    const std::vector<int32_t> ids =
+        f.has("special") ? tok.encode_with_special_tokens(text) : tok.encode(text);
+    const nlohmann::json out = {{"ids", ids}, {"decoded", tok.decode(ids, false)}};
+    std::puts(out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int cmd_tokenize(const Args& args) {
+  const Flags f(kTokenizeSpec, args);
+  HYP_USAGE_CHECK(f.positional().empty(), "tokenize: unexpected argument '{}'", f.positional()[0]);
+  HYP_USAGE_CHECK(f.has("tokenizer"), "tokenize: --tokenizer PATH is required");
+  HYP_USAGE_CHECK(int(f.has("text")) + int(f.has("file")) + int(f.has("batch")) == 1,
+                  "tokenize: give exactly one of --text, --file and --batch");
+  if (f.has("batch")) return tokenize_batch(f);
+  std::string text;
+  if (f.has("text")) {
+    text = f.get("text");
+  } else if (f.get("file") == "-") {
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  } else {
+    text = io::read_file(f.get("file"));
+  }
+
+  Timer load_timer;
+  const io::Tokenizer tok = io::Tokenizer::load(tokenizer_path(f.get("tokenizer"), "tokenize"));
+  const double load_seconds = load_timer.seconds();
+  Timer encode_timer;
+  const std::vector<int32_t> ids =
+      f.has("special") ? tok.encode_with_special_tokens(text) : tok.encode(text);
+  const double encode_seconds = encode_timer.seconds();
+  const double mb_per_second =
+      encode_seconds > 0 ? static_cast<double>(text.size()) / 1e6 / encode_seconds : 0.0;
+
+  if (f.has("json")) {
+    nlohmann::json pieces = nlohmann::json::array();
+    for (int32_t id : ids) pieces.push_back(tok.id_to_piece(id));
+    const nlohmann::json j = {{"tokenizer", tok.origin()},
+                              {"format", tok.format()},
+                              {"vocab_size", tok.vocab_size()},
+                              {"ids", ids},
+                              {"pieces", pieces},
+                              {"tokens", ids.size()},
+                              {"bytes", text.size()},
+                              {"decoded", tok.decode(ids, false)},
+                              {"load_seconds", load_seconds},
+                              {"encode_seconds", encode_seconds},
+                              {"mb_per_second", mb_per_second}};
+    // Pieces of a byte-level vocabulary may be partial UTF-8: replaced, never an exception.
+    std::puts(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return 0;
+  }
+  std::printf("%zu tokens from %zu bytes (%s %s, vocabulary %d; load %.3f s, encode %.3f s)\n",
+              ids.size(), text.size(), tok.format(), tok.origin().c_str(), tok.vocab_size(),
+              load_seconds, encode_seconds);
+  for (int32_t id : ids) {
+    const std::string piece = nlohmann::json(tok.id_to_piece(id))
+                                  .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    std::printf("%8d  %s\n", id, piece.c_str());
+  }
+  return 0;
+}
+
+}  // namespace hyperion::cli

@@ -1,0 +1,273 @@
+#include "io/bpe_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <mutex>
+#include <queue>
+
+namespace hyperion::io {
+
+namespace {
+
+void append_utf8(uint32_t cp, std::string& out) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// The byte length of the UTF-8 sequence that starts with `lead` (1 for a stray byte, so a
+// malformed string still advances).
+size_t utf8_length(unsigned char lead) {
+  if (lead < 0xC0) return 1;
+  if (lead < 0xE0) return 2;
+  if (lead < 0xF0) return 3;
+  return 4;
+}
+
+struct ByteAlphabet {
+  std::array<std::string, 256> chars;
+  std::array<uint16_t, 256> code_points{};
+  ByteAlphabet() {
+    uint32_t next = 256;
+    for (uint32_t b = 0; b < 256; ++b) {
+      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+      const uint32_t cp = printable ? b : next++;
+      code_points[b] = static_cast<uint16_t>(cp);
+      append_utf8(cp, chars[b]);
+    }
+  }
+};
+
+const ByteAlphabet& alphabet() {
+  static const ByteAlphabet a;
+  return a;
+}
+
+// One pair waiting to merge: the left symbol's position and what it would become.
+struct PendingMerge {
+  int32_t rank;
+  int32_t pos;
+  int32_t merged;
+  bool operator>(const PendingMerge& o) const {
+    return rank != o.rank ? rank > o.rank : pos > o.pos;
+  }
+};
+
+}  // namespace
+
+const std::string& byte_level_char(uint8_t byte) {
+  return alphabet().chars[byte];
+}
+
+int byte_level_byte(uint32_t code_point) {
+  static const std::array<int16_t, 324> reverse = [] {
+    std::array<int16_t, 324> r{};
+    r.fill(-1);
+    for (int b = 0; b < 256; ++b) r[alphabet().code_points[b]] = static_cast<int16_t>(b);
+    return r;
+  }();
+  return code_point < reverse.size() ? reverse[code_point] : -1;
+}
+
+bool byte_level_decode(std::string_view token, std::string* raw) {
+  raw->clear();
+  const auto* s = reinterpret_cast<const unsigned char*>(token.data());
+  for (size_t i = 0; i < token.size();) {
+    const size_t len = utf8_length(s[i]);
+    if (i + len > token.size()) return false;
+    uint32_t cp = len == 1 ? s[i] : s[i] & (0x7F >> len);
+    for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (s[i + k] & 0x3F);
+    const int b = byte_level_byte(cp);
+    if (b < 0) return false;
+    *raw += static_cast<char>(b);
+    i += len;
+  }
+  return true;
+}
+
+void MergeTable::reserve(size_t merges) {
+  size_t cap = 16;
+  while (cap < merges * 2) cap <<= 1;
+  keys_.assign(cap, kEmpty);
+  values_.assign(cap, Merge{});
+  mask_ = cap - 1;
+  size_ = 0;
+}
+
+bool MergeTable::insert(int32_t left, int32_t right, Merge m) {
+  if ((size_ + 1) * 2 > keys_.size()) {
+    // Grow: rehash into twice the space.
+    std::vector<uint64_t> keys = std::move(keys_);
+    std::vector<Merge> values = std::move(values_);
+    reserve(std::max<size_t>(size_ + 1, keys.size()));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] == kEmpty) continue;
+      for (size_t j = hash(keys[i]) & mask_;; j = (j + 1) & mask_) {
+        if (keys_[j] == kEmpty) {
+          keys_[j] = keys[i], values_[j] = values[i], ++size_;
+          break;
+        }
+      }
+    }
+  }
+  const uint64_t key = pack(left, right);
+  for (size_t i = hash(key) & mask_;; i = (i + 1) & mask_) {
+    if (keys_[i] == key) return false;
+    if (keys_[i] == kEmpty) {
+      keys_[i] = key, values_[i] = m, ++size_;
+      return true;
+    }
+  }
+}
+
+BpeModel::BpeModel(BpeModelSpec spec, std::unordered_map<std::string, int32_t> vocab)
+    : spec_(spec), vocab_(std::move(vocab)) {
+  for (int b = 0; b < 256; ++b) {
+    const std::string key =
+        spec_.byte_level ? std::string(1, static_cast<char>(b)) : fmt::format("<0x{:02X}>", b);
+    byte_ids_[b] = find(key);
+  }
+  for (int c = 0; c < 128; ++c) ascii_ids_[c] = find(std::string(1, static_cast<char>(c)));
+}
+
+int32_t BpeModel::find(std::string_view token) const {
+  auto it = vocab_.find(std::string(token));
+  return it == vocab_.end() ? -1 : it->second;
+}
+
+std::string BpeModel::add_merge(std::string_view left, std::string_view right, int32_t rank) {
+  if (merges_.size() == 0) merges_.reserve(1024);
+  const int32_t a = find(left), b = find(right);
+  if (a < 0) return fmt::format("its left part '{}' is not in the vocabulary", left);
+  if (b < 0) return fmt::format("its right part '{}' is not in the vocabulary", right);
+  std::string joined(left);
+  joined += right;
+  const int32_t m = find(joined);
+  if (m < 0) return fmt::format("its result '{}' is not in the vocabulary", joined);
+  merges_.insert(a, b, {rank, m});
+  return {};
+}
+
+void BpeModel::initial_symbols(std::string_view word, std::vector<int32_t>& ids) const {
+  const auto* s = reinterpret_cast<const unsigned char*>(word.data());
+  int32_t pending_unk = -1;  // an unknown character not yet emitted (fuse_unk joins runs)
+  auto unknown = [&]() {
+    if (spec_.unk_id < 0) return;  // no unk token: the character is dropped
+    if (pending_unk >= 0 && !spec_.fuse_unk) ids.push_back(pending_unk);
+    pending_unk = spec_.unk_id;
+  };
+  auto known = [&](int32_t id) {
+    if (pending_unk >= 0) ids.push_back(pending_unk), pending_unk = -1;
+    ids.push_back(id);
+  };
+  for (size_t i = 0; i < word.size();) {
+    if (spec_.byte_level) {
+      const int32_t id = byte_ids_[s[i++]];
+      id >= 0 ? known(id) : unknown();
+      continue;
+    }
+    const size_t len = std::min(utf8_length(s[i]), word.size() - i);
+    const int32_t id = len == 1 && s[i] < 0x80 ? ascii_ids_[s[i]] : find(word.substr(i, len));
+    if (id >= 0) {
+      known(id);
+    } else {
+      bool all_bytes = spec_.byte_fallback;
+      for (size_t k = 0; all_bytes && k < len; ++k) all_bytes = byte_ids_[s[i + k]] >= 0;
+      if (all_bytes) {
+        for (size_t k = 0; k < len; ++k) ids.push_back(byte_ids_[s[i + k]]);
+      } else {
+        unknown();
+      }
+    }
+    i += len;
+  }
+  if (pending_unk >= 0) ids.push_back(pending_unk);
+}
+
+void BpeModel::merge_symbols(std::string_view word, std::vector<int32_t>& out) const {
+  std::vector<int32_t> id;
+  initial_symbols(word, id);
+  const auto n = static_cast<int32_t>(id.size());
+  if (n <= 1) {
+    out.insert(out.end(), id.begin(), id.end());
+    return;
+  }
+  std::vector<int32_t> prev(n), next(n);
+  std::vector<uint8_t> alive(n, 1);
+  for (int32_t i = 0; i < n; ++i) prev[i] = i - 1, next[i] = i + 1 < n ? i + 1 : -1;
+
+  std::vector<PendingMerge> heap_storage;
+  heap_storage.reserve(n);
+  std::priority_queue<PendingMerge, std::vector<PendingMerge>, std::greater<>> heap(
+      std::greater<>{}, std::move(heap_storage));
+  for (int32_t i = 0; i + 1 < n; ++i) {
+    const MergeTable::Merge m = merges_.find(id[i], id[i + 1]);
+    if (m.rank >= 0) heap.push({m.rank, i, m.merged});
+  }
+  while (!heap.empty()) {
+    const PendingMerge top = heap.top();
+    heap.pop();
+    if (!alive[top.pos] || next[top.pos] < 0) continue;
+    const int32_t right = next[top.pos];
+    // A stale entry: the pair at this position changed since it was queued.
+    if (merges_.find(id[top.pos], id[right]).merged != top.merged) continue;
+    id[top.pos] = top.merged;
+    alive[right] = 0;
+    next[top.pos] = next[right];
+    if (next[right] >= 0) prev[next[right]] = top.pos;
+    if (prev[top.pos] >= 0) {
+      const MergeTable::Merge m = merges_.find(id[prev[top.pos]], id[top.pos]);
+      if (m.rank >= 0) heap.push({m.rank, prev[top.pos], m.merged});
+    }
+    if (next[top.pos] >= 0) {
+      const MergeTable::Merge m = merges_.find(id[top.pos], id[next[top.pos]]);
+      if (m.rank >= 0) heap.push({m.rank, top.pos, m.merged});
+    }
+  }
+  for (int32_t i = 0; i >= 0; i = next[i]) out.push_back(id[i]);
+}
+
+void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {
+  if (word.empty()) return;
+  if (spec_.ignore_merges) {
+    const int32_t whole = find(word);
+    if (whole >= 0) {
+      out.push_back(whole);
+      return;
+    }
+  }
+  if (word.size() > kCacheWordBytes) {
+    merge_symbols(word, out);
+    return;
+  }
+  const std::string key(word);
+  {
+    std::shared_lock lock(cache_mutex_);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  const size_t first = out.size();
+  merge_symbols(word, out);
+  std::unique_lock lock(cache_mutex_);
+  if (cache_.size() >= kCacheEntries) cache_.clear();
+  cache_.emplace(key, std::vector<int32_t>(out.begin() + static_cast<ptrdiff_t>(first), out.end()));
+}
+
+}  // namespace hyperion::io

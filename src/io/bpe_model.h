@@ -1,0 +1,114 @@
+// The BPE model of a Hugging Face tokenizer.json: a word (one pre-token) becomes ids by
+// starting from its characters (or, for a byte-level vocabulary, its bytes) and merging
+// the adjacent pair of lowest merge rank until no ranked pair is left, exactly as the
+// `tokenizers` library's BPE::merge_word does (ties go to the leftmost pair).
+//
+// Speed: merges are a pair-of-ids hash table (no strings touched while merging); the
+// merge loop keeps the live pairs in a binary heap over a doubly linked symbol list, so a
+// word of n symbols costs O(n log n) however it is made (a 1 MB run of one character
+// included); words up to kCacheWordBytes are memoised (thread-safe).
+//
+// Byte-level vocabularies (GPT-2, Llama 3, Qwen) spell every byte as a printable
+// character (Ġ for a space). The model keys its vocabulary by the raw bytes those
+// characters stand for, so encoding never converts text to that alphabet and decoding
+// never converts back.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace hyperion::io {
+
+// A hash table from (left id, right id) to (rank, merged id): open addressing, linear
+// probing, power-of-two size; built once, read-only afterwards.
+class MergeTable {
+ public:
+  struct Merge {
+    int32_t rank = -1;
+    int32_t merged = -1;
+  };
+  void reserve(size_t merges);
+  // Returns false when the pair is already present (the first rank wins, as in HF).
+  bool insert(int32_t left, int32_t right, Merge m);
+  Merge find(int32_t left, int32_t right) const {
+    if (keys_.empty()) return {};
+    const uint64_t key = pack(left, right);
+    for (size_t i = hash(key) & mask_;; i = (i + 1) & mask_) {
+      if (keys_[i] == key) return values_[i];
+      if (keys_[i] == kEmpty) return {};
+    }
+  }
+  size_t size() const { return size_; }
+
+ private:
+  static constexpr uint64_t kEmpty = ~uint64_t{0};
+  static uint64_t pack(int32_t a, int32_t b) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+  }
+  static size_t hash(uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    return static_cast<size_t>(k);
+  }
+  std::vector<uint64_t> keys_;
+  std::vector<Merge> values_;
+  size_t mask_ = 0, size_ = 0;
+};
+
+struct BpeModelSpec {
+  bool byte_level = false;      // vocabulary spelled in the GPT-2 byte alphabet
+  bool byte_fallback = false;   // unknown characters become <0xXX> byte tokens
+  bool ignore_merges = false;   // a word that is itself in the vocabulary is one token
+  bool fuse_unk = false;        // consecutive unknown characters become one unk
+  int32_t unk_id = -1;          // -1: unknown characters are dropped (as HF does)
+};
+
+class BpeModel {
+ public:
+  static constexpr size_t kCacheWordBytes = 64;
+  static constexpr size_t kCacheEntries = 1 << 17;
+
+  // `vocab`: token text (raw bytes for a byte-level model) -> id. `merges`: pairs of
+  // token texts in rank order; a pair whose parts or result are not in the vocabulary is
+  // an error the caller names (returned as the index of the bad merge, or -1).
+  BpeModel(BpeModelSpec spec, std::unordered_map<std::string, int32_t> vocab);
+  // Adds merge `rank`; returns an explanation when it cannot (empty on success).
+  std::string add_merge(std::string_view left, std::string_view right, int32_t rank);
+
+  // Appends the ids of one word (a pre-token, non-empty).
+  void encode_word(std::string_view word, std::vector<int32_t>& out) const;
+
+  const BpeModelSpec& spec() const { return spec_; }
+  int32_t find(std::string_view token) const;
+  size_t merge_count() const { return merges_.size(); }
+
+ private:
+  void merge_symbols(std::string_view word, std::vector<int32_t>& out) const;
+  // The initial symbols of `word`: one per byte (byte-level) or per character.
+  void initial_symbols(std::string_view word, std::vector<int32_t>& ids) const;
+
+  BpeModelSpec spec_;
+  std::unordered_map<std::string, int32_t> vocab_;
+  MergeTable merges_;
+  int32_t byte_ids_[256];      // byte-level: the token of each byte; else <0xXX>
+  int32_t ascii_ids_[128];     // character models: the token of each ASCII character
+
+  // Memo of short words. A miss takes the exclusive lock only to insert.
+  mutable std::shared_mutex cache_mutex_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+};
+
+// The GPT-2 byte alphabet: the character (as UTF-8) that stands for each byte, and the
+// reverse mapping (-1 for a code point that stands for no byte).
+const std::string& byte_level_char(uint8_t byte);
+int byte_level_byte(uint32_t code_point);
+// A byte-level token's raw bytes; false when a character of it stands for no byte.
+bool byte_level_decode(std::string_view token, std::string* raw);
+
+}  // namespace hyperion::io

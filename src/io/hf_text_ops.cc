@@ -1,0 +1,377 @@
+#include "io/hf_text_ops.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <utf8proc.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "base/error.h"
+
+namespace hyperion::io {
+
+const char* const kGpt2SplitPattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+namespace {
+
+// PCRE2 match data is per call (it is not thread-safe); one per thread is kept.
+struct MatchData {
+  pcre2_match_data* md = pcre2_match_data_create(16, nullptr);
+  ~MatchData() { pcre2_match_data_free(md); }
+};
+
+}  // namespace
+
+Regex::Regex(const std::string& pattern, const std::string& where) : where_(where) {
+  int err = 0;
+  PCRE2_SIZE offset = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | PCRE2_UCP, &err, &offset, nullptr);
+  if (code == nullptr) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(err, msg, sizeof msg);
+    fail("{}: invalid regex '{}' at offset {}: {}", where, pattern, offset,
+         reinterpret_cast<const char*>(msg));
+  }
+  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if unavailable
+  code_ = code;
+}
+
+Regex::~Regex() {
+  pcre2_code_free(static_cast<pcre2_code*>(code_));
+}
+
+bool Regex::next_match(std::string_view text, size_t from, size_t* begin, size_t* end) const {
+  thread_local MatchData data;
+  if (from > text.size()) return false;
+  // The text was checked as UTF-8 once, before the pipeline (io/hf_tokenizer.cc).
+  const int rc = pcre2_match(static_cast<const pcre2_code*>(code_),
+                             reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), from,
+                             PCRE2_NO_UTF_CHECK, data.md, nullptr);
+  if (rc == PCRE2_ERROR_NOMATCH) return false;
+  if (rc < 0) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(rc, msg, sizeof msg);
+    fail("{}: regex match failed on a text of {} bytes: {}", where_, text.size(),
+         reinterpret_cast<const char*>(msg));
+  }
+  const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data.md);
+  *begin = ov[0], *end = ov[1];
+  return true;
+}
+
+namespace {
+
+// s = prefix + s (not std::string::insert(0, ...): GCC 12's -Wrestrict misfires on it).
+void prepend(std::string& s, std::string_view prefix) {
+  std::string out;
+  out.reserve(prefix.size() + s.size());
+  out.append(prefix).append(s);
+  s = std::move(out);
+}
+
+bool is_ascii(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+}
+
+std::string utf8proc_apply(const std::string& text, int options) {
+  utf8proc_uint8_t* out = nullptr;
+  const utf8proc_ssize_t n =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                   static_cast<utf8proc_ssize_t>(text.size()), &out,
+                   static_cast<utf8proc_option_t>(options | UTF8PROC_STABLE));
+  HYP_CHECK(n >= 0, "tokenizer: Unicode normalisation failed: {}", utf8proc_errmsg(n));
+  std::string result(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
+  std::free(out);
+  return result;
+}
+
+void replace_all(std::string& text, std::string_view from, std::string_view to) {
+  if (from.empty()) return;
+  std::string out;
+  size_t pos = 0;
+  for (size_t hit; (hit = text.find(from, pos)) != std::string::npos; pos = hit + from.size()) {
+    out.append(text, pos, hit - pos);
+    out += to;
+  }
+  if (pos == 0) return;
+  out.append(text, pos);
+  text = std::move(out);
+}
+
+// Decodes the code point at s[i] (valid UTF-8) and its length.
+uint32_t code_point_at(std::string_view s, size_t i, size_t* len) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) return *len = 1, c;
+  const size_t n = c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+  uint32_t cp = c & (0x7F >> n);
+  for (size_t k = 1; k < n && i + k < s.size(); ++k)
+    cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  *len = n;
+  return cp;
+}
+
+bool is_unicode_space(uint32_t cp) {
+  // Rust's char::is_whitespace: the White_Space property.
+  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
+         cp == 0x205F || cp == 0x3000;
+}
+
+std::string strip(const std::string& text, bool left, bool right) {
+  size_t b = 0, e = text.size(), len = 0;
+  if (left)
+    while (b < e && is_unicode_space(code_point_at(text, b, &len))) b += len;
+  if (right) {
+    while (e > b) {
+      size_t s = e - 1;
+      while (s > b && (static_cast<unsigned char>(text[s]) & 0xC0) == 0x80) --s;
+      if (!is_unicode_space(code_point_at(text, s, &len))) break;
+      e = s;
+    }
+  }
+  return text.substr(b, e - b);
+}
+
+std::string lowercase(const std::string& text) {
+  if (is_ascii(text)) {
+    std::string out = text;
+    for (char& c : out)
+      if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    return out;
+  }
+  std::string out;
+  for (size_t i = 0, len = 0; i < text.size(); i += len) {
+    const auto cp = static_cast<utf8proc_int32_t>(code_point_at(text, i, &len));
+    utf8proc_uint8_t buf[4];
+    const utf8proc_ssize_t n = utf8proc_encode_char(utf8proc_tolower(cp), buf);
+    out.append(reinterpret_cast<const char*>(buf), static_cast<size_t>(n));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string normalize(const std::vector<NormalizerOp>& ops, std::string text) {
+  using K = NormalizerOp::Kind;
+  for (const NormalizerOp& op : ops) {
+    switch (op.kind) {
+      case K::kNfc:
+        if (!is_ascii(text)) text = utf8proc_apply(text, UTF8PROC_COMPOSE);
+        break;
+      case K::kNfd:
+        if (!is_ascii(text)) text = utf8proc_apply(text, UTF8PROC_DECOMPOSE);
+        break;
+      case K::kNfkc:
+        if (!is_ascii(text)) text = utf8proc_apply(text, UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
+        break;
+      case K::kNfkd:
+        if (!is_ascii(text)) text = utf8proc_apply(text, UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
+        break;
+      case K::kLowercase:
+        text = lowercase(text);
+        break;
+      case K::kReplace:
+        if (op.regex) {
+          std::string out;
+          size_t last = 0;
+          op.regex->for_each_match(text, [&](size_t b, size_t e) {
+            out.append(text, last, b - last);
+            out += op.content;
+            last = e;
+          });
+          out.append(text, last);
+          text = std::move(out);
+        } else {
+          replace_all(text, op.pattern, op.content);
+        }
+        break;
+      case K::kPrepend:
+        if (!text.empty()) prepend(text, op.content);
+        break;
+      case K::kStrip:
+        text = strip(text, op.strip_left, op.strip_right);
+        break;
+    }
+  }
+  return text;
+}
+
+namespace {
+
+struct Piece {
+  std::string text;
+  bool at_start;  // begins at offset 0 of the input
+};
+
+struct Span {
+  size_t begin, end;
+  bool is_match;
+};
+
+// Gaps and matches covering `text`, as the `tokenizers` library's find_matches.
+template <typename FindFn>
+std::vector<Span> spans_of(std::string_view text, bool invert, FindFn&& find) {
+  std::vector<Span> spans;
+  size_t prev = 0;
+  find([&](size_t b, size_t e) {
+    if (b > prev) spans.push_back({prev, b, invert});
+    spans.push_back({b, e, !invert});
+    prev = e;
+  });
+  if (prev < text.size()) spans.push_back({prev, text.size(), invert});
+  return spans;
+}
+
+// Groups spans by the delimiter behaviour; returns [begin, end) ranges.
+std::vector<std::pair<size_t, size_t>> apply_behavior(const std::vector<Span>& spans,
+                                                      PreTokenizerOp::Behavior behavior) {
+  using B = PreTokenizerOp::Behavior;
+  std::vector<std::pair<size_t, size_t>> out;
+  bool previous_match = false;
+  switch (behavior) {
+    case B::kRemoved:
+      for (const Span& s : spans)
+        if (!s.is_match) out.emplace_back(s.begin, s.end);
+      break;
+    case B::kIsolated:
+      for (const Span& s : spans) out.emplace_back(s.begin, s.end);
+      break;
+    case B::kMergedWithPrevious:
+      for (const Span& s : spans) {
+        if (s.is_match && !previous_match && !out.empty()) {
+          out.back().second = s.end;
+        } else {
+          out.emplace_back(s.begin, s.end);
+        }
+        previous_match = s.is_match;
+      }
+      break;
+    case B::kMergedWithNext:
+      for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
+        if (it->is_match && !previous_match && !out.empty()) {
+          out.back().first = it->begin;
+        } else {
+          out.emplace_back(it->begin, it->end);
+        }
+        previous_match = it->is_match;
+      }
+      std::reverse(out.begin(), out.end());
+      break;
+    case B::kContiguous:
+      for (size_t i = 0; i < spans.size(); ++i) {
+        if (i > 0 && spans[i].is_match == previous_match) {
+          out.back().second = spans[i].end;
+        } else {
+          out.emplace_back(spans[i].begin, spans[i].end);
+        }
+        previous_match = spans[i].is_match;
+      }
+      break;
+  }
+  return out;
+}
+
+void split_piece(const Piece& piece, const std::vector<Span>& spans,
+                 PreTokenizerOp::Behavior behavior, std::vector<Piece>& out) {
+  for (const auto& [b, e] : apply_behavior(spans, behavior))
+    if (e > b) out.push_back({piece.text.substr(b, e - b), piece.at_start && b == 0});
+}
+
+void split_literal(const Piece& piece, std::string_view lit, bool invert,
+                   PreTokenizerOp::Behavior behavior, std::vector<Piece>& out) {
+  const std::string& t = piece.text;
+  auto spans = spans_of(t, invert, [&](auto&& emit) {
+    if (lit.empty()) return;
+    for (size_t pos = 0, hit; (hit = t.find(lit, pos)) != std::string::npos; pos = hit + lit.size())
+      emit(hit, hit + lit.size());
+  });
+  split_piece(piece, spans, behavior, out);
+}
+
+void split_regex(const Piece& piece, const Regex& re, bool invert, PreTokenizerOp::Behavior behavior,
+                 std::vector<Piece>& out) {
+  const std::string& t = piece.text;
+  auto spans = spans_of(t, invert, [&](auto&& emit) { re.for_each_match(t, emit); });
+  split_piece(piece, spans, behavior, out);
+}
+
+void split_by_char_class(const Piece& piece, bool (*is_member)(uint32_t),
+                         PreTokenizerOp::Behavior behavior, std::vector<Piece>& out) {
+  const std::string& t = piece.text;
+  auto spans = spans_of(t, false, [&](auto&& emit) {
+    for (size_t i = 0, len = 0; i < t.size(); i += len)
+      if (is_member(code_point_at(t, i, &len))) emit(i, i + len);
+  });
+  split_piece(piece, spans, behavior, out);
+}
+
+bool is_numeric(uint32_t cp) {
+  return utf8proc_category(static_cast<utf8proc_int32_t>(cp)) >= UTF8PROC_CATEGORY_ND &&
+         utf8proc_category(static_cast<utf8proc_int32_t>(cp)) <= UTF8PROC_CATEGORY_NO;
+}
+
+void apply_op(const PreTokenizerOp& op, std::vector<Piece>& pieces) {
+  using K = PreTokenizerOp::Kind;
+  using B = PreTokenizerOp::Behavior;
+  std::vector<Piece> out;
+  out.reserve(pieces.size());
+  for (Piece& p : pieces) {
+    switch (op.kind) {
+      case K::kSplit:
+        if (op.regex) {
+          split_regex(p, *op.regex, op.invert, op.behavior, out);
+        } else {
+          split_literal(p, op.pattern, op.invert, op.behavior, out);
+        }
+        break;
+      case K::kByteLevel:
+        if (op.add_prefix_space && !p.text.empty() && p.text[0] != ' ') prepend(p.text, " ");
+        if (op.regex) {
+          split_regex(p, *op.regex, false, B::kIsolated, out);
+        } else {
+          out.push_back(std::move(p));
+        }
+        break;
+      case K::kMetaspace: {
+        replace_all(p.text, " ", op.replacement);
+        const bool starts = p.text.compare(0, op.replacement.size(), op.replacement) == 0;
+        const bool add = op.prepend == PreTokenizerOp::Prepend::kAlways ||
+                             (op.prepend == PreTokenizerOp::Prepend::kFirst && p.at_start);
+        if (add && !starts && !p.text.empty()) prepend(p.text, op.replacement);
+        if (op.split) {
+          split_literal(p, op.replacement, false, B::kMergedWithNext, out);
+        } else {
+          out.push_back(std::move(p));
+        }
+        break;
+      }
+      case K::kDigits:
+        split_by_char_class(p, is_numeric, op.individual_digits ? B::kIsolated : B::kContiguous,
+                            out);
+        break;
+      case K::kWhitespace:
+        split_regex(p, *op.regex, true, B::kRemoved, out);
+        break;
+      case K::kWhitespaceSplit:
+        split_by_char_class(p, is_unicode_space, B::kRemoved, out);
+        break;
+    }
+  }
+  pieces = std::move(out);
+}
+
+}  // namespace
+
+void pre_tokenize(const std::vector<PreTokenizerOp>& ops, std::string_view text, bool at_start,
+                  std::vector<std::string>& words) {
+  if (text.empty()) return;
+  std::vector<Piece> pieces{{std::string(text), at_start}};
+  for (const PreTokenizerOp& op : ops) apply_op(op, pieces);
+  for (Piece& p : pieces)
+    if (!p.text.empty()) words.push_back(std::move(p.text));
+}
+
+}  // namespace hyperion::io

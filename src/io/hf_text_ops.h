@@ -1,0 +1,85 @@
+// The text stages of a Hugging Face tokenizer.json before the model sees a word:
+// normalizers (NFC/NFD/NFKC/NFKD, Lowercase, Replace, Prepend, Strip) and pre-tokenizers
+// (Split, ByteLevel, Metaspace, Digits, Whitespace, WhitespaceSplit), with the semantics of
+// the `tokenizers` library. Regular expressions run on PCRE2 in UTF + Unicode-property
+// mode (\p{L}, \p{N}, \s as Unicode classes), JIT-compiled.
+//
+// Byte-level pre-tokenizers never map text to the GPT-2 byte alphabet here: the BPE model
+// keys a byte-level vocabulary by raw bytes (io/bpe_model.h).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace hyperion::io {
+
+// A compiled PCRE2 pattern (UTF, UCP, JIT). Thread-safe to use.
+class Regex {
+ public:
+  // Throws hyperion::Error "<where>: invalid regex '<pattern>': <reason>".
+  Regex(const std::string& pattern, const std::string& where);
+  ~Regex();
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+  // Calls fn(begin, end) for each non-overlapping match in `text`, left to right (an
+  // empty match advances by one character). `text` must be valid UTF-8.
+  template <typename Fn>
+  void for_each_match(std::string_view text, Fn&& fn) const {
+    size_t pos = 0, b = 0, e = 0;
+    while (next_match(text, pos, &b, &e)) {
+      fn(b, e);
+      pos = e > b ? e : e + 1;
+      while (pos < text.size() && (static_cast<unsigned char>(text[pos]) & 0xC0) == 0x80) ++pos;
+      if (pos > text.size()) break;
+    }
+  }
+
+ private:
+  bool next_match(std::string_view text, size_t from, size_t* begin, size_t* end) const;
+  void* code_ = nullptr;  // pcre2_code_8
+  std::string where_;
+};
+
+struct NormalizerOp {
+  enum class Kind { kNfc, kNfd, kNfkc, kNfkd, kLowercase, kReplace, kPrepend, kStrip };
+  Kind kind;
+  std::string pattern;               // Replace: the literal (when regex is null)
+  std::shared_ptr<Regex> regex;      // Replace with a Regex pattern
+  std::string content;               // Replace's replacement; Prepend's prefix
+  bool strip_left = false, strip_right = false;
+};
+
+// Applies the ops in order.
+std::string normalize(const std::vector<NormalizerOp>& ops, std::string text);
+
+struct PreTokenizerOp {
+  enum class Kind { kSplit, kByteLevel, kMetaspace, kDigits, kWhitespace, kWhitespaceSplit };
+  enum class Behavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
+  enum class Prepend { kAlways, kFirst, kNever };
+  Kind kind;
+  // Split
+  std::string pattern;           // a literal (when regex is null)
+  std::shared_ptr<Regex> regex;  // Split's Regex pattern; ByteLevel's use_regex; Whitespace
+  Behavior behavior = Behavior::kIsolated;
+  bool invert = false;
+  // ByteLevel
+  bool add_prefix_space = false;
+  // Metaspace
+  std::string replacement = "\xE2\x96\x81";  // U+2581
+  Prepend prepend = Prepend::kAlways;
+  bool split = true;
+  // Digits
+  bool individual_digits = false;
+};
+
+// Splits `text` (one segment between added tokens; `at_start` when it begins the input)
+// into the words the model encodes, appended to `words`.
+void pre_tokenize(const std::vector<PreTokenizerOp>& ops, std::string_view text, bool at_start,
+                  std::vector<std::string>& words);
+
+// The GPT-2 split regex that ByteLevel's use_regex applies.
+extern const char* const kGpt2SplitPattern;
+
+}  // namespace hyperion::io

@@ -1,0 +1,296 @@
+// The tokenizer.json reader and encoder on small tokenizers written here. The real
+// Llama 3 / Qwen3 / Gemma 3 / Llama 2 tokenizers are checked id for id against an
+// independent implementation by tests/js/tokenizer_reference.mjs (CTest
+// tokenizer_reference).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../test_files.h"
+#include "io/bpe_model.h"
+#include "io/tokenizer.h"
+
+namespace hyperion::io {
+namespace {
+
+using namespace hyperion::testing_util;
+using nlohmann::json;
+
+// The plain reference: repeatedly merge the leftmost pair of lowest rank (O(n^2)).
+std::vector<std::string> reference_bpe(const std::vector<std::string>& symbols,
+                                       const std::vector<std::pair<std::string, std::string>>& merges) {
+  std::vector<std::string> s = symbols;
+  for (;;) {
+    size_t best = s.size();
+    size_t best_rank = merges.size();
+    for (size_t i = 0; i + 1 < s.size(); ++i)
+      for (size_t r = 0; r < best_rank; ++r)
+        if (merges[r].first == s[i] && merges[r].second == s[i + 1]) {
+          best = i, best_rank = r;
+          break;
+        }
+    if (best == s.size()) return s;
+    s[best] += s[best + 1];
+    s.erase(s.begin() + static_cast<ptrdiff_t>(best) + 1);
+  }
+}
+
+// A character-level BPE over {a, b, c} with random merges, against the reference.
+TEST(BpeModel, MergesMatchThePlainReferenceOnRandomWords) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::unordered_map<std::string, int32_t> vocab{{"a", 0}, {"b", 1}, {"c", 2}};
+    std::vector<std::string> tokens{"a", "b", "c"};
+    std::vector<std::pair<std::string, std::string>> merges;
+    for (int m = 0; m < 30; ++m) {
+      const std::string l = tokens[rng() % tokens.size()], r = tokens[rng() % tokens.size()];
+      if (l.size() + r.size() > 6 || vocab.count(l + r)) continue;
+      vocab[l + r] = static_cast<int32_t>(tokens.size());
+      tokens.push_back(l + r);
+      merges.emplace_back(l, r);
+    }
+    BpeModel model(BpeModelSpec{}, vocab);
+    for (size_t r = 0; r < merges.size(); ++r)
+      ASSERT_EQ(model.add_merge(merges[r].first, merges[r].second, static_cast<int32_t>(r)), "");
+    for (int w = 0; w < 50; ++w) {
+      std::string word;
+      std::vector<std::string> chars;
+      for (size_t n = 1 + rng() % 40; n > 0; --n) {
+        chars.emplace_back(1, static_cast<char>('a' + rng() % 3));
+        word += chars.back();
+      }
+      std::vector<int32_t> ids;
+      model.encode_word(word, ids);
+      std::vector<std::string> got;
+      for (int32_t id : ids) got.push_back(tokens[id]);
+      EXPECT_EQ(got, reference_bpe(chars, merges)) << "word " << word;
+    }
+  }
+}
+
+TEST(BpeModel, AMillionCopiesOfOneCharacterMergeInOneWord) {
+  // "a" -> "aa" -> "aaaa": a naive merge loop is quadratic here.
+  BpeModel model(BpeModelSpec{}, {{"a", 0}, {"aa", 1}, {"aaaa", 2}});
+  ASSERT_EQ(model.add_merge("a", "a", 0), "");
+  ASSERT_EQ(model.add_merge("aa", "aa", 1), "");
+  std::vector<int32_t> ids;
+  model.encode_word(std::string(1 << 20, 'a'), ids);
+  ASSERT_EQ(ids.size(), size_t{1} << 18);
+  for (int32_t id : ids) ASSERT_EQ(id, 2);
+}
+
+TEST(BpeModel, ByteLevelAlphabetRoundTripsEveryByte) {
+  for (int b = 0; b < 256; ++b) {
+    std::string raw;
+    ASSERT_TRUE(byte_level_decode(byte_level_char(static_cast<uint8_t>(b)), &raw));
+    ASSERT_EQ(raw, std::string(1, static_cast<char>(b)));
+  }
+  EXPECT_EQ(byte_level_char(' '), "\xC4\xA0");  // Ġ
+  EXPECT_EQ(byte_level_char('\n'), "\xC4\x8A");  // Ċ
+  std::string raw;
+  EXPECT_FALSE(byte_level_decode("\xE4\xB8\xAD", &raw));  // 中 stands for no byte
+}
+
+// A byte-level tokenizer.json (GPT-2 style) over a few words.
+json byte_level_tokenizer() {
+  json vocab = json::object();
+  int id = 0;
+  for (int b = 0; b < 256; ++b) vocab[byte_level_char(static_cast<uint8_t>(b))] = id++;
+  for (const char* t : {"he", "ll", "llo", "hello", "\xC4\xA0w", "\xC4\xA0wor", "\xC4\xA0world"})
+    vocab[t] = id++;
+  json j;
+  j["version"] = "1.0";
+  j["truncation"] = nullptr;
+  j["padding"] = nullptr;
+  j["added_tokens"] = json::array(
+      {{{"id", id}, {"content", "<|end|>"}, {"special", true}, {"normalized", false}},
+       {{"id", id + 1}, {"content", "<|end|>x"}, {"special", false}, {"normalized", false}}});
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  j["post_processor"] = nullptr;
+  j["decoder"] = {{"type", "ByteLevel"}};
+  j["model"] = {{"type", "BPE"},
+                {"vocab", vocab},
+                {"merges", json::array({"h e", "l l", "ll o", "he llo", "\xC4\xA0 w", "\xC4\xA0w or",
+                                        "\xC4\xA0wor ld"})}};
+  // "or" and "ld" are needed for the merges above.
+  j["model"]["vocab"]["or"] = id + 2;
+  j["model"]["vocab"]["ld"] = id + 3;
+  j["model"]["merges"].insert(j["model"]["merges"].begin(), {"o r", "l d"});
+  return j;
+}
+
+Tokenizer load_json(const TempDir& dir, const json& tok, const json& config = nullptr) {
+  dir.write("tokenizer.json", tok.dump());
+  if (!config.is_null()) dir.write("tokenizer_config.json", config.dump());
+  return Tokenizer::load(dir.path.string());
+}
+
+TEST(HfTokenizer, ByteLevelEncodesDecodesAndFindsAddedTokensFirst) {
+  TempDir dir;
+  const Tokenizer tok = load_json(dir, byte_level_tokenizer());
+  EXPECT_STREQ(tok.format(), "tokenizer.json");
+  const std::vector<int32_t> ids = tok.encode("hello world<|end|>x<|end|>");
+  std::vector<std::string> pieces;
+  for (int32_t id : ids) pieces.push_back(tok.id_to_piece(id));
+  // The longest added token wins ("<|end|>x" over "<|end|>"); added tokens are never split.
+  EXPECT_EQ(pieces, (std::vector<std::string>{"hello", "\xC4\xA0world", "<|end|>x", "<|end|>"}));
+  EXPECT_EQ(tok.decode(ids, false), "hello world<|end|>x<|end|>");
+  // Special tokens are left out by default; the non-special added token stays.
+  EXPECT_EQ(tok.decode(ids), "hello world<|end|>x");
+  // Bytes outside the merges still encode (one token per byte) and round-trip.
+  const std::string odd = "\xE2\x82\xAC \t\n\xF0\x9F\x98\x80";
+  EXPECT_EQ(tok.decode(tok.encode(odd)), odd);
+  // A byte-level token sequence that cuts a character decodes to U+FFFD, never invalid UTF-8.
+  const std::vector<int32_t> euro = tok.encode("\xE2\x82\xAC");
+  ASSERT_EQ(euro.size(), 3u);
+  EXPECT_EQ(tok.decode({euro[0], euro[1]}), "\xEF\xBF\xBD");
+}
+
+TEST(HfTokenizer, ConfigNamesSpecialTokensTemplateAndEndTokens) {
+  TempDir dir;
+  const json config = {{"bos_token", nullptr},
+                       {"eos_token", {{"content", "<|end|>"}}},
+                       {"add_bos_token", false},
+                       {"chat_template", json::array({{{"name", "tool_use"}, {"template", "T"}},
+                                                      {{"name", "default"}, {"template", "D"}}})}};
+  const Tokenizer tok = load_json(dir, byte_level_tokenizer(), config);
+  EXPECT_EQ(tok.bos_id(), -1);
+  EXPECT_EQ(tok.eos_id(), tok.token_id("<|end|>"));
+  EXPECT_TRUE(tok.is_end(tok.eos_id()));
+  EXPECT_EQ(tok.chat_template(), "D");
+  EXPECT_EQ(tok.encode_with_special_tokens("hello"), tok.encode("hello"));
+  ASSERT_EQ(tok.files().size(), 2u);
+  EXPECT_EQ(tok.files()[0].first, "tokenizer.json");
+  EXPECT_EQ(tok.files()[1].first, "tokenizer_config.json");
+  EXPECT_TRUE(tok.fits_model_vocab(tok.vocab_size() + 100));
+  EXPECT_FALSE(tok.fits_model_vocab(tok.vocab_size() - 1));
+}
+
+// A SentencePiece-style BPE (Llama 2, Gemma): ▁ for spaces, byte fallback, BOS added.
+json metaspace_tokenizer() {
+  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+  int id = 3;
+  for (int b = 0; b < 256; ++b) vocab[fmt::format("<0x{:02X}>", b)] = id++;
+  for (const char* t : {"\xE2\x96\x81", "h", "i", "\xE2\x96\x81h", "\xE2\x96\x81hi", "\xC3\xA9"})
+    vocab[t] = id++;
+  json j;
+  j["added_tokens"] = json::array(
+      {{{"id", 0}, {"content", "<unk>"}, {"special", true}, {"normalized", false}},
+       {{"id", 1}, {"content", "<s>"}, {"special", true}, {"normalized", false}},
+       {{"id", 2}, {"content", "</s>"}, {"special", true}, {"normalized", false}}});
+  j["normalizer"] = {{"type", "Sequence"},
+                     {"normalizers", json::array({{{"type", "Prepend"}, {"prepend", "\xE2\x96\x81"}},
+                                                  {{"type", "Replace"},
+                                                   {"pattern", {{"String", " "}}},
+                                                   {"content", "\xE2\x96\x81"}}})}};
+  j["pre_tokenizer"] = nullptr;
+  j["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single", json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                              {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+      {"pair", json::array()},
+      {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}};
+  j["decoder"] = {{"type", "Sequence"},
+                  {"decoders", json::array({{{"type", "Replace"},
+                                             {"pattern", {{"String", "\xE2\x96\x81"}}},
+                                             {"content", " "}},
+                                            {{"type", "ByteFallback"}},
+                                            {{"type", "Fuse"}},
+                                            {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}};
+  j["model"] = {{"type", "BPE"},      {"vocab", vocab},       {"unk_token", "<unk>"},
+                {"fuse_unk", true},   {"byte_fallback", true},
+                {"merges", json::array({"\xE2\x96\x81 h", "\xE2\x96\x81h i"})}};
+  return j;
+}
+
+TEST(HfTokenizer, MetaspaceWithByteFallbackAndTemplateProcessing) {
+  TempDir dir;
+  const Tokenizer tok = load_json(dir, metaspace_tokenizer());
+  const std::vector<int32_t> ids = tok.encode("hi h\xE2\x82\xAC\xC3\xA9");
+  std::vector<std::string> pieces;
+  for (int32_t id : ids) pieces.push_back(tok.id_to_piece(id));
+  // € is not in the vocabulary: its three bytes; é is.
+  EXPECT_EQ(pieces, (std::vector<std::string>{"\xE2\x96\x81hi", "\xE2\x96\x81h", "<0xE2>", "<0x82>",
+                                              "<0xAC>", "\xC3\xA9"}));
+  EXPECT_EQ(tok.decode(ids), "hi h\xE2\x82\xAC\xC3\xA9");
+  // A byte run that is not UTF-8: one U+FFFD per byte, as Hugging Face's ByteFallback.
+  EXPECT_EQ(tok.decode({ids[2], ids[3]}), "\xEF\xBF\xBD\xEF\xBF\xBD");
+  const std::vector<int32_t> with = tok.encode_with_special_tokens("hi");
+  ASSERT_EQ(with.size(), 2u);
+  EXPECT_EQ(with[0], 1);
+  EXPECT_TRUE(tok.encode("").empty());
+}
+
+TEST(HfTokenizer, UnknownCharactersWithoutByteFallbackFuseIntoOneUnk) {
+  TempDir dir;
+  json j = metaspace_tokenizer();
+  j["model"]["byte_fallback"] = false;
+  const Tokenizer tok = load_json(dir, j);
+  EXPECT_EQ(tok.encode("hi \xE2\x82\xAC\xE2\x82\xAC"),
+            (std::vector<int32_t>{tok.token_id("\xE2\x96\x81hi"), tok.token_id("\xE2\x96\x81"), 0}));
+}
+
+TEST(HfTokenizer, MalformedOrUnsupportedFilesNameTheFileAndKey) {
+  TempDir dir;
+  const std::string path = dir.file("tokenizer.json");
+  auto load_text = [&](const std::string& text) {
+    dir.write("tokenizer.json", text);
+    return Tokenizer::load(path);
+  };
+  const std::string good = byte_level_tokenizer().dump();
+  expect_error([&] { load_text(good.substr(0, good.size() / 2)); }, {path, "not valid JSON"});
+  expect_error([&] { load_text("[1, 2]"); }, {path, "expected an object"});
+  json j = byte_level_tokenizer();
+  j["model"]["type"] = "Unigram";
+  expect_error([&] { load_text(j.dump()); }, {path, "model.type", "'Unigram' is not supported"});
+  j = byte_level_tokenizer();
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers", json::array({{{"type", "BertPreTokenizer"}}})}};
+  expect_error([&] { load_text(j.dump()); },
+               {path, "pre_tokenizer.pretokenizers[0].type", "BertPreTokenizer"});
+  j = byte_level_tokenizer();
+  j["model"]["merges"].push_back("zz q");
+  expect_error([&] { load_text(j.dump()); }, {path, "model.merges[9]", "'zz'"});
+  j = byte_level_tokenizer();
+  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
+  expect_error([&] { load_text(j.dump()); }, {path, "pre_tokenizer.pattern", "invalid regex"});
+  j = byte_level_tokenizer();
+  j["model"]["vocab"]["huge"] = 2000000000;
+  expect_error([&] { load_text(j.dump()); }, {path, "model.vocab.huge"});
+  j = byte_level_tokenizer();
+  j["added_tokens"][0]["single_word"] = true;
+  expect_error([&] { load_text(j.dump()); }, {path, "added_tokens[0].single_word"});
+  // A config that names a token the vocabulary lacks.
+  dir.write("tokenizer.json", good);
+  dir.write("tokenizer_config.json", R"({"eos_token": "<missing>"})");
+  expect_error([&] { Tokenizer::load(path); }, {dir.file("tokenizer_config.json"), "eos_token", "<missing>"});
+}
+
+TEST(HfTokenizer, InvalidUtf8TextIsAnErrorNamingTheOffset) {
+  TempDir dir;
+  const Tokenizer tok = load_json(dir, byte_level_tokenizer());
+  expect_error([&] { tok.encode("ok\xFF"); }, {"not valid UTF-8", "byte offset 2"});
+}
+
+TEST(HfTokenizer, SplitBehaviorsAndDigits) {
+  TempDir dir;
+  json j = metaspace_tokenizer();
+  j["normalizer"] = nullptr;
+  j["model"]["vocab"]["1"] = 300;
+  j["model"]["vocab"]["2"] = 301;
+  j["model"]["vocab"]["-"] = 302;
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers", json::array({{{"type", "Split"},
+                                                        {"pattern", {{"String", "-"}}},
+                                                        {"behavior", "Removed"}},
+                                                       {{"type", "Digits"}, {"individual_digits", true}}})}};
+  const Tokenizer tok = load_json(dir, j);
+  EXPECT_EQ(tok.encode("12-hi"), (std::vector<int32_t>{300, 301, tok.token_id("h"), tok.token_id("i")}));
+}
+
+}  // namespace
+}  // namespace hyperion::io
