@@ -29,8 +29,9 @@ const CommandSpec kTokenizeSpec = {
       "encode each line of this JSON Lines file (a JSON string per line); prints one "
       "{ids, decoded} object per line"},
      {"special", "", "add the special tokens the tokenizer adds (BOS for Llama and Gemma)"},
-     {"json", "", "print {ids, pieces, tokens, bytes, decoded, load_seconds, encode_seconds, "
-                  "mb_per_second} as one JSON object"}},
+     {"json", "",
+      "print {ids, pieces, tokens, bytes, decoded, load_seconds, encode_seconds, "
+      "mb_per_second} as one JSON object"}},
     "Exactly one of --text, --file and --batch. Special-token strings in the text (\"<|eot_id|>\") "
     "are\nthose tokens with a tokenizer.json. `decoded` is decode(ids) with special tokens "
     "kept.",

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <mutex>
-#include <queue>
 
 namespace hyperion::io {
 
@@ -134,8 +133,7 @@ bool MergeTable::insert(int32_t left, int32_t right, Merge m) {
   }
 }
 
-BpeModel::BpeModel(BpeModelSpec spec, std::unordered_map<std::string, int32_t> vocab)
-    : spec_(spec), vocab_(std::move(vocab)) {
+BpeModel::BpeModel(BpeModelSpec spec, TokenMap vocab) : spec_(spec), vocab_(std::move(vocab)) {
   for (int b = 0; b < 256; ++b) {
     const std::string key =
         spec_.byte_level ? std::string(1, static_cast<char>(b)) : fmt::format("<0x{:02X}>", b);
@@ -145,12 +143,12 @@ BpeModel::BpeModel(BpeModelSpec spec, std::unordered_map<std::string, int32_t> v
 }
 
 int32_t BpeModel::find(std::string_view token) const {
-  auto it = vocab_.find(std::string(token));
+  auto it = vocab_.find(token);
   return it == vocab_.end() ? -1 : it->second;
 }
 
 std::string BpeModel::add_merge(std::string_view left, std::string_view right, int32_t rank) {
-  if (merges_.size() == 0) merges_.reserve(1024);
+  if (merges_.size() == 0 && merges_.capacity() == 0) merges_.reserve(1024);
   const int32_t a = find(left), b = find(right);
   if (a < 0) return fmt::format("its left part '{}' is not in the vocabulary", left);
   if (b < 0) return fmt::format("its right part '{}' is not in the vocabulary", right);
@@ -199,28 +197,36 @@ void BpeModel::initial_symbols(std::string_view word, std::vector<int32_t>& ids)
 }
 
 void BpeModel::merge_symbols(std::string_view word, std::vector<int32_t>& out) const {
-  std::vector<int32_t> id;
+  // Scratch reused across words (a word's buffers would otherwise be five allocations).
+  thread_local std::vector<int32_t> id, prev, next;
+  thread_local std::vector<uint8_t> alive;
+  thread_local std::vector<PendingMerge> heap;
+  id.clear();
   initial_symbols(word, id);
   const auto n = static_cast<int32_t>(id.size());
   if (n <= 1) {
     out.insert(out.end(), id.begin(), id.end());
     return;
   }
-  std::vector<int32_t> prev(n), next(n);
-  std::vector<uint8_t> alive(n, 1);
+  prev.resize(n), next.resize(n);
+  alive.assign(n, 1);
   for (int32_t i = 0; i < n; ++i) prev[i] = i - 1, next[i] = i + 1 < n ? i + 1 : -1;
 
-  std::vector<PendingMerge> heap_storage;
-  heap_storage.reserve(n);
-  std::priority_queue<PendingMerge, std::vector<PendingMerge>, std::greater<>> heap(
-      std::greater<>{}, std::move(heap_storage));
+  heap.clear();
+  const std::greater<> later;  // a min-heap on (rank, position)
   for (int32_t i = 0; i + 1 < n; ++i) {
     const MergeTable::Merge m = merges_.find(id[i], id[i + 1]);
-    if (m.rank >= 0) heap.push({m.rank, i, m.merged});
+    if (m.rank >= 0) heap.push_back({m.rank, i, m.merged});
   }
+  std::make_heap(heap.begin(), heap.end(), later);
+  auto push = [&](PendingMerge p) {
+    heap.push_back(p);
+    std::push_heap(heap.begin(), heap.end(), later);
+  };
   while (!heap.empty()) {
-    const PendingMerge top = heap.top();
-    heap.pop();
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const PendingMerge top = heap.back();
+    heap.pop_back();
     if (!alive[top.pos] || next[top.pos] < 0) continue;
     const int32_t right = next[top.pos];
     // A stale entry: the pair at this position changed since it was queued.
@@ -231,14 +237,19 @@ void BpeModel::merge_symbols(std::string_view word, std::vector<int32_t>& out) c
     if (next[right] >= 0) prev[next[right]] = top.pos;
     if (prev[top.pos] >= 0) {
       const MergeTable::Merge m = merges_.find(id[prev[top.pos]], id[top.pos]);
-      if (m.rank >= 0) heap.push({m.rank, prev[top.pos], m.merged});
+      if (m.rank >= 0) push({m.rank, prev[top.pos], m.merged});
     }
     if (next[top.pos] >= 0) {
       const MergeTable::Merge m = merges_.find(id[top.pos], id[next[top.pos]]);
-      if (m.rank >= 0) heap.push({m.rank, top.pos, m.merged});
+      if (m.rank >= 0) push({m.rank, top.pos, m.merged});
     }
   }
   for (int32_t i = 0; i >= 0; i = next[i]) out.push_back(id[i]);
+  if (n > (1 << 16)) {  // a huge word: give its scratch back rather than keep it per thread
+    for (auto* v : {&id, &prev, &next}) std::vector<int32_t>().swap(*v);
+    std::vector<uint8_t>().swap(alive);
+    std::vector<PendingMerge>().swap(heap);
+  }
 }
 
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {
@@ -254,10 +265,9 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
     merge_symbols(word, out);
     return;
   }
-  const std::string key(word);
   {
     std::shared_lock lock(cache_mutex_);
-    auto it = cache_.find(key);
+    auto it = cache_.find(word);
     if (it != cache_.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
       return;
@@ -267,7 +277,8 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
   merge_symbols(word, out);
   std::unique_lock lock(cache_mutex_);
   if (cache_.size() >= kCacheEntries) cache_.clear();
-  cache_.emplace(key, std::vector<int32_t>(out.begin() + static_cast<ptrdiff_t>(first), out.end()));
+  cache_.emplace(std::string(word),
+                 std::vector<int32_t>(out.begin() + static_cast<ptrdiff_t>(first), out.end()));
 }
 
 }  // namespace hyperion::io

@@ -44,6 +44,7 @@ class MergeTable {
     }
   }
   size_t size() const { return size_; }
+  size_t capacity() const { return keys_.size(); }
 
  private:
   static constexpr uint64_t kEmpty = ~uint64_t{0};
@@ -61,12 +62,19 @@ class MergeTable {
   size_t mask_ = 0, size_ = 0;
 };
 
+// A string-keyed hash map that looks up string_views without building a std::string.
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+using TokenMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
+
 struct BpeModelSpec {
-  bool byte_level = false;      // vocabulary spelled in the GPT-2 byte alphabet
-  bool byte_fallback = false;   // unknown characters become <0xXX> byte tokens
-  bool ignore_merges = false;   // a word that is itself in the vocabulary is one token
-  bool fuse_unk = false;        // consecutive unknown characters become one unk
-  int32_t unk_id = -1;          // -1: unknown characters are dropped (as HF does)
+  bool byte_level = false;     // vocabulary spelled in the GPT-2 byte alphabet
+  bool byte_fallback = false;  // unknown characters become <0xXX> byte tokens
+  bool ignore_merges = false;  // a word that is itself in the vocabulary is one token
+  bool fuse_unk = false;       // consecutive unknown characters become one unk
+  int32_t unk_id = -1;         // -1: unknown characters are dropped (as HF does)
 };
 
 class BpeModel {
@@ -77,7 +85,8 @@ class BpeModel {
   // `vocab`: token text (raw bytes for a byte-level model) -> id. `merges`: pairs of
   // token texts in rank order; a pair whose parts or result are not in the vocabulary is
   // an error the caller names (returned as the index of the bad merge, or -1).
-  BpeModel(BpeModelSpec spec, std::unordered_map<std::string, int32_t> vocab);
+  BpeModel(BpeModelSpec spec, TokenMap vocab);
+  void reserve_merges(size_t n) { merges_.reserve(n); }
   // Adds merge `rank`; returns an explanation when it cannot (empty on success).
   std::string add_merge(std::string_view left, std::string_view right, int32_t rank);
 
@@ -94,14 +103,14 @@ class BpeModel {
   void initial_symbols(std::string_view word, std::vector<int32_t>& ids) const;
 
   BpeModelSpec spec_;
-  std::unordered_map<std::string, int32_t> vocab_;
+  TokenMap vocab_;
   MergeTable merges_;
-  int32_t byte_ids_[256];      // byte-level: the token of each byte; else <0xXX>
-  int32_t ascii_ids_[128];     // character models: the token of each ASCII character
+  int32_t byte_ids_[256];   // byte-level: the token of each byte; else <0xXX>
+  int32_t ascii_ids_[128];  // character models: the token of each ASCII character
 
   // Memo of short words. A miss takes the exclusive lock only to insert.
   mutable std::shared_mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
 };
 
 // The GPT-2 byte alphabet: the character (as UTF-8) that stands for each byte, and the

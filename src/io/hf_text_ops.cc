@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <deque>
 
 #include "base/error.h"
 
@@ -47,9 +48,9 @@ bool Regex::next_match(std::string_view text, size_t from, size_t* begin, size_t
   thread_local MatchData data;
   if (from > text.size()) return false;
   // The text was checked as UTF-8 once, before the pipeline (io/hf_tokenizer.cc).
-  const int rc = pcre2_match(static_cast<const pcre2_code*>(code_),
-                             reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), from,
-                             PCRE2_NO_UTF_CHECK, data.md, nullptr);
+  const int rc =
+      pcre2_match(static_cast<const pcre2_code*>(code_), reinterpret_cast<PCRE2_SPTR>(text.data()),
+                  text.size(), from, PCRE2_NO_UTF_CHECK, data.md, nullptr);
   if (rc == PCRE2_ERROR_NOMATCH) return false;
   if (rc < 0) {
     PCRE2_UCHAR msg[256];
@@ -73,7 +74,8 @@ void prepend(std::string& s, std::string_view prefix) {
 }
 
 bool is_ascii(std::string_view s) {
-  return std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return static_cast<unsigned char>(c) < 0x80; });
 }
 
 std::string utf8proc_apply(const std::string& text, int options) {
@@ -201,8 +203,9 @@ std::string normalize(const std::vector<NormalizerOp>& ops, std::string text) {
 
 namespace {
 
+// A view into the input or into the arena (text a pre-tokenizer rewrote).
 struct Piece {
-  std::string text;
+  std::string_view text;
   bool at_start;  // begins at offset 0 of the input
 };
 
@@ -282,7 +285,7 @@ void split_piece(const Piece& piece, const std::vector<Span>& spans,
 
 void split_literal(const Piece& piece, std::string_view lit, bool invert,
                    PreTokenizerOp::Behavior behavior, std::vector<Piece>& out) {
-  const std::string& t = piece.text;
+  const std::string_view t = piece.text;
   auto spans = spans_of(t, invert, [&](auto&& emit) {
     if (lit.empty()) return;
     for (size_t pos = 0, hit; (hit = t.find(lit, pos)) != std::string::npos; pos = hit + lit.size())
@@ -291,16 +294,27 @@ void split_literal(const Piece& piece, std::string_view lit, bool invert,
   split_piece(piece, spans, behavior, out);
 }
 
-void split_regex(const Piece& piece, const Regex& re, bool invert, PreTokenizerOp::Behavior behavior,
-                 std::vector<Piece>& out) {
-  const std::string& t = piece.text;
+void split_regex(const Piece& piece, const Regex& re, bool invert,
+                 PreTokenizerOp::Behavior behavior, std::vector<Piece>& out) {
+  const std::string_view t = piece.text;
+  if (behavior == PreTokenizerOp::Behavior::kIsolated) {
+    // The common case (the GPT-2 and Llama 3 splits): every gap and match is a piece.
+    size_t prev = 0;
+    re.for_each_match(t, [&](size_t b, size_t e) {
+      if (b > prev) out.push_back({t.substr(prev, b - prev), piece.at_start && prev == 0});
+      if (e > b) out.push_back({t.substr(b, e - b), piece.at_start && b == 0});
+      prev = e;
+    });
+    if (prev < t.size()) out.push_back({t.substr(prev), piece.at_start && prev == 0});
+    return;
+  }
   auto spans = spans_of(t, invert, [&](auto&& emit) { re.for_each_match(t, emit); });
   split_piece(piece, spans, behavior, out);
 }
 
 void split_by_char_class(const Piece& piece, bool (*is_member)(uint32_t),
                          PreTokenizerOp::Behavior behavior, std::vector<Piece>& out) {
-  const std::string& t = piece.text;
+  const std::string_view t = piece.text;
   auto spans = spans_of(t, false, [&](auto&& emit) {
     for (size_t i = 0, len = 0; i < t.size(); i += len)
       if (is_member(code_point_at(t, i, &len))) emit(i, i + len);
@@ -313,7 +327,8 @@ bool is_numeric(uint32_t cp) {
          utf8proc_category(static_cast<utf8proc_int32_t>(cp)) <= UTF8PROC_CATEGORY_NO;
 }
 
-void apply_op(const PreTokenizerOp& op, std::vector<Piece>& pieces) {
+void apply_op(const PreTokenizerOp& op, std::vector<Piece>& pieces,
+              std::deque<std::string>& arena) {
   using K = PreTokenizerOp::Kind;
   using B = PreTokenizerOp::Behavior;
   std::vector<Piece> out;
@@ -328,7 +343,11 @@ void apply_op(const PreTokenizerOp& op, std::vector<Piece>& pieces) {
         }
         break;
       case K::kByteLevel:
-        if (op.add_prefix_space && !p.text.empty() && p.text[0] != ' ') prepend(p.text, " ");
+        if (op.add_prefix_space && !p.text.empty() && p.text[0] != ' ') {
+          arena.emplace_back(p.text);
+          prepend(arena.back(), " ");
+          p.text = arena.back();
+        }
         if (op.regex) {
           split_regex(p, *op.regex, false, B::kIsolated, out);
         } else {
@@ -336,11 +355,13 @@ void apply_op(const PreTokenizerOp& op, std::vector<Piece>& pieces) {
         }
         break;
       case K::kMetaspace: {
-        replace_all(p.text, " ", op.replacement);
-        const bool starts = p.text.compare(0, op.replacement.size(), op.replacement) == 0;
+        std::string& text = arena.emplace_back(p.text);
+        replace_all(text, " ", op.replacement);
+        const bool starts = text.compare(0, op.replacement.size(), op.replacement) == 0;
         const bool add = op.prepend == PreTokenizerOp::Prepend::kAlways ||
-                             (op.prepend == PreTokenizerOp::Prepend::kFirst && p.at_start);
-        if (add && !starts && !p.text.empty()) prepend(p.text, op.replacement);
+                         (op.prepend == PreTokenizerOp::Prepend::kFirst && p.at_start);
+        if (add && !starts && !text.empty()) prepend(text, op.replacement);
+        p.text = text;
         if (op.split) {
           split_literal(p, op.replacement, false, B::kMergedWithNext, out);
         } else {
@@ -366,12 +387,12 @@ void apply_op(const PreTokenizerOp& op, std::vector<Piece>& pieces) {
 }  // namespace
 
 void pre_tokenize(const std::vector<PreTokenizerOp>& ops, std::string_view text, bool at_start,
-                  std::vector<std::string>& words) {
+                  std::vector<std::string_view>& words, std::deque<std::string>& arena) {
   if (text.empty()) return;
-  std::vector<Piece> pieces{{std::string(text), at_start}};
-  for (const PreTokenizerOp& op : ops) apply_op(op, pieces);
-  for (Piece& p : pieces)
-    if (!p.text.empty()) words.push_back(std::move(p.text));
+  std::vector<Piece> pieces{{text, at_start}};
+  for (const PreTokenizerOp& op : ops) apply_op(op, pieces, arena);
+  for (const Piece& p : pieces)
+    if (!p.text.empty()) words.push_back(p.text);
 }
 
 }  // namespace hyperion::io

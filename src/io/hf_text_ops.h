@@ -8,6 +8,7 @@
 // keys a byte-level vocabulary by raw bytes (io/bpe_model.h).
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -45,9 +46,9 @@ class Regex {
 struct NormalizerOp {
   enum class Kind { kNfc, kNfd, kNfkc, kNfkd, kLowercase, kReplace, kPrepend, kStrip };
   Kind kind;
-  std::string pattern;               // Replace: the literal (when regex is null)
-  std::shared_ptr<Regex> regex;      // Replace with a Regex pattern
-  std::string content;               // Replace's replacement; Prepend's prefix
+  std::string pattern;           // Replace: the literal (when regex is null)
+  std::shared_ptr<Regex> regex;  // Replace with a Regex pattern
+  std::string content;           // Replace's replacement; Prepend's prefix
   bool strip_left = false, strip_right = false;
 };
 
@@ -75,9 +76,10 @@ struct PreTokenizerOp {
 };
 
 // Splits `text` (one segment between added tokens; `at_start` when it begins the input)
-// into the words the model encodes, appended to `words`.
+// into the words the model encodes, appended to `words`: views into `text`, or into
+// `arena` where a pre-tokenizer rewrote the text (both must outlive `words`).
 void pre_tokenize(const std::vector<PreTokenizerOp>& ops, std::string_view text, bool at_start,
-                  std::vector<std::string>& words);
+                  std::vector<std::string_view>& words, std::deque<std::string>& arena);
 
 // The GPT-2 split regex that ByteLevel's use_regex applies.
 extern const char* const kGpt2SplitPattern;

@@ -27,7 +27,10 @@ std::string utf8_lossy(std::string_view s) {
     // The maximal prefix of a well-formed sequence starting at `bad` (Unicode §3.9 D93b).
     size_t j = bad + 1;
     const unsigned char c = u[bad];
-    size_t need = c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : 0;
+    size_t need = c >= 0xC2 && c <= 0xDF   ? 1
+                  : c >= 0xE0 && c <= 0xEF ? 2
+                  : c >= 0xF0 && c <= 0xF4 ? 3
+                                           : 0;
     for (size_t k = 0; k < need && j < s.size(); ++k, ++j) {
       const unsigned char d = u[j];
       unsigned char lo = 0x80, hi = 0xBF;
@@ -141,8 +144,8 @@ void run_decoder(const DecoderOp& op, std::vector<std::string>& toks) {
         size_t b = 0, e = t.size();
         for (size_t k = 0; k < op.strip_start && t.compare(b, c.size(), c) == 0 && b < e; ++k)
           b += c.size();
-        for (size_t k = 0; k < op.strip_stop && e >= b + c.size() &&
-                           t.compare(e - c.size(), c.size(), c) == 0;
+        for (size_t k = 0;
+             k < op.strip_stop && e >= b + c.size() && t.compare(e - c.size(), c.size(), c) == 0;
              ++k)
           e -= c.size();
         t = t.substr(b, e - b);
@@ -161,8 +164,7 @@ void AddedTokenMatcher::add(Token t) {
     if (next < 0) {
       next = static_cast<int32_t>(nodes_.size());
       auto& ch = nodes_[node].children;
-      ch.insert(std::lower_bound(ch.begin(), ch.end(), std::make_pair(c, int32_t{-1})),
-                {c, next});
+      ch.insert(std::lower_bound(ch.begin(), ch.end(), std::make_pair(c, int32_t{-1})), {c, next});
       nodes_.emplace_back();
     }
     node = next;
@@ -223,11 +225,13 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text) const {
   HYP_CHECK(bad == std::string_view::npos,
             "tokenizer '{}': the text is not valid UTF-8 (byte offset {})", m.origin, bad);
   std::vector<int32_t> ids;
-  std::vector<std::string> words;
+  std::vector<std::string_view> words;
+  std::deque<std::string> arena;
   auto encode_words = [&](std::string_view segment, bool at_start) {
     words.clear();
-    pre_tokenize(m.pre_tokenizers, segment, at_start, words);
-    for (const std::string& w : words) m.model->encode_word(w, ids);
+    arena.clear();
+    pre_tokenize(m.pre_tokenizers, segment, at_start, words, arena);
+    for (std::string_view w : words) m.model->encode_word(w, ids);
   };
   // A stretch between raw added tokens: normalized, then split on normalized added tokens.
   auto encode_segment = [&](std::string_view raw, bool at_start) {
@@ -287,7 +291,7 @@ std::string HfTokenizer::piece(int32_t id) const {
 }
 
 int32_t HfTokenizer::token_id(std::string_view token) const {
-  auto it = impl_->added_ids.find(std::string(token));
+  auto it = impl_->added_ids.find(token);
   if (it != impl_->added_ids.end()) return it->second;
   if (!impl_->model) return -1;
   if (impl_->model->spec().byte_level) {
@@ -300,16 +304,36 @@ int32_t HfTokenizer::token_id(std::string_view token) const {
 bool HfTokenizer::is_special(int32_t id) const {
   return id >= 0 && id < impl_->vocab_size && impl_->special[id];
 }
-int32_t HfTokenizer::vocab_size() const { return impl_->vocab_size; }
-size_t HfTokenizer::max_piece_bytes() const { return impl_->max_piece_bytes; }
-int32_t HfTokenizer::bos_id() const { return impl_->bos; }
-int32_t HfTokenizer::eos_id() const { return impl_->eos; }
-int32_t HfTokenizer::pad_id() const { return impl_->pad; }
-int32_t HfTokenizer::unk_id() const { return impl_->unk; }
-const std::vector<int32_t>& HfTokenizer::end_ids() const { return impl_->end_ids; }
-const std::string& HfTokenizer::chat_template() const { return impl_->chat_template; }
-const std::string& HfTokenizer::bos_token() const { return impl_->bos_token; }
-const std::string& HfTokenizer::eos_token() const { return impl_->eos_token; }
+int32_t HfTokenizer::vocab_size() const {
+  return impl_->vocab_size;
+}
+size_t HfTokenizer::max_piece_bytes() const {
+  return impl_->max_piece_bytes;
+}
+int32_t HfTokenizer::bos_id() const {
+  return impl_->bos;
+}
+int32_t HfTokenizer::eos_id() const {
+  return impl_->eos;
+}
+int32_t HfTokenizer::pad_id() const {
+  return impl_->pad;
+}
+int32_t HfTokenizer::unk_id() const {
+  return impl_->unk;
+}
+const std::vector<int32_t>& HfTokenizer::end_ids() const {
+  return impl_->end_ids;
+}
+const std::string& HfTokenizer::chat_template() const {
+  return impl_->chat_template;
+}
+const std::string& HfTokenizer::bos_token() const {
+  return impl_->bos_token;
+}
+const std::string& HfTokenizer::eos_token() const {
+  return impl_->eos_token;
+}
 bool HfTokenizer::adds_bos() const {
   return !impl_->post.before.empty() && impl_->post.before.front() == impl_->bos;
 }

@@ -28,8 +28,8 @@ namespace hyperion::io {
 
 struct HfTokenizerSource {
   std::string tokenizer_json;
-  std::string tokenizer_json_path;   // names the file in errors
-  std::string config_json;           // empty: no tokenizer_config.json
+  std::string tokenizer_json_path;  // names the file in errors
+  std::string config_json;          // empty: no tokenizer_config.json
   std::string config_json_path;
   std::string generation_config_json;  // optional: its eos_token_id adds end tokens
   std::string chat_template_override;  // a chat_template.jinja beside the files, if any

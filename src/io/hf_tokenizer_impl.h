@@ -44,7 +44,7 @@ struct DecoderOp {
   std::string pattern, content;  // Replace (literal pattern), Strip (content)
   std::shared_ptr<Regex> regex;  // Replace with a Regex pattern
   size_t strip_start = 0, strip_stop = 0;
-  std::string replacement;       // Metaspace
+  std::string replacement;  // Metaspace
   bool metaspace_strip_first = true;
 };
 
@@ -62,9 +62,9 @@ struct HfTokenizer::Impl {
   AddedTokenMatcher raw_added, normalized_added;
   SpecialTemplate post;
 
-  std::vector<std::string> pieces;     // id -> token text as written in the file
-  std::vector<uint8_t> special;        // id -> is a special added token
-  std::unordered_map<std::string, int32_t> added_ids;  // added token content -> id
+  std::vector<std::string> pieces;  // id -> token text as written in the file
+  std::vector<uint8_t> special;     // id -> is a special added token
+  TokenMap added_ids;               // added token content -> id
   int32_t vocab_size = 0;
   size_t max_piece_bytes = 1;
 

@@ -19,6 +19,9 @@ constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
 
 struct Reader {
   const std::string& file;
+  // Ids are dense in every real vocabulary; an id far past the number of tokens would make
+  // the id tables a large allocation from a few bytes of file.
+  int64_t max_id = kMaxTokenId;
 
   [[noreturn]] void bad(const std::string& path, const std::string& what) const {
     fail("tokenizer: {}: {}: {}", file, path, what);
@@ -55,9 +58,7 @@ struct Reader {
     if (n < lo || n > hi) bad(path + "." + key, fmt::format("{} is outside [{}, {}]", n, lo, hi));
     return n;
   }
-  std::string type(const json& j, const std::string& path) const {
-    return str(j, path, "type");
-  }
+  std::string type(const json& j, const std::string& path) const { return str(j, path, "type"); }
   // A {"String": s} or {"Regex": r} pattern.
   void pattern(const json& j, const std::string& path, std::string* literal,
                std::shared_ptr<Regex>* regex) const {
@@ -151,8 +152,7 @@ void read_pre_tokenizer(const Reader& r, const json& j, const std::string& path,
     const json& list = r.at(j, path, "pretokenizers");
     if (!list.is_array()) r.bad(path + ".pretokenizers", "expected a list");
     for (size_t i = 0; i < list.size(); ++i)
-      read_pre_tokenizer(r, list[i], fmt::format("{}.pretokenizers[{}]", path, i), ops,
-                         byte_level);
+      read_pre_tokenizer(r, list[i], fmt::format("{}.pretokenizers[{}]", path, i), ops, byte_level);
     return;
   }
   if (t == "Split") {
@@ -239,8 +239,7 @@ void read_post_processor(const Reader& r, const json& j, const std::string& path
     return;
   }
   if (t == "ByteLevel") return;  // offsets only: the ids are unchanged
-  if (t != "TemplateProcessing")
-    r.unsupported(path, t, "TemplateProcessing, ByteLevel, Sequence");
+  if (t != "TemplateProcessing") r.unsupported(path, t, "TemplateProcessing, ByteLevel, Sequence");
   const json& single = r.at(j, path, "single");
   const json& specials = r.at(j, path, "special_tokens");
   if (!single.is_array()) r.bad(path + ".single", "expected a list");
@@ -253,10 +252,12 @@ void read_post_processor(const Reader& r, const json& j, const std::string& path
       seen_sequence = true;
       continue;
     }
-    const std::string name = r.str(r.at(single[i], item, "SpecialToken"), item + ".SpecialToken", "id");
+    const std::string name =
+        r.str(r.at(single[i], item, "SpecialToken"), item + ".SpecialToken", "id");
     const json& tok = r.at(specials, path + ".special_tokens", name.c_str());
     const json& ids = r.at(tok, fmt::format("{}.special_tokens.{}", path, name), "ids");
-    if (!ids.is_array()) r.bad(fmt::format("{}.special_tokens.{}.ids", path, name), "expected a list");
+    if (!ids.is_array())
+      r.bad(fmt::format("{}.special_tokens.{}.ids", path, name), "expected a list");
     for (const json& id : ids) {
       if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxTokenId)
         r.bad(fmt::format("{}.special_tokens.{}.ids", path, name), "expected token ids");
@@ -287,15 +288,18 @@ void read_model(const Reader& r, const json& model, bool byte_level, HfTokenizer
   spec.ignore_merges = r.flag(model, "model", "ignore_merges", false);
   spec.fuse_unk = r.flag(model, "model", "fuse_unk", false);
 
-  std::unordered_map<std::string, int32_t> keyed;
+  TokenMap keyed;
   keyed.reserve(vocab.size());
   std::string raw;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
-        it.value().get<int64_t>() > kMaxTokenId)
-      r.bad("model.vocab." + it.key(), fmt::format("expected an id in [0, {}]", kMaxTokenId));
+        it.value().get<int64_t>() > r.max_id)
+      r.bad("model.vocab." + it.key(),
+            fmt::format("expected an id in [0, {}] (ids are dense: the file has {} tokens)",
+                        r.max_id, r.max_id - 65536));
     const auto id = static_cast<int32_t>(it.value().get<int64_t>());
-    if (static_cast<size_t>(id) >= impl.pieces.size()) impl.pieces.resize(static_cast<size_t>(id) + 1);
+    if (static_cast<size_t>(id) >= impl.pieces.size())
+      impl.pieces.resize(static_cast<size_t>(id) + 1);
     impl.pieces[id] = it.key();
     // A byte-level token that spells no bytes cannot come out of the model; it still decodes.
     if (!byte_level) {
@@ -309,13 +313,15 @@ void read_model(const Reader& r, const json& model, bool byte_level, HfTokenizer
   const std::string unk = r.str_or(model, "model", "unk_token", "");
   if (!unk.empty()) {
     auto it = keyed.find(unk);
-    if (it == keyed.end()) r.bad("model.unk_token", fmt::format("'{}' is not in the vocabulary", unk));
+    if (it == keyed.end())
+      r.bad("model.unk_token", fmt::format("'{}' is not in the vocabulary", unk));
     spec.unk_id = it->second;
   }
   impl.model.emplace(spec, std::move(keyed));
 
   const json& merges = r.at(model, "model", "merges");
   if (!merges.is_array()) r.bad("model.merges", "expected a list");
+  impl.model->reserve_merges(merges.size());
   std::string left, right, raw_left, raw_right;
   for (size_t i = 0; i < merges.size(); ++i) {
     const json& m = merges[i];
@@ -348,16 +354,18 @@ void read_added_tokens(const Reader& r, const json& root, HfTokenizer::Impl& imp
   for (size_t i = 0; i < it->size(); ++i) {
     const json& a = (*it)[i];
     const std::string path = fmt::format("added_tokens[{}]", i);
-    const auto id = static_cast<int32_t>(r.integer(a, path, "id", 0, kMaxTokenId));
+    const auto id = static_cast<int32_t>(r.integer(a, path, "id", 0, r.max_id));
     const std::string content = r.str(a, path, "content");
     if (content.empty()) r.bad(path + ".content", "must not be empty");
     const bool special = r.flag(a, path, "special", false);
     if (r.flag(a, path, "single_word", false))
       r.bad(path + ".single_word", "single_word added tokens are not supported");
     const bool normalized = r.flag(a, path, "normalized", !special);
-    if (static_cast<size_t>(id) >= impl.pieces.size()) impl.pieces.resize(static_cast<size_t>(id) + 1);
+    if (static_cast<size_t>(id) >= impl.pieces.size())
+      impl.pieces.resize(static_cast<size_t>(id) + 1);
     impl.pieces[id] = content;
-    if (static_cast<size_t>(id) >= impl.special.size()) impl.special.resize(static_cast<size_t>(id) + 1);
+    if (static_cast<size_t>(id) >= impl.special.size())
+      impl.special.resize(static_cast<size_t>(id) + 1);
     impl.special[id] = special;
     impl.added_ids[content] = id;
     impl.max_piece_bytes = std::max(impl.max_piece_bytes, content.size());
@@ -463,7 +471,7 @@ void read_end_ids(const HfTokenizerSource& src, HfTokenizer::Impl& impl, HfToken
 
 void parse_hf_tokenizer(const HfTokenizerSource& src, HfTokenizer::Impl& impl) {
   impl.origin = src.tokenizer_json_path;
-  const Reader r{src.tokenizer_json_path};
+  Reader r{src.tokenizer_json_path};
   json root;
   try {
     root = json::parse(src.tokenizer_json);
@@ -476,6 +484,15 @@ void parse_hf_tokenizer(const HfTokenizerSource& src, HfTokenizer::Impl& impl) {
     if (root.contains(key) && !root[key].is_null())
       r.bad(key, "truncation and padding are not applied by hyperion; expected null");
 
+  {
+    const json& model = r.at(root, "", "model");
+    const json& vocab = r.at(model, "model", "vocab");
+    const auto added = root.find("added_tokens");
+    r.max_id = std::min<int64_t>(
+        kMaxTokenId, static_cast<int64_t>(vocab.size()) +
+                         (added != root.end() && added->is_array() ? int64_t(added->size()) : 0) +
+                         65536);
+  }
   bool byte_level = false;
   read_normalizer(r, root.value("normalizer", json()), "normalizer", impl.normalizers);
   read_pre_tokenizer(r, root.value("pre_tokenizer", json()), "pre_tokenizer", impl.pre_tokenizers,
@@ -488,10 +505,12 @@ void parse_hf_tokenizer(const HfTokenizerSource& src, HfTokenizer::Impl& impl) {
   HYP_CHECK(impl.vocab_size > 0, "tokenizer: {}: the vocabulary is empty", src.tokenizer_json_path);
   impl.special.resize(impl.pieces.size(), 0);
   for (int32_t id : impl.post.before)
-    HYP_CHECK(id < impl.vocab_size, "tokenizer: {}: post_processor: id {} is outside the vocabulary",
+    HYP_CHECK(id < impl.vocab_size,
+              "tokenizer: {}: post_processor: id {} is outside the vocabulary",
               src.tokenizer_json_path, id);
   for (int32_t id : impl.post.after)
-    HYP_CHECK(id < impl.vocab_size, "tokenizer: {}: post_processor: id {} is outside the vocabulary",
+    HYP_CHECK(id < impl.vocab_size,
+              "tokenizer: {}: post_processor: id {} is outside the vocabulary",
               src.tokenizer_json_path, id);
 }
 

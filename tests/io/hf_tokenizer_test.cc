@@ -20,8 +20,9 @@ using namespace hyperion::testing_util;
 using nlohmann::json;
 
 // The plain reference: repeatedly merge the leftmost pair of lowest rank (O(n^2)).
-std::vector<std::string> reference_bpe(const std::vector<std::string>& symbols,
-                                       const std::vector<std::pair<std::string, std::string>>& merges) {
+std::vector<std::string> reference_bpe(
+    const std::vector<std::string>& symbols,
+    const std::vector<std::pair<std::string, std::string>>& merges) {
   std::vector<std::string> s = symbols;
   for (;;) {
     size_t best = s.size();
@@ -42,7 +43,7 @@ std::vector<std::string> reference_bpe(const std::vector<std::string>& symbols,
 TEST(BpeModel, MergesMatchThePlainReferenceOnRandomWords) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 20; ++trial) {
-    std::unordered_map<std::string, int32_t> vocab{{"a", 0}, {"b", 1}, {"c", 2}};
+    TokenMap vocab{{"a", 0}, {"b", 1}, {"c", 2}};
     std::vector<std::string> tokens{"a", "b", "c"};
     std::vector<std::pair<std::string, std::string>> merges;
     for (int m = 0; m < 30; ++m) {
@@ -88,7 +89,7 @@ TEST(BpeModel, ByteLevelAlphabetRoundTripsEveryByte) {
     ASSERT_TRUE(byte_level_decode(byte_level_char(static_cast<uint8_t>(b)), &raw));
     ASSERT_EQ(raw, std::string(1, static_cast<char>(b)));
   }
-  EXPECT_EQ(byte_level_char(' '), "\xC4\xA0");  // Ġ
+  EXPECT_EQ(byte_level_char(' '), "\xC4\xA0");   // Ġ
   EXPECT_EQ(byte_level_char('\n'), "\xC4\x8A");  // Ċ
   std::string raw;
   EXPECT_FALSE(byte_level_decode("\xE4\xB8\xAD", &raw));  // 中 stands for no byte
@@ -114,8 +115,8 @@ json byte_level_tokenizer() {
   j["decoder"] = {{"type", "ByteLevel"}};
   j["model"] = {{"type", "BPE"},
                 {"vocab", vocab},
-                {"merges", json::array({"h e", "l l", "ll o", "he llo", "\xC4\xA0 w", "\xC4\xA0w or",
-                                        "\xC4\xA0wor ld"})}};
+                {"merges", json::array({"h e", "l l", "ll o", "he llo", "\xC4\xA0 w",
+                                        "\xC4\xA0w or", "\xC4\xA0wor ld"})}};
   // "or" and "ld" are needed for the merges above.
   j["model"]["vocab"]["or"] = id + 2;
   j["model"]["vocab"]["ld"] = id + 3;
@@ -178,15 +179,16 @@ json metaspace_tokenizer() {
   for (const char* t : {"\xE2\x96\x81", "h", "i", "\xE2\x96\x81h", "\xE2\x96\x81hi", "\xC3\xA9"})
     vocab[t] = id++;
   json j;
-  j["added_tokens"] = json::array(
-      {{{"id", 0}, {"content", "<unk>"}, {"special", true}, {"normalized", false}},
-       {{"id", 1}, {"content", "<s>"}, {"special", true}, {"normalized", false}},
-       {{"id", 2}, {"content", "</s>"}, {"special", true}, {"normalized", false}}});
-  j["normalizer"] = {{"type", "Sequence"},
-                     {"normalizers", json::array({{{"type", "Prepend"}, {"prepend", "\xE2\x96\x81"}},
-                                                  {{"type", "Replace"},
-                                                   {"pattern", {{"String", " "}}},
-                                                   {"content", "\xE2\x96\x81"}}})}};
+  j["added_tokens"] =
+      json::array({{{"id", 0}, {"content", "<unk>"}, {"special", true}, {"normalized", false}},
+                   {{"id", 1}, {"content", "<s>"}, {"special", true}, {"normalized", false}},
+                   {{"id", 2}, {"content", "</s>"}, {"special", true}, {"normalized", false}}});
+  j["normalizer"] = {
+      {"type", "Sequence"},
+      {"normalizers",
+       json::array(
+           {{{"type", "Prepend"}, {"prepend", "\xE2\x96\x81"}},
+            {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\xE2\x96\x81"}}})}};
   j["pre_tokenizer"] = nullptr;
   j["post_processor"] = {
       {"type", "TemplateProcessing"},
@@ -194,16 +196,18 @@ json metaspace_tokenizer() {
                               {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
       {"pair", json::array()},
       {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}};
-  j["decoder"] = {{"type", "Sequence"},
-                  {"decoders", json::array({{{"type", "Replace"},
-                                             {"pattern", {{"String", "\xE2\x96\x81"}}},
-                                             {"content", " "}},
-                                            {{"type", "ByteFallback"}},
-                                            {{"type", "Fuse"}},
-                                            {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}};
-  j["model"] = {{"type", "BPE"},      {"vocab", vocab},       {"unk_token", "<unk>"},
-                {"fuse_unk", true},   {"byte_fallback", true},
-                {"merges", json::array({"\xE2\x96\x81 h", "\xE2\x96\x81h i"})}};
+  j["decoder"] = {
+      {"type", "Sequence"},
+      {"decoders",
+       json::array(
+           {{{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}},
+            {{"type", "ByteFallback"}},
+            {{"type", "Fuse"}},
+            {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}};
+  j["model"] = {
+      {"type", "BPE"},         {"vocab", vocab},
+      {"unk_token", "<unk>"},  {"fuse_unk", true},
+      {"byte_fallback", true}, {"merges", json::array({"\xE2\x96\x81 h", "\xE2\x96\x81h i"})}};
   return j;
 }
 
@@ -230,8 +234,9 @@ TEST(HfTokenizer, UnknownCharactersWithoutByteFallbackFuseIntoOneUnk) {
   json j = metaspace_tokenizer();
   j["model"]["byte_fallback"] = false;
   const Tokenizer tok = load_json(dir, j);
-  EXPECT_EQ(tok.encode("hi \xE2\x82\xAC\xE2\x82\xAC"),
-            (std::vector<int32_t>{tok.token_id("\xE2\x96\x81hi"), tok.token_id("\xE2\x96\x81"), 0}));
+  EXPECT_EQ(
+      tok.encode("hi \xE2\x82\xAC\xE2\x82\xAC"),
+      (std::vector<int32_t>{tok.token_id("\xE2\x96\x81hi"), tok.token_id("\xE2\x96\x81"), 0}));
 }
 
 TEST(HfTokenizer, MalformedOrUnsupportedFilesNameTheFileAndKey) {
@@ -256,7 +261,8 @@ TEST(HfTokenizer, MalformedOrUnsupportedFilesNameTheFileAndKey) {
   j["model"]["merges"].push_back("zz q");
   expect_error([&] { load_text(j.dump()); }, {path, "model.merges[9]", "'zz'"});
   j = byte_level_tokenizer();
-  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
+  j["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
   expect_error([&] { load_text(j.dump()); }, {path, "pre_tokenizer.pattern", "invalid regex"});
   j = byte_level_tokenizer();
   j["model"]["vocab"]["huge"] = 2000000000;
@@ -267,7 +273,8 @@ TEST(HfTokenizer, MalformedOrUnsupportedFilesNameTheFileAndKey) {
   // A config that names a token the vocabulary lacks.
   dir.write("tokenizer.json", good);
   dir.write("tokenizer_config.json", R"({"eos_token": "<missing>"})");
-  expect_error([&] { Tokenizer::load(path); }, {dir.file("tokenizer_config.json"), "eos_token", "<missing>"});
+  expect_error([&] { Tokenizer::load(path); },
+               {dir.file("tokenizer_config.json"), "eos_token", "<missing>"});
 }
 
 TEST(HfTokenizer, InvalidUtf8TextIsAnErrorNamingTheOffset) {
@@ -283,13 +290,14 @@ TEST(HfTokenizer, SplitBehaviorsAndDigits) {
   j["model"]["vocab"]["1"] = 300;
   j["model"]["vocab"]["2"] = 301;
   j["model"]["vocab"]["-"] = 302;
-  j["pre_tokenizer"] = {{"type", "Sequence"},
-                        {"pretokenizers", json::array({{{"type", "Split"},
-                                                        {"pattern", {{"String", "-"}}},
-                                                        {"behavior", "Removed"}},
-                                                       {{"type", "Digits"}, {"individual_digits", true}}})}};
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       json::array({{{"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", "Removed"}},
+                    {{"type", "Digits"}, {"individual_digits", true}}})}};
   const Tokenizer tok = load_json(dir, j);
-  EXPECT_EQ(tok.encode("12-hi"), (std::vector<int32_t>{300, 301, tok.token_id("h"), tok.token_id("i")}));
+  EXPECT_EQ(tok.encode("12-hi"),
+            (std::vector<int32_t>{300, 301, tok.token_id("h"), tok.token_id("i")}));
 }
 
 }  // namespace
