@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "base/error.h"
@@ -14,6 +15,8 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/loaded_checkpoint.h"
+#include "io/atomic_file.h"
+#include "io/chat_template.h"
 #include "model/param_store.h"
 #include "serve/async_engine.h"
 #include "serve/engine.h"
@@ -102,7 +105,17 @@ int cmd_serve(const Args& args) {
   serve::ApiContext ctx;
   ctx.tokenizer = &c.tokenizer;
   ctx.model_name = rc.model_name;
-  ctx.chat_template = rc.chat_template;
+  // The chat format: the tokenizer's Jinja template (auto), a .jinja file, or a built-in.
+  // A template that does not parse stops the server here, naming its line and column.
+  std::optional<io::ChatTemplate> jinja;
+  if (rc.chat_template == "auto") {
+    jinja = io::ChatTemplate::of(c.tokenizer);
+  } else if (rc.chat_template.ends_with(".jinja")) {
+    jinja.emplace(io::read_file(rc.chat_template), rc.chat_template, c.tokenizer);
+  }
+  ctx.chat_template = jinja ? "jinja" : rc.chat_template == "auto" ? "plain" : rc.chat_template;
+  ctx.jinja = jinja ? &*jinja : nullptr;
+  log_info("serve: chat format {}", jinja ? jinja->origin() : ctx.chat_template);
   ctx.context_tokens = rc.max_seq_len;
   ctx.max_prompt_bytes = serve::prompt_byte_bound(c.tokenizer, rc.max_seq_len);
   release_thread_pool();  // the engine thread runs every parallel region from here on

@@ -4,6 +4,7 @@
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "base/error.h"
 #include "base/timer.h"
@@ -11,6 +12,7 @@
 #include "cli/flags.h"
 #include "cli/tokenizer_path.h"
 #include "io/atomic_file.h"
+#include "io/chat_template.h"
 #include "io/tokenizer.h"
 
 namespace hyperion::cli {
@@ -25,6 +27,9 @@ const CommandSpec kTokenizeSpec = {
       true},
      {"text", "T", "the text to encode"},
      {"file", "F", "encode the contents of this file instead (- for standard input)"},
+     {"chat", "F",
+      "render the tokenizer's chat template for the conversation in this JSON file ({messages, "
+      "tools, add_generation_prompt, other template variables}) and encode the result"},
      {"batch", "F",
       "encode each line of this JSON Lines file (a JSON string per line); prints one "
       "{ids, decoded} object per line"},
@@ -32,7 +37,9 @@ const CommandSpec kTokenizeSpec = {
      {"json", "",
       "print {ids, pieces, tokens, bytes, decoded, load_seconds, encode_seconds, "
       "mb_per_second} as one JSON object"}},
-    "Exactly one of --text, --file and --batch. Special-token strings in the text (\"<|eot_id|>\") "
+    "Exactly one of --text, --file, --chat and --batch. With --chat, --json adds `text` (the "
+    "rendered\nprompt), encoded without added special tokens (the template writes them). "
+    "Special-token strings in the text (\"<|eot_id|>\") "
     "are\nthose tokens with a tokenizer.json. `decoded` is decode(ids) with special tokens "
     "kept.",
     "tokenize --tokenizer models/llama3 --text 'Hello, world!' --json"};
@@ -67,15 +74,61 @@ int tokenize_batch(const Flags& f) {
   return 0;
 }
 
+int tokenize_chat(const Flags& f) {
+  using ojson = nlohmann::ordered_json;
+  const std::string path = f.get("chat");
+  ojson request;
+  try {
+    request = ojson::parse(io::read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    usage_fail("tokenize: --chat {}: not valid JSON: {}", path, e.what());
+  }
+  HYP_USAGE_CHECK(
+      request.is_object() && request.contains("messages") && request["messages"].is_array(),
+      "tokenize: --chat {}: expected an object with a \"messages\" list", path);
+  const io::Tokenizer tok = io::Tokenizer::load(tokenizer_path(f.get("tokenizer"), "tokenize"));
+  const std::optional<io::ChatTemplate> chat = io::ChatTemplate::of(tok);
+  HYP_CHECK(chat.has_value(),
+            "tokenize: {} has no chat template (tokenizer_config.json's chat_template)",
+            tok.origin());
+  ojson kwargs = ojson::object();
+  io::ChatTemplate::Input in;
+  in.messages = &request["messages"];
+  for (const auto& [key, value] : request.items()) {
+    if (key == "tools") {
+      if (!value.is_null()) in.tools = &value;
+    } else if (key == "add_generation_prompt") {
+      HYP_USAGE_CHECK(value.is_boolean(),
+                      "tokenize: --chat {}: add_generation_prompt must be true or false", path);
+      in.add_generation_prompt = value.get<bool>();
+    } else if (key != "messages") {
+      kwargs[key] = value;
+    }
+  }
+  in.kwargs = &kwargs;
+  const std::string text = chat->render(in);
+  const std::vector<int32_t> ids = tok.encode(text);
+  if (f.has("json")) {
+    const nlohmann::json j = {
+        {"template", chat->origin()}, {"text", text}, {"ids", ids}, {"tokens", ids.size()}};
+    std::puts(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+    std::printf("%s\n(%zu tokens)\n", text.c_str(), ids.size());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_tokenize(const Args& args) {
   const Flags f(kTokenizeSpec, args);
   HYP_USAGE_CHECK(f.positional().empty(), "tokenize: unexpected argument '{}'", f.positional()[0]);
   HYP_USAGE_CHECK(f.has("tokenizer"), "tokenize: --tokenizer PATH is required");
-  HYP_USAGE_CHECK(int(f.has("text")) + int(f.has("file")) + int(f.has("batch")) == 1,
-                  "tokenize: give exactly one of --text, --file and --batch");
+  HYP_USAGE_CHECK(
+      int(f.has("text")) + int(f.has("file")) + int(f.has("batch")) + int(f.has("chat")) == 1,
+      "tokenize: give exactly one of --text, --file, --chat and --batch");
   if (f.has("batch")) return tokenize_batch(f);
+  if (f.has("chat")) return tokenize_chat(f);
   std::string text;
   if (f.has("text")) {
     text = f.get("text");

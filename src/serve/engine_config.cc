@@ -30,7 +30,8 @@ std::vector<ConfigKey> engine_config_schema() {
       {"hardware", ConfigType::kString, "cpu", "cpu | gpu (docs/GPU.md)"},
       {"attention", ConfigType::kString, "ragged", "ragged | padded"},
       {"prefix_caching", ConfigType::kBool, "true", "reuse KV pages of shared prefixes"},
-      {"chat_template", ConfigType::kString, "plain", "plain | llama2"},
+      {"chat_template", ConfigType::kString, "auto",
+       "auto (the tokenizer's Jinja template, else plain) | plain | llama2 | a .jinja file"},
       {"model_name", ConfigType::kString, "", "model id for /v1/models"},
   };
 }
@@ -102,8 +103,10 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
   c.padded_attention = a == "padded";
   c.prefix_caching = cfg.get_bool("prefix_caching");
   c.chat_template = cfg.get_string("chat_template");
-  HYP_CHECK(c.chat_template == "plain" || c.chat_template == "llama2",
-            "serve: chat_template must be plain or llama2, got '{}'", c.chat_template);
+  HYP_CHECK(c.chat_template == "auto" || c.chat_template == "plain" ||
+                c.chat_template == "llama2" || c.chat_template.ends_with(".jinja"),
+            "serve: chat_template must be auto, plain, llama2 or a .jinja file, got '{}'",
+            c.chat_template);
   c.model_name = cfg.get_string("model_name");
   return c;
 }

@@ -13,7 +13,8 @@
 //   quantize_weights        none | int8 (per output channel)                 none
 //   attention               ragged | padded                                ragged
 //   prefix_caching          reuse full KV pages of shared prompt prefixes    true
-//   chat_template           plain | llama2                                  plain
+//   chat_template           auto | plain | llama2 | FILE.jinja               auto
+//                           (auto: the tokenizer's Jinja chat template, else plain)
 //   model_name              id reported by /v1/models; "" = checkpoint name    ""
 //   hardware                cpu | gpu (docs/GPU.md)                           cpu
 #pragma once
@@ -46,7 +47,7 @@ struct EngineConfig {
   bool padded_attention = false;
   bool prefix_caching = true;
   bool allow_long_context = false;  // max_seq_len may exceed max_position_embeddings
-  std::string chat_template = "plain";
+  std::string chat_template = "auto";
   std::string model_name;
   bool automatic_slots = false;  // max_concurrent_decodes was chosen from memory
 };

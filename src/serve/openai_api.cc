@@ -5,6 +5,7 @@
 #include <cmath>
 #include <set>
 
+#include "base/error.h"
 #include "model/sampler.h"
 
 namespace hyperion::serve {
@@ -335,7 +336,8 @@ std::vector<int32_t> apply_chat_template(const json& messages, const ApiContext&
   for (const json& m : messages) bytes += m["content"].get_ref<const std::string&>().size();
   check_text_bytes(ctx, bytes, "messages");
   const io::Tokenizer& tok = *ctx.tokenizer;
-  std::vector<int32_t> ids{tok.bos_id()};
+  std::vector<int32_t> ids;
+  if (tok.bos_id() >= 0) ids.push_back(tok.bos_id());
   auto append = [&](const std::string& text) {
     const std::vector<int32_t> enc = tok.encode(text);
     ids.insert(ids.end(), enc.begin(), enc.end());
@@ -356,8 +358,8 @@ std::vector<int32_t> apply_chat_template(const json& messages, const ApiContext&
         open = true;
       } else {
         append(" " + content + " ");
-        ids.push_back(tok.eos_id());
-        ids.push_back(tok.bos_id());
+        if (tok.eos_id() >= 0) ids.push_back(tok.eos_id());
+        if (tok.bos_id() >= 0) ids.push_back(tok.bos_id());
         open = false;
       }
     }
@@ -375,36 +377,105 @@ std::vector<int32_t> apply_chat_template(const json& messages, const ApiContext&
   return ids;
 }
 
+namespace {
+
+// A message's content for a Jinja template: a string, null, or text parts.
+void check_content(const json& v, const std::string& where, bool jinja) {
+  if (v.is_string()) return;
+  if (!jinja) bad(where, fmt::format("'{}' must be a string", where));
+  if (v.is_null()) return;
+  if (!v.is_array()) bad(where, fmt::format("'{}' must be a string, null or an array of parts", where));
+  for (size_t p = 0; p < v.size(); ++p) {
+    const std::string part = fmt::format("{}[{}]", where, p);
+    if (!v[p].is_object() || v[p].value("type", "") != "text" || !v[p].contains("text") ||
+        !v[p]["text"].is_string())
+      bad(part, fmt::format("'{}' must be {{\"type\": \"text\", \"text\": string}} (only text "
+                            "parts are supported)",
+                            part));
+  }
+}
+
+void check_messages(const json& value, bool jinja) {
+  if (!value.is_array() || value.empty()) bad("messages", "'messages' must be a non-empty array");
+  for (size_t i = 0; i < value.size(); ++i) {
+    const json& m = value[i];
+    const std::string where = fmt::format("messages[{}]", i);
+    if (!m.is_object()) bad(where, fmt::format("'{}' must be an object", where));
+    for (const auto& [k, v] : m.items()) {
+      const std::string field = where + "." + k;
+      if (k == "role") {
+        const bool known = v.is_string() && (v == "system" || v == "user" || v == "assistant" ||
+                                             (jinja && v == "tool"));
+        if (!known)
+          bad(field, fmt::format("'{}' must be system, user{}", field,
+                                 jinja ? ", assistant or tool" : " or assistant"));
+      } else if (k == "content") {
+        check_content(v, field, jinja);
+      } else if (k == "name" || (jinja && (k == "tool_call_id" || k == "reasoning_content"))) {
+        if (!v.is_string()) bad(field, fmt::format("'{}' must be a string", field));
+      } else if (jinja && k == "tool_calls") {
+        if (!v.is_array()) bad(field, fmt::format("'{}' must be an array", field));
+      } else {
+        bad(field, fmt::format("unknown field '{}'", field));
+      }
+    }
+    const bool tool_call = jinja && m.contains("tool_calls");
+    if (!m.contains("role") || (!m.contains("content") && !tool_call))
+      bad(where, fmt::format("'{}' needs 'role' and 'content'", where));
+  }
+}
+
+}  // namespace
+
+std::string render_chat_template(const std::string& body, const ApiContext& ctx) {
+  using ojson = nlohmann::ordered_json;
+  // Parsed again keeping key order: templates print tool schemas and arguments with tojson.
+  ojson j = ojson::parse(body);
+  ojson messages = j["messages"];
+  for (ojson& m : messages) {
+    if (!m.contains("content") || !m["content"].is_array()) continue;
+    std::string text;
+    for (const ojson& part : m["content"])
+      text += (text.empty() ? "" : "\n") + part["text"].get<std::string>();
+    m["content"] = text;
+  }
+  io::ChatTemplate::Input in;
+  in.messages = &messages;
+  if (j.contains("tools") && !j["tools"].is_null()) in.tools = &j["tools"];
+  if (j.contains("chat_template_kwargs")) in.kwargs = &j["chat_template_kwargs"];
+  if (j.contains("add_generation_prompt")) in.add_generation_prompt = j["add_generation_prompt"];
+  try {
+    return ctx.jinja->render(in);
+  } catch (const Error& e) {
+    bad("messages", fmt::format("the chat template refused the conversation: {}", e.what()));
+  }
+}
+
 ApiRequest parse_chat_request(const std::string& body, const ApiContext& ctx) {
   const json j = parse_body(body);
   ApiRequest r;
   r.chat = true;
+  const bool jinja = ctx.chat_template == "jinja" && ctx.jinja != nullptr;
   const json* messages = nullptr;
   for (const auto& [key, value] : j.items()) {
     if (parse_common(j, key, ctx, r)) continue;
     if (key == "messages") {
-      if (!value.is_array() || value.empty())
-        bad("messages", "'messages' must be a non-empty array");
-      for (size_t i = 0; i < value.size(); ++i) {
-        const json& m = value[i];
-        const std::string where = fmt::format("messages[{}]", i);
-        if (!m.is_object()) bad(where, fmt::format("'{}' must be an object", where));
-        for (const auto& [k, v] : m.items()) {
-          if (k == "role") {
-            if (!v.is_string() || (v != "system" && v != "user" && v != "assistant"))
-              bad(where + ".role",
-                  fmt::format("'{}.role' must be system, user or assistant", where));
-          } else if (k == "content") {
-            if (!v.is_string())
-              bad(where + ".content", fmt::format("'{}.content' must be a string", where));
-          } else if (k != "name") {
-            bad(where + "." + k, fmt::format("unknown field '{}.{}'", where, k));
-          }
-        }
-        if (!m.contains("role") || !m.contains("content"))
-          bad(where, fmt::format("'{}' needs 'role' and 'content'", where));
-      }
+      check_messages(value, jinja);
       messages = &value;
+    } else if (key == "tools" || key == "tool_choice" || key == "add_generation_prompt" ||
+               key == "chat_template_kwargs") {
+      if (!jinja)
+        bad(key, fmt::format("'{}' needs a model with a Jinja chat template (this server uses "
+                             "chat_template {})",
+                             key, ctx.chat_template));
+      if (key == "tools" && !value.is_null() && !value.is_array())
+        bad(key, "'tools' must be an array");
+      if (key == "tool_choice" && !value.is_null() && value != "none" && value != "auto")
+        bad(key, "'tool_choice' must be \"none\" or \"auto\" (forcing a tool is not supported)");
+      if (key == "add_generation_prompt" && !value.is_boolean())
+        bad(key, "'add_generation_prompt' must be true or false");
+      if (key == "chat_template_kwargs" && !value.is_object())
+        bad(key, "'chat_template_kwargs' must be an object");
     } else if (key == "logprobs") {
       if (!value.is_null()) r.logprobs = get_bool(j, "logprobs") ? 1 : -1;
     } else if (key == "top_logprobs") {
@@ -416,7 +487,15 @@ ApiRequest parse_chat_request(const std::string& body, const ApiContext& ctx) {
   }
   if (messages == nullptr) bad("messages", "'messages' is required");
   check_stream_options(j, r);
-  r.gen.prompt = apply_chat_template(*messages, ctx);
+  if (jinja) {
+    const std::string text = render_chat_template(body, ctx);
+    check_text_bytes(ctx, text.size(), "messages");
+    // The template writes the special tokens (BOS included): nothing is added.
+    r.gen.prompt = ctx.tokenizer->encode(text);
+    if (r.gen.prompt.empty()) bad("messages", "the chat template rendered an empty prompt");
+  } else {
+    r.gen.prompt = apply_chat_template(*messages, ctx);
+  }
   if (ctx.chat_template == "plain") r.gen.stop.push_back("\nUser:");
   r.gen.logprobs = r.logprobs >= 0;
   return r;

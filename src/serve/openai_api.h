@@ -15,9 +15,15 @@
 //   completions: prompt (string, or array of token ids, or array of one string),
 //          logprobs (null or 0..5: the chosen token's log probability is returned;
 //          alternatives are not), echo (false only)
-//   chat:  messages [{role: system|user|assistant, content: string}, ...] (non-empty),
-//          logprobs (bool), top_logprobs (0 only)
-// Prompts get BOS prepended (a token-id prompt is taken as given).
+//   chat:  messages (non-empty) [{role, content, name, ...}], logprobs (bool),
+//          top_logprobs (0 only); with a Jinja chat template also: roles system, user,
+//          assistant, tool; content a string, an array of {type: "text", text} parts
+//          (joined by newlines) or null; tool_calls, tool_call_id, reasoning_content;
+//          tools (array), tool_choice ("none" | "auto": the template sees the tools; the
+//          reply is not parsed into tool_calls), add_generation_prompt (bool, default true),
+//          chat_template_kwargs (object: more template variables, e.g. enable_thinking)
+// Completion prompts get what the tokenizer adds (BOS for Llama and Gemma; a token-id
+// prompt is taken as given); chat prompts are the template's text, encoded as it is.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +32,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/chat_template.h"
 #include "io/tokenizer.h"
 #include "serve/request.h"
 
@@ -50,7 +57,8 @@ std::string error_body(const ApiError& e);
 struct ApiContext {
   const io::Tokenizer* tokenizer = nullptr;
   std::string model_name;
-  std::string chat_template = "plain";  // plain | llama2
+  std::string chat_template = "plain";  // plain | llama2 | jinja
+  const io::ChatTemplate* jinja = nullptr;  // the template when chat_template is "jinja"
   int64_t context_tokens = 0;           // the engine's max_seq_len (0: unchecked here)
   // Text prompts (chat: all message contents) over this many bytes are refused before
   // tokenization (0: no bound); see prompt_byte_bound().
@@ -78,7 +86,11 @@ ApiRequest parse_chat_request(const std::string& body, const ApiContext& ctx);
 //   "System: ...\nUser: ...\nAssistant: ...\n" per message, then "Assistant:"; generation
 //   also stops at "\nUser:" (added to the request's stop strings).
 // llama2: "[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s><s>[INST] ..."
+// jinja: the model's template (io/chat_template.h); an error it raises is a 400.
 std::vector<int32_t> apply_chat_template(const nlohmann::json& messages, const ApiContext& ctx);
+// The Jinja template's prompt text for a chat request body (its messages, tools and
+// template variables in the order sent); throws ApiException (400) naming the field.
+std::string render_chat_template(const std::string& body, const ApiContext& ctx);
 
 // Everything a finished (or streaming) request has produced so far.
 struct Completion {
