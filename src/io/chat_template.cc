@@ -14,8 +14,24 @@ std::string token_text(const Tokenizer& tok, int32_t id) {
 
 }  // namespace
 
+namespace {
+
+// A template that does not parse, or refuses a conversation, is bad input (exit status 2
+// on the command line; the server answers 400).
+jinja::Template parse_template(std::string_view source, std::string origin) {
+  try {
+    return jinja::Template::parse(source, std::move(origin));
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw_usage_error(e.what());
+  }
+}
+
+}  // namespace
+
 ChatTemplate::ChatTemplate(std::string_view source, std::string origin, const Tokenizer& tokenizer)
-    : template_(jinja::Template::parse(source, std::move(origin))) {
+    : template_(parse_template(source, std::move(origin))) {
   // As transformers' special_tokens_map: a token the tokenizer lacks is None.
   auto add = [&](const char* name, const std::string& text) {
     special_tokens_[name] = text.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(text);
@@ -47,7 +63,13 @@ std::string ChatTemplate::render(const Input& input) const {
   ctx["add_generation_prompt"] = input.add_generation_prompt;
   if (input.kwargs != nullptr)
     for (const auto& [k, v] : input.kwargs->items()) ctx[k] = v;
-  return template_.render(jinja::from_json(ctx));
+  try {
+    return template_.render(jinja::from_json(ctx));
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw_usage_error(e.what());
+  }
 }
 
 }  // namespace hyperion::io

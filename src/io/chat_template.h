@@ -18,7 +18,7 @@ namespace hyperion::io {
 
 class ChatTemplate {
  public:
-  // Parses `source`; a syntax error throws hyperion::Error "ORIGIN:LINE:COL: ...".
+  // Parses `source`; a syntax error throws hyperion::UsageError "ORIGIN:LINE:COL: ...".
   ChatTemplate(std::string_view source, std::string origin, const Tokenizer& tokenizer);
   // The tokenizer's own template; nullopt when it has none (a SentencePiece model).
   static std::optional<ChatTemplate> of(const Tokenizer& tokenizer);
@@ -30,7 +30,8 @@ class ChatTemplate {
     bool add_generation_prompt = true;
   };
   // The prompt text (to encode without adding special tokens: the template writes them).
-  // Throws hyperion::Error naming the template and line:column when it raises or fails.
+  // Throws hyperion::UsageError naming the template and line:column when it raises or
+  // fails (the server turns it into a 400).
   std::string render(const Input& input) const;
 
   const std::string& origin() const { return template_.origin(); }

@@ -299,6 +299,12 @@ void read_normalizer(const std::string& proto, Vocab* v) {
 // score -10000 and type UNUSED.
 Vocab read_vocab(const std::string& dir, int64_t vocab_size) {
   const std::string path = (std::filesystem::path(dir) / "tokenizer.model").string();
+  HYP_CHECK(std::filesystem::exists(path) ||
+                !std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json"),
+            "gguf convert: {}: the tokenizer is a Hugging Face tokenizer.json; GGUF export "
+            "writes SentencePiece vocabularies (tokenizer.model) only. Export to safetensors "
+            "instead (`convert --to safetensors`), which llama.cpp's convert_hf_to_gguf.py reads",
+            dir);
   sentencepiece::SentencePieceProcessor sp;
   const auto status = sp.Load(path);
   HYP_CHECK(status.ok(),

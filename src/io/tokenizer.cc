@@ -103,8 +103,10 @@ Tokenizer Tokenizer::load(const std::string& path) {
   std::string file = path;
   if (fs::is_directory(path, ec)) {
     file = tokenizer_file_in(path);
-    HYP_CHECK(!file.empty(), "tokenizer: the directory '{}' has neither tokenizer.json nor "
-              "tokenizer.model", path);
+    HYP_CHECK(!file.empty(),
+              "tokenizer: the directory '{}' has neither tokenizer.json nor "
+              "tokenizer.model",
+              path);
   }
   std::string bytes;
   try {
@@ -129,7 +131,14 @@ Tokenizer Tokenizer::load(const std::string& path) {
   beside("generation_config.json", &src.generation_config_json, nullptr);
   beside("chat_template.jinja", &src.chat_template_override, nullptr);
   auto impl = std::make_unique<Impl>();
-  impl->hf = HfTokenizer::parse(src);
+  // A malformed or unsupported file is bad input, like a bad flag: exit status 2.
+  try {
+    impl->hf = HfTokenizer::parse(src);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw_usage_error(e.what());
+  }
   impl->files.emplace_back("tokenizer.json", src.tokenizer_json);
   if (!src.config_json.empty()) impl->files.emplace_back("tokenizer_config.json", src.config_json);
   if (!src.chat_template_override.empty())

@@ -43,7 +43,8 @@ class Tokenizer {
   // Reads a SentencePiece .model file, a tokenizer.json (with tokenizer_config.json,
   // generation_config.json and chat_template.jinja from the same directory when present),
   // or a directory holding either (tokenizer_file_in). Throws hyperion::Error naming the
-  // file (and the key) when it is missing, unreadable, malformed or unsupported.
+  // file (and the key) when it is missing, unreadable, malformed or unsupported (a
+  // malformed or unsupported tokenizer.json: hyperion::UsageError, exit status 2).
   static Tokenizer load(const std::string& path);
   // Loads a model from its serialized bytes; `origin` names them in error messages
   // (a file path, or e.g. "checkpoint.bin:tokenizer").

@@ -113,20 +113,25 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
     std::error_code ec;
     const std::filesystem::path out(opts.output_dir);
     if (std::filesystem::exists(out, ec)) {
-      HYP_CHECK(std::filesystem::is_directory(out, ec), "data prepare: --output {} is not a directory",
-                opts.output_dir);
+      HYP_CHECK(std::filesystem::is_directory(out, ec),
+                "data prepare: --output {} is not a directory", opts.output_dir);
       bool ours = false;
       try {
         ours = nlohmann::json::parse(io::read_file((out / "meta.json").string()))
                    .value("format", "") == "hyperion-token-shards";
       } catch (const std::exception&) {
       }
-      HYP_CHECK(ours || std::filesystem::directory_iterator(out, ec) == std::filesystem::directory_iterator(),
+      HYP_CHECK(ours || std::filesystem::directory_iterator(out, ec) ==
+                            std::filesystem::directory_iterator(),
                 "data prepare: --output {} holds files that are not a prepared dataset (no "
                 "meta.json of hyperion data prepare); choose a new or empty directory",
                 opts.output_dir);
     }
   }
+
+  // A given tokenizer is loaded (and refused when malformed) before anything is written.
+  std::optional<io::Tokenizer> tok;
+  if (!opts.tokenizer_model.empty()) tok.emplace(io::Tokenizer::load(opts.tokenizer_model));
 
   std::vector<std::string> docs;
   for (const std::string& input : opts.inputs) {
@@ -143,27 +148,25 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
   // meta.json says "complete": false until everything is written, then is rewritten last:
   // a prepare killed half-way leaves a directory that is ours (it may be prepared again)
   // but never one that looks complete with a mix of old and new files.
-  io::write_file_atomic((dir / "meta.json").string(),
-                        nlohmann::json{{"format", "hyperion-token-shards"}, {"complete", false}}
-                                .dump(2) +
-                            "\n");
+  io::write_file_atomic(
+      (dir / "meta.json").string(),
+      nlohmann::json{{"format", "hyperion-token-shards"}, {"complete", false}}.dump(2) + "\n");
   PrepareResult r;
   r.tokenizer_path = (dir / "tokenizer.model").string();
   r.train_path = (dir / "train.bin").string();
   r.val_path = (dir / "val.bin").string();
 
-  std::optional<io::Tokenizer> tok;
-  if (!opts.tokenizer_model.empty()) {
+  if (tok) {
     // An existing tokenizer (a SentencePiece .model, or a Hugging Face tokenizer.json with
     // its config): its files are copied in, and no other format's file is left beside them.
-    tok.emplace(io::Tokenizer::load(opts.tokenizer_model));
     for (const char* name : io::kTokenizerFileNames) {
       const bool carried = std::any_of(tok->files().begin(), tok->files().end(),
                                        [&](const auto& f) { return f.first == name; });
       std::error_code ec;
       if (!carried) std::filesystem::remove(dir / name, ec);
     }
-    for (const auto& [name, bytes] : tok->files()) io::write_file_atomic((dir / name).string(), bytes);
+    for (const auto& [name, bytes] : tok->files())
+      io::write_file_atomic((dir / name).string(), bytes);
     r.tokenizer_path = (dir / tok->files().front().first).string();
   } else {
     // Lend the train documents to the trainer (moved, not copied: corpora can be large).

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../test_files.h"
@@ -275,6 +276,38 @@ TEST(HfTokenizer, MalformedOrUnsupportedFilesNameTheFileAndKey) {
   dir.write("tokenizer_config.json", R"({"eos_token": "<missing>"})");
   expect_error([&] { Tokenizer::load(path); },
                {dir.file("tokenizer_config.json"), "eos_token", "<missing>"});
+}
+
+// encode is const and shared by the data-prepare threads and the server's HTTP threads:
+// the word cache under concurrent misses and hits gives every thread the serial result.
+TEST(HfTokenizer, ConcurrentEncodesAgreeWithSerialOnes) {
+  TempDir dir;
+  const Tokenizer tok = load_json(dir, byte_level_tokenizer());
+  std::vector<std::string> texts;
+  std::mt19937 rng(3);
+  const char* words[] = {"hello", "world", "he", "llo", "wor", "ld", "x", "\xE2\x82\xAC"};
+  for (int t = 0; t < 64; ++t) {
+    std::string s;
+    for (int w = 0; w < 40; ++w) s += std::string(words[rng() % 8]) + (rng() % 3 ? " " : "");
+    texts.push_back(s);
+  }
+  std::vector<std::vector<int32_t>> serial;
+  {
+    TempDir other;
+    const Tokenizer fresh = load_json(other, byte_level_tokenizer());
+    for (const std::string& t : texts) serial.push_back(fresh.encode(t));
+  }
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(4, 0);
+  for (int k = 0; k < 4; ++k)
+    threads.emplace_back([&, k] {
+      for (int round = 0; round < 20; ++round)
+        for (size_t i = 0; i < texts.size(); ++i)
+          mismatches[k] +=
+              tok.encode(texts[(i + k * 7) % texts.size()]) != serial[(i + k * 7) % texts.size()];
+    });
+  for (std::thread& t : threads) t.join();
+  for (int m : mismatches) EXPECT_EQ(m, 0);
 }
 
 TEST(HfTokenizer, InvalidUtf8TextIsAnErrorNamingTheOffset) {

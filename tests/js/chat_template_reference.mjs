@@ -105,6 +105,18 @@ try {
     }
     console.log(`${name}: rendered and compared`);
   }
+  // A template that does not parse: exit status 2 naming the file, line and column.
+  const broken = path.join(work, 'broken');
+  fs.mkdirSync(broken);
+  fs.copyFileSync(path.join(work, 'qwen3', 'tokenizer.json'), path.join(broken, 'tokenizer.json'));
+  fs.writeFileSync(path.join(broken, 'tokenizer_config.json'),
+                   JSON.stringify({ eos_token: '<|im_end|>', chat_template: 'ok\n{% if %}x{% endif %}' }));
+  fs.writeFileSync(path.join(work, 'request.json'), JSON.stringify({ messages: conversations.user_only }));
+  const h = spawnSync(hyperion, ['tokenize', '--tokenizer', broken, '--chat', path.join(work, 'request.json')],
+                      { encoding: 'utf8' });
+  ++checked;
+  if (h.status !== 2 || !/broken\/tokenizer_config\.json:chat_template:2:\d+/.test(h.stderr))
+    fail(`a template that does not parse: exit ${h.status}, ${h.stderr.trim()}`);
 } finally {
   fs.rmSync(work, { recursive: true, force: true });
 }

@@ -86,6 +86,31 @@ try {
           `${name}: tokenize through the run directory gives ${JSON.stringify(tok.ids)}`);
     console.log(`${name}: prepared ${prep.train_tokens} tokens, trained, generated, tokenized`);
   }
+  // Bad input: a tokenizer.json with an unsupported model is exit status 2 naming the file
+  // and key, and data prepare writes nothing.
+  const bad = path.join(work, 'bad');
+  fs.mkdirSync(bad);
+  fs.writeFileSync(path.join(bad, 'tokenizer.json'), JSON.stringify({ model: { type: 'Unigram', vocab: [] } }));
+  const out = path.join(work, 'never');
+  try {
+    run('data', 'prepare', '--input', input, '--output', out, '--tokenizer', bad);
+    check(false, 'a bad tokenizer.json was accepted');
+  } catch (e) {
+    check(e.status === 2, `a bad tokenizer.json exits ${e.status}, not 2`);
+    check(/bad\/tokenizer\.json: model\.type: 'Unigram' is not supported/.test(e.stderr),
+          `the error does not name the file and key: ${e.stderr}`);
+  }
+  check(!fs.existsSync(out), 'data prepare wrote its output directory for a bad tokenizer');
+  // A truncated file names the file and the parser's position.
+  const good = fs.readFileSync(path.join(work, 'llama3', 'tokenizer.json'), 'utf8');
+  fs.writeFileSync(path.join(bad, 'tokenizer.json'), good.slice(0, good.length / 3));
+  try {
+    run('tokenize', '--tokenizer', bad, '--text', 'x');
+    check(false, 'a truncated tokenizer.json was accepted');
+  } catch (e) {
+    check(e.status === 2 && /tokenizer\.json: not valid JSON/.test(e.stderr),
+          `a truncated tokenizer.json: exit ${e.status}, ${e.stderr}`);
+  }
 } catch (e) {
   ++failures;
   console.log(`FAIL ${e.message}\n${e.stderr ?? ''}`);
