@@ -38,7 +38,8 @@ const CommandSpec kServeSpec = {
      {"request-timeout", "S", "seconds a client has to send a request body (default 60)"},
      {"idle-timeout", "S", "seconds an idle keep-alive connection stays open (default 60)"},
      {"io-threads", "N", "threads serving the HTTP connections (default 2)"}},
-    "Routes: POST /v1/completions, /v1/chat/completions; GET /v1/models, /health, /metrics.\n"
+    "Routes: POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize; GET /v1/models,\n"
+    "/health, /metrics.\n"
     "SIGTERM or SIGINT drains: no new connections or requests (503), running requests finish\n"
     "within --drain-timeout, the rest end with an error event and [DONE]; exit status 0.\n"
     "Guide: docs/SERVING.md.",

@@ -351,7 +351,7 @@ void apply_op(const PreTokenizerOp& op, std::vector<Piece>& pieces,
         if (op.regex) {
           split_regex(p, *op.regex, false, B::kIsolated, out);
         } else {
-          out.push_back(std::move(p));
+          out.push_back(p);
         }
         break;
       case K::kMetaspace: {
@@ -365,7 +365,7 @@ void apply_op(const PreTokenizerOp& op, std::vector<Piece>& pieces,
         if (op.split) {
           split_literal(p, op.replacement, false, B::kMergedWithNext, out);
         } else {
-          out.push_back(std::move(p));
+          out.push_back(p);
         }
         break;
       }

@@ -135,7 +135,8 @@ void run_decoder(const DecoderOp& op, std::vector<std::string>& toks) {
     case K::kFuse: {
       std::string all;
       for (const std::string& t : toks) all += t;
-      toks.assign(1, std::move(all));
+      toks.clear();
+      toks.push_back(std::move(all));
       break;
     }
     case K::kStrip:

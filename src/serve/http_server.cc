@@ -1,12 +1,12 @@
 #include "serve/http_server.h"
 
+#include <sys/resource.h>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -71,11 +71,11 @@ struct Route {
   const char* path;
   http::verb method;
 };
-constexpr Route kRoutes[] = {{"/v1/completions", http::verb::post},
-                             {"/v1/chat/completions", http::verb::post},
-                             {"/v1/models", http::verb::get},
-                             {"/health", http::verb::get},
-                             {"/metrics", http::verb::get}};
+constexpr Route kRoutes[] = {
+    {"/v1/completions", http::verb::post}, {"/v1/chat/completions", http::verb::post},
+    {"/v1/models", http::verb::get},       {"/tokenize", http::verb::post},
+    {"/detokenize", http::verb::post},     {"/health", http::verb::get},
+    {"/metrics", http::verb::get}};
 
 }  // namespace
 
@@ -203,10 +203,10 @@ struct HttpServer::Impl : HttpApplication {
       allow = std::string(http::to_string(r.method));
     }
     if (!found)
-      return send_error(*conn, make_error(404,
-                                          fmt::format("no route {} {}",
-                                                      std::string(req.method_string()), path),
-                                          "", "not_found_error"));
+      return send_error(
+          *conn,
+          make_error(404, fmt::format("no route {} {}", std::string(req.method_string()), path), "",
+                     "not_found_error"));
     if (!allow.empty())
       return send_error(*conn,
                         make_error(405,
@@ -218,11 +218,21 @@ struct HttpServer::Impl : HttpApplication {
       metrics_.rejected_draining.inc();
       return send_error(*conn, make_error(503, "the server is shutting down"), {}, true);
     }
-    if (path == "/health")
-      return conn->respond(200, "application/json", "{\"status\":\"ok\"}");
+    if (path == "/health") return conn->respond(200, "application/json", "{\"status\":\"ok\"}");
     if (path == "/metrics")
       return conn->respond(200, "text/plain; version=0.0.4; charset=utf-8", render_metrics());
     if (path == "/v1/models") return conn->respond(200, "application/json", models_json());
+    if (path == "/tokenize" || path == "/detokenize") {
+      try {
+        return conn->respond(200, "application/json",
+                             path == "/tokenize" ? tokenize_response(req.body(), ctx)
+                                                 : detokenize_response(req.body(), ctx));
+      } catch (const ApiException& e) {
+        return send_error(*conn, e.error);
+      } catch (const std::exception& e) {
+        return send_error(*conn, make_error(400, e.what()));
+      }
+    }
     handle_generate(conn, req.body(), path == "/v1/chat/completions");
   }
 
@@ -473,8 +483,7 @@ void listen_on(tcp::acceptor& acceptor, const std::string& host, int port) {
   boost::system::error_code ec;
   tcp::resolver resolver(acceptor.get_executor());
   const auto endpoints = resolver.resolve(host, std::to_string(port), ec);
-  HYP_CHECK(!ec && !endpoints.empty(), "serve: cannot resolve --host '{}': {}", host,
-            ec.message());
+  HYP_CHECK(!ec && !endpoints.empty(), "serve: cannot resolve --host '{}': {}", host, ec.message());
   const tcp::endpoint ep = endpoints.begin()->endpoint();
   acceptor.open(ep.protocol(), ec);
   HYP_CHECK(!ec, "serve: cannot open a socket for {}:{}: {}", host, port, ec.message());
@@ -483,9 +492,10 @@ void listen_on(tcp::acceptor& acceptor, const std::string& host, int port) {
   acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
   acceptor.bind(ep, ec);
   if (ec == net::error::address_in_use)
-    fail("serve: cannot listen on {}:{}: the port is in use (another server is listening "
-         "there; stop it or choose another --port)",
-         host, port);
+    fail(
+        "serve: cannot listen on {}:{}: the port is in use (another server is listening "
+        "there; stop it or choose another --port)",
+        host, port);
   HYP_CHECK(!ec, "serve: cannot listen on {}:{}: {}", host, port, ec.message());
   acceptor.listen(1024, ec);  // a burst of clients must not overflow a small backlog
   HYP_CHECK(!ec, "serve: cannot listen on {}:{}: {}", host, port, ec.message());
@@ -558,16 +568,15 @@ int64_t HttpServer::drain(double grace_s) {
     s->idle_cv.wait_until(lock, deadline, [&] { return s->active == 0; });
     cut = s->active;
   }
-  if (cut > 0) log_warn("serve: drain: {} requests still running after {} s; ending them", cut,
-                        grace_s);
+  if (cut > 0)
+    log_warn("serve: drain: {} requests still running after {} s; ending them", cut, grace_s);
   // Ends whatever is left with an error event (streams also get [DONE]).
   s->engine.stop("the server is shutting down");
   {
     // Let those last replies reach their clients (bounded).
     std::unique_lock<std::mutex> lock(s->mu);
-    s->idle_cv.wait_for(lock, std::chrono::seconds(5), [&] {
-      return s->active == 0 && s->connections.load() == 0;
-    });
+    s->idle_cv.wait_for(lock, std::chrono::seconds(5),
+                        [&] { return s->active == 0 && s->connections.load() == 0; });
   }
   s->ioc.stop();
   return cut;

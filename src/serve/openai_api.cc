@@ -117,9 +117,9 @@ json parse_body(const std::string& body) {
     const std::string field = where.path();
     if (where.message.find("UTF-8") != std::string::npos ||
         where.message.find("surrogate") != std::string::npos)
-      bad(field, fmt::format("{} is not valid UTF-8 (byte {} of the body)",
-                             field.empty() ? "the request body" : "'" + field + "'",
-                             where.position));
+      bad(field,
+          fmt::format("{} is not valid UTF-8 (byte {} of the body)",
+                      field.empty() ? "the request body" : "'" + field + "'", where.position));
     // nlohmann's message quotes what it read last; keep it, made printable.
     bad(field, fmt::format("the request body is not valid JSON{}: {}",
                            field.empty() ? "" : " (in '" + field + "')", printable(where.message)));
@@ -384,7 +384,8 @@ void check_content(const json& v, const std::string& where, bool jinja) {
   if (v.is_string()) return;
   if (!jinja) bad(where, fmt::format("'{}' must be a string", where));
   if (v.is_null()) return;
-  if (!v.is_array()) bad(where, fmt::format("'{}' must be a string, null or an array of parts", where));
+  if (!v.is_array())
+    bad(where, fmt::format("'{}' must be a string, null or an array of parts", where));
   for (size_t p = 0; p < v.size(); ++p) {
     const std::string part = fmt::format("{}[{}]", where, p);
     if (!v[p].is_object() || v[p].value("type", "") != "text" || !v[p].contains("text") ||
@@ -499,6 +500,71 @@ ApiRequest parse_chat_request(const std::string& body, const ApiContext& ctx) {
   if (ctx.chat_template == "plain") r.gen.stop.push_back("\nUser:");
   r.gen.logprobs = r.logprobs >= 0;
   return r;
+}
+
+std::string tokenize_response(const std::string& body, const ApiContext& ctx) {
+  if (ctx.tokenizer == nullptr) bad("prompt", "this server has no tokenizer");
+  json j = parse_body(body);
+  std::vector<int32_t> ids;
+  if (j.contains("messages")) {
+    // The chat endpoint's own parsing and template, so the count is what chat would run.
+    if (j.contains("add_special_tokens")) j.erase("add_special_tokens");
+    ids = parse_chat_request(j.dump(), ctx).gen.prompt;
+  } else {
+    bool special = true;
+    std::string text;
+    bool have = false;
+    for (const auto& [key, value] : j.items()) {
+      if (key == "prompt") {
+        if (!value.is_string()) bad("prompt", "'prompt' must be a string");
+        text = value.get<std::string>();
+        have = true;
+      } else if (key == "add_special_tokens") {
+        if (!value.is_boolean()) bad(key, "'add_special_tokens' must be true or false");
+        special = value.get<bool>();
+      } else if (key == "model") {
+        if (!value.is_string()) bad("model", "'model' must be a string");
+        if (value != ctx.model_name)
+          bad("model",
+              fmt::format("the model '{}' does not exist; this server serves '{}'",
+                          value.get<std::string>(), ctx.model_name),
+              404);
+      } else {
+        bad(key, fmt::format("unknown field '{}'", key));
+      }
+    }
+    if (!have) bad("prompt", "'prompt' or 'messages' is required");
+    check_text_bytes(ctx, text.size(), "prompt");
+    try {
+      ids = special ? ctx.tokenizer->encode_with_special_tokens(text) : ctx.tokenizer->encode(text);
+    } catch (const Error& e) {
+      bad("prompt", e.what());
+    }
+  }
+  return dump(json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", ctx.context_tokens}});
+}
+
+std::string detokenize_response(const std::string& body, const ApiContext& ctx) {
+  if (ctx.tokenizer == nullptr) bad("tokens", "this server has no tokenizer");
+  const json j = parse_body(body);
+  std::vector<int32_t> ids;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "tokens") {
+      if (!value.is_array()) bad("tokens", "'tokens' must be an array of token ids");
+      for (const json& t : value) {
+        if (!t.is_number_integer()) bad("tokens", "'tokens' must hold only integers");
+        const int64_t id = t.get<int64_t>();
+        if (id < 0 || id >= ctx.tokenizer->vocab_size())
+          bad("tokens", fmt::format("token id {} is outside the vocabulary [0, {})", id,
+                                    ctx.tokenizer->vocab_size()));
+        ids.push_back(static_cast<int32_t>(id));
+      }
+    } else if (key != "model") {
+      bad(key, fmt::format("unknown field '{}'", key));
+    }
+  }
+  if (!j.contains("tokens")) bad("tokens", "'tokens' is required");
+  return dump(json{{"prompt", ctx.tokenizer->decode(ids, false)}});
 }
 
 json usage_json(const Completion& c) {

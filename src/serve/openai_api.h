@@ -92,6 +92,14 @@ std::vector<int32_t> apply_chat_template(const nlohmann::json& messages, const A
 // template variables in the order sent); throws ApiException (400) naming the field.
 std::string render_chat_template(const std::string& body, const ApiContext& ctx);
 
+// vLLM's helpers. POST /tokenize: {"prompt": string, "add_special_tokens": bool (default
+// true)} or a chat body ({"messages", "tools", "add_generation_prompt",
+// "chat_template_kwargs"}: the prompt the chat endpoint would run) -> {"tokens": [ids],
+// "count": n, "max_model_len": context}. POST /detokenize: {"tokens": [ids]} ->
+// {"prompt": text} (special tokens kept). Bad bodies throw ApiException (400).
+std::string tokenize_response(const std::string& body, const ApiContext& ctx);
+std::string detokenize_response(const std::string& body, const ApiContext& ctx);
+
 // Everything a finished (or streaming) request has produced so far.
 struct Completion {
   std::string id;

@@ -12,7 +12,8 @@
 //     <think></think> block: one more prompt token count to match);
 //   - a conversation the template cannot render (a user message with null content: Qwen3's
 //     template concatenates it) is a 400 naming messages, not a 5xx;
-//   - completions.create: the prompt is encoded as the reference encodes it.
+//   - completions.create: the prompt is encoded as the reference encodes it;
+//   - /tokenize (text and chat) and /detokenize agree with the reference and the chat run.
 //
 // Usage: node tests/js/openai_chat.mjs --hyperion BIN --source-dir DIR
 import { execFileSync, spawn } from 'node:child_process';
@@ -135,6 +136,23 @@ try {
   const wantComp = tokenizer.encode(text, { add_special_tokens: true }).length;
   check(comp.usage.prompt_tokens === wantComp,
         `completions: ${comp.usage.prompt_tokens} prompt tokens, the reference gives ${wantComp}`);
+  // vLLM's /tokenize and /detokenize helpers.
+  const post = async (route, body) => {
+    const r = await fetch(`http://127.0.0.1:${port}${route}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
+    return { status: r.status, body: await r.json() };
+  };
+  const tk = await post('/tokenize', { prompt: text });
+  check(tk.status === 200 && JSON.stringify(tk.body.tokens) ===
+        JSON.stringify(tokenizer.encode(text, { add_special_tokens: true })),
+        `/tokenize gives ${JSON.stringify(tk.body)}`);
+  const tkChat = await post('/tokenize', { messages, add_generation_prompt: true });
+  check(tkChat.status === 200 && tkChat.body.count === want,
+        `/tokenize of the chat gives ${tkChat.body.count} tokens, chat ran ${want}`);
+  const dt = await post('/detokenize', { tokens: tk.body.tokens });
+  check(dt.status === 200 && dt.body.prompt === text, `/detokenize gives ${JSON.stringify(dt.body)}`);
+  const bad = await post('/detokenize', { tokens: [-1] });
+  check(bad.status === 400 && bad.body.error.param === 'tokens', `/detokenize of id -1: ${bad.status}`);
   console.log(`chat ${whole.usage.prompt_tokens} prompt tokens, reply ${JSON.stringify(whole.choices[0].message.content)}`);
 } catch (e) {
   ++failures;
