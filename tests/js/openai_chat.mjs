@@ -79,7 +79,12 @@ try {
   check(/chat format .*tokenizer_config\.json:chat_template/.test(log),
         'the server did not report the checkpoint\'s chat template');
 
-  const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: 'unused', maxRetries: 0 });
+  // Node's own fetch (undici), not the SDK's node-fetch 2 fallback: Node's security
+  // releases of 2026 (CVE-2026-48931's http.Agent change, in Debian 12's nodejs 18 too)
+  // make node-fetch 2 report "Premature close" on complete keep-alive responses
+  // (nodejs/node#63989).
+  const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: 'unused',
+                              maxRetries: 0, fetch: globalThis.fetch });
   const messages = [
     { role: 'system', content: 'You are terse.' },
     { role: 'user', content: 'Name a colour. 日本語で答えて 😀' },
