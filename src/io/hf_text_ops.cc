@@ -90,7 +90,21 @@ std::string utf8proc_apply(const std::string& text, int options) {
   return result;
 }
 
-void replace_all(std::string& text, std::string_view from, std::string_view to) {
+}  // namespace
+
+void replace_all(std::string& text, std::string_view from, std::string_view to,
+                 const Regex* regex) {
+  if (regex != nullptr) {
+    std::string out;
+    size_t last = 0;
+    regex->for_each_match(text, [&](size_t b, size_t e) {
+      out.append(text, last, b - last).append(to);
+      last = e;
+    });
+    out.append(text, last);
+    text = std::move(out);
+    return;
+  }
   if (from.empty()) return;
   std::string out;
   size_t pos = 0;
@@ -102,6 +116,8 @@ void replace_all(std::string& text, std::string_view from, std::string_view to) 
   out.append(text, pos);
   text = std::move(out);
 }
+
+namespace {
 
 // Decodes the code point at s[i] (valid UTF-8) and its length.
 uint32_t code_point_at(std::string_view s, size_t i, size_t* len) {
@@ -176,19 +192,7 @@ std::string normalize(const std::vector<NormalizerOp>& ops, std::string text) {
         text = lowercase(text);
         break;
       case K::kReplace:
-        if (op.regex) {
-          std::string out;
-          size_t last = 0;
-          op.regex->for_each_match(text, [&](size_t b, size_t e) {
-            out.append(text, last, b - last);
-            out += op.content;
-            last = e;
-          });
-          out.append(text, last);
-          text = std::move(out);
-        } else {
-          replace_all(text, op.pattern, op.content);
-        }
+        replace_all(text, op.pattern, op.content, op.regex.get());
         break;
       case K::kPrepend:
         if (!text.empty()) prepend(text, op.content);

@@ -43,6 +43,11 @@ class Regex {
   std::string where_;
 };
 
+// Replaces every occurrence of `from` (a literal; nothing when empty), or every match of
+// `regex` when it is given, by `to`. Shared by the Replace normalizer and decoder.
+void replace_all(std::string& text, std::string_view from, std::string_view to,
+                 const Regex* regex = nullptr);
+
 struct NormalizerOp {
   enum class Kind { kNfc, kNfd, kNfkc, kNfkd, kLowercase, kReplace, kPrepend, kStrip };
   Kind kind;

@@ -61,18 +61,6 @@ int byte_token_value(std::string_view t) {
   return h < 0 || l < 0 ? -1 : h * 16 + l;
 }
 
-void replace_literal(std::string& s, std::string_view from, std::string_view to) {
-  if (from.empty()) return;
-  std::string out;
-  size_t pos = 0;
-  for (size_t hit; (hit = s.find(from, pos)) != std::string::npos; pos = hit + from.size()) {
-    out.append(s, pos, hit - pos);
-    out += to;
-  }
-  out.append(s, pos);
-  s = std::move(out);
-}
-
 void run_decoder(const DecoderOp& op, std::vector<std::string>& toks) {
   using K = DecoderOp::Kind;
   switch (op.kind) {
@@ -84,27 +72,13 @@ void run_decoder(const DecoderOp& op, std::vector<std::string>& toks) {
     }
     case K::kMetaspace:
       for (size_t i = 0; i < toks.size(); ++i) {
-        replace_literal(toks[i], op.replacement, " ");
+        replace_all(toks[i], op.replacement, " ");
         if (i == 0 && op.metaspace_strip_first && !toks[i].empty() && toks[i][0] == ' ')
           toks[i].erase(0, 1);
       }
       break;
     case K::kReplace:
-      for (std::string& t : toks) {
-        if (op.regex) {
-          std::string out;
-          size_t last = 0;
-          op.regex->for_each_match(t, [&](size_t b, size_t e) {
-            out.append(t, last, b - last);
-            out += op.content;
-            last = e;
-          });
-          out.append(t, last);
-          t = std::move(out);
-        } else {
-          replace_literal(t, op.pattern, op.content);
-        }
-      }
+      for (std::string& t : toks) replace_all(t, op.pattern, op.content, op.regex.get());
       break;
     case K::kByteFallback: {
       std::vector<std::string> out;
