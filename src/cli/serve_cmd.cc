@@ -112,6 +112,12 @@ int cmd_serve(const Args& args) {
   if (rc.chat_template == "auto") {
     jinja = io::ChatTemplate::of(c.tokenizer);
   } else if (rc.chat_template.ends_with(".jinja")) {
+    // A Jinja template writes its special tokens as text ("<s>"), which only a
+    // tokenizer.json turns back into those tokens (SentencePiece encodes them as letters).
+    HYP_USAGE_CHECK(std::string(c.tokenizer.format()) == "tokenizer.json",
+                    "serve: chat_template={} needs a checkpoint with a tokenizer.json; {} is a "
+                    "SentencePiece model (use chat_template=plain or llama2)",
+                    rc.chat_template, c.tokenizer.origin());
     jinja.emplace(io::read_file(rc.chat_template), rc.chat_template, c.tokenizer);
   }
   ctx.chat_template = jinja ? "jinja" : rc.chat_template == "auto" ? "plain" : rc.chat_template;

@@ -125,7 +125,10 @@ bool MergeTable::insert(int32_t left, int32_t right, Merge m) {
   }
   const uint64_t key = pack(left, right);
   for (size_t i = hash(key) & mask_;; i = (i + 1) & mask_) {
-    if (keys_[i] == key) return false;
+    if (keys_[i] == key) {
+      values_[i] = m;
+      return false;
+    }
     if (keys_[i] == kEmpty) {
       keys_[i] = key, values_[i] = m, ++size_;
       return true;

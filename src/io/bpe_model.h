@@ -33,7 +33,8 @@ class MergeTable {
     int32_t merged = -1;
   };
   void reserve(size_t merges);
-  // Returns false when the pair is already present (the first rank wins, as in HF).
+  // A pair already present takes the new value (the last duplicate wins, as the
+  // `tokenizers` library's HashMap of merges). Returns false for such a duplicate.
   bool insert(int32_t left, int32_t right, Merge m);
   Merge find(int32_t left, int32_t right) const {
     if (keys_.empty()) return {};

@@ -61,8 +61,17 @@ std::string ChatTemplate::render(const Input& input) const {
   ctx["tools"] = input.tools != nullptr ? *input.tools : nlohmann::ordered_json();
   ctx["documents"] = nlohmann::ordered_json();
   ctx["add_generation_prompt"] = input.add_generation_prompt;
-  if (input.kwargs != nullptr)
-    for (const auto& [k, v] : input.kwargs->items()) ctx[k] = v;
+  if (input.kwargs != nullptr) {
+    for (const auto& [k, v] : input.kwargs->items()) {
+      // As Python's keyword arguments: a variable the render sets itself cannot be given.
+      if (ctx.contains(k))
+        throw_usage_error(fmt::format(
+            "chat template {}: the template variable '{}' is set by the request itself, not by "
+            "extra variables",
+            origin(), k));
+      ctx[k] = v;
+    }
+  }
   try {
     return template_.render(jinja::from_json(ctx));
   } catch (const UsageError&) {

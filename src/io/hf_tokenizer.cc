@@ -55,7 +55,10 @@ std::string utf8_lossy(std::string_view s) {
 int byte_token_value(std::string_view t) {
   if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>') return -1;
   auto hex = [](char c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                  : -1;
   };
   const int h = hex(t[3]), l = hex(t[4]);
   return h < 0 || l < 0 ? -1 : h * 16 + l;
@@ -71,11 +74,10 @@ void run_decoder(const DecoderOp& op, std::vector<std::string>& toks) {
       break;
     }
     case K::kMetaspace:
-      for (size_t i = 0; i < toks.size(); ++i) {
-        replace_all(toks[i], op.replacement, " ");
-        if (i == 0 && op.metaspace_strip_first && !toks[i].empty() && toks[i][0] == ' ')
-          toks[i].erase(0, 1);
-      }
+      // As the `tokenizers` library: in the first token every replacement character is
+      // dropped (when a prefix is prepended at encode), elsewhere each becomes a space.
+      for (size_t i = 0; i < toks.size(); ++i)
+        replace_all(toks[i], op.replacement, i == 0 && op.metaspace_strip_first ? "" : " ");
       break;
     case K::kReplace:
       for (std::string& t : toks) replace_all(t, op.pattern, op.content, op.regex.get());
@@ -246,15 +248,18 @@ std::string HfTokenizer::decode(const std::vector<int32_t>& ids, bool skip_speci
   toks.reserve(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     const int32_t id = ids[i];
-    HYP_CHECK(id >= 0 && id < m.vocab_size,
-              "tokenizer '{}': decode: id {} at position {} is outside the vocabulary [0, {})",
-              m.origin, id, i, m.vocab_size);
+    HYP_CHECK(id >= 0, "tokenizer '{}': decode: id {} at position {} is negative", m.origin, id, i);
+    // A model's padded embedding rows past the tokenizer (Qwen: 151,936 rows for 151,665
+    // tokens) can be sampled: they decode to nothing, as Hugging Face's decode skips them.
+    if (id >= m.vocab_size) continue;
     if (skip_special_tokens && m.special[id]) continue;
     toks.push_back(m.pieces[id]);
   }
   for (const DecoderOp& op : m.decoders) run_decoder(op, toks);
+  // Without a decoder Hugging Face joins the tokens with spaces.
+  const char* sep = m.decoders.empty() ? " " : "";
   std::string text;
-  for (const std::string& t : toks) text += t;
+  for (size_t i = 0; i < toks.size(); ++i) text.append(i ? sep : "").append(toks[i]);
   return utf8_lossy(text);
 }
 

@@ -43,8 +43,9 @@ class HfTokenizer {
 
   std::vector<int32_t> encode(std::string_view text) const;
   std::vector<int32_t> encode_with_special_tokens(std::string_view text) const;
-  // Ids outside the vocabulary are an error naming them. Output is valid UTF-8 (invalid
-  // byte runs become U+FFFD, as Hugging Face's from_utf8_lossy).
+  // A negative id is an error naming it; ids past the vocabulary (a model's padded rows)
+  // decode to nothing, as in Hugging Face. Output is valid UTF-8 (invalid byte runs become
+  // U+FFFD, as Hugging Face's from_utf8_lossy).
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const;
   std::string piece(int32_t id) const;
   int32_t token_id(std::string_view token) const;  // -1 when absent

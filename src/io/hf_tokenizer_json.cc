@@ -155,6 +155,10 @@ void read_pre_tokenizer(const Reader& r, const json& j, const std::string& path,
       read_pre_tokenizer(r, list[i], fmt::format("{}.pretokenizers[{}]", path, i), ops, byte_level);
     return;
   }
+  // After ByteLevel, the `tokenizers` library runs later pre-tokenizers on text already
+  // mapped to the byte alphabet; hyperion keeps raw bytes, so it refuses that order.
+  if (*byte_level && t != "ByteLevel")
+    r.bad(path + ".type", fmt::format("'{}' after a ByteLevel pre-tokenizer is not supported", t));
   if (t == "Split") {
     op.kind = K::kSplit;
     r.pattern(j, path, &op.pattern, &op.regex);
@@ -218,6 +222,11 @@ void read_decoder(const Reader& r, const json& j, const std::string& path,
   } else if (t == "Strip") {
     op.kind = K::kStrip;
     op.content = r.str(j, path, "content");
+    // The `tokenizers` library's content is one character.
+    const auto lead = static_cast<unsigned char>(op.content.empty() ? 0 : op.content[0]);
+    const size_t one = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+    if (op.content.empty() || op.content.size() != one)
+      r.bad(path + ".content", "must be exactly one character");
     op.strip_start = static_cast<size_t>(r.integer(j, path, "start", 0, 1 << 20));
     op.strip_stop = static_cast<size_t>(r.integer(j, path, "stop", 0, 1 << 20));
   } else {

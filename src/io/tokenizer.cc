@@ -231,7 +231,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
 
 std::vector<int32_t> Tokenizer::encode_with_special_tokens(std::string_view text) const {
   if (impl_->hf) return impl_->hf->encode_with_special_tokens(text);
-  std::vector<int32_t> ids{bos_id()};
+  std::vector<int32_t> ids;
+  if (bos_id() >= 0) ids.push_back(bos_id());
   const std::vector<int32_t> body = encode(text);
   ids.insert(ids.end(), body.begin(), body.end());
   return ids;

@@ -191,7 +191,8 @@ std::vector<BenchRequest> corpus_prompts(const io::Tokenizer& tok, const std::st
   std::vector<int64_t> in_len, out_len;
   draw_lengths(shape, in_len, out_len);
   size_t needed = 0;
-  for (int64_t l : in_len) needed += static_cast<size_t>(l - 1);
+  const int64_t bos_len = tok.bos_id() >= 0 ? 1 : 0;
+  for (int64_t l : in_len) needed += static_cast<size_t>(l - bos_len);
 
   const std::vector<std::string> docs = io::read_documents(corpus_path);
   HYP_CHECK(!docs.empty(), "corpus_prompts: '{}' holds no documents", corpus_path);
@@ -211,8 +212,9 @@ std::vector<BenchRequest> corpus_prompts(const io::Tokenizer& tok, const std::st
   for (int64_t i = 0; i < shape.num_prompts; ++i) {
     BenchRequest r;
     r.ids.reserve(static_cast<size_t>(in_len[size_t(i)]));
-    r.ids.push_back(tok.bos_id());
-    const size_t take = static_cast<size_t>(in_len[size_t(i)] - 1);
+    // BOS first where the tokenizer has one; otherwise the prompt is all corpus tokens.
+    if (bos_len > 0) r.ids.push_back(tok.bos_id());
+    const size_t take = static_cast<size_t>(in_len[size_t(i)] - bos_len);
     r.ids.insert(r.ids.end(), stream.begin() + std::ptrdiff_t(pos),
                  stream.begin() + std::ptrdiff_t(pos + take));
     pos += take;
@@ -481,10 +483,10 @@ PromptShape fit_shape(PromptShape shape, int64_t max_model_len) {
   if (max_model_len <= 1 || shape.max_input_len + shape.max_output_len <= max_model_len)
     return shape;
   // Keep the asked proportion of input to output; every pair then fits.
-  const double in_share = double(shape.max_input_len) /
-                          double(shape.max_input_len + shape.max_output_len);
-  const int64_t in = std::clamp<int64_t>(
-      static_cast<int64_t>(double(max_model_len) * in_share), 1, max_model_len - 1);
+  const double in_share =
+      double(shape.max_input_len) / double(shape.max_input_len + shape.max_output_len);
+  const int64_t in = std::clamp<int64_t>(static_cast<int64_t>(double(max_model_len) * in_share), 1,
+                                         max_model_len - 1);
   shape.max_input_len = in;
   shape.max_output_len = max_model_len - in;
   shape.min_input_len = std::min(shape.min_input_len, shape.max_input_len);

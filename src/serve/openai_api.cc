@@ -433,7 +433,25 @@ std::string render_chat_template(const std::string& body, const ApiContext& ctx)
   // Parsed again keeping key order: templates print tool schemas and arguments with tojson.
   ojson j = ojson::parse(body);
   ojson messages = j["messages"];
-  for (ojson& m : messages) {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    ojson& m = messages[i];
+    // OpenAI sends tool-call arguments as a JSON string; templates expect the object (as
+    // vLLM gives them: Llama 3.1's prints it with tojson).
+    if (m.contains("tool_calls") && m["tool_calls"].is_array()) {
+      for (size_t k = 0; k < m["tool_calls"].size(); ++k) {
+        ojson& call = m["tool_calls"][k];
+        if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
+          continue;
+        ojson& args = call["function"]["arguments"];
+        if (!args.is_string()) continue;
+        try {
+          args = ojson::parse(args.get<std::string>());
+        } catch (const nlohmann::json::exception&) {
+          bad(fmt::format("messages[{}].tool_calls[{}].function.arguments", i, k),
+              "tool-call arguments must be a JSON object (as a string or an object)");
+        }
+      }
+    }
     if (!m.contains("content") || !m["content"].is_array()) continue;
     std::string text;
     for (const ojson& part : m["content"])
@@ -504,12 +522,14 @@ ApiRequest parse_chat_request(const std::string& body, const ApiContext& ctx) {
 
 std::string tokenize_response(const std::string& body, const ApiContext& ctx) {
   if (ctx.tokenizer == nullptr) bad("prompt", "this server has no tokenizer");
-  json j = parse_body(body);
+  const json j = parse_body(body);
   std::vector<int32_t> ids;
   if (j.contains("messages")) {
-    // The chat endpoint's own parsing and template, so the count is what chat would run.
-    if (j.contains("add_special_tokens")) j.erase("add_special_tokens");
-    ids = parse_chat_request(j.dump(), ctx).gen.prompt;
+    // The chat endpoint's own parsing and template, so the count is what chat would run
+    // (the body kept in its key order: templates print tools with tojson).
+    nlohmann::ordered_json chat = nlohmann::ordered_json::parse(body);
+    chat.erase("add_special_tokens");
+    ids = parse_chat_request(chat.dump(), ctx).gen.prompt;
   } else {
     bool special = true;
     std::string text;

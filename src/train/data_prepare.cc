@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <mutex>
 #include <optional>
 #include <system_error>
 
 #include "base/error.h"
+#include "base/utf8.h"
 #include "base/log.h"
 #include "base/threads.h"
 #include "base/timer.h"
@@ -141,6 +143,23 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
   }
   const int64_t n = static_cast<int64_t>(docs.size());
   HYP_CHECK(n > 0, "data prepare: the inputs hold no documents ({})", fmt::join(opts.inputs, ", "));
+  if (tok) {
+    // Checked before anything is written: a tokenizer.json encodes UTF-8 text only, and a
+    // document needs an EOS to end it.
+    HYP_CHECK(tok->eos_id() >= 0,
+              "data prepare: tokenizer '{}' has no EOS token to end each document with (for a "
+              "tokenizer.json: eos_token in tokenizer_config.json)",
+              tok->origin());
+    if (std::string(tok->format()) == "tokenizer.json") {
+      for (int64_t i = 0; i < n; ++i) {
+        const size_t bad = utf8_invalid_at(docs[size_t(i)]);
+        if (bad != std::string::npos)
+          usage_fail("data prepare: document {} of {} is not valid UTF-8 (byte {} of the "
+                     "document), which tokenizer '{}' cannot encode",
+                     i + 1, fmt::join(opts.inputs, ", "), bad, tok->origin());
+      }
+    }
+  }
   const std::vector<bool> is_val = split_validation(n, opts.val_fraction, opts.seed);
 
   io::make_directories(opts.output_dir);
@@ -156,15 +175,17 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
   r.train_path = (dir / "train.bin").string();
   r.val_path = (dir / "val.bin").string();
 
+  // No tokenizer file of an earlier prepare is left beside this one's (a stale
+  // tokenizer.json would be loaded before a new tokenizer.model).
+  for (const char* name : io::kTokenizerFileNames) {
+    const bool carried = tok && std::any_of(tok->files().begin(), tok->files().end(),
+                                            [&](const auto& f) { return f.first == name; });
+    std::error_code ec;
+    if (!carried) std::filesystem::remove(dir / name, ec);
+  }
   if (tok) {
     // An existing tokenizer (a SentencePiece .model, or a Hugging Face tokenizer.json with
-    // its config): its files are copied in, and no other format's file is left beside them.
-    for (const char* name : io::kTokenizerFileNames) {
-      const bool carried = std::any_of(tok->files().begin(), tok->files().end(),
-                                       [&](const auto& f) { return f.first == name; });
-      std::error_code ec;
-      if (!carried) std::filesystem::remove(dir / name, ec);
-    }
+    // its config): its files are copied in.
     for (const auto& [name, bytes] : tok->files())
       io::write_file_atomic((dir / name).string(), bytes);
     r.tokenizer_path = (dir / tok->files().front().first).string();
@@ -190,9 +211,20 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
   log_debug("data prepare: tokenizer ready ({} pieces) after {:.2f} s", tok->vocab_size(),
             timer.seconds());
 
-  // Encoding is const and thread-safe; documents vary in length.
+  // Encoding is const and thread-safe; documents vary in length. An exception must not
+  // leave the parallel region: the first is kept and rethrown after it.
   std::vector<std::vector<int32_t>> encoded(docs.size());
-  parallel_for_dynamic(n, [&](int64_t i) { encoded[i] = tok->encode(docs[i]); });
+  std::mutex error_mu;
+  std::string error;
+  parallel_for_dynamic(n, [&](int64_t i) {
+    try {
+      encoded[i] = tok->encode(docs[i]);
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(error_mu);
+      if (error.empty()) error = fmt::format("document {}: {}", i + 1, e.what());
+    }
+  });
+  HYP_CHECK(error.empty(), "data prepare: {}", error);
 
   const std::vector<int32_t> train = frame(encoded, is_val, false, tok->bos_id(), tok->eos_id());
   const std::vector<int32_t> val = frame(encoded, is_val, true, tok->bos_id(), tok->eos_id());

@@ -51,10 +51,12 @@ EvalReport evaluate_stream(const ParamStore& params, const std::vector<int32_t>&
 std::vector<int32_t> tokenize_file(const io::Tokenizer& tokenizer, const std::string& path) {
   std::vector<int32_t> out;
   for (const std::string& doc : io::read_documents(path)) {
-    out.push_back(tokenizer.bos_id());
+    // Framed as data prepare frames documents: BOS when the tokenizer has one (Qwen's has
+    // none), EOS when it has one.
+    if (tokenizer.bos_id() >= 0) out.push_back(tokenizer.bos_id());
     std::vector<int32_t> ids = tokenizer.encode(doc);
     out.insert(out.end(), ids.begin(), ids.end());
-    out.push_back(tokenizer.eos_id());
+    if (tokenizer.eos_id() >= 0) out.push_back(tokenizer.eos_id());
   }
   HYP_CHECK(out.size() >= 2, "{}: no text to evaluate", path);
   return out;

@@ -73,6 +73,18 @@ TEST(BpeModel, MergesMatchThePlainReferenceOnRandomWords) {
   }
 }
 
+TEST(BpeModel, ADuplicateMergeTakesItsLastRank) {
+  // As the `tokenizers` library's HashMap of merges: the later duplicate's rank wins, so
+  // here "b c" (rank 1) now comes before "a b" (rank 2) in "abc".
+  BpeModel model(BpeModelSpec{}, {{"a", 0}, {"b", 1}, {"c", 2}, {"ab", 3}, {"bc", 4}});
+  ASSERT_EQ(model.add_merge("a", "b", 0), "");
+  ASSERT_EQ(model.add_merge("b", "c", 1), "");
+  ASSERT_EQ(model.add_merge("a", "b", 2), "");
+  std::vector<int32_t> ids;
+  model.encode_word("abc", ids);
+  EXPECT_EQ(ids, (std::vector<int32_t>{0, 4}));
+}
+
 TEST(BpeModel, AMillionCopiesOfOneCharacterMergeInOneWord) {
   // "a" -> "aa" -> "aaaa": a naive merge loop is quadratic here.
   BpeModel model(BpeModelSpec{}, {{"a", 0}, {"aa", 1}, {"aaaa", 2}});
@@ -150,6 +162,10 @@ TEST(HfTokenizer, ByteLevelEncodesDecodesAndFindsAddedTokensFirst) {
   const std::vector<int32_t> euro = tok.encode("\xE2\x82\xAC");
   ASSERT_EQ(euro.size(), 3u);
   EXPECT_EQ(tok.decode({euro[0], euro[1]}), "\xEF\xBF\xBD");
+  // A model's padded rows past the tokenizer decode to nothing (Hugging Face skips them);
+  // a negative id is an error.
+  EXPECT_EQ(tok.decode({ids[0], tok.vocab_size() + 5, ids[1]}), "hello world");
+  expect_error([&] { tok.decode({-1}); }, {"negative"});
 }
 
 TEST(HfTokenizer, ConfigNamesSpecialTokensTemplateAndEndTokens) {
@@ -230,6 +246,20 @@ TEST(HfTokenizer, MetaspaceWithByteFallbackAndTemplateProcessing) {
   EXPECT_TRUE(tok.encode("").empty());
 }
 
+// The `tokenizers` library's Metaspace decoder drops every replacement character of the
+// first token (a prefix was prepended at encode) and turns the others into spaces.
+TEST(HfTokenizer, MetaspaceDecoderDropsTheFirstTokensMarks) {
+  TempDir dir;
+  json j = metaspace_tokenizer();
+  j["model"]["vocab"]["\xE2\x96\x81\xE2\x96\x81"] = 400;
+  j["decoder"] = {
+      {"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}, {"prepend_scheme", "always"}};
+  const Tokenizer tok = load_json(dir, j);
+  const int32_t two = 400, hi = tok.token_id("\xE2\x96\x81hi");
+  EXPECT_EQ(tok.decode({two, hi, two}), " hi  ");
+  EXPECT_EQ(tok.decode({hi, two, hi}), "hi   hi");
+}
+
 TEST(HfTokenizer, UnknownCharactersWithoutByteFallbackFuseIntoOneUnk) {
   TempDir dir;
   json j = metaspace_tokenizer();
@@ -268,6 +298,15 @@ TEST(HfTokenizer, MalformedOrUnsupportedFilesNameTheFileAndKey) {
   j = byte_level_tokenizer();
   j["model"]["vocab"]["huge"] = 2000000000;
   expect_error([&] { load_text(j.dump()); }, {path, "model.vocab.huge"});
+  j = byte_level_tokenizer();
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers", json::array({{{"type", "ByteLevel"}}, {{"type", "Digits"}}})}};
+  expect_error([&] { load_text(j.dump()); },
+               {path, "pre_tokenizer.pretokenizers[1].type", "after a ByteLevel"});
+  j = metaspace_tokenizer();
+  j["decoder"] = {{"type", "Strip"}, {"content", ""}, {"start", 1000000}, {"stop", 0}};
+  expect_error([&] { load_text(j.dump()); }, {path, "decoder.content", "one character"});
   j = byte_level_tokenizer();
   j["added_tokens"][0]["single_word"] = true;
   expect_error([&] { load_text(j.dump()); }, {path, "added_tokens[0].single_word"});

@@ -136,6 +136,16 @@ try {
           `the 400 does not name the template's line and column: ${e.message}`);
   }
 
+  // A template variable the request sets itself cannot come from chat_template_kwargs.
+  try {
+    await client.chat.completions.create({ model: 'r', messages, max_tokens: 1,
+                                           chat_template_kwargs: { messages: [] } });
+    check(false, 'chat_template_kwargs overrode messages');
+  } catch (e) {
+    check(e.status === 400 && /'messages' is set by the request/.test(String(e.message)),
+          `chat_template_kwargs.messages: ${e.status} ${e.message}`);
+  }
+
   const text = 'Hello, world! Ünïcödé';
   const comp = await client.completions.create({ model: 'r', prompt: text, max_tokens: 3, temperature: 0 });
   const wantComp = tokenizer.encode(text, { add_special_tokens: true }).length;

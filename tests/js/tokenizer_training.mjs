@@ -101,6 +101,18 @@ try {
           `the error does not name the file and key: ${e.stderr}`);
   }
   check(!fs.existsSync(out), 'data prepare wrote its output directory for a bad tokenizer');
+  // A document that is not UTF-8 (a Latin-1 byte) cannot be encoded by a tokenizer.json:
+  // exit 2 naming the document, nothing written.
+  const latin1 = path.join(work, 'latin1.txt');
+  fs.writeFileSync(latin1, Buffer.concat([Buffer.from('ok\n\ncaf'), Buffer.from([0xe9]), Buffer.from('\n')]));
+  try {
+    run('data', 'prepare', '--input', latin1, '--output', out, '--tokenizer', path.join(work, 'qwen3'));
+    check(false, 'a Latin-1 document was accepted');
+  } catch (e) {
+    check(e.status === 2 && /document 2 of .*latin1\.txt is not valid UTF-8/.test(e.stderr),
+          `a Latin-1 document: exit ${e.status}, ${e.stderr}`);
+  }
+  check(!fs.existsSync(out), 'data prepare wrote its output directory for a Latin-1 document');
   // A truncated file names the file and the parser's position.
   const good = fs.readFileSync(path.join(work, 'llama3', 'tokenizer.json'), 'utf8');
   fs.writeFileSync(path.join(bad, 'tokenizer.json'), good.slice(0, good.length / 3));
