@@ -13,11 +13,11 @@ declare -A allowed=(
   [dist]="base dist"
   [monitor]="base monitor"
   [model]="base tensor kernels dist model"
-  [io]="base tensor kernels io"
+  [io]="base tensor kernels dist model io"
   [recsys]="base tensor kernels dist model io recsys"
   [train]="base tensor kernels dist model io monitor recsys train"
   [serve]="base tensor kernels model io monitor serve"
-  [launch]="base dist io launch"
+  [launch]="base tensor kernels dist model io launch"
   [cases]="base tensor kernels dist model cases"
   [cli]="base tensor kernels dist model io monitor recsys train serve launch cases cli"
 )

@@ -250,10 +250,6 @@ int cmd_convert(const Args& args) {
     std::printf("wrote %s/model.safetensors (%zu tensors)\n", out.c_str(), params.infos().size());
     return 0;
   }
-  HYP_CHECK(std::filesystem::exists(dir + "/model.safetensors"),
-            "convert: {} is a sharded (multi-rank) checkpoint; merge it first with `hyperion "
-            "convert --checkpoint {} --to safetensors --output DIR`, then convert DIR to gguf",
-            dir, dir);
   // The default output sits beside the checkpoint directory, not inside it: a checkpoint
   // directory is the trainer's (runs/x/checkpoints/200 -> runs/x/checkpoints/200-f16.gguf).
   std::filesystem::path ckpt = std::filesystem::absolute(dir).lexically_normal();

@@ -14,8 +14,11 @@
 #include "io/atomic_file.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
+#include "io/weight_files.h"
 #include "kernels/finite.h"
 #include "kernels/quantize.h"
+#include "model/llama_config.h"
+#include "model/param_store.h"
 #include "tensor/convert.h"
 
 namespace hyperion::io {
@@ -29,68 +32,12 @@ constexpr uint32_t kFileTypeF32 = 0, kFileTypeF16 = 1, kFileTypeQ8_0 = 7, kFileT
 // llama.cpp's token types (tokenizer.ggml.token_type).
 constexpr int32_t kTokNormal = 1, kTokUnknown = 2, kTokControl = 3, kTokUnused = 5, kTokByte = 6;
 
-// Hugging Face LlamaConfig / MixtralConfig fields we use.
-struct LlamaConfig {
-  int64_t vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
-      num_key_value_heads, max_position_embeddings, head_dim;
-  double rms_norm_eps, rope_theta;
-  bool tie_word_embeddings;
-  bool has_head_dim;                                 // head_dim given explicitly in config.json
-  int64_t bos_token_id, eos_token_id, pad_token_id;  // pad: -1 if absent
-  // Mixtral (model_type "mixtral"): every layer's MLP is a mixture of num_local_experts
-  // SwiGLU experts of intermediate_size, num_experts_per_tok of them used per token.
-  bool moe;
-  bool gemma;  // llama.cpp's "gemma" architecture: (1 + w) norms stored as 1 + w, no RoPE
-               // permutation
-  int64_t num_local_experts, num_experts_per_tok;  // 0 for a dense model
-};
-
-// Reads typed keys of config.json; every error names the directory, the file and the key.
-class ConfigReader {
- public:
-  ConfigReader(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
-
-  const json* find(const char* key) const {
-    auto it = j_.find(key);
-    return it == j_.end() || it->is_null() ? nullptr : &*it;
-  }
-  int64_t integer(const char* key, std::optional<int64_t> fallback = std::nullopt,
-                  int64_t min = 1) const {
-    const json* v = find(key);
-    if (v == nullptr) {
-      HYP_CHECK(fallback.has_value(), "{}: missing key '{}'", where_, key);
-      return *fallback;
-    }
-    // Some configs give a list of ids (e.g. several eos tokens); the first is the primary.
-    if (v->is_array() && !v->empty()) v = &(*v)[0];
-    HYP_CHECK(v->is_number_integer(), "{}: key '{}' = {} is not an integer", where_, key,
-              v->dump());
-    const int64_t x = v->get<int64_t>();
-    HYP_CHECK(x >= min, "{}: key '{}' = {} must be >= {}", where_, key, x, min);
-    return x;
-  }
-  double number(const char* key, std::optional<double> fallback = std::nullopt) const {
-    const json* v = find(key);
-    if (v == nullptr) {
-      HYP_CHECK(fallback.has_value(), "{}: missing key '{}'", where_, key);
-      return *fallback;
-    }
-    HYP_CHECK(v->is_number(), "{}: key '{}' = {} is not a number", where_, key, v->dump());
-    const double x = v->get<double>();
-    HYP_CHECK(x > 0, "{}: key '{}' = {} must be positive", where_, key, x);
-    return x;
-  }
-  bool boolean(const char* key, bool fallback) const {
-    const json* v = find(key);
-    if (v == nullptr) return fallback;
-    HYP_CHECK(v->is_boolean(), "{}: key '{}' = {} is not a boolean", where_, key, v->dump());
-    return v->get<bool>();
-  }
-  const std::string& where() const { return where_; }
-
- private:
-  const json& j_;
-  std::string where_;
+// The model, as config.json describes it (the one reader every command uses), and what
+// GGUF needs besides.
+struct GgufModel {
+  hyperion::LlamaConfig c;
+  bool has_head_dim = false;  // head_dim given explicitly in config.json
+  const FamilyInfo* family = nullptr;
 };
 
 // llama.cpp reads a Mixtral as architecture "llama" with llama.expert_count experts per
@@ -98,37 +45,27 @@ class ConfigReader {
 // norm_w = true: softmax over all experts -> top-k -> the k weights renormalised to sum 1).
 // Anything it cannot express is refused here rather than written as a file that loads
 // but computes another model.
-void read_moe_config(const ConfigReader& r, LlamaConfig* c) {
-  const std::string& where = r.where();
-  c->num_local_experts = r.integer("num_local_experts", 8);  // MixtralConfig's defaults
-  c->num_experts_per_tok = r.integer("num_experts_per_tok", 2);
-  HYP_CHECK(c->num_experts_per_tok <= c->num_local_experts,
-            "{}: key 'num_experts_per_tok' = {} exceeds num_local_experts = {}", where,
-            c->num_experts_per_tok, c->num_local_experts);
-  // Mixtral always renormalises; hyperion records its choice in norm_topk_prob.
-  HYP_CHECK(r.boolean("norm_topk_prob", true),
+void check_moe_representable(const hyperion::LlamaConfig& c, const std::string& where) {
+  HYP_CHECK(c.norm_topk_prob,
             "{}: key 'norm_topk_prob' = false: llama.cpp's llama architecture always "
             "renormalises the top-k router probabilities (softmax -> top-k -> renormalise), so "
             "a model routed without renormalisation cannot be represented in GGUF",
             where);
   // Dense/MoE interleaving (hyperion-only keys): llama.cpp's llama architecture makes
   // every layer a mixture of experts once llama.expert_count is set.
-  const int64_t first_dense = r.integer("hyperion_first_dense_layers", 0, 0);
-  HYP_CHECK(first_dense == 0,
+  HYP_CHECK(c.first_dense_layers == 0,
             "{}: key 'hyperion_first_dense_layers' = {}: llama.cpp's llama architecture needs "
             "every layer to be a mixture of experts; dense/MoE interleaving cannot be "
             "represented in GGUF",
-            where, first_dense);
-  const int64_t step = r.integer("hyperion_moe_layer_step", 1, 1);
-  HYP_CHECK(step == 1,
+            where, c.first_dense_layers);
+  HYP_CHECK(c.moe_layer_step == 1,
             "{}: key 'hyperion_moe_layer_step' = {}: llama.cpp's llama architecture needs every "
             "layer to be a mixture of experts; dense/MoE interleaving cannot be represented in "
             "GGUF",
-            where, step);
-  r.integer("hyperion_dense_intermediate_size", 1);  // unused without dense layers; type check
+            where, c.moe_layer_step);
 }
 
-LlamaConfig read_config(const std::string& dir) {
+GgufModel read_config(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "config.json").string();
   const std::string where = fmt::format("gguf convert: {}: config.json", dir);
   std::string text;
@@ -137,97 +74,22 @@ LlamaConfig read_config(const std::string& dir) {
   } catch (const Error& e) {
     fail("{}: {}", where, e.what());
   }
-  json j;
+  GgufModel g;
+  g.c = hyperion::LlamaConfig::from_hf_json(text, where);
   try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    fail("{}: invalid JSON: {}", where, e.what());
+    const json j = json::parse(text);
+    g.has_head_dim = j.contains("head_dim") && !j["head_dim"].is_null();
+  } catch (const json::exception&) {
   }
-  HYP_CHECK(j.is_object(), "{}: expected a JSON object, got a {}", where, j.type_name());
-  ConfigReader r(j, where);
-  // Without model_type, the architecture decides (as for transformers' AutoConfig users).
-  std::string model_type = "llama";
-  if (const json* mt = r.find("model_type")) {
-    HYP_CHECK(mt->is_string() &&
-                  (mt->get<std::string>() == "llama" || mt->get<std::string>() == "mixtral" ||
-                   mt->get<std::string>() == "gemma"),
-              "{}: key 'model_type' = {}; only \"llama\", \"mixtral\" and \"gemma\" "
-              "checkpoints can be converted",
-              where, mt->dump());
-    model_type = mt->get<std::string>();
-  } else if (const json* arch = r.find("architectures"); arch != nullptr && arch->is_array() &&
-                                                         !arch->empty() &&
-                                                         (*arch)[0] == "MixtralForCausalLM") {
-    model_type = "mixtral";
-  } else if (const json* arch2 = r.find("architectures"); arch2 != nullptr && arch2->is_array() &&
-                                                          !arch2->empty() &&
-                                                          (*arch2)[0] == "GemmaForCausalLM") {
-    model_type = "gemma";
-  }
-  // hyperion_* keys change the model (hyperion writes them only for what Hugging Face
-  // cannot express); one this converter does not know must not be silently ignored.
-  for (const auto& [key, value] : j.items())
-    HYP_CHECK(!key.starts_with("hyperion_") || key == "hyperion_dense_intermediate_size" ||
-                  key == "hyperion_first_dense_layers" || key == "hyperion_moe_layer_step",
-              "{}: unknown key '{}' = {}", where, key, value.dump());
-  // Scaled RoPE changes the model; writing it without the rope.scaling keys would produce a
-  // file that loads but generates garbage.
-  HYP_CHECK(r.find("rope_scaling") == nullptr,
-            "{}: key 'rope_scaling' = {} is not supported by this converter", where,
-            j["rope_scaling"].dump());
-
-  LlamaConfig c{};
-  c.vocab_size = r.integer("vocab_size");
-  c.hidden_size = r.integer("hidden_size");
-  c.intermediate_size = r.integer("intermediate_size");
-  c.num_hidden_layers = r.integer("num_hidden_layers");
-  c.num_attention_heads = r.integer("num_attention_heads");
-  // Defaults as in transformers' LlamaConfig.
-  c.num_key_value_heads = r.integer("num_key_value_heads", c.num_attention_heads);
-  c.max_position_embeddings = r.integer("max_position_embeddings");
-  c.rms_norm_eps = r.number("rms_norm_eps");
-  // Defaults of transformers' LlamaConfig / MixtralConfig.
-  c.rope_theta = r.number("rope_theta", model_type == "mixtral" ? 1e6 : 10000.0);
-  // GemmaConfig ties by default.
-  c.tie_word_embeddings = r.boolean("tie_word_embeddings", model_type == "gemma");
-  c.bos_token_id = r.integer("bos_token_id", 1, 0);
-  c.eos_token_id = r.integer("eos_token_id", 2, 0);
-  c.pad_token_id = r.integer("pad_token_id", -1, 0);
-
-  HYP_CHECK(c.num_attention_heads % c.num_key_value_heads == 0,
-            "{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", where,
-            c.num_attention_heads, c.num_key_value_heads);
-  // head_dim defaults to hidden_size / num_attention_heads (LlamaConfig) but may be set
-  // independently; then q_proj is [heads * head_dim, hidden_size].
-  c.has_head_dim = r.find("head_dim") != nullptr;
-  if (c.has_head_dim) {
-    c.head_dim = r.integer("head_dim");
-  } else {
-    HYP_CHECK(c.hidden_size % c.num_attention_heads == 0,
-              "{}: hidden_size {} is not divisible by num_attention_heads {} (and no head_dim)",
-              where, c.hidden_size, c.num_attention_heads);
-    c.head_dim = c.hidden_size / c.num_attention_heads;
-  }
-  HYP_CHECK(c.head_dim % 2 == 0, "{}: head_dim {} is odd; RoPE rotates pairs", where, c.head_dim);
-  for (const auto& [key, id] :
-       {std::pair{"bos_token_id", c.bos_token_id}, std::pair{"eos_token_id", c.eos_token_id},
-        std::pair{"pad_token_id", c.pad_token_id}})
-    HYP_CHECK(id < c.vocab_size, "{}: key '{}' = {} is outside the vocabulary (vocab_size {})",
-              where, key, id, c.vocab_size);
-  // llama.cpp's llama graph has no sliding-window attention (Mistral/Mixtral's option).
-  if (const json* sw = r.find("sliding_window")) {
-    const int64_t window = r.integer("sliding_window");
-    HYP_CHECK(window >= c.max_position_embeddings,
-              "{}: key 'sliding_window' = {} (< max_position_embeddings {}): sliding-window "
-              "attention is not supported by llama.cpp's llama architecture",
-              where, sw->dump(), c.max_position_embeddings);
-  }
-
-  c.moe = model_type == "mixtral";
-  c.gemma = model_type == "gemma";
-  c.num_local_experts = c.num_experts_per_tok = 0;
-  if (c.moe) read_moe_config(r, &c);
-  return c;
+  g.family = &family_info(g.c.arch.family);
+  if (g.c.is_moe()) check_moe_representable(g.c, where);
+  // llama.cpp applies Llama 3.1's scaling through the rope_freqs tensor of its llama graph.
+  HYP_CHECK(g.c.rope_scaling.type != RopeScaling::Type::kLlama3 ||
+                std::string(g.family->gguf_arch) == "llama",
+            "{}: rope_scaling llama3 on a {} model: llama.cpp applies it in its llama "
+            "architecture only",
+            where, g.family->decoder_block);
+  return g;
 }
 
 struct Vocab {
@@ -443,15 +305,16 @@ void encode_q8_0_per_channel(const float* w, int64_t rows, int64_t cols, unsigne
 void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::string& out_path,
                                 const std::string& out_type) {
   const OutType ot = parse_out_type(checkpoint_dir, out_type);
-  const LlamaConfig c = read_config(checkpoint_dir);
+  const GgufModel g = read_config(checkpoint_dir);
+  const hyperion::LlamaConfig& c = g.c;
+  const FamilyInfo& fam = *g.family;
   const Vocab vocab = read_vocab(checkpoint_dir, c.vocab_size);
-  const std::string st_path =
-      (std::filesystem::path(checkpoint_dir) / "model.safetensors").string();
-  SafetensorsFile st = [&] {
+  // The single model.safetensors or a Hugging Face sharded layout (with its index).
+  const WeightFiles files = [&] {
     try {
-      return SafetensorsFile::open(st_path);
+      return WeightFiles(checkpoint_dir);
     } catch (const Error& e) {
-      fail("gguf convert: {}: model.safetensors: {}", checkpoint_dir, e.what());
+      fail("gguf convert: {}: {}", checkpoint_dir, e.what());
     }
   }();
 
@@ -462,29 +325,44 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
   if (name.empty() || name == ".") name = "hyperion";
 
   GgufWriter w;
-  // Keys in the order convert_hf_to_gguf.py writes them.
-  // llama.cpp's gemma graph is the llama one with Gemma's embedding scale and GELU; its
-  // keys take the architecture's name as prefix.
-  const std::string arch = c.gemma ? "gemma" : "llama";
+  // Keys in the order convert_hf_to_gguf.py writes them, prefixed by llama.cpp's
+  // architecture (the family's: llama for Llama, Mistral and Mixtral, gemma, qwen2, qwen3).
+  const std::string arch = fam.gguf_arch;
+  const bool gemma = c.arch.family == DecoderFamily::kGemma;
   w.set_string("general.architecture", arch);
   w.set_string("general.name", name);
   w.set_u32("general.alignment", kGgufDefaultAlignment);
-  w.set_u32(arch + ".block_count", uint32_t(c.num_hidden_layers));
-  w.set_u32(arch + ".context_length", uint32_t(c.max_position_embeddings));
-  w.set_u32(arch + ".embedding_length", uint32_t(c.hidden_size));
-  w.set_u32(arch + ".feed_forward_length", uint32_t(c.intermediate_size));
-  w.set_u32(arch + ".attention.head_count", uint32_t(c.num_attention_heads));
-  w.set_u32(arch + ".attention.head_count_kv", uint32_t(c.num_key_value_heads));
+  w.set_u32(arch + ".block_count", uint32_t(c.n_layers));
+  w.set_u32(arch + ".context_length", uint32_t(c.max_seq_len));
+  w.set_u32(arch + ".embedding_length", uint32_t(c.dim));
+  w.set_u32(arch + ".feed_forward_length", uint32_t(c.is_moe() ? c.expert_ffn_dim() : c.ffn_dim));
+  w.set_u32(arch + ".attention.head_count", uint32_t(c.n_heads));
+  w.set_u32(arch + ".attention.head_count_kv", uint32_t(c.n_kv_heads));
   w.set_f32(arch + ".rope.freq_base", float(c.rope_theta));
-  w.set_f32(arch + ".attention.layer_norm_rms_epsilon", float(c.rms_norm_eps));
-  if (c.moe) {  // with llama.feed_forward_length = intermediate_size, the expert's size
-    w.set_u32(arch + ".expert_count", uint32_t(c.num_local_experts));
-    w.set_u32(arch + ".expert_used_count", uint32_t(c.num_experts_per_tok));
+  w.set_f32(arch + ".attention.layer_norm_rms_epsilon", float(c.norm_eps));
+  if (c.is_moe()) {  // with llama.feed_forward_length = intermediate_size, the expert's size
+    w.set_u32(arch + ".expert_count", uint32_t(c.n_experts));
+    w.set_u32(arch + ".expert_used_count", uint32_t(c.n_experts_per_tok));
   }
   // convert_hf_to_gguf.py writes these whenever head_dim is given, and always for Gemma.
-  if (c.has_head_dim || c.gemma) {
+  if (g.has_head_dim || gemma) {
     w.set_u32(arch + ".attention.key_length", uint32_t(c.head_dim));
     w.set_u32(arch + ".attention.value_length", uint32_t(c.head_dim));
+  }
+  // RoPE scaling: linear and YaRN as metadata; Llama 3.1's as the rope_freqs tensor below.
+  const RopeScaling& rs = c.rope_scaling;
+  if (rs.type == RopeScaling::Type::kLinear || rs.type == RopeScaling::Type::kYarn) {
+    w.set_string(arch + ".rope.scaling.type", rope_type_name(rs.type));
+    w.set_f32(arch + ".rope.scaling.factor", float(rs.factor));
+  }
+  if (rs.type == RopeScaling::Type::kYarn) {
+    w.set_u32(arch + ".rope.scaling.original_context_length", uint32_t(rs.original_max_positions));
+    if (rs.beta_fast != 32.0) w.set_f32(arch + ".rope.scaling.yarn_beta_fast", float(rs.beta_fast));
+    if (rs.beta_slow != 1.0) w.set_f32(arch + ".rope.scaling.yarn_beta_slow", float(rs.beta_slow));
+    HYP_CHECK(rs.attention_factor == 0.0 && rs.mscale == 0.0,
+              "gguf convert: {}: config.json: rope_scaling yarn with an explicit "
+              "attention_factor or mscale: llama.cpp derives the factor from 'factor' alone",
+              checkpoint_dir);
   }
   w.set_u32("general.file_type", ot.file_type);
   w.set_u32(arch + ".vocab_size", uint32_t(c.vocab_size));
@@ -494,30 +372,37 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
   w.set_string_array("tokenizer.ggml.tokens", vocab.tokens);
   w.set_f32_array("tokenizer.ggml.scores", vocab.scores);
   w.set_i32_array("tokenizer.ggml.token_type", vocab.types);
-  w.set_u32("tokenizer.ggml.bos_token_id", uint32_t(c.bos_token_id));
-  w.set_u32("tokenizer.ggml.eos_token_id", uint32_t(c.eos_token_id));
+  w.set_u32("tokenizer.ggml.bos_token_id", uint32_t(c.bos_id));
+  w.set_u32("tokenizer.ggml.eos_token_id", uint32_t(c.eos_id));
   if (vocab.unk_id >= 0) w.set_u32("tokenizer.ggml.unknown_token_id", uint32_t(vocab.unk_id));
-  if (c.pad_token_id >= 0) w.set_u32("tokenizer.ggml.padding_token_id", uint32_t(c.pad_token_id));
+  if (c.pad_id >= 0) w.set_u32("tokenizer.ggml.padding_token_id", uint32_t(c.pad_id));
   w.set_bool("tokenizer.ggml.add_bos_token", true);
   w.set_bool("tokenizer.ggml.add_eos_token", false);
   w.set_bool("tokenizer.ggml.add_space_prefix", vocab.add_dummy_prefix);
 
   std::set<std::string> used;
-  const int64_t dim = c.hidden_size, hd = c.head_dim, ff = c.intermediate_size;
-  const int64_t q_rows = c.num_attention_heads * hd, kv_rows = c.num_key_value_heads * hd;
+  // What errors name the weights by: the single file or the sharded layout's index.
+  const std::string weights_name =
+      std::filesystem::exists(std::filesystem::path(checkpoint_dir) / "model.safetensors")
+          ? "model.safetensors"
+          : "model.safetensors.index.json";
   // Checks that `hf` exists with shape `expect` and marks it as used.
   auto check = [&](const std::string& hf, const Shape& expect) {
-    const SafetensorsTensor* t = st.find(hf);
-    HYP_CHECK(t != nullptr, "gguf convert: {}: model.safetensors: missing tensor '{}'",
-              checkpoint_dir, hf);
+    const SafetensorsTensor* t = files.find(hf);
+    HYP_CHECK(t != nullptr, "gguf convert: {}: {}: missing tensor '{}'{}", checkpoint_dir,
+              weights_name, hf,
+              hf == "lm_head.weight" ? " (config.json has tie_word_embeddings = false)" : "");
     HYP_CHECK(t->shape == expect,
-              "gguf convert: {}: model.safetensors: tensor '{}' has shape {} but config.json "
-              "implies {} (hidden_size {}, intermediate_size {}, heads {}, kv heads {}, "
-              "head_dim {}, vocab_size {}{})",
-              checkpoint_dir, hf, t->shape.str(), expect.str(), c.hidden_size, c.intermediate_size,
-              c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.vocab_size,
-              c.moe ? fmt::format(", num_local_experts {}", c.num_local_experts) : "");
+              "gguf convert: {}: {}: tensor '{}' has shape {} but config.json implies {} "
+              "(hidden_size {}, intermediate_size {}, heads {}, kv heads {}, head_dim {}, "
+              "vocab_size {}{})",
+              checkpoint_dir, files.file_of(hf)->path(), hf, t->shape.str(), expect.str(), c.dim,
+              c.is_moe() ? c.expert_ffn_dim() : c.ffn_dim, c.n_heads, c.n_kv_heads, c.head_dim,
+              c.vocab_size, c.is_moe() ? fmt::format(", num_local_experts {}", c.n_experts) : "");
     used.insert(hf);
+  };
+  auto read = [&files](const std::string& hf, const TensorView& dst) {
+    read_finite(*files.file_of(hf), hf, dst);
   };
   // As convert_hf_to_gguf.py: 1-D tensors, norms and the MoE router (ffn_gate_inp, which
   // llama.cpp's quantizer never quantises either) stay f32; q8_0 blocks run along the last
@@ -530,127 +415,126 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
       type = GgmlType::kF16;
     return type;
   };
-  // permute_heads > 0: apply the RoPE row permutation with that many heads (llama only:
-  // llama.cpp's gemma graph rotates halves as Hugging Face does). Gemma's norms are stored
-  // as 1 + w, the scale llama.cpp applies (convert_hf_to_gguf.py does the same).
+  // permute_heads > 0: apply the RoPE row permutation with that many heads (the llama
+  // graph only: the others rotate halves as Hugging Face does). Norms whose scale is
+  // (w + offset) (Gemma's 1 + w) are stored as that scale, which llama.cpp applies
+  // (convert_hf_to_gguf.py does the same).
   // Matrices int8 training quantised per output channel go to Q8_0 as those int8 values.
   const TrainedQuantization tq = read_trained_quantization(checkpoint_dir);
   int per_channel_matrices = 0;
   double max_scale_change = 0;
+  const float norm_offset = c.arch.norm_weight_offset;
   auto add = [&](const std::string& hf, const std::string& gg, Shape expect,
                  int64_t permute_heads) {
     check(hf, expect);
-    if (c.gemma) permute_heads = 0;
     const bool trained_int8 =
         tq.int8 && (gg.rfind("blk.", 0) == 0 || (tq.logits && gg == "output.weight")) &&
-        !gg.ends_with("_norm.weight") && !gg.ends_with(".ffn_gate_inp.weight");
+        expect.rank() == 2 && !gg.ends_with("_norm.weight") && !gg.ends_with(".ffn_gate_inp.weight");
+    const int64_t cols = expect.rank() == 2 ? expect[1] : 1;
     if (trained_int8 && type_for(gg, expect) == GgmlType::kQ8_0) {
       ++per_channel_matrices;
       w.add_encoded_tensor(
           gg, expect,
-          [&st, hf, expect, permute_heads, &max_scale_change](unsigned char* dst) {
+          [read, hf, expect, cols, permute_heads, &max_scale_change](unsigned char* dst) {
             std::vector<float> tmp(size_t(expect.numel())), perm;
-            read_finite(st, hf, TensorView(tmp.data(), DType::kF32, expect));
+            read(hf, TensorView(tmp.data(), DType::kF32, expect));
             if (permute_heads > 0) {
               perm.resize(tmp.size());
-              permute_rope_rows_for_gguf(tmp.data(), perm.data(), expect[0], expect[1],
-                                         permute_heads);
+              permute_rope_rows_for_gguf(tmp.data(), perm.data(), expect[0], cols, permute_heads);
               tmp.swap(perm);
             }
-            encode_q8_0_per_channel(tmp.data(), expect[0], expect[1], dst, &max_scale_change);
+            encode_q8_0_per_channel(tmp.data(), expect[0], cols, dst, &max_scale_change);
           },
           GgmlType::kQ8_0);
       return;
     }
-    const bool plus_one = c.gemma && gg.ends_with("_norm.weight");
+    const bool plus_offset = norm_offset != 0.0f && gg.ends_with("_norm.weight");
     w.add_tensor(
         gg, expect,
-        [&st, hf, expect, permute_heads, plus_one](float* dst) {
+        [read, hf, expect, cols, permute_heads, plus_offset, norm_offset](float* dst) {
           if (permute_heads == 0) {
-            read_finite(st, hf, TensorView(dst, DType::kF32, expect));
-            if (plus_one)
-              for (int64_t i = 0; i < expect.numel(); ++i) dst[i] += 1.0f;
+            read(hf, TensorView(dst, DType::kF32, expect));
+            if (plus_offset)
+              for (int64_t i = 0; i < expect.numel(); ++i) dst[i] += norm_offset;
             return;
           }
           std::vector<float> tmp(size_t(expect.numel()));
-          read_finite(st, hf, TensorView(tmp.data(), DType::kF32, expect));
-          permute_rope_rows_for_gguf(tmp.data(), dst, expect[0], expect[1], permute_heads);
+          read(hf, TensorView(tmp.data(), DType::kF32, expect));
+          permute_rope_rows_for_gguf(tmp.data(), dst, expect[0], cols, permute_heads);
         },
         type_for(gg, expect));
   };
-  // The E per-expert Hugging Face matrices `{prefix}{e}{suffix}` (each of shape `expert`)
-  // stacked into one [E, rows, cols] tensor, as convert_hf_to_gguf.py's torch.stack(dim=0);
-  // GGUF stores its dims reversed, ne = [cols, rows, E], which is what llama.cpp's
-  // create_tensor expects ({n_embd, n_ff, n_expert} for gate/up). Each expert is read
-  // straight into its slice when the writer reaches the tensor, so only the stacked tensor
-  // being written is held in f32.
-  auto add_experts = [&](const std::string& prefix, const std::string& suffix,
-                         const std::string& gg, Shape expert) {
-    std::vector<std::string> names;
-    for (int64_t e = 0; e < c.num_local_experts; ++e) {
-      names.push_back(fmt::format("{}{}{}", prefix, e, suffix));
-      check(names.back(), expert);
-    }
-    const Shape stacked{c.num_local_experts, expert[0], expert[1]};
+  // The E per-expert Hugging Face matrices (each of shape `expert`) stacked into one
+  // [E, rows, cols] tensor, as convert_hf_to_gguf.py's torch.stack(dim=0); GGUF stores its
+  // dims reversed, ne = [cols, rows, E], which is what llama.cpp's create_tensor expects
+  // ({n_embd, n_ff, n_expert} for gate/up). Each expert is read straight into its slice
+  // when the writer reaches the tensor, so only the stacked tensor being written is held
+  // in f32.
+  auto add_experts = [&](const std::vector<std::string>& names, const std::string& gg,
+                         Shape expert) {
+    for (const std::string& n : names) check(n, expert);
+    const Shape stacked{int64_t(names.size()), expert[0], expert[1]};
     w.add_tensor(
         gg, stacked,
-        [&st, names, expert](float* dst) {
+        [read, names, expert](float* dst) {
           for (size_t e = 0; e < names.size(); ++e)
-            read_finite(st, names[e],
-                        TensorView(dst + e * size_t(expert.numel()), DType::kF32, expert));
+            read(names[e], TensorView(dst + e * size_t(expert.numel()), DType::kF32, expert));
         },
         type_for(gg, stacked));
   };
 
-  add("model.embed_tokens.weight", "token_embd.weight", {c.vocab_size, dim}, 0);
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = fmt::format("model.layers.{}.", i), b = fmt::format("blk.{}.", i);
-    add(p + "input_layernorm.weight", b + "attn_norm.weight", {dim}, 0);
-    add(p + "self_attn.q_proj.weight", b + "attn_q.weight", {q_rows, dim}, c.num_attention_heads);
-    add(p + "self_attn.k_proj.weight", b + "attn_k.weight", {kv_rows, dim}, c.num_key_value_heads);
-    add(p + "self_attn.v_proj.weight", b + "attn_v.weight", {kv_rows, dim}, 0);
-    add(p + "self_attn.o_proj.weight", b + "attn_output.weight", {dim, q_rows}, 0);
-    add(p + "post_attention_layernorm.weight", b + "ffn_norm.weight", {dim}, 0);
-    if (c.moe) {
-      // Mixtral's w1 = gate, w3 = up, w2 = down (gguf-py's tensor_mapping.py).
-      const std::string m = p + "block_sparse_moe.";
-      add(m + "gate.weight", b + "ffn_gate_inp.weight", {c.num_local_experts, dim}, 0);
-      add_experts(m + "experts.", ".w1.weight", b + "ffn_gate_exps.weight", {ff, dim});
-      add_experts(m + "experts.", ".w3.weight", b + "ffn_up_exps.weight", {ff, dim});
-      add_experts(m + "experts.", ".w2.weight", b + "ffn_down_exps.weight", {dim, ff});
-    } else {
-      add(p + "mlp.gate_proj.weight", b + "ffn_gate.weight", {ff, dim}, 0);
-      add(p + "mlp.up_proj.weight", b + "ffn_up.weight", {ff, dim}, 0);
-      add(p + "mlp.down_proj.weight", b + "ffn_down.weight", {dim, ff}, 0);
+  // Every tensor of the model, named as the parameter layout names it (Hugging Face and
+  // llama.cpp names side by side: model/param_store.cc).
+  const std::vector<ParamInfo> layout = ParamStore::layout(c);
+  for (size_t i = 0; i < layout.size();) {
+    const ParamInfo& p = layout[i];
+    if (p.name.find(".experts.") != std::string::npos) {
+      std::vector<std::string> names;
+      size_t j = i;
+      for (; j < layout.size() && layout[j].gguf_name == p.gguf_name; ++j)
+        names.push_back(layout[j].name);
+      add_experts(names, p.gguf_name, p.shape);
+      i = j;
+      continue;
     }
+    int64_t permute = 0;
+    if (fam.gguf_permute_qk) {
+      if (p.name.ends_with("self_attn.q_proj.weight") || p.name.ends_with("self_attn.q_proj.bias"))
+        permute = c.n_heads;
+      if (p.name.ends_with("self_attn.k_proj.weight") || p.name.ends_with("self_attn.k_proj.bias"))
+        permute = c.n_kv_heads;
+    }
+    add(p.name, p.gguf_name, p.shape, permute);
+    ++i;
   }
-  add("model.norm.weight", "output_norm.weight", {dim}, 0);
-  if (!c.tie_word_embeddings) {
-    HYP_CHECK(st.find("lm_head.weight") != nullptr,
-              "gguf convert: {}: model.safetensors: missing tensor 'lm_head.weight' (config.json "
-              "has tie_word_embeddings = false)",
-              checkpoint_dir);
-    add("lm_head.weight", "output.weight", {c.vocab_size, dim}, 0);
-  } else {
-    // A saved copy of the tied head is not needed: llama.cpp reuses token_embd when
-    // output.weight is absent.
-    used.insert("lm_head.weight");
+  // A saved copy of the tied head is not needed: llama.cpp reuses token_embd when
+  // output.weight is absent.
+  if (c.tie_embeddings) used.insert("lm_head.weight");
+  // Llama 3.1's scaled RoPE: llama.cpp divides each frequency by rope_freqs[i]
+  // (convert_hf_to_gguf.py's generate_extra_tensors), the plain over the scaled one.
+  if (rs.type == RopeScaling::Type::kLlama3) {
+    const std::vector<double> plain = rope_inv_freq(c.head_dim, c.rope_theta, RopeScaling{});
+    const std::vector<double> scaled = rope_inv_freq(c.head_dim, c.rope_theta, rs);
+    std::vector<float> factors(plain.size());
+    for (size_t i = 0; i < plain.size(); ++i) factors[i] = float(plain[i] / scaled[i]);
+    const Shape shape{int64_t(factors.size())};
+    w.add_tensor(
+        "rope_freqs.weight", shape,
+        [factors](float* dst) { std::copy(factors.begin(), factors.end(), dst); }, GgmlType::kF32);
   }
 
   // Anything left over would be silently dropped; llama.cpp's converter refuses too.
   std::vector<std::string> unused;
-  for (const auto& t : st.tensors())
-    if (!used.count(t.name) && !t.name.ends_with(".rotary_emb.inv_freq")) unused.push_back(t.name);
+  for (const std::string& t : files.names())
+    if (!used.count(t) && !t.ends_with(".rotary_emb.inv_freq")) unused.push_back(t);
   if (!unused.empty()) {
     std::string list;
     for (size_t i = 0; i < unused.size() && i < 5; ++i) list += (i ? ", '" : "'") + unused[i] + "'";
-    fail(
-        "gguf convert: {}: model.safetensors: {} tensor(s) not part of a {}-layer {} model: "
-        "{}{}",
-        checkpoint_dir, unused.size(), c.num_hidden_layers,
-        c.moe ? fmt::format("Mixtral ({} experts)", c.num_local_experts)
-              : std::string(c.gemma ? "Gemma" : "Llama"),
-        list, unused.size() > 5 ? ", ..." : "");
+    fail("gguf convert: {}: {}: {} tensor(s) not part of a {}-layer {} model: {}{}",
+         checkpoint_dir, weights_name, unused.size(), c.n_layers,
+         c.is_moe() ? fmt::format("Mixtral ({} experts)", c.n_experts)
+                    : std::string(fam.decoder_block),
+         list, unused.size() > 5 ? ", ..." : "");
   }
   w.write(out_path);
   if (per_channel_matrices > 0)

@@ -1,23 +1,24 @@
-// Converts a hyperion checkpoint directory to a llama.cpp GGUF file, writing what
-// llama.cpp's convert_hf_to_gguf.py writes for a LlamaForCausalLM or MixtralForCausalLM
-// model (both as GGUF architecture "llama").
+// Converts a hyperion checkpoint or Hugging Face model directory to a llama.cpp GGUF
+// file, writing what llama.cpp's convert_hf_to_gguf.py writes for the family's
+// architecture: "llama" for Llama 2/3, Mistral and Mixtral, "gemma", "qwen2", "qwen3".
 //
-// The checkpoint directory holds
-//   model.safetensors  Hugging Face Llama tensor names (model.embed_tokens.weight,
-//                      model.layers.{i}.self_attn.{q,k,v,o}_proj.weight,
-//                      model.layers.{i}.mlp.{gate,up,down}_proj.weight,
-//                      model.layers.{i}.{input,post_attention}_layernorm.weight,
-//                      model.norm.weight, lm_head.weight unless tie_word_embeddings);
-//                      Linear weights are [out, in]; f32, bf16 or f16.
-//                      Mixtral instead of mlp.*: model.layers.{i}.block_sparse_moe.gate.weight
-//                      [E, D] (router) and ...block_sparse_moe.experts.{e}.{w1,w3}.weight
-//                      [F, D] (gate, up), .w2.weight [D, F] (down), e < E
-//   config.json        Hugging Face LlamaConfig keys (model_type "llama"), or MixtralConfig
-//                      keys (model_type "mixtral": intermediate_size = F, num_local_experts
-//                      = E, num_experts_per_tok = k, norm_topk_prob)
-//   tokenizer.model    SentencePiece model
-// q_proj/k_proj rows are permuted from Hugging Face's rotate-half RoPE layout to the
-// interleaved (adjacent pairs) layout that llama.cpp's llama graph expects.
+// The directory holds
+//   model.safetensors  the tensors, with their Hugging Face names (or a sharded layout with
+//                      model.safetensors.index.json); f32, bf16 or f16. Which tensors, and
+//                      each one's llama.cpp name, come from the model's parameter layout
+//                      (model/param_store.cc), the same one every other command reads.
+//   config.json        read by LlamaConfig::from_hf_json (model/llama_config.h), as
+//                      everywhere: what it refuses, this refuses.
+//   tokenizer.model    a SentencePiece model (a tokenizer.json is refused: the GGUF
+//                      vocabulary written here is SentencePiece's)
+// For the "llama" architecture q_proj/k_proj rows (and their biases) are permuted from
+// Hugging Face's rotate-half RoPE layout to the interleaved (adjacent pairs) layout that
+// llama.cpp's llama graph expects; the other architectures rotate halves and keep them.
+// Norms whose scale is (1 + w) (Gemma) are stored as that scale.
+//
+// RoPE scaling: linear and YaRN as <arch>.rope.scaling.{type,factor,original_context_length};
+// Llama 3.1's as the rope_freqs.weight tensor (per frequency, plain over scaled), as
+// convert_hf_to_gguf.py writes it.
 //
 // Mixtral: llama.expert_count = E, llama.expert_used_count = k, llama.feed_forward_length
 // = F, and per layer blk.{i}.ffn_gate_inp.weight (the router, always f32) and the experts

@@ -143,6 +143,9 @@ Tokenizer Tokenizer::load(const std::string& path) {
   if (!src.config_json.empty()) impl->files.emplace_back("tokenizer_config.json", src.config_json);
   if (!src.chat_template_override.empty())
     impl->files.emplace_back("chat_template.jinja", src.chat_template_override);
+  // Carried too: its eos_token_id list is where end-of-turn tokens are named.
+  if (!src.generation_config_json.empty())
+    impl->files.emplace_back("generation_config.json", src.generation_config_json);
   impl->end_ids = impl->hf->end_ids();
   impl->origin = file;
   return Tokenizer(std::move(impl));

@@ -25,7 +25,8 @@ class HfTokenizer;
 std::string tokenizer_file_in(const std::string& dir);
 // The files a tokenizer is carried in, by name.
 inline constexpr const char* kTokenizerFileNames[] = {
-    "tokenizer.model", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"};
+    "tokenizer.model", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+    "generation_config.json"};
 
 struct TokenizerTrainOptions {
   int vocab_size = 8192;

@@ -188,17 +188,23 @@ void validate(const GemmArgs& g) {
 // the L2 cache for the epilogue at the training shapes (N <= 2048).
 constexpr int64_t kScaledBlockRows = 512;
 
-// C = beta * C (+ bias), used when K == 0 (oneDNN rejects empty reductions).
+// C = beta * C (+ bias), used when K == 0 (oneDNN rejects empty reductions); also how a
+// Linear layer's bias is added after its product. Row by row in f32.
 void empty_k(const GemmArgs& g) {
+  std::vector<float> row(static_cast<size_t>(g.n));
+  const size_t csize = dtype_size(g.c_dtype);
   for (int64_t bi = 0; bi < g.batch; ++bi) {
     for (int64_t i = 0; i < g.m; ++i) {
-      for (int64_t j = 0; j < g.n; ++j) {
-        const size_t idx = size_t(bi * g.stride_c + i * g.ldc + j);
-        float old = g.beta != 0.0f ? load_as_f32(g.c, g.c_dtype, idx) : 0.0f;
-        float v = g.beta * old + (g.bias ? g.bias[j] : 0.0f);
-        convert_any(&v, DType::kF32, static_cast<unsigned char*>(g.c) + idx * dtype_size(g.c_dtype),
-                    g.c_dtype, 1);
+      auto* c = static_cast<unsigned char*>(g.c) + size_t(bi * g.stride_c + i * g.ldc) * csize;
+      if (g.beta != 0.0f) {
+        convert_any(c, g.c_dtype, row.data(), DType::kF32, row.size());
+        for (float& v : row) v *= g.beta;
+      } else {
+        std::fill(row.begin(), row.end(), 0.0f);
       }
+      if (g.bias != nullptr)
+        for (int64_t j = 0; j < g.n; ++j) row[size_t(j)] += g.bias[j];
+      convert_any(row.data(), DType::kF32, c, g.c_dtype, row.size());
     }
   }
 }

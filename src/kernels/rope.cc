@@ -73,6 +73,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
 #include "base/error.h"
@@ -83,27 +84,142 @@ namespace hyperion {
 HWY_EXPORT(RotateF32);
 HWY_EXPORT(RotateBF16);
 
-RopeTable::RopeTable(int64_t max_positions_, int64_t head_dim_, double theta_)
-    : max_positions(max_positions_), head_dim(head_dim_), theta(theta_) {
+const char* rope_type_name(RopeScaling::Type t) {
+  switch (t) {
+    case RopeScaling::Type::kNone:
+      return "default";
+    case RopeScaling::Type::kLinear:
+      return "linear";
+    case RopeScaling::Type::kLlama3:
+      return "llama3";
+    case RopeScaling::Type::kYarn:
+      return "yarn";
+  }
+  return "?";
+}
+
+bool parse_rope_type(const std::string& name, RopeScaling::Type* out) {
+  for (RopeScaling::Type t : {RopeScaling::Type::kNone, RopeScaling::Type::kLinear,
+                              RopeScaling::Type::kLlama3, RopeScaling::Type::kYarn})
+    if (name == rope_type_name(t)) {
+      *out = t;
+      return true;
+    }
+  return false;
+}
+
+namespace {
+
+double yarn_mscale(double scale, double m) {
+  return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+}
+
+void check_scaling(const RopeScaling& s) {
+  using T = RopeScaling::Type;
+  if (s.type == T::kNone) return;
+  HYP_CHECK(s.factor >= 1.0 && std::isfinite(s.factor),
+            "rope_scaling: factor must be >= 1, got {} (rope_type {})", s.factor,
+            rope_type_name(s.type));
+  if (s.type == T::kLlama3) {
+    HYP_CHECK(s.low_freq_factor > 0 && s.high_freq_factor > s.low_freq_factor,
+              "rope_scaling: llama3 needs 0 < low_freq_factor < high_freq_factor, got {} and {}",
+              s.low_freq_factor, s.high_freq_factor);
+  }
+  if (s.type == T::kLlama3 || s.type == T::kYarn)
+    HYP_CHECK(s.original_max_positions > 0,
+              "rope_scaling: {} needs original_max_position_embeddings > 0, got {}",
+              rope_type_name(s.type), s.original_max_positions);
+  if (s.type == T::kYarn)
+    HYP_CHECK(s.beta_fast > 0 && s.beta_slow > 0 && s.attention_factor >= 0,
+              "rope_scaling: yarn needs beta_fast, beta_slow > 0 and attention_factor >= 0");
+}
+
+}  // namespace
+
+std::vector<double> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& s) {
+  using T = RopeScaling::Type;
+  check_scaling(s);
+  const int64_t half = head_dim / 2;
+  const double d = static_cast<double>(head_dim);
+  std::vector<double> f(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) f[i] = std::pow(theta, -2.0 * double(i) / d);
+  if (s.type == T::kLinear) {
+    for (double& v : f) v /= s.factor;
+  } else if (s.type == T::kLlama3) {
+    const double old_len = static_cast<double>(s.original_max_positions);
+    const double low_wavelen = old_len / s.low_freq_factor;
+    const double high_wavelen = old_len / s.high_freq_factor;
+    for (double& v : f) {
+      const double wavelen = 2.0 * M_PI / v;
+      if (wavelen < high_wavelen) continue;  // high frequency: kept
+      if (wavelen > low_wavelen) {           // low frequency: interpolated
+        v /= s.factor;
+        continue;
+      }
+      const double smooth =
+          (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      v = (1.0 - smooth) * v / s.factor + smooth * v;
+    }
+  } else if (s.type == T::kYarn) {
+    // The dimension at which a frequency makes `rotations` turns over the trained context.
+    const double old_len = static_cast<double>(s.original_max_positions);
+    auto correction_dim = [&](double rotations) {
+      return d * std::log(old_len / (rotations * 2.0 * M_PI)) / (2.0 * std::log(theta));
+    };
+    double low = correction_dim(s.beta_fast), high = correction_dim(s.beta_slow);
+    if (s.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0);
+    high = std::min(high, d - 1.0);
+    if (low == high) high += 0.001;  // as the reference: no zero-width ramp
+    for (int64_t i = 0; i < half; ++i) {
+      const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+      const double extrapolation = 1.0 - ramp;  // weight of the unscaled frequency
+      f[i] = f[i] / s.factor * (1.0 - extrapolation) + f[i] * extrapolation;
+    }
+  }
+  return f;
+}
+
+double rope_attention_factor(const RopeScaling& s) {
+  if (s.type != RopeScaling::Type::kYarn) return 1.0;
+  if (s.attention_factor > 0) return s.attention_factor;
+  if (s.mscale > 0 && s.mscale_all_dim > 0)
+    return yarn_mscale(s.factor, s.mscale) / yarn_mscale(s.factor, s.mscale_all_dim);
+  return yarn_mscale(s.factor, 1.0);
+}
+
+RopeTable::RopeTable(int64_t max_positions_, int64_t head_dim_, double theta_,
+                     const RopeScaling& scaling_)
+    : max_positions(max_positions_), head_dim(head_dim_), theta(theta_), scaling(scaling_) {
   HYP_CHECK(head_dim > 0 && head_dim % 2 == 0, "RopeTable: head dim D={} must be even and > 0",
             head_dim);
   HYP_CHECK(max_positions > 0, "RopeTable: max_positions must be > 0, got {}", max_positions);
   HYP_CHECK(theta > 0 && std::isfinite(theta), "RopeTable: rope_theta must be > 0, got {}", theta);
   const int64_t half = head_dim / 2;
+  inv_freq = rope_inv_freq(head_dim, theta, scaling);
+  attention_factor = rope_attention_factor(scaling);
   cos = AlignedBuffer<float>(static_cast<size_t>(max_positions * half));
   sin = AlignedBuffer<float>(static_cast<size_t>(max_positions * half));
-  std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] = std::pow(theta, -2.0 * double(i) / double(head_dim));
   parallel_chunks(max_positions, 64, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       for (int64_t i = 0; i < half; ++i) {
         const double angle = double(p) * inv_freq[i];
-        cos[p * half + i] = static_cast<float>(std::cos(angle));
-        sin[p * half + i] = static_cast<float>(std::sin(angle));
+        cos[p * half + i] = static_cast<float>(std::cos(angle) * attention_factor);
+        sin[p * half + i] = static_cast<float>(std::sin(angle) * attention_factor);
       }
     }
   });
+}
+
+std::string RopeTable::key() const {
+  const RopeScaling& s = scaling;
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%lld/%lld/%a/%d/%a/%a/%a/%lld/%a/%a/%a/%a/%a/%d",
+                static_cast<long long>(max_positions), static_cast<long long>(head_dim), theta,
+                static_cast<int>(s.type), s.factor, s.low_freq_factor, s.high_freq_factor,
+                static_cast<long long>(s.original_max_positions), s.beta_fast, s.beta_slow,
+                s.attention_factor, s.mscale, s.mscale_all_dim, s.truncate ? 1 : 0);
+  return buf;
 }
 
 namespace {
@@ -195,8 +311,10 @@ void rotate_ref(const TensorView& in, const TensorView& out, const Positions& p,
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t base = ((b * seq + t) * heads + h) * d;
         for (int64_t i = 0; i < half; ++i) {
-          const double angle = pos * std::pow(table.theta, -2.0 * double(i) / double(d));
-          const double c = std::cos(angle), s = backward ? -std::sin(angle) : std::sin(angle);
+          const double angle = pos * table.inv_freq[static_cast<size_t>(i)];
+          const double af = table.attention_factor;
+          const double c = std::cos(angle) * af;
+          const double s = (backward ? -std::sin(angle) : std::sin(angle)) * af;
           const double x1 = load_as_f32(in.data, in.dtype, static_cast<size_t>(base + i));
           const double x2 = load_as_f32(in.data, in.dtype, static_cast<size_t>(base + half + i));
           const double o1 = x1 * c - x2 * s, o2 = x2 * c + x1 * s;

@@ -15,11 +15,31 @@ DecoderArch gemma_defaults() {
   return a;
 }
 
+DecoderArch qwen2_defaults() {
+  DecoderArch a;
+  a.family = DecoderFamily::kQwen2;
+  a.qkv_bias = true;
+  return a;
+}
+
+DecoderArch qwen3_defaults() {
+  DecoderArch a;
+  a.family = DecoderFamily::kQwen3;
+  a.qk_norm = true;
+  return a;
+}
+
 // One row per family. Adding a family is a row here plus whatever kernels its fields
 // need; Mixtral is the llama row with experts (the config's MoE keys).
 const FamilyInfo kFamilies[] = {
-    {DecoderFamily::kLlama, "llama2", "llama", "LlamaForCausalLM", false, DecoderArch{}},
-    {DecoderFamily::kGemma, "gemma", "gemma", "GemmaForCausalLM", true, gemma_defaults()},
+    {DecoderFamily::kLlama, "llama2", "llama", "LlamaForCausalLM", false, DecoderArch{}, "llama",
+     true},
+    {DecoderFamily::kGemma, "gemma", "gemma", "GemmaForCausalLM", true, gemma_defaults(), "gemma",
+     false},
+    {DecoderFamily::kQwen2, "qwen2", "qwen2", "Qwen2ForCausalLM", false, qwen2_defaults(), "qwen2",
+     false},
+    {DecoderFamily::kQwen3, "qwen3", "qwen3", "Qwen3ForCausalLM", false, qwen3_defaults(), "qwen3",
+     false},
 };
 
 // Other spellings of the llama row: MaxText's decoder_block names for Llama-shaped

@@ -11,9 +11,14 @@
 //   LM head             own or tied            tied to the embedding
 //   head_dim            hidden / heads         its own (hidden / heads need not match)
 //
+//                       Qwen2 (Qwen2ForCausalLM)  Qwen3 (Qwen3ForCausalLM)
+//   q/k/v biases        yes                       no
+//   q/k RMSNorm per head no                        yes, before RoPE
+//   otherwise           Llama                     Llama
+//
 // Room for later families, refused by LlamaConfig::validate until the decoder implements
 // them, so a config that asks for one fails loudly instead of running a different model:
-// qk-norm, final-logit softcapping and per-layer sliding-window attention.
+// final-logit softcapping and per-layer sliding-window attention.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +28,7 @@
 
 namespace hyperion {
 
-enum class DecoderFamily : uint8_t { kLlama, kGemma };
+enum class DecoderFamily : uint8_t { kLlama, kGemma, kQwen2, kQwen3 };
 
 // The per-model fields (a LlamaConfig holds one): a family's defaults, as every family
 // fixes them today, but kept as data so the decoder never asks which family it runs.
@@ -32,8 +37,10 @@ struct DecoderArch {
   float norm_weight_offset = 0.0f;  // RMSNorm multiplies by (w + offset)
   GatedActivation activation = GatedActivation::kSilu;
   bool scale_embeddings = false;  // x = embed(tokens) * sqrt(hidden_size)
+  bool qkv_bias = false;          // q_proj, k_proj, v_proj have biases (Qwen2)
+  bool o_bias = false;            // o_proj has a bias (Llama's attention_bias: all four)
+  bool qk_norm = false;           // RMSNorm on q and k per head before RoPE (Qwen3)
   // Not implemented yet (validate refuses anything but these defaults).
-  bool qk_norm = false;                // RMSNorm on q and k per head before RoPE
   double final_logit_softcap = 0.0;    // logits = cap * tanh(logits / cap); 0: off
   int64_t sliding_window = 0;          // local attention window in tokens; 0: global
   int64_t sliding_window_pattern = 0;  // every N-th layer global, the rest local
@@ -51,6 +58,11 @@ struct FamilyInfo {
   const char* hf_class;       // config.json architectures[0] for a dense model
   bool tied_head;             // the LM head is always the embedding (Gemma)
   DecoderArch defaults;
+  // llama.cpp: general.architecture, and whether its graph rotates adjacent pairs (its
+  // "llama" graph: q_proj/k_proj rows are permuted at export) rather than halves as
+  // Hugging Face does (gemma, qwen2, qwen3: NEOX-style RoPE, rows kept).
+  const char* gguf_arch;
+  bool gguf_permute_qk;
 };
 
 const FamilyInfo& family_info(DecoderFamily family);

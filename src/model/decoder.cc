@@ -1,8 +1,10 @@
 #include "model/decoder.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "base/error.h"
+#include "tensor/convert.h"
 
 namespace hyperion {
 
@@ -23,7 +25,7 @@ Decoder::Decoder(const ParamStore& params, LinearWeights& weights, int64_t rope_
       k_(weights.backend()),
       act_(weights.act_dtype()),
       rope_(std::max<int64_t>(rope_positions, 1), params.config().head_dim,
-            params.config().rope_theta),
+            params.config().rope_theta, params.config().rope_scaling),
       norm_offset_(params.config().arch.norm_weight_offset) {}
 
 void Decoder::embed(const int32_t* tokens, int64_t n, float* x) const {
@@ -53,18 +55,98 @@ void Decoder::rope(const PassRows& rows, void* q, void* k) const {
   }
 }
 
+void Decoder::add_bias(int index, void* y, DType yd, int64_t n) const {
+  if (index < 0 || n == 0) return;
+  const TensorView b = params_.param(index);
+  // C = C + bias: the GEMM's empty-product form, on every backend.
+  GemmArgs g;
+  g.m = n;
+  g.n = b.shape[0];
+  g.k = 0;
+  g.a_dtype = g.b_dtype = yd == DType::kF32 ? DType::kF32 : DType::kBF16;
+  g.lda = 1;
+  g.ldb = g.n;
+  g.c = y;
+  g.c_dtype = yd;
+  g.ldc = g.n;
+  g.beta = 1.0f;
+  g.bias = b.as<float>();
+  k_.gemm(g);
+}
+
+void Decoder::bias_backward(int index, const void* dy, int64_t n) {
+  if (index < 0 || n == 0) return;
+  if (ones_rows_ < n) {
+    const size_t es = dtype_size(act_);
+    ones_ = DeviceBuffer(k_.allocator(), static_cast<size_t>(n) * es);
+    std::vector<float> one(static_cast<size_t>(n), 1.0f);
+    std::vector<unsigned char> host(static_cast<size_t>(n) * es);
+    convert_any(one.data(), DType::kF32, host.data(), act_, one.size());
+    k_.upload(host.data(), ones_.data(), host.size());
+    ones_rows_ = n;
+  }
+  // grad [1, out] += ones [1, n] dy [n, out].
+  const TensorView gb = params_.grad(index);
+  k_.gemm_contiguous(Trans::kN, Trans::kN, 1, gb.shape[0], n, ones_.data(), act_, dy, act_, gb.data,
+                     DType::kF32, 1.0f);
+}
+
+float* Decoder::qk_rstd_scratch(int64_t rows) {
+  if (qk_rstd_rows_ < rows) {
+    qk_rstd_ = DeviceBuffer(k_.allocator(), static_cast<size_t>(rows) * sizeof(float));
+    qk_rstd_rows_ = rows;
+  }
+  return qk_rstd_.as<float>();
+}
+
+void Decoder::head_norm(int index, const void* x, void* y, float* rstd, int64_t rows) const {
+  const int64_t hd = cfg_.head_dim;
+  k_.rmsnorm_forward(k_.view(const_cast<void*>(x), act_, {rows, hd}), params_.param(index),
+                     static_cast<float>(cfg_.norm_eps), k_.view(y, act_, {rows, hd}),
+                     k_.view(rstd, DType::kF32, {rows}), norm_offset_);
+}
+
+void Decoder::head_norm_backward(int index, const void* dy, const void* x, const float* rstd,
+                                 void* dx, int64_t rows) const {
+  const int64_t hd = cfg_.head_dim;
+  k_.rmsnorm_backward(k_.view(const_cast<void*>(dy), act_, {rows, hd}),
+                      k_.view(const_cast<void*>(x), act_, {rows, hd}), params_.param(index),
+                      k_.view(const_cast<float*>(rstd), DType::kF32, {rows}),
+                      k_.view(dx, act_, {rows, hd}), params_.grad(index), false, norm_offset_);
+}
+
 void Decoder::attention_block(int l, const PassRows& rows, DecoderActs& s, KvSource& kv) {
   const LayerParamIndex& p = params_.layer(l);
   const int64_t n = rows.n();
   norm(s.x, n, p.input_norm, s.h, s.rstd1);
   kv.place(*this, l, rows, s);
-  matmul(l, 0, p.q, s.h, s.q, act_, n);
-  matmul(l, 0, p.k, s.h, s.k, act_, n);
+  // With qk-norm the projections land in q_pre / k_pre (or in place) and the norm writes
+  // q / k; without, straight in q / k.
+  const bool qkn = p.q_norm >= 0;
+  void* qp = qkn && s.q_pre != nullptr ? s.q_pre : s.q;
+  void* kp = qkn && s.k_pre != nullptr ? s.k_pre : s.k;
+  matmul(l, 0, p.q, s.h, qp, act_, n);
+  add_bias(p.q_bias, qp, act_, n);
+  matmul(l, 0, p.k, s.h, kp, act_, n);
+  add_bias(p.k_bias, kp, act_, n);
   matmul(l, 0, p.v, s.h, s.v, act_, n);
+  add_bias(p.v_bias, s.v, act_, n);
+  if (qkn) {
+    const int64_t rq = n * cfg_.n_heads, rk = n * cfg_.n_kv_heads;
+    float* rstd_q = s.rstd_q;
+    float* rstd_k = s.rstd_k;
+    if (rstd_q == nullptr || rstd_k == nullptr) {
+      rstd_q = qk_rstd_scratch(rq + rk);
+      rstd_k = rstd_q + rq;
+    }
+    head_norm(p.q_norm, qp, s.q, rstd_q, rq);
+    head_norm(p.k_norm, kp, s.k, rstd_k, rk);
+  }
   rope(rows, s.q, s.k);
   kv.attend(*this, l, rows, s);
   k_.copy(s.x, s.x2, static_cast<size_t>(n * cfg_.dim) * sizeof(float));
   matmul(l, 1, p.o, s.att, s.x2, DType::kF32, n, 1.0f);
+  add_bias(p.o_bias, s.x2, DType::kF32, n);
 }
 
 void Decoder::mlp_block(int l, int64_t n, DecoderActs& s, const MoeShape& ms, const MoeOptions& mo,
@@ -159,6 +241,7 @@ void Decoder::layer_backward(int l, const PassRows& rows, DecoderActs& s, const 
 
   // Attention branch: x2 = x + attention(rope(h Wq^T), rope(h Wk^T), h Wv^T) Wo^T.
   const void* g_out = dres_compute(n, gr);
+  bias_backward(p.o_bias, g_out, n);
   matmul_backward(l, 1, p.o, g_out, s.att, gr.datt, act_, n, 0.0f);
   const TensorView dqv = k_.view(gr.dq, act_, {b, t, hq, hd});
   const TensorView dkv = k_.view(gr.dk, act_, {b, t, hkv, hd});
@@ -169,6 +252,17 @@ void Decoder::layer_backward(int l, const PassRows& rows, DecoderActs& s, const 
                         k_.view(gr.dv, act_, {b, t, hkv, hd}));
   k_.rope_backward(dqv, dqv, rows.position, rope_);
   k_.rope_backward(dkv, dkv, rows.position, rope_);
+  if (p.q_norm >= 0) {
+    HYP_CHECK(s.q_pre != nullptr && s.k_pre != nullptr && s.rstd_q != nullptr &&
+                  s.rstd_k != nullptr,
+              "decoder: the qk-norm backward needs the saved q_pre, k_pre and their rstd");
+    head_norm_backward(p.q_norm, gr.dq, s.q_pre, s.rstd_q, gr.dq, n * hq);
+    head_norm_backward(p.k_norm, gr.dk, s.k_pre, s.rstd_k, gr.dk, n * hkv);
+  }
+  bias_backward(p.q_bias, gr.dq, n);
+  bias_backward(p.k_bias, gr.dk, n);
+  bias_backward(p.v_bias, gr.dv, n);
+  // The projections' inputs were h; with qk-norm their outputs were q_pre / k_pre.
   matmul_backward(l, 0, p.q, gr.dq, s.h, gr.dh, DType::kF32, n, 0.0f);
   matmul_backward(l, 0, p.k, gr.dk, s.h, gr.dh, DType::kF32, n, 1.0f);
   matmul_backward(l, 0, p.v, gr.dv, s.h, gr.dh, DType::kF32, n, 1.0f);

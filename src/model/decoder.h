@@ -5,7 +5,8 @@
 // how matrices are stored is a LinearWeights (model/linear.h).
 //
 //   x = embed(tokens) * embedding_scale                  residual stream, always f32
-//   per layer:  h  = norm(x) ; q,k,v = h Wq^T, h Wk^T, h Wv^T ; rope(q, k)
+//   per layer:  h  = norm(x) ; q,k,v = h Wq^T + bq, h Wk^T + bk, h Wv^T + bv (biases where
+//               the family has them) ; q,k = qknorm(q), qknorm(k) per head (Qwen3) ; rope(q, k)
 //               x2 = x + attention(q, k, v) Wo^T          (keys/values: the KvSource)
 //               h2 = norm(x2) ; x' = x2 + (act(h2 Wg^T) * h2 Wu^T) Wd^T   or MoE(h2)
 //   logits = norm(x) Wlm^T
@@ -35,6 +36,13 @@ struct DecoderActs {
   void* q = nullptr;  // [N, Hq * hd], after RoPE
   void* k = nullptr;  // [N, Hkv * hd], after RoPE
   void* v = nullptr;
+  // qk-norm: the projections before the per-head norm ([N, Hq * hd], [N, Hkv * hd]) and
+  // the norms' rstd ([N * Hq], [N * Hkv]). Null q_pre / k_pre: the norm runs in place on
+  // q / k (inference); null rstd: the decoder's scratch holds them.
+  void* q_pre = nullptr;
+  void* k_pre = nullptr;
+  float* rstd_q = nullptr;
+  float* rstd_k = nullptr;
   void* att = nullptr;   // [N, Hq * hd]
   float* lse = nullptr;  // [B, Hq, T]
   float* x2 = nullptr;   // [N, D] f32, after the attention residual
@@ -161,6 +169,17 @@ class Decoder {
   void norm_backward(const float* x, int64_t n, int index, const float* rstd, float* dx,
                      bool accumulate, const DecoderGrads& g) const;
   void rope(const PassRows& rows, void* q, void* k) const;
+  // y[n, out] += bias (parameter `index`; -1: none).
+  void add_bias(int index, void* y, DType yd, int64_t n) const;
+  // grad(bias) += sum over the n rows of dy [n, out] (act dtype).
+  void bias_backward(int index, const void* dy, int64_t n);
+  // qk-norm over heads of hd: y = norm(x) per [hd] row ([rows, hd]); x may be y.
+  void head_norm(int index, const void* x, void* y, float* rstd, int64_t rows) const;
+  // Its backward: dy (gradient at y, [rows, hd]) -> dx (may be dy), grad(weight) +=.
+  void head_norm_backward(int index, const void* dy, const void* x, const float* rstd, void* dx,
+                          int64_t rows) const;
+  // The rstd buffers of a pass whose acts bring none (inference), grown on demand.
+  float* qk_rstd_scratch(int64_t rows);
   // y = x W^T (+ beta y) for parameter `index`, quantised when covered; `kind` names the
   // input's saved slot (see QuantizedMatmuls::slot; -1 with the LM head).
   void matmul(int l, int kind, int index, const void* x, void* y, DType yd, int64_t n,
@@ -179,6 +198,10 @@ class Decoder {
   RopeTable rope_;
   float norm_offset_;
   QuantizedMatmuls* quant_ = nullptr;
+  DeviceBuffer ones_;         // [rows] ones in the act dtype: the bias gradient's reduction
+  int64_t ones_rows_ = 0;
+  DeviceBuffer qk_rstd_;      // qk-norm rstd when the acts have none
+  int64_t qk_rstd_rows_ = 0;
 };
 
 }  // namespace hyperion

@@ -23,7 +23,7 @@ LinearWeights::LinearWeights(const ParamStore& params, WeightFormat format)
             "bf16 or int8 weights need the parameter store's bf16 copy");
   const LlamaConfig& cfg = params.config();
   for (const ParamInfo& info : params.infos()) {
-    if (info.kind == ParamKind::kNorm) continue;
+    if (info.kind == ParamKind::kNorm || info.kind == ParamKind::kBias) continue;
     const bool expert = info.name.find(".experts.") != std::string::npos;
     const bool matmul = info.kind == ParamKind::kMatrix ||
                         (info.kind == ParamKind::kEmbedding && params.lm_head() == params.embed());

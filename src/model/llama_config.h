@@ -7,6 +7,7 @@
 #include <string>
 
 #include "base/system_memory.h"
+#include "kernels/rope.h"
 #include "model/architecture.h"
 
 namespace hyperion {
@@ -30,10 +31,12 @@ struct LlamaConfig {
   int64_t ffn_dim = 11008;      // intermediate_size
   double norm_eps = 1e-5;       // rms_norm_eps
   double rope_theta = 10000;    // rope_theta
+  RopeScaling rope_scaling;     // rope_scaling (or transformers 5's rope_parameters)
   int64_t max_seq_len = 2048;   // max_position_embeddings
   bool tie_embeddings = false;  // tie_word_embeddings
   int32_t bos_id = 1;
   int32_t eos_id = 2;
+  int32_t pad_id = -1;  // pad_token_id; -1: none
 
   // Mixture of experts (Hugging Face MixtralConfig semantics when every layer is MoE).
   int64_t n_experts = 0;          // num_local_experts; 0 = a dense model

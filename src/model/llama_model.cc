@@ -48,6 +48,7 @@ LlamaModel::LlamaModel(ParamStore& params, const ModelOptions& options)
   int64_t* act = &activation_bytes_;
   int64_t* scr = &scratch_bytes_;
 
+  const bool qk_norm = cfg_.arch.qk_norm;
   const int64_t n_moe = cfg_.n_moe_layers();
   const bool any_dense = n_moe < cfg_.n_layers;
   if (n_moe > 0)
@@ -79,6 +80,12 @@ LlamaModel::LlamaModel(ParamStore& params, const ModelOptions& options)
       shared.att = alloc(n * q * a, scr);
       shared.lse = static_cast<float*>(alloc(lse, scr));
       shared.x2 = static_cast<float*>(alloc(n * d * 4, scr));
+      if (qk_norm) {
+        shared.q_pre = alloc(n * q * a, scr);
+        shared.k_pre = alloc(n * kv * a, scr);
+        shared.rstd_q = static_cast<float*>(alloc(n * cfg_.n_heads * 4, scr));
+        shared.rstd_k = static_cast<float*>(alloc(n * cfg_.n_kv_heads * 4, scr));
+      }
       if (any_dense) {
         shared.g = alloc(n * f * a, scr);
         shared.u = alloc(n * f * a, scr);
@@ -114,6 +121,12 @@ LlamaModel::LlamaModel(ParamStore& params, const ModelOptions& options)
       la.att = alloc(n * q * a, act);
       la.lse = static_cast<float*>(alloc(lse, act));
       la.x2 = static_cast<float*>(alloc(n * d * 4, act));
+      if (qk_norm) {
+        la.q_pre = alloc(n * q * a, act);
+        la.k_pre = alloc(n * kv * a, act);
+        la.rstd_q = static_cast<float*>(alloc(n * cfg_.n_heads * 4, act));
+        la.rstd_k = static_cast<float*>(alloc(n * cfg_.n_kv_heads * 4, act));
+      }
       if (moe) {
         la.moe.g = alloc(rows * fe * a, act);
         la.moe.u = alloc(rows * fe * a, act);

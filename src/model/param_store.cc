@@ -56,36 +56,55 @@ void ParamStore::describe() {
   const int64_t d = config.dim, q = config.q_dim(), kv = config.kv_dim(), f = config.ffn_dim;
   const int64_t fe = config.expert_ffn_dim();
   const int ne = static_cast<int>(config.n_experts);
-  embed_ = add("model.embed_tokens.weight", {config.vocab_size, d}, -1, ParamKind::kEmbedding);
+  // Each tensor's Hugging Face name and llama.cpp's (gguf-py's tensor_mapping.py).
+  embed_ = add("model.embed_tokens.weight", "token_embd.weight", {config.vocab_size, d}, -1,
+               ParamKind::kEmbedding);
   for (int l = 0; l < config.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::string b = "blk." + std::to_string(l) + ".";
+    const DecoderArch& a = config.arch;
+    const auto K = ParamKind::kMatrix, N = ParamKind::kNorm, B = ParamKind::kBias;
     LayerParamIndex li;
-    li.input_norm = add(p + "input_layernorm.weight", {d}, l, ParamKind::kNorm);
-    li.q = add(p + "self_attn.q_proj.weight", {q, d}, l, ParamKind::kMatrix);
-    li.k = add(p + "self_attn.k_proj.weight", {kv, d}, l, ParamKind::kMatrix);
-    li.v = add(p + "self_attn.v_proj.weight", {kv, d}, l, ParamKind::kMatrix);
-    li.o = add(p + "self_attn.o_proj.weight", {d, q}, l, ParamKind::kMatrix);
-    li.post_norm = add(p + "post_attention_layernorm.weight", {d}, l, ParamKind::kNorm);
+    li.input_norm = add(p + "input_layernorm.weight", b + "attn_norm.weight", {d}, l, N);
+    li.q = add(p + "self_attn.q_proj.weight", b + "attn_q.weight", {q, d}, l, K);
+    if (a.qkv_bias) li.q_bias = add(p + "self_attn.q_proj.bias", b + "attn_q.bias", {q}, l, B);
+    li.k = add(p + "self_attn.k_proj.weight", b + "attn_k.weight", {kv, d}, l, K);
+    if (a.qkv_bias) li.k_bias = add(p + "self_attn.k_proj.bias", b + "attn_k.bias", {kv}, l, B);
+    li.v = add(p + "self_attn.v_proj.weight", b + "attn_v.weight", {kv, d}, l, K);
+    if (a.qkv_bias) li.v_bias = add(p + "self_attn.v_proj.bias", b + "attn_v.bias", {kv}, l, B);
+    if (a.qk_norm) {
+      const int64_t hd = config.head_dim;
+      li.q_norm = add(p + "self_attn.q_norm.weight", b + "attn_q_norm.weight", {hd}, l, N);
+      li.k_norm = add(p + "self_attn.k_norm.weight", b + "attn_k_norm.weight", {hd}, l, N);
+    }
+    li.o = add(p + "self_attn.o_proj.weight", b + "attn_output.weight", {d, q}, l, K);
+    if (a.o_bias) li.o_bias = add(p + "self_attn.o_proj.bias", b + "attn_output.bias", {d}, l, B);
+    li.post_norm = add(p + "post_attention_layernorm.weight", b + "ffn_norm.weight", {d}, l, N);
     if (config.is_moe_layer(l)) {
+      // Mixtral's w1 = gate, w3 = up, w2 = down; llama.cpp stacks the experts.
       const std::string m = p + "block_sparse_moe.";
-      li.router = add(m + "gate.weight", {config.n_experts, d}, l, ParamKind::kMatrix);
-      li.gate = add_stacked(m + "experts.", ".w1.weight", ne, {fe, d}, l);
-      li.up = add_stacked(m + "experts.", ".w3.weight", ne, {fe, d}, l);
-      li.down = add_stacked(m + "experts.", ".w2.weight", ne, {d, fe}, l);
+      li.router = add(m + "gate.weight", b + "ffn_gate_inp.weight", {config.n_experts, d}, l, K);
+      li.gate = add_stacked(m + "experts.", ".w1.weight", b + "ffn_gate_exps.weight", ne, {fe, d}, l);
+      li.up = add_stacked(m + "experts.", ".w3.weight", b + "ffn_up_exps.weight", ne, {fe, d}, l);
+      li.down = add_stacked(m + "experts.", ".w2.weight", b + "ffn_down_exps.weight", ne, {d, fe}, l);
     } else {
-      li.gate = add(p + "mlp.gate_proj.weight", {f, d}, l, ParamKind::kMatrix);
-      li.up = add(p + "mlp.up_proj.weight", {f, d}, l, ParamKind::kMatrix);
-      li.down = add(p + "mlp.down_proj.weight", {d, f}, l, ParamKind::kMatrix);
+      li.gate = add(p + "mlp.gate_proj.weight", b + "ffn_gate.weight", {f, d}, l, K);
+      li.up = add(p + "mlp.up_proj.weight", b + "ffn_up.weight", {f, d}, l, K);
+      li.down = add(p + "mlp.down_proj.weight", b + "ffn_down.weight", {d, f}, l, K);
     }
     layers_.push_back(li);
   }
-  final_norm_ = add("model.norm.weight", {d}, -1, ParamKind::kNorm);
-  if (!tie_) lm_head_ = add("lm_head.weight", {config.vocab_size, d}, -1, ParamKind::kMatrix);
+  final_norm_ = add("model.norm.weight", "output_norm.weight", {d}, -1, ParamKind::kNorm);
+  if (!tie_)
+    lm_head_ = add("lm_head.weight", "output.weight", {config.vocab_size, d}, -1,
+                   ParamKind::kMatrix);
 }
 
-int ParamStore::add(std::string name, Shape shape, int layer, ParamKind kind) {
+int ParamStore::add(std::string name, std::string gguf_name, Shape shape, int layer,
+                    ParamKind kind) {
   ParamInfo info;
   info.name = std::move(name);
+  info.gguf_name = std::move(gguf_name);
   info.shape = shape;
   info.offset = size_;
   info.numel = shape.numel();
@@ -96,13 +115,14 @@ int ParamStore::add(std::string name, Shape shape, int layer, ParamKind kind) {
   return static_cast<int>(infos_.size() - 1);
 }
 
-int ParamStore::add_stacked(const std::string& prefix, const std::string& suffix, int count,
-                            Shape shape, int layer) {
+int ParamStore::add_stacked(const std::string& prefix, const std::string& suffix,
+                            std::string gguf_name, int count, Shape shape, int layer) {
   const int first = static_cast<int>(infos_.size());
   const int64_t begin = size_;
   for (int e = 0; e < count; ++e) {
     ParamInfo info;
     info.name = prefix + std::to_string(e) + suffix;
+    info.gguf_name = gguf_name;
     info.shape = shape;
     info.numel = shape.numel();
     info.offset = begin + e * info.numel;
@@ -198,8 +218,11 @@ void ParamStore::init(uint64_t seed, double std) {
     const ParamInfo& p = infos_[i];
     const TensorView v(base + p.offset, DType::kF32, p.shape);
     // A norm starts as the identity scale: w = 1, or 0 where the scale is (1 + w).
+    // A bias starts at zero (as Hugging Face's _init_weights).
     if (p.kind == ParamKind::kNorm)
       fill_constant(v, 1.0f - config_.arch.norm_weight_offset);
+    else if (p.kind == ParamKind::kBias)
+      fill_constant(v, 0.0f);
     else
       fill_normal(v, seed ^ hash_string(p.name.c_str()), 0.0f, static_cast<float>(std));
   }

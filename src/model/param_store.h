@@ -4,8 +4,9 @@
 // contiguous, so a layer is one [begin, end) range: the unit a data-parallel or FSDP
 // trainer reduces or gathers in buckets.
 //
-// Order: model.embed_tokens, then per layer input_layernorm, q_proj, k_proj, v_proj,
-// o_proj, post_attention_layernorm, and either the dense MLP (gate_proj, up_proj,
+// Order: model.embed_tokens, then per layer input_layernorm, q_proj, k_proj, v_proj (each
+// followed by its bias where the family has one), q_norm and k_norm (qk-norm families),
+// o_proj (and its bias), post_attention_layernorm, and either the dense MLP (gate_proj, up_proj,
 // down_proj) or the mixture of experts (block_sparse_moe.gate = the router [E, D], then
 // every expert's w1 (gate), every expert's w3 (up), every expert's w2 (down)), then
 // model.norm and lm_head (absent when tied). Matrices are [out, in] as Hugging Face
@@ -24,10 +25,12 @@
 
 namespace hyperion {
 
-enum class ParamKind : uint8_t { kEmbedding, kMatrix, kNorm };
+enum class ParamKind : uint8_t { kEmbedding, kMatrix, kNorm, kBias };
 
 struct ParamInfo {
-  std::string name;  // Hugging Face tensor name
+  std::string name;       // Hugging Face tensor name
+  std::string gguf_name;  // llama.cpp's name (blk.{i}.attn_q.weight, ...); an expert's is
+                          // its stacked tensor's (blk.{i}.ffn_gate_exps.weight)
   Shape shape;
   int64_t offset = 0;  // elements into the flat buffers
   int64_t numel = 0;
@@ -41,6 +44,8 @@ struct ParamInfo {
 struct LayerParamIndex {
   int input_norm, q, k, v, o, post_norm, gate, up, down;
   int router = -1;
+  int q_bias = -1, k_bias = -1, v_bias = -1, o_bias = -1;  // -1: no bias
+  int q_norm = -1, k_norm = -1;                            // -1: no qk-norm
   bool moe() const { return router >= 0; }
 };
 
@@ -118,10 +123,10 @@ class ParamStore {
   void sync_bf16();
 
  private:
-  int add(std::string name, Shape shape, int layer, ParamKind kind);
+  int add(std::string name, std::string gguf_name, Shape shape, int layer, ParamKind kind);
   // Adds `count` tensors named prefix + e + suffix back to back (no padding between them).
-  int add_stacked(const std::string& prefix, const std::string& suffix, int count, Shape shape,
-                  int layer);
+  int add_stacked(const std::string& prefix, const std::string& suffix, std::string gguf_name,
+                  int count, Shape shape, int layer);
   static TensorView stack(const TensorView& first, int count);
   ParamStore() = default;  // for layout() and bytes(): described, never allocated
   // Lays out every tensor (infos_, layers_, size_) without allocating.

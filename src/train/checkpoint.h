@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "io/weight_files.h"
 #include "io/tokenizer.h"
 #include "model/llama_config.h"
 #include "model/param_store.h"
@@ -108,19 +109,7 @@ std::string resolve_checkpoint_dir(const std::string& path);
 
 LlamaConfig read_checkpoint_config(const std::string& checkpoint_dir);
 
-// A checkpoint's weight files, opened (headers parsed, data mapped lazily): the single
-// model.safetensors or every file of a sharded model.safetensors.index.json.
-class WeightFiles {
- public:
-  explicit WeightFiles(const std::string& checkpoint_dir);
-  const io::SafetensorsTensor* find(const std::string& name) const;
-  const io::SafetensorsFile* file_of(const std::string& name) const;  // null: not held
-  std::vector<std::string> names() const;                             // sorted
-
- private:
-  std::vector<io::SafetensorsFile> files_;
-  std::map<std::string, size_t> where_;
-};
+using io::WeightFiles;
 
 // Before anything is allocated: the weight files hold exactly the tensors config.json
 // describes, with the same shapes (a config that disagrees with its weights - fewer

@@ -5,8 +5,10 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "base/source_dir.h"
 #include "io/atomic_file.h"
+#include "io/tokenizer.h"
 #include "kernels/hardware.h"
 #include "recsys/dlrm_config.h"
 #include "train/checkpoint.h"
@@ -49,8 +51,9 @@ std::vector<ConfigKey> train_config_schema() {
        "decoder (a language model: the keys below) or dlrm (a DLRM-V2 recommender: the dlrm.* "
        "keys)"},
       {"decoder_block", T::kString, "llama2",
-       "decoder family: llama2 (also llama3, mistral, mixtral) or gemma ((1 + w) RMSNorm, "
-       "GELU-tanh MLP, embeddings scaled by sqrt(base_emb_dim), head tied to the embedding)"},
+       "decoder family: llama2 (also llama3, mistral, mixtral), gemma ((1 + w) RMSNorm, "
+       "GELU-tanh MLP, embeddings scaled by sqrt(base_emb_dim), head tied to the embedding), "
+       "qwen2 (q/k/v biases) or qwen3 (q/k RMSNorm per head)"},
       {"vocab_size", T::kInt, "32000",
        "vocabulary size (also the tokenizer's when one is trained)"},
       {"base_emb_dim", T::kInt, "4096", "hidden_size"},
@@ -61,6 +64,22 @@ std::vector<ConfigKey> train_config_schema() {
       {"base_mlp_dim", T::kInt, "11008", "intermediate_size of the SwiGLU MLP"},
       {"normalization_layer_epsilon", T::kFloat, "1e-5", "rms_norm_eps"},
       {"rope_max_timescale", T::kFloat, "10000", "rope_theta"},
+      {"rope_type", T::kString, "default",
+       "RoPE scaling (rope_scaling.rope_type): default | linear | llama3 (Llama 3.1, also "
+       "llama3.1) | yarn"},
+      {"rope_factor", T::kFloat, "1", "rope_scaling.factor (linear, llama3, yarn)"},
+      {"rope_low_freq_factor", T::kFloat, "1", "rope_scaling.low_freq_factor (llama3)"},
+      {"rope_high_freq_factor", T::kFloat, "4", "rope_scaling.high_freq_factor (llama3)"},
+      {"original_max_position_embeddings", T::kInt, "0",
+       "rope_scaling.original_max_position_embeddings: the trained context (llama3, yarn)"},
+      {"beta_fast", T::kFloat, "32", "rope_scaling.beta_fast (yarn)"},
+      {"beta_slow", T::kFloat, "1", "rope_scaling.beta_slow (yarn)"},
+      {"rope_attention_factor", T::kFloat, "0",
+       "rope_scaling.attention_factor (yarn; 0: 0.1 ln(factor) + 1)"},
+      {"attention_bias", T::kBool, "false",
+       "biases on q_proj, k_proj, v_proj and o_proj (attention_bias; qwen2 always has q/k/v "
+       "biases)"},
+
       {"logits_via_embedding", T::kBool, "false", "tie lm_head to the embedding"},
       {"max_position_embeddings", T::kInt, "0", "0: max_target_length"},
       // Mixture of experts (MaxText names; Hugging Face MixtralConfig in the help).
@@ -82,7 +101,13 @@ std::vector<ConfigKey> train_config_schema() {
       // Data.
       {"dataset_path", T::kString, "",
        "prepared dataset dir, or a .txt/.jsonl file; empty: the bundled corpus"},
-      {"tokenizer_path", T::kString, "", "existing SentencePiece .model (else one is trained)"},
+      {"tokenizer_path", T::kString, "",
+       "existing tokenizer: a SentencePiece .model, a tokenizer.json or a directory holding "
+       "one (else one is trained)"},
+      {"load_parameters_path", T::kString, "",
+       "fine-tune: start from this Hugging Face model directory's (or checkpoint's) weights; "
+       "the model's shape is its config.json, its tokenizer the default tokenizer_path, the "
+       "optimizer fresh"},
       {"max_target_length", T::kInt, "2048", "sequence length"},
       {"per_device_batch_size", T::kInt, "8", "sequences per micro-batch"},
       {"gradient_accumulation_steps", T::kInt, "1", "micro-batches per optimizer step"},
@@ -324,6 +349,34 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
   m.ffn_dim = positive("base_mlp_dim");
   m.norm_eps = c.get_float("normalization_layer_epsilon");
   m.rope_theta = c.get_float("rope_max_timescale");
+  {
+    std::string type = c.get_string("rope_type");
+    if (type == "llama3.1") type = "llama3";  // MaxText's spelling
+    RopeScaling& r = m.rope_scaling;
+    HYP_CHECK(parse_rope_type(type, &r.type),
+              "config key {} = '{}' is not a RoPE type (default, linear, llama3, yarn)",
+              where("rope_type"), c.get_string("rope_type"));
+    r.factor = c.get_float("rope_factor");
+    r.low_freq_factor = c.get_float("rope_low_freq_factor");
+    r.high_freq_factor = c.get_float("rope_high_freq_factor");
+    r.original_max_positions = non_negative("original_max_position_embeddings");
+    r.beta_fast = c.get_float("beta_fast");
+    r.beta_slow = c.get_float("beta_slow");
+    r.attention_factor = c.get_float("rope_attention_factor");
+    if (r.type != RopeScaling::Type::kNone) {
+      try {
+        (void)rope_inv_freq(2, 10000.0, r);
+      } catch (const Error& e) {
+        fail("config key {}: {}", where("rope_type"), e.what());
+      }
+    }
+  }
+  if (c.get_bool("attention_bias")) {
+    HYP_CHECK(m.arch.family != DecoderFamily::kQwen2,
+              "config key {}: qwen2 always has q/k/v biases and never an o_proj bias",
+              where("attention_bias"));
+    m.arch.qkv_bias = m.arch.o_bias = true;
+  }
   // Gemma's head is always the embedding (GemmaForCausalLM ties it).
   m.tie_embeddings = c.get_bool("logits_via_embedding") || family->tied_head;
   // The model's bound (max_position_embeddings), checked here so the error names the key
@@ -367,6 +420,40 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
 
   t.dataset_path = c.get_string("dataset_path");
   t.tokenizer_path = c.get_string("tokenizer_path");
+  t.load_parameters_path = c.get_string("load_parameters_path");
+  if (!t.load_parameters_path.empty()) {
+    // The shape is the checkpoint's. A model key given on the command line beside it would
+    // be silently overridden (or disagree with the weights), so it is refused by name; a
+    // preset's or YAML file's model keys are replaced (and said so).
+    static const char* const kModelKeys[] = {
+        "decoder_block", "vocab_size", "base_emb_dim", "base_num_decoder_layers",
+        "base_num_query_heads", "base_num_kv_heads", "head_dim", "base_mlp_dim",
+        "normalization_layer_epsilon", "rope_max_timescale", "logits_via_embedding",
+        "max_position_embeddings", "rope_type", "rope_factor", "rope_low_freq_factor",
+        "rope_high_freq_factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+        "rope_attention_factor", "attention_bias", "num_experts", "num_experts_per_tok",
+        "base_moe_mlp_dim", "first_num_dense_layers", "interleave_moe_layer_step",
+        "norm_topk_prob"};
+    std::vector<std::string> replaced;
+    for (const char* key : kModelKeys) {
+      HYP_CHECK(c.source_of(key) != "command line",
+                "config key {}: with load_parameters_path the model's shape comes from {}'s "
+                "config.json; remove the key",
+                where(key), t.load_parameters_path);
+      if (c.source_of(key) != "default") replaced.push_back(key);
+    }
+    if (!replaced.empty())
+      log_info("load_parameters_path: the model's shape is {}'s config.json; the config's {} "
+               "are not used",
+               t.load_parameters_path, fmt::join(replaced, ", "));
+    const std::string dir = resolve_checkpoint_dir(t.load_parameters_path);
+    m = read_checkpoint_config(dir);
+    t.load_parameters_path = dir;
+    HYP_CHECK(m.max_seq_len >= t.max_target_length,
+              "config key {} ({}) exceeds the max_position_embeddings ({}) of {}/config.json",
+              where("max_target_length"), t.max_target_length, m.max_seq_len, dir);
+    if (t.tokenizer_path.empty() && !io::tokenizer_file_in(dir).empty()) t.tokenizer_path = dir;
+  }
   t.per_device_batch_size = positive_at_most("per_device_batch_size", 65536);
   t.gradient_accumulation_steps = positive_at_most("gradient_accumulation_steps", 1 << 20);
   t.data_shuffle_seed = static_cast<uint64_t>(c.get_int("data_shuffle_seed"));

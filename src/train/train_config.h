@@ -77,6 +77,10 @@ struct TrainConfig {
   // Data.
   std::string dataset_path;    // prepared dir (train.bin ...) or a .txt/.jsonl to prepare
   std::string tokenizer_path;  // existing SentencePiece model (optional)
+  // A Hugging Face model directory (or hyperion checkpoint) whose weights start the run
+  // (MaxText's load_parameters_path): the model's shape is its config.json, the optimizer
+  // starts fresh. Empty: weights initialised from init_weights_seed.
+  std::string load_parameters_path;
   int64_t max_target_length = 256;
   int64_t per_device_batch_size = 8;
   int64_t gradient_accumulation_steps = 1;

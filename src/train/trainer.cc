@@ -423,6 +423,15 @@ void TrainingRun::setup() {
       }
     }
     log_info("resume: from {} at step {}", *resume_from_, state_.step);
+  } else if (!t.load_parameters_path.empty()) {
+    // Fine-tuning: the weights of a Hugging Face directory, a fresh optimizer.
+    monitor_->restore_started();
+    Timer restore_timer;
+    load_model_weights(t.load_parameters_path, params);
+    monitor_->restore_done(0, restore_timer.seconds());
+    if (QuantizedMatmuls* q = model_->quantized()) q->weights_changed();
+    sync_->release_unowned();
+    log_info("load_parameters_path: weights from {}; optimizer fresh", t.load_parameters_path);
   } else {
     params.init(t.init_weights_seed);
     sync_->release_unowned();

@@ -102,10 +102,10 @@ TEST_F(CheckpointRefusals, ConfigThatDisagreesWithTheWeights) {
   expect_refused(dir, "hidden_act 'gelu' is not supported");
   dir = copy("type");
   edit_config(dir, [](json& c) { c["model_type"] = "gpt2"; });
-  expect_refused(dir, "model_type 'gpt2' is not supported");
+  expect_refused(dir, "'model_type' = 'gpt2' is not supported");
   dir = copy("scaling");
-  edit_config(dir, [](json& c) { c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; });
-  expect_refused(dir, "rope_scaling");
+  edit_config(dir, [](json& c) { c["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}}; });
+  expect_refused(dir, "rope_scaling.rope_type 'dynamic' is not supported");
 }
 
 TEST_F(CheckpointRefusals, AbsurdSizesAreNamedBeforeAnyAllocation) {

@@ -672,6 +672,9 @@ class ConvertTest : public ::testing::Test {
     std::string extra;          // an extra tensor to add
     std::string drop_key;       // a config key to leave out
     bool gemma = false;         // a GemmaForCausalLM checkpoint
+    std::string model_type;     // "qwen2", "qwen3" or "" (llama / gemma as above)
+    bool attention_bias = false;  // llama: biases on q, k, v and o
+    nlohmann::json rope_scaling;  // written when not null
   };
 
   // Builds model.safetensors + config.json + tokenizer.model in dir.path / "ckpt".
@@ -687,10 +690,19 @@ class ConvertTest : public ::testing::Test {
     for (int64_t i = 0; i < o.layers; ++i) {
       const std::string p = fmt::format("model.layers.{}.", i);
       spec.push_back({p + "input_layernorm.weight", {o.dim}});
+      const bool qkv_bias = o.model_type == "qwen2" || o.attention_bias;
       spec.push_back({p + "self_attn.q_proj.weight", {o.heads * hd, o.dim}});
+      if (qkv_bias) spec.push_back({p + "self_attn.q_proj.bias", {o.heads * hd}});
       spec.push_back({p + "self_attn.k_proj.weight", {o.kv_heads * hd, o.dim}});
+      if (qkv_bias) spec.push_back({p + "self_attn.k_proj.bias", {o.kv_heads * hd}});
       spec.push_back({p + "self_attn.v_proj.weight", {o.kv_heads * hd, o.dim}});
+      if (qkv_bias) spec.push_back({p + "self_attn.v_proj.bias", {o.kv_heads * hd}});
+      if (o.model_type == "qwen3") {
+        spec.push_back({p + "self_attn.q_norm.weight", {hd}});
+        spec.push_back({p + "self_attn.k_norm.weight", {hd}});
+      }
       spec.push_back({p + "self_attn.o_proj.weight", {o.dim, o.heads * hd}});
+      if (o.attention_bias) spec.push_back({p + "self_attn.o_proj.bias", {o.dim}});
       spec.push_back({p + "post_attention_layernorm.weight", {o.dim}});
       spec.push_back({p + "mlp.gate_proj.weight", {o.ff, o.dim}});
       spec.push_back({p + "mlp.up_proj.weight", {o.ff, o.dim}});
@@ -747,6 +759,12 @@ class ConvertTest : public ::testing::Test {
       cfg["model_type"] = "gemma";
       cfg["hidden_activation"] = "gelu_pytorch_tanh";
     }
+    if (o.model_type == "qwen2" || o.model_type == "qwen3") {
+      cfg["architectures"] = {o.model_type == "qwen2" ? "Qwen2ForCausalLM" : "Qwen3ForCausalLM"};
+      cfg["model_type"] = o.model_type;
+    }
+    if (o.attention_bias) cfg["attention_bias"] = true;
+    if (!o.rope_scaling.is_null()) cfg["rope_scaling"] = o.rope_scaling;
     if (!o.drop_key.empty()) cfg.erase(o.drop_key);
     write_bytes((fs::path(ckpt_) / "config.json").string(), cfg.dump(2));
   }
@@ -974,6 +992,87 @@ TEST_F(ConvertTest, GemmaArchitectureNormsAndUnpermutedRope) {
     ASSERT_EQ(got.size(), w.size());
     for (size_t i = 0; i < w.size(); ++i) ASSERT_EQ(got[i], w[i] + 1.0f) << gg << " " << i;
   }
+}
+
+// Qwen2 (q/k/v biases) and Qwen3 (q/k norms) as llama.cpp's qwen2 / qwen3 architectures:
+// rows kept in Hugging Face's order (their graphs rotate halves), biases and norms f32.
+TEST_F(ConvertTest, QwenArchitecturesBiasesAndQkNorms) {
+  for (const char* mt : {"qwen2", "qwen3"}) {
+    SCOPED_TRACE(mt);
+    Options o;
+    o.model_type = mt;
+    o.head_dim = mt == std::string("qwen3") ? 24 : 0;
+    make_checkpoint(o);
+    GgufFile f = convert("f16");
+    EXPECT_EQ(f.get_string("general.architecture"), mt);
+    const std::string a = mt;
+    EXPECT_EQ(f.get_u32(a + ".block_count"), 2u);
+    EXPECT_EQ(f.get_u32(a + ".attention.head_count_kv"), 2u);
+    const int64_t hd = o.head_dim > 0 ? o.head_dim : 16;
+    EXPECT_EQ(f.get_u32(a + ".rope.dimension_count"), uint32_t(hd));
+    // q_proj is not permuted.
+    std::vector<float> q = f.dequantize("blk.1.attn_q.weight");
+    const std::vector<float>& want = weights_.at("model.layers.1.self_attn.q_proj.weight");
+    ASSERT_EQ(q.size(), want.size());
+    for (size_t i = 0; i < q.size(); ++i) ASSERT_NEAR(q[i], want[i], 1e-3f * (1 + std::fabs(want[i])));
+    if (a == "qwen2") {
+      EXPECT_EQ(f.dequantize("blk.0.attn_k.bias"), weights_.at("model.layers.0.self_attn.k_proj.bias"));
+      EXPECT_EQ(f.tensor("blk.0.attn_v.bias").type, GgmlType::kF32);
+      EXPECT_EQ(f.find("blk.0.attn_output.bias"), nullptr);
+    } else {
+      EXPECT_EQ(f.dequantize("blk.1.attn_q_norm.weight"),
+                weights_.at("model.layers.1.self_attn.q_norm.weight"));
+      EXPECT_EQ(f.tensor("blk.1.attn_k_norm.weight").type, GgmlType::kF32);
+      EXPECT_EQ(f.get_u32("qwen3.attention.key_length"), 24u);
+    }
+  }
+}
+
+// Llama with attention_bias: the q/k biases are permuted with their rows; Llama 3.1's
+// scaled RoPE becomes rope_freqs.weight (plain over scaled frequency), linear and YaRN
+// become rope.scaling.* keys.
+TEST_F(ConvertTest, AttentionBiasAndRopeScaling) {
+  Options o;
+  o.attention_bias = true;
+  o.rope_scaling = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                    {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+  make_checkpoint(o);
+  GgufFile f = convert("f32");
+  const std::vector<float> qb = f.dequantize("blk.0.attn_q.bias");
+  EXPECT_EQ(unpermute(qb, 64, 1, 4), weights_.at("model.layers.0.self_attn.q_proj.bias"));
+  const std::vector<float> kb = f.dequantize("blk.0.attn_k.bias");
+  EXPECT_EQ(unpermute(kb, 32, 1, 2), weights_.at("model.layers.0.self_attn.k_proj.bias"));
+  EXPECT_EQ(f.dequantize("blk.1.attn_output.bias"), weights_.at("model.layers.1.self_attn.o_proj.bias"));
+  const std::vector<float> factors = f.dequantize("rope_freqs.weight");
+  ASSERT_EQ(factors.size(), 8u);  // head_dim 16
+  // theta 500000, head_dim 16: wavelengths 2 pi 500000^(i/8); original context 64 ->
+  // high band (< 16) kept (factor 1), low band (> 64) divided by 8.
+  for (size_t i = 0; i < factors.size(); ++i) {
+    const double wavelen = 2 * M_PI * std::pow(500000.0, double(i) / 8);
+    if (wavelen < 16) {
+      EXPECT_FLOAT_EQ(factors[i], 1.0f) << i;
+    }
+    if (wavelen > 64) {
+      EXPECT_FLOAT_EQ(factors[i], 8.0f) << i;
+    }
+    if (wavelen >= 16 && wavelen <= 64) {
+      EXPECT_GT(factors[i], 1.0f);
+      EXPECT_LT(factors[i], 8.0f);
+    }
+  }
+  EXPECT_FALSE(f.has("llama.rope.scaling.type"));
+  o = Options{};
+  o.rope_scaling = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}};
+  make_checkpoint(o);
+  GgufFile y = convert("f32");
+  EXPECT_EQ(y.get_string("llama.rope.scaling.type"), "yarn");
+  EXPECT_EQ(y.get_f32("llama.rope.scaling.factor"), 4.0f);
+  EXPECT_EQ(y.get_u32("llama.rope.scaling.original_context_length"), 64u);
+  o.rope_scaling = {{"rope_type", "linear"}, {"factor", 2.0}};
+  make_checkpoint(o);
+  GgufFile l = convert("f32");
+  EXPECT_EQ(l.get_string("llama.rope.scaling.type"), "linear");
+  EXPECT_EQ(l.get_f32("llama.rope.scaling.factor"), 2.0f);
 }
 
 TEST_F(ConvertTest, TiedEmbeddingsOmitOutput) {

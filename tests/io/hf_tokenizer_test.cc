@@ -188,6 +188,20 @@ TEST(HfTokenizer, ConfigNamesSpecialTokensTemplateAndEndTokens) {
   EXPECT_FALSE(tok.fits_model_vocab(tok.vocab_size() - 1));
 }
 
+// generation_config.json's eos_token_id list names end-of-turn tokens, and the file travels
+// with the tokenizer (into prepared datasets and checkpoints).
+TEST(HfTokenizer, GenerationConfigIsReadAndCarried) {
+  TempDir dir;
+  const Tokenizer plain = load_json(dir, byte_level_tokenizer());
+  const int32_t end = plain.token_id("<|end|>"), hello = plain.token_id("hello");
+  dir.write("generation_config.json", json{{"eos_token_id", {hello, end}}}.dump());
+  const Tokenizer tok = Tokenizer::load(dir.path.string());
+  EXPECT_TRUE(tok.is_end(hello));
+  EXPECT_TRUE(tok.is_end(end));
+  ASSERT_EQ(tok.files().size(), 2u);
+  EXPECT_EQ(tok.files()[1].first, "generation_config.json");
+}
+
 // A SentencePiece-style BPE (Llama 2, Gemma): ▁ for spaces, byte fallback, BOS added.
 json metaspace_tokenizer() {
   json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};

@@ -333,11 +333,12 @@ TEST(LlamaConfig, UnsupportedKeysAndAbsurdSizesAreRefusedByName) {
   };
   EXPECT_NE(message(with("hidden_act", "gelu")).find("m/config.json: hidden_act 'gelu'"),
             std::string::npos);
-  EXPECT_NE(message(with("model_type", "qwen2")).find("model_type 'qwen2' is not supported"),
+  EXPECT_NE(message(with("model_type", "phi3")).find("'model_type' = 'phi3' is not supported"),
             std::string::npos);
   EXPECT_NE(message(with("architectures", {"GPT2LMHeadModel"})).find("GPT2LMHeadModel"),
             std::string::npos);
-  EXPECT_NE(message(with("attention_bias", true)).find("attention_bias"), std::string::npos);
+  EXPECT_NE(message(with("mlp_bias", true)).find("mlp_bias"), std::string::npos);
+  EXPECT_NE(message(with("attention_bias", 1)).find("attention_bias"), std::string::npos);
   EXPECT_NE(message(with("rope_scaling", {{"rope_type", "llama3"}})).find("rope_scaling"),
             std::string::npos);
   EXPECT_EQ(message(with("rope_scaling", nullptr)), "");

@@ -5,15 +5,20 @@ Run by CTest as
     /usr/bin/python3 tests/model/torch_reference.py --hyperion build/release/hyperion
 Exit status 0 means pass; prints "SKIP" and exits 0 when torch is not importable.
 
-For three tiny model shapes (GQA/untied/remat none; MQA/tied/head_dim != dim/heads/
-custom rope_theta and rms_norm_eps/remat full; and a Gemma, decoder_block=gemma, with
-GemmaForCausalLM's (1 + w) norms, GELU-tanh MLP and sqrt(hidden) embedding scale) it:
+For tiny model shapes (GQA/untied/remat none; MQA/tied/head_dim != dim/heads/custom
+rope_theta and rms_norm_eps/remat full; a Gemma, decoder_block=gemma, with
+GemmaForCausalLM's (1 + w) norms, GELU-tanh MLP and sqrt(hidden) embedding scale; Llama
+3.1's scaled RoPE with attention biases on q/k/v/o; a Qwen2 (q/k/v biases) with YaRN RoPE
+over positions past its original context; a Qwen3 (per-head q/k RMSNorm) with linear
+RoPE scaling) it:
   1. prepares a synthetic corpus with `hyperion data prepare` and trains 3 steps in f32
      on a small split that fits in one batch (so every step sees every sequence and the
      step is reproducible without knowing the loader's shuffle), checkpointing each step;
   2. loads each checkpoint's model.safetensors into the reference below, written from the
      Hugging Face LlamaForCausalLM definitions (embedding, RMSNorm, rotate-half RoPE,
-     grouped-query attention via repeat_kv, SwiGLU MLP, final norm, lm_head or tied);
+     grouped-query attention via repeat_kv, SwiGLU MLP, final norm, lm_head or tied), with
+     modeling_rope_utils' default/linear/llama3/yarn inverse frequencies and attention
+     factor, and Qwen2's biases and Qwen3's q_norm/k_norm;
   3. training step: the loss and pre-clipping gradient norm hyperion logged at step k
      must match the reference's loss and autograd gradient at checkpoint k-1, and the
      AdamW update (torch.optim.AdamW semantics, clipping, no decay on norms/embeddings)
@@ -100,6 +105,94 @@ def write_safetensors(path, tensors, meta):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
+def to_bf16_bits(arr):
+    """float32 -> bfloat16 bits (round to nearest even), as uint16."""
+    u = np.ascontiguousarray(arr, dtype="<f4").view("<u4").astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
+
+
+def from_bf16_bits(bits):
+    return (bits.astype("<u4") << 16).view("<f4")
+
+
+def write_hf_directory(path, config, weights, tokenizer, shards=2):
+    """A model directory as the Hub lays it out: bf16 weights in `shards`
+    model-0000k-of-0000n.safetensors files, model.safetensors.index.json, config.json,
+    tokenizer.model. Returns the weights as the bf16 values hold them (float32)."""
+    os.makedirs(path)
+    names = list(weights)
+    per = (len(names) + shards - 1) // shards
+    weight_map, held, total = {}, {}, 0
+    for i in range(shards):
+        fn = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
+        for name in names[i * per : (i + 1) * per]:
+            bits = to_bf16_bits(weights[name])
+            held[name] = from_bf16_bits(bits).reshape(weights[name].shape)
+            b = bits.tobytes()
+            header[name] = {"dtype": "BF16", "shape": list(weights[name].shape),
+                            "data_offsets": [off, off + len(b)]}
+            blobs.append(b)
+            off += len(b)
+            weight_map[name] = fn
+        total += off
+        h = json.dumps(header).encode()
+        h += b" " * (-len(h) % 8)
+        with open(os.path.join(path, fn), "wb") as f:
+            f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
+    cfg = dict(config, torch_dtype="bfloat16")
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    shutil.copy(tokenizer, path)
+    return held
+
+
+def check_finetune(hyp, case, hf_dir, hf, weights, small, train_tokens, seq, batch, out, steps):
+    """`train load_parameters_path=HF_DIR`: the losses of `steps` steps equal a float64
+    reference that starts from the same (bf16) weights and runs its own AdamW."""
+    hyp.run("train", f"dataset_path={small}", f"load_parameters_path={hf_dir}",
+            f"max_target_length={seq}", f"per_device_batch_size={batch}", f"steps={steps}",
+            "learning_rate=1e-3", "lr_schedule=constant", "warmup_steps_fraction=0",
+            "dtype=float32", "sample_count=0", "peak_tflops=1", f"base_output_directory={out}",
+            f"run_name={case}", "eval_interval=0", "checkpoint_period=0", "remat_policy=none")
+    run_dir = os.path.join(out, case)
+    metrics = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+    ckpt = os.path.join(run_dir, "checkpoints", str(steps))
+    cfg = json.load(open(os.path.join(ckpt, "trainer_state.json")))["config"]
+    S = (len(train_tokens) - 1) // seq
+    seqs = np.stack([train_tokens[i * seq : i * seq + seq + 1] for i in range(S)])
+    inputs, targets = torch.from_numpy(seqs[:, :-1]), torch.from_numpy(seqs[:, 1:])
+    params = {n: w.astype(np.float64) for n, w in weights.items()}
+    m = {n + ".exp_avg": np.zeros_like(w) for n, w in params.items()}
+    v = {n + ".exp_avg_sq": np.zeros_like(w) for n, w in params.items()}
+    worst = 0.0
+    for k in range(1, steps + 1):
+        model = RefLlama(hf, params, requires_grad=True)
+        loss, _ = model.loss(inputs, targets)
+        loss.backward()
+        grads = {n: t.grad.numpy() for n, t in model.w.items()}
+        gnorm = math.sqrt(sum(float((g * g).sum()) for g in grads.values()))
+        got = metrics[k - 1]
+        # Relative to the loss, or to 1 once the small split is nearly memorised (a loss of
+        # 0.01 carries f32's rounding of the logits, not a relative error of the model).
+        err = abs(got["loss"] - float(loss)) / max(abs(float(loss)), 1.0)
+        worst = max(worst, err)
+        if k == 1 or k == steps:
+            check(err < REL_TOL,
+                  f"{case} fine-tune step {k}: loss hyperion {got['loss']:.8f} ref {float(loss):.8f}")
+        params, mm, vv = adamw_reference(cfg, params, grads, m, v, got["lr"], k, gnorm)
+        m = {n + ".exp_avg": a for n, a in mm.items()}
+        v = {n + ".exp_avg_sq": a for n, a in vv.items()}
+    check(worst < REL_TOL, f"{case} fine-tune: {steps} steps, worst loss diff {worst:.1e} "
+                           "(relative to max(loss, 1))")
+    # The result is a checkpoint of the same family that loads back.
+    saved = json.load(open(os.path.join(ckpt, "config.json")))
+    check(saved["model_type"] == hf["model_type"] and saved.get("rope_scaling") == hf.get("rope_scaling"),
+          f"{case} fine-tune: checkpoint config.json model_type {saved['model_type']}")
+
+
 def read_shard(path):
     with open(path, "rb") as f:
         data = f.read()
@@ -129,6 +222,53 @@ class RefLlama:
         scale = 1.0 + w if self.gemma() else w
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c["rms_norm_eps"]) * scale
 
+    def rope_tables(self, T):
+        """cos, sin [T, hd] as modeling_rope_utils computes them (in float64 here)."""
+        c = self.c
+        hd, base = c["head_dim"], c["rope_theta"]
+        rs = c.get("rope_scaling") or {}
+        kind = rs.get("rope_type", rs.get("type", "default"))
+        inv_freq = 1.0 / (base ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+        attention_factor = 1.0
+        if kind == "linear":
+            inv_freq = inv_freq / rs["factor"]
+        elif kind == "llama3":
+            factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+            old = rs["original_max_position_embeddings"]
+            wavelen = 2 * math.pi / inv_freq
+            scaled = torch.where(wavelen > old / lo, inv_freq / factor, inv_freq)
+            smooth = (old / wavelen - lo) / (hi - lo)
+            smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+            medium = ~(wavelen < old / hi) * ~(wavelen > old / lo)
+            inv_freq = torch.where(medium, smoothed, scaled)
+        elif kind == "yarn":
+            factor, old = rs["factor"], rs["original_max_position_embeddings"]
+            attention_factor = rs.get("attention_factor") or (0.1 * math.log(factor) + 1.0)
+            fast, slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+            corr = lambda rot: hd * math.log(old / (rot * 2 * math.pi)) / (2 * math.log(base))
+            low, high = math.floor(corr(fast)), math.ceil(corr(slow))
+            low, high = max(low, 0), min(high, hd - 1)
+            if low == high:
+                high += 0.001
+            ramp = ((torch.arange(hd // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+            extrapolation = 1 - ramp
+            inv_freq = inv_freq / factor * (1 - extrapolation) + inv_freq * extrapolation
+        else:
+            assert kind == "default", kind
+        freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos() * attention_factor, emb.sin() * attention_factor
+
+    def head_rmsnorm(self, x, w):
+        """Qwen3's q_norm / k_norm: RMSNorm over head_dim."""
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c["rms_norm_eps"]) * w
+
+    def proj(self, h, p, name):
+        y = h @ self.w[p + name + ".weight"].T
+        if p + name + ".bias" in self.w:
+            y = y + self.w[p + name + ".bias"]
+        return y
+
     @staticmethod
     def rotate_half(x):
         x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
@@ -139,10 +279,8 @@ class RefLlama:
         c, w = self.c, self.w
         B, T = ids.shape
         H, KV, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
-        inv_freq = 1.0 / (c["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
-        freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos()[None, None], emb.sin()[None, None]  # [1, 1, T, hd]
+        cos, sin = self.rope_tables(T)
+        cos, sin = cos[None, None], sin[None, None]  # [1, 1, T, hd]
         mask = torch.full((T, T), float("-inf")).triu(1)
         x = w["model.embed_tokens.weight"][ids]
         if self.gemma():  # GemmaModel: inputs_embeds * sqrt(hidden_size)
@@ -150,15 +288,19 @@ class RefLlama:
         for l in range(c["num_hidden_layers"]):
             p = f"model.layers.{l}."
             h = self.rmsnorm(x, w[p + "input_layernorm.weight"])
-            q = (h @ w[p + "self_attn.q_proj.weight"].T).view(B, T, H, hd).transpose(1, 2)
-            k = (h @ w[p + "self_attn.k_proj.weight"].T).view(B, T, KV, hd).transpose(1, 2)
-            v = (h @ w[p + "self_attn.v_proj.weight"].T).view(B, T, KV, hd).transpose(1, 2)
+            q = self.proj(h, p, "self_attn.q_proj").view(B, T, H, hd)
+            k = self.proj(h, p, "self_attn.k_proj").view(B, T, KV, hd)
+            if p + "self_attn.q_norm.weight" in w:  # Qwen3: per head, before RoPE
+                q = self.head_rmsnorm(q, w[p + "self_attn.q_norm.weight"])
+                k = self.head_rmsnorm(k, w[p + "self_attn.k_norm.weight"])
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+            v = self.proj(h, p, "self_attn.v_proj").view(B, T, KV, hd).transpose(1, 2)
             q = q * cos + self.rotate_half(q) * sin
             k = k * cos + self.rotate_half(k) * sin
             k = k.repeat_interleave(H // KV, dim=1)  # repeat_kv
             v = v.repeat_interleave(H // KV, dim=1)
             att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd) + mask, dim=-1) @ v
-            x = x + att.transpose(1, 2).reshape(B, T, H * hd) @ w[p + "self_attn.o_proj.weight"].T
+            x = x + self.proj(att.transpose(1, 2).reshape(B, T, H * hd), p, "self_attn.o_proj")
             h = self.rmsnorm(x, w[p + "post_attention_layernorm.weight"])
             gate = h @ w[p + "mlp.gate_proj.weight"].T
             if self.gemma():  # hidden_activation gelu_pytorch_tanh
@@ -256,6 +398,8 @@ def sharpen(weights, seed, norm_offset=0.0):
     for name, w in weights.items():
         if name.endswith("norm.weight"):
             out[name] = (w + norm_offset) * rng.uniform(0.5, 1.5, w.shape) - norm_offset
+        elif name.endswith(".bias"):
+            out[name] = w + rng.normal(0.0, 0.5, w.shape)
         else:
             g = next(s for key, s in gain.items() if key in name)
             out[name] = w + rng.normal(0.0, g / math.sqrt(w.shape[1]), w.shape)
@@ -274,7 +418,8 @@ def adamw_reference(cfg, params, grads, m, v, lr, t, grad_norm):
     for name, p in params.items():
         p = p.astype(np.float64)
         g = grads[name] * scale
-        is_matrix = not (name.endswith("norm.weight") or name == "model.embed_tokens.weight")
+        is_matrix = not (name.endswith("norm.weight") or name.endswith(".bias")
+                         or name == "model.embed_tokens.weight")
         decay = wd if (is_matrix or not exclude) else 0.0
         p = p - lr * decay * p
         mm = b1 * m[name + ".exp_avg"] + (1 - b1) * g
@@ -397,6 +542,23 @@ def main():
             "gemma": ["decoder_block=gemma", "base_num_query_heads=4", "base_num_kv_heads=1",
                       "head_dim=24", "base_mlp_dim=80", "normalization_layer_epsilon=1e-6",
                       "remat_policy=minimal"],
+            # Llama 3.1's scaled RoPE (head_dim 16, theta 500: the 8 frequencies fall in the
+            # high, medium and low bands of an original context of 64), attention_bias on
+            # q/k/v/o.
+            "llama3-rope-bias": ["decoder_block=llama3", "base_num_query_heads=4",
+                                 "base_num_kv_heads=2", "base_mlp_dim=96", "rope_max_timescale=500",
+                                 "rope_type=llama3", "rope_factor=8", "rope_low_freq_factor=1",
+                                 "rope_high_freq_factor=4", "original_max_position_embeddings=64",
+                                 "attention_bias=true", "remat_policy=none"],
+            # Qwen2: q/k/v biases; YaRN over positions past an original context of 16.
+            "qwen2-yarn": ["decoder_block=qwen2", "base_num_query_heads=4", "base_num_kv_heads=2",
+                           "base_mlp_dim=96", "rope_max_timescale=1000", "rope_type=yarn",
+                           "rope_factor=4", "original_max_position_embeddings=16",
+                           "remat_policy=minimal"],
+            # Qwen3: per-head q/k RMSNorm before RoPE, head_dim != dim/heads, linear scaling.
+            "qwen3-linear": ["decoder_block=qwen3", "base_num_query_heads=4",
+                             "base_num_kv_heads=2", "head_dim=24", "base_mlp_dim=80",
+                             "rope_type=linear", "rope_factor=2", "remat_policy=full"],
         }
         for case, extra in cases.items():
             out = os.path.join(tmp, "runs")
@@ -427,6 +589,18 @@ def main():
             model = RefLlama(hf, sharp)
             check_eval(hyp, case + " sharpened", sharp_dir, model, val, [(seq, 4), (7, 5)])
             check_generate(hyp, case + " sharpened", sharp_dir, model, prompt_text, prompt_ids, 12)
+
+            if case in ("llama3-rope-bias", "qwen3-linear"):
+                # The sharpened weights as a Hub directory: sharded bf16 + index.json. eval
+                # and generate read it as they read a checkpoint; training starts from it.
+                hf_dir = os.path.join(tmp, case + "-hf")
+                held = write_hf_directory(hf_dir, hf, sharp, os.path.join(final, "tokenizer.model"))
+                model = RefLlama(hf, held)
+                check_eval(hyp, case + " hf-bf16-sharded", hf_dir, model, val, [(seq, 4)])
+                check_generate(hyp, case + " hf-bf16-sharded", hf_dir, model, prompt_text,
+                               prompt_ids, 8)
+                check_finetune(hyp, case + "-finetune", hf_dir, hf, held, small, train_tokens,
+                               seq, batch, out, 20)
 
         # The prompt route: `eval --text` (tokenize_file) must see the same ids as the shard.
         a = hyp.json("eval", "--checkpoint", final, "--text", os.path.join(tmp, "prompt.txt"))

@@ -200,6 +200,46 @@ TEST(Engine, GemmaModelEqualsGenerator) {
   expect_pool_empty(engine);
 }
 
+// Qwen2 (q/k/v biases, YaRN past an original context of 8), Qwen3 (per-head q/k norms,
+// linear RoPE scaling) and Llama 3.1 (scaled RoPE, attention_bias on q/k/v/o): the
+// engine's paged batches (prompts spanning several pages) equal the generator token for
+// token.
+TEST(Engine, HuggingFaceFamiliesEqualGenerator) {
+  for (int which = 0; which < 3; ++which) {
+    SCOPED_TRACE(which);
+    LlamaConfig c = small_config();
+    if (which == 0) {
+      c.arch = family_info(DecoderFamily::kQwen2).defaults;
+      c.rope_scaling.type = RopeScaling::Type::kYarn;
+      c.rope_scaling.factor = 4;
+      c.rope_scaling.original_max_positions = 8;
+    } else if (which == 1) {
+      c.arch = family_info(DecoderFamily::kQwen3).defaults;
+      c.head_dim = 24;
+      c.rope_scaling.type = RopeScaling::Type::kLinear;
+      c.rope_scaling.factor = 2;
+    } else {
+      c.arch.qkv_bias = c.arch.o_bias = true;
+      c.rope_scaling.type = RopeScaling::Type::kLlama3;
+      c.rope_scaling.factor = 8;
+      c.rope_scaling.original_max_positions = 16;
+    }
+    auto p = make_params(c, false);
+    // Biases and norms away from their initial 0 / 1, so a missing one shows.
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+    for (const ParamInfo& info : p->infos())
+      if (info.kind == ParamKind::kBias || info.kind == ParamKind::kNorm)
+        for (int64_t i = 0; i < info.numel; ++i) p->params()[info.offset + i] += u(rng);
+    Engine engine(*p, nullptr, f32_engine_config());
+    std::vector<GenerationRequest> reqs;
+    for (int i = 0; i < 4; ++i)
+      reqs.push_back(greedy_request(random_prompt(3 + 9 * i, 700 + i), 14));
+    expect_equal_to_generator(engine, *p, reqs);
+    expect_pool_empty(engine);
+  }
+}
+
 // Fraction of positions where two runs chose the same greedy token, compared up to the
 // first disagreement of each request (after it the contexts differ).
 double top1_agreement(const std::vector<Collected>& a, const std::vector<Collected>& b) {

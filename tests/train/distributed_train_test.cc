@@ -16,6 +16,7 @@
 #include "../cli/cli_test_util.h"
 #include "train_test_util.h"
 
+#include "io/gguf.h"
 #include "io/safetensors.h"
 
 namespace hyperion {
@@ -117,10 +118,22 @@ TEST(DistributedTrain, DataParallelTwoRanksEqualsOneProcess) {
   EXPECT_TRUE(fs::exists(two + "/checkpoints/20/model-00002-of-00002.safetensors"));
   EXPECT_TRUE(fs::exists(two + "/checkpoints/20/optimizer-00001-of-00002.safetensors"));
   EXPECT_TRUE(fs::exists(two + "/logs/rank-1.log"));
-  // GGUF export reads one file: a sharded checkpoint gets told how to merge it.
-  const auto g = run_cli(fmt::format("convert --checkpoint {} --to gguf", two));
-  EXPECT_NE(g.code, 0);
-  EXPECT_NE(g.out.find("--to safetensors"), std::string::npos) << g.out;
+  // GGUF export reads the sharded layout (the index) as it reads one file: the same
+  // tensors and keys as the one-process run's export.
+  const std::string gguf_two = two + "/two.gguf", gguf_one = one + "/one.gguf";
+  const auto g2 = run_cli(fmt::format("convert --checkpoint {} --to gguf --type f32 --output {}",
+                                      two, gguf_two));
+  ASSERT_EQ(g2.code, 0) << g2.out;
+  const auto g1 = run_cli(fmt::format("convert --checkpoint {} --to gguf --type f32 --output {}",
+                                      one, gguf_one));
+  ASSERT_EQ(g1.code, 0) << g1.out;
+  const io::GgufFile a = io::GgufFile::open(gguf_one), b = io::GgufFile::open(gguf_two);
+  EXPECT_EQ(a.keys(), b.keys());
+  ASSERT_EQ(a.tensors().size(), b.tensors().size());
+  for (size_t i = 0; i < a.tensors().size(); ++i) {
+    EXPECT_EQ(a.tensors()[i].name, b.tensors()[i].name);
+    EXPECT_EQ(a.tensors()[i].shape, b.tensors()[i].shape);
+  }
 }
 
 TEST(DistributedTrain, FourRanksDataParallelZeroOneAndFsdpEqualOneProcess) {

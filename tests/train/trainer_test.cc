@@ -249,7 +249,9 @@ TEST(TrainConfig, EmbeddedTinyPresetEqualsConfigsFile) {
 TEST(TrainConfig, EveryPresetParses) {
   for (const char* name :
        {"tiny", "llama-25m", "llama-110m", "llama2-7b", "llama2-70b", "llama3-8b", "mixtral-tiny",
-        "mixtral-8x7b", "moe-e4", "moe-e8", "moe-e16", "moe-e32"}) {
+        "mixtral-8x7b", "moe-e4", "moe-e8", "moe-e16", "moe-e32", "llama3-tiny", "qwen2-tiny",
+        "qwen3-tiny", "mistral-tiny", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "qwen3-0.6b",
+        "qwen3-1.7b", "qwen3-8b", "mistral-7b"}) {
     Config c =
         load_train_config(std::string(HYPERION_SOURCE_DIR) + "/configs/" + name + ".yml", {});
     TrainConfig t = parse_train_config(c, name);
@@ -264,6 +266,20 @@ TEST(TrainConfig, EveryPresetParses) {
   TrainConfig t8 = parse_train_config(
       load_train_config(std::string(HYPERION_SOURCE_DIR) + "/configs/llama3-8b.yml", {}), "x");
   EXPECT_EQ(t8.model.total_params(), 8030261248);
+  // The Hugging Face families' real shapes, as published (config.json arithmetic).
+  for (const auto& [name, params] : std::vector<std::pair<std::string, int64_t>>{
+           {"llama3.2-1b", 1235814400},
+           {"llama3.2-3b", 3212749824},
+           {"llama3.1-8b", 8030261248},
+           {"qwen3-0.6b", 596049920},
+           {"qwen3-1.7b", 1720574976},
+           {"qwen3-8b", 8190735360},
+           {"mistral-7b", 7248023552}}) {
+    const TrainConfig t = parse_train_config(
+        load_train_config(std::string(HYPERION_SOURCE_DIR) + "/configs/" + name + ".yml", {}),
+        name);
+    EXPECT_EQ(t.model.total_params(), params) << name;
+  }
   // Mixtral-8x7B: 46.7B parameters, 12.9B active per token (as published).
   TrainConfig mx = parse_train_config(
       load_train_config(std::string(HYPERION_SOURCE_DIR) + "/configs/mixtral-8x7b.yml", {}), "x");

@@ -205,7 +205,7 @@ void CudaBackend::rope(const char* op, const TensorView& x, const TensorView& ou
   const float* cos_sin = nullptr;
   {
     std::lock_guard<std::mutex> lock(rope_mutex_);
-    DeviceBuffer& buf = rope_tables_[{table.max_positions, table.head_dim, table.theta}];
+    DeviceBuffer& buf = rope_tables_[table.key()];
     const size_t half = static_cast<size_t>(table.max_positions * (table.head_dim / 2));
     if (buf.empty()) {
       buf = DeviceBuffer(alloc_, 2 * half * sizeof(float));

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -424,8 +425,9 @@ class CudaBackend final : public KernelBackend {
   DeviceScratch scratch_;
   DeviceScratch fp8_scratch_{alloc_};
   DeviceBuffer workspace_, error_, results_;
-  // RoPE tables uploaded once per (positions, head_dim, theta): their contents follow.
-  std::map<std::tuple<int64_t, int64_t, double>, DeviceBuffer> rope_tables_;
+  // RoPE tables uploaded once per RopeTable::key() (positions, head_dim, theta and the
+  // scaling: everything their contents follow from).
+  std::map<std::string, DeviceBuffer> rope_tables_;
   std::mutex rope_mutex_;
 };
 
