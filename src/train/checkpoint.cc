@@ -32,6 +32,7 @@ struct CheckpointManager::Snapshot {
   std::vector<float> model_data, optimizer_data;
   std::map<std::string, int> weight_map;  // every model tensor -> writing rank (index)
   int64_t model_bytes = 0;
+  int64_t max_shard_bytes = 0;  // one process: model files split past this size (0: never)
   int rank = 0, world = 1;
   LlamaConfig config;
   TrainerState state;
@@ -124,6 +125,7 @@ void CheckpointManager::save(const ParamStore& params, const AdamW& optimizer,
   snap->optimizer_steps = optimizer.steps_taken();
   snap->tokenizer = tokenizer_files;
   snap->config_values = config_values;
+  snap->max_shard_bytes = max_shard_bytes_;
   if (comm_ != nullptr) {
     // Collective: every rank writes its shard files into one shared temp directory.
     const std::string tmp = dir_ + "/.tmp-" + std::to_string(state.step);
@@ -154,15 +156,54 @@ void CheckpointManager::save(const ParamStore& params, const AdamW& optimizer,
 }
 
 
+namespace {
+
+// One process's model tensors split into files of at most `max_bytes` (a tensor larger than
+// that gets a file of its own), in order, as transformers' save_pretrained(max_shard_size)
+// does: the file index of each tensor, and the file count (1: one model.safetensors).
+std::pair<std::vector<int>, int> size_shards(const std::vector<int64_t>& bytes, int64_t max_bytes) {
+  std::vector<int> file(bytes.size(), 0);
+  int64_t total = 0;
+  for (int64_t b : bytes) total += b;
+  if (max_bytes <= 0 || total <= max_bytes) return {file, 1};
+  int current = 0;
+  int64_t filled = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (filled > 0 && filled + bytes[i] > max_bytes) ++current, filled = 0;
+    file[i] = current;
+    filled += bytes[i];
+  }
+  return {file, current + 1};
+}
+
+}  // namespace
+
 void CheckpointManager::write_files(const Snapshot& s, const std::string& dir) const {
-  io::SafetensorsWriter model, opt;
-  for (const Snapshot::Entry& e : s.model)
-    model.add(e.name, DType::kF32, e.shape, s.model_data.data() + e.at);
+  io::SafetensorsWriter opt;
   for (const Snapshot::Entry& e : s.optimizer)
     opt.add(e.name, DType::kF32, e.shape, s.optimizer_data.data() + e.at);
   const bool sharded = s.world > 1;
-  model.set_metadata("format", "pt");
-  model.write(dir + "/" + (sharded ? shard_name("model", s.rank, s.world) : "model.safetensors"));
+  if (sharded) {
+    io::SafetensorsWriter model;
+    for (const Snapshot::Entry& e : s.model)
+      model.add(e.name, DType::kF32, e.shape, s.model_data.data() + e.at);
+    model.set_metadata("format", "pt");
+    model.write(dir + "/" + shard_name("model", s.rank, s.world));
+  } else {
+    // One process: model.safetensors, or Hugging Face's sharded layout past the size limit.
+    std::vector<int64_t> bytes;
+    for (const Snapshot::Entry& e : s.model) bytes.push_back(e.shape.numel() * 4);
+    const auto [file, files] = size_shards(bytes, s.max_shard_bytes);
+    for (int f = 0; f < files; ++f) {
+      io::SafetensorsWriter model;
+      for (size_t i = 0; i < s.model.size(); ++i)
+        if (file[i] == f)
+          model.add(s.model[i].name, DType::kF32, s.model[i].shape,
+                    s.model_data.data() + s.model[i].at);
+      model.set_metadata("format", "pt");
+      model.write(dir + "/" + (files == 1 ? "model.safetensors" : shard_name("model", f, files)));
+    }
+  }
   // Test hook: die mid-save (after the first file) to prove earlier checkpoints survive.
   if (const char* kill_at = std::getenv("HYPERION_TEST_KILL_DURING_SAVE"))
     if (std::atoll(kill_at) == s.state.step) ::kill(::getpid(), SIGKILL);
@@ -173,11 +214,22 @@ void CheckpointManager::write_files(const Snapshot& s, const std::string& dir) c
 }
 
 void CheckpointManager::write_common(const Snapshot& s, const std::string& tmp) const {
-  if (s.world > 1) {
+  std::vector<int64_t> tensor_bytes;
+  for (const Snapshot::Entry& e : s.model) tensor_bytes.push_back(e.shape.numel() * 4);
+  const auto [file, files] = s.world > 1 ? std::pair<std::vector<int>, int>{{}, 1}
+                                         : size_shards(tensor_bytes, s.max_shard_bytes);
+  if (s.world > 1 || files > 1) {
     nlohmann::ordered_json index;
     index["metadata"] = {{"total_size", s.model_bytes}};
     nlohmann::ordered_json map;
-    for (const auto& [name, rank] : s.weight_map) map[name] = shard_name("model", rank, s.world);
+    if (s.world > 1) {
+      for (const auto& [name, rank] : s.weight_map) map[name] = shard_name("model", rank, s.world);
+    } else {
+      std::map<std::string, std::string> sorted;
+      for (size_t i = 0; i < s.model.size(); ++i)
+        sorted[s.model[i].name] = shard_name("model", file[i], files);
+      for (const auto& [name, f] : sorted) map[name] = f;
+    }
     index["weight_map"] = map;
     io::write_file_atomic(tmp + "/model.safetensors.index.json", index.dump(2) + "\n");
   }

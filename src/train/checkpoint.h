@@ -82,9 +82,15 @@ class CheckpointManager {
   double blocking_seconds() const { return blocking_seconds_; }
   double last_write_seconds() const { return last_write_seconds_; }
   const std::string& checkpoints_dir() const { return dir_; }
+  // One process: past `bytes` of weights a checkpoint's model is written as Hugging Face's
+  // sharded layout (model-0000k-of-0000n.safetensors + model.safetensors.index.json, each
+  // file at most `bytes` unless one tensor is larger), as save_pretrained(max_shard_size)
+  // does. 0: always one model.safetensors.
+  void set_max_shard_bytes(int64_t bytes) { max_shard_bytes_ = bytes; }
 
  private:
   struct Snapshot;
+  int64_t max_shard_bytes_ = 0;
   void write(const Snapshot& s);
   void write_files(const Snapshot& s, const std::string& dir) const;
   void write_common(const Snapshot& s, const std::string& dir) const;

@@ -45,7 +45,8 @@ bool is_trainer_checkpoint_file(const std::string& name) {
                                        "optimizer.safetensors",    "config.json",
                                        "tokenizer.model",          "trainer_state.json",
                                        "quantization.safetensors", "tokenizer.json",
-                                       "tokenizer_config.json",    "chat_template.jinja"};
+                                       "tokenizer_config.json",    "chat_template.jinja",
+                                       "generation_config.json"};
   for (const char* n : kNames)
     if (name == n) return true;
   return is_shard_name(name, "model") || is_shard_name(name, "optimizer");

@@ -145,6 +145,10 @@ std::vector<ConfigKey> train_config_schema() {
       {"enable_checkpointing", T::kBool, "true", "save checkpoints"},
       {"checkpoint_period", T::kInt, "0", "save every N steps (0: only at the end)"},
       {"max_num_checkpoints_to_keep", T::kInt, "2", "older checkpoints are deleted"},
+      {"checkpoint_max_shard_bytes", T::kInt, "5000000000",
+       "past this size a checkpoint's weights are split into Hugging Face's sharded layout "
+       "(model-0000k-of-0000n.safetensors + index), as save_pretrained's max_shard_size "
+       "(5 GB); 0: one file"},
       {"async_checkpointing", T::kBool, "true", "write checkpoints off the training thread"},
       {"log_period", T::kInt, "10", "print a metrics line every N steps"},
       {"eval_interval", T::kInt, "0", "held-out eval every N steps (0: only at the end)"},
@@ -525,6 +529,7 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
   t.enable_checkpointing = c.get_bool("enable_checkpointing");
   t.checkpoint_period = non_negative("checkpoint_period");
   t.checkpoints_to_keep = positive("max_num_checkpoints_to_keep");
+  t.checkpoint_max_shard_bytes = non_negative("checkpoint_max_shard_bytes");
   t.async_checkpointing = c.get_bool("async_checkpointing");
   t.log_period = positive("log_period");
   t.eval_interval = non_negative("eval_interval");

@@ -104,6 +104,7 @@ struct TrainConfig {
   bool enable_checkpointing = true;
   int64_t checkpoint_period = 0;  // 0: only at the end
   int64_t checkpoints_to_keep = 2;
+  int64_t checkpoint_max_shard_bytes = 5000000000;  // one process: shard the weights past it
   bool async_checkpointing = true;
   int64_t log_period = 10;
   int64_t eval_interval = 0;  // 0: only at the end

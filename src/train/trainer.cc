@@ -450,6 +450,7 @@ void TrainingRun::setup() {
   }
   ckpt_ = std::make_unique<CheckpointManager>(
       run_dir_, t.checkpoints_to_keep, t.async_checkpointing, comm_, sync_->tensor_writers());
+  ckpt_->set_max_shard_bytes(t.checkpoint_max_shard_bytes);
   config_values_ = config_.values();
 }
 

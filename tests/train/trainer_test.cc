@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -178,6 +180,40 @@ TEST_F(Trainer, GradientAccumulationEqualsTheLargerBatch) {
     EXPECT_NEAR(a.history[i].loss, b.history[i].loss, 1e-5 * a.history[i].loss) << i;
     EXPECT_NEAR(a.history[i].grad_norm, b.history[i].grad_norm, 1e-4 * a.history[i].grad_norm);
   }
+}
+
+// Past checkpoint_max_shard_bytes one process writes Hugging Face's sharded layout: the
+// same weights as one model.safetensors, read back through the index, and a run resumes
+// from it.
+TEST_F(Trainer, LargeWeightsAreWrittenInTheShardedLayout) {
+  auto sharded = small_run("sharded", "float32", 4);
+  sharded.push_back("checkpoint_max_shard_bytes=200000");
+  TrainOptions stop;
+  stop.stop_at = 2;
+  const TrainResult a = train(sharded, stop);
+  const TrainResult one = train(small_run("one_file", "float32", 4), stop);  // same schedule
+  const std::string ck = a.run_dir + "/checkpoints/2";
+  EXPECT_FALSE(fs::exists(ck + "/model.safetensors"));
+  ASSERT_TRUE(fs::exists(ck + "/model.safetensors.index.json"));
+  const nlohmann::json index =
+      nlohmann::json::parse(std::ifstream(ck + "/model.safetensors.index.json"));
+  std::set<std::string> files;
+  for (const auto& [name, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
+  EXPECT_GE(files.size(), 2u);
+  for (const std::string& f : files) {
+    EXPECT_TRUE(fs::exists(ck + "/" + f)) << f;
+    EXPECT_LE(fs::file_size(ck + "/" + f), 200000u + 4096u) << f;  // + the header
+  }
+  const LlamaConfig c = read_checkpoint_config(ck);
+  ParamStore from_shards(c, false), from_one(c, false);
+  load_model_weights(ck, from_shards);
+  load_model_weights(one.checkpoint, from_one);
+  EXPECT_TRUE(std::equal(from_shards.params(), from_shards.params() + from_shards.size(),
+                         from_one.params()));
+  // Resuming reads the sharded checkpoint and goes on; rotation removes its files.
+  const TrainResult b = train(sharded);
+  EXPECT_EQ(b.start_step, 2);
+  EXPECT_EQ(b.steps, 4);
 }
 
 TEST_F(Trainer, KeepsOnlyTheLastCheckpoints) {
