@@ -11,6 +11,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "cli_test_util.h"
 #include "io/atomic_file.h"
@@ -81,6 +82,71 @@ class CheckpointRefusals : public testing::Test {
 
   static inline std::string root_, checkpoint_;
 };
+
+// A Hugging Face directory in the sharded layout (the checkpoint's tensors split over two
+// files with an index): loads as the checkpoint does; an index naming a missing shard, a
+// shard that lacks a tensor mapped to it, a tensor in a dtype the loader does not read, and
+// a config.json key this decoder does not implement are each refused naming the file and
+// the tensor or key.
+TEST_F(CheckpointRefusals, ShardedHuggingFaceDirectories) {
+  auto shard = [&](const std::string& name, hyperion::DType odd_dtype_for_first = hyperion::DType::kF32) {
+    const std::string dir = copy(name);
+    const auto st = hyperion::io::SafetensorsFile::open(dir + "/model.safetensors");
+    hyperion::io::SafetensorsWriter a, b;
+    json map;
+    std::vector<std::vector<int32_t>> odd;
+    int i = 0;
+    for (const auto& t : st.tensors()) {
+      hyperion::io::SafetensorsWriter& w = i % 2 == 0 ? a : b;
+      const std::string file = i % 2 == 0 ? "model-00001-of-00002.safetensors"
+                                          : "model-00002-of-00002.safetensors";
+      if (i == 0 && odd_dtype_for_first == hyperion::DType::kI32) {
+        odd.emplace_back(size_t(t.shape.numel()), 1);
+        w.add(t.name, hyperion::DType::kI32, t.shape, odd.back().data());
+      } else {
+        w.add(t.name, t.dtype, t.shape, t.data);
+      }
+      map[t.name] = file;
+      ++i;
+    }
+    a.write(dir + "/model-00001-of-00002.safetensors");
+    b.write(dir + "/model-00002-of-00002.safetensors");
+    fs::remove(dir + "/model.safetensors");
+    hyperion::io::write_file_atomic(dir + "/model.safetensors.index.json",
+                                    json{{"metadata", {{"total_size", 0}}}, {"weight_map", map}}.dump());
+    return dir;
+  };
+  const std::string good = shard("hf_good");
+  const Result ok = run("eval --checkpoint " + good + " --text " + std::string(HYPERION_SOURCE_DIR) +
+                        "/data/corpus/fortunes.txt --json");
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  const Result base = run("eval --checkpoint " + checkpoint_ + " --text " +
+                          std::string(HYPERION_SOURCE_DIR) + "/data/corpus/fortunes.txt --json");
+  EXPECT_EQ(json::parse(ok.out)["loss"], json::parse(base.out)["loss"]);
+
+  std::string dir = shard("hf_missing_shard");
+  fs::remove(dir + "/model-00002-of-00002.safetensors");
+  expect_refused(dir, "model.safetensors.index.json: tensor ");
+  expect_refused(dir, "maps to shard 'model-00002-of-00002.safetensors', which is not in the directory");
+
+  dir = shard("hf_wrong_file");
+  json index = json::parse(hyperion::io::read_file(dir + "/model.safetensors.index.json"));
+  json& norm = index["weight_map"]["model.norm.weight"];
+  norm = norm == "model-00001-of-00002.safetensors" ? "model-00002-of-00002.safetensors"
+                                                    : "model-00001-of-00002.safetensors";
+  hyperion::io::write_file_atomic(dir + "/model.safetensors.index.json", index.dump());
+  expect_refused(dir, "tensor model.norm.weight is mapped to");
+
+  dir = shard("hf_int32", hyperion::DType::kI32);
+  expect_refused(dir, "tensor 'model.embed_tokens.weight': cannot convert int32[512, 64]");
+
+  dir = shard("hf_rope");
+  edit_config(dir, [](json& c) { c["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 2.0}}; });
+  expect_refused(dir, "config.json: rope_scaling.rope_type 'longrope' is not supported");
+  dir = shard("hf_softcap");
+  edit_config(dir, [](json& c) { c["final_logit_softcapping"] = 30.0; });
+  expect_refused(dir, "final_logit_softcapping");
+}
 
 TEST_F(CheckpointRefusals, ConfigThatDisagreesWithTheWeights) {
   std::string dir = copy("fewer_layers");
