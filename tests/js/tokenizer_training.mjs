@@ -1,6 +1,8 @@
 // Training and generation with a real Hugging Face vocabulary: `data prepare --tokenizer`
 // tokenizes the bundled corpus with Llama 3's tokenizer.json (128,256 ids) and with
-// Qwen3's (no BOS), a tiny model trains two steps on each, its checkpoint carries
+// Qwen3's (no BOS), a tiny model of each family (Llama 3.1 RoPE scaling, Qwen3 q/k norms)
+// trains two steps on each and is fine-tuned one more from its checkpoint
+// (load_parameters_path), its checkpoint carries
 // tokenizer.json and tokenizer_config.json as Hugging Face lays them out, and generate and
 // tokenize read the tokenizer back from the run. The prepared ids are checked against the
 // reference encoder (transformers.js) document by document.
@@ -39,6 +41,13 @@ try {
   const input = path.join(work, 'small.jsonl');
   fs.writeFileSync(input, docs.map((text) => JSON.stringify({ text })).join('\n') + '\n');
 
+  // Each tokenizer with its family's architecture: Llama 3.1's scaled RoPE, Qwen3's q/k
+  // norms (head_dim 32 over a 32-wide model of 2 heads).
+  const arch = {
+    llama3: ['decoder_block=llama3', 'rope_max_timescale=500000', 'rope_type=llama3', 'rope_factor=8',
+             'original_max_position_embeddings=16'],
+    qwen3: ['decoder_block=qwen3', 'head_dim=32', 'rope_max_timescale=1000000'],
+  };
   for (const [name, vocab, bos] of [['llama3', 128256, 128000], ['qwen3', 151669, null]]) {
     const { dir, tokenizer } = await writeTokenizerFiles(name, work);
     const ds = path.join(work, `ds-${name}`);
@@ -69,7 +78,7 @@ try {
         'base_num_decoder_layers=1', 'base_num_query_heads=2', 'base_num_kv_heads=1',
         'base_mlp_dim=64', 'max_target_length=32', 'per_device_batch_size=2', 'steps=2',
         'checkpoint_period=2', 'peak_tflops=1', 'sample_count=0', 'eval_batches=1',
-        `base_output_directory=${root}`, 'run_name=r');
+        `base_output_directory=${root}`, 'run_name=r', ...arch[name]);
     const ckpt = path.join(root, 'r', 'checkpoints', '2');
     for (const f of ['tokenizer.json', 'tokenizer_config.json', 'config.json', 'model.safetensors'])
       check(fs.existsSync(path.join(ckpt, f)), `${name}: checkpoint lacks ${f}`);
@@ -77,6 +86,23 @@ try {
           `${name}: the checkpoint's tokenizer.json differs from the given one`);
     const cfg = JSON.parse(fs.readFileSync(path.join(ckpt, 'config.json'), 'utf8'));
     check(cfg.vocab_size === vocab, `${name}: config.json vocab_size ${cfg.vocab_size}`);
+    const family = name === 'llama3' ? ['llama', 'LlamaForCausalLM'] : ['qwen3', 'Qwen3ForCausalLM'];
+    check(cfg.model_type === family[0] && cfg.architectures[0] === family[1],
+          `${name}: config.json model_type ${cfg.model_type} / ${cfg.architectures}`);
+    if (name === 'llama3')
+      check(cfg.rope_scaling && cfg.rope_scaling.rope_type === 'llama3' && cfg.rope_scaling.factor === 8,
+            `${name}: config.json rope_scaling ${JSON.stringify(cfg.rope_scaling)}`);
+
+    // Fine-tuning from the checkpoint as from a Hugging Face directory: its config.json and
+    // tokenizer, a fresh optimizer.
+    run('train', `dataset_path=${ds}`, `load_parameters_path=${ckpt}`, 'max_target_length=32',
+        'per_device_batch_size=2', 'steps=1', 'peak_tflops=1', 'sample_count=0', 'eval_batches=1',
+        `base_output_directory=${root}`, 'run_name=ft');
+    const ft = JSON.parse(fs.readFileSync(path.join(root, 'ft', 'checkpoints', '1', 'config.json'), 'utf8'));
+    check(JSON.stringify(ft) === JSON.stringify(cfg), `${name}: the fine-tuned checkpoint's config.json differs`);
+    check(fs.readFileSync(path.join(root, 'ft', 'checkpoints', '1', 'tokenizer.json'))
+      .equals(fs.readFileSync(path.join(dir, 'tokenizer.json'))),
+          `${name}: the fine-tuned checkpoint's tokenizer.json differs from the given one`);
 
     const gen = JSON.parse(run('generate', '--checkpoint', path.join(root, 'r'), '--prompt', 'Hello',
                                '--max-tokens', '4', '--json'));
