@@ -221,6 +221,8 @@ void GgufWriter::write(const std::string& path) const {
       AlignedBuffer<unsigned char> encoded(nbytes[i]);
       try {
         t.fill_blocks(encoded.data());
+      } catch (const UsageError& e) {  // bad input stays bad input (exit status 2)
+        throw_usage_error(fmt::format("gguf: {}: tensor '{}': {}", path, t.name, e.what()));
       } catch (const Error& e) {
         fail("gguf: {}: tensor '{}': {}", path, t.name, e.what());
       }
@@ -234,6 +236,8 @@ void GgufWriter::write(const std::string& path) const {
       produced = AlignedBuffer<float>(static_cast<size_t>(n));
       try {
         t.fill(produced.data());
+      } catch (const UsageError& e) {  // bad input stays bad input (exit status 2)
+        throw_usage_error(fmt::format("gguf: {}: tensor '{}': {}", path, t.name, e.what()));
       } catch (const Error& e) {
         fail("gguf: {}: tensor '{}': {}", path, t.name, e.what());
       }

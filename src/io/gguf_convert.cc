@@ -239,11 +239,18 @@ void permute_rope_rows_for_gguf(const float* in, float* out, int64_t rows, int64
 namespace {
 
 // Reads tensor `name` and refuses NaN or infinity: a GGUF of a diverged or corrupt
-// checkpoint would load in llama.cpp and print nothing but garbage.
+// checkpoint would load in llama.cpp and print nothing but garbage. Both, and a dtype that
+// cannot be read, are bad input (exit status 2).
 void read_finite(const SafetensorsFile& st, const std::string& name, const TensorView& dst) {
-  st.read_into(name, dst);
+  try {
+    st.read_into(name, dst);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw_usage_error(e.what());
+  }
   const int64_t at = first_nonfinite(dst);
-  HYP_CHECK(at < 0,
+  HYP_USAGE_CHECK(at < 0,
             "gguf convert: {}: tensor {} {} holds a non-finite value ({}) at element {}: the "
             "checkpoint is corrupt or its training diverged; nothing was written",
             st.path(), name, dst.shape.str(), dst.as<float>()[at], at);

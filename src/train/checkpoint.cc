@@ -326,20 +326,35 @@ LlamaConfig read_checkpoint_config(const std::string& dir) {
          "config.json, model.safetensors and the tokenizer into each checkpoint)",
          dir);
   }
-  return LlamaConfig::from_hf_json(io::read_file(path), path);
+  const std::string text = io::read_file(path);
+  // What config.json says is bad input (exit status 2), like a bad flag.
+  try {
+    return LlamaConfig::from_hf_json(text, path);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw_usage_error(e.what());
+  }
 }
 
 void load_model_weights(const std::string& dir, ParamStore& params) {
   check_weights_match_config(dir, params.config());
-  const WeightFiles files(dir);
   // Read into host memory (the store itself, or its host copy when it lives on a device),
-  // then written back to the device with the bf16 copy refreshed.
+  // then written back to the device with the bf16 copy refreshed. A tensor that cannot be
+  // read as f32 or holds a non-finite value is bad input (exit status 2).
   float* host = params.host_params();
-  for (size_t i = 0; i < params.infos().size(); ++i) {
-    const ParamInfo& p = params.infos()[i];
-    const TensorView dst(host + p.offset, DType::kF32, p.shape);
-    files.file_of(p.name)->read_into(p.name, dst);
-    check_finite(dst, p.name, files.file_of(p.name)->path());
+  try {
+    const WeightFiles files(dir);
+    for (size_t i = 0; i < params.infos().size(); ++i) {
+      const ParamInfo& p = params.infos()[i];
+      const TensorView dst(host + p.offset, DType::kF32, p.shape);
+      files.file_of(p.name)->read_into(p.name, dst);
+      check_finite(dst, p.name, files.file_of(p.name)->path());
+    }
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw_usage_error(e.what());
   }
   params.params_to_device();
 }

@@ -56,7 +56,25 @@ bool same_bytes(const io::SafetensorsTensor& a, const io::SafetensorsTensor& b) 
 
 }  // namespace
 
+namespace {
+void check_weights_match_config_impl(const std::string& dir, const LlamaConfig& config);
+}  // namespace
+
+// A directory whose weights disagree with its config.json (or whose weight files or index
+// are malformed) is bad input: exit status 2, like a bad flag.
 void check_weights_match_config(const std::string& dir, const LlamaConfig& config) {
+  try {
+    check_weights_match_config_impl(dir, config);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw_usage_error(e.what());
+  }
+}
+
+namespace {
+
+void check_weights_match_config_impl(const std::string& dir, const LlamaConfig& config) {
   const std::string cfg = dir + "/config.json";
   const WeightFiles files(dir);
   const std::vector<std::string> names = files.names();
@@ -101,6 +119,8 @@ void check_weights_match_config(const std::string& dir, const LlamaConfig& confi
         file_name(name), name, files.find(name)->shape.str(), cfg);
   }
 }
+
+}  // namespace
 
 void check_load_fits_in_memory(const std::string& dir, const LlamaConfig& config, bool bf16) {
   const int64_t params = config.total_params();

@@ -65,7 +65,8 @@ class CheckpointRefusals : public testing::Test {
     edit(c);
     hyperion::io::write_file_atomic(dir + "/config.json", c.dump(2));
   }
-  // Every command that loads a checkpoint refuses it with exit status 1 and `message`.
+  // Every command that loads a checkpoint refuses it as bad input (exit status 2, as a bad
+  // flag or tokenizer file) with `message`, and writes nothing.
   static void expect_refused(const std::string& dir, const std::string& message) {
     for (const std::string& cmd :
          {"eval --checkpoint " + dir + " --text " + std::string(HYPERION_SOURCE_DIR) +
@@ -73,7 +74,7 @@ class CheckpointRefusals : public testing::Test {
           "generate --checkpoint " + dir + " --prompt hi",
           "convert --checkpoint " + dir + " --to gguf --output " + dir + "/m.gguf"}) {
       const Result r = run(cmd);
-      EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
+      EXPECT_EQ(r.code, 2) << cmd << "\n" << r.out;
       EXPECT_TRUE(contains(r.out, message)) << cmd << "\n" << r.out;
       EXPECT_FALSE(contains(r.out, "internal error")) << r.out;
     }
