@@ -1,7 +1,7 @@
 // The official OpenAI Node SDK against `hyperion serve` with a model that carries a real
 // Hugging Face tokenizer and chat template (Qwen3's: tokenizer.json, tokenizer_config.json
-// with its Jinja template, <|im_end|> ending the turn). A tiny model is trained two steps
-// on that vocabulary; then:
+// with its Jinja template, <|im_end|> ending the turn) and Qwen3's architecture (q/k
+// norms). A tiny model is trained two steps on that vocabulary; then:
 //   - chat.completions.create: the prompt the server tokenized is exactly as long as the
 //     reference's (the template rendered by Python jinja2 as transformers renders it,
 //     tests/js/hf_chat_template.py, encoded by transformers.js): usage.prompt_tokens; the
@@ -56,7 +56,7 @@ try {
       'base_num_decoder_layers=1', 'base_num_query_heads=2', 'base_num_kv_heads=1',
       'base_mlp_dim=64', 'max_target_length=256', 'per_device_batch_size=2', 'steps=2',
       'peak_tflops=1', 'sample_count=0', 'eval_batches=1', `base_output_directory=${work}/runs`,
-      'run_name=r');
+      'run_name=r', 'decoder_block=qwen3', 'head_dim=32', 'rope_max_timescale=1000000');
 
   server = spawn(hyperion, ['--threads', '1', 'serve', `${work}/runs/r`, '--port', '0',
                             'max_concurrent_decodes=2', 'weights=float32'],
