@@ -27,6 +27,7 @@
 #include "kernels/moe_routing.h"
 #include "kernels/peak.h"
 #include "kernels/rmsnorm.h"
+#include "tensor/convert.h"
 
 namespace hyperion {
 namespace {
@@ -167,6 +168,55 @@ TEST_P(BackendParity, RmsNormBothOffsets) {
     expect_close(dx, dx_ref, 1e-4, 1e-5, "dx");
     expect_close(dw, dw_ref, 1e-4, 1e-5, "dweight");
   }
+}
+
+// The forms the decoder's attention biases and qk-norm use: C += bias as an empty-product
+// GEMM (k = 0, beta 1) in f32 and bf16; a bias gradient as ones[1, n] x dy[n, out]; and
+// RMSNorm over [rows, head_dim] in bf16 with y on x (forward) and dx on dy (backward).
+TEST_P(BackendParity, BiasAndPerHeadNormForms) {
+  std::mt19937 rng(12);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const int64_t m = 13, n = 40;
+    Tensor c0 = random_tensor(dt, {m, n}, rng);
+    std::vector<float> bias = randn(static_cast<size_t>(n), rng);
+    Tensor c_ref = c0.clone();
+    Dev c = dev(c0), dbias = dev(bias);
+    GemmArgs g;
+    g.m = m, g.n = n, g.k = 0, g.a_dtype = g.b_dtype = dt, g.lda = 1, g.ldb = n;
+    g.c = c.data(), g.c_dtype = dt, g.ldc = n, g.beta = 1.0f, g.bias = dbias.as<float>();
+    k().gemm(g);
+    GemmArgs r = g;
+    r.c = c_ref.data(), r.bias = bias.data();
+    ref::gemm(r);
+    expect_close(c, c_ref, 1e-2, 1e-6, "C += bias " + std::string(dtype_name(dt)));
+    // Bias gradient: grad[1, out] += ones[1, rows] dy[rows, out].
+    std::vector<float> ones_f(static_cast<size_t>(m), 1.0f);
+    Tensor ones(dt, {1, m});
+    convert_any(ones_f.data(), DType::kF32, ones.data(), dt, ones_f.size());
+    Tensor dy = random_tensor(dt, {m, n}, rng);
+    Tensor grad_ref = Tensor::zeros(DType::kF32, {1, n});
+    Dev dones = dev(ones), ddy = dev(dy), grad = dev(Tensor::zeros(DType::kF32, {1, n}));
+    k().gemm_contiguous(Trans::kN, Trans::kN, 1, n, m, dones.data(), dt, ddy.data(), dt,
+                        grad.data(), DType::kF32, 1.0f);
+    ref::gemm(contiguous_gemm_args(Trans::kN, Trans::kN, 1, n, m, ones.data(), dt, dy.data(), dt,
+                                   grad_ref.data(), DType::kF32, 1.0f));
+    expect_close(grad, grad_ref, 1e-4, 1e-4, "bias gradient " + std::string(dtype_name(dt)));
+  }
+  const int64_t rows = 3 * 4, hd = 64;  // 3 tokens x 4 heads
+  Tensor x = random_tensor(DType::kBF16, {rows, hd}, rng), w = random_tensor(DType::kF32, {hd}, rng);
+  Tensor dy = random_tensor(DType::kBF16, {rows, hd}, rng);
+  Tensor y_ref(DType::kBF16, {rows, hd}), rs_ref(DType::kF32, {rows});
+  ref::rmsnorm_forward(x, w, 1e-6f, y_ref, rs_ref, 0.0f);
+  Dev xy = dev(x), dw_in = dev(w), rs = dev(DType::kF32, {rows});
+  k().rmsnorm_forward(xy, dw_in, 1e-6f, xy, rs, 0.0f);  // in place
+  expect_close(xy, y_ref, 1e-2, 1e-2, "per-head rmsnorm in place");
+  Tensor dx_ref(DType::kBF16, {rows, hd});
+  Tensor dw_ref = Tensor::zeros(DType::kF32, {hd});
+  ref::rmsnorm_backward(dy, x, w, rs_ref, dx_ref, dw_ref, false, 0.0f);
+  Dev dxy = dev(dy), x_in = dev(x), dw = dev(Tensor::zeros(DType::kF32, {hd}));
+  k().rmsnorm_backward(dxy, x_in, dw_in, rs, dxy, dw, false, 0.0f);  // dx on dy
+  expect_close(dxy, dx_ref, 2e-2, 2e-2, "per-head rmsnorm backward in place");
+  expect_close(dw, dw_ref, 1e-3, 1e-3, "per-head rmsnorm dweight");
 }
 
 TEST_P(BackendParity, GatedActivations) {
