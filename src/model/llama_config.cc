@@ -318,8 +318,11 @@ void read_rope_object(const nlohmann::json& r, const std::string& where, int64_t
             num("partial_rotary_factor", 1.0));
   if (r.contains("rope_theta") && !r["rope_theta"].is_null()) *theta = num("rope_theta", *theta);
   if (s->type == T::kNone) return;
-  s->original_max_positions =
-      static_cast<int64_t>(num("original_max_position_embeddings", 0.0));
+  const double original = num("original_max_position_embeddings", 0.0);
+  HYP_CHECK(original >= 0 && original <= double(int64_t{1} << 24) && original == std::floor(original),
+            "{}.original_max_position_embeddings = {} must be a whole number in [1, 2^24]", where,
+            original);
+  s->original_max_positions = static_cast<int64_t>(original);
   if (s->type == T::kYarn && s->original_max_positions == 0)
     s->original_max_positions = max_positions;
   const bool has_factor = r.contains("factor") && !r["factor"].is_null();
