@@ -25,7 +25,6 @@ namespace hyperion::io {
 
 namespace {
 
-using json = nlohmann::json;
 
 // llama.cpp's LlamaFileType values for general.file_type.
 constexpr uint32_t kFileTypeF32 = 0, kFileTypeF16 = 1, kFileTypeQ8_0 = 7, kFileTypeBF16 = 32;
@@ -36,7 +35,6 @@ constexpr int32_t kTokNormal = 1, kTokUnknown = 2, kTokControl = 3, kTokUnused =
 // GGUF needs besides.
 struct GgufModel {
   hyperion::LlamaConfig c;
-  bool has_head_dim = false;  // head_dim given explicitly in config.json
   const FamilyInfo* family = nullptr;
 };
 
@@ -76,11 +74,6 @@ GgufModel read_config(const std::string& dir) {
   }
   GgufModel g;
   g.c = hyperion::LlamaConfig::from_hf_json(text, where);
-  try {
-    const json j = json::parse(text);
-    g.has_head_dim = j.contains("head_dim") && !j["head_dim"].is_null();
-  } catch (const json::exception&) {
-  }
   g.family = &family_info(g.c.arch.family);
   if (g.c.is_moe()) check_moe_representable(g.c, where);
   // llama.cpp applies Llama 3.1's scaling through the rope_freqs tensor of its llama graph.
@@ -351,8 +344,9 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
     w.set_u32(arch + ".expert_count", uint32_t(c.n_experts));
     w.set_u32(arch + ".expert_used_count", uint32_t(c.n_experts_per_tok));
   }
-  // convert_hf_to_gguf.py writes these whenever head_dim is given, and always for Gemma.
-  if (g.has_head_dim || gemma) {
+  // llama.cpp takes embedding_length / head_count unless these say otherwise; written
+  // where head_dim differs from that, and always for Gemma (as convert_hf_to_gguf.py).
+  if (c.head_dim * c.n_heads != c.dim || gemma) {
     w.set_u32(arch + ".attention.key_length", uint32_t(c.head_dim));
     w.set_u32(arch + ".attention.value_length", uint32_t(c.head_dim));
   }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "base/error.h"
 #include "base/log.h"
@@ -32,7 +33,10 @@ struct CheckpointManager::Snapshot {
   std::vector<float> model_data, optimizer_data;
   std::map<std::string, int> weight_map;  // every model tensor -> writing rank (index)
   int64_t model_bytes = 0;
-  int64_t max_shard_bytes = 0;  // one process: model files split past this size (0: never)
+  // One process: the model file of each tensor of `model`, and how many there are (1: one
+  // model.safetensors; more: Hugging Face's sharded layout, past max_shard_bytes).
+  std::vector<int> model_file;
+  int model_files = 1;
   int rank = 0, world = 1;
   LlamaConfig config;
   TrainerState state;
@@ -40,6 +44,28 @@ struct CheckpointManager::Snapshot {
   std::vector<std::pair<std::string, std::string>> tokenizer;
   std::map<std::string, std::string> config_values;
 };
+
+namespace {
+
+// One process's model tensors split into files of at most `max_bytes` (a tensor larger than
+// that gets a file of its own), in order, as transformers' save_pretrained(max_shard_size)
+// does: the file index of each tensor, and the file count (1: one model.safetensors).
+std::pair<std::vector<int>, int> size_shards(const std::vector<int64_t>& bytes, int64_t max_bytes) {
+  std::vector<int> file(bytes.size(), 0);
+  int64_t total = 0;
+  for (int64_t b : bytes) total += b;
+  if (max_bytes <= 0 || total <= max_bytes) return {file, 1};
+  int current = 0;
+  int64_t filled = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (filled > 0 && filled + bytes[i] > max_bytes) ++current, filled = 0;
+    file[i] = current;
+    filled += bytes[i];
+  }
+  return {file, current + 1};
+}
+
+}  // namespace
 
 CheckpointManager::CheckpointManager(std::string run_dir, int64_t keep, bool async,
                                      dist::Communicator* comm, std::vector<int> writers)
@@ -125,7 +151,11 @@ void CheckpointManager::save(const ParamStore& params, const AdamW& optimizer,
   snap->optimizer_steps = optimizer.steps_taken();
   snap->tokenizer = tokenizer_files;
   snap->config_values = config_values;
-  snap->max_shard_bytes = max_shard_bytes_;
+  if (snap->world == 1) {
+    std::vector<int64_t> bytes;
+    for (const Snapshot::Entry& e : snap->model) bytes.push_back(e.shape.numel() * 4);
+    std::tie(snap->model_file, snap->model_files) = size_shards(bytes, max_shard_bytes_);
+  }
   if (comm_ != nullptr) {
     // Collective: every rank writes its shard files into one shared temp directory.
     const std::string tmp = dir_ + "/.tmp-" + std::to_string(state.step);
@@ -156,28 +186,6 @@ void CheckpointManager::save(const ParamStore& params, const AdamW& optimizer,
 }
 
 
-namespace {
-
-// One process's model tensors split into files of at most `max_bytes` (a tensor larger than
-// that gets a file of its own), in order, as transformers' save_pretrained(max_shard_size)
-// does: the file index of each tensor, and the file count (1: one model.safetensors).
-std::pair<std::vector<int>, int> size_shards(const std::vector<int64_t>& bytes, int64_t max_bytes) {
-  std::vector<int> file(bytes.size(), 0);
-  int64_t total = 0;
-  for (int64_t b : bytes) total += b;
-  if (max_bytes <= 0 || total <= max_bytes) return {file, 1};
-  int current = 0;
-  int64_t filled = 0;
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    if (filled > 0 && filled + bytes[i] > max_bytes) ++current, filled = 0;
-    file[i] = current;
-    filled += bytes[i];
-  }
-  return {file, current + 1};
-}
-
-}  // namespace
-
 void CheckpointManager::write_files(const Snapshot& s, const std::string& dir) const {
   io::SafetensorsWriter opt;
   for (const Snapshot::Entry& e : s.optimizer)
@@ -191,9 +199,8 @@ void CheckpointManager::write_files(const Snapshot& s, const std::string& dir) c
     model.write(dir + "/" + shard_name("model", s.rank, s.world));
   } else {
     // One process: model.safetensors, or Hugging Face's sharded layout past the size limit.
-    std::vector<int64_t> bytes;
-    for (const Snapshot::Entry& e : s.model) bytes.push_back(e.shape.numel() * 4);
-    const auto [file, files] = size_shards(bytes, s.max_shard_bytes);
+    const std::vector<int>& file = s.model_file;
+    const int files = s.model_files;
     for (int f = 0; f < files; ++f) {
       io::SafetensorsWriter model;
       for (size_t i = 0; i < s.model.size(); ++i)
@@ -214,11 +221,7 @@ void CheckpointManager::write_files(const Snapshot& s, const std::string& dir) c
 }
 
 void CheckpointManager::write_common(const Snapshot& s, const std::string& tmp) const {
-  std::vector<int64_t> tensor_bytes;
-  for (const Snapshot::Entry& e : s.model) tensor_bytes.push_back(e.shape.numel() * 4);
-  const auto [file, files] = s.world > 1 ? std::pair<std::vector<int>, int>{{}, 1}
-                                         : size_shards(tensor_bytes, s.max_shard_bytes);
-  if (s.world > 1 || files > 1) {
+  if (s.world > 1 || s.model_files > 1) {
     nlohmann::ordered_json index;
     index["metadata"] = {{"total_size", s.model_bytes}};
     nlohmann::ordered_json map;
@@ -227,7 +230,7 @@ void CheckpointManager::write_common(const Snapshot& s, const std::string& tmp) 
     } else {
       std::map<std::string, std::string> sorted;
       for (size_t i = 0; i < s.model.size(); ++i)
-        sorted[s.model[i].name] = shard_name("model", file[i], files);
+        sorted[s.model[i].name] = shard_name("model", s.model_file[i], s.model_files);
       for (const auto& [name, f] : sorted) map[name] = f;
     }
     index["weight_map"] = map;

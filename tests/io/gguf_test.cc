@@ -957,8 +957,11 @@ TEST_F(ConvertTest, ExplicitHeadDim) {
             weights_.at("model.layers.1.self_attn.q_proj.weight"));
   EXPECT_EQ(unpermute(f.dequantize("blk.1.attn_k.weight"), 16, 64, 2),
             weights_.at("model.layers.1.self_attn.k_proj.weight"));
-  // Without head_dim in config.json, the keys are absent (as with convert_hf_to_gguf.py).
+  // Where head_dim is hidden / heads (given or not) the keys are absent: llama.cpp derives it.
   make_checkpoint({});
+  EXPECT_FALSE(convert("f32").has("llama.attention.key_length"));
+  o.head_dim = 16;  // = 64 / 4, written to config.json
+  make_checkpoint(o);
   EXPECT_FALSE(convert("f32").has("llama.attention.key_length"));
 }
 

@@ -103,24 +103,9 @@ TEST(FamilyFeatures, GradientsMatchFiniteDifferencesUnderEveryRemat) {
     ps.init(17, 0.4);
     perturb(ps);
     const int64_t b = 2, t = 7;  // past the YaRN case's original context of 4
-    auto in = random_tokens(b * t, fc.config.vocab_size, 8);
-    auto tg = random_tokens(b * t, fc.config.vocab_size, 9);
-    std::vector<float> first;
-    for (RematPolicy r : {RematPolicy::kNone, RematPolicy::kMinimal, RematPolicy::kFull}) {
-      LlamaModel m(ps, {b, t, false, r});
-      ps.zero_grads();
-      m.forward_backward(in.data(), tg.data(), 1.0f);
-      std::vector<float> g(ps.grads(), ps.grads() + ps.size());
-      if (first.empty()) {
-        first = g;
-        const int checked = testing_util::check_gradients_fd(
-            ps, in, [&] { return m.forward_loss(in.data(), tg.data()).loss; },
-            testing_util::FdOptions{});
-        EXPECT_GT(checked, 40);
-      } else {
-        EXPECT_EQ(g, first) << remat_policy_name(r);
-      }
-    }
+    testing_util::expect_gradients_under_every_remat(
+        ps, b, t, random_tokens(b * t, fc.config.vocab_size, 8),
+        random_tokens(b * t, fc.config.vocab_size, 9));
   }
 }
 
@@ -144,20 +129,7 @@ TEST(FamilyFeatures, GenerationMatchesTheFullForward) {
     ParamStore ps(c, false);
     ps.init(21, 0.3);
     perturb(ps);
-    const int64_t t = 10;
-    auto tok = random_tokens(t, c.vocab_size, 4);
-    LlamaModel m(ps, {1, t, false, RematPolicy::kNone});
-    std::vector<float> full(static_cast<size_t>(t * c.vocab_size));
-    m.forward_logits(tok.data(), full.data());
-    LlamaGenerator gen(ps, t);
-    const float* l = gen.feed(tok.data(), 4);
-    for (int64_t v = 0; v < c.vocab_size; ++v)
-      ASSERT_NEAR(l[v], full[static_cast<size_t>(3 * c.vocab_size + v)], 1e-4);
-    for (int64_t i = 4; i < t; ++i) {
-      l = gen.feed(&tok[static_cast<size_t>(i)], 1);
-      for (int64_t v = 0; v < c.vocab_size; ++v)
-        ASSERT_NEAR(l[v], full[static_cast<size_t>(i * c.vocab_size + v)], 1e-4) << i;
-    }
+    testing_util::expect_generation_matches_forward(ps, random_tokens(10, c.vocab_size, 4));
   }
 }
 

@@ -180,23 +180,8 @@ TEST(GemmaModel, GradientsMatchFiniteDifferencesUnderEveryRemat) {
       for (int64_t i = 0; i < info.numel; ++i)
         ps.params()[info.offset + i] = 0.1f * float(i % 5) - 0.2f;
   const int64_t b = 2, t = 6;
-  auto in = random_tokens(b * t, c.vocab_size, 8);
-  auto tg = random_tokens(b * t, c.vocab_size, 9);
-  std::vector<float> first;
-  for (RematPolicy r : {RematPolicy::kNone, RematPolicy::kMinimal, RematPolicy::kFull}) {
-    LlamaModel m(ps, {b, t, false, r});
-    ps.zero_grads();
-    m.forward_backward(in.data(), tg.data(), 1.0f);
-    std::vector<float> g(ps.grads(), ps.grads() + ps.size());
-    if (first.empty()) {
-      first = g;
-      const int checked = testing_util::check_gradients_fd(
-          ps, in, [&] { return loss_of(m, in, tg); }, testing_util::FdOptions{});
-      EXPECT_GT(checked, 40);
-    } else {
-      EXPECT_EQ(g, first) << remat_policy_name(r);
-    }
-  }
+  testing_util::expect_gradients_under_every_remat(ps, b, t, random_tokens(b * t, c.vocab_size, 8),
+                                                   random_tokens(b * t, c.vocab_size, 9));
 }
 
 TEST(GemmaConfig, HfJsonRoundTripAndLegacyActivation) {

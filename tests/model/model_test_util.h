@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "model/llama_generator.h"
+#include "model/llama_model.h"
 #include "model/param_store.h"
 
 namespace hyperion::testing_util {
@@ -73,6 +75,48 @@ int check_gradients_fd(ParamStore& ps, const std::vector<int32_t>& tokens, Objec
     }
   }
   return checked;
+}
+
+// Incremental decoding (a prefill of `prefill` tokens, then one token at a time through the
+// contiguous KV cache) gives the full forward's logits at every position, to 1e-4.
+inline void expect_generation_matches_forward(const ParamStore& ps,
+                                              const std::vector<int32_t>& tokens,
+                                              int64_t prefill = 4) {
+  const int64_t t = static_cast<int64_t>(tokens.size()), v = ps.config().vocab_size;
+  LlamaModel m(const_cast<ParamStore&>(ps), {1, t, false, RematPolicy::kNone});
+  std::vector<float> full(static_cast<size_t>(t * v));
+  m.forward_logits(tokens.data(), full.data());
+  LlamaGenerator gen(ps, t);
+  const float* l = gen.feed(tokens.data(), prefill);
+  for (int64_t j = 0; j < v; ++j)
+    ASSERT_NEAR(l[j], full[static_cast<size_t>((prefill - 1) * v + j)], 1e-4);
+  for (int64_t i = prefill; i < t; ++i) {
+    l = gen.feed(&tokens[static_cast<size_t>(i)], 1);
+    for (int64_t j = 0; j < v; ++j)
+      ASSERT_NEAR(l[j], full[static_cast<size_t>(i * v + j)], 1e-4) << i;
+  }
+}
+
+// The f32 gradients of a [b, t] batch under every remat policy: those of kNone agree with
+// finite differences (more than 40 elements checked), the others equal them bit for bit.
+inline void expect_gradients_under_every_remat(ParamStore& ps, int64_t b, int64_t t,
+                                               const std::vector<int32_t>& in,
+                                               const std::vector<int32_t>& tg) {
+  std::vector<float> first;
+  for (RematPolicy r : {RematPolicy::kNone, RematPolicy::kMinimal, RematPolicy::kFull}) {
+    LlamaModel m(ps, {b, t, false, r});
+    ps.zero_grads();
+    m.forward_backward(in.data(), tg.data(), 1.0f);
+    std::vector<float> g(ps.grads(), ps.grads() + ps.size());
+    if (first.empty()) {
+      first = g;
+      const int checked = check_gradients_fd(
+          ps, in, [&] { return m.forward_loss(in.data(), tg.data()).loss; }, FdOptions{});
+      EXPECT_GT(checked, 40);
+    } else {
+      EXPECT_EQ(g, first) << remat_policy_name(r);
+    }
+  }
 }
 
 }  // namespace hyperion::testing_util

@@ -182,20 +182,7 @@ TEST(MoeModel, GeneratorMatchesFullForward) {
   c.max_seq_len = 32;
   ParamStore ps(c, false);
   ps.init(3, 0.3);
-  const int64_t t = 10;
-  const auto tok = random_tokens(t, c.vocab_size, 4);
-  LlamaModel m(ps, {1, t, false, RematPolicy::kNone});
-  std::vector<float> full(static_cast<size_t>(t * c.vocab_size));
-  m.forward_logits(tok.data(), full.data());
-  LlamaGenerator gen(ps, t);
-  const float* l = gen.feed(tok.data(), 4);
-  for (int64_t v = 0; v < c.vocab_size; ++v)
-    ASSERT_NEAR(l[v], full[static_cast<size_t>(3 * c.vocab_size + v)], 1e-4);
-  for (int64_t i = 4; i < t; ++i) {
-    l = gen.feed(&tok[static_cast<size_t>(i)], 1);
-    for (int64_t v = 0; v < c.vocab_size; ++v)
-      ASSERT_NEAR(l[v], full[static_cast<size_t>(i * c.vocab_size + v)], 1e-4) << i;
-  }
+  testing_util::expect_generation_matches_forward(ps, random_tokens(10, c.vocab_size, 4));
 }
 
 TEST(MoeModel, MemoryPlanMatchesAllocation) {

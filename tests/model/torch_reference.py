@@ -161,9 +161,7 @@ def check_finetune(hyp, case, hf_dir, hf, weights, small, train_tokens, seq, bat
     metrics = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
     ckpt = os.path.join(run_dir, "checkpoints", str(steps))
     cfg = json.load(open(os.path.join(ckpt, "trainer_state.json")))["config"]
-    S = (len(train_tokens) - 1) // seq
-    seqs = np.stack([train_tokens[i * seq : i * seq + seq + 1] for i in range(S)])
-    inputs, targets = torch.from_numpy(seqs[:, :-1]), torch.from_numpy(seqs[:, 1:])
+    inputs, targets = training_batch(train_tokens, seq)
     params = {n: w.astype(np.float64) for n, w in weights.items()}
     m = {n + ".exp_avg": np.zeros_like(w) for n, w in params.items()}
     v = {n + ".exp_avg_sq": np.zeros_like(w) for n, w in params.items()}
@@ -191,6 +189,13 @@ def check_finetune(hyp, case, hf_dir, hf, weights, small, train_tokens, seq, bat
     saved = json.load(open(os.path.join(ckpt, "config.json")))
     check(saved["model_type"] == hf["model_type"] and saved.get("rope_scaling") == hf.get("rope_scaling"),
           f"{case} fine-tune: checkpoint config.json model_type {saved['model_type']}")
+
+
+def training_batch(train_tokens, seq):
+    """The one batch every step trains on: all whole sequences of seq + 1 tokens."""
+    S = (len(train_tokens) - 1) // seq
+    seqs = np.stack([train_tokens[i * seq : i * seq + seq + 1] for i in range(S)])
+    return torch.from_numpy(seqs[:, :-1]), torch.from_numpy(seqs[:, 1:])
 
 
 def read_shard(path):
@@ -437,9 +442,7 @@ def check_training(case, run_dir, train_tokens, seq):
     ckpt = lambda s: os.path.join(run_dir, "checkpoints", str(s))
     cfg = json.load(open(os.path.join(ckpt(1), "trainer_state.json")))["config"]
     hf = json.load(open(os.path.join(ckpt(1), "config.json")))
-    S = (len(train_tokens) - 1) // seq
-    seqs = np.stack([train_tokens[i * seq : i * seq + seq + 1] for i in range(S)])
-    inputs, targets = torch.from_numpy(seqs[:, :-1]), torch.from_numpy(seqs[:, 1:])
+    inputs, targets = training_batch(train_tokens, seq)
     for k in range(2, len(metrics) + 1):
         w, _ = read_safetensors(os.path.join(ckpt(k - 1), "model.safetensors"))
         opt, _ = read_safetensors(os.path.join(ckpt(k - 1), "optimizer.safetensors"))
