@@ -116,12 +116,16 @@ std::string format_bytes(int64_t bytes) {
 }
 
 void check_fits_in_memory(int64_t bytes, const std::string& what, const std::string& hint) {
-  const int64_t have = machine_memory_bytes();
+  check_fits_in_memory(bytes, machine_memory_bytes(), "this machine", what, hint);
+}
+
+void check_fits_in_memory(int64_t bytes, int64_t have, const std::string& where,
+                          const std::string& what, const std::string& hint) {
   if (bytes >= 0 && bytes < kSaturatedBytes && bytes <= have) return;
   if (bytes < 0 || bytes == kSaturatedBytes)
-    fail("{} needs more bytes than a 64-bit count holds but this machine has {}{}{}", what,
+    fail("{} needs more bytes than a 64-bit count holds but {} has {}{}{}", what, where,
          format_bytes(have), hint.empty() ? "" : "; ", hint);
-  fail("{} needs {} ({} bytes) but this machine has {}{}{}", what, format_bytes(bytes), bytes,
+  fail("{} needs {} ({} bytes) but {} has {}{}{}", what, format_bytes(bytes), bytes, where,
        format_bytes(have), hint.empty() ? "" : "; ", hint);
 }
 

@@ -40,5 +40,8 @@ std::string format_bytes(int64_t bytes);
 // 26.1 GiB but this machine has 23.4 GiB; `hint`". A saturated (or negative, i.e.
 // wrapped) count is refused as more than 64 bits can count.
 void check_fits_in_memory(int64_t bytes, const std::string& what, const std::string& hint);
+// The same against `have` bytes of the memory `where` names ("the GPU (NVIDIA H100)").
+void check_fits_in_memory(int64_t bytes, int64_t have, const std::string& where,
+                          const std::string& what, const std::string& hint);
 
 }  // namespace hyperion

@@ -5,11 +5,13 @@
 // steps (each one token for every request) are timed. Reports tokens/s, the step time
 // (mean, median and slowest), the bytes a step must read (weights once + every request's
 // KV), and the rate those bytes allow at the machine's measured read bandwidth
-// (`--bandwidth-gbps`, else the memory figure of `hyperion bench peak` is measured).
+// (`--bandwidth-gbps`, else the memory figure of `hyperion bench peak` is measured; with
+// hardware=gpu, a 1 GiB device-to-device copy in the same process).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -18,8 +20,11 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/loaded_checkpoint.h"
+#include "kernels/backend.h"
+#include "kernels/hardware.h"
 #include "kernels/peak.h"
 #include "serve/engine.h"
+#include "train/train_config.h"
 
 namespace hyperion::cli {
 
@@ -33,7 +38,11 @@ const CommandSpec kBenchDecodeSpec = {
      {"steps", "S", "timed decode steps (default 20)"},
      {"warmup", "S", "untimed decode steps first (default 3)"},
      {"seed", "S", "seed of the prompt lengths and ids (default 0)"},
-     {"bandwidth-gbps", "G", "read bandwidth for the bound (default: measured now)"},
+     {"bandwidth-gbps", "G",
+      "read bandwidth for the bound (default: measured now; on a GPU a device copy)"},
+     {"random-weights", "",
+      "CHECKPOINT is a training config (preset name or YAML): its model with random weights "
+      "(speed only; no checkpoint needed)"},
      {"json", "", "print the result as one JSON object"}},
     "key=value: the serving engine's keys (see hyperion serve --help).",
     "bench decode runs/tiny --batch 8 --context-min 64 --context-max 256 kv_dtype=int8"};
@@ -56,8 +65,27 @@ int cmd_bench_decode(const Args& args) {
   HYP_USAGE_CHECK(ec.max_concurrent_decodes >= batch,
                   "bench decode: --batch {} exceeds max_concurrent_decodes={}", batch,
                   ec.max_concurrent_decodes);
-  LoadedCheckpoint c = load_checkpoint(checkpoint, ec.weights != serve::WeightFormat::kF32);
-  serve::Engine engine(*c.params, &c.tokenizer, ec);
+  const bool bf16 = ec.weights != serve::WeightFormat::kF32;
+  std::optional<LoadedCheckpoint> loaded;
+  std::unique_ptr<ParamStore> random;
+  if (f.has("random-weights")) {
+    // A model's shape is all a decode step's speed depends on: random weights spare
+    // writing and reading a checkpoint of billions of parameters.
+    const LlamaConfig model = parse_train_config(load_train_config(checkpoint, {}), checkpoint).model;
+    serve::EngineConfig planned = ec;
+    serve::resolve_engine_config(planned, model,
+                                 ParamStore::bytes(model, {bf16, /*gradients=*/false}));
+    ec.max_concurrent_decodes = planned.max_concurrent_decodes;
+    random = std::make_unique<ParamStore>(model, bf16, /*gradients=*/false,
+                                          backend_for(ec.hardware).allocator());
+    random->init(static_cast<uint64_t>(f.integer("seed", 0)));
+    if (bf16) random->sync_bf16();
+  } else {
+    loaded.emplace(load_checkpoint(checkpoint, bf16, nullptr, ec.hardware));
+  }
+  const ParamStore& params = random ? *random : *loaded->params;
+  const LlamaConfig& model = params.config();
+  serve::Engine engine(params, loaded ? &loaded->tokenizer : nullptr, ec);
   const serve::EngineConfig& rc = engine.config();
   HYP_CHECK(cmax + warm + steps + 1 <= rc.max_seq_len,
             "bench decode: context {} + {} steps exceeds max_seq_len={} (set max_seq_len=)", cmax,
@@ -65,7 +93,7 @@ int cmd_bench_decode(const Args& args) {
   engine.warmup();
   std::mt19937 rng(static_cast<uint32_t>(f.integer("seed", 0)));
   std::vector<int64_t> produced(static_cast<size_t>(batch), 0), lengths;
-  const int64_t vocab = c.config.vocab_size;
+  const int64_t vocab = model.vocab_size;
   for (int64_t b = 0; b < batch; ++b) {
     serve::GenerationRequest r;
     const int64_t len = cmin + static_cast<int64_t>(rng() % static_cast<uint32_t>(cmax - cmin + 1));
@@ -116,7 +144,10 @@ int cmd_bench_decode(const Args& args) {
             steps, batch);
 
   double bw = f.number("bandwidth-gbps", 0.0);
-  if (bw <= 0) bw = measure_peak().mem_gbps;  // the best STREAM figure, as every ratio uses
+  const bool on_device = rc.hardware != Device::kHost;
+  if (bw <= 0)  // the best STREAM figure on the host, as every ratio uses; a device copy on a GPU
+    bw = on_device ? measure_backend_copy_gbps(backend_for(rc.hardware), size_t{1} << 30)
+                   : measure_peak().mem_gbps;
   const double mean_context = double(context_now) / double(batch) + double(steps) / 2;
   const double kv_bytes =
       double(batch) * mean_context * double(engine.runner().kv_bytes_per_token());
@@ -126,11 +157,12 @@ int cmd_bench_decode(const Args& args) {
   const double bound_tps = double(batch) / (step_bytes / (bw * 1e9));
   if (f.has("json")) {
     nlohmann::ordered_json j;
-    j["checkpoint"] = c.dir;
+    j["checkpoint"] = loaded ? loaded->dir : checkpoint;
     j["batch"] = batch;
     j["mean_context"] = mean_context;
     j["kv_dtype"] = dtype_name(rc.kv_dtype);
     j["weights"] = serve::weight_format_name(rc.weights);
+    j["hardware"] = hardware_name(rc.hardware);
     j["attention"] = rc.padded_attention ? "padded" : "ragged";
     j["step_ms"] = step_ms;
     j["step_ms_p50"] = p50_ms;
@@ -145,11 +177,12 @@ int cmd_bench_decode(const Args& args) {
     print_json(j, -1);
   } else {
     std::printf(
-        "decode: batch %lld, mean context %.0f, KV %s, weights %s, %s attention\n"
+        "decode on %s: batch %lld, mean context %.0f, KV %s, weights %s, %s attention\n"
         "  %.2f ms/step (median %.2f, slowest %.2f), %.1f tokens/s; a step reads %.1f MiB "
         "(weights %.1f + KV %.1f)\n"
         "  at %.1f GB/s that allows %.1f tokens/s: %.0f%% of the bound\n",
-        static_cast<long long>(batch), mean_context, std::string(dtype_name(rc.kv_dtype)).c_str(),
+        hardware_name(rc.hardware), static_cast<long long>(batch), mean_context,
+        std::string(dtype_name(rc.kv_dtype)).c_str(),
         serve::weight_format_name(rc.weights), rc.padded_attention ? "padded" : "ragged", step_ms,
         p50_ms, max_ms, tps, step_bytes / (1 << 20),
         double(engine.runner().weight_bytes()) / (1 << 20), kv_bytes / (1 << 20), bw, bound_tps,

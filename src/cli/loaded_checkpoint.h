@@ -23,9 +23,11 @@ struct LoadedCheckpoint {
 // `path` is a checkpoint directory or a run directory (its latest checkpoint).
 // `before_load` runs once config.json is checked against the weight files and the
 // weights against the machine's memory, before they are allocated (serve checks its KV
-// cache beside them there).
+// cache beside them there, in the memory of `device`). The weights are placed on `device`
+// (read through a host copy).
 LoadedCheckpoint load_checkpoint(
     const std::string& path, bool bf16,
-    const std::function<void(const LlamaConfig&)>& before_load = nullptr);
+    const std::function<void(const LlamaConfig&)>& before_load = nullptr,
+    Device device = Device::kHost);
 
 }  // namespace hyperion::cli

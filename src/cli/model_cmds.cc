@@ -13,6 +13,8 @@
 #include "io/gguf_convert.h"
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
+#include "kernels/backend.h"
+#include "kernels/hardware.h"
 #include "model/llama_generator.h"
 #include "model/sampler.h"
 #include "serve/text_stream.h"
@@ -22,7 +24,8 @@
 namespace hyperion::cli {
 
 LoadedCheckpoint load_checkpoint(const std::string& path, bool bf16,
-                                 const std::function<void(const LlamaConfig&)>& before_load) {
+                                 const std::function<void(const LlamaConfig&)>& before_load,
+                                 Device device) {
   const std::string dir = resolve_checkpoint_dir(path);
   LlamaConfig config = read_checkpoint_config(dir);
   // Everything that can be checked is, before the weights are allocated.
@@ -30,7 +33,8 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool bf16,
   check_load_fits_in_memory(dir, config, bf16);
   if (before_load) before_load(config);
   LoadedCheckpoint c{dir, config, nullptr, load_checkpoint_tokenizer(dir, config)};
-  c.params = std::make_unique<ParamStore>(c.config, bf16, /*gradients=*/false);
+  c.params = std::make_unique<ParamStore>(c.config, bf16, /*gradients=*/false,
+                                         backend_for(device).allocator());
   load_model_weights(c.dir, *c.params);
   return c;
 }
@@ -78,6 +82,7 @@ const CommandSpec kGenerateSpec = {
      {"seed", "S", "random seed (default 0)"},
      {"ignore-eos", "", "keep going past the end-of-sequence token"},
      kDtypeFlag,
+     {"hardware", "H", "cpu (default) or gpu: where the model and its KV cache live"},
      {"json", "", "print the result as one JSON object"}},
     "",
     "generate --checkpoint runs/tiny --prompt \"Once upon a time\" --top-p 0.9 --seed 1"};
@@ -156,7 +161,12 @@ int cmd_generate(const Args& args) {
   const std::string prompt = f.get("prompt");
   if (const size_t bad = utf8_invalid_at(prompt); bad != std::string::npos)
     usage_fail("generate: --prompt is not valid UTF-8 (byte {} of {})", bad, prompt.size());
-  LoadedCheckpoint c = load_checkpoint(f.require("checkpoint"), parse_dtype_flag(f));
+  const std::string hw = f.get("hardware", "cpu");
+  HYP_USAGE_CHECK(hw == "cpu" || hw == "gpu", "generate: --hardware must be cpu or gpu, got '{}'",
+                  hw);
+  const Device device = parse_hardware(hw, "generate: --hardware");
+  require_hardware(device, "generate: --hardware");
+  LoadedCheckpoint c = load_checkpoint(f.require("checkpoint"), parse_dtype_flag(f), nullptr, device);
   go.eos_id = c.tokenizer.eos_id();
   go.end_ids = c.tokenizer.end_ids();
   std::vector<int32_t> ids = c.tokenizer.encode_with_special_tokens(prompt);

@@ -93,7 +93,7 @@ int cmd_serve(const Args& args) {
     // the cache alone, which would leave room for more).
     ec.max_concurrent_decodes = planned.max_concurrent_decodes;
     ec.automatic_slots = planned.automatic_slots;
-  });
+  }, ec.hardware);
   if (ec.model_name.empty()) {
     std::filesystem::path p(checkpoint);
     if (!p.has_filename()) p = p.parent_path();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "base/allocator.h"
@@ -14,13 +15,15 @@ namespace hyperion {
 Device parse_hardware(std::string_view value, std::string_view what);
 const char* hardware_name(Device device);  // "cpu", "gpu"
 
-// What a run does on the device: training is wired to the device backend; serving
-// (the engine's paged KV pool and batched decode) is not yet.
-enum class HardwareUse : uint8_t { kTraining, kServing };
+// Throws a hyperion::Error naming `what` unless a run can place its model on `device` in
+// this process: a GPU needs a kernel backend for it (the CUDA backend with a usable
+// device; tests register a simulated one). Training and serving both run there.
+void require_hardware(Device device, std::string_view what);
 
-// Throws a hyperion::Error naming `what` unless a run of kind `use` can place its model
-// on `device` in this process: a GPU needs a kernel backend for it (the CUDA backend with
-// a usable device; tests register a simulated one) and a wired `use`.
-void require_hardware(Device device, std::string_view what, HardwareUse use);
+// The memory a model placed on `device` can use in all, in bytes: the machine's (or its
+// cgroup's) for the host, the GPU's for a CUDA device (the machine's for a simulated one).
+int64_t device_memory_bytes(Device device);
+// "this machine" or the GPU's name, for messages about that memory.
+std::string device_memory_name(Device device);
 
 }  // namespace hyperion

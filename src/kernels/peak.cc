@@ -385,4 +385,24 @@ double measure_backend_gemm_gflops(KernelBackend& backend, DType dtype, int64_t 
          static_cast<double>(reps) / elapsed / 1e9;
 }
 
+double measure_backend_copy_gbps(KernelBackend& backend, size_t bytes, double seconds) {
+  HYP_CHECK(bytes > 0 && seconds > 0, "measure_backend_copy_gbps: bytes {} and seconds {} must be > 0",
+            bytes, seconds);
+  DeviceBuffer a(backend.allocator(), bytes), b(backend.allocator(), bytes);
+  backend.zero(a.data(), bytes);
+  backend.zero(b.data(), bytes);
+  backend.copy(a.data(), b.data(), bytes);  // warm-up
+  backend.synchronize();
+  int64_t reps = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  do {
+    for (int i = 0; i < 4; ++i) backend.copy((i & 1) ? b.data() : a.data(), (i & 1) ? a.data() : b.data(), bytes);
+    reps += 4;
+    backend.synchronize();
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (elapsed < seconds);
+  return 2.0 * static_cast<double>(bytes) * static_cast<double>(reps) / elapsed / 1e9;
+}
+
 }  // namespace hyperion

@@ -39,4 +39,9 @@ const PeakResult& cached_peak();
 double measure_backend_gemm_gflops(KernelBackend& backend, DType dtype, int64_t size,
                                    double seconds = 0.3);
 
+// A device's memory bandwidth: copies of `bytes` between two buffers in `backend`'s
+// memory, repeated for about `seconds` after a warm-up; GB/s of traffic (each copy reads
+// and writes `bytes`). What a decode step's bandwidth bound is taken against on a GPU.
+double measure_backend_copy_gbps(KernelBackend& backend, size_t bytes, double seconds = 0.3);
+
 }  // namespace hyperion

@@ -4,6 +4,7 @@
 
 #include "base/log.h"
 #include "base/timer.h"
+#include "kernels/hardware.h"
 
 namespace hyperion::serve {
 
@@ -55,6 +56,9 @@ Engine::Engine(const ParamStore& params, const io::Tokenizer* tokenizer, EngineC
             return cfg_.kv_pages;
           }(),
           cfg_.kv_page_tokens) {
+  HYP_CHECK(params.device() == cfg_.hardware,
+            "serve: hardware={} but the weights are in {} memory", hardware_name(cfg_.hardware),
+            device_name(params.device()));
   eos_id_ = params.config().eos_id;
   end_ids_ = {eos_id_};
   if (tok_ != nullptr) {

@@ -14,7 +14,11 @@ namespace hyperion::serve {
 std::vector<ConfigKey> engine_config_schema() {
   return {
       {"max_concurrent_decodes", ConfigType::kInt, "0",
-       "decode slots; 0 = as many as half the memory beside the weights holds (at most 256)"},
+       "decode slots; 0 = as many as kv_memory_fraction of the memory beside the weights holds "
+       "(at most 256)"},
+      {"kv_memory_fraction", ConfigType::kFloat, "0",
+       "share of the device memory beside the weights the automatic slots' KV cache fills; 0 "
+       "= 0.5 on cpu, 0.9 on gpu"},
       {"max_queue", ConfigType::kInt, "256", "waiting requests before 429"},
       {"max_seq_len", ConfigType::kInt, "0",
        "context length; 0 = the model's (max_position_embeddings, the most it allows)"},
@@ -54,7 +58,7 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
   EngineConfig c;
   // The device first: a server that cannot have it fails before loading anything.
   c.hardware = parse_hardware(cfg.get_string("hardware"), "serve: hardware");
-  require_hardware(c.hardware, "hardware", HardwareUse::kServing);
+  require_hardware(c.hardware, "hardware");
   c.max_concurrent_decodes = cfg.get_int("max_concurrent_decodes");
   c.max_queue = cfg.get_int("max_queue");
   c.max_seq_len = cfg.get_int("max_seq_len");
@@ -62,6 +66,10 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
   c.prefill_chunk = cfg.get_int("prefill_chunk");
   c.kv_page_tokens = cfg.get_int("kv_page_tokens");
   c.kv_pages = cfg.get_int("kv_pages");
+  c.kv_memory_fraction = cfg.get_float("kv_memory_fraction");
+  HYP_CHECK(c.kv_memory_fraction >= 0 && c.kv_memory_fraction <= 1,
+            "serve: kv_memory_fraction must be in [0, 1] (0 = automatic), got {}",
+            c.kv_memory_fraction);
   HYP_CHECK(c.max_concurrent_decodes >= 0 && c.max_concurrent_decodes <= 4096,
             "serve: max_concurrent_decodes must be in [0, 4096] (0 = what memory allows), got {}",
             c.max_concurrent_decodes);
@@ -108,6 +116,15 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
             "serve: chat_template must be auto, plain, llama2 or a .jinja file, got '{}'",
             c.chat_template);
   c.model_name = cfg.get_string("model_name");
+  // What the GPU path does not have yet is refused by name, never run on the CPU.
+  if (c.hardware != Device::kHost) {
+    HYP_CHECK(c.kv_dtype != DType::kE4M3,
+              "serve: kv_dtype=fp8_e4m3 is not on the GPU yet (hardware=gpu takes bfloat16, "
+              "int8 or float32)");
+    HYP_CHECK(c.weights != WeightFormat::kInt8,
+              "serve: quantize_weights=int8 is not on the GPU yet (hardware=gpu serves bfloat16 "
+              "or float32 weights)");
+  }
   return c;
 }
 
@@ -130,13 +147,19 @@ void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t we
   const int64_t page_bytes = sat_mul(
       c.kv_page_tokens, sat_mul(model.n_layers, paged_kv_bytes_per_token(
                                                     c.kv_dtype, model.n_kv_heads, model.head_dim)));
+  const int64_t memory = device_memory_bytes(c.hardware);
   if (c.max_concurrent_decodes == 0) {
-    // As vLLM sizes its KV cache from the memory left beside the weights: half of what
-    // this machine (or its cgroup) has beyond the weights, in whole contexts, so every slot
-    // can hold a full max_seq_len; at least 1 (the memory check below names the keys when
-    // even that does not fit) and at most kAutoMaxSlots, past which a CPU step only grows
-    // its latency.
-    const int64_t left = std::max<int64_t>(0, machine_memory_bytes() - weight_bytes) / 2;
+    // As vLLM sizes its KV cache from the memory left beside the weights: a share of what
+    // this machine (or its cgroup), or the GPU, has beyond the weights (kv_memory_fraction:
+    // half on the host, where the OS and the page cache live too; 0.9 of a GPU, the rest
+    // for activations and the GEMM workspace), in whole contexts, so every slot can hold a
+    // full max_seq_len; at least 1 (the memory check below names the keys when even that
+    // does not fit) and at most kAutoMaxSlots, past which a step only grows its latency.
+    const double fraction = c.kv_memory_fraction > 0 ? c.kv_memory_fraction
+                            : c.hardware == Device::kHost ? 0.5
+                                                          : 0.9;
+    const int64_t left = static_cast<int64_t>(
+        static_cast<double>(std::max<int64_t>(0, memory - weight_bytes)) * fraction);
     const int64_t slot_bytes = std::max<int64_t>(1, sat_mul(per_slot, page_bytes));
     c.max_concurrent_decodes = std::clamp<int64_t>(left / slot_bytes, 1, kAutoMaxSlots);
     c.automatic_slots = true;
@@ -172,7 +195,7 @@ void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t we
     hint +=
         "; the weights are most of it: weights=float32 keeps no bf16 copy (4 bytes per "
         "parameter instead of 6)";
-  check_fits_in_memory(sat_add(kv_bytes, weight_bytes),
+  check_fits_in_memory(sat_add(kv_bytes, weight_bytes), memory, device_memory_name(c.hardware),
                        weight_bytes > 0
                            ? fmt::format("serve: the weights ({}) plus {}: {})",
                                          format_bytes(weight_bytes), kv, format_bytes(kv_bytes))

@@ -3,6 +3,8 @@
 //
 //   max_concurrent_decodes  decode slots (requests generating at once);        0
 //                           0 = what memory allows (resolve_engine_config)
+//   kv_memory_fraction      share of the memory beside the weights that        0
+//                           automatic slots fill; 0 = 0.5 cpu, 0.9 gpu
 //   max_queue               requests waiting for a slot before 429            256
 //   max_seq_len             context (prompt + output); 0 = the model's          0
 //   prefill_chunk           prompt tokens prefilled per engine step           256
@@ -41,6 +43,7 @@ struct EngineConfig {
   int64_t prefill_chunk = 256;
   int64_t kv_page_tokens = 16;
   int64_t kv_pages = 0;
+  double kv_memory_fraction = 0;  // 0: automatic (0.5 cpu, 0.9 gpu)
   DType kv_dtype = DType::kBF16;
   Device hardware = Device::kHost;  // hardware: cpu | gpu
   WeightFormat weights = WeightFormat::kBF16;

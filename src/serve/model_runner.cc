@@ -55,7 +55,8 @@ ModelRunner::ModelRunner(const ParamStore& params, const RunnerOptions& options)
       opt_(options),
       act_(act_dtype_for(options.weights)),
       weights_(params, options.weights),
-      decoder_(params, weights_, options.max_positions) {
+      decoder_(params, weights_, options.max_positions),
+      kern_(decoder_.kernels()) {
   HYP_CHECK(opt_.num_pages > 0 && opt_.page_tokens > 0,
             "serve: kv_pages ({}) and kv_page_tokens ({}) must be > 0", opt_.num_pages,
             opt_.page_tokens);
@@ -63,44 +64,48 @@ ModelRunner::ModelRunner(const ParamStore& params, const RunnerOptions& options)
   HYP_CHECK(opt_.kv_dtype == DType::kF32 || opt_.kv_dtype == DType::kBF16 ||
                 opt_.kv_dtype == DType::kI8 || opt_.kv_dtype == DType::kE4M3,
             "serve: kv_dtype must be float32, bfloat16, int8 or fp8_e4m3");
+  const bool host = kern_.device() == Device::kHost;
   const int64_t hkv = cfg_.n_kv_heads, hd = cfg_.head_dim;
   const size_t elems = static_cast<size_t>(opt_.num_pages * opt_.page_tokens * hkv * hd);
   const bool scaled = opt_.kv_dtype == DType::kI8 || opt_.kv_dtype == DType::kE4M3;
   const size_t rows = static_cast<size_t>(opt_.num_pages * opt_.page_tokens * hkv);
-  // The pool was checked against the machine's memory, not against what is free now:
-  // backing more than that would swap or meet the OOM killer at start-up, so then the
-  // pages are left to first use (and the steps that first write them stall).
-  const int64_t available = available_memory_bytes();
-  const bool commit = available < 0 || kv_cache_bytes() <= available / 10 * 9;
-  if (!commit)
+  // Host memory: the pool was checked against the machine's memory, not against what is
+  // free now: backing more than that would swap or meet the OOM killer at start-up, so
+  // then the pages are left to first use (and the steps that first write them stall).
+  const int64_t available = host ? available_memory_bytes() : -1;
+  const bool commit = host && (available < 0 || kv_cache_bytes() <= available / 10 * 9);
+  if (host && !commit)
     log_warn(
         "serve: the KV cache ({}) is more than 90% of the memory available now ({}); its "
         "pages are backed when first written, which stalls those decode steps",
         format_bytes(kv_cache_bytes()), format_bytes(available));
   const auto commit_start = std::chrono::steady_clock::now();
   const size_t layer_bytes = elems * dtype_size(opt_.kv_dtype);  // one layer's K (or V)
+  Allocator& alloc = kern_.allocator();
   for (int l = 0; l < cfg_.n_layers; ++l) {
-    k_pages_.emplace_back(layer_bytes);
-    v_pages_.emplace_back(layer_bytes);
+    k_pages_.emplace_back(alloc, layer_bytes);
+    v_pages_.emplace_back(alloc, layer_bytes);
     if (scaled) {
-      k_scales_.emplace_back(rows);
-      v_scales_.emplace_back(rows);
+      k_scales_.emplace_back(alloc, rows * sizeof(float));
+      v_scales_.emplace_back(alloc, rows * sizeof(float));
     }
   }
-  if (commit) {
-    for (auto* pool : {&k_pages_, &v_pages_})
-      for (auto& buf : *pool) commit_pages(buf.data(), layer_bytes);
-    for (auto* pool : {&k_scales_, &v_scales_})
-      for (auto& buf : *pool) commit_pages(buf.data(), rows * sizeof(float));
-  }
+  for (auto* pool : {&k_pages_, &v_pages_, &k_scales_, &v_scales_})
+    for (DeviceBuffer& buf : *pool) {
+      if (commit)
+        commit_pages(buf.data(), buf.bytes());
+      else if (!host)  // a device pool starts zeroed, as committed host pages do
+        kern_.zero(buf.data(), buf.bytes());
+    }
+  kern_.synchronize();
   kv_commit_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - commit_start).count();
   for (int l = 0; l < cfg_.n_layers; ++l) {
     PagedKvCache c;
     c.k = k_pages_[static_cast<size_t>(l)].data();
     c.v = v_pages_[static_cast<size_t>(l)].data();
-    c.k_scale = scaled ? k_scales_[static_cast<size_t>(l)].data() : nullptr;
-    c.v_scale = scaled ? v_scales_[static_cast<size_t>(l)].data() : nullptr;
+    c.k_scale = scaled ? k_scales_[static_cast<size_t>(l)].as<float>() : nullptr;
+    c.v_scale = scaled ? v_scales_[static_cast<size_t>(l)].as<float>() : nullptr;
     c.dtype = opt_.kv_dtype;
     c.num_pages = opt_.num_pages;
     c.page_tokens = opt_.page_tokens;
@@ -108,10 +113,9 @@ ModelRunner::ModelRunner(const ParamStore& params, const RunnerOptions& options)
     c.head_dim = hd;
     caches_.push_back(c);
   }
-  logits_ = AlignedBuffer<float>(static_cast<size_t>(cfg_.vocab_size));
   const size_t ctx = static_cast<size_t>(opt_.max_positions * cfg_.kv_dim()) * dtype_size(act_);
-  kctx_ = AlignedBuffer<unsigned char>(ctx);
-  vctx_ = AlignedBuffer<unsigned char>(ctx);
+  kctx_ = DeviceBuffer(alloc, ctx);
+  vctx_ = DeviceBuffer(alloc, ctx);
 }
 
 int64_t ModelRunner::kv_bytes_per_token() const {
@@ -130,22 +134,31 @@ void ModelRunner::ensure_capacity(int64_t n) {
   const size_t d = static_cast<size_t>(cfg_.dim), q = static_cast<size_t>(cfg_.q_dim());
   const size_t kv = static_cast<size_t>(cfg_.kv_dim());
   const size_t f = static_cast<size_t>(cfg_.ffn_dim), rows = static_cast<size_t>(n);
-  x_ = AlignedBuffer<float>(rows * d);
-  rstd_ = AlignedBuffer<float>(rows);
-  xl_ = AlignedBuffer<float>(rows * d);
-  logits_ = AlignedBuffer<float>(rows * static_cast<size_t>(cfg_.vocab_size));
-  lse_ = AlignedBuffer<float>(rows * static_cast<size_t>(cfg_.n_heads));
-  h_ = AlignedBuffer<unsigned char>(rows * d * a);
-  q_ = AlignedBuffer<unsigned char>(rows * q * a);
-  k_ = AlignedBuffer<unsigned char>(rows * kv * a);
-  v_ = AlignedBuffer<unsigned char>(rows * kv * a);
-  att_ = AlignedBuffer<unsigned char>(rows * q * a);
-  g_ = AlignedBuffer<unsigned char>(rows * f * a);
-  u_ = AlignedBuffer<unsigned char>(rows * f * a);
+  const size_t vocab = static_cast<size_t>(cfg_.vocab_size);
+  Allocator& alloc = kern_.allocator();
+  // Released first: on a device the old and new sets together may not fit.
+  for (DeviceBuffer* b : {&x_, &rstd_, &xl_, &logits_, &lse_, &h_, &q_, &k_, &v_, &att_, &g_, &u_,
+                          &ids_})
+    *b = DeviceBuffer();
+  x_ = DeviceBuffer(alloc, rows * d * 4);
+  rstd_ = DeviceBuffer(alloc, rows * 4);
+  xl_ = DeviceBuffer(alloc, rows * d * 4);
+  logits_ = DeviceBuffer(alloc, rows * vocab * 4);
+  lse_ = DeviceBuffer(alloc, rows * static_cast<size_t>(cfg_.n_heads) * 4);
+  h_ = DeviceBuffer(alloc, rows * d * a);
+  q_ = DeviceBuffer(alloc, rows * q * a);
+  k_ = DeviceBuffer(alloc, rows * kv * a);
+  v_ = DeviceBuffer(alloc, rows * kv * a);
+  att_ = DeviceBuffer(alloc, rows * q * a);
+  g_ = DeviceBuffer(alloc, rows * f * a);
+  u_ = DeviceBuffer(alloc, rows * f * a);
+  if (kern_.device() != Device::kHost) {
+    ids_ = DeviceBuffer(alloc, 3 * rows * 4);
+    logits_host_ = AlignedBuffer<float>(rows * vocab);
+  }
   // Expert groups padded to 32 rows, as in training: a few GEMM shapes, compiled once.
   if (cfg_.is_moe())
-    moe_.reserve(moe_shape(cfg_, MoeOptions{}, 1, n, kMoeTrainRowAlign), act_,
-                 decoder_.kernels().allocator());
+    moe_.reserve(moe_shape(cfg_, MoeOptions{}, 1, n, kMoeTrainRowAlign), act_, alloc);
   capacity_ = n;
 }
 
@@ -156,29 +169,8 @@ const float* ModelRunner::forward(const StepBatch& batch) {
                 static_cast<int64_t>(batch.slots.size()) == rows &&
                 static_cast<int64_t>(batch.attn.size()) == rows,
             "serve: step batch arrays disagree on the row count {}", rows);
-  // The matmuls run on a bucketed row count (padding rows hold token 0 at position 0):
-  // oneDNN compiles a kernel per shape, and a server sees every batch size from 1 to
-  // slots + prefill_chunk; buckets keep that to a few shapes compiled once.
-  const int64_t n = padded_rows(rows);
-  ensure_capacity(n);
-  tokens_.assign(batch.tokens.begin(), batch.tokens.end());
-  tokens_.resize(static_cast<size_t>(n), 0);
-  positions_.assign(batch.positions.begin(), batch.positions.end());
-  positions_.resize(static_cast<size_t>(n), 0);
-  if (n > rows)  // attention leaves padding rows alone: keep them finite
-    std::memset(att_.data() + static_cast<size_t>(rows * cfg_.q_dim()) * dtype_size(act_), 0,
-                static_cast<size_t>((n - rows) * cfg_.q_dim()) * dtype_size(act_));
-  const int64_t d = cfg_.dim;
-  decoder_.embed(tokens_.data(), n, x_.data());
   const int64_t nd = batch.decode_rows;
   HYP_CHECK(nd >= 0 && nd <= rows, "serve: {} decode rows in a batch of {}", nd, rows);
-  kv_.params = PagedAttentionParams{};
-  if (opt_.padded_attention) {
-    kv_.params.mode = PagedAttentionMode::kPadded;
-    for (int64_t i = 0; i < nd; ++i)
-      kv_.params.padded_length =
-          std::max(kv_.params.padded_length, batch.attn[static_cast<size_t>(i)].length);
-  }
   int64_t covered = nd;
   for (const auto& [r0, c] : batch.segments) {
     HYP_CHECK(r0 == covered && c >= 1, "serve: prefill segment ({}, {}) out of order", r0, c);
@@ -191,36 +183,73 @@ const float* ModelRunner::forward(const StepBatch& batch) {
   }
   HYP_CHECK(covered == rows, "serve: {} decode rows and segments cover {} of {} rows", nd, covered,
             rows);
+  const int64_t m = static_cast<int64_t>(batch.logit_rows.size());
+  for (int32_t r : batch.logit_rows)
+    HYP_CHECK(r >= 0 && r < rows, "serve: logit row {} outside the batch of {}", r, rows);
+  // The matmuls run on a bucketed row count (padding rows hold token 0 at position 0):
+  // oneDNN compiles a kernel per shape (and a GPU runs a tuned kernel per shape), and a
+  // server sees every batch size from 1 to slots + prefill_chunk; buckets keep that to a
+  // few shapes compiled once. The LM head runs on bucketed logit rows too.
+  const int64_t n = padded_rows(rows), mp = m > 0 ? padded_rows(m) : 0;
+  ensure_capacity(n);
+  staging_.assign(static_cast<size_t>(2 * n + mp), 0);
+  int32_t* tokens = staging_.data();
+  int32_t* positions = tokens + n;
+  int32_t* logit_ids = positions + n;
+  std::copy(batch.tokens.begin(), batch.tokens.end(), tokens);
+  std::copy(batch.positions.begin(), batch.positions.end(), positions);
+  std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), logit_ids);
+  std::fill(logit_ids + m, logit_ids + mp, m > 0 ? batch.logit_rows[0] : 0);
+  if (!ids_.empty()) {  // a device reads the ids from its own memory: one upload
+    kern_.upload(staging_.data(), ids_.data(), staging_.size() * sizeof(int32_t));
+    tokens = ids_.as<int32_t>();
+    positions = tokens + n;
+    logit_ids = positions + n;
+  }
+  const size_t a = dtype_size(act_);
+  if (n > rows)  // attention leaves padding rows alone: keep them finite
+    kern_.zero(att_.as<unsigned char>() + static_cast<size_t>(rows * cfg_.q_dim()) * a,
+               static_cast<size_t>((n - rows) * cfg_.q_dim()) * a);
+  const int64_t d = cfg_.dim;
+  float* x = x_.as<float>();
+  decoder_.embed(tokens, n, x);
+  kv_.params = PagedAttentionParams{};
+  if (opt_.padded_attention) {
+    kv_.params.mode = PagedAttentionMode::kPadded;
+    for (int64_t i = 0; i < nd; ++i)
+      kv_.params.padded_length =
+          std::max(kv_.params.padded_length, batch.attn[static_cast<size_t>(i)].length);
+  }
   kv_.batch = &batch;
   kv_.caches = &caches_;
   kv_.rows = rows;
-  kv_.kctx = kctx_.data();
-  kv_.vctx = vctx_.data();
-  kv_.lse = lse_.data();
-  DecoderActs s = in_place_acts(x_.data(), rstd_.data(), h_.data(), q_.data(), k_.data(), v_.data(),
-                                att_.data(), lse_.data(), g_.data(), u_.data());
+  kv_.kctx = kctx_.as<unsigned char>();
+  kv_.vctx = vctx_.as<unsigned char>();
+  kv_.lse = lse_.as<float>();
+  DecoderActs s = in_place_acts(x, rstd_.as<float>(), h_.data(), q_.data(), k_.data(), v_.data(),
+                                att_.data(), lse_.as<float>(), g_.data(), u_.data());
   if (cfg_.is_moe()) s.moe = moe_.acts();
   PassRows pass;
   pass.t = n;
-  pass.positions = positions_.data();
+  pass.positions = positions;
   const MoeShape ms =
       cfg_.is_moe() ? moe_shape(cfg_, MoeOptions{}, 1, n, kMoeTrainRowAlign) : MoeShape{};
   for (int l = 0; l < cfg_.n_layers; ++l) {
     decoder_.attention_block(l, pass, s, kv_);
-    decoder_.mlp_block(l, n, s, ms, MoeOptions{}, x_.data());
+    decoder_.mlp_block(l, n, s, ms, MoeOptions{}, x);
   }
-  // Final norm and lm_head only for the rows whose logits are wanted.
-  const int64_t m = static_cast<int64_t>(batch.logit_rows.size());
-  if (m == 0) return logits_.data();
-  for (int64_t i = 0; i < m; ++i) {
-    const int32_t r = batch.logit_rows[static_cast<size_t>(i)];
-    HYP_CHECK(r >= 0 && r < rows, "serve: logit row {} outside the batch of {}", r, rows);
-    std::memcpy(xl_.data() + i * d, x_.data() + r * d, static_cast<size_t>(d) * sizeof(float));
-  }
-  const int64_t mp = padded_rows(m);  // lm_head on bucketed rows too (zeros beyond m)
-  if (mp > m) std::memset(xl_.data() + m * d, 0, static_cast<size_t>((mp - m) * d) * sizeof(float));
-  decoder_.head(xl_.data(), mp, h_.data(), rstd_.data(), logits_.data(), DType::kF32);
-  return logits_.data();
+  auto* logits = logits_.as<float>();
+  if (m == 0) return kern_.device() == Device::kHost ? logits : logits_host_.data();
+  // Final norm and LM head only for the rows whose logits are wanted, gathered as
+  // embedding rows of x (padding rows repeat the first).
+  kern_.embedding_forward(kern_.view(x, DType::kF32, {n, d}),
+                          kern_.view(logit_ids, DType::kI32, {mp}),
+                          kern_.view(xl_.data(), DType::kF32, {mp, d}), 1.0f);
+  decoder_.head(xl_.as<float>(), mp, h_.data(), rstd_.as<float>(), logits, DType::kF32);
+  if (kern_.device() == Device::kHost) return logits;
+  kern_.download(logits, logits_host_.data(),
+                 static_cast<size_t>(m * cfg_.vocab_size) * sizeof(float));
+  return logits_host_.data();
 }
 
 }  // namespace hyperion::serve

@@ -16,7 +16,13 @@
 //
 // The layers are the decoder's (model/decoder.h), the paged cache its KvSource.
 // Weights: f32 or bf16 from the ParamStore (its bf16 copy), or int8 per output channel
-// (`quantize_weights=int8`), see model/linear.h.
+// (`quantize_weights=int8`, host only), see model/linear.h.
+//
+// One runner for every device: the KV pool, the step's activations and the logits are
+// allocated through the backend of the device the weights live on, and every op goes
+// through it. Per step, the host sends one upload (the rows' token ids, positions and the
+// logit rows, packed) beside the page tables and slots the paged ops take from host
+// memory (kernels/backend.h), and gets back only the logits of the rows that sample.
 #pragma once
 
 #include <cstdint>
@@ -95,8 +101,9 @@ class ModelRunner {
   // not backed yet). llama.cpp clears its KV buffer at start for the same effect.
   double kv_commit_seconds() const { return kv_commit_seconds_; }
 
-  // Runs the batch; returns logits f32 [logit_rows.size(), vocab] (valid until the next
-  // call). Positions must be < max_positions; slots and page ids are the caller's.
+  // Runs the batch; returns logits f32 [logit_rows.size(), vocab] in host memory (valid
+  // until the next call). Positions must be < max_positions; slots and page ids are the
+  // caller's.
   const float* forward(const StepBatch& batch);
 
  private:
@@ -108,16 +115,20 @@ class ModelRunner {
   LinearWeights weights_;
   Decoder decoder_;
   PagedKvSource kv_;
-  std::vector<AlignedBuffer<unsigned char>> k_pages_, v_pages_;
-  std::vector<AlignedBuffer<float>> k_scales_, v_scales_;
+  KernelBackend& kern_;  // the weights' device
+  std::vector<DeviceBuffer> k_pages_, v_pages_, k_scales_, v_scales_;
   double kv_commit_seconds_ = 0;
   std::vector<PagedKvCache> caches_;
   int64_t capacity_ = 0;
-  std::vector<int32_t> tokens_, positions_;  // the batch's, padded to padded_rows()
-  AlignedBuffer<float> x_, rstd_, xl_, logits_;
-  AlignedBuffer<unsigned char> h_, q_, k_, v_, att_, g_, u_;
-  AlignedBuffer<unsigned char> kctx_, vctx_;  // a prefill segment's context [max_positions, kv]
-  AlignedBuffer<float> lse_;
+  // The step's index arrays, packed for one upload: tokens [n] | positions [n] | logit
+  // rows [padded m] (n = padded_rows(rows); padding rows hold token 0 at position 0).
+  std::vector<int32_t> staging_;
+  DeviceBuffer ids_;  // their device copy (a device backend only)
+  DeviceBuffer x_, rstd_, xl_, logits_;
+  DeviceBuffer h_, q_, k_, v_, att_, g_, u_;
+  DeviceBuffer kctx_, vctx_;  // a prefill segment's context [max_positions, kv]
+  DeviceBuffer lse_;
+  AlignedBuffer<float> logits_host_;  // a device's logits, downloaded
   MoeInferenceBuffers moe_;
 };
 

@@ -297,7 +297,7 @@ void TrainingRun::setup() {
   rank_ = comm_->rank();
   world_ = comm_->world_size();
   // The device first: a run that cannot have it fails before anything is prepared.
-  require_hardware(t_.hardware, "config key hardware", HardwareUse::kTraining);
+  require_hardware(t_.hardware, "config key hardware");
   HYP_CHECK(t_.hardware == Device::kHost || world_ == 1,
             "config key hardware=gpu: training runs one process on one GPU (multi-GPU "
             "collectives are not built); got {} ranks",

@@ -440,8 +440,12 @@ TEST(EngineConfig, ParsesAndRejectsKeys) {
             std::string::npos);
   EXPECT_NE(message({"attention=dense"}).find("attention"), std::string::npos);
   EXPECT_NE(message({"hardware=tpu"}).find("hardware"), std::string::npos);
-  // No GPU here (or not wired yet): refused by name rather than served on the CPU.
-  EXPECT_NE(message({"hardware=gpu"}).find("hardware=gpu"), std::string::npos);
+  // What the GPU path lacks is refused by name rather than served on the CPU.
+  EXPECT_NE(message({"hardware=gpu", "kv_dtype=fp8_e4m3"}).find("kv_dtype=fp8_e4m3"),
+            std::string::npos);
+  EXPECT_NE(message({"hardware=gpu", "quantize_weights=int8"}).find("quantize_weights=int8"),
+            std::string::npos);
+  EXPECT_NE(message({"kv_memory_fraction=1.5"}).find("kv_memory_fraction"), std::string::npos);
 }
 
 }  // namespace
