@@ -21,6 +21,7 @@
 
 #include "base/allocator.h"
 #include "kernels/adamw.h"
+#include "kernels/argmax.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/gated_activation.h"
@@ -122,6 +123,8 @@ class KernelBackend {
                                  const TensorView& out, float scale) = 0;
   virtual void embedding_backward(const TensorView& ids, const TensorView& dout,
                                   const TensorView& dtable, float scale) = 0;
+  // Greedy decoding's pick per row (kernels/argmax.h).
+  virtual void argmax_rows(const TensorView& x, const TensorView& out) = 0;
   // Loss (kernels/cross_entropy.h).
   virtual CrossEntropyResult cross_entropy_forward(const TensorView& logits,
                                                    const TensorView& targets) = 0;

@@ -160,6 +160,10 @@ class HostBackend final : public KernelBackend {
     check_host("embedding_backward", {&ids, &dout, &dtable});
     hyperion::embedding_backward(ids, dout, dtable, scale);
   }
+  void argmax_rows(const TensorView& x, const TensorView& out) override {
+    check_host("argmax_rows", {&x, &out});
+    hyperion::argmax_rows(x, out);
+  }
   CrossEntropyResult cross_entropy_forward(const TensorView& logits,
                                            const TensorView& targets) override {
     check_host("cross_entropy_forward", {&logits, &targets});

@@ -301,8 +301,19 @@ void Engine::step() {
   for (const auto& [s, c] : chunks)
     for (int64_t j = 0; j < c; ++j, ++row) batch_.attn[row].pages = page_table(*s);
 
+  // A step whose sampling rows are all greedy without logprobs takes back only their
+  // tokens (argmax where the logits are: on a GPU, 4 bytes per row instead of the
+  // vocabulary's logits); any other step samples on the host from the logits.
+  bool greedy = true;
+  for (const Sequence* s : logit_seqs)
+    greedy = greedy && s->req.sampling.temperature == 0.0f && !s->req.logprobs;
   const Timer forward_timer;
-  const float* logits = runner_->forward(batch_);
+  const float* logits = nullptr;
+  const int32_t* greedy_ids = nullptr;
+  if (greedy)
+    greedy_ids = runner_->forward_greedy(batch_);
+  else
+    logits = runner_->forward(batch_);
   forward_seconds_ += forward_timer.seconds();
   ++steps_;
   ++(chunks.empty() ? decode_steps_ : prefill_steps_);
@@ -315,8 +326,15 @@ void Engine::step() {
   for (size_t i = 0; i < logit_seqs.size(); ++i) {
     Sequence& s = *logit_seqs[i];
     float lp = 0.0f;
-    const int32_t tok = s.sampler.sample(logits + static_cast<int64_t>(i) * vocab, vocab,
-                                         s.req.logprobs ? &lp : nullptr);
+    int32_t tok = 0;
+    if (greedy_ids != nullptr) {
+      tok = greedy_ids[i];
+      HYP_CHECK(tok >= 0, "sampler: the {} logits hold a NaN or are all -inf; no token can be "
+                          "chosen", vocab);
+    } else {
+      tok = s.sampler.sample(logits + static_cast<int64_t>(i) * vocab, vocab,
+                             s.req.logprobs ? &lp : nullptr);
+    }
     emit_token(s, tok, lp);
   }
   (chunks.empty() ? decode_step_seconds_ : prefill_step_seconds_) += step_timer.seconds();

@@ -138,7 +138,7 @@ void ModelRunner::ensure_capacity(int64_t n) {
   Allocator& alloc = kern_.allocator();
   // Released first: on a device the old and new sets together may not fit.
   for (DeviceBuffer* b : {&x_, &rstd_, &xl_, &logits_, &lse_, &h_, &q_, &k_, &v_, &att_, &g_, &u_,
-                          &ids_})
+                          &ids_, &greedy_})
     *b = DeviceBuffer();
   x_ = DeviceBuffer(alloc, rows * d * 4);
   rstd_ = DeviceBuffer(alloc, rows * 4);
@@ -154,6 +154,7 @@ void ModelRunner::ensure_capacity(int64_t n) {
   u_ = DeviceBuffer(alloc, rows * f * a);
   if (kern_.device() != Device::kHost) {
     ids_ = DeviceBuffer(alloc, 3 * rows * 4);
+    greedy_ = DeviceBuffer(alloc, rows * 4);
     logits_host_ = AlignedBuffer<float>(rows * vocab);
   }
   // Expert groups padded to 32 rows, as in training: a few GEMM shapes, compiled once.
@@ -163,6 +164,29 @@ void ModelRunner::ensure_capacity(int64_t n) {
 }
 
 const float* ModelRunner::forward(const StepBatch& batch) {
+  const float* logits = run(batch);
+  const int64_t m = static_cast<int64_t>(batch.logit_rows.size());
+  if (kern_.device() == Device::kHost) return logits;
+  if (m > 0)
+    kern_.download(logits, logits_host_.data(),
+                   static_cast<size_t>(m * cfg_.vocab_size) * sizeof(float));
+  return logits_host_.data();
+}
+
+const int32_t* ModelRunner::forward_greedy(const StepBatch& batch) {
+  const float* logits = run(batch);
+  const int64_t m = static_cast<int64_t>(batch.logit_rows.size());
+  greedy_host_.resize(static_cast<size_t>(m));
+  if (m == 0) return greedy_host_.data();
+  auto* ids = kern_.device() == Device::kHost ? greedy_host_.data() : greedy_.as<int32_t>();
+  kern_.argmax_rows(kern_.view(const_cast<float*>(logits), DType::kF32, {m, cfg_.vocab_size}),
+                    kern_.view(ids, DType::kI32, {m}));
+  if (kern_.device() != Device::kHost)
+    kern_.download(ids, greedy_host_.data(), static_cast<size_t>(m) * sizeof(int32_t));
+  return greedy_host_.data();
+}
+
+const float* ModelRunner::run(const StepBatch& batch) {
   const int64_t rows = batch.size();
   HYP_CHECK(rows > 0, "serve: empty step batch");
   HYP_CHECK(static_cast<int64_t>(batch.positions.size()) == rows &&
@@ -239,17 +263,14 @@ const float* ModelRunner::forward(const StepBatch& batch) {
     decoder_.mlp_block(l, n, s, ms, MoeOptions{}, x);
   }
   auto* logits = logits_.as<float>();
-  if (m == 0) return kern_.device() == Device::kHost ? logits : logits_host_.data();
+  if (m == 0) return logits;
   // Final norm and LM head only for the rows whose logits are wanted, gathered as
   // embedding rows of x (padding rows repeat the first).
   kern_.embedding_forward(kern_.view(x, DType::kF32, {n, d}),
                           kern_.view(logit_ids, DType::kI32, {mp}),
                           kern_.view(xl_.data(), DType::kF32, {mp, d}), 1.0f);
   decoder_.head(xl_.as<float>(), mp, h_.data(), rstd_.as<float>(), logits, DType::kF32);
-  if (kern_.device() == Device::kHost) return logits;
-  kern_.download(logits, logits_host_.data(),
-                 static_cast<size_t>(m * cfg_.vocab_size) * sizeof(float));
-  return logits_host_.data();
+  return logits;
 }
 
 }  // namespace hyperion::serve

@@ -105,8 +105,14 @@ class ModelRunner {
   // until the next call). Positions must be < max_positions; slots and page ids are the
   // caller's.
   const float* forward(const StepBatch& batch);
+  // The same step, but only each logit row's greedy token comes back (argmax on the
+  // device, ties to the lower id as the sampler's; -1 for a row with no finite logit):
+  // [logit_rows.size()] in host memory, valid until the next call.
+  const int32_t* forward_greedy(const StepBatch& batch);
 
  private:
+  // The step up to the LM head: the logits [logit_rows.size(), vocab] in the device's memory.
+  const float* run(const StepBatch& batch);
   void ensure_capacity(int64_t n);
 
   LlamaConfig cfg_;
@@ -129,6 +135,8 @@ class ModelRunner {
   DeviceBuffer kctx_, vctx_;  // a prefill segment's context [max_positions, kv]
   DeviceBuffer lse_;
   AlignedBuffer<float> logits_host_;  // a device's logits, downloaded
+  DeviceBuffer greedy_;                // forward_greedy's ids on a device
+  std::vector<int32_t> greedy_host_;
   MoeInferenceBuffers moe_;
 };
 

@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -488,6 +490,41 @@ TEST_P(BackendParity, EmbeddingRefusesAnIdOutsideTheVocabulary) {
         k().synchronize();
       },
       {"embedding", "13"});
+}
+
+// Greedy picks: the first largest of each row at widths around the vector and block
+// sizes, with ties (the lower index wins) and -inf; a row holding a NaN, or nothing above
+// -inf, gives -1.
+TEST_P(BackendParity, ArgmaxRows) {
+  std::mt19937 rng(9);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t n : {1, 7, 16, 33, 257, 4099, 32000}) {
+    const int64_t rows = 9;
+    Tensor x = random_tensor(DType::kF32, {rows, n}, rng, 3.0f);
+    float* p = x.as<float>();
+    p[1 * n + n / 2] = 100.0f;  // row 1: a tie at the middle and the end
+    p[1 * n + n - 1] = 100.0f;
+    p[2 * n + n - 1] = std::numeric_limits<float>::quiet_NaN();  // row 2: NaN last
+    for (int64_t j = 0; j < n; ++j) p[3 * n + j] = ninf;     // row 3: all -inf
+    for (int64_t j = 0; j < n; ++j)  // row 4: NaN and -inf only
+      p[4 * n + j] = j % 2 ? ninf : std::numeric_limits<float>::quiet_NaN();
+    for (int64_t j = 0; j < n; ++j) p[5 * n + j] = 1.5f;  // row 5: all equal
+    p[6 * n + n - 1] = 50.0f;                              // row 6: the last
+    Tensor want(DType::kI32, {rows});
+    ref::argmax_rows(x, want);
+    EXPECT_EQ(want.as<int32_t>()[2], -1);
+    EXPECT_EQ(want.as<int32_t>()[3], -1);
+    EXPECT_EQ(want.as<int32_t>()[4], -1);
+    EXPECT_EQ(want.as<int32_t>()[5], 0);
+    if (n > 2) {
+      EXPECT_EQ(want.as<int32_t>()[1], n / 2);
+    }
+    Dev dx = dev(x), out = dev(DType::kI32, {rows});
+    k().argmax_rows(dx, out);
+    const std::vector<int32_t> got = out.vec<int32_t>();
+    for (int64_t r = 0; r < rows; ++r)
+      EXPECT_EQ(got[static_cast<size_t>(r)], want.as<int32_t>()[r]) << "n " << n << " row " << r;
+  }
 }
 
 TEST_P(BackendParity, CrossEntropy) {

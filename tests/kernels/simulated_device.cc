@@ -235,6 +235,9 @@ class SimBackend final : public KernelBackend {
                           float s) override {
     run([&] { h().embedding_backward(H(ids), H(dout), H(dt), s); });
   }
+  void argmax_rows(const TensorView& x, const TensorView& out) override {
+    run([&] { h().argmax_rows(H(x), H(out)); });
+  }
   CrossEntropyResult cross_entropy_forward(const TensorView& l, const TensorView& t) override {
     CrossEntropyResult r;
     run([&] { r = h().cross_entropy_forward(H(l), H(t)); });

@@ -330,6 +330,15 @@ class CudaBackend final : public KernelBackend {
                             elem_of(op, "out", out), scale, device_error());
     launched(op);
   }
+  void argmax_rows(const TensorView& x, const TensorView& out) override {
+    const char* op = "argmax_rows";
+    check(op, {&x, &out});
+    HYP_CHECK(x.rank() == 2 && x.dtype == DType::kF32 && out.dtype == DType::kI32 &&
+                  out.numel() == x.shape[0],
+              "{}: x {} must be f32 [rows, n] and out {} i32 [rows]", op, x.str(), out.str());
+    cuda::argmax_rows(stream_, x.as<float>(), x.shape[0], x.shape[1], out.as<int32_t>());
+    launched(op);
+  }
   void embedding_backward(const TensorView& ids, const TensorView& dout, const TensorView& dtable,
                           float scale) override {
     const char* op = "embedding_backward";

@@ -73,6 +73,9 @@ void rmsnorm_backward(cudaStream_t s, const void* dy, const void* x, Elem t, con
                       const float* rstd, void* dx, float* dweight, bool accumulate_dx, int64_t n,
                       int64_t h, float offset, float* scratch);
 
+// ---- argmax.cu
+void argmax_rows(cudaStream_t s, const float* x, int64_t rows, int64_t n, int32_t* out);
+
 // ---- cross_entropy.cu
 // row_loss [n] f32 (0 for ignored rows); result[0] = mean loss (f64), result[1] = count.
 // dlogits may be null (forward only) or alias logits.
