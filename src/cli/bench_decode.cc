@@ -124,6 +124,7 @@ int cmd_bench_decode(const Args& args) {
   for (int64_t b = 0; b < batch; ++b)
     context_now += lengths[static_cast<size_t>(b)] + produced[static_cast<size_t>(b)];
   const int64_t before = engine.stats().generated_tokens;
+  const double queue_before = engine.runner().queue_seconds();
   // Each step is timed too: the median and the slowest show steps that stall (a page
   // fault of fresh KV memory, a stray thread) apart from the steady state the mean mixes
   // them into.
@@ -137,6 +138,7 @@ int cmd_bench_decode(const Args& args) {
     last = now;
   }
   const double secs = std::chrono::duration<double>(last - t0).count();
+  const double queue_ms = (engine.runner().queue_seconds() - queue_before) * 1e3 / double(steps);
   std::sort(step_times.begin(), step_times.end());
   const double p50_ms = step_times[step_times.size() / 2], max_ms = step_times.back();
   const int64_t tokens = engine.stats().generated_tokens - before;
@@ -167,6 +169,7 @@ int cmd_bench_decode(const Args& args) {
     j["step_ms"] = step_ms;
     j["step_ms_p50"] = p50_ms;
     j["step_ms_max"] = max_ms;
+    j["queue_ms"] = queue_ms;
     j["tokens_per_s"] = tps;
     j["weight_bytes"] = engine.runner().weight_bytes();
     j["kv_bytes_per_token"] = engine.runner().kv_bytes_per_token();
@@ -178,13 +181,13 @@ int cmd_bench_decode(const Args& args) {
   } else {
     std::printf(
         "decode on %s: batch %lld, mean context %.0f, KV %s, weights %s, %s attention\n"
-        "  %.2f ms/step (median %.2f, slowest %.2f), %.1f tokens/s; a step reads %.1f MiB "
-        "(weights %.1f + KV %.1f)\n"
+        "  %.2f ms/step (median %.2f, slowest %.2f; %.2f ms to queue it), %.1f tokens/s; a step "
+        "reads %.1f MiB (weights %.1f + KV %.1f)\n"
         "  at %.1f GB/s that allows %.1f tokens/s: %.0f%% of the bound\n",
         hardware_name(rc.hardware), static_cast<long long>(batch), mean_context,
         std::string(dtype_name(rc.kv_dtype)).c_str(),
         serve::weight_format_name(rc.weights), rc.padded_attention ? "padded" : "ragged", step_ms,
-        p50_ms, max_ms, tps, step_bytes / (1 << 20),
+        p50_ms, max_ms, queue_ms, tps, step_bytes / (1 << 20),
         double(engine.runner().weight_bytes()) / (1 << 20), kv_bytes / (1 << 20), bw, bound_tps,
         100.0 * tps / bound_tps);
   }

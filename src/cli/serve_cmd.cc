@@ -47,6 +47,15 @@ const CommandSpec kServeSpec = {
     serve::engine_config_schema};
 
 int cmd_serve(const Args& args) {
+  // SIGINT/SIGTERM are handled by one thread (sigwait), so no handler runs inside the
+  // engine or the HTTP threads; block them before any thread starts: the CUDA driver's
+  // own threads start with the device (hardware=gpu is checked while the keys are
+  // parsed), and one of them left unblocked would take SIGTERM's default action.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   const Flags f(kServeSpec, args);
   const auto [checkpoint, overrides] = split_positional(f, "CHECKPOINT");
   HYP_USAGE_CHECK(!checkpoint.empty(),
@@ -73,13 +82,6 @@ int cmd_serve(const Args& args) {
   serve::check_port_available(host, static_cast<int>(port));
   serve::raise_open_file_limit(http.max_connections + 64);
 
-  // SIGINT/SIGTERM are handled by one thread (sigwait), so no handler runs inside the
-  // engine or the HTTP threads; block them before any thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   // The weights and the KV cache together, before the (slow) load of the weights: both
   // are sized by config.json, checked against the weight files by then. (The engine

@@ -164,7 +164,9 @@ void ModelRunner::ensure_capacity(int64_t n) {
 }
 
 const float* ModelRunner::forward(const StepBatch& batch) {
+  const auto start = std::chrono::steady_clock::now();
   const float* logits = run(batch);
+  queue_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t m = static_cast<int64_t>(batch.logit_rows.size());
   if (kern_.device() == Device::kHost) return logits;
   if (m > 0)
@@ -174,6 +176,7 @@ const float* ModelRunner::forward(const StepBatch& batch) {
 }
 
 const int32_t* ModelRunner::forward_greedy(const StepBatch& batch) {
+  const auto start = std::chrono::steady_clock::now();
   const float* logits = run(batch);
   const int64_t m = static_cast<int64_t>(batch.logit_rows.size());
   greedy_host_.resize(static_cast<size_t>(m));
@@ -181,6 +184,7 @@ const int32_t* ModelRunner::forward_greedy(const StepBatch& batch) {
   auto* ids = kern_.device() == Device::kHost ? greedy_host_.data() : greedy_.as<int32_t>();
   kern_.argmax_rows(kern_.view(const_cast<float*>(logits), DType::kF32, {m, cfg_.vocab_size}),
                     kern_.view(ids, DType::kI32, {m}));
+  queue_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (kern_.device() != Device::kHost)
     kern_.download(ids, greedy_host_.data(), static_cast<size_t>(m) * sizeof(int32_t));
   return greedy_host_.data();

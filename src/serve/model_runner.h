@@ -100,6 +100,10 @@ class ModelRunner {
   // time with huge pages), stalling that step (80-90 ms in a VM whose memory the host had
   // not backed yet). llama.cpp clears its KV buffer at start for the same effect.
   double kv_commit_seconds() const { return kv_commit_seconds_; }
+  // Seconds spent queueing steps' work, summed over every forward (on the host backend
+  // the work itself): on a device, a figure near the steps' own time means the step is
+  // bound by the host's launches, not by the device.
+  double queue_seconds() const { return queue_seconds_; }
 
   // Runs the batch; returns logits f32 [logit_rows.size(), vocab] in host memory (valid
   // until the next call). Positions must be < max_positions; slots and page ids are the
@@ -124,6 +128,7 @@ class ModelRunner {
   KernelBackend& kern_;  // the weights' device
   std::vector<DeviceBuffer> k_pages_, v_pages_, k_scales_, v_scales_;
   double kv_commit_seconds_ = 0;
+  double queue_seconds_ = 0;
   std::vector<PagedKvCache> caches_;
   int64_t capacity_ = 0;
   // The step's index arrays, packed for one upload: tokens [n] | positions [n] | logit

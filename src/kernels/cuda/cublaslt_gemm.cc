@@ -4,7 +4,11 @@
 #include <cublasLt.h>
 #include <dlfcn.h>
 
+#include <array>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "base/error.h"
 
@@ -54,6 +58,23 @@ struct Descs {
     if (a != nullptr) api.layout_destroy(a);
     if (op != nullptr) api.desc_destroy(op);
   }
+};
+
+struct PlanCache {
+  struct Plan {
+    Descs d;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  using Key = std::array<int64_t, 15>;
+  struct Hash {
+    size_t operator()(const Key& k) const {
+      uint64_t h = 1469598103934665603ull;
+      for (int64_t v : k) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+      return static_cast<size_t>(h);
+    }
+  };
+  std::mutex mutex;
+  std::unordered_map<Key, std::unique_ptr<Plan>, Hash> plans;
 };
 
 }  // namespace
@@ -109,6 +130,7 @@ bool CublasLt::open(std::string* why) {
     return false;
   }
   handle_ = h;
+  plans_ = new PlanCache();
   return true;
 }
 
@@ -119,56 +141,87 @@ CublasLt::~CublasLt() {
 
 void CublasLt::matmul(const GemmArgs& mm, cudaStream_t stream, void* workspace,
                       size_t workspace_bytes) {
-  Descs d;
-  const bool trans_a = mm.trans_a == Trans::kT, trans_b = mm.trans_b == Trans::kT;
-  const auto a_type = static_cast<cudaDataType_t>(cuda_data_type(mm.a_dtype));
-  const auto b_type = static_cast<cudaDataType_t>(cuda_data_type(mm.b_dtype));
-  const auto c_type = static_cast<cudaDataType_t>(cuda_data_type(mm.c_dtype));
-  // Column-major view: D'[n, m] = op(B') op(A'); B' is the first operand.
-  const cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  check(api.desc_create(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor", mm);
-  check(api.desc_set(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)), "transa", mm);
-  check(api.desc_set(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)), "transb",
-        mm);
-  // Stored shapes (column-major rows x cols) of each operand.
-  const uint64_t first_rows = static_cast<uint64_t>(trans_b ? mm.k : mm.n);
-  const uint64_t first_cols = static_cast<uint64_t>(trans_b ? mm.n : mm.k);
-  const uint64_t second_rows = static_cast<uint64_t>(trans_a ? mm.m : mm.k);
-  const uint64_t second_cols = static_cast<uint64_t>(trans_a ? mm.k : mm.m);
-  check(api.layout_create(&d.a, b_type, first_rows, first_cols, mm.ldb), "layout of B", mm);
-  check(api.layout_create(&d.b, a_type, second_rows, second_cols, mm.lda), "layout of A", mm);
-  check(api.layout_create(&d.c, c_type, static_cast<uint64_t>(mm.n), static_cast<uint64_t>(mm.m),
-                          mm.ldc),
-        "layout of C", mm);
-  if (mm.batch > 1) {
-    const int32_t count = static_cast<int32_t>(mm.batch);
-    const int64_t strides[3] = {mm.stride_b, mm.stride_a, mm.stride_c};
-    cublasLtMatrixLayout_t layouts[3] = {d.a, d.b, d.c};
-    for (int i = 0; i < 3; ++i) {
-      check(api.layout_set(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
-            "batch count", mm);
-      check(api.layout_set(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i],
-                           sizeof(strides[i])),
-            "batch stride", mm);
+  auto* cache = static_cast<PlanCache*>(plans_);
+  const bool batched = mm.batch > 1;
+  const PlanCache::Key key = {static_cast<int64_t>(mm.trans_a),
+                              static_cast<int64_t>(mm.trans_b),
+                              static_cast<int64_t>(mm.a_dtype),
+                              static_cast<int64_t>(mm.b_dtype),
+                              static_cast<int64_t>(mm.c_dtype),
+                              mm.m,
+                              mm.n,
+                              mm.k,
+                              mm.lda,
+                              mm.ldb,
+                              mm.ldc,
+                              batched ? mm.batch : 1,
+                              batched ? mm.stride_a : 0,
+                              batched ? mm.stride_b ^ (mm.stride_c << 32) : 0,
+                              static_cast<int64_t>(workspace_bytes)};
+  std::lock_guard<std::mutex> lock(cache->mutex);
+  // A bounded cache: a run sees a few dozen shapes; one that sees thousands starts over.
+  if (cache->plans.size() >= 4096) cache->plans.clear();
+  std::unique_ptr<PlanCache::Plan>& slot = cache->plans[key];
+  if (slot == nullptr) {
+    auto plan = std::make_unique<PlanCache::Plan>();
+    Descs& d = plan->d;
+    const bool trans_a = mm.trans_a == Trans::kT, trans_b = mm.trans_b == Trans::kT;
+    const auto a_type = static_cast<cudaDataType_t>(cuda_data_type(mm.a_dtype));
+    const auto b_type = static_cast<cudaDataType_t>(cuda_data_type(mm.b_dtype));
+    const auto c_type = static_cast<cudaDataType_t>(cuda_data_type(mm.c_dtype));
+    // Column-major view: D'[n, m] = op(B') op(A'); B' is the first operand.
+    const cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    check(api.desc_create(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor", mm);
+    check(api.desc_set(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)), "transa",
+          mm);
+    check(api.desc_set(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)),
+          "transb", mm);
+    // Stored shapes (column-major rows x cols) of each operand.
+    const uint64_t first_rows = static_cast<uint64_t>(trans_b ? mm.k : mm.n);
+    const uint64_t first_cols = static_cast<uint64_t>(trans_b ? mm.n : mm.k);
+    const uint64_t second_rows = static_cast<uint64_t>(trans_a ? mm.m : mm.k);
+    const uint64_t second_cols = static_cast<uint64_t>(trans_a ? mm.k : mm.m);
+    check(api.layout_create(&d.a, b_type, first_rows, first_cols, mm.ldb), "layout of B", mm);
+    check(api.layout_create(&d.b, a_type, second_rows, second_cols, mm.lda), "layout of A", mm);
+    check(api.layout_create(&d.c, c_type, static_cast<uint64_t>(mm.n),
+                            static_cast<uint64_t>(mm.m), mm.ldc),
+          "layout of C", mm);
+    if (batched) {
+      const int32_t count = static_cast<int32_t>(mm.batch);
+      const int64_t strides[3] = {mm.stride_b, mm.stride_a, mm.stride_c};
+      cublasLtMatrixLayout_t layouts[3] = {d.a, d.b, d.c};
+      for (int i = 0; i < 3; ++i) {
+        check(api.layout_set(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                             sizeof(count)),
+              "batch count", mm);
+        check(api.layout_set(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                             &strides[i], sizeof(strides[i])),
+              "batch stride", mm);
+      }
     }
+    check(api.pref_create(&d.pref), "preference", mm);
+    const uint64_t ws = workspace_bytes;
+    check(api.pref_set(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+          "workspace preference", mm);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    check(api.heuristic(static_cast<cublasLtHandle_t>(handle_), d.op, d.a, d.b, d.c, d.c, d.pref,
+                        1, &result, &found),
+          "algorithm search", mm);
+    if (found <= 0) cache->plans.erase(key);
+    HYP_CHECK(found > 0,
+              "cuda gemm: cuBLASLt has no algorithm for m={} n={} k={} (types {} x {} -> {})",
+              mm.m, mm.n, mm.k, dtype_name(mm.a_dtype), dtype_name(mm.b_dtype),
+              dtype_name(mm.c_dtype));
+    plan->algo = result.algo;
+    slot = std::move(plan);
   }
-  check(api.pref_create(&d.pref), "preference", mm);
-  const uint64_t ws = workspace_bytes;
-  check(api.pref_set(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
-        "workspace preference", mm);
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  check(api.heuristic(static_cast<cublasLtHandle_t>(handle_), d.op, d.a, d.b, d.c, d.c, d.pref, 1,
-                      &result, &found),
-        "algorithm search", mm);
-  HYP_CHECK(found > 0,
-            "cuda gemm: cuBLASLt has no algorithm for m={} n={} k={} (types {} x {} -> {})", mm.m,
-            mm.n, mm.k, dtype_name(mm.a_dtype), dtype_name(mm.b_dtype), dtype_name(mm.c_dtype));
-  check(
-      api.matmul(static_cast<cublasLtHandle_t>(handle_), d.op, &mm.alpha, mm.b, d.a, mm.a, d.b,
-                 &mm.beta, mm.c, d.c, mm.c, d.c, &result.algo, workspace, workspace_bytes, stream),
-      "matmul", mm);
+  const Descs& d = slot->d;
+  check(api.matmul(static_cast<cublasLtHandle_t>(handle_), d.op, &mm.alpha, mm.b, d.a, mm.a, d.b,
+                   &mm.beta, mm.c, d.c, mm.c, d.c, &slot->algo, workspace, workspace_bytes,
+                   stream),
+        "matmul", mm);
 }
 
 }  // namespace hyperion::cuda

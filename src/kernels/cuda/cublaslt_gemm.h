@@ -30,11 +30,15 @@ class CublasLt {
   // Queues C = alpha op(A) op(B) + beta C (a checked GemmArgs; bias and scales are the
   // caller's) on `stream`, with `workspace` of `workspace_bytes` (device memory). Throws
   // hyperion::Error naming the shape on a cuBLASLt error or when no algorithm fits.
+  // The descriptors and the algorithm cuBLASLt's heuristic picks are made once per
+  // shape (dtypes, transposes, sizes, leading dimensions, batch strides, workspace) and
+  // kept: the search costs tens of microseconds, more than a decode step's small GEMM.
   void matmul(const GemmArgs& g, cudaStream_t stream, void* workspace, size_t workspace_bytes);
 
  private:
   void* lib_ = nullptr;
   void* handle_ = nullptr;
+  void* plans_ = nullptr;  // the shapes' plans (the .cc's PlanCache); left to the OS at exit
 };
 
 }  // namespace hyperion::cuda

@@ -91,6 +91,10 @@ class CudaBackend final : public KernelBackend {
   }
   void upload(const void* host_src, void* dst, size_t bytes) override {
     if (bytes == 0) return;
+    {
+      std::lock_guard<std::mutex> lock(stage_mutex_);
+      if (stage_.upload(host_src, dst, bytes, stream_)) return;
+    }
     check_cuda(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
   }
   void download(const void* src, void* host_dst, size_t bytes) override {
@@ -434,6 +438,8 @@ class CudaBackend final : public KernelBackend {
   DeviceScratch scratch_;
   DeviceScratch fp8_scratch_{alloc_};
   DeviceBuffer workspace_, error_, results_;
+  PinnedStage stage_;  // small uploads
+  std::mutex stage_mutex_;
   // RoPE tables uploaded once per RopeTable::key() (positions, head_dim, theta and the
   // scaling: everything their contents follow from).
   std::map<std::string, DeviceBuffer> rope_tables_;

@@ -1,5 +1,7 @@
 #include "kernels/cuda/cuda_runtime_util.h"
 
+#include <cstring>
+
 #include "base/error.h"
 
 namespace hyperion::cuda {
@@ -37,6 +39,39 @@ void* DeviceScratch::get(size_t bytes) {
     buf_ = DeviceBuffer(*alloc_, want);
   }
   return buf_.data();
+}
+
+PinnedStage::~PinnedStage() {
+  // The backend lives until the process exits, when the driver may be gone: left to the OS.
+}
+
+bool PinnedStage::upload(const void* src, void* dst, size_t bytes, cudaStream_t stream) {
+  if (bytes > kHalfBytes || failed_) return false;
+  if (buf_ == nullptr) {
+    void* p = nullptr;
+    if (cudaMallocHost(&p, 2 * kHalfBytes) != cudaSuccess ||
+        cudaEventCreateWithFlags(&done_[0], cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&done_[1], cudaEventDisableTiming) != cudaSuccess) {
+      cudaGetLastError();  // pageable copies still work: fall back to them
+      failed_ = true;
+      return false;
+    }
+    buf_ = static_cast<unsigned char*>(p);
+  }
+  const size_t rounded = (bytes + 63) & ~size_t{63};
+  if (used_ + rounded > kHalfBytes) {
+    check_cuda(cudaEventRecord(done_[half_], stream), "pinned upload");
+    pending_[half_] = true;
+    half_ ^= 1;
+    used_ = 0;
+    if (pending_[half_]) check_cuda(cudaEventSynchronize(done_[half_]), "pinned upload");
+    pending_[half_] = false;
+  }
+  unsigned char* at = buf_ + static_cast<size_t>(half_) * kHalfBytes + used_;
+  std::memcpy(at, src, bytes);
+  used_ += rounded;
+  check_cuda(cudaMemcpyAsync(dst, at, bytes, cudaMemcpyHostToDevice, stream), "upload");
+  return true;
 }
 
 }  // namespace hyperion::cuda

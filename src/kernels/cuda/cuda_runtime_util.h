@@ -38,4 +38,27 @@ class DeviceScratch {
   DeviceBuffer buf_;
 };
 
+// Uploads of small host arrays (page tables, cache slots, token ids) through pinned
+// memory: a copy from pageable memory may wait for the stream to drain (the driver stages
+// it), which would stall the host once per op of a decode step; from pinned memory it is
+// queued like a kernel. Two halves of a pinned buffer take turns: a half is refilled only
+// after the copies queued from it have run (an event per half), so a source can be reused
+// as soon as upload() returns. Larger copies (weights) go straight from pageable memory.
+class PinnedStage {
+ public:
+  static constexpr size_t kHalfBytes = size_t{1} << 20;
+  ~PinnedStage();
+  // Queues dst <- src (bytes) on `stream`; false when bytes is over a half or no pinned
+  // memory could be had (the caller copies from pageable memory then).
+  bool upload(const void* src, void* dst, size_t bytes, cudaStream_t stream);
+
+ private:
+  unsigned char* buf_ = nullptr;
+  bool failed_ = false;
+  int half_ = 0;
+  size_t used_ = 0;
+  cudaEvent_t done_[2] = {nullptr, nullptr};
+  bool pending_[2] = {false, false};
+};
+
 }  // namespace hyperion::cuda
