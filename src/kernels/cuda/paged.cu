@@ -1,7 +1,7 @@
 // The paged KV cache (kernels/paged_attention.h layout and semantics): writes (f32, bf16,
 // or int8 with one absmax scale per (token, kv head) row), reads back into contiguous
-// rows, and ragged decode attention with one block per (row, query head) over tiles of
-// the row's positions with an online softmax. Page tables arrive in device memory (the backend
+// rows, and ragged decode attention with one warp per (row, query head) streaming the
+// row's pages with an online softmax. Page tables arrive in device memory (the backend
 // uploads the host's tables for each call).
 #include "kernels/cuda/device_util.cuh"
 
@@ -80,86 +80,49 @@ __global__ void paged_read_kernel(PagedCacheArgs c, const int32_t* pages, int64_
   }
 }
 
-// Decode attention, one block per (row, query head), the row's positions in tiles of
-// kAttnThreads: each thread scores one position (its page looked up and its key read
-// independently of the others, so the loads of a tile overlap instead of forming one
-// chain of dependent reads per position), the tile's softmax is merged into a running
-// max and sum, then each thread accumulates one or two dimensions of V over the tile.
-constexpr int kAttnThreads = 128;
-
-// q . k[row] over hd dims (q pre-scaled, in shared memory); 16-byte loads of bf16 keys.
-__device__ __forceinline__ float key_dot(const PagedCacheArgs& c, const float* q, int64_t row) {
-  const int64_t hd = c.head_dim;
-  float dot = 0;
-  if (c.dtype == kBF16 && (hd & 7) == 0) {
-#pragma unroll 4
-    for (int64_t d = 0; d < hd; d += 8) {
-      float v[8];
-      load8(c.k, Elem::kBF16, row * hd + d, v);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) dot += q[d + e] * v[e];
-    }
-  } else {
-    for (int64_t d = 0; d < hd; ++d) dot += q[d] * cache_load(c.k, c.k_scale, c.dtype, row, hd, d);
-  }
-  return dot;
-}
-
-__global__ void paged_attention_kernel(PagedCacheArgs c, const void* q, Elem qt, int64_t n_heads,
-                                       const int32_t* pages, const int64_t* page_offset,
-                                       const int64_t* lengths, float scale, void* out, Elem ot,
-                                       DeviceError* err) {
-  __shared__ float qs[256];
-  __shared__ float ps[kAttnThreads];
-  __shared__ int64_t rows[kAttnThreads];  // cache row of each position of the tile; -1: none
-  __shared__ float red[32];
-  const int tid = static_cast<int>(threadIdx.x);
-  const int64_t w = blockIdx.x;
+constexpr int kMaxPerLane = 8;
+__global__ void paged_attention_kernel(PagedCacheArgs c, const void* q, Elem qt, int64_t n_rows,
+                                       int64_t n_heads, const int32_t* pages,
+                                       const int64_t* page_offset, const int64_t* lengths,
+                                       float scale, void* out, Elem ot, DeviceError* err) {
+  const int lane = threadIdx.x & 31;
+  const int64_t w = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (w >= n_rows * n_heads) return;
   const int64_t r = w / n_heads, h = w % n_heads, g = h / (n_heads / c.n_kv_heads);
   const int64_t hd = c.head_dim;
-  for (int64_t d = tid; d < hd; d += kAttnThreads) qs[d] = load(q, qt, w * hd + d) * scale;
-  __syncthreads();
-  const int64_t len = lengths[r];
+  float qv[kMaxPerLane], acc[kMaxPerLane];
+  for (int e = 0; e < kMaxPerLane; ++e) {
+    const int64_t col = lane + 32 * e;
+    qv[e] = col < hd ? load(q, qt, w * hd + col) : 0.0f;
+    acc[e] = 0;
+  }
+  float m = -INFINITY, l = 0;
   const int32_t* table = pages + page_offset[r];
-  float m = -INFINITY, l = 0, acc0 = 0, acc1 = 0;  // acc: dims tid and tid + kAttnThreads
-  for (int64_t t0 = 0; t0 < len; t0 += kAttnThreads) {
-    const int64_t p = t0 + tid;
-    float s = -INFINITY;
-    int64_t row = -1;
-    if (p < len) {
-      const int32_t page = table[p / c.page_tokens];
-      if (page < 0 || page >= c.num_pages) {
-        record_error(err, kPageOutOfRange, r, page, c.num_pages);
-      } else {
-        row = cache_row(c, int64_t(page) * c.page_tokens + p % c.page_tokens, g);
-        s = key_dot(c, qs, row);
-      }
+  for (int64_t p = 0; p < lengths[r]; ++p) {
+    const int32_t page = table[p / c.page_tokens];
+    if (page < 0 || page >= c.num_pages) {
+      if (lane == 0) record_error(err, kPageOutOfRange, r, page, c.num_pages);
+      return;
     }
-    rows[tid] = row;
-    const float m_new = fmaxf(m, block_max(s, red));
-    const float pr = row >= 0 ? __expf(s - m_new) : 0.0f;
-    ps[tid] = pr;
-    const float tile_sum = block_sum(pr, red);  // its barriers publish ps and rows
-    const float corr = m == -INFINITY ? 0.0f : __expf(m - m_new);
-    l = l * corr + tile_sum;
-    acc0 *= corr;
-    acc1 *= corr;
-    const int64_t tn = imin(kAttnThreads, len - t0);
-#pragma unroll 4
-    for (int64_t t = 0; t < tn; ++t) {
-      const int64_t vr = rows[t];
-      if (vr < 0) continue;
-      const float pt = ps[t];
-      if (tid < hd) acc0 += pt * cache_load(c.v, c.v_scale, c.dtype, vr, hd, tid);
-      if (tid + kAttnThreads < hd)
-        acc1 += pt * cache_load(c.v, c.v_scale, c.dtype, vr, hd, tid + kAttnThreads);
+    const int64_t row = cache_row(c, int64_t(page) * c.page_tokens + p % c.page_tokens, g);
+    float dot = 0;
+    for (int e = 0; e < kMaxPerLane; ++e) {
+      const int64_t col = lane + 32 * e;
+      if (col < hd) dot += qv[e] * cache_load(c.k, c.k_scale, c.dtype, row, hd, col);
+    }
+    const float s = warp_sum(dot) * scale;
+    const float m_new = fmaxf(m, s), corr = __expf(m - m_new), pr = __expf(s - m_new);
+    l = l * corr + pr;
+    for (int e = 0; e < kMaxPerLane; ++e) {
+      const int64_t col = lane + 32 * e;
+      if (col < hd) acc[e] = acc[e] * corr + pr * cache_load(c.v, c.v_scale, c.dtype, row, hd, col);
     }
     m = m_new;
-    __syncthreads();  // the tile's ps and rows are read before the next tile writes them
   }
-  const float inv = l > 0 ? 1.0f / l : 0.0f;
-  if (tid < hd) store(out, ot, w * hd + tid, acc0 * inv);
-  if (tid + kAttnThreads < hd) store(out, ot, w * hd + tid + kAttnThreads, acc1 * inv);
+  for (int e = 0; e < kMaxPerLane; ++e) {
+    const int64_t col = lane + 32 * e;
+    if (col < hd) store(out, ot, w * hd + col, acc[e] / l);
+  }
 }
 
 }  // namespace
@@ -183,10 +146,11 @@ void paged_attention(cudaStream_t s, const PagedCacheArgs& c, const void* q, Ele
                      int64_t n_rows, int64_t n_heads, const int32_t* pages,
                      const int64_t* page_offset, const int64_t* lengths, float scale, void* out,
                      Elem ot, DeviceError* err) {
-  const int64_t warps = n_rows * n_heads;  // one block each
+  const int64_t warps = n_rows * n_heads;
   if (warps <= 0) return;
-  paged_attention_kernel<<<static_cast<unsigned>(warps), kAttnThreads, 0, s>>>(
-      c, q, qt, n_heads, pages, page_offset, lengths, scale, out, ot, err);
+  paged_attention_kernel<<<static_cast<unsigned>((warps + kWarps - 1) / kWarps), kWarps * 32, 0,
+                           s>>>(c, q, qt, n_rows, n_heads, pages, page_offset, lengths, scale, out,
+                                ot, err);
 }
 
 }  // namespace hyperion::cuda
