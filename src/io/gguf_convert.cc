@@ -1,7 +1,5 @@
 #include "io/gguf_convert.h"
 
-#include <sentencepiece_processor.h>
-
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -13,6 +11,7 @@
 #include "base/log.h"
 #include "io/atomic_file.h"
 #include "io/gguf.h"
+#include "io/gguf_vocab.h"
 #include "io/safetensors.h"
 #include "io/weight_files.h"
 #include "kernels/finite.h"
@@ -28,8 +27,6 @@ namespace {
 
 // llama.cpp's LlamaFileType values for general.file_type.
 constexpr uint32_t kFileTypeF32 = 0, kFileTypeF16 = 1, kFileTypeQ8_0 = 7, kFileTypeBF16 = 32;
-// llama.cpp's token types (tokenizer.ggml.token_type).
-constexpr int32_t kTokNormal = 1, kTokUnknown = 2, kTokControl = 3, kTokUnused = 5, kTokByte = 6;
 
 // The model, as config.json describes it (the one reader every command uses), and what
 // GGUF needs besides.
@@ -83,122 +80,6 @@ GgufModel read_config(const std::string& dir) {
             "architecture only",
             where, g.family->decoder_block);
   return g;
-}
-
-struct Vocab {
-  std::vector<std::string> tokens;
-  std::vector<float> scores;
-  std::vector<int32_t> types;
-  int64_t unk_id = -1;
-  // The normalizer settings llama.cpp's SentencePiece tokenizer must reproduce.
-  std::string normalizer = "identity";
-  bool add_dummy_prefix = true;
-  bool remove_extra_whitespaces = true;
-};
-
-// Reads a protobuf varint at p (bounded by end); false on truncation.
-bool read_varint(const unsigned char*& p, const unsigned char* end, uint64_t* out) {
-  uint64_t v = 0;
-  for (int shift = 0; shift < 64 && p < end; shift += 7) {
-    const unsigned char b = *p++;
-    v |= uint64_t(b & 0x7F) << shift;
-    if (!(b & 0x80)) {
-      *out = v;
-      return true;
-    }
-  }
-  return false;
-}
-
-// ModelProto.normalizer_spec (field 3): name (1), add_dummy_prefix (3),
-// remove_extra_whitespaces (4). Debian's SentencePiece ships no generated proto header,
-// so the serialized model is walked directly (wire types 0, 1, 2 and 5 only).
-void read_normalizer(const std::string& proto, Vocab* v) {
-  auto walk = [](const unsigned char* p, const unsigned char* end, auto&& on_field) {
-    while (p < end) {
-      uint64_t key = 0;
-      if (!read_varint(p, end, &key)) return;
-      const uint32_t field = uint32_t(key >> 3), wire = uint32_t(key & 7);
-      uint64_t value = 0;
-      if (wire == 0) {
-        if (!read_varint(p, end, &value)) return;
-        on_field(field, wire, value, nullptr, 0);
-      } else if (wire == 2) {
-        if (!read_varint(p, end, &value) || value > uint64_t(end - p)) return;
-        on_field(field, wire, 0, p, size_t(value));
-        p += value;
-      } else if (wire == 1 || wire == 5) {
-        const size_t n = wire == 1 ? 8 : 4;
-        if (size_t(end - p) < n) return;
-        p += n;
-      } else {
-        return;
-      }
-    }
-  };
-  const auto* begin = reinterpret_cast<const unsigned char*>(proto.data());
-  walk(begin, begin + proto.size(),
-       [&](uint32_t field, uint32_t wire, uint64_t, const unsigned char* data, size_t n) {
-         if (field != 3 || wire != 2) return;
-         walk(data, data + n,
-              [&](uint32_t f, uint32_t w, uint64_t value, const unsigned char* d, size_t len) {
-                if (f == 1 && w == 2) v->normalizer.assign(reinterpret_cast<const char*>(d), len);
-                if (f == 3 && w == 0) v->add_dummy_prefix = value != 0;
-                if (f == 4 && w == 0) v->remove_extra_whitespaces = value != 0;
-              });
-       });
-}
-
-// As convert_hf_to_gguf.py's _create_vocab_sentencepiece: pieces, scores and types from
-// the SentencePiece model, padded up to the config's vocab_size with "[PADi]" entries of
-// score -10000 and type UNUSED.
-Vocab read_vocab(const std::string& dir, int64_t vocab_size) {
-  const std::string path = (std::filesystem::path(dir) / "tokenizer.model").string();
-  HYP_CHECK(std::filesystem::exists(path) ||
-                !std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json"),
-            "gguf convert: {}: the tokenizer is a Hugging Face tokenizer.json; GGUF export "
-            "writes SentencePiece vocabularies (tokenizer.model) only. Export to safetensors "
-            "instead (`convert --to safetensors`), which llama.cpp's convert_hf_to_gguf.py reads",
-            dir);
-  sentencepiece::SentencePieceProcessor sp;
-  const auto status = sp.Load(path);
-  HYP_CHECK(status.ok(),
-            "gguf convert: {}: tokenizer.model: cannot load SentencePiece model '{}': {}", dir,
-            path, status.ToString());
-  const int64_t n = sp.GetPieceSize();
-  HYP_CHECK(n <= vocab_size,
-            "gguf convert: {}: tokenizer.model has {} pieces but config.json vocab_size is {}", dir,
-            n, vocab_size);
-  Vocab v;
-  v.tokens.resize(size_t(vocab_size));
-  v.scores.assign(size_t(vocab_size), -10000.0f);
-  v.types.assign(size_t(vocab_size), kTokUnused);
-  for (int64_t i = 0; i < vocab_size; ++i) v.tokens[size_t(i)] = fmt::format("[PAD{}]", i);
-  for (int id = 0; id < static_cast<int>(n); ++id) {
-    int32_t type = kTokNormal;
-    if (sp.IsUnknown(id))
-      type = kTokUnknown;
-    else if (sp.IsControl(id))
-      type = kTokControl;
-    else if (sp.IsUnused(id))
-      type = kTokUnused;
-    else if (sp.IsByte(id))
-      type = kTokByte;
-    v.tokens[size_t(id)] = sp.IdToPiece(id);
-    v.scores[size_t(id)] = sp.GetScore(id);
-    v.types[size_t(id)] = type;
-  }
-  v.unk_id = sp.unk_id();
-  read_normalizer(sp.serialized_model_proto(), &v);
-  // llama.cpp's "llama" tokenizer neither normalises text nor collapses whitespace, so a
-  // model that does would tokenize differently there: refuse rather than write a GGUF
-  // that silently disagrees with training.
-  HYP_CHECK(v.normalizer == "identity" && !v.remove_extra_whitespaces,
-            "gguf convert: {}: tokenizer.model: normalizer '{}' with remove_extra_whitespaces={} "
-            "is not reproduced by llama.cpp's SentencePiece tokenizer (train the tokenizer with "
-            "--normalization_rule_name=identity --remove_extra_whitespaces=false)",
-            dir, v.normalizer, v.remove_extra_whitespaces);
-  return v;
 }
 
 struct OutType {
@@ -308,7 +189,7 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
   const GgufModel g = read_config(checkpoint_dir);
   const hyperion::LlamaConfig& c = g.c;
   const FamilyInfo& fam = *g.family;
-  const Vocab vocab = read_vocab(checkpoint_dir, c.vocab_size);
+  const GgufVocab vocab = read_gguf_vocab(checkpoint_dir, c.vocab_size);
   // The single model.safetensors or a Hugging Face sharded layout (with its index).
   const WeightFiles files = [&] {
     try {
@@ -369,17 +250,7 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
   w.set_u32(arch + ".vocab_size", uint32_t(c.vocab_size));
   w.set_u32(arch + ".rope.dimension_count", uint32_t(c.head_dim));
   w.set_u32("general.quantization_version", 2);  // GGML_QNT_VERSION
-  w.set_string("tokenizer.ggml.model", "llama");
-  w.set_string_array("tokenizer.ggml.tokens", vocab.tokens);
-  w.set_f32_array("tokenizer.ggml.scores", vocab.scores);
-  w.set_i32_array("tokenizer.ggml.token_type", vocab.types);
-  w.set_u32("tokenizer.ggml.bos_token_id", uint32_t(c.bos_id));
-  w.set_u32("tokenizer.ggml.eos_token_id", uint32_t(c.eos_id));
-  if (vocab.unk_id >= 0) w.set_u32("tokenizer.ggml.unknown_token_id", uint32_t(vocab.unk_id));
-  if (c.pad_id >= 0) w.set_u32("tokenizer.ggml.padding_token_id", uint32_t(c.pad_id));
-  w.set_bool("tokenizer.ggml.add_bos_token", true);
-  w.set_bool("tokenizer.ggml.add_eos_token", false);
-  w.set_bool("tokenizer.ggml.add_space_prefix", vocab.add_dummy_prefix);
+  write_gguf_vocab(w, vocab, c.bos_id, c.eos_id, c.pad_id);
 
   std::set<std::string> used;
   // What errors name the weights by: the single file or the sharded layout's index.

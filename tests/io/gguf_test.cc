@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../test_files.h"
+#include "bpe_tokenizer_fixture.h"
 #include "base/error.h"
 #include "io/atomic_file.h"
 #include "io/gguf_convert.h"
@@ -1189,6 +1190,33 @@ TEST_F(ConvertTest, RejectsTokenizerNormalisationLlamaCppCannotReproduce) {
   expect_error([&] { convert_checkpoint_to_gguf(ckpt_, out_, "f32"); },
                {ckpt_, "tokenizer.model", "nmt_nfkc", "remove_extra_whitespaces"});
   EXPECT_FALSE(fs::exists(out_));
+}
+
+// A Qwen3 checkpoint whose tokenizer is a tokenizer.json (as the Hub ships Qwen and Llama
+// 3): the GGUF carries a "gpt2" vocabulary with the qwen2 pre-tokenizer, its merges, no
+// BOS, and the chat template, beside the same tensors as with a SentencePiece tokenizer.
+TEST_F(ConvertTest, TokenizerJsonBecomesAGpt2Vocabulary) {
+  Options o;
+  o.model_type = "qwen3";
+  make_checkpoint(o);
+  fs::remove(fs::path(ckpt_) / "tokenizer.model");
+  testing_util::write_hf_tokenizer(ckpt_,
+                                   testing_util::bpe_tokenizer(testing_util::kQwen2Split, true, true),
+                                   false);
+  const GgufFile f = convert("f32");
+  EXPECT_EQ(f.get_string("general.architecture"), "qwen3");
+  EXPECT_EQ(f.get_string("tokenizer.ggml.model"), "gpt2");
+  EXPECT_EQ(f.get_string("tokenizer.ggml.pre"), "qwen2");
+  const auto tokens = f.get_string_array("tokenizer.ggml.tokens");
+  ASSERT_EQ(tokens.size(), size_t(o.vocab));
+  EXPECT_EQ(tokens[300], "<|begin_of_text|>");
+  EXPECT_EQ(tokens[303], "[PAD303]");
+  EXPECT_EQ(f.array_size("tokenizer.ggml.merges"), 3u);
+  EXPECT_FALSE(f.get_bool("tokenizer.ggml.add_bos_token"));
+  EXPECT_FALSE(f.has("tokenizer.ggml.scores"));
+  EXPECT_TRUE(f.has("tokenizer.chat_template"));
+  EXPECT_EQ(f.get_u32("tokenizer.ggml.bos_token_id"), 1u);  // config.json's ids
+  EXPECT_TRUE(f.find("blk.0.attn_q_norm.weight") != nullptr);
 }
 
 TEST_F(ConvertTest, ErrorsNameDirectoryFileAndField) {
