@@ -50,6 +50,8 @@ import os from "node:os";
 import path from "node:path";
 import {fileURLToPath, pathToFileURL} from "node:url";
 
+import {streamLoss, writeTokenShard} from "./llamacpp_util.mjs";
+
 const here = path.dirname(fileURLToPath(import.meta.url));
 
 // ---------------------------------------------------------------------------------------------
@@ -426,39 +428,7 @@ function checkTokenizer(model, modelFile, corpus, corpusLines) {
 
 // hyperion's token shard (src/io/token_shard.h): "HYPTOKS1", u32 version 1, u32 token bytes,
 // u64 count, u32 vocab_size, u32 0, then the ids.
-function writeTokenShard(file, tokens, vocabSize) {
-  const wide = vocabSize > 65536;
-  const buf = Buffer.alloc(32 + tokens.length * (wide ? 4 : 2));
-  buf.write("HYPTOKS1", 0, "latin1");
-  buf.writeUInt32LE(1, 8);
-  buf.writeUInt32LE(wide ? 4 : 2, 12);
-  buf.writeBigUInt64LE(BigInt(tokens.length), 16);
-  buf.writeUInt32LE(vocabSize, 24);
-  tokens.forEach((t, i) => (wide ? buf.writeUInt32LE(t, 32 + 4 * i) : buf.writeUInt16LE(t, 32 + 2 * i)));
-  fs.writeFileSync(file, buf);
-}
 
-// Mean next-token cross-entropy (nats) of `tokens` as `hyperion eval` computes it: windows of
-// seqLen + 1 tokens with stride seqLen, each evaluated from an empty context, every token
-// after the first predicted once.
-async function streamLoss(seq, tokens, seqLen) {
-  let nll = 0, count = 0;
-  for (let s = 0; s + 1 < tokens.length; s += seqLen) {
-    const win = tokens.slice(s, Math.min(s + seqLen + 1, tokens.length));
-    await seq.clearHistory();
-    const res = await seq.controlledEvaluate(
-        win.slice(0, -1).map((t) => [t, {generateNext: {logits: true}}]));
-    for (let i = 0; i + 1 < win.length; ++i) {
-      const logits = res[i].next.logits;
-      let m = -Infinity, z = 0;
-      for (const v of logits.values()) m = Math.max(m, v);
-      for (const v of logits.values()) z += Math.exp(v - m);
-      nll += m + Math.log(z) - logits.get(win[i + 1]);
-      ++count;
-    }
-  }
-  return {loss: nll / count, tokens: count};
-}
 
 // ---------------------------------------------------------------------------------------------
 

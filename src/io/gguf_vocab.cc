@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "io/atomic_file.h"
 #include "io/tokenizer.h"
 
@@ -210,6 +211,10 @@ GgufVocab read_bpe_vocab(const std::string& dir, int64_t vocab_size) {
             "{}: normalizer {} is not reproduced by llama.cpp's BPE vocabulary (none, or NFC "
             "as Qwen's, is)",
             where, norm.dump().substr(0, 200));
+  if (!norm.is_null())
+    log_warn("{}: llama.cpp does not run the NFC normalizer (as with its own converter's Qwen "
+             "files): a text not in NFC (decomposed accents) tokenizes differently there",
+             where);
 
   std::vector<std::string> tokens(static_cast<size_t>(vocab_size));
   std::vector<int32_t> types(static_cast<size_t>(vocab_size), kGgufTokenUnused);
