@@ -73,6 +73,11 @@ Dims check_forward(const char* op, const TensorView& q, const TensorView& k, con
   s.nqb = (s.tq + kBq - 1) / kBq;
   s.nkb = (s.tk + kBk - 1) / kBk;
   s.causal = params.causal;
+  HYP_CHECK(params.window >= 0 && (params.window == 0 || params.causal),
+            "{}: a sliding window needs causal attention and a size >= 1, got {}", op,
+            params.window);
+  // A window covering every key is no window.
+  s.window = params.window > 0 && params.window < s.tk ? params.window : 0;
   return s;
 }
 
@@ -98,9 +103,23 @@ int64_t Dims::key_blocks(int64_t qb) const {
   return std::min(nkb, q_last / kBk + 1);
 }
 
+int64_t Dims::first_key_block(int64_t qb) const {
+  if (window == 0) return 0;
+  // The oldest key the block's first query sees.
+  return std::max<int64_t>(0, qb * kBq + offset - window + 1) / kBk;
+}
+
 int64_t Dims::first_query_block(int64_t kb) const {
   if (!causal) return 0;
   return std::max<int64_t>(0, kb * kBk - offset) / kBq;
+}
+
+int64_t Dims::end_query_block(int64_t kb) const {
+  if (window == 0) return nqb;
+  // The latest query that sees the block's last key.
+  const int64_t q_last = std::min(tk, (kb + 1) * kBk) - 1 + window - 1 - offset;
+  if (q_last < 0) return 0;
+  return std::min(nqb, q_last / kBq + 1);
 }
 
 BlockMask block_mask(const Dims& s, int64_t q0, int64_t k0, int kn) {
@@ -108,7 +127,16 @@ BlockMask block_mask(const Dims& s, int64_t q0, int64_t k0, int kn) {
   m.diag = q0 + s.offset - k0;
   // Needed when the block's last key lies after its first query.
   m.active = s.causal && int64_t(kn) - 1 > m.diag;
+  if (s.window > 0) {
+    m.window_diag = m.diag - s.window;
+    // Needed when the block's first key is older than the window of its last query.
+    m.windowed = -(kBq - 1) <= m.window_diag;
+  }
   return m;
+}
+
+const TileOps& window_ops(const TileOps& ops, const BlockMask& mask) {
+  return mask.windowed ? portable_tile_ops() : ops;
 }
 
 void scores_gemm(const TileOps& ops, int kn, int64_t d, const float* a, int64_t lda,
@@ -204,8 +232,14 @@ void store_row(const float* src, int64_t d, float mul, void* dst, DType dtype) {
 
 }  // namespace attn
 
-int64_t attention_visible_pairs(int64_t tq, int64_t tk, bool causal) {
+int64_t attention_visible_pairs(int64_t tq, int64_t tk, bool causal, int64_t window) {
   if (!causal) return tq * tk;
+  if (window > 0 && window < tk) {
+    // Query i sees min(window, tk - tq + i + 1) keys.
+    int64_t pairs = 0;
+    for (int64_t i = 0; i < tq; ++i) pairs += std::min(window, tk - tq + i + 1);
+    return pairs;
+  }
   // Query i sees tk - tq + i + 1 keys.
   const int64_t first = tk - tq + 1;
   return tq * first + tq * (tq - 1) / 2;
@@ -234,9 +268,12 @@ void store(const std::vector<double>& src, const TensorView& t) {
 int64_t softmax_row(const attn::Dims& s, const std::vector<double>& q, const std::vector<double>& k,
                     int64_t b, int64_t h, int64_t i, std::vector<double>& p, double* lse) {
   const int64_t visible = s.causal ? s.offset + i + 1 : s.tk;
+  // A sliding window: the keys before it get probability 0.
+  const int64_t first = s.window > 0 ? std::max<int64_t>(0, visible - s.window) : 0;
   const double* qi = q.data() + attn::Dims::at(b, i, h, s.tq, s.hq, s.d);
   double m = -std::numeric_limits<double>::infinity();
-  for (int64_t j = 0; j < visible; ++j) {
+  for (int64_t j = 0; j < first; ++j) p[j] = -std::numeric_limits<double>::infinity();
+  for (int64_t j = first; j < visible; ++j) {
     const double* kj = k.data() + attn::Dims::at(b, j, h / s.group, s.tk, s.hkv, s.d);
     double dot = 0;
     for (int64_t c = 0; c < s.d; ++c) dot += qi[c] * kj[c];

@@ -12,7 +12,9 @@
 // Semantics: S = scale * q k^T (scale defaults to 1/sqrt(D)), P = softmax(S) over keys,
 // out = P v. Query i sits at absolute position Tk - Tq + i (Tq == Tk for training;
 // Tq < Tk for chunked prefill against a cache), and with `causal` it sees the keys at
-// positions <= its own. Causal attention needs Tq <= Tk, so every query sees key 0.
+// positions <= its own. Causal attention needs Tq <= Tk, so every query sees key 0. A
+// sliding window (`window` > 0, causal only; Mistral's and Gemma's local layers) narrows
+// that to the `window` latest positions: query p sees keys (p - window, p].
 //
 // Work is tiled into 64-query x 64-key blocks with an online softmax, so memory beyond
 // the inputs and outputs is O(T) per head (lse, and the row dot products rowsum(dO*O) in
@@ -48,6 +50,7 @@ enum class AttentionBackwardSchedule : uint8_t {
 struct AttentionParams {
   bool causal = true;
   float scale = 0.0f;  // 0 means 1/sqrt(D); otherwise finite and > 0
+  int64_t window = 0;  // > 0: sliding-window attention over that many positions (causal)
   AttentionBackwardSchedule schedule = AttentionBackwardSchedule::kAuto;
   // Testing aid: use the portable scalar tiles even when AVX-512 is available.
   bool force_portable = false;
@@ -66,9 +69,10 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
                         const AttentionParams& params = {});
 
 // Number of (query, key) pairs a query attends to, summed over the Tq queries of one
-// head: Tq * Tk, or the causal trapezoid. FLOPs: forward 4 * D * pairs per head (S = q k^T
-// and P v), backward 10 * D * pairs (five products).
-int64_t attention_visible_pairs(int64_t tq, int64_t tk, bool causal);
+// head: Tq * Tk, or the causal trapezoid (cut to the window when `window` > 0). FLOPs:
+// forward 4 * D * pairs per head (S = q k^T and P v), backward 10 * D * pairs (five
+// products).
+int64_t attention_visible_pairs(int64_t tq, int64_t tk, bool causal, int64_t window = 0);
 
 namespace ref {
 // Naive scalar references for tests: explicit O(Tq x Tk) scores and softmax per row,

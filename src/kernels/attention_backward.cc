@@ -102,7 +102,8 @@ void pair_probs(const Dims& s, const attn::TileOps& ops, Tiles& t) {
   t.mask = attn::block_mask(s, t.q0, t.k0, t.kn);
   attn::scores_gemm(ops, t.kn, s.d, t.k, s.dp, t.qt, t.st, t.mask);
   attn::scores_gemm(ops, t.kn, s.d, t.v, s.dp, t.dot, t.dpt, t.mask);
-  ops.probs_and_grad(t.st, t.dpt, t.kn, s.scale * attn::kLog2e, s.scale, t.lse2, t.delta, t.mask);
+  attn::window_ops(ops, t.mask)
+      .probs_and_grad(t.st, t.dpt, t.kn, s.scale * attn::kLog2e, s.scale, t.lse2, t.delta, t.mask);
 }
 
 // dV[kn x Dp] += P^T dO and dK += dS^T Q (accumulators with leading dimension Dp).
@@ -155,7 +156,7 @@ void backward_head(const Dims& s, const attn::TileOps& ops, const Args& a, int64
     load_queries(s, ops, a, b, h, qb, true, t);
     std::fill(t.dq, t.dq + kBq * s.dp, 0.0f);
     const int64_t blocks = s.key_blocks(qb);
-    for (int64_t kb = 0; kb < blocks; ++kb) {
+    for (int64_t kb = s.first_key_block(qb); kb < blocks; ++kb) {
       load_keys(s, kb, t);
       pair_probs(s, ops, t);
       pair_dkdv(s, ops, t, dk + t.k0 * s.dp, dv + t.k0 * s.dp);
@@ -223,7 +224,7 @@ void backward_key_block(const Dims& s, const attn::TileOps& ops, const Args& a, 
     float* pv = r == 0 ? t.dv : t.pv;
     std::fill(pk, pk + kBk * s.dp, 0.0f);
     std::fill(pv, pv + kBk * s.dp, 0.0f);
-    for (int64_t qb = s.first_query_block(kb); qb < s.nqb; ++qb) {
+    for (int64_t qb = s.first_query_block(kb); qb < s.end_query_block(kb); ++qb) {
       load_queries(s, ops, a, b, g * s.group + r, qb, true, t);
       pair_probs(s, ops, t);
       pair_dkdv(s, ops, t, pk, pv);
@@ -244,7 +245,7 @@ void backward_query_block(const Dims& s, const attn::TileOps& ops, const Args& a
   load_queries(s, ops, a, b, h, qb, false, t);
   std::fill(t.dq, t.dq + kBq * s.dp, 0.0f);
   const int64_t blocks = s.key_blocks(qb);
-  for (int64_t kb = 0; kb < blocks; ++kb) {
+  for (int64_t kb = s.first_key_block(qb); kb < blocks; ++kb) {
     load_keys(s, kb, t);
     pair_probs(s, ops, t);
     pair_dq(s, ops, t);

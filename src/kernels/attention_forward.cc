@@ -40,18 +40,18 @@ void forward_block(const Dims& s, const attn::TileOps& ops, const TensorView& q,
   std::fill(l, l + kBq, 0.0f);
   const float c = s.scale * attn::kLog2e;
   const int64_t blocks = s.key_blocks(qb);
-  for (int64_t kb = 0; kb < blocks; ++kb) {
+  for (int64_t kb = s.first_key_block(qb); kb < blocks; ++kb) {
     const int64_t k0 = kb * kBk;
     const int kn = static_cast<int>(std::min<int64_t>(kBk, s.tk - k0));
     const attn::BlockMask mask = attn::block_mask(s, q0, k0, kn);
     attn::scores_gemm(ops, kn, d, keys + k0 * dp, dp, qt, st, mask);
-    ops.softmax_step(st, kn, c, mask, m, l, o, static_cast<int>(dp));
+    attn::window_ops(ops, mask).softmax_step(st, kn, c, mask, m, l, o, static_cast<int>(dp));
     const attn::Skip skip{mask.active ? attn::Skip::kLower : attn::Skip::kNone, mask.diag};
     ops.gemm(qn, static_cast<int>(dp), kn, st, kBq, false, values + k0 * dp, dp, o, dp, true, skip);
   }
   float* lse_row = lse.as<float>() + (b * s.hq + h) * s.tq + q0;
   for (int i = 0; i < qn; ++i) {
-    // Every query sees key 0, so l >= 1 (the max term contributes exp2(0)).
+    // Every query sees a key (its own), so l >= 1 (the max term contributes exp2(0)).
     attn::store_row(o + i * dp, d, 1.0f / l[i],
                     element_mut(out, Dims::at(b, q0 + i, h, s.tq, s.hq, d)), out.dtype);
     lse_row[i] = (m[i] + std::log2(l[i])) * attn::kLn2;

@@ -268,7 +268,7 @@ void gemm_portable(int m, int n, int k, const float* a, int64_t lda, bool a_rows
 }
 
 bool visible(const BlockMask& mask, int j, int i) {
-  return !mask.active || j - i <= mask.diag;
+  return (!mask.active || j - i <= mask.diag) && (!mask.windowed || j - i > mask.window_diag);
 }
 
 void softmax_step_portable(float* st, int kn, float c, const BlockMask& mask, float* m, float* l,

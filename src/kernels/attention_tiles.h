@@ -30,16 +30,20 @@ struct Dims {
   int64_t offset = 0;  // tk - tq: absolute position of query 0
   int64_t nqb = 0, nkb = 0;
   bool causal = true;
+  int64_t window = 0;  // > 0: sliding window (see AttentionParams)
   float scale = 1.0f;
   bool empty() const { return b == 0 || tq == 0 || hq == 0; }
   // Element offset of (batch, token, head) in a token-major [B, T, H, D] tensor.
   static int64_t at(int64_t bi, int64_t t, int64_t h, int64_t tlen, int64_t heads, int64_t d) {
     return ((bi * tlen + t) * heads + h) * d;
   }
-  // Number of key blocks query block qb has to visit (causal blocks stop at the diagonal).
+  // Key blocks query block qb has to visit: [first_key_block, key_blocks) (causal blocks
+  // stop at the diagonal; a sliding window starts at its oldest position).
   int64_t key_blocks(int64_t qb) const;
-  // First query block that sees key block kb.
+  int64_t first_key_block(int64_t qb) const;
+  // Query blocks that see key block kb: [first_query_block, end_query_block).
   int64_t first_query_block(int64_t kb) const;
+  int64_t end_query_block(int64_t kb) const;
 };
 
 Dims check_forward(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -55,6 +59,10 @@ Dims check_backward(const char* op, const TensorView& q, const TensorView& k, co
 struct BlockMask {
   bool active = false;
   int64_t diag = 0;  // causal: visible iff j - i <= diag
+  // A sliding window's edge crosses the block: also visible only iff j - i > window_diag.
+  // Such blocks run the portable tile steps (window_ops), the only ones that read it.
+  bool windowed = false;
+  int64_t window_diag = 0;
 };
 BlockMask block_mask(const Dims& s, int64_t q0, int64_t k0, int kn);
 
@@ -96,6 +104,8 @@ inline void skip_range(const Skip& skip, int64_t r0, int rows, int k, int* begin
 }
 
 const TileOps& tile_ops(bool force_portable);
+// The ops for a block with this mask: `ops`, or the portable ones on a window's edge.
+const TileOps& window_ops(const TileOps& ops, const BlockMask& mask);
 const TileOps& avx512_tile_ops();
 const TileOps& portable_tile_ops();
 

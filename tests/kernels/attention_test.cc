@@ -196,7 +196,8 @@ TEST(Attention, MixedDtypes) {
 
 // Independent f64 forward for the finite differences: L = sum(out * w).
 double loss_f64(const Case& c, const std::vector<double>& q, const std::vector<double>& k,
-                const std::vector<double>& v, const std::vector<double>& w, double scale) {
+                const std::vector<double>& v, const std::vector<double>& w, double scale,
+                int64_t window = 0) {
   const int64_t group = c.hq / c.hkv, off = c.tk - c.tq;
   double loss = 0;
   std::vector<double> s(static_cast<size_t>(c.tk));
@@ -204,9 +205,11 @@ double loss_f64(const Case& c, const std::vector<double>& q, const std::vector<d
     for (int64_t h = 0; h < c.hq; ++h)
       for (int64_t i = 0; i < c.tq; ++i) {
         const int64_t n = c.causal ? off + i + 1 : c.tk;
+        const int64_t first = window > 0 ? std::max<int64_t>(0, n - window) : 0;
         const int64_t qi = ((b * c.tq + i) * c.hq + h) * c.d;
         double mx = -1e300, sum = 0;
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = 0; j < first; ++j) s[j] = -1e300;  // outside the window
+        for (int64_t j = first; j < n; ++j) {
           const int64_t kj = ((b * c.tk + j) * c.hkv + h / group) * c.d;
           double dot = 0;
           for (int64_t e = 0; e < c.d; ++e) dot += q[qi + e] * k[kj + e];
@@ -259,6 +262,109 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
         const double fd = (lp - lm) / (2 * step);
         EXPECT_NEAR(at(*grads[t], int64_t(i)), fd, 1e-4 * (1 + std::fabs(fd)))
             << names[t] << " " << i;
+      }
+  }
+}
+
+// Sliding windows (Mistral's, Gemma's local layers): query p sees keys (p - W, p]. The
+// window's edge crosses 64-key blocks at many offsets here (W = 1 .. Tk - 1, Tq < Tk,
+// GQA), in both dtypes, every backward schedule, SIMD and portable tiles, against the
+// reference; and the reference's gradients against finite differences of an independent
+// loss.
+TEST(Attention, SlidingWindowMatchesReference) {
+  struct WCase {
+    Case c;
+    int64_t window;
+  };
+  const std::vector<WCase> cases = {
+      {{1, 130, 130, 2, 1, 16, true}, 1},   {{1, 130, 130, 2, 2, 40, true}, 5},
+      {{2, 130, 130, 4, 2, 16, true}, 64},  {{1, 130, 130, 2, 1, 64, true}, 70},
+      {{1, 130, 130, 2, 1, 16, true}, 129}, {{1, 70, 200, 2, 1, 64, true}, 100},
+      {{1, 5, 70, 2, 1, 16, true}, 9},      {{1, 200, 200, 4, 1, 16, true}, 33},
+      {{1, 20, 20, 1, 1, 8, true}, 500},  // wider than the sequence: no window
+  };
+  std::mt19937 rng(21);
+  for (DType dt : {DType::kF32, DType::kBF16})
+    for (const WCase& w : cases) {
+      const Case& c = w.c;
+      SCOPED_TRACE(testing::Message() << dtype_name(dt) << " " << c << " window " << w.window);
+      Inputs in(c, dt, rng);
+      AttentionParams params;
+      params.window = w.window;
+      Tensor out_ref(DType::kF32, c.q_shape()), lse_ref(DType::kF32, c.lse_shape());
+      ref::attention_forward(in.q, in.k, in.v, out_ref, lse_ref, params);
+      Tensor out(dt, c.q_shape()), lse(DType::kF32, c.lse_shape());
+      Grads ref(c, DType::kF32);
+      for (bool portable : {false, true}) {
+        SCOPED_TRACE(portable ? "portable" : "simd");
+        params.force_portable = portable;
+        attention_forward(in.q, in.k, in.v, out, lse, params);
+        EXPECT_LE(scaled_error(out, out_ref), fwd_tol(dt));
+        EXPECT_LE(scaled_error(lse, lse_ref), 2e-6);
+        if (!portable)
+          ref::attention_backward(in.q, in.k, in.v, out, in.dout, lse, ref.dq, ref.dk, ref.dv,
+                                  params);
+        for (auto schedule :
+             {AttentionBackwardSchedule::kPerKvHead, AttentionBackwardSchedule::kPerHead,
+              AttentionBackwardSchedule::kSplit}) {
+          SCOPED_TRACE(testing::Message() << "schedule " << int(schedule));
+          params.schedule = schedule;
+          Grads g(c, dt);
+          attention_backward(in.q, in.k, in.v, out, in.dout, lse, g.dq, g.dk, g.dv, params);
+          EXPECT_LE(scaled_error(g.dq, ref.dq), bwd_tol(dt));
+          EXPECT_LE(scaled_error(g.dk, ref.dk), bwd_tol(dt));
+          EXPECT_LE(scaled_error(g.dv, ref.dv), bwd_tol(dt));
+        }
+      }
+    }
+  // The window really narrows: with W = 1 every query sees only its own key, so out = v.
+  const Case c{1, 9, 9, 1, 1, 4, true};
+  Inputs in(c, DType::kF32, rng);
+  AttentionParams one;
+  one.window = 1;
+  Tensor out(DType::kF32, c.q_shape()), lse(DType::kF32, c.lse_shape());
+  attention_forward(in.q, in.k, in.v, out, lse, one);
+  EXPECT_LE(scaled_error(out, in.v), 1e-6);
+  AttentionParams bad;
+  bad.causal = false;
+  bad.window = 4;
+  try {
+    attention_forward(in.q, in.k, in.v, out, lse, bad);
+    ADD_FAILURE() << "a sliding window without causal attention was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sliding window needs causal attention"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Attention, SlidingWindowBackwardMatchesFiniteDifferences) {
+  std::mt19937 rng(22);
+  for (auto [c, window] : std::vector<std::pair<Case, int64_t>>{
+           {{1, 6, 6, 2, 1, 4, true}, 2}, {{1, 3, 7, 2, 2, 3, true}, 3}}) {
+    SCOPED_TRACE(testing::Message() << c << " window " << window);
+    Inputs in(c, DType::kF32, rng);
+    const double scale = 1.0 / std::sqrt(double(c.d));
+    Tensor out(DType::kF32, c.q_shape()), lse(DType::kF32, c.lse_shape());
+    Grads g(c, DType::kF32);
+    AttentionParams params;
+    params.window = window;
+    attention_forward(in.q, in.k, in.v, out, lse, params);
+    attention_backward(in.q, in.k, in.v, out, in.dout, lse, g.dq, g.dk, g.dv, params);
+    std::vector<double> x[3] = {to_f64(in.q), to_f64(in.k), to_f64(in.v)};
+    const std::vector<double> w = to_f64(in.dout);
+    const Tensor* grads[3] = {&g.dq, &g.dk, &g.dv};
+    const double step = 1e-6;
+    for (int t = 0; t < 3; ++t)
+      for (size_t i = 0; i < x[t].size(); ++i) {
+        const double keep = x[t][i];
+        x[t][i] = keep + step;
+        const double lp = loss_f64(c, x[0], x[1], x[2], w, scale, window);
+        x[t][i] = keep - step;
+        const double lm = loss_f64(c, x[0], x[1], x[2], w, scale, window);
+        x[t][i] = keep;
+        const double fd = (lp - lm) / (2 * step);
+        EXPECT_NEAR(at(*grads[t], int64_t(i)), fd, 1e-4 * (1 + std::fabs(fd))) << t << " " << i;
       }
   }
 }
@@ -422,6 +528,9 @@ TEST(Attention, VisiblePairs) {
   EXPECT_EQ(attention_visible_pairs(2, 5, true), 4 + 5);
   EXPECT_EQ(attention_visible_pairs(3, 5, false), 15);
   EXPECT_EQ(attention_visible_pairs(1024, 1024, true), 1024 * 1025 / 2);
+  EXPECT_EQ(attention_visible_pairs(4, 4, true, 2), 1 + 2 + 2 + 2);
+  EXPECT_EQ(attention_visible_pairs(2, 5, true, 3), 3 + 3);
+  EXPECT_EQ(attention_visible_pairs(4, 4, true, 9), 10);  // wider than the keys
 }
 
 // Expects fn to throw a hyperion::Error whose message contains every one of `parts`.
