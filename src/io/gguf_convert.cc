@@ -73,6 +73,11 @@ GgufModel read_config(const std::string& dir) {
   g.c = hyperion::LlamaConfig::from_hf_json(text, where);
   g.family = &family_info(g.c.arch.family);
   if (g.c.is_moe()) check_moe_representable(g.c, where);
+  // llama.cpp's llama, qwen2 and qwen3 graphs attend over the whole context.
+  HYP_CHECK(g.c.arch.sliding_window == 0,
+            "{}: key 'sliding_window' = {}: llama.cpp's {} architecture has no sliding window, "
+            "so a GGUF would attend over the whole context where this model does not",
+            where, g.c.arch.sliding_window, g.family->gguf_arch);
   // llama.cpp applies Llama 3.1's scaling through the rope_freqs tensor of its llama graph.
   HYP_CHECK(g.c.rope_scaling.type != RopeScaling::Type::kLlama3 ||
                 std::string(g.family->gguf_arch) == "llama",

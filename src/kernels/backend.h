@@ -72,13 +72,14 @@ class KernelBackend {
                             const RopeTable& table) = 0;
   virtual void rope_backward(const TensorView& dy, const TensorView& dx, int64_t start_pos,
                              const RopeTable& table) = 0;
-  // Causal attention (kernels/attention.h).
+  // Causal attention (kernels/attention.h); `window` > 0: a sliding window of that many
+  // positions (0: none).
   virtual void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                 const TensorView& out, const TensorView& lse) = 0;
+                                 const TensorView& out, const TensorView& lse, int64_t window) = 0;
   virtual void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                   const TensorView& out, const TensorView& dout,
                                   const TensorView& lse, const TensorView& dq, const TensorView& dk,
-                                  const TensorView& dv) = 0;
+                                  const TensorView& dv, int64_t window) = 0;
   // The serving engine's paged KV cache (kernels/paged_attention.h).
   virtual void paged_kv_write(const PagedKvCache& cache, const TensorView& k, const TensorView& v,
                               const int64_t* slots) = 0;

@@ -70,16 +70,20 @@ class HostBackend final : public KernelBackend {
     hyperion::rope_backward(dy, dx, start_pos, table);
   }
   void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                         const TensorView& out, const TensorView& lse) override {
+                         const TensorView& out, const TensorView& lse, int64_t window) override {
     check_host("attention_forward", {&q, &k, &v, &out, &lse});
-    hyperion::attention_forward(q, k, v, out, lse);
+    AttentionParams p;
+    p.window = window;
+    hyperion::attention_forward(q, k, v, out, lse, p);
   }
   void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& out, const TensorView& dout, const TensorView& lse,
-                          const TensorView& dq, const TensorView& dk,
-                          const TensorView& dv) override {
+                          const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                          int64_t window) override {
     check_host("attention_backward", {&q, &k, &v, &out, &dout, &lse, &dq, &dk, &dv});
-    hyperion::attention_backward(q, k, v, out, dout, lse, dq, dk, dv);
+    AttentionParams p;
+    p.window = window;
+    hyperion::attention_backward(q, k, v, out, dout, lse, dq, dk, dv, p);
   }
   void paged_kv_write(const PagedKvCache& cache, const TensorView& k, const TensorView& v,
                       const int64_t* slots) override {

@@ -91,6 +91,11 @@ struct Problem {
   float qscale = 1.0f;  // scale * log2(e): scores come out in log2 units
   bool padded = false;
   int64_t padded_length = 0;
+  int64_t window = 0;
+  // The first position row r attends to (a sliding window's oldest).
+  int64_t first(int64_t length) const {
+    return window > 0 ? std::max<int64_t>(0, length - window) : 0;
+  }
 };
 
 Problem check_attention(const char* op, const PagedKvCache& cache, const TensorView& q,
@@ -125,6 +130,9 @@ Problem check_attention(const char* op, const PagedKvCache& cache, const TensorV
   HYP_CHECK(params.mode == PagedAttentionMode::kRagged || p.padded, "{}: unknown mode {}", op,
             int(params.mode));
   p.padded_length = params.padded_length;
+  HYP_CHECK(params.window >= 0 && (params.window == 0 || !p.padded),
+            "{}: a sliding window ({}) needs the ragged mode and a size >= 1", op, params.window);
+  p.window = params.window;
   HYP_CHECK(rows != nullptr || p.n == 0, "{}: null rows for q {}", op, q.str());
   for (int64_t i = 0; i < p.n; ++i) {
     const PagedAttentionRow& r = rows[i];
@@ -731,7 +739,10 @@ void paged_attention(const PagedKvCache& cache, const TensorView& q, const Paged
   const int64_t hdr = ceil_div(2 * p.group, 16) * 16;
   const int64_t state = hdr + p.group * p.dp;
   int64_t ranges = 0;
-  for (int64_t i = 0; i < p.n; ++i) ranges += p.padded ? 1 : ceil_div(rows[i].length, chunk);
+  // A row's ranges: chunk-aligned pieces of [first, length) (a window's start cuts the first).
+  auto first_chunk = [&](int64_t len) { return p.padded ? 0 : p.first(len) / chunk; };
+  for (int64_t i = 0; i < p.n; ++i)
+    ranges += p.padded ? 1 : ceil_div(rows[i].length, chunk) - first_chunk(rows[i].length);
   const int64_t head_groups = std::clamp<int64_t>(ceil_div(4 * num_threads(), ranges), 1, p.hkv);
   const int64_t heads_per_task = ceil_div(p.hkv, head_groups);
 
@@ -747,7 +758,8 @@ void paged_attention(const PagedKvCache& cache, const TensorView& q, const Paged
   int64_t partials = 0;
   for (int64_t i = 0; i < p.n; ++i) {
     const int64_t len = rows[i].length;
-    const int64_t nchunks = p.padded ? 1 : ceil_div(len, chunk);
+    const int64_t c0 = first_chunk(len);
+    const int64_t nchunks = p.padded ? 1 : ceil_div(len, chunk) - c0;
     const int64_t row_base = nchunks > 1 ? partials : -1;
     if (nchunks > 1) {
       for (int64_t h = 0; h < p.hkv; ++h)
@@ -755,8 +767,8 @@ void paged_attention(const PagedKvCache& cache, const TensorView& q, const Paged
       partials += nchunks * p.hkv * state;
     }
     for (int64_t c = 0; c < nchunks; ++c) {
-      const int64_t begin = p.padded ? 0 : c * chunk;
-      const int64_t end = p.padded ? p.padded_length : std::min(len, (c + 1) * chunk);
+      const int64_t begin = p.padded ? 0 : std::max(p.first(len), (c0 + c) * chunk);
+      const int64_t end = p.padded ? p.padded_length : std::min(len, (c0 + c + 1) * chunk);
       for (int64_t h0 = 0; h0 < p.hkv; h0 += heads_per_task)
         tasks.push_back({i, begin, end, h0, std::min(p.hkv, h0 + heads_per_task),
                          nchunks > 1 ? row_base + c * p.hkv * state : -1});
@@ -853,7 +865,7 @@ void paged_attention(const PagedKvCache& cache, const TensorView& q, const Paged
   };
   std::vector<double> s, o(size_t(p.d));
   for (int64_t r = 0; r < p.n; ++r) {
-    const int64_t len = rows[r].length;
+    const int64_t len = rows[r].length, first = p.first(len);
     s.assign(size_t(len), 0.0);
     for (int64_t h = 0; h < p.hq; ++h) {
       const int64_t kvh = h / p.group;
@@ -861,7 +873,7 @@ void paged_attention(const PagedKvCache& cache, const TensorView& q, const Paged
         return (int64_t(rows[r].pages[pos / p.pt]) * p.hkv + kvh) * p.pt + pos % p.pt;
       };
       double mx = -std::numeric_limits<double>::infinity();
-      for (int64_t t = 0; t < len; ++t) {
+      for (int64_t t = first; t < len; ++t) {
         double dot = 0.0;
         for (int64_t i = 0; i < p.d; ++i)
           dot += double(load_as_f32(q.data, q.dtype, size_t((r * p.hq + h) * p.d + i))) *
@@ -871,7 +883,7 @@ void paged_attention(const PagedKvCache& cache, const TensorView& q, const Paged
       }
       double sum = 0.0;
       std::fill(o.begin(), o.end(), 0.0);
-      for (int64_t t = 0; t < len; ++t) {
+      for (int64_t t = first; t < len; ++t) {
         const double w = std::exp(s[size_t(t)] - mx);
         sum += w;
         for (int64_t i = 0; i < p.d; ++i)

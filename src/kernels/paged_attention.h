@@ -60,6 +60,9 @@ struct PagedAttentionParams {
   // cover them) and masks positions >= its length -- the non-ragged baseline that pads every
   // sequence of the batch to the longest. Must be >= every row's length.
   int64_t padded_length = 0;
+  // > 0: a sliding window (kRagged only): row i attends to its `window` latest keys,
+  // [max(0, length - window), length), and reads nothing older.
+  int64_t window = 0;
   bool force_portable = false;  // testing aid: scalar path even when AVX-512 is present
 };
 

@@ -16,9 +16,10 @@
 //   q/k RMSNorm per head no                        yes, before RoPE
 //   otherwise           Llama                     Llama
 //
-// Room for later families, refused by LlamaConfig::validate until the decoder implements
-// them, so a config that asks for one fails loudly instead of running a different model:
-// final-logit softcapping and per-layer sliding-window attention.
+// Sliding-window attention, on every layer (Mistral v0.1) or on all but every N-th
+// (Gemma 2: N = 2, Gemma 3: N = 6), is data too. Room for later families, refused by
+// LlamaConfig::validate until the decoder implements it, so a config that asks for it
+// fails loudly instead of running a different model: final-logit softcapping.
 #pragma once
 
 #include <cstdint>
@@ -40,13 +41,20 @@ struct DecoderArch {
   bool qkv_bias = false;          // q_proj, k_proj, v_proj have biases (Qwen2)
   bool o_bias = false;            // o_proj has a bias (Llama's attention_bias: all four)
   bool qk_norm = false;           // RMSNorm on q and k per head before RoPE (Qwen3)
-  // Not implemented yet (validate refuses anything but these defaults).
-  double final_logit_softcap = 0.0;    // logits = cap * tanh(logits / cap); 0: off
   int64_t sliding_window = 0;          // local attention window in tokens; 0: global
-  int64_t sliding_window_pattern = 0;  // every N-th layer global, the rest local
+  int64_t sliding_window_pattern = 0;  // >= 2: every N-th layer global, the rest local;
+                                       // 0: every layer local (when sliding_window > 0)
+  // Not implemented yet (validate refuses anything but this default).
+  double final_logit_softcap = 0.0;  // logits = cap * tanh(logits / cap); 0: off
 
   // The factor embedding_forward applies (1 unless scale_embeddings).
   float embedding_scale(int64_t hidden_size) const;
+  // Layer l's attention window: sliding_window on a local layer, 0 (global) otherwise.
+  int64_t layer_window(int64_t l) const {
+    if (sliding_window <= 0) return 0;
+    return sliding_window_pattern >= 2 && (l + 1) % sliding_window_pattern == 0 ? 0
+                                                                                : sliding_window;
+  }
   bool operator==(const DecoderArch&) const = default;
 };
 

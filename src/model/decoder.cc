@@ -15,7 +15,7 @@ void SelfAttentionOnly::attend(const Decoder& dec, int l, const PassRows& rows, 
   dec.kernels().attention_forward(
       dec.kernels().view(s.q, a, {b, t, hq, hd}), dec.kernels().view(s.k, a, {b, t, hkv, hd}),
       dec.kernels().view(s.v, a, {b, t, hkv, hd}), dec.kernels().view(s.att, a, {b, t, hq, hd}),
-      dec.kernels().view(s.lse, DType::kF32, {b, hq, t}));
+      dec.kernels().view(s.lse, DType::kF32, {b, hq, t}), c.arch.layer_window(l));
 }
 
 Decoder::Decoder(const ParamStore& params, LinearWeights& weights, int64_t rope_positions)
@@ -249,7 +249,7 @@ void Decoder::layer_backward(int l, const PassRows& rows, DecoderActs& s, const 
                         k_.view(s.v, act_, {b, t, hkv, hd}), k_.view(s.att, act_, {b, t, hq, hd}),
                         k_.view(gr.datt, act_, {b, t, hq, hd}),
                         k_.view(s.lse, DType::kF32, {b, hq, t}), dqv, dkv,
-                        k_.view(gr.dv, act_, {b, t, hkv, hd}));
+                        k_.view(gr.dv, act_, {b, t, hkv, hd}), cfg_.arch.layer_window(l));
   k_.rope_backward(dqv, dqv, rows.position, rope_);
   k_.rope_backward(dkv, dkv, rows.position, rope_);
   if (p.q_norm >= 0) {

@@ -89,9 +89,15 @@ void LlamaConfig::validate(const std::string& origin, ConfigKeyNames names) cons
   }
   HYP_CHECK(arch.final_logit_softcap == 0.0, "{}: {} = {} is not supported yet (0: off)", origin,
             key("final_logit_softcapping", "final_logits_soft_cap"), arch.final_logit_softcap);
-  HYP_CHECK(arch.sliding_window == 0 && arch.sliding_window_pattern == 0,
-            "{}: sliding_window = {} is not supported yet (global attention only)", origin,
-            arch.sliding_window);
+  HYP_CHECK(arch.sliding_window >= 0 && arch.sliding_window <= (int64_t{1} << 24),
+            "{}: {} = {} must be in [0, 16777216] (0: global attention)", origin,
+            key("sliding_window", "sliding_window_size"), arch.sliding_window);
+  HYP_CHECK(arch.sliding_window_pattern == 0 ||
+                (arch.sliding_window_pattern >= 2 && arch.sliding_window > 0),
+            "{}: {} = {} must be 0 (every layer local) or >= 2 (every N-th layer global) with a "
+            "sliding window",
+            origin, key("sliding_window_pattern", "sliding_window_pattern"),
+            arch.sliding_window_pattern);
   // What a config.json can say about biases and qk-norm, per family (to_hf_json).
   const DecoderArch& fam = family_info(arch.family).defaults;
   if (arch.family == DecoderFamily::kQwen2)
@@ -208,8 +214,16 @@ nlohmann::ordered_json rope_scaling_json(const RopeScaling& s) {
 std::string LlamaConfig::to_hf_json() const {
   nlohmann::ordered_json j;
   const FamilyInfo& fam = family_info(arch.family);
-  j["architectures"] = {is_moe() ? "MixtralForCausalLM" : fam.hf_class};
-  j["model_type"] = is_moe() ? "mixtral" : fam.hf_model_type;
+  // A Llama with a window on every layer is transformers' Mistral (LlamaConfig has none).
+  HYP_CHECK(arch.sliding_window == 0 ||
+                (arch.family == DecoderFamily::kLlama && arch.sliding_window_pattern == 0),
+            "config.json: a {} model with sliding_window {} and pattern {} has no Hugging Face "
+            "class that reads it",
+            fam.decoder_block, arch.sliding_window, arch.sliding_window_pattern);
+  const bool mistral = arch.sliding_window > 0 && !is_moe();
+  j["architectures"] = {is_moe() ? "MixtralForCausalLM" : mistral ? "MistralForCausalLM" : fam.hf_class};
+  j["model_type"] = is_moe() ? "mixtral" : mistral ? "mistral" : fam.hf_model_type;
+  if (mistral) j["sliding_window"] = arch.sliding_window;
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = dim;
   // Mixtral's intermediate_size is the expert's; a dense layer's is kept beside it.
@@ -219,7 +233,7 @@ std::string LlamaConfig::to_hf_json() const {
     j["num_experts_per_tok"] = n_experts_per_tok;
     j["router_aux_loss_coef"] = router_aux_loss_coef;
     j["output_router_logits"] = false;
-    j["sliding_window"] = nullptr;
+    j["sliding_window"] = arch.sliding_window > 0 ? nlohmann::json(arch.sliding_window) : nullptr;
     j["norm_topk_prob"] = norm_topk_prob;
     if (first_dense_layers > 0 || moe_layer_step > 1) {
       j["hyperion_dense_intermediate_size"] = ffn_dim;
@@ -250,7 +264,7 @@ std::string LlamaConfig::to_hf_json() const {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
   }
-  if (arch.family == DecoderFamily::kLlama) j["mlp_bias"] = false;
+  if (arch.family == DecoderFamily::kLlama && !mistral) j["mlp_bias"] = false;
   j["initializer_range"] = 0.02;
   j["torch_dtype"] = "float32";
   return j.dump(2) + "\n";
@@ -461,10 +475,28 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
   if (has("sliding_window")) {
     const bool used = !has("use_sliding_window") || j["use_sliding_window"] == true;
     const int64_t window = get_int("sliding_window", false, 0);
-    HYP_CHECK(!used || window >= c.max_seq_len,
-              "{}: key 'sliding_window' = {} (< max_position_embeddings {}): sliding-window "
-              "attention is not supported yet",
-              origin, window, c.max_seq_len);
+    // Qwen's max_window_layers (local only past a layer) has no pattern here.
+    HYP_CHECK(!used || window >= c.max_seq_len || c.arch.family == DecoderFamily::kLlama,
+              "{}: key 'sliding_window' = {} with use_sliding_window on a {} model (local "
+              "attention from max_window_layers on) is not supported yet",
+              origin, window, mt->model_type);
+    // Every layer local, as Mistral v0.1 (a window covering the context is none).
+    if (used && window < c.max_seq_len) c.arch.sliding_window = window;
+  }
+  // transformers 5 lists each layer's attention; every layer local, or all global.
+  if (has("layer_types")) {
+    HYP_CHECK(j["layer_types"].is_array() &&
+                  static_cast<int64_t>(j["layer_types"].size()) == c.n_layers,
+              "{}: key 'layer_types' must list num_hidden_layers ({}) entries", origin,
+              c.n_layers);
+    for (const auto& t : j["layer_types"]) {
+      const std::string type = t.is_string() ? t.get<std::string>() : t.dump();
+      HYP_CHECK(type == (c.arch.sliding_window > 0 ? "sliding_attention" : "full_attention"),
+                "{}: key 'layer_types' has '{}' where the config's sliding_window says {}: "
+                "mixed local and global layers are read for Gemma only",
+                origin, type,
+                c.arch.sliding_window > 0 ? "sliding_attention" : "full_attention");
+    }
   }
   // RoPE: rope_scaling (+ rope_theta) as on the Hub, or transformers 5's rope_parameters.
   if (has("rope_parameters")) {

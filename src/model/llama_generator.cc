@@ -33,7 +33,7 @@ void ContiguousKvCache::attend(const Decoder& dec, int l, const PassRows& rows, 
                          kern.view(k_[static_cast<size_t>(l)].data(), a, {1, tk, hkv, hd}),
                          kern.view(v_[static_cast<size_t>(l)].data(), a, {1, tk, hkv, hd}),
                          kern.view(s.att, a, {1, n, hq, hd}),
-                         kern.view(s.lse, DType::kF32, {1, hq, n}));
+                         kern.view(s.lse, DType::kF32, {1, hq, n}), c.arch.layer_window(l));
 }
 
 LlamaGenerator::LlamaGenerator(const ParamStore& params, int64_t max_len)

@@ -32,9 +32,12 @@ void PagedKvSource::attend(const Decoder& dec, int l, const PassRows& pass, Deco
   kern.paged_kv_write(cache, kern.view(s.k, act, {rows, hkv, hd}),
                       kern.view(s.v, act, {rows, hkv, hd}), batch->slots.data());
   const int64_t nd = batch->decode_rows;
+  const int64_t window = c.arch.layer_window(l);
+  PagedAttentionParams layer_params = params;
+  layer_params.window = window;
   if (nd > 0)
     kern.paged_attention(cache, kern.view(s.q, act, {nd, hq, hd}), batch->attn.data(),
-                         kern.view(s.att, act, {nd, hq, hd}), params);
+                         kern.view(s.att, act, {nd, hq, hd}), layer_params);
   auto* q = static_cast<unsigned char*>(s.q);
   auto* att = static_cast<unsigned char*>(s.att);
   for (const auto& [r0, cnt] : batch->segments) {
@@ -46,7 +49,7 @@ void PagedKvSource::attend(const Decoder& dec, int l, const PassRows& pass, Deco
                            kern.view(kctx, act, {1, tk, hkv, hd}),
                            kern.view(vctx, act, {1, tk, hkv, hd}),
                            kern.view(att + static_cast<size_t>(r0 * qd) * a, act, {1, cnt, hq, hd}),
-                           kern.view(lse, DType::kF32, {1, hq, cnt}));
+                           kern.view(lse, DType::kF32, {1, hq, cnt}), window);
   }
 }
 
@@ -64,6 +67,10 @@ ModelRunner::ModelRunner(const ParamStore& params, const RunnerOptions& options)
   HYP_CHECK(opt_.kv_dtype == DType::kF32 || opt_.kv_dtype == DType::kBF16 ||
                 opt_.kv_dtype == DType::kI8 || opt_.kv_dtype == DType::kE4M3,
             "serve: kv_dtype must be float32, bfloat16, int8 or fp8_e4m3");
+  HYP_CHECK(!opt_.padded_attention || cfg_.arch.sliding_window == 0,
+            "serve: attention=padded has no sliding window, which this model ({} positions) "
+            "uses; use attention=ragged",
+            cfg_.arch.sliding_window);
   const bool host = kern_.device() == Device::kHost;
   const int64_t hkv = cfg_.n_kv_heads, hd = cfg_.head_dim;
   const size_t elems = static_cast<size_t>(opt_.num_pages * opt_.page_tokens * hkv * hd);

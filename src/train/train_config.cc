@@ -79,6 +79,11 @@ std::vector<ConfigKey> train_config_schema() {
       {"attention_bias", T::kBool, "false",
        "biases on q_proj, k_proj, v_proj and o_proj (attention_bias; qwen2 always has q/k/v "
        "biases)"},
+      {"sliding_window_size", T::kInt, "0",
+       "local attention window in tokens (sliding_window; Mistral v0.1: 4096); 0: global"},
+      {"sliding_window_pattern", T::kInt, "0",
+       "with a window: 0 = every layer local; N >= 2 = every N-th layer global (Gemma 2: 2, "
+       "Gemma 3: 6)"},
 
       {"logits_via_embedding", T::kBool, "false", "tie lm_head to the embedding"},
       {"max_position_embeddings", T::kInt, "0", "0: max_target_length"},
@@ -381,6 +386,8 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
               where("attention_bias"));
     m.arch.qkv_bias = m.arch.o_bias = true;
   }
+  m.arch.sliding_window = c.get_int("sliding_window_size");
+  m.arch.sliding_window_pattern = c.get_int("sliding_window_pattern");
   // Gemma's head is always the embedding (GemmaForCausalLM ties it).
   m.tie_embeddings = c.get_bool("logits_via_embedding") || family->tied_head;
   // The model's bound (max_position_embeddings), checked here so the error names the key
@@ -435,7 +442,8 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
         "normalization_layer_epsilon", "rope_max_timescale", "logits_via_embedding",
         "max_position_embeddings", "rope_type", "rope_factor", "rope_low_freq_factor",
         "rope_high_freq_factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
-        "rope_attention_factor", "attention_bias", "num_experts", "num_experts_per_tok",
+        "rope_attention_factor", "attention_bias", "sliding_window_size", "sliding_window_pattern",
+        "num_experts", "num_experts_per_tok",
         "base_moe_mlp_dim", "first_num_dense_layers", "interleave_moe_layer_step",
         "norm_topk_prob"};
     std::vector<std::string> replaced;

@@ -1262,6 +1262,17 @@ TEST_F(ConvertTest, ErrorsNameDirectoryFileAndField) {
   fs::remove(fs::path(ckpt_) / "config.json");
   expect_error([&] { convert_checkpoint_to_gguf(ckpt_, dir_.file("x.gguf"), "f32"); },
                {ckpt_, "config.json"});
+  // A sliding window llama.cpp's llama graph would ignore.
+  make_checkpoint({});
+  {
+    auto cfg = nlohmann::json::parse(read_file((fs::path(ckpt_) / "config.json").string()));
+    cfg["model_type"] = "mistral";
+    cfg["architectures"] = {"MistralForCausalLM"};
+    cfg["sliding_window"] = 16;
+    write_bytes((fs::path(ckpt_) / "config.json").string(), cfg.dump());
+  }
+  expect_error([&] { convert_checkpoint_to_gguf(ckpt_, dir_.file("x.gguf"), "f32"); },
+               {ckpt_, "sliding_window", "16"});
   // The tokenizer has more pieces than the model's vocabulary.
   o = {};
   o.vocab = 200;

@@ -235,6 +235,55 @@ TEST(PagedAttention, MatchesContiguousAttentionF32) {
     }
 }
 
+// A sliding window: each row attends to its `window` latest keys only. Checked against
+// the contiguous attention kernel's own window (a query at position len - 1 over the row's
+// keys), and, for every cache type and the SIMD and portable paths, against the reference;
+// lengths around the window and the task chunks (a window starting mid-chunk, mid-page).
+TEST(PagedAttention, SlidingWindow) {
+  std::mt19937 rng(12);
+  for (int64_t window : {1, 7, 40, 299, 1000})
+    for (int64_t pt : {16, 5}) {
+      SCOPED_TRACE(::testing::Message() << "window " << window << " pt " << pt);
+      const Batch b({1, pt, 41, 300, 2 * pt + 3, 1500}, 8, 2, 64, pt, rng);
+      PagedAttentionParams params;
+      params.window = window;
+      const CacheStore s = b.cache(DType::kF32);
+      const Tensor out = run(s, b, DType::kF32, params);
+      for (int64_t i = 0; i < b.n(); ++i) {
+        const int64_t len = b.lengths[size_t(i)];
+        Tensor q(DType::kF32, {1, 1, 8, 64}), o(DType::kF32, {1, 1, 8, 64});
+        Tensor lse(DType::kF32, {1, 8, 1});
+        std::memcpy(q.data(), b.q.as<float>() + i * 8 * 64, size_t(8 * 64) * sizeof(float));
+        AttentionParams ap;
+        ap.window = window;
+        ref::attention_forward(q, b.keys[size_t(i)].view().reshape({1, len, 2, 64}),
+                               b.values[size_t(i)].view().reshape({1, len, 2, 64}), o, lse, ap);
+        for (int64_t j = 0; j < 8 * 64; ++j)
+          ASSERT_NEAR(at(out, i * 8 * 64 + j), at(o, j), 1e-5) << "row " << i << " elem " << j;
+      }
+      for (DType dt : kCacheDTypes) {
+        SCOPED_TRACE(dtype_name(dt));
+        const CacheStore c = b.cache(dt);
+        Tensor want(DType::kF32, {b.n(), 8, 64});
+        ref::paged_attention(c.c, b.q, b.rows.data(), want, params);
+        for (bool portable : {false, true}) {
+          params.force_portable = portable;
+          EXPECT_LT(max_abs_diff(run(c, b, DType::kF32, params), want), 1e-5) << portable;
+        }
+        params.force_portable = false;
+      }
+    }
+  // Padded mode has no window.
+  const Batch b({3}, 2, 1, 16, 4, rng, 8);
+  const CacheStore s = b.cache(DType::kF32);
+  PagedAttentionParams bad;
+  bad.mode = PagedAttentionMode::kPadded;
+  bad.padded_length = 8;
+  bad.window = 2;
+  Tensor out(DType::kF32, {1, 2, 16});
+  EXPECT_THROW(paged_attention(s.c, b.q, b.rows.data(), out, bad), Error);
+}
+
 TEST(PagedAttention, MatchesReferenceAllCacheTypes) {
   std::mt19937 rng(3);
   for (DType dt : kCacheDTypes)

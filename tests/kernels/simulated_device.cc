@@ -146,15 +146,15 @@ class SimBackend final : public KernelBackend {
     run([&] { h().rope_backward(H(dy), H(dx), start, t); });
   }
   void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                         const TensorView& out, const TensorView& lse) override {
-    run([&] { h().attention_forward(H(q), H(k), H(v), H(out), H(lse)); });
+                         const TensorView& out, const TensorView& lse, int64_t w) override {
+    run([&] { h().attention_forward(H(q), H(k), H(v), H(out), H(lse), w); });
   }
   void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& out, const TensorView& dout, const TensorView& lse,
-                          const TensorView& dq, const TensorView& dk,
-                          const TensorView& dv) override {
+                          const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                          int64_t w) override {
     run([&] {
-      h().attention_backward(H(q), H(k), H(v), H(out), H(dout), H(lse), H(dq), H(dk), H(dv));
+      h().attention_backward(H(q), H(k), H(v), H(out), H(dout), H(lse), H(dq), H(dk), H(dv), w);
     });
   }
   void paged_kv_write(const PagedKvCache& c, const TensorView& k, const TensorView& v,

@@ -65,6 +65,17 @@ std::vector<FamilyCase> family_cases() {
     c.rope_scaling.original_max_positions = 32;
     out.push_back({"llama3-bias", c});
   }
+  {
+    LlamaConfig c = base;  // Mistral v0.1: every layer local
+    c.arch.sliding_window = 3;
+    out.push_back({"mistral-window", c});
+  }
+  {
+    LlamaConfig c = base;  // Gemma 2's pattern: layer 0 local, layer 1 global
+    c.arch.sliding_window = 2;
+    c.arch.sliding_window_pattern = 2;
+    out.push_back({"window-pattern", c});
+  }
   return out;
 }
 
@@ -250,6 +261,10 @@ std::string error_of(const std::string& body) {
 
 TEST(FamilyConfig, HfJsonRoundTripOfEveryFeature) {
   for (const FamilyCase& fc : family_cases()) {
+    if (fc.config.arch.sliding_window_pattern > 0) {  // no Hugging Face class reads it
+      EXPECT_THROW(fc.config.to_hf_json(), Error) << fc.name;
+      continue;
+    }
     const std::string json = fc.config.to_hf_json();
     const LlamaConfig back = LlamaConfig::from_hf_json(json, "config.json");
     EXPECT_TRUE(back.arch == fc.config.arch) << fc.name << "\n" << json;
@@ -270,6 +285,38 @@ TEST(FamilyConfig, HfJsonRoundTripOfEveryFeature) {
   const LlamaConfig lb =
       parse(std::string(R"("model_type": "llama", "attention_bias": true, )") + kQwenBase);
   EXPECT_TRUE(lb.arch.qkv_bias && lb.arch.o_bias);
+}
+
+// Sliding windows as config.json says them: Mistral's sliding_window (every layer local;
+// a window covering the context is none), transformers 5's layer_types when they agree,
+// Qwen's switched-off window; the training keys; the layer pattern.
+TEST(FamilyConfig, SlidingWindowKeys) {
+  const LlamaConfig m = parse(std::string(R"("model_type": "mistral", "sliding_window": 4, )") +
+                              kQwenBase);
+  EXPECT_EQ(m.arch.sliding_window, 4);
+  EXPECT_EQ(m.arch.layer_window(0), 4);
+  EXPECT_NE(m.to_hf_json().find("MistralForCausalLM"), std::string::npos);
+  const LlamaConfig wide = parse(
+      std::string(R"("model_type": "mistral", "sliding_window": 1000000, )") + kQwenBase);
+  EXPECT_EQ(wide.arch.sliding_window, 0);
+  const LlamaConfig off = parse(std::string(R"("model_type": "qwen2", "sliding_window": 4, )"
+                                            R"("use_sliding_window": false, )") +
+                                kQwenBase);
+  EXPECT_EQ(off.arch.sliding_window, 0);
+  const std::string mixed = error_of(
+      std::string(R"("model_type": "mistral", "sliding_window": 4, )"
+                  R"("layer_types": ["sliding_attention", "full_attention"], )") +
+      kQwenBase);
+  EXPECT_NE(mixed.find("layer_types"), std::string::npos) << mixed;
+  DecoderArch a;
+  a.sliding_window = 8;
+  a.sliding_window_pattern = 6;  // Gemma 3: every 6th layer global
+  EXPECT_EQ(a.layer_window(0), 8);
+  EXPECT_EQ(a.layer_window(4), 8);
+  EXPECT_EQ(a.layer_window(5), 0);
+  EXPECT_EQ(a.layer_window(11), 0);
+  a.sliding_window = 0;
+  EXPECT_EQ(a.layer_window(0), 0);
 }
 
 TEST(FamilyConfig, RopeInBothSpellings) {

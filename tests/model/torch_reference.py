@@ -287,6 +287,10 @@ class RefLlama:
         cos, sin = self.rope_tables(T)
         cos, sin = cos[None, None], sin[None, None]  # [1, 1, T, hd]
         mask = torch.full((T, T), float("-inf")).triu(1)
+        # MistralForCausalLM's sliding window: query i sees keys j with i - W < j <= i.
+        window = c.get("sliding_window") if c["model_type"] in ("mistral", "mixtral") else None
+        if window:
+            mask = mask + torch.full((T, T), float("-inf")).tril(-window)
         x = w["model.embed_tokens.weight"][ids]
         if self.gemma():  # GemmaModel: inputs_embeds * sqrt(hidden_size)
             x = x * math.sqrt(c["hidden_size"])
@@ -506,6 +510,7 @@ def main():
     ap.add_argument("--hyperion", required=True, help="path to the hyperion binary")
     ap.add_argument("--threads", type=int, default=2, help="hyperion worker threads")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     args = ap.parse_args()
     hyp = Hyperion(os.path.abspath(args.hyperion), args.threads)
     torch.set_num_threads(1)
@@ -562,8 +567,19 @@ def main():
             "qwen3-linear": ["decoder_block=qwen3", "base_num_query_heads=4",
                              "base_num_kv_heads=2", "head_dim=24", "base_mlp_dim=80",
                              "rope_type=linear", "rope_factor=2", "remat_policy=full"],
+            # Mistral v0.1: a sliding window (5 positions, well inside the 32 trained and the
+            # evaluated windows) on every layer; written as MistralForCausalLM.
+            "mistral-window": ["decoder_block=mistral", "base_num_query_heads=4",
+                               "base_num_kv_heads=2", "base_mlp_dim=96", "sliding_window_size=5",
+                               "remat_policy=minimal"],
         }
+        only = [c for c in args.cases.split(",") if c]
+        unknown = [c for c in only if c not in cases]
+        if unknown:
+            check(False, f"--cases: unknown {unknown} (known: {', '.join(cases)})")
         for case, extra in cases.items():
+            if only and case not in only:
+                continue
             out = os.path.join(tmp, "runs")
             hyp.run("train", f"dataset_path={small}", f"vocab_size={vocab}", "base_emb_dim=64",
                     "base_num_decoder_layers=2", f"max_target_length={seq}",

@@ -201,11 +201,12 @@ TEST(Engine, GemmaModelEqualsGenerator) {
 }
 
 // Qwen2 (q/k/v biases, YaRN past an original context of 8), Qwen3 (per-head q/k norms,
-// linear RoPE scaling) and Llama 3.1 (scaled RoPE, attention_bias on q/k/v/o): the
-// engine's paged batches (prompts spanning several pages) equal the generator token for
-// token.
+// linear RoPE scaling), Llama 3.1 (scaled RoPE, attention_bias on q/k/v/o) and sliding
+// windows (Mistral's on every layer, and every other layer, of 6 positions: prefill chunks
+// and decode rows whose window starts mid-page): the engine's paged batches (prompts
+// spanning several pages) equal the generator token for token.
 TEST(Engine, HuggingFaceFamiliesEqualGenerator) {
-  for (int which = 0; which < 3; ++which) {
+  for (int which = 0; which < 5; ++which) {
     SCOPED_TRACE(which);
     LlamaConfig c = small_config();
     if (which == 0) {
@@ -218,11 +219,14 @@ TEST(Engine, HuggingFaceFamiliesEqualGenerator) {
       c.head_dim = 24;
       c.rope_scaling.type = RopeScaling::Type::kLinear;
       c.rope_scaling.factor = 2;
-    } else {
+    } else if (which == 2) {
       c.arch.qkv_bias = c.arch.o_bias = true;
       c.rope_scaling.type = RopeScaling::Type::kLlama3;
       c.rope_scaling.factor = 8;
       c.rope_scaling.original_max_positions = 16;
+    } else {
+      c.arch.sliding_window = 6;
+      c.arch.sliding_window_pattern = which == 4 ? 2 : 0;
     }
     auto p = make_params(c, false);
     // Biases and norms away from their initial 0 / 1, so a missing one shows.

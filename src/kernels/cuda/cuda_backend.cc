@@ -277,6 +277,7 @@ void CudaBackend::paged_attention(const PagedKvCache& cache, const TensorView& q
   for (int64_t r = 0; r < n; ++r) {
     HYP_CHECK(rows[r].length >= 1, "{}: row {} has length {} (must be >= 1)", op, r,
               rows[r].length);
+    check_no_window(op, params.window, rows[r].length);
     const int64_t len = params.mode == PagedAttentionMode::kPadded
                             ? std::max(params.padded_length, rows[r].length)
                             : rows[r].length;

@@ -171,10 +171,11 @@ class CudaBackend final : public KernelBackend {
   }
 
   void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                         const TensorView& out, const TensorView& lse) override {
+                         const TensorView& out, const TensorView& lse, int64_t window) override {
     const char* op = "attention_forward";
     check(op, {&q, &k, &v, &out, &lse});
     const AttentionShape sh = attention_shape(op, q, k, v);
+    check_no_window(op, window, sh.tk);
     HYP_CHECK(out.shape == q.shape, "{}: out {} must have q's shape {}", op, out.str(), q.str());
     HYP_CHECK(lse.numel() == sh.b * sh.hq * sh.tq, "{}: lse {} must be [{}, {}, {}]", op, lse.str(),
               sh.b, sh.hq, sh.tq);
@@ -184,11 +185,12 @@ class CudaBackend final : public KernelBackend {
   }
   void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& out, const TensorView& dout, const TensorView& lse,
-                          const TensorView& dq, const TensorView& dk,
-                          const TensorView& dv) override {
+                          const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                          int64_t window) override {
     const char* op = "attention_backward";
     check(op, {&q, &k, &v, &out, &dout, &lse, &dq, &dk, &dv});
     const AttentionShape sh = attention_shape(op, q, k, v);
+    check_no_window(op, window, sh.tk);
     HYP_CHECK(out.shape == q.shape && dout.shape == q.shape && dq.shape == q.shape &&
                   dk.shape == k.shape && dv.shape == v.shape,
               "{}: out {}, dout {}, dq {}, dk {}, dv {} must match q {} and k {}", op, out.str(),
@@ -414,6 +416,13 @@ class CudaBackend final : public KernelBackend {
   }
   static float* f32(const char* op, const TensorView& v) { return v.typed<float>(op); }
 
+  // Sliding windows are a host feature so far: one narrower than the keys is refused.
+  static void check_no_window(const char* op, int64_t window, int64_t keys) {
+    HYP_CHECK(window <= 0 || window >= keys,
+              "{}: sliding-window attention (window {} of {} keys) is not on the cuda backend "
+              "yet; run this model on the CPU",
+              op, window, keys);
+  }
   // A launch error (bad configuration, no kernel image for this device) names the op.
   void launched(const char* op) {
     const cudaError_t e = cudaGetLastError();
