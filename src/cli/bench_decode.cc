@@ -151,8 +151,12 @@ int cmd_bench_decode(const Args& args) {
     bw = on_device ? measure_backend_copy_gbps(backend_for(rc.hardware), size_t{1} << 30)
                    : measure_peak().mem_gbps;
   const double mean_context = double(context_now) / double(batch) + double(steps) / 2;
-  const double kv_bytes =
-      double(batch) * mean_context * double(engine.runner().kv_bytes_per_token());
+  // Each request's KV read at its mean context over the timed steps (produced counts
+  // them already; a sliding-window layer reads only its window).
+  double kv_bytes = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    kv_bytes += double(engine.runner().kv_bytes_read(
+        lengths[static_cast<size_t>(b)] + produced[static_cast<size_t>(b)] - (steps + 1) / 2));
   const double step_bytes = double(engine.runner().weight_bytes()) + kv_bytes;
   const double step_ms = secs * 1000.0 / double(steps);
   const double tps = double(tokens) / secs;

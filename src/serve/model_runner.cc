@@ -129,6 +129,17 @@ int64_t ModelRunner::kv_bytes_per_token() const {
   return cfg_.n_layers * paged_kv_bytes_per_token(opt_.kv_dtype, cfg_.n_kv_heads, cfg_.head_dim);
 }
 
+int64_t ModelRunner::kv_bytes_read(int64_t context) const {
+  const int64_t per_layer =
+      paged_kv_bytes_per_token(opt_.kv_dtype, cfg_.n_kv_heads, cfg_.head_dim);
+  int64_t bytes = 0;
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    const int64_t w = cfg_.arch.layer_window(l);
+    bytes += per_layer * (w > 0 ? std::min(context, w) : context);
+  }
+  return bytes;
+}
+
 int64_t padded_rows(int64_t n) {
   if (n <= 4) return n;  // the GEMV path: no compiled kernels
   if (n <= 64) return (n + 15) / 16 * 16;

@@ -93,6 +93,9 @@ class ModelRunner {
   int64_t kv_cache_bytes() const {
     return kv_bytes_per_token() * opt_.num_pages * opt_.page_tokens;
   }
+  // Bytes of KV cache one decode row reads at `context` positions: every layer's keys and
+  // values, a sliding-window layer's only within its window.
+  int64_t kv_bytes_read(int64_t context) const;
   // Bytes of weights read per decode step (matrices in their serving format).
   int64_t weight_bytes() const { return weights_.weight_bytes(); }
   // Seconds the constructor took to back the whole KV pool with memory (commit_pages):
