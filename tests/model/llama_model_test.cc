@@ -214,8 +214,18 @@ TEST(GemmaConfig, HfJsonRoundTripAndLegacyActivation) {
       EXPECT_NE(std::string(e.what()).find("dir/config.json"), std::string::npos) << e.what();
     }
   }
+  // Room for Gemma 2 not built yet: refused, not ignored. A window pattern needs a window
+  // and N >= 2.
   LlamaConfig room = c;
+  room.arch.final_logit_softcap = 30.0;
+  EXPECT_THROW(room.validate("preset"), Error);
+  room = c;
   room.arch.sliding_window = 512;
+  EXPECT_NO_THROW(room.validate("preset"));
+  room.arch.sliding_window_pattern = 1;
+  EXPECT_THROW(room.validate("preset"), Error);
+  room.arch.sliding_window = 0;
+  room.arch.sliding_window_pattern = 6;
   EXPECT_THROW(room.validate("preset"), Error);
 }
 

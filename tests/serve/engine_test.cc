@@ -9,6 +9,7 @@
 #include <map>
 #include <random>
 
+#include "../kernels/simulated_device.h"
 #include "model/llama_generator.h"
 #include "serve/engine.h"
 #include "serve_test_util.h"
@@ -444,7 +445,9 @@ TEST(EngineConfig, ParsesAndRejectsKeys) {
             std::string::npos);
   EXPECT_NE(message({"attention=dense"}).find("attention"), std::string::npos);
   EXPECT_NE(message({"hardware=tpu"}).find("hardware"), std::string::npos);
-  // What the GPU path lacks is refused by name rather than served on the CPU.
+  // What the GPU path lacks is refused by name rather than served on the CPU (a GPU
+  // backend exists: the simulated device, registered here, or a real one).
+  testing_util::simulated_device();
   EXPECT_NE(message({"hardware=gpu", "kv_dtype=fp8_e4m3"}).find("kv_dtype=fp8_e4m3"),
             std::string::npos);
   EXPECT_NE(message({"hardware=gpu", "quantize_weights=int8"}).find("quantize_weights=int8"),

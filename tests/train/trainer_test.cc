@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/simulated_device.h"
 #include "base/error.h"
 #include "base/threads.h"
 #include "kernels/hardware.h"
@@ -385,6 +386,7 @@ TEST(TrainConfig, HardwareKey) {
   EXPECT_EQ(parse_train_config(load_train_config("tiny", {}), "x").hardware, Device::kHost);
   const TrainConfig t = parse_train_config(load_train_config("tiny", {"hardware=gpu"}), "x");
   EXPECT_EQ(t.hardware, Device::kCuda);
+  testing_util::simulated_device();  // registers where no GPU is usable
   EXPECT_NO_THROW(require_hardware(Device::kCuda, "config key hardware"));
   EXPECT_NO_THROW(require_hardware(Device::kHost, "config key hardware"));
 }
