@@ -72,16 +72,15 @@ int cmd_bench_decode(const Args& args) {
     // A model's shape is all a decode step's speed depends on: random weights spare
     // writing and reading a checkpoint of billions of parameters.
     const LlamaConfig model = parse_train_config(load_train_config(checkpoint, {}), checkpoint).model;
-    serve::EngineConfig planned = ec;
-    serve::resolve_engine_config(planned, model,
-                                 ParamStore::bytes(model, {bf16, /*gradients=*/false}));
-    ec.max_concurrent_decodes = planned.max_concurrent_decodes;
+    serve::plan_engine_memory(ec, model);
     random = std::make_unique<ParamStore>(model, bf16, /*gradients=*/false,
                                           backend_for(ec.hardware).allocator());
     random->init(static_cast<uint64_t>(f.integer("seed", 0)));
     if (bf16) random->sync_bf16();
   } else {
-    loaded.emplace(load_checkpoint(checkpoint, bf16, nullptr, ec.hardware));
+    loaded.emplace(load_checkpoint(
+        checkpoint, bf16, [&](const LlamaConfig& model) { serve::plan_engine_memory(ec, model); },
+        ec.hardware));
   }
   const ParamStore& params = random ? *random : *loaded->params;
   const LlamaConfig& model = params.config();

@@ -82,20 +82,12 @@ int cmd_serve(const Args& args) {
   serve::check_port_available(host, static_cast<int>(port));
   serve::raise_open_file_limit(http.max_connections + 64);
 
-
   // The weights and the KV cache together, before the (slow) load of the weights: both
   // are sized by config.json, checked against the weight files by then. (The engine
   // checks its KV cache again once the weights are in.)
-  const bool bf16_copy = ec.weights != serve::WeightFormat::kF32;
-  LoadedCheckpoint c = load_checkpoint(checkpoint, bf16_copy, [&](const LlamaConfig& model) {
-    serve::EngineConfig planned = ec;
-    serve::resolve_engine_config(planned, model,
-                                 ParamStore::bytes(model, {bf16_copy, /*gradients=*/false}));
-    // The slot count is chosen once, beside the weights (the engine resolves again with
-    // the cache alone, which would leave room for more).
-    ec.max_concurrent_decodes = planned.max_concurrent_decodes;
-    ec.automatic_slots = planned.automatic_slots;
-  }, ec.hardware);
+  LoadedCheckpoint c = load_checkpoint(
+      checkpoint, ec.weights != serve::WeightFormat::kF32,
+      [&](const LlamaConfig& model) { serve::plan_engine_memory(ec, model); }, ec.hardware);
   if (ec.model_name.empty()) {
     std::filesystem::path p(checkpoint);
     if (!p.has_filename()) p = p.parent_path();

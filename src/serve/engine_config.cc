@@ -8,6 +8,7 @@
 #include "base/system_memory.h"
 #include "kernels/hardware.h"
 #include "kernels/paged_attention.h"
+#include "model/param_store.h"
 
 namespace hyperion::serve {
 
@@ -201,6 +202,15 @@ void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t we
                                          format_bytes(weight_bytes), kv, format_bytes(kv_bytes))
                            : "serve: " + kv + ")",
                        hint);
+}
+
+void plan_engine_memory(EngineConfig& c, const LlamaConfig& model) {
+  EngineConfig planned = c;
+  resolve_engine_config(planned, model,
+                        ParamStore::bytes(model, {c.weights != WeightFormat::kF32,
+                                                  /*gradients=*/false}));
+  c.max_concurrent_decodes = planned.max_concurrent_decodes;
+  c.automatic_slots = planned.automatic_slots;
 }
 
 }  // namespace hyperion::serve

@@ -62,12 +62,18 @@ std::vector<ConfigKey> engine_config_schema();
 EngineConfig parse_engine_config(const std::vector<std::string>& overrides);
 
 // Fills the automatic values for this model: max_seq_len (the model's),
-// max_concurrent_decodes (as many whole contexts as half the memory beside
+// max_concurrent_decodes (as many whole contexts as kv_memory_fraction of the memory beside
 // `weight_bytes` holds, 1..kAutoMaxSlots), kv_pages (every slot's whole context); padded attention
-// always gets one static region per slot. Then checks the KV cache fits this machine's memory
-// beside `weight_bytes` of weights: `hyperion serve` passes them before loading the weights; the
-// engine checks the cache alone (0) as a backstop. Errors name the keys that size the cache.
+// always gets one static region per slot. Then checks the KV cache fits the device's memory
+// beside `weight_bytes` of weights; the engine checks the cache alone (0) as a backstop. Errors
+// name the keys that size the cache.
 void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t weight_bytes = 0);
+
+// Before the weights are loaded: resolves a copy of `c` beside the weights the engine's
+// format keeps (ParamStore::bytes), so a model and KV cache that do not fit the device are
+// refused first, and keeps the slot count chosen there (the engine's own resolve, with the
+// cache alone, would leave room for more).
+void plan_engine_memory(EngineConfig& c, const LlamaConfig& model);
 
 const char* weight_format_name(WeightFormat w);
 

@@ -182,9 +182,7 @@ void ModelRunner::ensure_capacity(int64_t n) {
 }
 
 const float* ModelRunner::forward(const StepBatch& batch) {
-  const auto start = std::chrono::steady_clock::now();
   const float* logits = run(batch);
-  queue_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t m = static_cast<int64_t>(batch.logit_rows.size());
   if (kern_.device() == Device::kHost) return logits;
   if (m > 0)
@@ -194,7 +192,6 @@ const float* ModelRunner::forward(const StepBatch& batch) {
 }
 
 const int32_t* ModelRunner::forward_greedy(const StepBatch& batch) {
-  const auto start = std::chrono::steady_clock::now();
   const float* logits = run(batch);
   const int64_t m = static_cast<int64_t>(batch.logit_rows.size());
   greedy_host_.resize(static_cast<size_t>(m));
@@ -202,13 +199,13 @@ const int32_t* ModelRunner::forward_greedy(const StepBatch& batch) {
   auto* ids = kern_.device() == Device::kHost ? greedy_host_.data() : greedy_.as<int32_t>();
   kern_.argmax_rows(kern_.view(const_cast<float*>(logits), DType::kF32, {m, cfg_.vocab_size}),
                     kern_.view(ids, DType::kI32, {m}));
-  queue_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (kern_.device() != Device::kHost)
     kern_.download(ids, greedy_host_.data(), static_cast<size_t>(m) * sizeof(int32_t));
   return greedy_host_.data();
 }
 
 const float* ModelRunner::run(const StepBatch& batch) {
+  const auto start = std::chrono::steady_clock::now();
   const int64_t rows = batch.size();
   HYP_CHECK(rows > 0, "serve: empty step batch");
   HYP_CHECK(static_cast<int64_t>(batch.positions.size()) == rows &&
@@ -285,13 +282,17 @@ const float* ModelRunner::run(const StepBatch& batch) {
     decoder_.mlp_block(l, n, s, ms, MoeOptions{}, x);
   }
   auto* logits = logits_.as<float>();
-  if (m == 0) return logits;
-  // Final norm and LM head only for the rows whose logits are wanted, gathered as
-  // embedding rows of x (padding rows repeat the first).
-  kern_.embedding_forward(kern_.view(x, DType::kF32, {n, d}),
-                          kern_.view(logit_ids, DType::kI32, {mp}),
-                          kern_.view(xl_.data(), DType::kF32, {mp, d}), 1.0f);
-  decoder_.head(xl_.as<float>(), mp, h_.data(), rstd_.as<float>(), logits, DType::kF32);
+  if (m > 0) {
+    // Final norm and LM head only for the rows whose logits are wanted, gathered as
+    // embedding rows of x (padding rows repeat the first).
+    kern_.embedding_forward(kern_.view(x, DType::kF32, {n, d}),
+                            kern_.view(logit_ids, DType::kI32, {mp}),
+                            kern_.view(xl_.data(), DType::kF32, {mp, d}), 1.0f);
+    decoder_.head(xl_.as<float>(), mp, h_.data(), rstd_.as<float>(), logits, DType::kF32);
+  }
+  // The steps' queueing time (on the host backend, the work itself; the greedy pick that
+  // may follow is one more launch, not counted).
+  queue_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return logits;
 }
 

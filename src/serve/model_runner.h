@@ -103,9 +103,9 @@ class ModelRunner {
   // time with huge pages), stalling that step (80-90 ms in a VM whose memory the host had
   // not backed yet). llama.cpp clears its KV buffer at start for the same effect.
   double kv_commit_seconds() const { return kv_commit_seconds_; }
-  // Seconds spent queueing steps' work, summed over every forward (on the host backend
-  // the work itself): on a device, a figure near the steps' own time means the step is
-  // bound by the host's launches, not by the device.
+  // Seconds spent queueing steps' work up to the logits, summed over every forward (on the
+  // host backend the work itself): on a device, a figure near the steps' own time means
+  // the step is bound by the host's launches, not by the device.
   double queue_seconds() const { return queue_seconds_; }
 
   // Runs the batch; returns logits f32 [logit_rows.size(), vocab] in host memory (valid

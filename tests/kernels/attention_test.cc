@@ -97,6 +97,21 @@ struct Grads {
       : dq(dt, c.q_shape()), dk(dt, c.kv_shape()), dv(dt, c.kv_shape()) {}
 };
 
+// Every backward schedule with `params` (tiles as it says) against the gradients `ref`.
+void expect_backward_matches(const Case& c, DType dt, const Inputs& in, const Tensor& out,
+                             const Tensor& lse, const Grads& ref, AttentionParams params) {
+  for (auto schedule : {AttentionBackwardSchedule::kPerKvHead, AttentionBackwardSchedule::kPerHead,
+                        AttentionBackwardSchedule::kSplit}) {
+    SCOPED_TRACE(testing::Message() << "schedule " << int(schedule));
+    params.schedule = schedule;
+    Grads g(c, dt);
+    attention_backward(in.q, in.k, in.v, out, in.dout, lse, g.dq, g.dk, g.dv, params);
+    EXPECT_LE(scaled_error(g.dq, ref.dq), bwd_tol(dt));
+    EXPECT_LE(scaled_error(g.dk, ref.dk), bwd_tol(dt));
+    EXPECT_LE(scaled_error(g.dv, ref.dv), bwd_tol(dt));
+  }
+}
+
 TEST(Attention, ForwardMatchesReference) {
   std::mt19937 rng(1);
   for (DType dt : {DType::kF32, DType::kBF16})
@@ -132,21 +147,12 @@ TEST(Attention, BackwardMatchesReference) {
       attention_forward(in.q, in.k, in.v, out, lse, params);
       Grads ref(c, DType::kF32);
       ref::attention_backward(in.q, in.k, in.v, out, in.dout, lse, ref.dq, ref.dk, ref.dv, params);
-      for (bool portable : {false, true})
-        for (auto schedule :
-             {AttentionBackwardSchedule::kPerKvHead, AttentionBackwardSchedule::kPerHead,
-              AttentionBackwardSchedule::kSplit}) {
-          if (portable && c.tq * c.tk > 100 * 100) continue;  // scalar tiles: keep it quick
-          SCOPED_TRACE(testing::Message()
-                       << (portable ? "portable" : "simd") << " schedule " << int(schedule));
-          params.force_portable = portable;
-          params.schedule = schedule;
-          Grads g(c, dt);
-          attention_backward(in.q, in.k, in.v, out, in.dout, lse, g.dq, g.dk, g.dv, params);
-          EXPECT_LE(scaled_error(g.dq, ref.dq), bwd_tol(dt));
-          EXPECT_LE(scaled_error(g.dk, ref.dk), bwd_tol(dt));
-          EXPECT_LE(scaled_error(g.dv, ref.dv), bwd_tol(dt));
-        }
+      for (bool portable : {false, true}) {
+        if (portable && c.tq * c.tk > 100 * 100) continue;  // scalar tiles: keep it quick
+        SCOPED_TRACE(portable ? "portable" : "simd");
+        params.force_portable = portable;
+        expect_backward_matches(c, dt, in, out, lse, ref, params);
+      }
     }
 }
 
@@ -304,17 +310,7 @@ TEST(Attention, SlidingWindowMatchesReference) {
         if (!portable)
           ref::attention_backward(in.q, in.k, in.v, out, in.dout, lse, ref.dq, ref.dk, ref.dv,
                                   params);
-        for (auto schedule :
-             {AttentionBackwardSchedule::kPerKvHead, AttentionBackwardSchedule::kPerHead,
-              AttentionBackwardSchedule::kSplit}) {
-          SCOPED_TRACE(testing::Message() << "schedule " << int(schedule));
-          params.schedule = schedule;
-          Grads g(c, dt);
-          attention_backward(in.q, in.k, in.v, out, in.dout, lse, g.dq, g.dk, g.dv, params);
-          EXPECT_LE(scaled_error(g.dq, ref.dq), bwd_tol(dt));
-          EXPECT_LE(scaled_error(g.dk, ref.dk), bwd_tol(dt));
-          EXPECT_LE(scaled_error(g.dv, ref.dv), bwd_tol(dt));
-        }
+        expect_backward_matches(c, dt, in, out, lse, ref, params);
       }
     }
   // The window really narrows: with W = 1 every query sees only its own key, so out = v.

@@ -21,6 +21,7 @@ namespace {
 
 using testing_util::f32_engine_config;
 using testing_util::greedy_request;
+using testing_util::random_prompt;
 
 KernelBackend& device() {
   KernelBackend* dev = testing_util::simulated_device();
@@ -43,14 +44,6 @@ std::unique_ptr<ParamStore> on_device(const ParamStore& host) {
 EngineConfig device_config(EngineConfig c) {
   c.hardware = Device::kCuda;
   return c;
-}
-
-std::vector<int32_t> random_prompt(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  t[0] = 1;
-  for (size_t i = 1; i < t.size(); ++i) t[i] = static_cast<int32_t>(3 + rng() % 94);
-  return t;
 }
 
 // Every event of a run, in order: (request index, token, finish, cached tokens).

@@ -19,6 +19,7 @@ namespace {
 
 using testing_util::f32_engine_config;
 using testing_util::greedy_request;
+using testing_util::random_prompt;
 
 LlamaConfig small_config(bool moe = false) {
   return testing_util::small_serving_config(97, moe);
@@ -26,14 +27,6 @@ LlamaConfig small_config(bool moe = false) {
 
 std::unique_ptr<ParamStore> make_params(const LlamaConfig& c, bool bf16, uint64_t seed = 7) {
   return testing_util::small_serving_params(c, bf16, seed);
-}
-
-std::vector<int32_t> random_prompt(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  t[0] = 1;
-  for (size_t i = 1; i < t.size(); ++i) t[i] = static_cast<int32_t>(3 + rng() % 94);
-  return t;
 }
 
 std::vector<int32_t> reference(const ParamStore& p, const std::vector<int32_t>& prompt,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -52,6 +53,15 @@ inline serve::EngineConfig f32_engine_config() {
   c.prefill_chunk = 7;
   c.max_concurrent_decodes = 4;
   return c;
+}
+
+// BOS then n - 1 ids in [3, 97) (the small config's vocabulary past bos/eos/pad), seeded.
+inline std::vector<int32_t> random_prompt(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  t[0] = 1;
+  for (size_t i = 1; i < t.size(); ++i) t[i] = static_cast<int32_t>(3 + rng() % 94);
+  return t;
 }
 
 // A greedy request that ignores EOS: exactly max_tokens tokens come out.
