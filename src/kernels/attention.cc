@@ -14,6 +14,7 @@
 #include "base/aligned.h"
 #include "base/error.h"
 #include "kernels/attention_tiles.h"
+#include "kernels/softcap.h"
 #include "tensor/convert.h"
 
 namespace hyperion {
@@ -78,6 +79,9 @@ Dims check_forward(const char* op, const TensorView& q, const TensorView& k, con
             params.window);
   // A window covering every key is no window.
   s.window = params.window > 0 && params.window < s.tk ? params.window : 0;
+  HYP_CHECK(params.softcap == 0.0f || (std::isfinite(params.softcap) && params.softcap > 0.0f),
+            "{}: softcap must be 0 (off) or finite and > 0, got {}", op, params.softcap);
+  s.softcap = params.softcap;
   return s;
 }
 
@@ -149,6 +153,11 @@ void scores_gemm(const TileOps& ops, int kn, int64_t d, const float* a, int64_t 
     ops.gemm(std::min(16, kn - j0), static_cast<int>(kBq - first), k, a + j0 * lda, lda, true,
              bt + first, kBq, st + j0 * kBq + first, kBq, false, {});
   }
+}
+
+void cap_scores(const Dims& s, float* st, int kn, float* dcap) {
+  if (s.softcap <= 0.0f) return;
+  softcap_scaled(st, int64_t(kn) * kBq, s.scale / s.softcap, s.softcap / s.scale, dcap);
 }
 
 float* scratch(int slot, size_t floats) {
@@ -264,9 +273,11 @@ void store(const std::vector<double>& src, const TensorView& t) {
 }
 
 // Softmax row of query i of (b, h): fills p[j] for the visible keys, returns their count
-// and the natural log-sum-exp of the scaled scores.
+// and the natural log-sum-exp of the scaled scores. With a soft cap, dcap[j] (when not
+// null) is the cap's derivative 1 - tanh^2 at key j.
 int64_t softmax_row(const attn::Dims& s, const std::vector<double>& q, const std::vector<double>& k,
-                    int64_t b, int64_t h, int64_t i, std::vector<double>& p, double* lse) {
+                    int64_t b, int64_t h, int64_t i, std::vector<double>& p, double* lse,
+                    std::vector<double>* dcap = nullptr) {
   const int64_t visible = s.causal ? s.offset + i + 1 : s.tk;
   // A sliding window: the keys before it get probability 0.
   const int64_t first = s.window > 0 ? std::max<int64_t>(0, visible - s.window) : 0;
@@ -278,6 +289,11 @@ int64_t softmax_row(const attn::Dims& s, const std::vector<double>& q, const std
     double dot = 0;
     for (int64_t c = 0; c < s.d; ++c) dot += qi[c] * kj[c];
     p[j] = dot * s.scale;
+    if (s.softcap > 0) {
+      const double t = std::tanh(p[j] / s.softcap);
+      p[j] = s.softcap * t;
+      if (dcap != nullptr) (*dcap)[j] = 1.0 - t * t;
+    }
     m = std::max(m, p[j]);
   }
   double sum = 0;
@@ -319,11 +335,12 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
   const std::vector<double> qd = to_f64(q), kd = to_f64(k), vd = to_f64(v), god = to_f64(dout);
   std::vector<double> gq(qd.size(), 0.0), gk(kd.size(), 0.0), gv(vd.size(), 0.0);
   std::vector<double> p(static_cast<size_t>(s.tk)), dp(static_cast<size_t>(s.tk));
+  std::vector<double> dcap(static_cast<size_t>(s.tk), 1.0);
   for (int64_t b = 0; b < s.b; ++b)
     for (int64_t h = 0; h < s.hq; ++h)
       for (int64_t i = 0; i < s.tq; ++i) {
         double row_lse;
-        const int64_t visible = softmax_row(s, qd, kd, b, h, i, p, &row_lse);
+        const int64_t visible = softmax_row(s, qd, kd, b, h, i, p, &row_lse, &dcap);
         const int64_t qi = attn::Dims::at(b, i, h, s.tq, s.hq, s.d);
         // Softmax backward: dS_j = P_j (dP_j - sum_l P_l dP_l), dP_j = dO_i . v_j.
         double pdp = 0;
@@ -336,7 +353,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
         }
         for (int64_t j = 0; j < visible; ++j) {
           const int64_t kj = attn::Dims::at(b, j, h / s.group, s.tk, s.hkv, s.d);
-          const double ds = p[j] * (dp[j] - pdp) * s.scale;
+          const double ds = p[j] * (dp[j] - pdp) * dcap[j] * s.scale;
           for (int64_t c = 0; c < s.d; ++c) {
             gv[kj + c] += p[j] * god[qi + c];
             gq[qi + c] += ds * kd[kj + c];

@@ -14,7 +14,9 @@
 // Tq < Tk for chunked prefill against a cache), and with `causal` it sees the keys at
 // positions <= its own. Causal attention needs Tq <= Tk, so every query sees key 0. A
 // sliding window (`window` > 0, causal only; Mistral's and Gemma's local layers) narrows
-// that to the `window` latest positions: query p sees keys (p - window, p].
+// that to the `window` latest positions: query p sees keys (p - window, p]. A soft cap
+// (`softcap` > 0, Gemma 2's attn_logit_softcapping) bounds the scaled scores smoothly:
+// S = softcap * tanh(scale * q k^T / softcap).
 //
 // Work is tiled into 64-query x 64-key blocks with an online softmax, so memory beyond
 // the inputs and outputs is O(T) per head (lse, and the row dot products rowsum(dO*O) in
@@ -51,6 +53,7 @@ struct AttentionParams {
   bool causal = true;
   float scale = 0.0f;  // 0 means 1/sqrt(D); otherwise finite and > 0
   int64_t window = 0;  // > 0: sliding-window attention over that many positions (causal)
+  float softcap = 0.0f;  // > 0: scores capped to (-softcap, softcap) by tanh; 0: off
   AttentionBackwardSchedule schedule = AttentionBackwardSchedule::kAuto;
   // Testing aid: use the portable scalar tiles even when AVX-512 is available.
   bool force_portable = false;

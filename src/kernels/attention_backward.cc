@@ -48,6 +48,7 @@ struct Tiles {
   float *q, *dout;              // natural q, dO [kBq x Dp]
   const float *k, *v;           // natural k, v [kBk x Dp] (in the packed kv head)
   float *st, *dpt;              // scores / probabilities, dP / dS: [kBk x kBq]
+  float* dcap;                  // a soft cap's derivative per pair: [kBk x kBq]
   float *dq, *dk, *dv;          // accumulators: [kBq x Dp], [kBk x Dp]
   float *pk, *pv;               // one head's share of dk, dv: [kBk x Dp]
   float *lse2, *delta;          // [kBq]
@@ -59,11 +60,11 @@ struct Tiles {
   explicit Tiles(const Dims& s) {
     const int64_t d = s.d, dp = s.dp;
     float* p = attn::scratch(
-        0, size_t(2 * d * kBq + 3 * kBq * dp + 4 * kBk * dp + 2 * kBk * kBq + 2 * kBq));
+        0, size_t(2 * d * kBq + 3 * kBq * dp + 4 * kBk * dp + 3 * kBk * kBq + 2 * kBq));
     for (float** t : {&qt, &dot}) *t = std::exchange(p, p + d * kBq);
     for (float** t : {&q, &dout, &dq}) *t = std::exchange(p, p + kBq * dp);
     for (float** t : {&dk, &dv, &pk, &pv}) *t = std::exchange(p, p + kBk * dp);
-    for (float** t : {&st, &dpt}) *t = std::exchange(p, p + kBk * kBq);
+    for (float** t : {&st, &dpt, &dcap}) *t = std::exchange(p, p + kBk * kBq);
     lse2 = p;
     delta = p + kBq;
   }
@@ -101,9 +102,13 @@ void load_keys(const Dims& s, int64_t kb, Tiles& t) {
 void pair_probs(const Dims& s, const attn::TileOps& ops, Tiles& t) {
   t.mask = attn::block_mask(s, t.q0, t.k0, t.kn);
   attn::scores_gemm(ops, t.kn, s.d, t.k, s.dp, t.qt, t.st, t.mask);
+  attn::cap_scores(s, t.st, t.kn, t.dcap);
   attn::scores_gemm(ops, t.kn, s.d, t.v, s.dp, t.dot, t.dpt, t.mask);
   attn::window_ops(ops, t.mask)
       .probs_and_grad(t.st, t.dpt, t.kn, s.scale * attn::kLog2e, s.scale, t.lse2, t.delta, t.mask);
+  // dS w.r.t. the scores before the cap (masked pairs stay 0: dcap is finite).
+  if (s.softcap > 0.0f)
+    for (int64_t i = 0; i < int64_t(t.kn) * kBq; ++i) t.dpt[i] *= t.dcap[i];
 }
 
 // dV[kn x Dp] += P^T dO and dK += dS^T Q (accumulators with leading dimension Dp).

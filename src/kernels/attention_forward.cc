@@ -45,6 +45,7 @@ void forward_block(const Dims& s, const attn::TileOps& ops, const TensorView& q,
     const int kn = static_cast<int>(std::min<int64_t>(kBk, s.tk - k0));
     const attn::BlockMask mask = attn::block_mask(s, q0, k0, kn);
     attn::scores_gemm(ops, kn, d, keys + k0 * dp, dp, qt, st, mask);
+    attn::cap_scores(s, st, kn, nullptr);
     attn::window_ops(ops, mask).softmax_step(st, kn, c, mask, m, l, o, static_cast<int>(dp));
     const attn::Skip skip{mask.active ? attn::Skip::kLower : attn::Skip::kNone, mask.diag};
     ops.gemm(qn, static_cast<int>(dp), kn, st, kBq, false, values + k0 * dp, dp, o, dp, true, skip);

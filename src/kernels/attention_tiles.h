@@ -32,6 +32,7 @@ struct Dims {
   bool causal = true;
   int64_t window = 0;  // > 0: sliding window (see AttentionParams)
   float scale = 1.0f;
+  float softcap = 0.0f;  // > 0: capped scores (see AttentionParams)
   bool empty() const { return b == 0 || tq == 0 || hq == 0; }
   // Element offset of (batch, token, head) in a token-major [B, T, H, D] tensor.
   static int64_t at(int64_t bi, int64_t t, int64_t h, int64_t tlen, int64_t heads, int64_t d) {
@@ -135,6 +136,11 @@ void store_row(const float* src, int64_t d, float mul, void* dst, DType dtype);
 // sees; the skipped entries keep stale values, which the masked steps never use.
 void scores_gemm(const TileOps& ops, int kn, int64_t d, const float* a, int64_t lda,
                  const float* bt, float* st, const BlockMask& mask);
+
+// Soft-capping of a score tile of kn keys (raw dot products, the units the softmax steps
+// take): st <- (cap / scale) tanh(scale st / cap), so that scale * st is the capped score;
+// dcap (the backward's) <- 1 - tanh^2 when not null. A no-op without a cap.
+void cap_scores(const Dims& s, float* st, int kn, float* dcap);
 
 // Address of element `offset` of t, whatever its dtype.
 inline const void* element(const TensorView& t, int64_t offset) {

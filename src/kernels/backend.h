@@ -28,6 +28,7 @@
 #include "kernels/gemm.h"
 #include "kernels/paged_attention.h"
 #include "kernels/rope.h"
+#include "kernels/softcap.h"
 #include "tensor/tensor.h"
 
 namespace hyperion {
@@ -72,14 +73,15 @@ class KernelBackend {
                             const RopeTable& table) = 0;
   virtual void rope_backward(const TensorView& dy, const TensorView& dx, int64_t start_pos,
                              const RopeTable& table) = 0;
-  // Causal attention (kernels/attention.h); `window` > 0: a sliding window of that many
-  // positions (0: none).
+  // Causal attention (kernels/attention.h): the params' scale, window and softcap are the
+  // model's (causal stays on; schedule and force_portable are host tuning).
   virtual void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                 const TensorView& out, const TensorView& lse, int64_t window) = 0;
+                                 const TensorView& out, const TensorView& lse,
+                                 const AttentionParams& params) = 0;
   virtual void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                   const TensorView& out, const TensorView& dout,
                                   const TensorView& lse, const TensorView& dq, const TensorView& dk,
-                                  const TensorView& dv, int64_t window) = 0;
+                                  const TensorView& dv, const AttentionParams& params) = 0;
   // The serving engine's paged KV cache (kernels/paged_attention.h).
   virtual void paged_kv_write(const PagedKvCache& cache, const TensorView& k, const TensorView& v,
                               const int64_t* slots) = 0;
@@ -126,12 +128,17 @@ class KernelBackend {
                                   const TensorView& dtable, float scale) = 0;
   // Greedy decoding's pick per row (kernels/argmax.h).
   virtual void argmax_rows(const TensorView& x, const TensorView& out) = 0;
-  // Loss (kernels/cross_entropy.h).
+  // Soft-capping in place and the post-norm residual add (kernels/softcap.h).
+  virtual void softcap_forward(const TensorView& x, float cap) = 0;
+  virtual void residual_add(const TensorView& x, const TensorView& y) = 0;
+  // Loss (kernels/cross_entropy.h); softcap > 0: over capped logits (0: none).
   virtual CrossEntropyResult cross_entropy_forward(const TensorView& logits,
-                                                   const TensorView& targets) = 0;
+                                                   const TensorView& targets,
+                                                   float softcap = 0.0f) = 0;
   virtual CrossEntropyResult cross_entropy_fused(const TensorView& logits,
                                                  const TensorView& targets,
-                                                 const TensorView& dlogits, float dloss) = 0;
+                                                 const TensorView& dlogits, float dloss,
+                                                 float softcap = 0.0f) = 0;
   // Optimizer (kernels/adamw.h, kernels/global_norm.h): the fused AdamW update, the
   // global L2 norm of a set of buffers (f64, summed in a fixed order) and their scaling.
   virtual void adamw_step(const TensorView& params, const TensorView& grads, const TensorView& m,

@@ -141,6 +141,7 @@ HWY_AFTER_NAMESPACE();
 #include "base/aligned.h"
 #include "base/error.h"
 #include "base/threads.h"
+#include "kernels/softcap.h"
 
 namespace hyperion {
 
@@ -150,7 +151,9 @@ namespace {
 
 // Validates the arguments and the targets; returns the number of non-ignored rows.
 int64_t check_arguments(const char* op, const TensorView& logits, const TensorView& targets,
-                        const TensorView& row_loss, int32_t ignore_index) {
+                        const TensorView& row_loss, int32_t ignore_index, float softcap) {
+  HYP_CHECK(softcap == 0.0f || (std::isfinite(softcap) && softcap > 0.0f),
+            "{}: softcap must be 0 (off) or finite and > 0, got {}", op, softcap);
   HYP_CHECK(logits.dtype == DType::kF32 || logits.dtype == DType::kBF16,
             "{}: logits must be f32 or bf16, got {}", op, logits.str());
   check_rank(op, "logits", logits, 2);
@@ -179,8 +182,32 @@ int64_t check_arguments(const char* op, const TensorView& logits, const TensorVi
   return count;
 }
 
+// Soft-capped rows: each row is capped into an f32 copy (with the cap's derivative beside
+// it), the plain kernel runs on the copy in place, and the gradient is multiplied by the
+// derivative on its way back. Two f32 rows per thread; only Gemma 2's head pays for it.
+void capped_rows(const TensorView& logits, const int32_t* t, int32_t ignore_index, int64_t begin,
+                 int64_t end, void* grad, float scale, float cap, double* losses) {
+  const int64_t cols = logits.shape[1];
+  const size_t es = dtype_size(logits.dtype);
+  AlignedBuffer<float> y(static_cast<size_t>(cols)), dt(grad ? static_cast<size_t>(cols) : 0);
+  for (int64_t r = begin; r < end; ++r) {
+    const size_t off = static_cast<size_t>(r * cols);
+    convert_any(static_cast<const unsigned char*>(logits.data) + off * es, logits.dtype, y.data(),
+                DType::kF32, static_cast<size_t>(cols));
+    softcap_scaled(y.data(), cols, 1.0f / cap, cap, grad ? dt.data() : nullptr);
+    HWY_DYNAMIC_DISPATCH(CrossEntropyRows)
+    (y.data(), DType::kF32, t + r, ignore_index, 1, size_t(cols), grad ? y.data() : nullptr, scale,
+     losses + r, nullptr);
+    if (grad == nullptr) continue;
+    for (int64_t j = 0; j < cols; ++j) y[j] *= dt[j];
+    convert_any(y.data(), DType::kF32, static_cast<unsigned char*>(grad) + off * es, logits.dtype,
+                static_cast<size_t>(cols));
+  }
+}
+
 CrossEntropyResult run(const TensorView& logits, const TensorView& targets, void* grad, float dloss,
-                       const TensorView& row_loss, int32_t ignore_index, int64_t count) {
+                       const TensorView& row_loss, int32_t ignore_index, int64_t count,
+                       float softcap) {
   const int64_t rows = logits.shape[0], cols = logits.shape[1];
   CrossEntropyResult result;
   result.count = count;
@@ -191,6 +218,8 @@ CrossEntropyResult run(const TensorView& logits, const TensorView& targets, void
   const int32_t* t = static_cast<const int32_t*>(targets.data);
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
   parallel_chunks(rows, grain, [&](int64_t begin, int64_t end) {
+    if (softcap > 0.0f)
+      return capped_rows(logits, t, ignore_index, begin, end, grad, scale, softcap, losses.data());
     const int64_t off = begin * cols;
     // f32 staging of exp(x - max) for a bf16 gradient row (see CrossEntropyT).
     AlignedBuffer<float> scratch(grad && logits.dtype == DType::kBF16 ? size_t(cols) : 0);
@@ -227,28 +256,30 @@ void check_gradient(const char* op, const TensorView& logits, const TensorView& 
 }  // namespace
 
 CrossEntropyResult cross_entropy_forward(const TensorView& logits, const TensorView& targets,
-                                         const TensorView& row_loss, int32_t ignore_index) {
+                                         const TensorView& row_loss, int32_t ignore_index,
+                                         float softcap) {
   const char* op = "cross_entropy_forward";
-  const int64_t count = check_arguments(op, logits, targets, row_loss, ignore_index);
-  return run(logits, targets, nullptr, 0.0f, row_loss, ignore_index, count);
+  const int64_t count = check_arguments(op, logits, targets, row_loss, ignore_index, softcap);
+  return run(logits, targets, nullptr, 0.0f, row_loss, ignore_index, count, softcap);
 }
 
 CrossEntropyResult cross_entropy_fused(const TensorView& logits, const TensorView& targets,
                                        const TensorView& dlogits, float dloss,
-                                       const TensorView& row_loss, int32_t ignore_index) {
+                                       const TensorView& row_loss, int32_t ignore_index,
+                                       float softcap) {
   const char* op = "cross_entropy_fused";
-  const int64_t count = check_arguments(op, logits, targets, row_loss, ignore_index);
+  const int64_t count = check_arguments(op, logits, targets, row_loss, ignore_index, softcap);
   check_gradient(op, logits, dlogits);
-  return run(logits, targets, dlogits.data, dloss, row_loss, ignore_index, count);
+  return run(logits, targets, dlogits.data, dloss, row_loss, ignore_index, count, softcap);
 }
 
 namespace ref {
 
 CrossEntropyResult cross_entropy(const TensorView& logits, const TensorView& targets,
                                  const TensorView& dlogits, float dloss, const TensorView& row_loss,
-                                 int32_t ignore_index) {
+                                 int32_t ignore_index, float softcap) {
   const char* op = "ref::cross_entropy";
-  const int64_t count = check_arguments(op, logits, targets, row_loss, ignore_index);
+  const int64_t count = check_arguments(op, logits, targets, row_loss, ignore_index, softcap);
   const bool want_grad = dlogits.data != nullptr;
   if (want_grad) check_gradient(op, logits, dlogits);
   const int64_t rows = logits.shape[0], cols = logits.shape[1];
@@ -265,6 +296,7 @@ CrossEntropyResult cross_entropy(const TensorView& logits, const TensorView& tar
       double m = -inf;
       for (int64_t j = 0; j < cols; ++j) {
         x[j] = load_as_f32(logits.data, logits.dtype, base + j);
+        if (softcap > 0) x[j] = double(softcap) * std::tanh(x[j] / double(softcap));
         m = std::max(m, x[j]);
       }
       double sum = 0;
@@ -275,6 +307,8 @@ CrossEntropyResult cross_entropy(const TensorView& logits, const TensorView& tar
       for (int64_t j = 0; j < cols; ++j) {
         const double p = sum == 0 ? 0.0 : std::exp(x[j] - lse);
         g[j] = (p - (j == t[r] ? 1.0 : 0.0)) * scale;
+        // d/dz of cap * tanh(z / cap) = 1 - (x / cap)^2, x the capped logit.
+        if (softcap > 0) g[j] *= 1.0 - (x[j] / softcap) * (x[j] / softcap);
       }
       total += loss;
     }

@@ -16,6 +16,9 @@
 // then a gradient pass. Rows run in parallel; the result does not depend on the thread
 // count (per-row values are reduced in row order).
 //
+// softcap > 0 (Gemma 2's final_logit_softcapping): the loss is over the capped logits
+// cap * tanh(logits / cap), and dlogits is the gradient w.r.t. the logits before the cap.
+//
 // Logits are expected finite; -inf entries (masked vocabulary) have probability 0, a
 // target whose logit is -inf has infinite loss, NaN logits give a NaN loss.
 #pragma once
@@ -36,14 +39,15 @@ struct CrossEntropyResult {
 // Forward only (evaluation).
 CrossEntropyResult cross_entropy_forward(const TensorView& logits, const TensorView& targets,
                                          const TensorView& row_loss = TensorView(),
-                                         int32_t ignore_index = kIgnoreIndex);
+                                         int32_t ignore_index = kIgnoreIndex,
+                                         float softcap = 0.0f);
 
 // Forward and backward in one call. `dloss` is the gradient of the final loss with
 // respect to the returned mean loss (1 for a plain mean-loss objective).
 CrossEntropyResult cross_entropy_fused(const TensorView& logits, const TensorView& targets,
                                        const TensorView& dlogits, float dloss = 1.0f,
                                        const TensorView& row_loss = TensorView(),
-                                       int32_t ignore_index = kIgnoreIndex);
+                                       int32_t ignore_index = kIgnoreIndex, float softcap = 0.0f);
 
 namespace ref {
 // Scalar references in double (no SIMD), for tests and benchmarks. `dlogits` may be an
@@ -51,7 +55,7 @@ namespace ref {
 CrossEntropyResult cross_entropy(const TensorView& logits, const TensorView& targets,
                                  const TensorView& dlogits, float dloss = 1.0f,
                                  const TensorView& row_loss = TensorView(),
-                                 int32_t ignore_index = kIgnoreIndex);
+                                 int32_t ignore_index = kIgnoreIndex, float softcap = 0.0f);
 }  // namespace ref
 
 }  // namespace hyperion

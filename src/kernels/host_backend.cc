@@ -70,20 +70,17 @@ class HostBackend final : public KernelBackend {
     hyperion::rope_backward(dy, dx, start_pos, table);
   }
   void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                         const TensorView& out, const TensorView& lse, int64_t window) override {
+                         const TensorView& out, const TensorView& lse,
+                         const AttentionParams& params) override {
     check_host("attention_forward", {&q, &k, &v, &out, &lse});
-    AttentionParams p;
-    p.window = window;
-    hyperion::attention_forward(q, k, v, out, lse, p);
+    hyperion::attention_forward(q, k, v, out, lse, params);
   }
   void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& out, const TensorView& dout, const TensorView& lse,
                           const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                          int64_t window) override {
+                          const AttentionParams& params) override {
     check_host("attention_backward", {&q, &k, &v, &out, &dout, &lse, &dq, &dk, &dv});
-    AttentionParams p;
-    p.window = window;
-    hyperion::attention_backward(q, k, v, out, dout, lse, dq, dk, dv, p);
+    hyperion::attention_backward(q, k, v, out, dout, lse, dq, dk, dv, params);
   }
   void paged_kv_write(const PagedKvCache& cache, const TensorView& k, const TensorView& v,
                       const int64_t* slots) override {
@@ -168,15 +165,25 @@ class HostBackend final : public KernelBackend {
     check_host("argmax_rows", {&x, &out});
     hyperion::argmax_rows(x, out);
   }
-  CrossEntropyResult cross_entropy_forward(const TensorView& logits,
-                                           const TensorView& targets) override {
+  void softcap_forward(const TensorView& x, float cap) override {
+    check_host("softcap_forward", {&x});
+    hyperion::softcap_forward(x, cap);
+  }
+  void residual_add(const TensorView& x, const TensorView& y) override {
+    check_host("residual_add", {&x, &y});
+    hyperion::residual_add(x, y);
+  }
+  CrossEntropyResult cross_entropy_forward(const TensorView& logits, const TensorView& targets,
+                                           float softcap) override {
     check_host("cross_entropy_forward", {&logits, &targets});
-    return hyperion::cross_entropy_forward(logits, targets);
+    return hyperion::cross_entropy_forward(logits, targets, TensorView(), kIgnoreIndex, softcap);
   }
   CrossEntropyResult cross_entropy_fused(const TensorView& logits, const TensorView& targets,
-                                         const TensorView& dlogits, float dloss) override {
+                                         const TensorView& dlogits, float dloss,
+                                         float softcap) override {
     check_host("cross_entropy_fused", {&logits, &targets, &dlogits});
-    return hyperion::cross_entropy_fused(logits, targets, dlogits, dloss);
+    return hyperion::cross_entropy_fused(logits, targets, dlogits, dloss, TensorView(),
+                                         kIgnoreIndex, softcap);
   }
   void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) override {
     const size_t si = dtype_size(src_dtype), di = dtype_size(dst_dtype);

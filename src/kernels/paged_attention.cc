@@ -92,6 +92,7 @@ struct Problem {
   bool padded = false;
   int64_t padded_length = 0;
   int64_t window = 0;
+  float cap2 = 0.0f;  // a soft cap in log2 units (softcap * log2(e)); 0: none
   // The first position row r attends to (a sliding window's oldest).
   int64_t first(int64_t length) const {
     return window > 0 ? std::max<int64_t>(0, length - window) : 0;
@@ -133,6 +134,9 @@ Problem check_attention(const char* op, const PagedKvCache& cache, const TensorV
   HYP_CHECK(params.window >= 0 && (params.window == 0 || !p.padded),
             "{}: a sliding window ({}) needs the ragged mode and a size >= 1", op, params.window);
   p.window = params.window;
+  HYP_CHECK(params.softcap == 0.0f || (std::isfinite(params.softcap) && params.softcap > 0.0f),
+            "{}: softcap must be 0 (off) or finite and > 0, got {}", op, params.softcap);
+  p.cap2 = params.softcap * kLog2e;
   HYP_CHECK(rows != nullptr || p.n == 0, "{}: null rows for q {}", op, q.str());
   for (int64_t i = 0; i < p.n; ++i) {
     const PagedAttentionRow& r = rows[i];
@@ -174,6 +178,7 @@ struct TaskArgs {
                     // at the end of the task (no horizontal sum per block)
   float* acc;       // [group, dp] accumulator, starts at 0
   bool pairs;       // bf16 pairs mode: qf and acc in even/odd order within each 32 columns
+  float cap2;       // soft cap in log2 units (the portable path only); 0: none
 };
 
 void gather_block(const TaskArgs& a, int64_t pos, Block* b) {
@@ -276,6 +281,7 @@ void block_portable(const TaskArgs& a, const Block& b) {
       for (int64_t i = 0; i < d; ++i) dot += qh[i] * kv_at<KT>(b.k[t], i, table);
       s[t] = t < b.ntv ? dot * b.ks[t]
                        : kNegInf;  // scores beyond the length are computed, then masked
+      if (a.cap2 > 0.0f && t < b.ntv) s[t] = a.cap2 * std::tanh(s[t] / a.cap2);
       bmax = std::max(bmax, s[t]);
     }
     const float mold = a.m[h], mnew = std::max(mold, bmax);
@@ -724,7 +730,9 @@ void paged_attention(const PagedKvCache& cache, const TensorView& q, const Paged
   const Problem p = check_attention("paged_attention", cache, q, rows, out, params);
   if (p.n == 0) return;
   const CpuFeatures& cpu = cpu_features();
-  const bool simd = !params.force_portable && cpu.avx512f && cpu.avx512bw && cpu.avx512vl;
+  // A soft cap (Gemma 2) runs the portable path: the AVX-512 blocks do not apply it.
+  const bool simd = !params.force_portable && p.cap2 == 0.0f && cpu.avx512f && cpu.avx512bw &&
+                    cpu.avx512vl;
 
   // The split. Positions: ragged rows in ranges of whole pages (about kChunkTokens
   // positions; a function of the lengths only), padded rows in one range. Each split
@@ -821,7 +829,8 @@ void paged_attention(const PagedKvCache& cache, const TensorView& q, const Paged
                       .l = st + p.group,
                       .lanes = own + state,
                       .acc = st + hdr,
-                      .pairs = pairs});
+                      .pairs = pairs,
+                      .cap2 = p.cap2});
     }
     run_task_dtype(args.data(), nh, simd);
     if (task.partial < 0)
@@ -879,6 +888,8 @@ void paged_attention(const PagedKvCache& cache, const TensorView& q, const Paged
           dot += double(load_as_f32(q.data, q.dtype, size_t((r * p.hq + h) * p.d + i))) *
                  value(cache.k, cache.k_scale, slot_of(t), i);
         s[size_t(t)] = scale * dot;
+        if (params.softcap > 0.0f)
+          s[size_t(t)] = params.softcap * std::tanh(s[size_t(t)] / params.softcap);
         mx = std::max(mx, s[size_t(t)]);
       }
       double sum = 0.0;

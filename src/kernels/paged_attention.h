@@ -63,6 +63,9 @@ struct PagedAttentionParams {
   // > 0: a sliding window (kRagged only): row i attends to its `window` latest keys,
   // [max(0, length - window), length), and reads nothing older.
   int64_t window = 0;
+  // > 0: scores capped to (-softcap, softcap) by softcap * tanh(s / softcap) (Gemma 2's
+  // attn_logit_softcapping); the portable path runs it.
+  float softcap = 0.0f;
   bool force_portable = false;  // testing aid: scalar path even when AVX-512 is present
 };
 

@@ -15,6 +15,32 @@ DecoderArch gemma_defaults() {
   return a;
 }
 
+// Gemma 2 2B/9B's values (Gemma2Config's defaults).
+DecoderArch gemma2_defaults() {
+  DecoderArch a = gemma_defaults();
+  a.family = DecoderFamily::kGemma2;
+  a.post_norms = true;
+  a.query_pre_attn_scalar = 256;
+  a.attn_logit_softcap = 50.0;
+  a.final_logit_softcap = 30.0;
+  a.sliding_window = 4096;
+  a.sliding_window_pattern = 2;
+  return a;
+}
+
+// Gemma 3 1B's values (Gemma3TextConfig's defaults, sliding_window 512 as released).
+DecoderArch gemma3_defaults() {
+  DecoderArch a = gemma_defaults();
+  a.family = DecoderFamily::kGemma3;
+  a.post_norms = true;
+  a.qk_norm = true;
+  a.query_pre_attn_scalar = 256;
+  a.sliding_window = 512;
+  a.sliding_window_pattern = 6;
+  a.local_rope_theta = 10000.0;
+  return a;
+}
+
 DecoderArch qwen2_defaults() {
   DecoderArch a;
   a.family = DecoderFamily::kQwen2;
@@ -40,6 +66,10 @@ const FamilyInfo kFamilies[] = {
      false},
     {DecoderFamily::kQwen3, "qwen3", "qwen3", "Qwen3ForCausalLM", false, qwen3_defaults(), "qwen3",
      false},
+    {DecoderFamily::kGemma2, "gemma2", "gemma2", "Gemma2ForCausalLM", true, gemma2_defaults(),
+     "gemma2", false},
+    {DecoderFamily::kGemma3, "gemma3", "gemma3_text", "Gemma3ForCausalLM", true, gemma3_defaults(),
+     "gemma3", false},
 };
 
 // Other spellings of the llama row: MaxText's decoder_block names for Llama-shaped

@@ -16,10 +16,16 @@
 //   q/k RMSNorm per head no                        yes, before RoPE
 //   otherwise           Llama                     Llama
 //
+//                       Gemma 2 (Gemma2ForCausalLM)  Gemma 3 (Gemma3ForCausalLM, text)
+//   norms               four: pre and post around      Gemma 2's, plus q/k RMSNorm
+//                       attention and around the MLP   per head (1 + w)
+//   attention scale     query_pre_attn_scalar^-0.5     idem
+//   soft caps           scores 50, final logits 30     none
+//   local layers        every other (window 4096)      5 of every 6 (window 512), their
+//                                                      own RoPE base (10000, unscaled)
+//
 // Sliding-window attention, on every layer (Mistral v0.1) or on all but every N-th
-// (Gemma 2: N = 2, Gemma 3: N = 6), is data too. Room for later families, refused by
-// LlamaConfig::validate until the decoder implements it, so a config that asks for it
-// fails loudly instead of running a different model: final-logit softcapping.
+// (Gemma 2: N = 2, Gemma 3: N = 6), is data too.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +35,7 @@
 
 namespace hyperion {
 
-enum class DecoderFamily : uint8_t { kLlama, kGemma, kQwen2, kQwen3 };
+enum class DecoderFamily : uint8_t { kLlama, kGemma, kQwen2, kQwen3, kGemma2, kGemma3 };
 
 // The per-model fields (a LlamaConfig holds one): a family's defaults, as every family
 // fixes them today, but kept as data so the decoder never asks which family it runs.
@@ -44,8 +50,15 @@ struct DecoderArch {
   int64_t sliding_window = 0;          // local attention window in tokens; 0: global
   int64_t sliding_window_pattern = 0;  // >= 2: every N-th layer global, the rest local;
                                        // 0: every layer local (when sliding_window > 0)
-  // Not implemented yet (validate refuses anything but this default).
-  double final_logit_softcap = 0.0;  // logits = cap * tanh(logits / cap); 0: off
+  // RMSNorm on the attention's and the MLP's outputs before each residual add (Gemma 2/3:
+  // post_attention_layernorm, post_feedforward_layernorm; the MLP's input norm is then
+  // pre_feedforward_layernorm).
+  bool post_norms = false;
+  double query_pre_attn_scalar = 0.0;  // > 0: attention scale 1/sqrt(this); 0: 1/sqrt(head_dim)
+  double attn_logit_softcap = 0.0;     // scores = cap * tanh(scores / cap); 0: off
+  double final_logit_softcap = 0.0;    // logits = cap * tanh(logits / cap); 0: off
+  double local_rope_theta = 0.0;  // > 0: local layers' RoPE base, unscaled (Gemma 3); 0: the
+                                  // global RoPE everywhere
 
   // The factor embedding_forward applies (1 unless scale_embeddings).
   float embedding_scale(int64_t hidden_size) const;
@@ -55,6 +68,8 @@ struct DecoderArch {
     return sliding_window_pattern >= 2 && (l + 1) % sliding_window_pattern == 0 ? 0
                                                                                 : sliding_window;
   }
+  // Local layers that use their own RoPE table.
+  bool local_rope(int64_t l) const { return local_rope_theta > 0 && layer_window(l) > 0; }
   bool operator==(const DecoderArch&) const = default;
 };
 

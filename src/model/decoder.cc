@@ -1,6 +1,7 @@
 #include "model/decoder.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "base/error.h"
@@ -15,7 +16,7 @@ void SelfAttentionOnly::attend(const Decoder& dec, int l, const PassRows& rows, 
   dec.kernels().attention_forward(
       dec.kernels().view(s.q, a, {b, t, hq, hd}), dec.kernels().view(s.k, a, {b, t, hkv, hd}),
       dec.kernels().view(s.v, a, {b, t, hkv, hd}), dec.kernels().view(s.att, a, {b, t, hq, hd}),
-      dec.kernels().view(s.lse, DType::kF32, {b, hq, t}), c.arch.layer_window(l));
+      dec.kernels().view(s.lse, DType::kF32, {b, hq, t}), dec.attention_params(l));
 }
 
 Decoder::Decoder(const ParamStore& params, LinearWeights& weights, int64_t rope_positions)
@@ -26,7 +27,62 @@ Decoder::Decoder(const ParamStore& params, LinearWeights& weights, int64_t rope_
       act_(weights.act_dtype()),
       rope_(std::max<int64_t>(rope_positions, 1), params.config().head_dim,
             params.config().rope_theta, params.config().rope_scaling),
-      norm_offset_(params.config().arch.norm_weight_offset) {}
+      norm_offset_(params.config().arch.norm_weight_offset) {
+  if (cfg_.arch.local_rope_theta > 0)
+    rope_local_ = std::make_unique<RopeTable>(std::max<int64_t>(rope_positions, 1), cfg_.head_dim,
+                                              cfg_.arch.local_rope_theta);
+}
+
+AttentionParams Decoder::attention_params(int l) const {
+  AttentionParams p;
+  p.window = cfg_.arch.layer_window(l);
+  if (cfg_.arch.query_pre_attn_scalar > 0)
+    p.scale = static_cast<float>(1.0 / std::sqrt(cfg_.arch.query_pre_attn_scalar));
+  p.softcap = static_cast<float>(cfg_.arch.attn_logit_softcap);
+  return p;
+}
+
+void Decoder::cap_logits(void* logits, int64_t n, DType ld) const {
+  if (cfg_.arch.final_logit_softcap <= 0 || n == 0) return;
+  k_.softcap_forward(k_.view(logits, ld, {n, cfg_.vocab_size}), final_logit_softcap());
+}
+
+const RopeTable& Decoder::rope_table(int l) const {
+  return rope_local_ != nullptr && cfg_.arch.local_rope(l) ? *rope_local_ : rope_;
+}
+
+float* Decoder::post_scratch(int64_t n) {
+  if (post_rows_ < n) {
+    post_ = DeviceBuffer(k_.allocator(),
+                         static_cast<size_t>(n * (2 * cfg_.dim + 1)) * sizeof(float));
+    post_rows_ = n;
+  }
+  return post_.as<float>();
+}
+
+void Decoder::post_norm(int index, const float* o, int64_t n, float* rstd, float* res) {
+  const int64_t d = cfg_.dim;
+  float* y = post_scratch(n);
+  k_.rmsnorm_forward(k_.view(const_cast<float*>(o), DType::kF32, {n, d}), params_.param(index),
+                     static_cast<float>(cfg_.norm_eps), k_.view(y, DType::kF32, {n, d}),
+                     k_.view(rstd, DType::kF32, {n}), norm_offset_);
+  if (res != nullptr)
+    k_.residual_add(k_.view(y, DType::kF32, {n, d}), k_.view(res, DType::kF32, {n, d}));
+}
+
+const void* Decoder::post_norm_backward(int index, const float* o, int64_t n, const float* rstd,
+                                        const DecoderGrads& g) {
+  const int64_t d = cfg_.dim;
+  HYP_CHECK(o != nullptr && rstd != nullptr,
+            "decoder: the post-norm backward needs the saved block output and its rstd");
+  k_.rmsnorm_backward(k_.view(g.dres, DType::kF32, {n, d}),
+                      k_.view(const_cast<float*>(o), DType::kF32, {n, d}), params_.param(index),
+                      k_.view(const_cast<float*>(rstd), DType::kF32, {n}),
+                      k_.view(g.dh, DType::kF32, {n, d}), params_.grad(index), false, norm_offset_);
+  if (act_ == DType::kF32) return g.dh;
+  k_.convert(g.dh, DType::kF32, g.dres_c, DType::kBF16, static_cast<size_t>(n * d));
+  return g.dres_c;
+}
 
 void Decoder::embed(const int32_t* tokens, int64_t n, float* x) const {
   k_.embedding_forward(params_.param(params_.embed()),
@@ -41,17 +97,18 @@ void Decoder::norm(const float* x, int64_t n, int index, void* y, float* rstd) c
                      k_.view(rstd, DType::kF32, {n}), norm_offset_);
 }
 
-void Decoder::rope(const PassRows& rows, void* q, void* k) const {
+void Decoder::rope(int l, const PassRows& rows, void* q, void* k) const {
+  const RopeTable& table = rope_table(l);
   const int64_t b = rows.b, t = rows.t, hq = cfg_.n_heads, hkv = cfg_.n_kv_heads;
   const int64_t hd = cfg_.head_dim;
   const TensorView qv = k_.view(q, act_, {b, t, hq, hd}), kv = k_.view(k, act_, {b, t, hkv, hd});
   if (rows.positions != nullptr) {
     const TensorView pos = k_.view(const_cast<int32_t*>(rows.positions), DType::kI32, {rows.n()});
-    k_.rope_forward(qv, qv, pos, rope_);
-    k_.rope_forward(kv, kv, pos, rope_);
+    k_.rope_forward(qv, qv, pos, table);
+    k_.rope_forward(kv, kv, pos, table);
   } else {
-    k_.rope_forward(qv, qv, rows.position, rope_);
-    k_.rope_forward(kv, kv, rows.position, rope_);
+    k_.rope_forward(qv, qv, rows.position, table);
+    k_.rope_forward(kv, kv, rows.position, table);
   }
 }
 
@@ -142,16 +199,26 @@ void Decoder::attention_block(int l, const PassRows& rows, DecoderActs& s, KvSou
     head_norm(p.q_norm, qp, s.q, rstd_q, rq);
     head_norm(p.k_norm, kp, s.k, rstd_k, rk);
   }
-  rope(rows, s.q, s.k);
+  rope(l, rows, s.q, s.k);
   kv.attend(*this, l, rows, s);
-  k_.copy(s.x, s.x2, static_cast<size_t>(n * cfg_.dim) * sizeof(float));
-  matmul(l, 1, p.o, s.att, s.x2, DType::kF32, n, 1.0f);
-  add_bias(p.o_bias, s.x2, DType::kF32, n);
+  if (s.x2 != s.x) k_.copy(s.x, s.x2, static_cast<size_t>(n * cfg_.dim) * sizeof(float));
+  if (p.attn_out_norm < 0) {
+    matmul(l, 1, p.o, s.att, s.x2, DType::kF32, n, 1.0f);
+    add_bias(p.o_bias, s.x2, DType::kF32, n);
+    return;
+  }
+  // Post-norm: x2 = x + norm(att Wo^T + bo).
+  float* scratch = post_scratch(n);
+  float* ao = s.ao != nullptr ? s.ao : scratch + n * cfg_.dim;
+  float* rstd = s.rstd_ao != nullptr ? s.rstd_ao : scratch + 2 * n * cfg_.dim;
+  matmul(l, 1, p.o, s.att, ao, DType::kF32, n, 0.0f);
+  add_bias(p.o_bias, ao, DType::kF32, n);
+  post_norm(p.attn_out_norm, ao, n, rstd, s.x2);
 }
 
 void Decoder::mlp_block(int l, int64_t n, DecoderActs& s, const MoeShape& ms, const MoeOptions& mo,
                         float* out) {
-  norm(s.x2, n, params_.layer(l).post_norm, s.h2, s.rstd2);
+  norm(s.x2, n, params_.layer(l).mlp_norm, s.h2, s.rstd2);
   mlp(l, n, s, ms, mo, out);
 }
 
@@ -168,10 +235,19 @@ void Decoder::mlp(int l, int64_t n, DecoderActs& s, const MoeShape& ms, const Mo
   matmul(l, 2, p.up, s.h2, s.u, act_, n);
   k_.gated_forward(cfg_.arch.activation, k_.view(s.g, act_, {n, f}), k_.view(s.u, act_, {n, f}),
                    k_.view(s.a, act_, {n, f}));
-  if (out != nullptr) {
+  if (out != nullptr && out != s.x2)
     k_.copy(s.x2, out, static_cast<size_t>(n * cfg_.dim) * sizeof(float));
-    matmul(l, 3, p.down, s.a, out, DType::kF32, n, 1.0f);
+  if (p.mlp_out_norm < 0) {
+    if (out != nullptr) matmul(l, 3, p.down, s.a, out, DType::kF32, n, 1.0f);
+    return;
   }
+  // Post-norm: out = x2 + norm(a Wd^T). Without `out` (a full-remat recompute) the output
+  // and its rstd are still what the backward reads.
+  float* scratch = post_scratch(n);
+  float* mlp_out = s.mo != nullptr ? s.mo : scratch + n * cfg_.dim;
+  float* rstd = s.rstd_mo != nullptr ? s.rstd_mo : scratch + 2 * n * cfg_.dim;
+  matmul(l, 3, p.down, s.a, mlp_out, DType::kF32, n, 0.0f);
+  post_norm(p.mlp_out_norm, mlp_out, n, rstd, out);
 }
 
 void Decoder::recompute_elementwise(int l, int64_t n, DecoderActs& s, const MoeShape& ms) {
@@ -181,7 +257,7 @@ void Decoder::recompute_elementwise(int l, int64_t n, DecoderActs& s, const MoeS
   // nothing of h, h2 or a, and rstd is saved.
   if (quant_ != nullptr && !p.moe()) return;
   norm(s.x, n, p.input_norm, s.h, s.rstd1);
-  norm(s.x2, n, p.post_norm, s.h2, s.rstd2);
+  norm(s.x2, n, p.mlp_norm, s.h2, s.rstd2);
   if (p.moe()) {
     moe::recompute(k_, ms, s.h2, act_, s.moe);
     return;
@@ -237,10 +313,13 @@ void Decoder::layer_backward(int l, const PassRows& rows, DecoderActs& s, const 
   const int64_t hq = cfg_.n_heads, hkv = cfg_.n_kv_heads, hd = cfg_.head_dim;
 
   mlp_backward(l, n, s, gr, ms, mo, dloss);
-  norm_backward(s.x2, n, p.post_norm, s.rstd2, gr.dres, true, gr);
+  norm_backward(s.x2, n, p.mlp_norm, s.rstd2, gr.dres, true, gr);
 
-  // Attention branch: x2 = x + attention(rope(h Wq^T), rope(h Wk^T), h Wv^T) Wo^T.
-  const void* g_out = dres_compute(n, gr);
+  // Attention branch: x2 = x + attention(rope(h Wq^T), rope(h Wk^T), h Wv^T) Wo^T (or, with
+  // a post-norm, + norm of it).
+  const void* g_out = p.attn_out_norm >= 0
+                          ? post_norm_backward(p.attn_out_norm, s.ao, n, s.rstd_ao, gr)
+                          : dres_compute(n, gr);
   bias_backward(p.o_bias, g_out, n);
   matmul_backward(l, 1, p.o, g_out, s.att, gr.datt, act_, n, 0.0f);
   const TensorView dqv = k_.view(gr.dq, act_, {b, t, hq, hd});
@@ -249,9 +328,9 @@ void Decoder::layer_backward(int l, const PassRows& rows, DecoderActs& s, const 
                         k_.view(s.v, act_, {b, t, hkv, hd}), k_.view(s.att, act_, {b, t, hq, hd}),
                         k_.view(gr.datt, act_, {b, t, hq, hd}),
                         k_.view(s.lse, DType::kF32, {b, hq, t}), dqv, dkv,
-                        k_.view(gr.dv, act_, {b, t, hkv, hd}), cfg_.arch.layer_window(l));
-  k_.rope_backward(dqv, dqv, rows.position, rope_);
-  k_.rope_backward(dkv, dkv, rows.position, rope_);
+                        k_.view(gr.dv, act_, {b, t, hkv, hd}), attention_params(l));
+  k_.rope_backward(dqv, dqv, rows.position, rope_table(l));
+  k_.rope_backward(dkv, dkv, rows.position, rope_table(l));
   if (p.q_norm >= 0) {
     HYP_CHECK(s.q_pre != nullptr && s.k_pre != nullptr && s.rstd_q != nullptr &&
                   s.rstd_k != nullptr,
@@ -279,8 +358,10 @@ void Decoder::mlp_backward(int l, int64_t n, DecoderActs& s, const DecoderGrads&
     moe::backward(ps, p, ms, mo, s.h2, act_, s.moe, gr.dres, dloss, gr.moe, gr.dh);
     return;
   }
-  // x' = x2 + act(h2 Wg^T, h2 Wu^T) Wd^T.
-  const void* g_out = dres_compute(n, gr);
+  // x' = x2 + act(h2 Wg^T, h2 Wu^T) Wd^T (or, with a post-norm, + norm of it).
+  const void* g_out = p.mlp_out_norm >= 0
+                          ? post_norm_backward(p.mlp_out_norm, s.mo, n, s.rstd_mo, gr)
+                          : dres_compute(n, gr);
   matmul_backward(l, 3, p.down, g_out, s.a, gr.da, act_, n, 0.0f);
   // dg and du overwrite the saved gate and up (read before written, never needed again).
   const TensorView gv = k_.view(s.g, act_, {n, f}), uv = k_.view(s.u, act_, {n, f});

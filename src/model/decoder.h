@@ -6,17 +6,23 @@
 //
 //   x = embed(tokens) * embedding_scale                  residual stream, always f32
 //   per layer:  h  = norm(x) ; q,k,v = h Wq^T + bq, h Wk^T + bk, h Wv^T + bv (biases where
-//               the family has them) ; q,k = qknorm(q), qknorm(k) per head (Qwen3) ; rope(q, k)
+//               the family has them) ; q,k = qknorm(q), qknorm(k) per head (Qwen3, Gemma 3) ;
+//               rope(q, k)   (local layers may have their own table: Gemma 3)
 //               x2 = x + attention(q, k, v) Wo^T          (keys/values: the KvSource)
 //               h2 = norm(x2) ; x' = x2 + (act(h2 Wg^T) * h2 Wu^T) Wd^T   or MoE(h2)
-//   logits = norm(x) Wlm^T
+//   logits = norm(x) Wlm^T        (soft-capped where the family caps them: Gemma 2)
 //   norm(x) = x * rstd * (w + norm_weight_offset);  act = SiLU or GELU-tanh
+// With post-norms (Gemma 2/3) each block's output is normalised before its residual add:
+//               ao = attention(q, k, v) Wo^T ; x2 = x + norm(ao)
+//               mo = (act(h2 Wg^T) * h2 Wu^T) Wd^T ; x' = x2 + norm(mo)
+// Attention's scale, window and score soft cap are per layer (attention_params).
 //
 // Inference runs the blocks in place (x2 == x, one set of scratch activations reused by
 // every layer); training keeps each layer's activations (DecoderActs) for the backward.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "kernels/backend.h"
 #include "kernels/rope.h"
@@ -52,6 +58,12 @@ struct DecoderActs {
   void* u = nullptr;
   void* a = nullptr;  // act(g) * u [N, F]
   MoeActs moe;        // an MoE layer's MLP state (instead of g, u, a)
+  // Post-norms: the blocks' outputs before their norms ([N, D] f32) and the norms' rstd
+  // ([N]), kept for the backward; null: the decoder's scratch holds them (inference).
+  float* ao = nullptr;
+  float* rstd_ao = nullptr;
+  float* mo = nullptr;
+  float* rstd_mo = nullptr;
 };
 
 // The inference form: one scratch set reused by every layer, the blocks running in place
@@ -132,6 +144,13 @@ class Decoder {
   // `quantization`); null (the default) keeps every matmul in the compute dtype.
   void set_quantized(QuantizedMatmuls* q) { quant_ = q; }
 
+  // Layer l's attention: its window, scale and score soft cap (causal).
+  AttentionParams attention_params(int l) const;
+  // Soft-caps logits [n, V] of dtype ld in place (the inference paths; training's loss
+  // caps inside the cross-entropy). A no-op for families without a final cap.
+  void cap_logits(void* logits, int64_t n, DType ld) const;
+  float final_logit_softcap() const { return static_cast<float>(cfg_.arch.final_logit_softcap); }
+
   // x[n, D] = embedding rows of tokens, times the family's embedding scale.
   void embed(const int32_t* tokens, int64_t n, float* x) const;
   // s.x2 = s.x + attention block (s.x2 may be s.x: in place). Writes s.h, s.rstd1, s.q,
@@ -168,7 +187,16 @@ class Decoder {
   void norm(const float* x, int64_t n, int index, void* y, float* rstd) const;
   void norm_backward(const float* x, int64_t n, int index, const float* rstd, float* dx,
                      bool accumulate, const DecoderGrads& g) const;
-  void rope(const PassRows& rows, void* q, void* k) const;
+  void rope(int l, const PassRows& rows, void* q, void* k) const;
+  const RopeTable& rope_table(int l) const;
+  // Post-norm of a block's output: y = norm(o) (rstd written), then res += y.
+  void post_norm(int index, const float* o, int64_t n, float* rstd, float* res);
+  // Its backward: dres (the gradient at res, unchanged) -> the gradient at o, in the act
+  // dtype (g.dh, or g.dres_c in bf16 mode); the norm's weight gradient accumulates.
+  const void* post_norm_backward(int index, const float* o, int64_t n, const float* rstd,
+                                 const DecoderGrads& g);
+  // Inference scratch for post-norms: [n, D] f32 block output, [n] rstd, [n, D] f32 norm.
+  float* post_scratch(int64_t n);
   // y[n, out] += bias (parameter `index`; -1: none).
   void add_bias(int index, void* y, DType yd, int64_t n) const;
   // grad(bias) += sum over the n rows of dy [n, out] (act dtype).
@@ -196,12 +224,15 @@ class Decoder {
   KernelBackend& k_;
   DType act_;
   RopeTable rope_;
+  std::unique_ptr<RopeTable> rope_local_;  // local layers' table (Gemma 3); null: none
   float norm_offset_;
   QuantizedMatmuls* quant_ = nullptr;
   DeviceBuffer ones_;         // [rows] ones in the act dtype: the bias gradient's reduction
   int64_t ones_rows_ = 0;
   DeviceBuffer qk_rstd_;      // qk-norm rstd when the acts have none
   int64_t qk_rstd_rows_ = 0;
+  DeviceBuffer post_;         // post-norm scratch (post_scratch)
+  int64_t post_rows_ = 0;
 };
 
 }  // namespace hyperion

@@ -80,7 +80,8 @@ CrossEntropyResult ForwardModel::loss(const int32_t* inputs, const int32_t* targ
   if (tied) done(0);
   return decoder_.kernels().cross_entropy_forward(
       decoder_.kernels().view(logits_, act_, {n, cfg_.vocab_size}),
-      decoder_.kernels().view(const_cast<int32_t*>(targets), DType::kI32, {n}));
+      decoder_.kernels().view(const_cast<int32_t*>(targets), DType::kI32, {n}),
+      decoder_.final_logit_softcap());
 }
 
 }  // namespace hyperion

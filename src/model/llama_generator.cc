@@ -33,7 +33,7 @@ void ContiguousKvCache::attend(const Decoder& dec, int l, const PassRows& rows, 
                          kern.view(k_[static_cast<size_t>(l)].data(), a, {1, tk, hkv, hd}),
                          kern.view(v_[static_cast<size_t>(l)].data(), a, {1, tk, hkv, hd}),
                          kern.view(s.att, a, {1, n, hq, hd}),
-                         kern.view(s.lse, DType::kF32, {1, hq, n}), c.arch.layer_window(l));
+                         kern.view(s.lse, DType::kF32, {1, hq, n}), dec.attention_params(l));
 }
 
 LlamaGenerator::LlamaGenerator(const ParamStore& params, int64_t max_len)
@@ -97,6 +97,7 @@ const float* LlamaGenerator::feed(const int32_t* tokens, int64_t n) {
   }
   // Only the last position's logits are needed.
   decoder_.head(x + (n - 1) * d, 1, h_.data(), rstd_.as<float>(), logits_.data(), DType::kF32);
+  decoder_.cap_logits(logits_.data(), 1, DType::kF32);
   pos_ += n;
   if (k.device() == Device::kHost) return logits_.as<float>();
   k.download(logits_.data(), logits_host_.data(), logits_.bytes());

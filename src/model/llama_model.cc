@@ -105,6 +105,14 @@ LlamaModel::LlamaModel(ParamStore& params, const ModelOptions& options)
     la.x = static_cast<float*>(alloc(n * d * 4, act));
     la.rstd1 = static_cast<float*>(alloc(n * 4, act));
     la.rstd2 = static_cast<float*>(alloc(n * 4, act));
+    if (cfg_.arch.post_norms) {
+      // The blocks' outputs before their post-norms: kept under every policy (the norms'
+      // backward reads them; a full recompute rewrites them).
+      la.ao = static_cast<float*>(alloc(n * d * 4, act));
+      la.mo = static_cast<float*>(alloc(n * d * 4, act));
+      la.rstd_ao = static_cast<float*>(alloc(n * 4, act));
+      la.rstd_mo = static_cast<float*>(alloc(n * 4, act));
+    }
     if (moe) {
       // Routing state is small (n x E): every policy keeps it.
       la.moe.logits = static_cast<float*>(alloc(n * ne * 4, act));
@@ -224,8 +232,9 @@ CrossEntropyResult LlamaModel::head(const int32_t* targets, bool backward, float
   KernelBackend& k = decoder_.kernels();
   const TensorView lv = k.view(logits_, act_, {n, v});
   const TensorView tv = k.view(const_cast<int32_t*>(targets), DType::kI32, {n});
-  if (!backward) return k.cross_entropy_forward(lv, tv);
-  CrossEntropyResult r = k.cross_entropy_fused(lv, tv, lv, dloss);
+  const float cap = decoder_.final_logit_softcap();
+  if (!backward) return k.cross_entropy_forward(lv, tv, cap);
+  CrossEntropyResult r = k.cross_entropy_fused(lv, tv, lv, dloss, cap);
   decoder_.head_backward(x_final_, n, hf_, rstd_f_, logits_, grads_);
   return r;
 }

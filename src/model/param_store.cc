@@ -79,7 +79,15 @@ void ParamStore::describe() {
     }
     li.o = add(p + "self_attn.o_proj.weight", b + "attn_output.weight", {d, q}, l, K);
     if (a.o_bias) li.o_bias = add(p + "self_attn.o_proj.bias", b + "attn_output.bias", {d}, l, B);
-    li.post_norm = add(p + "post_attention_layernorm.weight", b + "ffn_norm.weight", {d}, l, N);
+    // Llama's post_attention_layernorm is the MLP's input norm; with post-norms (Gemma 2/3)
+    // the name is the attention output's norm and the MLP's is pre_feedforward_layernorm.
+    if (a.post_norms) {
+      li.attn_out_norm =
+          add(p + "post_attention_layernorm.weight", b + "post_attention_norm.weight", {d}, l, N);
+      li.mlp_norm = add(p + "pre_feedforward_layernorm.weight", b + "ffn_norm.weight", {d}, l, N);
+    } else {
+      li.mlp_norm = add(p + "post_attention_layernorm.weight", b + "ffn_norm.weight", {d}, l, N);
+    }
     if (config.is_moe_layer(l)) {
       // Mixtral's w1 = gate, w3 = up, w2 = down; llama.cpp stacks the experts.
       const std::string m = p + "block_sparse_moe.";
@@ -92,6 +100,9 @@ void ParamStore::describe() {
       li.up = add(p + "mlp.up_proj.weight", b + "ffn_up.weight", {f, d}, l, K);
       li.down = add(p + "mlp.down_proj.weight", b + "ffn_down.weight", {d, f}, l, K);
     }
+    if (a.post_norms)
+      li.mlp_out_norm =
+          add(p + "post_feedforward_layernorm.weight", b + "post_ffw_norm.weight", {d}, l, N);
     layers_.push_back(li);
   }
   final_norm_ = add("model.norm.weight", "output_norm.weight", {d}, -1, ParamKind::kNorm);

@@ -6,8 +6,9 @@
 //
 // Order: model.embed_tokens, then per layer input_layernorm, q_proj, k_proj, v_proj (each
 // followed by its bias where the family has one), q_norm and k_norm (qk-norm families),
-// o_proj (and its bias), post_attention_layernorm, and either the dense MLP (gate_proj, up_proj,
-// down_proj) or the mixture of experts (block_sparse_moe.gate = the router [E, D], then
+// o_proj (and its bias), post_attention_layernorm (with post-norms, Gemma 2/3: the
+// attention output's norm, then pre_feedforward_layernorm), and either the dense MLP (gate_proj, up_proj,
+// down_proj, then post_feedforward_layernorm with post-norms) or the mixture of experts (block_sparse_moe.gate = the router [E, D], then
 // every expert's w1 (gate), every expert's w3 (up), every expert's w2 (down)), then
 // model.norm and lm_head (absent when tied). Matrices are [out, in] as Hugging Face
 // stores them. An MoE layer's E expert matrices of one kind sit back to back with no
@@ -42,7 +43,8 @@ struct ParamInfo {
 // In an MoE layer gate/up/down index expert 0's w1/w3/w2 (expert e is at index + e, see
 // ParamStore::stacked_*) and router the gate; a dense layer has router = -1.
 struct LayerParamIndex {
-  int input_norm, q, k, v, o, post_norm, gate, up, down;
+  int input_norm, q, k, v, o, mlp_norm, gate, up, down;  // mlp_norm: the MLP's input norm
+  int attn_out_norm = -1, mlp_out_norm = -1;  // post-norms on the blocks' outputs; -1: none
   int router = -1;
   int q_bias = -1, k_bias = -1, v_bias = -1, o_bias = -1;  // -1: no bias
   int q_norm = -1, k_norm = -1;                            // -1: no qk-norm

@@ -32,9 +32,11 @@ void PagedKvSource::attend(const Decoder& dec, int l, const PassRows& pass, Deco
   kern.paged_kv_write(cache, kern.view(s.k, act, {rows, hkv, hd}),
                       kern.view(s.v, act, {rows, hkv, hd}), batch->slots.data());
   const int64_t nd = batch->decode_rows;
-  const int64_t window = c.arch.layer_window(l);
+  const AttentionParams ap = dec.attention_params(l);
   PagedAttentionParams layer_params = params;
-  layer_params.window = window;
+  layer_params.window = ap.window;
+  layer_params.scale = ap.scale;
+  layer_params.softcap = ap.softcap;
   if (nd > 0)
     kern.paged_attention(cache, kern.view(s.q, act, {nd, hq, hd}), batch->attn.data(),
                          kern.view(s.att, act, {nd, hq, hd}), layer_params);
@@ -49,7 +51,7 @@ void PagedKvSource::attend(const Decoder& dec, int l, const PassRows& pass, Deco
                            kern.view(kctx, act, {1, tk, hkv, hd}),
                            kern.view(vctx, act, {1, tk, hkv, hd}),
                            kern.view(att + static_cast<size_t>(r0 * qd) * a, act, {1, cnt, hq, hd}),
-                           kern.view(lse, DType::kF32, {1, hq, cnt}), window);
+                           kern.view(lse, DType::kF32, {1, hq, cnt}), ap);
   }
 }
 
@@ -289,6 +291,7 @@ const float* ModelRunner::run(const StepBatch& batch) {
                             kern_.view(logit_ids, DType::kI32, {mp}),
                             kern_.view(xl_.data(), DType::kF32, {mp, d}), 1.0f);
     decoder_.head(xl_.as<float>(), mp, h_.data(), rstd_.as<float>(), logits, DType::kF32);
+    decoder_.cap_logits(logits, mp, DType::kF32);
   }
   // The steps' queueing time (on the host backend, the work itself; the greedy pick that
   // may follow is one more launch, not counted).

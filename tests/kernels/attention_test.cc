@@ -203,7 +203,7 @@ TEST(Attention, MixedDtypes) {
 // Independent f64 forward for the finite differences: L = sum(out * w).
 double loss_f64(const Case& c, const std::vector<double>& q, const std::vector<double>& k,
                 const std::vector<double>& v, const std::vector<double>& w, double scale,
-                int64_t window = 0) {
+                int64_t window = 0, double softcap = 0) {
   const int64_t group = c.hq / c.hkv, off = c.tk - c.tq;
   double loss = 0;
   std::vector<double> s(static_cast<size_t>(c.tk));
@@ -220,6 +220,7 @@ double loss_f64(const Case& c, const std::vector<double>& q, const std::vector<d
           double dot = 0;
           for (int64_t e = 0; e < c.d; ++e) dot += q[qi + e] * k[kj + e];
           s[j] = dot * scale;
+          if (softcap > 0) s[j] = softcap * std::tanh(s[j] / softcap);
           mx = std::max(mx, s[j]);
         }
         for (int64_t j = 0; j < n; ++j) sum += std::exp(s[j] - mx);
@@ -358,6 +359,89 @@ TEST(Attention, SlidingWindowBackwardMatchesFiniteDifferences) {
         const double lp = loss_f64(c, x[0], x[1], x[2], w, scale, window);
         x[t][i] = keep - step;
         const double lm = loss_f64(c, x[0], x[1], x[2], w, scale, window);
+        x[t][i] = keep;
+        const double fd = (lp - lm) / (2 * step);
+        EXPECT_NEAR(at(*grads[t], int64_t(i)), fd, 1e-4 * (1 + std::fabs(fd))) << t << " " << i;
+      }
+  }
+}
+
+// Soft-capped scores (Gemma 2: S = cap tanh(scale q.k / cap)), with and without windows,
+// in both dtypes, every schedule, SIMD and portable tiles, against the reference; the
+// capped gradients against finite differences of the independent loss.
+TEST(Attention, SoftCapMatchesReferenceAndFiniteDifferences) {
+  struct CCase {
+    Case c;
+    int64_t window;
+    float cap;
+  };
+  const std::vector<CCase> cases = {
+      {{1, 130, 130, 2, 1, 16, true}, 0, 1.5f}, {{1, 70, 200, 4, 2, 40, true}, 33, 2.0f},
+      {{2, 7, 7, 2, 2, 64, false}, 0, 0.5f},    {{1, 100, 100, 2, 1, 16, true}, 64, 50.0f},
+  };
+  std::mt19937 rng(31);
+  for (DType dt : {DType::kF32, DType::kBF16})
+    for (const CCase& w : cases) {
+      const Case& c = w.c;
+      SCOPED_TRACE(testing::Message() << dtype_name(dt) << " " << c << " window " << w.window
+                                      << " cap " << w.cap);
+      Inputs in(c, dt, rng, 3.0f);  // large scores: the cap bends them
+      AttentionParams params;
+      params.causal = c.causal;
+      params.window = w.window;
+      params.softcap = w.cap;
+      Tensor out_ref(DType::kF32, c.q_shape()), lse_ref(DType::kF32, c.lse_shape());
+      ref::attention_forward(in.q, in.k, in.v, out_ref, lse_ref, params);
+      Tensor out(dt, c.q_shape()), lse(DType::kF32, c.lse_shape());
+      Grads ref(c, DType::kF32);
+      for (bool portable : {false, true}) {
+        SCOPED_TRACE(portable ? "portable" : "simd");
+        params.force_portable = portable;
+        attention_forward(in.q, in.k, in.v, out, lse, params);
+        EXPECT_LE(scaled_error(out, out_ref), fwd_tol(dt));
+        EXPECT_LE(scaled_error(lse, lse_ref), 4e-6);
+        if (!portable)
+          ref::attention_backward(in.q, in.k, in.v, out, in.dout, lse, ref.dq, ref.dk, ref.dv,
+                                  params);
+        expect_backward_matches(c, dt, in, out, lse, ref, params);
+      }
+    }
+  // The cap changes the result (so the tests above are not vacuous).
+  {
+    const Case c{1, 9, 9, 1, 1, 8, true};
+    Inputs in(c, DType::kF32, rng, 3.0f);
+    Tensor a(DType::kF32, c.q_shape()), b(DType::kF32, c.q_shape()), lse(DType::kF32, c.lse_shape());
+    AttentionParams capped;
+    capped.softcap = 0.5f;
+    attention_forward(in.q, in.k, in.v, a, lse, {});
+    attention_forward(in.q, in.k, in.v, b, lse, capped);
+    EXPECT_GT(scaled_error(a, b), 1e-2);
+  }
+  for (auto [c, window] : std::vector<std::pair<Case, int64_t>>{
+           {{1, 6, 6, 2, 1, 4, true}, 0}, {{1, 3, 7, 2, 2, 3, true}, 3}, {{1, 4, 3, 2, 1, 3, false}, 0}}) {
+    SCOPED_TRACE(testing::Message() << c << " window " << window);
+    Inputs in(c, DType::kF32, rng, 2.0f);
+    const double scale = 1.0 / std::sqrt(double(c.d));
+    const float cap = 0.7f;
+    Tensor out(DType::kF32, c.q_shape()), lse(DType::kF32, c.lse_shape());
+    Grads g(c, DType::kF32);
+    AttentionParams params;
+    params.causal = c.causal;
+    params.window = window;
+    params.softcap = cap;
+    attention_forward(in.q, in.k, in.v, out, lse, params);
+    attention_backward(in.q, in.k, in.v, out, in.dout, lse, g.dq, g.dk, g.dv, params);
+    std::vector<double> x[3] = {to_f64(in.q), to_f64(in.k), to_f64(in.v)};
+    const std::vector<double> w = to_f64(in.dout);
+    const Tensor* grads[3] = {&g.dq, &g.dk, &g.dv};
+    const double step = 1e-6;
+    for (int t = 0; t < 3; ++t)
+      for (size_t i = 0; i < x[t].size(); ++i) {
+        const double keep = x[t][i];
+        x[t][i] = keep + step;
+        const double lp = loss_f64(c, x[0], x[1], x[2], w, scale, window, cap);
+        x[t][i] = keep - step;
+        const double lm = loss_f64(c, x[0], x[1], x[2], w, scale, window, cap);
         x[t][i] = keep;
         const double fd = (lp - lm) / (2 * step);
         EXPECT_NEAR(at(*grads[t], int64_t(i)), fd, 1e-4 * (1 + std::fabs(fd))) << t << " " << i;

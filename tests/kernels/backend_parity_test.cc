@@ -352,7 +352,7 @@ TEST_P(BackendParity, Attention) {
     Tensor o_ref(DType::kF32, q.shape()), lse_ref(DType::kF32, {cs.b, cs.hq, cs.tq});
     Dev dq_in = dev(q), dk_in = dev(kt), dv_in = dev(v), o = dev(DType::kF32, q.shape()),
         lse = dev(DType::kF32, {cs.b, cs.hq, cs.tq});
-    k().attention_forward(dq_in, dk_in, dv_in, o, lse, 0);
+    k().attention_forward(dq_in, dk_in, dv_in, o, lse, AttentionParams{});
     ref::attention_forward(q, kt, v, o_ref, lse_ref);
     const std::string what = "T " + std::to_string(cs.tq) + "/" + std::to_string(cs.tk);
     expect_close(o, o_ref, 1e-4, 1e-5, "out " + what);
@@ -362,7 +362,7 @@ TEST_P(BackendParity, Attention) {
         dv_ref(DType::kF32, v.shape());
     Dev ddout = dev(dout), dq = dev(DType::kF32, q.shape()), dk = dev(DType::kF32, kt.shape()),
         dv = dev(DType::kF32, v.shape());
-    k().attention_backward(dq_in, dk_in, dv_in, o, ddout, lse, dq, dk, dv, 0);
+    k().attention_backward(dq_in, dk_in, dv_in, o, ddout, lse, dq, dk, dv, AttentionParams{});
     ref::attention_backward(q, kt, v, o_ref, dout, lse_ref, dq_ref, dk_ref, dv_ref);
     expect_close(dq, dq_ref, 1e-3, 1e-4, "dq " + what);
     expect_close(dk, dk_ref, 1e-3, 1e-4, "dk " + what);
@@ -437,13 +437,13 @@ TEST_P(BackendParity, AttentionBf16AtModelHeadDims) {
 
     Dev dq_in = dev(q), dk_in = dev(kt), dv_in = dev(v), o = poisoned(q.shape()),
         lse = dev(DType::kF32, {cs.b, cs.hq, cs.tq});
-    k().attention_forward(dq_in, dk_in, dv_in, o, lse, 0);
+    k().attention_forward(dq_in, dk_in, dv_in, o, lse, AttentionParams{});
     expect_close_norm(o.host(), o_ref, 1e-2, "out " + what);
     expect_close(lse, lse_ref, 1e-4, 1e-3, "lse " + what);
 
     Dev ddout = dev(dout), o_dev = dev(o_in), dq = poisoned(q.shape()), dk = poisoned(kt.shape()),
         dv = poisoned(v.shape());
-    k().attention_backward(dq_in, dk_in, dv_in, o_dev, ddout, lse, dq, dk, dv, 0);
+    k().attention_backward(dq_in, dk_in, dv_in, o_dev, ddout, lse, dq, dk, dv, AttentionParams{});
     expect_close_norm(dq.host(), dq_ref, 2e-2, "dq " + what);
     expect_close_norm(dk.host(), dk_ref, 2e-2, "dk " + what);
     expect_close_norm(dv.host(), dv_ref, 2e-2, "dv " + what);

@@ -113,6 +113,57 @@ TEST(CrossEntropy, GradientMatchesFiniteDifferences) {
   }
 }
 
+// Gemma 2's final_logit_softcapping: the loss over cap * tanh(logits / cap), the gradient
+// w.r.t. the logits before the cap; against the reference, in place, and against finite
+// differences.
+TEST(CrossEntropy, SoftCapMatchesReferenceAndFiniteDifferences) {
+  std::mt19937 rng(17);
+  const float cap = 3.0f;
+  for_each_target([&] {
+    for (DType dt : kDTypes)
+      for (int64_t cols : {5, 17, 1000}) {
+        const int64_t rows = 9;
+        SCOPED_TRACE(fmt::format("{} cols {}", dtype_name(dt), cols));
+        auto lv = randn(size_t(rows * cols), rng, 4.0f);
+        Tensor logits = make_tensor(dt, {rows, cols}, lv);
+        Tensor targets = make_i32(random_targets(rows, cols, rng));
+        Tensor grad(dt, {rows, cols}), grad_ref(dt, {rows, cols});
+        auto got = cross_entropy_fused(logits, targets, grad, 0.5f, TensorView(), kIgnoreIndex, cap);
+        auto want = ref::cross_entropy(logits, targets, grad_ref, 0.5f, TensorView(), kIgnoreIndex,
+                                       cap);
+        EXPECT_NEAR(got.loss, want.loss, 1e-5 * std::fabs(want.loss) + 1e-6);
+        auto g = values(grad), gr = values(grad_ref);
+        for (size_t i = 0; i < g.size(); ++i)
+          ASSERT_NEAR(g[i], gr[i], dt == DType::kBF16 ? std::fabs(gr[i]) / 128 + 1e-9 : 1e-6)
+              << "at " << i;
+        EXPECT_EQ(cross_entropy_forward(logits, targets, TensorView(), kIgnoreIndex, cap).loss,
+                  got.loss);
+        // The cap changes the loss.
+        EXPECT_GT(std::fabs(cross_entropy_forward(logits, targets).loss - got.loss), 1e-3);
+        cross_entropy_fused(logits, targets, logits, 0.5f, TensorView(), kIgnoreIndex, cap);
+        EXPECT_EQ(std::memcmp(logits.data(), grad.data(), grad.nbytes()), 0) << "in place";
+      }
+  });
+  const int64_t rows = 3, cols = 5;
+  auto lv = randn(size_t(rows * cols), rng, 4.0f);
+  Tensor targets = make_i32({4, 0, 2});
+  Tensor logits = make_tensor(DType::kF32, {rows, cols}, lv);
+  Tensor grad(DType::kF32, {rows, cols});
+  cross_entropy_fused(logits, targets, grad, 1.0f, TensorView(), kIgnoreIndex, cap);
+  auto loss = [&](const std::vector<float>& xs) {
+    Tensor x = make_tensor(DType::kF32, {rows, cols}, xs);
+    return ref::cross_entropy(x, targets, TensorView(), 1.0f, TensorView(), kIgnoreIndex, cap).loss;
+  };
+  for (size_t i = 0; i < lv.size(); ++i) {
+    auto plus = lv, minus = lv;
+    plus[i] += 1e-2f;
+    minus[i] -= 1e-2f;
+    const double numeric = (loss(plus) - loss(minus)) / (double(plus[i]) - double(minus[i]));
+    EXPECT_NEAR(grad.as<float>()[i], numeric, 2e-4) << "at " << i;
+  }
+  EXPECT_THROW(cross_entropy_forward(logits, targets, TensorView(), kIgnoreIndex, -1.0f), Error);
+}
+
 TEST(CrossEntropy, IgnoreIndexHandling) {
   std::mt19937 rng(14);
   const int64_t rows = 5, cols = 19;

@@ -284,6 +284,56 @@ TEST(PagedAttention, SlidingWindow) {
   EXPECT_THROW(paged_attention(s.c, b.q, b.rows.data(), out, bad), Error);
 }
 
+// Gemma 2's soft-capped scores, with and without a window, ragged and padded, against the
+// contiguous attention kernel's cap and, for every cache type, the reference.
+TEST(PagedAttention, SoftCap) {
+  std::mt19937 rng(13);
+  for (int64_t window : {0, 40})
+    for (float cap : {0.5f, 50.0f}) {
+      SCOPED_TRACE(::testing::Message() << "window " << window << " cap " << cap);
+      const Batch b({1, 16, 41, 300}, 8, 2, 64, 16, rng, 300);
+      PagedAttentionParams params;
+      params.window = window;
+      params.softcap = cap;
+      params.scale = 0.5f;  // large scores: the cap bends them
+      const CacheStore s = b.cache(DType::kF32);
+      const Tensor out = run(s, b, DType::kF32, params);
+      for (int64_t i = 0; i < b.n(); ++i) {
+        const int64_t len = b.lengths[size_t(i)];
+        Tensor q(DType::kF32, {1, 1, 8, 64}), o(DType::kF32, {1, 1, 8, 64});
+        Tensor lse(DType::kF32, {1, 8, 1});
+        std::memcpy(q.data(), b.q.as<float>() + i * 8 * 64, size_t(8 * 64) * sizeof(float));
+        AttentionParams ap;
+        ap.window = window;
+        ap.softcap = cap;
+        ap.scale = 0.5f;
+        ref::attention_forward(q, b.keys[size_t(i)].view().reshape({1, len, 2, 64}),
+                               b.values[size_t(i)].view().reshape({1, len, 2, 64}), o, lse, ap);
+        for (int64_t j = 0; j < 8 * 64; ++j)
+          ASSERT_NEAR(at(out, i * 8 * 64 + j), at(o, j), 1e-5) << "row " << i << " elem " << j;
+      }
+      for (DType dt : kCacheDTypes) {
+        SCOPED_TRACE(dtype_name(dt));
+        const CacheStore c = b.cache(dt);
+        Tensor want(DType::kF32, {b.n(), 8, 64});
+        ref::paged_attention(c.c, b.q, b.rows.data(), want, params);
+        EXPECT_LT(max_abs_diff(run(c, b, DType::kF32, params), want), 1e-5);
+        if (window == 0) {
+          PagedAttentionParams padded = params;
+          padded.mode = PagedAttentionMode::kPadded;
+          padded.padded_length = 300;
+          EXPECT_LT(max_abs_diff(run(c, b, DType::kF32, padded), want), 1e-5);
+        }
+      }
+    }
+  const Batch b({3}, 2, 1, 16, 4, rng, 8);
+  const CacheStore s = b.cache(DType::kF32);
+  PagedAttentionParams bad;
+  bad.softcap = -1.0f;
+  Tensor out(DType::kF32, {1, 2, 16});
+  EXPECT_THROW(paged_attention(s.c, b.q, b.rows.data(), out, bad), Error);
+}
+
 TEST(PagedAttention, MatchesReferenceAllCacheTypes) {
   std::mt19937 rng(3);
   for (DType dt : kCacheDTypes)

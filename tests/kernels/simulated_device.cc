@@ -146,13 +146,14 @@ class SimBackend final : public KernelBackend {
     run([&] { h().rope_backward(H(dy), H(dx), start, t); });
   }
   void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                         const TensorView& out, const TensorView& lse, int64_t w) override {
+                         const TensorView& out, const TensorView& lse,
+                         const AttentionParams& w) override {
     run([&] { h().attention_forward(H(q), H(k), H(v), H(out), H(lse), w); });
   }
   void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& out, const TensorView& dout, const TensorView& lse,
                           const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                          int64_t w) override {
+                          const AttentionParams& w) override {
     run([&] {
       h().attention_backward(H(q), H(k), H(v), H(out), H(dout), H(lse), H(dq), H(dk), H(dv), w);
     });
@@ -238,15 +239,22 @@ class SimBackend final : public KernelBackend {
   void argmax_rows(const TensorView& x, const TensorView& out) override {
     run([&] { h().argmax_rows(H(x), H(out)); });
   }
-  CrossEntropyResult cross_entropy_forward(const TensorView& l, const TensorView& t) override {
+  void softcap_forward(const TensorView& x, float cap) override {
+    run([&] { h().softcap_forward(H(x), cap); });
+  }
+  void residual_add(const TensorView& x, const TensorView& y) override {
+    run([&] { h().residual_add(H(x), H(y)); });
+  }
+  CrossEntropyResult cross_entropy_forward(const TensorView& l, const TensorView& t,
+                                           float cap) override {
     CrossEntropyResult r;
-    run([&] { r = h().cross_entropy_forward(H(l), H(t)); });
+    run([&] { r = h().cross_entropy_forward(H(l), H(t), cap); });
     return r;
   }
   CrossEntropyResult cross_entropy_fused(const TensorView& l, const TensorView& t,
-                                         const TensorView& d, float dl) override {
+                                         const TensorView& d, float dl, float cap) override {
     CrossEntropyResult r;
-    run([&] { r = h().cross_entropy_fused(H(l), H(t), H(d), dl); });
+    run([&] { r = h().cross_entropy_fused(H(l), H(t), H(d), dl, cap); });
     return r;
   }
   void adamw_step(const TensorView& p, const TensorView& g, const TensorView& m,

@@ -222,7 +222,8 @@ void CudaBackend::rope(const char* op, const TensorView& x, const TensorView& ou
 }
 
 AttentionShape CudaBackend::attention_shape(const char* op, const TensorView& q,
-                                            const TensorView& k, const TensorView& v) {
+                                            const TensorView& k, const TensorView& v,
+                                            const AttentionParams& params) {
   HYP_CHECK(q.rank() == 4 && k.rank() == 4 && k.shape == v.shape && q.shape[0] == k.shape[0] &&
                 q.shape[3] == k.shape[3],
             "{}: q {}, k {} and v {} must be [B, Tq, Hq, D] and [B, Tk, Hkv, D]", op, q.str(),
@@ -233,7 +234,12 @@ AttentionShape CudaBackend::attention_shape(const char* op, const TensorView& q,
   HYP_CHECK(s.tq <= s.tk, "{}: causal attention needs Tq={} <= Tk={}", op, s.tq, s.tk);
   HYP_CHECK(s.d >= 1 && s.d <= 256, "{}: head_dim {} is not in [1, 256] on the cuda backend", op,
             s.d);
-  s.scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+  check_no_window(op, params.window, s.tk);
+  check_no_softcap(op, params.softcap);
+  HYP_CHECK(params.causal, "{}: the cuda backend runs causal attention only", op);
+  HYP_CHECK(params.scale == 0.0f || (std::isfinite(params.scale) && params.scale > 0.0f),
+            "{}: scale must be finite and positive, got {}", op, params.scale);
+  s.scale = params.scale > 0.0f ? params.scale : 1.0f / std::sqrt(static_cast<float>(s.d));
   return s;
 }
 
@@ -278,6 +284,7 @@ void CudaBackend::paged_attention(const PagedKvCache& cache, const TensorView& q
     HYP_CHECK(rows[r].length >= 1, "{}: row {} has length {} (must be >= 1)", op, r,
               rows[r].length);
     check_no_window(op, params.window, rows[r].length);
+    check_no_softcap(op, params.softcap);
     const int64_t len = params.mode == PagedAttentionMode::kPadded
                             ? std::max(params.padded_length, rows[r].length)
                             : rows[r].length;

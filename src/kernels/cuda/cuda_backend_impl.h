@@ -171,11 +171,11 @@ class CudaBackend final : public KernelBackend {
   }
 
   void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                         const TensorView& out, const TensorView& lse, int64_t window) override {
+                         const TensorView& out, const TensorView& lse,
+                         const AttentionParams& params) override {
     const char* op = "attention_forward";
     check(op, {&q, &k, &v, &out, &lse});
-    const AttentionShape sh = attention_shape(op, q, k, v);
-    check_no_window(op, window, sh.tk);
+    const AttentionShape sh = attention_shape(op, q, k, v, params);
     HYP_CHECK(out.shape == q.shape, "{}: out {} must have q's shape {}", op, out.str(), q.str());
     HYP_CHECK(lse.numel() == sh.b * sh.hq * sh.tq, "{}: lse {} must be [{}, {}, {}]", op, lse.str(),
               sh.b, sh.hq, sh.tq);
@@ -186,11 +186,10 @@ class CudaBackend final : public KernelBackend {
   void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& out, const TensorView& dout, const TensorView& lse,
                           const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                          int64_t window) override {
+                          const AttentionParams& params) override {
     const char* op = "attention_backward";
     check(op, {&q, &k, &v, &out, &dout, &lse, &dq, &dk, &dv});
-    const AttentionShape sh = attention_shape(op, q, k, v);
-    check_no_window(op, window, sh.tk);
+    const AttentionShape sh = attention_shape(op, q, k, v, params);
     HYP_CHECK(out.shape == q.shape && dout.shape == q.shape && dq.shape == q.shape &&
                   dk.shape == k.shape && dv.shape == v.shape,
               "{}: out {}, dout {}, dq {}, dk {}, dv {} must match q {} and k {}", op, out.str(),
@@ -358,12 +357,29 @@ class CudaBackend final : public KernelBackend {
                              f32(op, dtable), scale);
     launched(op);
   }
-  CrossEntropyResult cross_entropy_forward(const TensorView& logits,
-                                           const TensorView& targets) override {
+  void softcap_forward(const TensorView& x, float cap) override {
+    const char* op = "softcap_forward";
+    check(op, {&x});
+    HYP_CHECK(std::isfinite(cap) && cap > 0.0f, "{}: cap must be finite and > 0, got {}", op, cap);
+    cuda::softcap(stream_, x.data, elem_of(op, "x", x), x.numel(), cap);
+    launched(op);
+  }
+  void residual_add(const TensorView& x, const TensorView& y) override {
+    const char* op = "residual_add";
+    check(op, {&x, &y});
+    HYP_CHECK(x.numel() == y.numel(), "{}: x {} and y {} differ in size", op, x.str(), y.str());
+    cuda::residual_add(stream_, x.data, elem_of(op, "x", x), f32(op, y), x.numel());
+    launched(op);
+  }
+  CrossEntropyResult cross_entropy_forward(const TensorView& logits, const TensorView& targets,
+                                           float softcap) override {
+    check_no_softcap("cross_entropy_forward", softcap);
     return cross_entropy("cross_entropy_forward", logits, targets, nullptr, 1.0f);
   }
   CrossEntropyResult cross_entropy_fused(const TensorView& logits, const TensorView& targets,
-                                         const TensorView& dlogits, float dloss) override {
+                                         const TensorView& dlogits, float dloss,
+                                         float softcap) override {
+    check_no_softcap("cross_entropy_fused", softcap);
     check("cross_entropy_fused", {&dlogits});
     HYP_CHECK(dlogits.shape == logits.shape && dlogits.dtype == logits.dtype,
               "cross_entropy_fused: dlogits {} must match logits {}", dlogits.str(), logits.str());
@@ -423,6 +439,12 @@ class CudaBackend final : public KernelBackend {
               "yet; run this model on the CPU",
               op, window, keys);
   }
+  static void check_no_softcap(const char* op, float softcap) {
+    HYP_CHECK(softcap == 0.0f,
+              "{}: logit soft-capping (cap {}) is not on the cuda backend yet; run this model on "
+              "the CPU",
+              op, softcap);
+  }
   // A launch error (bad configuration, no kernel image for this device) names the op.
   void launched(const char* op) {
     const cudaError_t e = cudaGetLastError();
@@ -434,7 +456,8 @@ class CudaBackend final : public KernelBackend {
   void rope(const char* op, const TensorView& x, const TensorView& out, int64_t start,
             const TensorView* positions, const RopeTable& table, bool inverse);
   AttentionShape attention_shape(const char* op, const TensorView& q, const TensorView& k,
-                                 const TensorView& v);
+                                 const TensorView& v,
+                                 const AttentionParams& params);
   PagedCacheArgs cache_args(const char* op, const PagedKvCache& cache);
   const int32_t* upload_indices(const int32_t* a, int64_t na, const int32_t* b = nullptr,
                                 int64_t nb = 0);

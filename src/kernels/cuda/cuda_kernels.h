@@ -63,6 +63,9 @@ int64_t sum_squares_blocks(int64_t n);
 void sum_squares(cudaStream_t s, const void* x, Elem t, int64_t n, double* partial);
 void sum_partials(cudaStream_t s, const double* partial, int64_t count, double* out);
 void scale(cudaStream_t s, void* x, Elem t, int64_t n, float factor);
+// x <- cap * tanh(x / cap) in place; y (f32) += x (kernels/softcap.h).
+void softcap(cudaStream_t s, void* x, Elem t, int64_t n, float cap);
+void residual_add(cudaStream_t s, const void* x, Elem t, float* y, int64_t n);
 
 // ---- norm.cu
 void rmsnorm_forward(cudaStream_t s, const void* x, Elem xt, const float* w, float eps, void* y,

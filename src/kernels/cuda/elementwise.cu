@@ -323,7 +323,29 @@ __global__ void scale_kernel(void* x, Elem t, int64_t n, float factor) {
     store(x, t, i, load(x, t, i) * factor);
 }
 
+__global__ void softcap_kernel(void* x, Elem t, int64_t n, float cap) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    store(x, t, i, cap * tanhf(load(x, t, i) / cap));
+}
+
+__global__ void residual_add_kernel(const void* x, Elem t, float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += load(x, t, i);
+}
+
 }  // namespace
+
+void softcap(cudaStream_t s, void* x, Elem t, int64_t n, float cap) {
+  if (n <= 0) return;
+  softcap_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(x, t, n, cap);
+}
+
+void residual_add(cudaStream_t s, const void* x, Elem t, float* y, int64_t n) {
+  if (n <= 0) return;
+  residual_add_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(x, t, y, n);
+}
 
 void convert(cudaStream_t s, const void* src, int32_t src_dtype, void* dst, int32_t dst_dtype,
              int64_t n) {
