@@ -28,14 +28,14 @@ DecoderArch gemma2_defaults() {
   return a;
 }
 
-// Gemma 3 1B's values (Gemma3TextConfig's defaults, sliding_window 512 as released).
+// Gemma3TextConfig's defaults (the released 1B narrows the window to 512).
 DecoderArch gemma3_defaults() {
   DecoderArch a = gemma_defaults();
   a.family = DecoderFamily::kGemma3;
   a.post_norms = true;
   a.qk_norm = true;
   a.query_pre_attn_scalar = 256;
-  a.sliding_window = 512;
+  a.sliding_window = 4096;
   a.sliding_window_pattern = 6;
   a.local_rope_theta = 10000.0;
   return a;

@@ -4,6 +4,7 @@
 // key that would change the computation checked, by from_hf_json.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -41,13 +42,15 @@ nlohmann::ordered_json rope_scaling_json(const RopeScaling& s) {
 std::string LlamaConfig::to_hf_json() const {
   nlohmann::ordered_json j;
   const FamilyInfo& fam = family_info(arch.family);
-  // A Llama with a window on every layer is transformers' Mistral (LlamaConfig has none).
-  HYP_CHECK(arch.sliding_window == 0 ||
+  // A Llama with a window on every layer is transformers' Mistral (LlamaConfig has none);
+  // Gemma 2/3 list each layer's kind (layer_types).
+  const bool gemma_n = arch.family == DecoderFamily::kGemma2 || arch.family == DecoderFamily::kGemma3;
+  HYP_CHECK(arch.sliding_window == 0 || gemma_n ||
                 (arch.family == DecoderFamily::kLlama && arch.sliding_window_pattern == 0),
             "config.json: a {} model with sliding_window {} and pattern {} has no Hugging Face "
             "class that reads it",
             fam.decoder_block, arch.sliding_window, arch.sliding_window_pattern);
-  const bool mistral = arch.sliding_window > 0 && !is_moe();
+  const bool mistral = arch.sliding_window > 0 && !is_moe() && !gemma_n;
   j["architectures"] = {is_moe() ? "MixtralForCausalLM" : mistral ? "MistralForCausalLM" : fam.hf_class};
   j["model_type"] = is_moe() ? "mixtral" : mistral ? "mistral" : fam.hf_model_type;
   if (mistral) j["sliding_window"] = arch.sliding_window;
@@ -74,8 +77,25 @@ std::string LlamaConfig::to_hf_json() const {
   j["head_dim"] = head_dim;
   j["hidden_act"] = gated_activation_name(arch.activation);
   // GemmaConfig reads hidden_activation (hidden_act is its legacy key).
-  if (arch.family == DecoderFamily::kGemma)
+  if (arch.family == DecoderFamily::kGemma || gemma_n)
     j["hidden_activation"] = gated_activation_name(arch.activation);
+  if (gemma_n) {
+    auto cap = [](double v) { return v > 0 ? nlohmann::ordered_json(v) : nlohmann::ordered_json(); };
+    j["query_pre_attn_scalar"] = arch.query_pre_attn_scalar > 0 ? arch.query_pre_attn_scalar
+                                                                 : double(head_dim);
+    j["attn_logit_softcapping"] = cap(arch.attn_logit_softcap);
+    j["final_logit_softcapping"] = cap(arch.final_logit_softcap);
+    // No window: one as long as the context (global in every transformers version).
+    j["sliding_window"] = arch.sliding_window > 0 ? arch.sliding_window : max_seq_len;
+    if (arch.family == DecoderFamily::kGemma3) {
+      j["sliding_window_pattern"] = arch.sliding_window_pattern;
+      j["rope_local_base_freq"] = arch.local_rope_theta > 0 ? arch.local_rope_theta : rope_theta;
+    }
+    nlohmann::ordered_json types = nlohmann::ordered_json::array();
+    for (int64_t l = 0; l < n_layers; ++l)
+      types.push_back(arch.layer_window(l) > 0 ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+  }
   j["max_position_embeddings"] = max_seq_len;
   j["rms_norm_eps"] = norm_eps;
   j["rope_theta"] = rope_theta;
@@ -112,6 +132,8 @@ const HfModelType kHfModelTypes[] = {
     {"mistral", "MistralForCausalLM", DecoderFamily::kLlama, 10000.0, 1e-6},
     {"mixtral", "MixtralForCausalLM", DecoderFamily::kLlama, 1e6, 1e-5},
     {"gemma", "GemmaForCausalLM", DecoderFamily::kGemma, 10000.0, 1e-6},
+    {"gemma2", "Gemma2ForCausalLM", DecoderFamily::kGemma2, 10000.0, 1e-6},
+    {"gemma3_text", "Gemma3ForCausalLM", DecoderFamily::kGemma3, 1e6, 1e-6},
     {"qwen2", "Qwen2ForCausalLM", DecoderFamily::kQwen2, 10000.0, 1e-6},
     {"qwen3", "Qwen3ForCausalLM", DecoderFamily::kQwen3, 10000.0, 1e-6},
 };
@@ -238,7 +260,8 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
     }
   if (mt == nullptr) mt = &kHfModelTypes[0];
   const DecoderFamily family = mt->family;
-  const bool gemma = family == DecoderFamily::kGemma;
+  const bool gemma_n = family == DecoderFamily::kGemma2 || family == DecoderFamily::kGemma3;
+  const bool gemma = family == DecoderFamily::kGemma || gemma_n;
   LlamaConfig c;
   c.arch = family_info(family).defaults;
   if (gemma) {
@@ -257,9 +280,28 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
   } else {
     require_one_of("hidden_act", {"silu"});
   }
-  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"})
-    HYP_CHECK(!has(key), "{}: {} = {} is not supported yet", origin, key,
-              j.contains(key) ? j[key].dump() : "");
+  // Soft caps, query_pre_attn_scalar and the local RoPE base: Gemma 2/3's keys (absent:
+  // the config class's default; null: off). Elsewhere a cap changes the model: refused.
+  auto family_num = [&](const char* key, double* field) {
+    if (!j.contains(key)) return;
+    if (j[key].is_null()) {
+      *field = 0.0;
+      return;
+    }
+    HYP_CHECK(j[key].is_number(), "{}: key '{}' = {} is not a number", origin, key, j[key].dump());
+    *field = j[key].get<double>();
+  };
+  if (gemma_n) {
+    family_num("attn_logit_softcapping", &c.arch.attn_logit_softcap);
+    family_num("final_logit_softcapping", &c.arch.final_logit_softcap);
+    family_num("query_pre_attn_scalar", &c.arch.query_pre_attn_scalar);
+    if (family == DecoderFamily::kGemma3)
+      family_num("rope_local_base_freq", &c.arch.local_rope_theta);
+  } else {
+    for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"})
+      HYP_CHECK(!has(key), "{}: {} = {} is not supported for model_type '{}' (Gemma 2's)", origin,
+                key, j.contains(key) ? j[key].dump() : "", mt->model_type);
+  }
   HYP_CHECK(!has("mlp_bias") || j["mlp_bias"] == false,
             "{}: mlp_bias = {} is not supported (the MLP has no biases)", origin,
             j.contains("mlp_bias") ? j["mlp_bias"].dump() : "");
@@ -303,26 +345,61 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
     const bool used = !has("use_sliding_window") || j["use_sliding_window"] == true;
     const int64_t window = get_int("sliding_window", false, 0);
     // Qwen's max_window_layers (local only past a layer) has no pattern here.
-    HYP_CHECK(!used || window >= c.max_seq_len || c.arch.family == DecoderFamily::kLlama,
+    HYP_CHECK(!used || window >= c.max_seq_len || c.arch.family == DecoderFamily::kLlama || gemma_n,
               "{}: key 'sliding_window' = {} with use_sliding_window on a {} model (local "
               "attention from max_window_layers on) is not supported yet",
               origin, window, mt->model_type);
-    // Every layer local, as Mistral v0.1 (a window covering the context is none).
-    if (used && window < c.max_seq_len) c.arch.sliding_window = window;
+    HYP_CHECK(window >= 0, "{}: key 'sliding_window' = {} must be >= 0", origin, window);
+    // Gemma 2/3 keep theirs (their pattern says which layers); elsewhere every layer is
+    // local, as Mistral v0.1, and a window covering the context is none.
+    if (gemma_n)
+      c.arch.sliding_window = window;
+    else if (used && window < c.max_seq_len)
+      c.arch.sliding_window = window;
   }
-  // transformers 5 lists each layer's attention; every layer local, or all global.
+  if (family == DecoderFamily::kGemma3 && has("sliding_window_pattern"))
+    c.arch.sliding_window_pattern = get_int("sliding_window_pattern", false, 6);
+  // transformers 5 lists each layer's attention: every layer local, all global, or every
+  // N-th global (the only mixes this decoder runs).
   if (has("layer_types")) {
     HYP_CHECK(j["layer_types"].is_array() &&
                   static_cast<int64_t>(j["layer_types"].size()) == c.n_layers,
               "{}: key 'layer_types' must list num_hidden_layers ({}) entries", origin,
               c.n_layers);
+    std::vector<bool> full;
     for (const auto& t : j["layer_types"]) {
       const std::string type = t.is_string() ? t.get<std::string>() : t.dump();
-      HYP_CHECK(type == (c.arch.sliding_window > 0 ? "sliding_attention" : "full_attention"),
-                "{}: key 'layer_types' has '{}' where the config's sliding_window says {}: "
-                "mixed local and global layers are read for Gemma only",
-                origin, type,
-                c.arch.sliding_window > 0 ? "sliding_attention" : "full_attention");
+      HYP_CHECK(type == "sliding_attention" || type == "full_attention",
+                "{}: key 'layer_types' has '{}' (sliding_attention or full_attention)", origin,
+                type);
+      full.push_back(type == "full_attention");
+    }
+    const auto first_full = std::find(full.begin(), full.end(), true);
+    bool as_configured = true;  // the window and pattern read so far say the same
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      as_configured = as_configured && full[static_cast<size_t>(l)] == (c.arch.layer_window(l) == 0);
+    if (as_configured) {
+      // Nothing to infer.
+    } else if (c.arch.sliding_window == 0 || first_full == full.begin()) {
+      // No window (or one past the context), or the first layer global: all must be.
+      HYP_CHECK(c.arch.sliding_window == 0 || std::count(full.begin(), full.end(), false) == 0,
+                "{}: key 'layer_types' mixes local and global layers with layer 0 global; "
+                "supported: all local, all global, or every N-th global",
+                origin);
+      c.arch.sliding_window = 0;
+      c.arch.sliding_window_pattern = 0;
+    } else {
+      const int64_t n = first_full == full.end() ? 0 : (first_full - full.begin()) + 1;
+      HYP_CHECK(n == 0 || gemma_n,
+                "{}: key 'layer_types' mixes local and global layers: read for Gemma 2/3 only "
+                "(model_type '{}')",
+                origin, mt->model_type);
+      for (int64_t l = 0; l < c.n_layers; ++l)
+        HYP_CHECK(full[static_cast<size_t>(l)] == (n > 0 && (l + 1) % n == 0),
+                  "{}: key 'layer_types' entry {} breaks the every-{}-th-global pattern "
+                  "(supported: all local, all global, or every N-th global)",
+                  origin, l, n);
+      c.arch.sliding_window_pattern = n;
     }
   }
   // RoPE: rope_scaling (+ rope_theta) as on the Hub, or transformers 5's rope_parameters.
@@ -332,12 +409,26 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
     const nlohmann::json& rp = j["rope_parameters"];
     HYP_CHECK(rp.is_object(), "{}: rope_parameters must be an object, got {}", origin, rp.dump());
     if (rp.contains("full_attention") || rp.contains("sliding_attention")) {
-      HYP_CHECK(!rp.contains("sliding_attention"),
-                "{}: rope_parameters.sliding_attention: per-layer-type RoPE (sliding-window "
-                "layers) is not supported yet",
-                origin);
+      HYP_CHECK(rp.contains("full_attention"),
+                "{}: rope_parameters has sliding_attention but no full_attention", origin);
       read_rope_object(rp["full_attention"], origin + ": rope_parameters.full_attention",
                        c.max_seq_len, &c.rope_scaling, &c.rope_theta);
+      if (rp.contains("sliding_attention")) {
+        HYP_CHECK(family == DecoderFamily::kGemma3,
+                  "{}: rope_parameters.sliding_attention: a RoPE of the local layers' own is "
+                  "read for Gemma 3 only (model_type '{}')",
+                  origin, mt->model_type);
+        // The local layers' own RoPE (Gemma 3): a base, never scaled.
+        RopeScaling local;
+        double theta = c.arch.local_rope_theta > 0 ? c.arch.local_rope_theta : c.rope_theta;
+        read_rope_object(rp["sliding_attention"], origin + ": rope_parameters.sliding_attention",
+                         c.max_seq_len, &local, &theta);
+        HYP_CHECK(local.type == RopeScaling::Type::kNone,
+                  "{}: rope_parameters.sliding_attention.rope_type '{}': the local layers' RoPE "
+                  "is unscaled here (default only)",
+                  origin, rope_type_name(local.type));
+        if (theta != c.rope_theta || family == DecoderFamily::kGemma3) c.arch.local_rope_theta = theta;
+      }
     } else {
       read_rope_object(rp, origin + ": rope_parameters", c.max_seq_len, &c.rope_scaling,
                        &c.rope_theta);
@@ -346,7 +437,7 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
     read_rope_object(j["rope_scaling"], origin + ": rope_scaling", c.max_seq_len, &c.rope_scaling,
                      &c.rope_theta);
   }
-  c.tie_embeddings = gemma;  // GemmaConfig's default: the head is the embedding
+  c.tie_embeddings = gemma;  // Gemma*Config's default: the head is the embedding
   if (j.contains("tie_word_embeddings")) {
     HYP_CHECK(j["tie_word_embeddings"].is_boolean(),
               "{}: key 'tie_word_embeddings' = {} is not a boolean", origin,

@@ -348,6 +348,8 @@ void LlamaModel::forward_logits(const int32_t* inputs, float* logits) {
   const int64_t n = tokens_per_batch();
   std::vector<int32_t> targets(static_cast<size_t>(n), kIgnoreIndex);
   forward_loss(inputs, targets.data());
+  // The model's logits: soft-capped where the family caps them (the loss capped its copy).
+  decoder_.cap_logits(logits_, n, act_);
   KernelBackend& k = decoder_.kernels();
   const size_t count = static_cast<size_t>(n * cfg_.vocab_size);
   if (k.device() == Device::kHost) {

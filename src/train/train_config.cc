@@ -79,11 +79,23 @@ std::vector<ConfigKey> train_config_schema() {
       {"attention_bias", T::kBool, "false",
        "biases on q_proj, k_proj, v_proj and o_proj (attention_bias; qwen2 always has q/k/v "
        "biases)"},
-      {"sliding_window_size", T::kInt, "0",
-       "local attention window in tokens (sliding_window; Mistral v0.1: 4096); 0: global"},
-      {"sliding_window_pattern", T::kInt, "0",
-       "with a window: 0 = every layer local; N >= 2 = every N-th layer global (Gemma 2: 2, "
-       "Gemma 3: 6)"},
+      {"sliding_window_size", T::kInt, "-1",
+       "local attention window in tokens (sliding_window; Mistral v0.1: 4096); 0: global; "
+       "-1: the family's (gemma2 4096, gemma3 4096, others 0)"},
+      {"sliding_window_pattern", T::kInt, "-1",
+       "with a window: 0 = every layer local; N >= 2 = every N-th layer global; -1: the "
+       "family's (gemma2 2, gemma3 6, others 0)"},
+      {"attn_logits_soft_cap", T::kFloat, "-1",
+       "attention scores capped by cap * tanh(s / cap) (attn_logit_softcapping); 0: off; -1: "
+       "the family's (gemma2 50)"},
+      {"final_logits_soft_cap", T::kFloat, "-1",
+       "logits capped by cap * tanh(z / cap) (final_logit_softcapping); 0: off; -1: the "
+       "family's (gemma2 30)"},
+      {"query_pre_attn_scalar", T::kFloat, "-1",
+       "attention scale 1/sqrt(this); 0: 1/sqrt(head_dim); -1: the family's (gemma2/3 256)"},
+      {"local_rope_max_timescale", T::kFloat, "-1",
+       "RoPE base of the sliding-window layers, unscaled (rope_local_base_freq); 0: the global "
+       "RoPE; -1: the family's (gemma3 10000)"},
 
       {"logits_via_embedding", T::kBool, "false", "tie lm_head to the embedding"},
       {"max_position_embeddings", T::kInt, "0", "0: max_target_length"},
@@ -386,8 +398,24 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
               where("attention_bias"));
     m.arch.qkv_bias = m.arch.o_bias = true;
   }
-  m.arch.sliding_window = c.get_int("sliding_window_size");
-  m.arch.sliding_window_pattern = c.get_int("sliding_window_pattern");
+  // -1: keep the family's value (m.arch starts as its defaults).
+  auto family_int = [&](const char* key, int64_t* field) {
+    const int64_t v = c.get_int(key);
+    HYP_CHECK(v >= -1, "config key {} must be >= 0 (or -1: the family's), got {}", where(key), v);
+    if (v >= 0) *field = v;
+  };
+  auto family_float = [&](const char* key, double* field) {
+    const double v = c.get_float(key);
+    HYP_CHECK(v == -1.0 || (std::isfinite(v) && v >= 0.0),
+              "config key {} must be >= 0 (or -1: the family's), got {}", where(key), v);
+    if (v >= 0) *field = v;
+  };
+  family_int("sliding_window_size", &m.arch.sliding_window);
+  family_int("sliding_window_pattern", &m.arch.sliding_window_pattern);
+  family_float("attn_logits_soft_cap", &m.arch.attn_logit_softcap);
+  family_float("final_logits_soft_cap", &m.arch.final_logit_softcap);
+  family_float("query_pre_attn_scalar", &m.arch.query_pre_attn_scalar);
+  family_float("local_rope_max_timescale", &m.arch.local_rope_theta);
   // Gemma's head is always the embedding (GemmaForCausalLM ties it).
   m.tie_embeddings = c.get_bool("logits_via_embedding") || family->tied_head;
   // The model's bound (max_position_embeddings), checked here so the error names the key

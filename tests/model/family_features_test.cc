@@ -76,6 +76,31 @@ std::vector<FamilyCase> family_cases() {
     c.arch.sliding_window_pattern = 2;
     out.push_back({"window-pattern", c});
   }
+  {
+    // Gemma 2: post-norms, scores and logits soft-capped (caps small enough to bend these
+    // values), query_pre_attn_scalar, every other layer local.
+    LlamaConfig c = base;
+    c.arch = family_info(DecoderFamily::kGemma2).defaults;
+    c.tie_embeddings = true;
+    c.head_dim = 6;
+    c.arch.sliding_window = 3;
+    c.arch.attn_logit_softcap = 0.8;
+    c.arch.final_logit_softcap = 1.5;
+    c.arch.query_pre_attn_scalar = 3;
+    out.push_back({"gemma2", c});
+  }
+  {
+    // Gemma 3: post-norms, q/k norms, the local layers' own RoPE base.
+    LlamaConfig c = base;
+    c.arch = family_info(DecoderFamily::kGemma3).defaults;
+    c.tie_embeddings = true;
+    c.rope_theta = 1000;
+    c.arch.local_rope_theta = 7;
+    c.arch.sliding_window = 3;
+    c.arch.sliding_window_pattern = 2;
+    c.arch.query_pre_attn_scalar = 5;
+    out.push_back({"gemma3", c});
+  }
   return out;
 }
 
@@ -97,6 +122,10 @@ TEST(FamilyFeatures, ParametersOfEachFamily) {
     EXPECT_EQ(ps.find("model.layers.1.self_attn.v_proj.bias") != nullptr, bias) << fc.name;
     EXPECT_EQ(ps.find("model.layers.1.self_attn.o_proj.bias") != nullptr, o_bias) << fc.name;
     EXPECT_EQ(ps.find("model.layers.0.self_attn.q_norm.weight") != nullptr, qkn) << fc.name;
+    const bool post = fc.config.arch.post_norms;
+    EXPECT_EQ(ps.find("model.layers.1.pre_feedforward_layernorm.weight") != nullptr, post);
+    EXPECT_EQ(ps.find("model.layers.1.post_feedforward_layernorm.weight") != nullptr, post);
+    EXPECT_NE(ps.find("model.layers.1.post_attention_layernorm.weight"), nullptr);
     if (qkn) {
       EXPECT_EQ(ps.find("model.layers.0.self_attn.k_norm.weight")->shape,
                 Shape{fc.config.head_dim});
@@ -149,8 +178,8 @@ TEST(FamilyFeatures, GenerationMatchesTheFullForward) {
 // config.json round-trips the whole shape.
 TEST(FamilyTable, NamesAndConfigRoundTripAgreeForEveryFamily) {
   std::vector<LlamaConfig> configs;
-  for (DecoderFamily f :
-       {DecoderFamily::kLlama, DecoderFamily::kGemma, DecoderFamily::kQwen2, DecoderFamily::kQwen3}) {
+  for (DecoderFamily f : {DecoderFamily::kLlama, DecoderFamily::kGemma, DecoderFamily::kQwen2,
+                          DecoderFamily::kQwen3, DecoderFamily::kGemma2, DecoderFamily::kGemma3}) {
     LlamaConfig c = testing_util::tiny_test_config();
     c.arch = family_info(f).defaults;
     c.tie_embeddings = family_info(f).tied_head;
@@ -261,7 +290,10 @@ std::string error_of(const std::string& body) {
 
 TEST(FamilyConfig, HfJsonRoundTripOfEveryFeature) {
   for (const FamilyCase& fc : family_cases()) {
-    if (fc.config.arch.sliding_window_pattern > 0) {  // no Hugging Face class reads it
+    const DecoderFamily f = fc.config.arch.family;
+    const bool layer_types = f == DecoderFamily::kGemma2 || f == DecoderFamily::kGemma3;
+    if (fc.config.arch.sliding_window_pattern > 0 && !layer_types) {
+      // No Hugging Face class of the llama family reads a pattern.
       EXPECT_THROW(fc.config.to_hf_json(), Error) << fc.name;
       continue;
     }

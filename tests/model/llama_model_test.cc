@@ -214,10 +214,11 @@ TEST(GemmaConfig, HfJsonRoundTripAndLegacyActivation) {
       EXPECT_NE(std::string(e.what()).find("dir/config.json"), std::string::npos) << e.what();
     }
   }
-  // Room for Gemma 2 not built yet: refused, not ignored. A window pattern needs a window
-  // and N >= 2.
+  // Soft caps must be finite and >= 0. A window pattern needs a window and N >= 2.
   LlamaConfig room = c;
   room.arch.final_logit_softcap = 30.0;
+  EXPECT_NO_THROW(room.validate("preset"));
+  room.arch.final_logit_softcap = -1.0;
   EXPECT_THROW(room.validate("preset"), Error);
   room = c;
   room.arch.sliding_window = 512;

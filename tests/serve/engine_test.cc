@@ -195,12 +195,12 @@ TEST(Engine, GemmaModelEqualsGenerator) {
 }
 
 // Qwen2 (q/k/v biases, YaRN past an original context of 8), Qwen3 (per-head q/k norms,
-// linear RoPE scaling), Llama 3.1 (scaled RoPE, attention_bias on q/k/v/o) and sliding
-// windows (Mistral's on every layer, and every other layer, of 6 positions: prefill chunks
+// linear RoPE scaling), Llama 3.1 (scaled RoPE, attention_bias on q/k/v/o), Gemma 2 and 3
+// (post-norms, soft caps, local RoPE) and sliding windows (Mistral's on every layer, and every other layer, of 6 positions: prefill chunks
 // and decode rows whose window starts mid-page): the engine's paged batches (prompts
 // spanning several pages) equal the generator token for token.
 TEST(Engine, HuggingFaceFamiliesEqualGenerator) {
-  for (int which = 0; which < 5; ++which) {
+  for (int which = 0; which < 7; ++which) {
     SCOPED_TRACE(which);
     LlamaConfig c = small_config();
     if (which == 0) {
@@ -218,6 +218,21 @@ TEST(Engine, HuggingFaceFamiliesEqualGenerator) {
       c.rope_scaling.type = RopeScaling::Type::kLlama3;
       c.rope_scaling.factor = 8;
       c.rope_scaling.original_max_positions = 16;
+    } else if (which == 5) {
+      // Gemma 2: post-norms, capped scores (the paged decode's portable path) and logits.
+      c.arch = family_info(DecoderFamily::kGemma2).defaults;
+      c.tie_embeddings = true;
+      c.arch.sliding_window = 6;
+      c.arch.attn_logit_softcap = 1.0;
+      c.arch.final_logit_softcap = 3.0;
+      c.arch.query_pre_attn_scalar = 10;
+    } else if (which == 6) {
+      // Gemma 3: q/k norms, local layers with their own RoPE base.
+      c.arch = family_info(DecoderFamily::kGemma3).defaults;
+      c.tie_embeddings = true;
+      c.arch.sliding_window = 6;
+      c.arch.sliding_window_pattern = 2;
+      c.arch.local_rope_theta = 50;
     } else {
       c.arch.sliding_window = 6;
       c.arch.sliding_window_pattern = which == 4 ? 2 : 0;
