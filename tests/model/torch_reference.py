@@ -220,18 +220,30 @@ class RefLlama:
         }
 
     def gemma(self):
-        return self.c.get("model_type") == "gemma"
+        return self.c.get("model_type") in ("gemma", "gemma2", "gemma3_text")
 
     def rmsnorm(self, x, w):
-        # GemmaRMSNorm scales by (1 + w); LlamaRMSNorm by w.
+        # GemmaRMSNorm (Gemma 1-3) scales by (1 + w); LlamaRMSNorm by w.
         scale = 1.0 + w if self.gemma() else w
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c["rms_norm_eps"]) * scale
 
-    def rope_tables(self, T):
-        """cos, sin [T, hd] as modeling_rope_utils computes them (in float64 here)."""
+    def sliding(self, layer):
+        """Whether a layer attends through the sliding window (and how wide it is)."""
+        c = self.c
+        if c["model_type"] in ("mistral", "mixtral"):
+            return c.get("sliding_window")
+        if c["model_type"] in ("gemma2", "gemma3_text"):
+            return c["sliding_window"] if c["layer_types"][layer] == "sliding_attention" else None
+        return None
+
+    def rope_tables(self, T, local=False):
+        """cos, sin [T, hd] as modeling_rope_utils computes them (in float64 here); local:
+        Gemma 3's sliding layers (rope_local_base_freq, unscaled)."""
         c = self.c
         hd, base = c["head_dim"], c["rope_theta"]
         rs = c.get("rope_scaling") or {}
+        if local:
+            base, rs = c["rope_local_base_freq"], {}
         kind = rs.get("rope_type", rs.get("type", "default"))
         inv_freq = 1.0 / (base ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
         attention_factor = 1.0
@@ -265,8 +277,8 @@ class RefLlama:
         return emb.cos() * attention_factor, emb.sin() * attention_factor
 
     def head_rmsnorm(self, x, w):
-        """Qwen3's q_norm / k_norm: RMSNorm over head_dim."""
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c["rms_norm_eps"]) * w
+        """Qwen3's and Gemma 3's q_norm / k_norm: RMSNorm over head_dim (Gemma's (1 + w))."""
+        return self.rmsnorm(x, w)
 
     def proj(self, h, p, name):
         y = h @ self.w[p + name + ".weight"].T
@@ -284,13 +296,17 @@ class RefLlama:
         c, w = self.c, self.w
         B, T = ids.shape
         H, KV, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
-        cos, sin = self.rope_tables(T)
-        cos, sin = cos[None, None], sin[None, None]  # [1, 1, T, hd]
-        mask = torch.full((T, T), float("-inf")).triu(1)
-        # MistralForCausalLM's sliding window: query i sees keys j with i - W < j <= i.
-        window = c.get("sliding_window") if c["model_type"] in ("mistral", "mixtral") else None
-        if window:
-            mask = mask + torch.full((T, T), float("-inf")).tril(-window)
+        tables = {}
+        for local in (False, True):
+            if local and "rope_local_base_freq" not in c:
+                continue
+            cos, sin = self.rope_tables(T, local)
+            tables[local] = (cos[None, None], sin[None, None])  # [1, 1, T, hd]
+        causal = torch.full((T, T), float("-inf")).triu(1)
+        # Gemma 2/3: scores scaled by query_pre_attn_scalar^-0.5 and (Gemma 2) soft-capped.
+        scaling = c.get("query_pre_attn_scalar", hd) ** -0.5
+        attn_cap = c.get("attn_logit_softcapping")
+        post_norms = c["model_type"] in ("gemma2", "gemma3_text")
         x = w["model.embed_tokens.weight"][ids]
         if self.gemma():  # GemmaModel: inputs_embeds * sqrt(hidden_size)
             x = x * math.sqrt(c["hidden_size"])
@@ -304,23 +320,42 @@ class RefLlama:
                 k = self.head_rmsnorm(k, w[p + "self_attn.k_norm.weight"])
             q, k = q.transpose(1, 2), k.transpose(1, 2)
             v = self.proj(h, p, "self_attn.v_proj").view(B, T, KV, hd).transpose(1, 2)
+            window = self.sliding(l)
+            cos, sin = tables[True] if window and True in tables else tables[False]
             q = q * cos + self.rotate_half(q) * sin
             k = k * cos + self.rotate_half(k) * sin
             k = k.repeat_interleave(H // KV, dim=1)  # repeat_kv
             v = v.repeat_interleave(H // KV, dim=1)
-            att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd) + mask, dim=-1) @ v
-            x = x + self.proj(att.transpose(1, 2).reshape(B, T, H * hd), p, "self_attn.o_proj")
-            h = self.rmsnorm(x, w[p + "post_attention_layernorm.weight"])
+            # The sliding window: query i sees keys j with i - W < j <= i.
+            mask = causal + torch.full((T, T), float("-inf")).tril(-window) if window else causal
+            scores = q @ k.transpose(-1, -2) * scaling
+            if attn_cap:
+                scores = torch.tanh(scores / attn_cap) * attn_cap
+            att = torch.softmax(scores + mask, dim=-1) @ v
+            o = self.proj(att.transpose(1, 2).reshape(B, T, H * hd), p, "self_attn.o_proj")
+            if post_norms:  # Gemma 2/3: the block's output normalised before the residual
+                x = x + self.rmsnorm(o, w[p + "post_attention_layernorm.weight"])
+                h = self.rmsnorm(x, w[p + "pre_feedforward_layernorm.weight"])
+            else:
+                x = x + o
+                h = self.rmsnorm(x, w[p + "post_attention_layernorm.weight"])
             gate = h @ w[p + "mlp.gate_proj.weight"].T
             if self.gemma():  # hidden_activation gelu_pytorch_tanh
                 g = torch.nn.functional.gelu(gate, approximate="tanh")
             else:
                 g = torch.nn.functional.silu(gate)
             u = h @ w[p + "mlp.up_proj.weight"].T
-            x = x + (g * u) @ w[p + "mlp.down_proj.weight"].T
+            m = (g * u) @ w[p + "mlp.down_proj.weight"].T
+            if post_norms:
+                m = self.rmsnorm(m, w[p + "post_feedforward_layernorm.weight"])
+            x = x + m
         x = self.rmsnorm(x, w["model.norm.weight"])
         head = w["model.embed_tokens.weight"] if c["tie_word_embeddings"] else w["lm_head.weight"]
-        return x @ head.T
+        logits = x @ head.T
+        if c.get("final_logit_softcapping"):  # Gemma 2
+            cap = c["final_logit_softcapping"]
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def loss(self, inputs, targets):
         """Mean cross entropy over targets != -1 (sum, count returned too)."""
@@ -572,6 +607,20 @@ def main():
             "mistral-window": ["decoder_block=mistral", "base_num_query_heads=4",
                                "base_num_kv_heads=2", "base_mlp_dim=96", "sliding_window_size=5",
                                "remat_policy=minimal"],
+            # Gemma 2: pre and post norms, scores and logits soft-capped (caps small enough
+            # that the sharpened copy bends them), query_pre_attn_scalar, layer 0 local
+            # (a 5-token window), layer 1 global.
+            "gemma2": ["decoder_block=gemma2", "base_num_query_heads=4", "base_num_kv_heads=2",
+                       "head_dim=24", "base_mlp_dim=80", "normalization_layer_epsilon=1e-6",
+                       "sliding_window_size=5", "attn_logits_soft_cap=3", "final_logits_soft_cap=5",
+                       "query_pre_attn_scalar=16", "remat_policy=minimal"],
+            # Gemma 3: Gemma 2's norms plus q/k norms, no caps, layer 0 local on its own
+            # RoPE base (10), layer 1 global (1000).
+            "gemma3": ["decoder_block=gemma3", "base_num_query_heads=4", "base_num_kv_heads=1",
+                       "head_dim=24", "base_mlp_dim=80", "normalization_layer_epsilon=1e-6",
+                       "sliding_window_size=5", "sliding_window_pattern=2",
+                       "rope_max_timescale=1000", "local_rope_max_timescale=10",
+                       "query_pre_attn_scalar=20", "remat_policy=full"],
         }
         only = [c for c in args.cases.split(",") if c]
         unknown = [c for c in only if c not in cases]
@@ -603,7 +652,8 @@ def main():
             os.makedirs(sharp_dir)
             for f in ("config.json", "tokenizer.model"):
                 shutil.copy(os.path.join(final, f), sharp_dir)
-            sharp = sharpen(weights, seed=3, norm_offset=1.0 if hf["model_type"] == "gemma" else 0.0)
+            sharp = sharpen(weights, seed=3,
+                            norm_offset=1.0 if hf["model_type"].startswith("gemma") else 0.0)
             write_safetensors(os.path.join(sharp_dir, "model.safetensors"), sharp, meta)
             model = RefLlama(hf, sharp)
             check_eval(hyp, case + " sharpened", sharp_dir, model, val, [(seq, 4), (7, 5)])

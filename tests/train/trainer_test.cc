@@ -288,7 +288,8 @@ TEST(TrainConfig, EveryPresetParses) {
        {"tiny", "llama-25m", "llama-110m", "llama2-7b", "llama2-70b", "llama3-8b", "mixtral-tiny",
         "mixtral-8x7b", "moe-e4", "moe-e8", "moe-e16", "moe-e32", "llama3-tiny", "qwen2-tiny",
         "qwen3-tiny", "mistral-tiny", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "qwen3-0.6b",
-        "qwen3-1.7b", "qwen3-8b", "mistral-7b"}) {
+        "qwen3-1.7b", "qwen3-8b", "mistral-7b", "gemma2-tiny", "gemma3-tiny", "gemma2-2b",
+        "gemma2-9b", "gemma3-1b"}) {
     Config c =
         load_train_config(std::string(HYPERION_SOURCE_DIR) + "/configs/" + name + ".yml", {});
     TrainConfig t = parse_train_config(c, name);
@@ -311,7 +312,10 @@ TEST(TrainConfig, EveryPresetParses) {
            {"qwen3-0.6b", 596049920},
            {"qwen3-1.7b", 1720574976},
            {"qwen3-8b", 8190735360},
-           {"mistral-7b", 7248023552}}) {
+           {"mistral-7b", 7248023552},
+           {"gemma2-2b", 2614341888},
+           {"gemma2-9b", 9241705984},
+           {"gemma3-1b", 999885952}}) {
     const TrainConfig t = parse_train_config(
         load_train_config(std::string(HYPERION_SOURCE_DIR) + "/configs/" + name + ".yml", {}),
         name);
