@@ -73,11 +73,36 @@ GgufModel read_config(const std::string& dir) {
   g.c = hyperion::LlamaConfig::from_hf_json(text, where);
   g.family = &family_info(g.c.arch.family);
   if (g.c.is_moe()) check_moe_representable(g.c, where);
-  // llama.cpp's llama, qwen2 and qwen3 graphs attend over the whole context.
-  HYP_CHECK(g.c.arch.sliding_window == 0,
+  // llama.cpp's llama, qwen2 and qwen3 graphs attend over the whole context; its gemma2
+  // and gemma3 graphs fix what the GGUF cannot say (the layer pattern, Gemma 3's local RoPE
+  // base, the attention scale, which caps apply), so a model that differs is refused.
+  const DecoderArch& a = g.c.arch;
+  const bool gemma2 = a.family == DecoderFamily::kGemma2, gemma3 = a.family == DecoderFamily::kGemma3;
+  HYP_CHECK(a.sliding_window == 0 || gemma2 || gemma3,
             "{}: key 'sliding_window' = {}: llama.cpp's {} architecture has no sliding window, "
             "so a GGUF would attend over the whole context where this model does not",
-            where, g.c.arch.sliding_window, g.family->gguf_arch);
+            where, a.sliding_window, g.family->gguf_arch);
+  if (gemma2 || gemma3) {
+    const int64_t pattern = gemma2 ? 2 : 6;
+    HYP_CHECK(a.sliding_window > 0 && a.sliding_window_pattern == pattern,
+              "{}: layer_types: llama.cpp's {} graph makes every {}th layer global with a "
+              "window on the others; this model has window {} and pattern {}",
+              where, g.family->gguf_arch, pattern, a.sliding_window, a.sliding_window_pattern);
+    HYP_CHECK(a.query_pre_attn_scalar == 0 || a.query_pre_attn_scalar == double(g.c.head_dim),
+              "{}: key 'query_pre_attn_scalar' = {}: llama.cpp's {} graph scales scores by "
+              "1/sqrt(head_dim = {})",
+              where, a.query_pre_attn_scalar, g.family->gguf_arch, g.c.head_dim);
+    HYP_CHECK(!gemma2 || (a.attn_logit_softcap > 0 && a.final_logit_softcap > 0),
+              "{}: attn_logit_softcapping / final_logit_softcapping = {} / {}: llama.cpp's "
+              "gemma2 graph always caps both",
+              where, a.attn_logit_softcap, a.final_logit_softcap);
+    HYP_CHECK(!gemma3 || (a.attn_logit_softcap == 0 && a.final_logit_softcap == 0),
+              "{}: soft caps {} / {} on a Gemma 3 model: llama.cpp's gemma3 graph has none", where,
+              a.attn_logit_softcap, a.final_logit_softcap);
+    HYP_CHECK(!gemma3 || a.local_rope_theta == 10000.0,
+              "{}: key 'rope_local_base_freq' = {}: llama.cpp's gemma3 graph uses 10000", where,
+              a.local_rope_theta);
+  }
   // llama.cpp applies Llama 3.1's scaling through the rope_freqs tensor of its llama graph.
   HYP_CHECK(g.c.rope_scaling.type != RopeScaling::Type::kLlama3 ||
                 std::string(g.family->gguf_arch) == "llama",
@@ -212,9 +237,12 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
 
   GgufWriter w;
   // Keys in the order convert_hf_to_gguf.py writes them, prefixed by llama.cpp's
-  // architecture (the family's: llama for Llama, Mistral and Mixtral, gemma, qwen2, qwen3).
+  // architecture (the family's: llama for Llama, Mistral and Mixtral, gemma, gemma2, gemma3,
+  // qwen2, qwen3).
   const std::string arch = fam.gguf_arch;
-  const bool gemma = c.arch.family == DecoderFamily::kGemma;
+  const DecoderFamily family = c.arch.family;
+  const bool gemma = family == DecoderFamily::kGemma || family == DecoderFamily::kGemma2 ||
+                     family == DecoderFamily::kGemma3;
   w.set_string("general.architecture", arch);
   w.set_string("general.name", name);
   w.set_u32("general.alignment", kGgufDefaultAlignment);
@@ -226,6 +254,12 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
   w.set_u32(arch + ".attention.head_count_kv", uint32_t(c.n_kv_heads));
   w.set_f32(arch + ".rope.freq_base", float(c.rope_theta));
   w.set_f32(arch + ".attention.layer_norm_rms_epsilon", float(c.norm_eps));
+  if (family == DecoderFamily::kGemma2) {
+    w.set_f32(arch + ".attn_logit_softcapping", float(c.arch.attn_logit_softcap));
+    w.set_f32(arch + ".final_logit_softcapping", float(c.arch.final_logit_softcap));
+  }
+  if (c.arch.sliding_window > 0)
+    w.set_u32(arch + ".attention.sliding_window", uint32_t(c.arch.sliding_window));
   if (c.is_moe()) {  // with llama.feed_forward_length = intermediate_size, the expert's size
     w.set_u32(arch + ".expert_count", uint32_t(c.n_experts));
     w.set_u32(arch + ".expert_used_count", uint32_t(c.n_experts_per_tok));

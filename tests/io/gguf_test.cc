@@ -25,6 +25,7 @@
 #include "io/atomic_file.h"
 #include "io/gguf_convert.h"
 #include "io/safetensors.h"
+#include "model/param_store.h"
 #include "tensor/convert.h"
 
 namespace hyperion::io {
@@ -995,6 +996,77 @@ TEST_F(ConvertTest, GemmaArchitectureNormsAndUnpermutedRope) {
     const std::vector<float> got = f.dequantize(gg), w = weights_.at(hf);
     ASSERT_EQ(got.size(), w.size());
     for (size_t i = 0; i < w.size(); ++i) ASSERT_EQ(got[i], w[i] + 1.0f) << gg << " " << i;
+  }
+}
+
+// Gemma 2 and Gemma 3 (a checkpoint written from the model's own layout and config.json):
+// llama.cpp's gemma2 / gemma3 architectures with their soft caps and window, the four
+// norms of a layer (and Gemma 3's q/k norms) stored as 1 + w; a model whose pattern,
+// scale or caps llama.cpp's graphs would not reproduce is refused by name.
+TEST_F(ConvertTest, Gemma2AndGemma3PostNormsCapsAndWindows) {
+  for (DecoderFamily f : {DecoderFamily::kGemma2, DecoderFamily::kGemma3}) {
+    const bool g3 = f == DecoderFamily::kGemma3;
+    SCOPED_TRACE(g3 ? "gemma3" : "gemma2");
+    LlamaConfig c;
+    c.arch = family_info(f).defaults;
+    c.vocab_size = 304;
+    c.dim = 64;
+    c.n_layers = g3 ? 6 : 2;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 24;
+    c.ffn_dim = 80;
+    c.max_seq_len = 256;
+    c.tie_embeddings = true;
+    c.arch.sliding_window = 32;
+    c.arch.query_pre_attn_scalar = 24;
+    ParamStore ps(c, false, false);
+    ps.init(5, 0.3);
+    ckpt_ = (dir_.path / (g3 ? "g3" : "g2")).string();
+    fs::create_directories(ckpt_);
+    fs::copy_file(tok_dir_ / "tok.model", fs::path(ckpt_) / "tokenizer.model",
+                  fs::copy_options::overwrite_existing);
+    auto write = [&](const LlamaConfig& cfg) {
+      SafetensorsWriter w;
+      for (const ParamInfo& p : ps.infos()) w.add(p.name, DType::kF32, p.shape, ps.params() + p.offset);
+      w.write((fs::path(ckpt_) / "model.safetensors").string());
+      write_bytes((fs::path(ckpt_) / "config.json").string(), cfg.to_hf_json());
+    };
+    write(c);
+    GgufFile g = convert("f32");
+    const std::string a = g3 ? "gemma3" : "gemma2";
+    EXPECT_EQ(g.get_string("general.architecture"), a);
+    EXPECT_EQ(g.get_u32(a + ".attention.sliding_window"), 32u);
+    EXPECT_EQ(g.get_u32(a + ".attention.key_length"), 24u);
+    if (!g3) {
+      EXPECT_EQ(g.get_f32("gemma2.attn_logit_softcapping"), 50.0f);
+      EXPECT_EQ(g.get_f32("gemma2.final_logit_softcapping"), 30.0f);
+    } else {
+      EXPECT_FALSE(g.has("gemma3.attn_logit_softcapping"));
+    }
+    std::vector<std::pair<std::string, std::string>> norms = {
+        {"blk.1.attn_norm.weight", "model.layers.1.input_layernorm.weight"},
+        {"blk.1.post_attention_norm.weight", "model.layers.1.post_attention_layernorm.weight"},
+        {"blk.1.ffn_norm.weight", "model.layers.1.pre_feedforward_layernorm.weight"},
+        {"blk.1.post_ffw_norm.weight", "model.layers.1.post_feedforward_layernorm.weight"}};
+    if (g3) norms.push_back({"blk.0.attn_k_norm.weight", "model.layers.0.self_attn.k_norm.weight"});
+    for (const auto& [gg, hf] : norms) {
+      const std::vector<float> got = g.dequantize(gg);
+      const ParamInfo* info = ps.find(hf);
+      ASSERT_NE(info, nullptr) << hf;
+      ASSERT_EQ(int64_t(got.size()), info->numel) << gg;
+      for (int64_t i = 0; i < info->numel; ++i)
+        ASSERT_EQ(got[size_t(i)], ps.params()[info->offset + i] + 1.0f) << gg << " " << i;
+    }
+    // What llama.cpp's graph would compute differently: refused, naming the key.
+    LlamaConfig other = c;
+    other.arch.query_pre_attn_scalar = 16;
+    write(other);
+    expect_error([&] { convert("f32"); }, {"config.json", "query_pre_attn_scalar"});
+    other = c;
+    other.arch.sliding_window_pattern = 3;
+    write(other);
+    expect_error([&] { convert("f32"); }, {"config.json", "layer_types"});
   }
 }
 
