@@ -72,11 +72,26 @@ const FamilyInfo kFamilies[] = {
      "gemma3", false},
 };
 
+const HfModelType kHfModelTypes[] = {
+    {"llama", "LlamaForCausalLM", DecoderFamily::kLlama, 10000.0, 1e-6},
+    {"mistral", "MistralForCausalLM", DecoderFamily::kLlama, 10000.0, 1e-6},
+    {"mixtral", "MixtralForCausalLM", DecoderFamily::kLlama, 1e6, 1e-5},
+    {"gemma", "GemmaForCausalLM", DecoderFamily::kGemma, 10000.0, 1e-6},
+    {"gemma2", "Gemma2ForCausalLM", DecoderFamily::kGemma2, 10000.0, 1e-6},
+    {"gemma3_text", "Gemma3ForCausalLM", DecoderFamily::kGemma3, 1e6, 1e-6},
+    {"qwen2", "Qwen2ForCausalLM", DecoderFamily::kQwen2, 10000.0, 1e-6},
+    {"qwen3", "Qwen3ForCausalLM", DecoderFamily::kQwen3, 10000.0, 1e-6},
+};
+
 // Other spellings of the llama row: MaxText's decoder_block names for Llama-shaped
 // models and the Hugging Face model_types that map onto it.
 const char* const kLlamaAliases[] = {"llama", "llama3", "mistral", "mixtral"};
 
 }  // namespace
+
+std::span<const HfModelType> hf_model_types() {
+  return kHfModelTypes;
+}
 
 float DecoderArch::embedding_scale(int64_t hidden_size) const {
   return scale_embeddings ? std::sqrt(static_cast<float>(hidden_size)) : 1.0f;

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "kernels/gated_activation.h"
@@ -87,6 +88,18 @@ struct FamilyInfo {
   const char* gguf_arch;
   bool gguf_permute_qk;
 };
+
+// The (model_type, architectures[0]) pairs a config.json may name, and the family each
+// means: each family's own, and other spellings of one (Mistral and Mixtral are the llama
+// row), with the transformers config class's defaults where they differ.
+struct HfModelType {
+  const char* model_type;
+  const char* architecture;
+  DecoderFamily family;
+  double rope_theta;    // the config class's default
+  double rms_norm_eps;  // idem
+};
+std::span<const HfModelType> hf_model_types();
 
 const FamilyInfo& family_info(DecoderFamily family);
 // By the YAML's decoder_block ("llama2", "gemma", ...) or a config.json model_type

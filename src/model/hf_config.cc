@@ -119,28 +119,9 @@ std::string LlamaConfig::to_hf_json() const {
 
 namespace {
 
-// The model_types and architectures a config.json may name, and the family each means.
-struct HfModelType {
-  const char* model_type;
-  const char* architecture;
-  DecoderFamily family;
-  double rope_theta;    // the transformers config class's default
-  double rms_norm_eps;  // idem
-};
-const HfModelType kHfModelTypes[] = {
-    {"llama", "LlamaForCausalLM", DecoderFamily::kLlama, 10000.0, 1e-6},
-    {"mistral", "MistralForCausalLM", DecoderFamily::kLlama, 10000.0, 1e-6},
-    {"mixtral", "MixtralForCausalLM", DecoderFamily::kLlama, 1e6, 1e-5},
-    {"gemma", "GemmaForCausalLM", DecoderFamily::kGemma, 10000.0, 1e-6},
-    {"gemma2", "Gemma2ForCausalLM", DecoderFamily::kGemma2, 10000.0, 1e-6},
-    {"gemma3_text", "Gemma3ForCausalLM", DecoderFamily::kGemma3, 1e6, 1e-6},
-    {"qwen2", "Qwen2ForCausalLM", DecoderFamily::kQwen2, 10000.0, 1e-6},
-    {"qwen3", "Qwen3ForCausalLM", DecoderFamily::kQwen3, 10000.0, 1e-6},
-};
-
 std::string hf_names(bool architectures) {
   std::string out;
-  for (const HfModelType& m : kHfModelTypes)
+  for (const HfModelType& m : hf_model_types())
     out += std::string(out.empty() ? "" : ", ") + (architectures ? m.architecture : m.model_type);
   return out;
 }
@@ -240,7 +221,7 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
   if (has("model_type")) {
     const std::string v = j["model_type"].is_string() ? j["model_type"].get<std::string>()
                                                       : j["model_type"].dump();
-    for (const HfModelType& m : kHfModelTypes)
+    for (const HfModelType& m : hf_model_types())
       if (v == m.model_type) mt = &m;
     HYP_CHECK(mt != nullptr, "{}: key 'model_type' = '{}' is not supported (supported: {})", origin,
               v, hf_names(false));
@@ -249,7 +230,7 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
     for (const auto& a : j["architectures"]) {
       const std::string name = a.is_string() ? a.get<std::string>() : a.dump();
       const HfModelType* by_class = nullptr;
-      for (const HfModelType& m : kHfModelTypes)
+      for (const HfModelType& m : hf_model_types())
         if (name == m.architecture) by_class = &m;
       HYP_CHECK(by_class != nullptr, "{}: architectures '{}' is not supported ({})", origin, name,
                 hf_names(true));
@@ -258,7 +239,7 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
                 mt->model_type);
       if (mt == nullptr) mt = by_class;
     }
-  if (mt == nullptr) mt = &kHfModelTypes[0];
+  if (mt == nullptr) mt = &hf_model_types()[0];
   const DecoderFamily family = mt->family;
   const bool gemma_n = family == DecoderFamily::kGemma2 || family == DecoderFamily::kGemma3;
   const bool gemma = family == DecoderFamily::kGemma || gemma_n;

@@ -192,6 +192,12 @@ TEST(FamilyTable, NamesAndConfigRoundTripAgreeForEveryFamily) {
     EXPECT_EQ(find_family(fam.decoder_block), &fam);
     EXPECT_EQ(find_family(fam.hf_model_type), &fam);
     EXPECT_NE(std::string(fam.gguf_arch), "");
+    // The family's own config.json spelling is one the reader accepts, for this family.
+    bool listed = false;
+    for (const HfModelType& m : hf_model_types())
+      listed = listed || (m.family == fam.family && std::string(m.model_type) == fam.hf_model_type &&
+                          std::string(m.architecture) == fam.hf_class);
+    EXPECT_TRUE(listed);
     std::set<std::string> hf, gguf;
     for (const ParamInfo& p : ParamStore::layout(c)) {
       EXPECT_TRUE(hf.insert(p.name).second) << p.name;
