@@ -145,8 +145,9 @@ Problem check_attention(const char* op, const PagedKvCache& cache, const TensorV
               "{}: padded_length {} is shorter than row {}'s length {}", op, p.padded_length, i,
               r.length);
     HYP_CHECK(r.pages != nullptr, "{}: row {} has a null page table", op, i);
+    // Only the pages the row reads (a window's start on): older ones may be released.
     const int64_t npages = ceil_div(p.padded ? p.padded_length : r.length, p.pt);
-    for (int64_t j = 0; j < npages; ++j)
+    for (int64_t j = p.first(r.length) / p.pt; j < npages; ++j)
       HYP_CHECK(r.pages[j] >= 0 && r.pages[j] < cache.num_pages,
                 "{}: row {} page table entry {} is page {}, outside [0, {})", op, i, j, r.pages[j],
                 cache.num_pages);

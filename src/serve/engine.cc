@@ -79,6 +79,11 @@ Engine::Engine(const ParamStore& params, const io::Tokenizer* tokenizer, EngineC
   ro.padded_attention = cfg_.padded_attention;
   runner_ = std::make_unique<ModelRunner>(params, ro);
   slots_.resize(static_cast<size_t>(cfg_.max_concurrent_decodes));
+  // A window on every layer: a step at position c (queries c .. c + n - 1, n <= the
+  // prefill chunk) reads pages floor((c - W + 1) / P) .. floor((c + n - 1) / P) only.
+  window_pages_ = max_pages_per_sequence(cfg_, params.config());
+  if (window_pages_ < (cfg_.max_seq_len + cfg_.kv_page_tokens - 1) / cfg_.kv_page_tokens)
+    window_ = params.config().arch.sliding_window;
   pages_per_slot_ = (cfg_.max_seq_len + cfg_.kv_page_tokens - 1) / cfg_.kv_page_tokens;
   if (cfg_.padded_attention) {
     static_tables_.resize(static_cast<size_t>(pages_per_slot_ * cfg_.max_concurrent_decodes));
@@ -147,6 +152,21 @@ int64_t Engine::kv_slot(const Sequence& s, int64_t pos) const {
   return static_cast<int64_t>(page_table(s)[pos / pt]) * pt + pos % pt;
 }
 
+int64_t Engine::pages_to_reserve(const Sequence& s) const {
+  const int64_t future = pages_needed(s) - static_cast<int64_t>(s.pages.pages().size());
+  if (window_ == 0) return future;
+  return std::clamp<int64_t>(window_pages_ - s.pages.pages_held(), 0, future);
+}
+
+void Engine::trim_to_window(Sequence& s) {
+  if (window_ == 0) return;
+  // The next step's first query is at s.computed and sees keys (s.computed - W, ...].
+  s.pages.drop_before(pool_, std::max<int64_t>(0, s.computed - window_ + 1) / cfg_.kv_page_tokens);
+  const int64_t r = pages_to_reserve(s);
+  reserved_pages_ += r - s.reserved;
+  s.reserved = r;
+}
+
 bool Engine::take_pages(Sequence& s, const int32_t* tokens, int64_t n) {
   if (cfg_.padded_attention) return true;
   const int64_t before = static_cast<int64_t>(s.pages.pages().size());
@@ -208,12 +228,17 @@ void Engine::admit() {
     if (slots_[i]) continue;
     Sequence& s = *waiting_.front();
     if (!cfg_.padded_attention) {
-      const int64_t need = pages_needed(s);
+      const int64_t need = window_ > 0 ? std::min(pages_needed(s), window_pages_) : pages_needed(s);
       if (need > pool_.pages_available() - reserved_pages_) return;  // FIFO: wait for pages
       if (cfg_.prefix_caching) s.cached = s.pages.acquire_prefix(pool_, s.req.prompt);
       s.computed = s.cached;
-      s.reserved = need - static_cast<int64_t>(s.pages.pages().size());
-      reserved_pages_ += s.reserved;
+      s.reserved = 0;
+      if (window_ > 0) {
+        trim_to_window(s);  // a cached prefix longer than the window keeps its tail only
+      } else {
+        s.reserved = pages_to_reserve(s);
+        reserved_pages_ += s.reserved;
+      }
     }
     s.slot = static_cast<int>(i);
     s.order = admitted_seq_++;
@@ -257,6 +282,7 @@ void Engine::step() {
     Sequence& s = *slot;
     const int32_t tok = s.output.back();
     const int64_t pos = s.computed;
+    trim_to_window(s);
     HYP_CHECK(take_pages(s, &tok, 1), "serve: KV pool exhausted despite the reservation");
     batch_.tokens.push_back(tok);
     batch_.positions.push_back(static_cast<int32_t>(pos));
@@ -277,6 +303,7 @@ void Engine::step() {
   for (Sequence* s : prefill) {
     if (budget == 0) break;
     const int64_t c = std::min(budget, s->prompt_len() - s->computed);
+    trim_to_window(*s);
     HYP_CHECK(take_pages(*s, s->req.prompt.data() + s->computed, c),
               "serve: KV pool exhausted despite the reservation");
     for (int64_t j = 0; j < c; ++j) {

@@ -123,6 +123,12 @@ class Engine {
   int64_t kv_slot(const Sequence& s, int64_t pos) const;
   const int32_t* page_table(const Sequence& s) const;
   bool take_pages(Sequence& s, const int32_t* tokens, int64_t n);
+  // A sliding window on every layer: releases the pages no later step reads (those wholly
+  // before the window of the sequence's next position) and resizes its reservation.
+  void trim_to_window(Sequence& s);
+  // The pages s will still allocate, capped (with a window on every layer) by what it can
+  // hold at once less what it holds.
+  int64_t pages_to_reserve(const Sequence& s) const;
 
   EngineConfig cfg_;
   const io::Tokenizer* tok_;
@@ -137,6 +143,10 @@ class Engine {
   std::vector<int64_t> cancelled_;
   int64_t live_ = 0;
   int64_t reserved_pages_ = 0;
+  // A sliding window on every layer (Mistral v0.1), 0 otherwise; and then the most pages a
+  // sequence holds at once (the window behind its next position plus a prefill chunk).
+  int64_t window_ = 0;
+  int64_t window_pages_ = 0;
   int64_t next_id_ = 1;
   int64_t admitted_seq_ = 0;  // admission order (prefill FIFO)
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0, steps_ = 0;

@@ -129,6 +129,14 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
   return c;
 }
 
+int64_t max_pages_per_sequence(const EngineConfig& c, const LlamaConfig& model) {
+  const int64_t full = (c.max_seq_len + c.kv_page_tokens - 1) / c.kv_page_tokens;
+  const DecoderArch& a = model.arch;
+  if (c.padded_attention || a.sliding_window <= 0 || a.sliding_window_pattern != 0) return full;
+  const int64_t n = std::max<int64_t>(c.prefill_chunk, 1);
+  return std::min(full, (a.sliding_window + n - 2) / c.kv_page_tokens + 2);
+}
+
 void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t weight_bytes) {
   if (c.max_seq_len == 0) c.max_seq_len = model.max_seq_len;
   // Positions past those the model was trained for (max_position_embeddings) give RoPE
@@ -144,7 +152,8 @@ void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t we
              "output beyond them is unreliable",
              c.max_seq_len, model.max_seq_len);
   const bool automatic_pages = c.kv_pages == 0 || c.padded_attention;
-  const int64_t per_slot = (c.max_seq_len + c.kv_page_tokens - 1) / c.kv_page_tokens;
+  // What one slot can hold at once: its whole context, or a window's worth.
+  const int64_t per_slot = max_pages_per_sequence(c, model);
   const int64_t page_bytes = sat_mul(
       c.kv_page_tokens, sat_mul(model.n_layers, paged_kv_bytes_per_token(
                                                     c.kv_dtype, model.n_kv_heads, model.head_dim)));
@@ -154,7 +163,7 @@ void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t we
     // this machine (or its cgroup), or the GPU, has beyond the weights (kv_memory_fraction:
     // half on the host, where the OS and the page cache live too; 0.9 of a GPU, the rest
     // for activations and the GEMM workspace), in whole contexts, so every slot can hold a
-    // full max_seq_len; at least 1 (the memory check below names the keys when even that
+    // full max_seq_len (or, with a window on every layer, a window); at least 1 (the memory check below names the keys when even that
     // does not fit) and at most kAutoMaxSlots, past which a step only grows its latency.
     const double fraction = c.kv_memory_fraction > 0 ? c.kv_memory_fraction
                             : c.hardware == Device::kHost ? 0.5
@@ -177,8 +186,9 @@ void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t we
     c.kv_pages = per_slot * c.max_concurrent_decodes;
   }
   HYP_CHECK(c.kv_pages >= per_slot,
-            "serve: kv_pages={} cannot hold one sequence of max_seq_len={} ({} pages of {})",
-            c.kv_pages, c.max_seq_len, per_slot, c.kv_page_tokens);
+            "serve: kv_pages={} cannot hold one sequence of max_seq_len={} ({} pages of {}{})",
+            c.kv_pages, c.max_seq_len, per_slot, c.kv_page_tokens,
+            per_slot * c.kv_page_tokens < c.max_seq_len ? ", a sliding window's worth" : "");
   // The pool is allocated whole at start-up: check it fits (beside the weights, when
   // given) before trying. Saturating: kv_pages x layers x bytes can pass 2^63.
   const int64_t kv_bytes = sat_mul(c.kv_pages, page_bytes);

@@ -62,12 +62,19 @@ std::vector<ConfigKey> engine_config_schema();
 EngineConfig parse_engine_config(const std::vector<std::string>& overrides);
 
 // Fills the automatic values for this model: max_seq_len (the model's),
-// max_concurrent_decodes (as many whole contexts as kv_memory_fraction of the memory beside
-// `weight_bytes` holds, 1..kAutoMaxSlots), kv_pages (every slot's whole context); padded attention
+// max_concurrent_decodes (as many whole contexts, or windows with a sliding window on every
+// layer, as kv_memory_fraction of the memory beside `weight_bytes` holds, 1..kAutoMaxSlots),
+// kv_pages (every slot's max_pages_per_sequence); padded attention
 // always gets one static region per slot. Then checks the KV cache fits the device's memory
 // beside `weight_bytes` of weights; the engine checks the cache alone (0) as a backstop. Errors
 // name the keys that size the cache.
 void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t weight_bytes = 0);
+
+// The most KV pages one sequence holds at once: its whole context (max_seq_len), or, with a
+// sliding window on every layer and ragged attention (Mistral v0.1), the pages a step can
+// read, from the window behind its first query to its last: (W + chunk - 2) / P + 2, when
+// that is fewer (the engine releases the older ones as the sequence runs).
+int64_t max_pages_per_sequence(const EngineConfig& c, const LlamaConfig& model);
 
 // Before the weights are loaded: resolves a copy of `c` beside the weights the engine's
 // format keeps (ParamStore::bytes), so a model and KV cache that do not fit the device are

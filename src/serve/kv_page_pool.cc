@@ -150,17 +150,33 @@ void SequencePages::publish_full_pages(KvPagePool& pool) {
     const uint64_t parent = i == 0 ? 0 : hashes_[static_cast<size_t>(i - 1)];
     const uint64_t h = pool.hash(parent, tokens_.data() + i * pt);
     hashes_.push_back(h);
-    pool.publish(pages_[static_cast<size_t>(i)], h, parent, tokens_.data() + i * pt);
+    if (pages_[static_cast<size_t>(i)] != kNoPage)
+      pool.publish(pages_[static_cast<size_t>(i)], h, parent, tokens_.data() + i * pt);
   }
   published_ = std::max(published_, full);
 }
 
 void SequencePages::release(KvPagePool& pool) {
-  for (PageId p : pages_) pool.release(p);
+  for (PageId p : pages_)
+    if (p != kNoPage) pool.release(p);
   pages_.clear();
   tokens_.clear();
   hashes_.clear();
-  length_ = cached_tokens_ = published_ = 0;
+  length_ = cached_tokens_ = published_ = dropped_ = 0;
+}
+
+int64_t SequencePages::drop_before(KvPagePool& pool, int64_t first) {
+  const int64_t end = std::min<int64_t>(first, static_cast<int64_t>(pages_.size()));
+  int64_t n = 0;
+  for (int64_t i = dropped_; i < end; ++i) {
+    PageId& p = pages_[static_cast<size_t>(i)];
+    if (p == kNoPage) continue;
+    pool.release(p);
+    p = kNoPage;
+    ++n;
+  }
+  dropped_ = std::max(dropped_, end);
+  return n;
 }
 
 }  // namespace hyperion::serve

@@ -102,12 +102,18 @@ class SequencePages {
   void publish_full_pages(KvPagePool& pool);
   // Releases every page (request finished or cancelled).
   void release(KvPagePool& pool);
+  // Releases pages [0, first) early (a sliding window on every layer: no step reads them
+  // again); their page-table entries become kNoPage. Returns how many were released.
+  int64_t drop_before(KvPagePool& pool, int64_t first);
+  // Pages this sequence holds (its table less the dropped ones).
+  int64_t pages_held() const { return static_cast<int64_t>(pages_.size()) - dropped_; }
 
  private:
   std::vector<PageId> pages_;
   std::vector<int32_t> tokens_;
   std::vector<uint64_t> hashes_;  // chained hash per full page
   int64_t length_ = 0, cached_tokens_ = 0, published_ = 0;
+  int64_t dropped_ = 0;  // leading pages released by drop_before
 };
 
 }  // namespace hyperion::serve

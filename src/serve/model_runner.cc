@@ -44,8 +44,14 @@ void PagedKvSource::attend(const Decoder& dec, int l, const PassRows& pass, Deco
   auto* att = static_cast<unsigned char*>(s.att);
   for (const auto& [r0, cnt] : batch->segments) {
     const PagedAttentionRow& last = batch->attn[static_cast<size_t>(r0 + cnt - 1)];
-    const int64_t tk = last.length;
-    kern.paged_kv_read(cache, last.pages, tk, kern.view(kctx, act, {tk, hkv, hd}),
+    // A windowed layer reads from the page holding the chunk's first query's oldest key:
+    // the keys before it are masked anyway (and their pages may be released). The query
+    // offset tk - cnt shifts with the keys, so the window is the same.
+    const int64_t pt = cache.page_tokens;
+    const int64_t k0 =
+        ap.window > 0 ? std::max<int64_t>(0, last.length - cnt - ap.window + 1) / pt * pt : 0;
+    const int64_t tk = last.length - k0;
+    kern.paged_kv_read(cache, last.pages + k0 / pt, tk, kern.view(kctx, act, {tk, hkv, hd}),
                        kern.view(vctx, act, {tk, hkv, hd}));
     kern.attention_forward(kern.view(q + static_cast<size_t>(r0 * qd) * a, act, {1, cnt, hq, hd}),
                            kern.view(kctx, act, {1, tk, hkv, hd}),

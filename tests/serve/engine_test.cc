@@ -10,6 +10,7 @@
 #include <random>
 
 #include "../kernels/simulated_device.h"
+#include "../test_files.h"
 #include "model/llama_generator.h"
 #include "serve/engine.h"
 #include "serve_test_util.h"
@@ -17,6 +18,7 @@
 namespace hyperion::serve {
 namespace {
 
+using testing_util::expect_error;
 using testing_util::f32_engine_config;
 using testing_util::greedy_request;
 using testing_util::random_prompt;
@@ -199,6 +201,59 @@ TEST(Engine, GemmaModelEqualsGenerator) {
 // (post-norms, soft caps, local RoPE) and sliding windows (Mistral's on every layer, and every other layer, of 6 positions: prefill chunks
 // and decode rows whose window starts mid-page): the engine's paged batches (prompts
 // spanning several pages) equal the generator token for token.
+// A sliding window on every layer (Mistral v0.1): pages wholly before the window of a
+// sequence's next position are released as it runs, so a pool far smaller than the
+// requests' full lengths serves them all at once, and each holds at most the window plus
+// a prefill chunk. Long prompts (chunked prefill reading only the window's pages) and
+// long outputs, with and without the prefix cache, equal the generator token for token.
+TEST(Engine, WindowOnEveryLayerReleasesPagesBehindIt) {
+  LlamaConfig c = small_config();
+  c.arch.sliding_window = 8;
+  auto p = make_params(c, false);
+  for (bool prefix : {false, true}) {
+    SCOPED_TRACE(prefix ? "prefix cache" : "no prefix cache");
+    EngineConfig ec = f32_engine_config();  // 4-token pages, 7-token chunks, 4 slots
+    ec.prefix_caching = prefix;
+    // A sequence holds at most (8 + 7 - 2) / 4 + 2 = 5 pages; 3 of them at once fit in 16
+    // pages, where their full lengths (about 25 pages each) would not fit one.
+    ec.kv_pages = 16;
+    Engine engine(*p, nullptr, ec);
+    std::vector<GenerationRequest> reqs;
+    for (int i = 0; i < 3; ++i)
+      reqs.push_back(greedy_request(random_prompt(40 + 5 * i, prefix ? 900 : 800 + i), 50));
+    std::vector<std::vector<int32_t>> want;
+    for (const GenerationRequest& r : reqs) want.push_back(reference(*p, r.prompt, r.max_tokens));
+    std::vector<std::vector<int32_t>> got(reqs.size());
+    for (size_t i = 0; i < reqs.size(); ++i)
+      engine.add(reqs[i], [&got, i](const TokenEvent& ev) {
+        if (ev.token >= 0) got[i].push_back(ev.token);
+      });
+    int64_t most_running = 0;
+    while (engine.stats().running + engine.stats().waiting > 0) {
+      engine.step();
+      const EngineStats st = engine.stats();
+      most_running = std::max(most_running, st.running);
+      EXPECT_LE(st.pages_used, 5 * st.running);
+      EXPECT_EQ(st.pages_used + st.pages_free + st.pages_cached, st.pages_total);
+    }
+    EXPECT_EQ(most_running, 3);
+    for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
+    expect_pool_empty(engine);
+  }
+  // Below a window's worth, the pool is refused at start, naming it; a window on every
+  // other layer keeps every page (the global layers read them all), so 16 pages do not
+  // hold one 128-position sequence.
+  EngineConfig small = f32_engine_config();
+  small.kv_pages = 4;
+  expect_error([&] { Engine e(*p, nullptr, small); }, {"kv_pages=4", "a sliding window's worth"});
+  LlamaConfig g = c;
+  g.arch.sliding_window_pattern = 2;
+  auto pg = make_params(g, false);
+  EngineConfig ec = f32_engine_config();
+  ec.kv_pages = 16;
+  expect_error([&] { Engine e(*pg, nullptr, ec); }, {"kv_pages=16", "32 pages of 4"});
+}
+
 TEST(Engine, HuggingFaceFamiliesEqualGenerator) {
   for (int which = 0; which < 7; ++which) {
     SCOPED_TRACE(which);
