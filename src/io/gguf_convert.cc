@@ -88,17 +88,23 @@ GgufModel read_config(const std::string& dir) {
               "{}: layer_types: llama.cpp's {} graph makes every {}th layer global with a "
               "window on the others; this model has window {} and pattern {}",
               where, g.family->gguf_arch, pattern, a.sliding_window, a.sliding_window_pattern);
-    HYP_CHECK(a.query_pre_attn_scalar == 0 || a.query_pre_attn_scalar == double(g.c.head_dim),
+    // llama.cpp scales by 1/sqrt(hidden_size / heads) for its "27B" model type (46 layers
+    // of Gemma 2, 62 of Gemma 3) and by 1/sqrt(head_dim) otherwise.
+    const bool big = g.c.n_layers == (gemma2 ? 46 : 62);
+    const double scalar = a.query_pre_attn_scalar > 0 ? a.query_pre_attn_scalar : double(g.c.head_dim);
+    const double expected = big ? double(g.c.dim / g.c.n_heads) : double(g.c.head_dim);
+    HYP_CHECK(scalar == expected,
               "{}: key 'query_pre_attn_scalar' = {}: llama.cpp's {} graph scales scores by "
-              "1/sqrt(head_dim = {})",
-              where, a.query_pre_attn_scalar, g.family->gguf_arch, g.c.head_dim);
+              "1/sqrt({}) for a model of {} layers",
+              where, scalar, g.family->gguf_arch, expected, g.c.n_layers);
     HYP_CHECK(!gemma2 || (a.attn_logit_softcap > 0 && a.final_logit_softcap > 0),
               "{}: attn_logit_softcapping / final_logit_softcapping = {} / {}: llama.cpp's "
               "gemma2 graph always caps both",
               where, a.attn_logit_softcap, a.final_logit_softcap);
     HYP_CHECK(!gemma3 || (a.attn_logit_softcap == 0 && a.final_logit_softcap == 0),
-              "{}: soft caps {} / {} on a Gemma 3 model: llama.cpp's gemma3 graph has none", where,
-              a.attn_logit_softcap, a.final_logit_softcap);
+              "{}: attn_logit_softcapping / final_logit_softcapping = {} / {} on a Gemma 3 "
+              "model: llama.cpp's gemma3 graph has no soft caps",
+              where, a.attn_logit_softcap, a.final_logit_softcap);
     HYP_CHECK(!gemma3 || a.local_rope_theta == 10000.0,
               "{}: key 'rope_local_base_freq' = {}: llama.cpp's gemma3 graph uses 10000", where,
               a.local_rope_theta);

@@ -60,9 +60,10 @@ float* Decoder::post_scratch(int64_t n) {
   return post_.as<float>();
 }
 
-void Decoder::post_norm(int index, const float* o, int64_t n, float* rstd, float* res) {
+void Decoder::post_norm(int index, const float* o, int64_t n, float* rstd, float* res,
+                        const DecoderActs& s) {
   const int64_t d = cfg_.dim;
-  float* y = post_scratch(n);
+  float* y = s.post_y != nullptr ? s.post_y : post_scratch(n);
   k_.rmsnorm_forward(k_.view(const_cast<float*>(o), DType::kF32, {n, d}), params_.param(index),
                      static_cast<float>(cfg_.norm_eps), k_.view(y, DType::kF32, {n, d}),
                      k_.view(rstd, DType::kF32, {n}), norm_offset_);
@@ -207,13 +208,13 @@ void Decoder::attention_block(int l, const PassRows& rows, DecoderActs& s, KvSou
     add_bias(p.o_bias, s.x2, DType::kF32, n);
     return;
   }
-  // Post-norm: x2 = x + norm(att Wo^T + bo).
-  float* scratch = post_scratch(n);
+  // Post-norm: x2 = x + norm(att Wo^T + bo). (Training's acts keep ao and its rstd.)
+  float* scratch = s.ao != nullptr ? nullptr : post_scratch(n);
   float* ao = s.ao != nullptr ? s.ao : scratch + n * cfg_.dim;
   float* rstd = s.rstd_ao != nullptr ? s.rstd_ao : scratch + 2 * n * cfg_.dim;
   matmul(l, 1, p.o, s.att, ao, DType::kF32, n, 0.0f);
   add_bias(p.o_bias, ao, DType::kF32, n);
-  post_norm(p.attn_out_norm, ao, n, rstd, s.x2);
+  post_norm(p.attn_out_norm, ao, n, rstd, s.x2, s);
 }
 
 void Decoder::mlp_block(int l, int64_t n, DecoderActs& s, const MoeShape& ms, const MoeOptions& mo,
@@ -243,11 +244,11 @@ void Decoder::mlp(int l, int64_t n, DecoderActs& s, const MoeShape& ms, const Mo
   }
   // Post-norm: out = x2 + norm(a Wd^T). Without `out` (a full-remat recompute) the output
   // and its rstd are still what the backward reads.
-  float* scratch = post_scratch(n);
+  float* scratch = s.mo != nullptr ? nullptr : post_scratch(n);
   float* mlp_out = s.mo != nullptr ? s.mo : scratch + n * cfg_.dim;
   float* rstd = s.rstd_mo != nullptr ? s.rstd_mo : scratch + 2 * n * cfg_.dim;
   matmul(l, 3, p.down, s.a, mlp_out, DType::kF32, n, 0.0f);
-  post_norm(p.mlp_out_norm, mlp_out, n, rstd, out);
+  post_norm(p.mlp_out_norm, mlp_out, n, rstd, out, s);
 }
 
 void Decoder::recompute_elementwise(int l, int64_t n, DecoderActs& s, const MoeShape& ms) {

@@ -64,6 +64,7 @@ struct DecoderActs {
   float* rstd_ao = nullptr;
   float* mo = nullptr;
   float* rstd_mo = nullptr;
+  float* post_y = nullptr;  // [N, D] f32 scratch: a post-norm's output before its add
 };
 
 // The inference form: one scratch set reused by every layer, the blocks running in place
@@ -189,13 +190,16 @@ class Decoder {
                      bool accumulate, const DecoderGrads& g) const;
   void rope(int l, const PassRows& rows, void* q, void* k) const;
   const RopeTable& rope_table(int l) const;
-  // Post-norm of a block's output: y = norm(o) (rstd written), then res += y.
-  void post_norm(int index, const float* o, int64_t n, float* rstd, float* res);
+  // Post-norm of a block's output: y = norm(o) (rstd written; y is s.post_y or scratch),
+  // then res += y when res is not null.
+  void post_norm(int index, const float* o, int64_t n, float* rstd, float* res,
+                 const DecoderActs& s);
   // Its backward: dres (the gradient at res, unchanged) -> the gradient at o, in the act
   // dtype (g.dh, or g.dres_c in bf16 mode); the norm's weight gradient accumulates.
   const void* post_norm_backward(int index, const float* o, int64_t n, const float* rstd,
                                  const DecoderGrads& g);
-  // Inference scratch for post-norms: [n, D] f32 block output, [n] rstd, [n, D] f32 norm.
+  // Post-norm scratch for acts that bring none (inference): [n, D] f32 norm output, then
+  // [n, D] f32 block output and [n] rstd.
   float* post_scratch(int64_t n);
   // y[n, out] += bias (parameter `index`; -1: none).
   void add_bias(int index, void* y, DType yd, int64_t n) const;

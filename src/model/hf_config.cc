@@ -88,7 +88,10 @@ std::string LlamaConfig::to_hf_json() const {
     // No window: one as long as the context (global in every transformers version).
     j["sliding_window"] = arch.sliding_window > 0 ? arch.sliding_window : max_seq_len;
     if (arch.family == DecoderFamily::kGemma3) {
-      j["sliding_window_pattern"] = arch.sliding_window_pattern;
+      // Every layer local (pattern 0) is a pattern longer than the model for transformers
+      // versions that divide by it.
+      j["sliding_window_pattern"] =
+          arch.sliding_window_pattern > 0 ? arch.sliding_window_pattern : n_layers + 1;
       j["rope_local_base_freq"] = arch.local_rope_theta > 0 ? arch.local_rope_theta : rope_theta;
     }
     nlohmann::ordered_json types = nlohmann::ordered_json::array();

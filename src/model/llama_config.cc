@@ -94,6 +94,20 @@ void LlamaConfig::validate(const std::string& origin, ConfigKeyNames names) cons
   non_negative(arch.attn_logit_softcap, key("attn_logit_softcapping", "attn_logits_soft_cap"));
   non_negative(arch.query_pre_attn_scalar, "query_pre_attn_scalar");
   non_negative(arch.local_rope_theta, key("rope_local_base_freq", "local_rope_max_timescale"));
+  // What only Gemma 2/3's config.json can say (and Gemma 3's alone, the local RoPE): on
+  // another family it would be lost when the checkpoint is saved.
+  const bool gemma_n = arch.family == DecoderFamily::kGemma2 || arch.family == DecoderFamily::kGemma3;
+  auto family_only = [&](bool ok, double v, const char* name, const char* families) {
+    HYP_CHECK(ok || v == 0.0, "{}: {} = {} is read and written for {} only (decoder_block {})",
+              origin, name, v, families, family_info(arch.family).decoder_block);
+  };
+  family_only(gemma_n, arch.attn_logit_softcap,
+              key("attn_logit_softcapping", "attn_logits_soft_cap"), "gemma2 and gemma3");
+  family_only(gemma_n, arch.final_logit_softcap,
+              key("final_logit_softcapping", "final_logits_soft_cap"), "gemma2 and gemma3");
+  family_only(gemma_n, arch.query_pre_attn_scalar, "query_pre_attn_scalar", "gemma2 and gemma3");
+  family_only(arch.family == DecoderFamily::kGemma3, arch.local_rope_theta,
+              key("rope_local_base_freq", "local_rope_max_timescale"), "gemma3");
   HYP_CHECK(arch.post_norms == family_info(arch.family).defaults.post_norms,
             "{}: post-norms are part of the {} family's definition", origin,
             family_info(arch.family).decoder_block);
@@ -281,9 +295,11 @@ MemoryPlan memory_plan(const LlamaConfig& c, int64_t batch, int64_t seq_len, boo
     grads += 8 * e + a * e + 4 * k;
     grads_rows = sat_mul(rows, a * d + a * fe + 4 * d);
   }
-  p.scratch_bytes =
-      sat_add(sat_add(sat_mul(n, recompute + grads + a * c.vocab_size + a * d + 4), recompute_rows),
-              grads_rows);
+  // With post-norms, one f32 [n, D] buffer for a norm's output before its add.
+  const int64_t post = c.arch.post_norms ? 4 * d : 0;
+  p.scratch_bytes = sat_add(
+      sat_add(sat_mul(n, recompute + grads + a * c.vocab_size + a * d + 4 + post), recompute_rows),
+      grads_rows);
   return p;
 }
 

@@ -97,6 +97,8 @@ LlamaModel::LlamaModel(ParamStore& params, const ModelOptions& options)
       }
     }
   }
+  // A post-norm's output before its residual add: one scratch for every layer.
+  if (cfg_.arch.post_norms) shared.post_y = static_cast<float*>(alloc(n * d * 4, scr));
   layers_.resize(static_cast<size_t>(cfg_.n_layers));
   for (size_t l = 0; l < layers_.size(); ++l) {
     LayerActs& la = layers_[l];

@@ -185,6 +185,10 @@ void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t we
   } else if (c.kv_pages == 0) {
     c.kv_pages = per_slot * c.max_concurrent_decodes;
   }
+  // Pages released behind a window (a window on every layer) may be shared with another
+  // request through the prefix cache, and then free nothing: the reservations that the
+  // release makes room for would not be backed. Such a model serves without the cache.
+  if (per_slot * c.kv_page_tokens < c.max_seq_len) c.prefix_caching = false;
   HYP_CHECK(c.kv_pages >= per_slot,
             "serve: kv_pages={} cannot hold one sequence of max_seq_len={} ({} pages of {}{})",
             c.kv_pages, c.max_seq_len, per_slot, c.kv_page_tokens,

@@ -73,7 +73,9 @@ void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t we
 // The most KV pages one sequence holds at once: its whole context (max_seq_len), or, with a
 // sliding window on every layer and ragged attention (Mistral v0.1), the pages a step can
 // read, from the window behind its first query to its last: (W + chunk - 2) / P + 2, when
-// that is fewer (the engine releases the older ones as the sequence runs).
+// that is fewer (the engine releases the older ones as the sequence runs, and
+// resolve_engine_config turns the prefix cache off: a released page another request shares
+// would free nothing).
 int64_t max_pages_per_sequence(const EngineConfig& c, const LlamaConfig& model);
 
 // Before the weights are loaded: resolves a copy of `c` beside the weights the engine's

@@ -1026,12 +1026,14 @@ TEST_F(ConvertTest, Gemma2AndGemma3PostNormsCapsAndWindows) {
     fs::create_directories(ckpt_);
     fs::copy_file(tok_dir_ / "tok.model", fs::path(ckpt_) / "tokenizer.model",
                   fs::copy_options::overwrite_existing);
-    auto write = [&](const LlamaConfig& cfg) {
+    auto write_store = [&](const LlamaConfig& cfg, const ParamStore& store) {
       SafetensorsWriter w;
-      for (const ParamInfo& p : ps.infos()) w.add(p.name, DType::kF32, p.shape, ps.params() + p.offset);
+      for (const ParamInfo& p : store.infos())
+        w.add(p.name, DType::kF32, p.shape, store.params() + p.offset);
       w.write((fs::path(ckpt_) / "model.safetensors").string());
       write_bytes((fs::path(ckpt_) / "config.json").string(), cfg.to_hf_json());
     };
+    auto write = [&](const LlamaConfig& cfg) { write_store(cfg, ps); };
     write(c);
     GgufFile g = convert("f32");
     const std::string a = g3 ? "gemma3" : "gemma2";
@@ -1067,6 +1069,19 @@ TEST_F(ConvertTest, Gemma2AndGemma3PostNormsCapsAndWindows) {
     other.arch.sliding_window_pattern = 3;
     write(other);
     expect_error([&] { convert("f32"); }, {"config.json", "layer_types"});
+    if (!g3) {
+      // llama.cpp's "27B" Gemma 2 (46 layers) scales by 1/sqrt(hidden_size / heads).
+      LlamaConfig big = c;
+      big.n_layers = 46;
+      big.arch.query_pre_attn_scalar = 16;  // 64 / 4
+      ParamStore big_ps(big, false, false);
+      big_ps.init(6, 0.3);
+      write_store(big, big_ps);
+      EXPECT_EQ(convert("f32").get_u32("gemma2.block_count"), 46u);
+      big.arch.query_pre_attn_scalar = 24;  // head_dim: right for 26 layers, not for 46
+      write_store(big, big_ps);
+      expect_error([&] { convert("f32"); }, {"query_pre_attn_scalar", "46 layers"});
+    }
   }
 }
 

@@ -214,9 +214,13 @@ TEST(GemmaConfig, HfJsonRoundTripAndLegacyActivation) {
       EXPECT_NE(std::string(e.what()).find("dir/config.json"), std::string::npos) << e.what();
     }
   }
-  // Soft caps must be finite and >= 0. A window pattern needs a window and N >= 2.
+  // Soft caps are Gemma 2/3's (Gemma's config.json could not carry one), finite and >= 0.
+  // A window pattern needs a window and N >= 2.
   LlamaConfig room = c;
   room.arch.final_logit_softcap = 30.0;
+  EXPECT_THROW(room.validate("preset"), Error);
+  room.arch.family = DecoderFamily::kGemma2;
+  room.arch.post_norms = true;
   EXPECT_NO_THROW(room.validate("preset"));
   room.arch.final_logit_softcap = -1.0;
   EXPECT_THROW(room.validate("preset"), Error);

@@ -659,7 +659,7 @@ def main():
             check_eval(hyp, case + " sharpened", sharp_dir, model, val, [(seq, 4), (7, 5)])
             check_generate(hyp, case + " sharpened", sharp_dir, model, prompt_text, prompt_ids, 12)
 
-            if case in ("llama3-rope-bias", "qwen3-linear"):
+            if case in ("llama3-rope-bias", "qwen3-linear", "gemma2", "gemma3"):
                 # The sharpened weights as a Hub directory: sharded bf16 + index.json. eval
                 # and generate read it as they read a checkpoint; training starts from it.
                 hf_dir = os.path.join(tmp, case + "-hf")
