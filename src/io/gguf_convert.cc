@@ -60,15 +60,8 @@ void check_moe_representable(const hyperion::LlamaConfig& c, const std::string& 
             where, c.moe_layer_step);
 }
 
-GgufModel read_config(const std::string& dir) {
-  const std::string path = (std::filesystem::path(dir) / "config.json").string();
-  const std::string where = fmt::format("gguf convert: {}: config.json", dir);
-  std::string text;
-  try {
-    text = read_file(path);
-  } catch (const Error& e) {
-    fail("{}: {}", where, e.what());
-  }
+// The model a config.json describes, with what llama.cpp cannot represent refused.
+GgufModel model_of(const std::string& text, const std::string& where) {
   GgufModel g;
   g.c = hyperion::LlamaConfig::from_hf_json(text, where);
   g.family = &family_info(g.c.arch.family);
@@ -85,8 +78,8 @@ GgufModel read_config(const std::string& dir) {
   if (gemma2 || gemma3) {
     const int64_t pattern = gemma2 ? 2 : 6;
     HYP_CHECK(a.sliding_window > 0 && a.sliding_window_pattern == pattern,
-              "{}: layer_types: llama.cpp's {} graph makes every {}th layer global with a "
-              "window on the others; this model has window {} and pattern {}",
+              "{}: layer_types: llama.cpp's {} graph makes one layer in {} global and gives "
+              "the others a window; this model has window {} and pattern {}",
               where, g.family->gguf_arch, pattern, a.sliding_window, a.sliding_window_pattern);
     // llama.cpp scales by 1/sqrt(hidden_size / heads) for its "27B" model type (46 layers
     // of Gemma 2, 62 of Gemma 3) and by 1/sqrt(head_dim) otherwise.
@@ -116,6 +109,26 @@ GgufModel read_config(const std::string& dir) {
             "architecture only",
             where, g.family->decoder_block);
   return g;
+}
+
+GgufModel read_config(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "config.json").string();
+  const std::string where = fmt::format("gguf convert: {}: config.json", dir);
+  std::string text;
+  try {
+    text = read_file(path);
+  } catch (const Error& e) {
+    fail("{}: {}", where, e.what());
+  }
+  // What config.json says, and what llama.cpp cannot represent of it, is bad input (exit
+  // status 2), as when a command loads the checkpoint.
+  try {
+    return model_of(text, where);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw_usage_error(e.what());
+  }
 }
 
 struct OutType {
