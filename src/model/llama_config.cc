@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "base/system_memory.h"
+#include "kernels/attention.h"
 #include "model/moe_block.h"
 
 namespace hyperion {
@@ -201,8 +202,18 @@ int64_t LlamaConfig::active_non_embedding_params() const {
 }
 
 double LlamaConfig::train_flops_per_token(int64_t seq_len) const {
+  // A sliding-window layer does the causal figure times the share of the causal pairs
+  // its window keeps (attention_visible_pairs).
+  double layers = 0;
+  const double causal = double(attention_visible_pairs(seq_len, seq_len, true));
+  for (int64_t l = 0; l < n_layers; ++l) {
+    const int64_t w = arch.layer_window(l);
+    layers += w > 0 && w < seq_len && causal > 0
+                  ? double(attention_visible_pairs(seq_len, seq_len, true, w)) / causal
+                  : 1.0;
+  }
   return 6.0 * double(active_non_embedding_params()) +
-         6.0 * double(n_layers) * double(seq_len) * double(q_dim());
+         6.0 * layers * double(seq_len) * double(q_dim());
 }
 
 double LlamaConfig::forward_flops_per_token(int64_t seq_len) const {

@@ -80,7 +80,8 @@ struct LlamaConfig {
   // Training FLOPs per token for sequences of `seq_len`: 6 x active_non_embedding_params()
   // (forward 2, backward 4 per weight per token) plus causal attention: per layer the
   // forward does q k^T and P v, 2 x 2 x seq_len x q_dim per token without masking, halved
-  // for causality, times 3 for forward + backward: 6 x n_layers x seq_len x q_dim.
+  // for causality, times 3 for forward + backward: 6 x n_layers x seq_len x q_dim. A
+  // sliding-window layer counts only the pairs its window keeps.
   double train_flops_per_token(int64_t seq_len) const;
   // Forward-only FLOPs per token (evaluation, prefill): a third of the training figure.
   double forward_flops_per_token(int64_t seq_len) const;

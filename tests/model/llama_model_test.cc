@@ -417,6 +417,14 @@ TEST(LlamaConfig, FlopsFormula) {
   EXPECT_EQ(c.non_embedding_params(), 2 * per_layer + 16 + 37 * 16);
   EXPECT_DOUBLE_EQ(c.train_flops_per_token(8),
                    6.0 * (2 * per_layer + 16 + 37 * 16) + 6.0 * 2 * 8 * 16);
+  // A window of 2 on layer 0 (layer 1 global): over 8 positions it keeps 15 of the 36
+  // causal pairs (1 + 2 * 7), so that layer's attention term shrinks to 15/36.
+  c.arch.sliding_window = 2;
+  c.arch.sliding_window_pattern = 2;
+  EXPECT_DOUBLE_EQ(c.train_flops_per_token(8),
+                   6.0 * (2 * per_layer + 16 + 37 * 16) + 6.0 * (1.0 + 15.0 / 36.0) * 8 * 16);
+  // A window as long as the sequence is no window.
+  EXPECT_DOUBLE_EQ(c.train_flops_per_token(2), 6.0 * (2 * per_layer + 16 + 37 * 16) + 6.0 * 2 * 2 * 16);
 }
 
 }  // namespace
