@@ -159,9 +159,10 @@ int64_t Engine::pages_to_reserve(const Sequence& s) const {
 }
 
 void Engine::trim_to_window(Sequence& s) {
-  if (window_ == 0) return;
+  // Without a window this only restates the reservation (the pages s will still take).
   // The next step's first query is at s.computed and sees keys (s.computed - W, ...].
-  s.pages.drop_before(pool_, std::max<int64_t>(0, s.computed - window_ + 1) / cfg_.kv_page_tokens);
+  if (window_ > 0)
+    s.pages.drop_before(pool_, std::max<int64_t>(0, s.computed - window_ + 1) / cfg_.kv_page_tokens);
   const int64_t r = pages_to_reserve(s);
   reserved_pages_ += r - s.reserved;
   s.reserved = r;
@@ -233,12 +234,7 @@ void Engine::admit() {
       if (cfg_.prefix_caching) s.cached = s.pages.acquire_prefix(pool_, s.req.prompt);
       s.computed = s.cached;
       s.reserved = 0;
-      if (window_ > 0) {
-        trim_to_window(s);  // a cached prefix longer than the window keeps its tail only
-      } else {
-        s.reserved = pages_to_reserve(s);
-        reserved_pages_ += s.reserved;
-      }
+      trim_to_window(s);  // reserves (a cached prefix longer than a window keeps its tail)
     }
     s.slot = static_cast<int>(i);
     s.order = admitted_seq_++;

@@ -123,8 +123,9 @@ class Engine {
   int64_t kv_slot(const Sequence& s, int64_t pos) const;
   const int32_t* page_table(const Sequence& s) const;
   bool take_pages(Sequence& s, const int32_t* tokens, int64_t n);
-  // A sliding window on every layer: releases the pages no later step reads (those wholly
-  // before the window of the sequence's next position) and resizes its reservation.
+  // Sets s's reservation to pages_to_reserve(s), first releasing (with a sliding window on
+  // every layer) the pages no later step reads: those wholly before the window of the
+  // sequence's next position.
   void trim_to_window(Sequence& s);
   // The pages s will still allocate, capped (with a window on every layer) by what it can
   // hold at once less what it holds.

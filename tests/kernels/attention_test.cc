@@ -240,36 +240,42 @@ std::vector<double> to_f64(const Tensor& t) {
   return r;
 }
 
+// The kernel's f32 gradients of L = sum(out * dout) against central differences of the
+// independent f64 loss, for `params`' causality, window and soft cap.
+void expect_gradients_match_finite_differences(const Case& c, std::mt19937& rng, float stddev,
+                                               AttentionParams params) {
+  Inputs in(c, DType::kF32, rng, stddev);
+  const double scale = 1.0 / std::sqrt(double(c.d));
+  Tensor out(DType::kF32, c.q_shape()), lse(DType::kF32, c.lse_shape());
+  Grads g(c, DType::kF32);
+  params.causal = c.causal;
+  attention_forward(in.q, in.k, in.v, out, lse, params);
+  attention_backward(in.q, in.k, in.v, out, in.dout, lse, g.dq, g.dk, g.dv, params);
+  std::vector<double> x[3] = {to_f64(in.q), to_f64(in.k), to_f64(in.v)};
+  const std::vector<double> w = to_f64(in.dout);
+  const Tensor* grads[3] = {&g.dq, &g.dk, &g.dv};
+  const char* names[3] = {"dq", "dk", "dv"};
+  const double step = 1e-6;
+  auto loss = [&] { return loss_f64(c, x[0], x[1], x[2], w, scale, params.window, params.softcap); };
+  for (int t = 0; t < 3; ++t)
+    for (size_t i = 0; i < x[t].size(); ++i) {
+      const double keep = x[t][i];
+      x[t][i] = keep + step;
+      const double lp = loss();
+      x[t][i] = keep - step;
+      const double lm = loss();
+      x[t][i] = keep;
+      const double fd = (lp - lm) / (2 * step);
+      EXPECT_NEAR(at(*grads[t], int64_t(i)), fd, 1e-4 * (1 + std::fabs(fd))) << names[t] << " " << i;
+    }
+}
+
 TEST(Attention, BackwardMatchesFiniteDifferences) {
   std::mt19937 rng(5);
   for (const Case& c : std::vector<Case>{
            {1, 5, 5, 2, 1, 8, true}, {2, 3, 6, 2, 2, 4, true}, {1, 4, 3, 4, 2, 3, false}}) {
     SCOPED_TRACE(testing::Message() << c);
-    Inputs in(c, DType::kF32, rng);
-    const double scale = 1.0 / std::sqrt(double(c.d));
-    Tensor out(DType::kF32, c.q_shape()), lse(DType::kF32, c.lse_shape());
-    Grads g(c, DType::kF32);
-    AttentionParams params;
-    params.causal = c.causal;
-    attention_forward(in.q, in.k, in.v, out, lse, params);
-    attention_backward(in.q, in.k, in.v, out, in.dout, lse, g.dq, g.dk, g.dv, params);
-    std::vector<double> x[3] = {to_f64(in.q), to_f64(in.k), to_f64(in.v)};
-    const std::vector<double> w = to_f64(in.dout);
-    const Tensor* grads[3] = {&g.dq, &g.dk, &g.dv};
-    const char* names[3] = {"dq", "dk", "dv"};
-    const double step = 1e-6;
-    for (int t = 0; t < 3; ++t)
-      for (size_t i = 0; i < x[t].size(); ++i) {
-        const double keep = x[t][i];
-        x[t][i] = keep + step;
-        const double lp = loss_f64(c, x[0], x[1], x[2], w, scale);
-        x[t][i] = keep - step;
-        const double lm = loss_f64(c, x[0], x[1], x[2], w, scale);
-        x[t][i] = keep;
-        const double fd = (lp - lm) / (2 * step);
-        EXPECT_NEAR(at(*grads[t], int64_t(i)), fd, 1e-4 * (1 + std::fabs(fd)))
-            << names[t] << " " << i;
-      }
+    expect_gradients_match_finite_differences(c, rng, 1.0f, {});
   }
 }
 
@@ -340,29 +346,9 @@ TEST(Attention, SlidingWindowBackwardMatchesFiniteDifferences) {
   for (auto [c, window] : std::vector<std::pair<Case, int64_t>>{
            {{1, 6, 6, 2, 1, 4, true}, 2}, {{1, 3, 7, 2, 2, 3, true}, 3}}) {
     SCOPED_TRACE(testing::Message() << c << " window " << window);
-    Inputs in(c, DType::kF32, rng);
-    const double scale = 1.0 / std::sqrt(double(c.d));
-    Tensor out(DType::kF32, c.q_shape()), lse(DType::kF32, c.lse_shape());
-    Grads g(c, DType::kF32);
     AttentionParams params;
     params.window = window;
-    attention_forward(in.q, in.k, in.v, out, lse, params);
-    attention_backward(in.q, in.k, in.v, out, in.dout, lse, g.dq, g.dk, g.dv, params);
-    std::vector<double> x[3] = {to_f64(in.q), to_f64(in.k), to_f64(in.v)};
-    const std::vector<double> w = to_f64(in.dout);
-    const Tensor* grads[3] = {&g.dq, &g.dk, &g.dv};
-    const double step = 1e-6;
-    for (int t = 0; t < 3; ++t)
-      for (size_t i = 0; i < x[t].size(); ++i) {
-        const double keep = x[t][i];
-        x[t][i] = keep + step;
-        const double lp = loss_f64(c, x[0], x[1], x[2], w, scale, window);
-        x[t][i] = keep - step;
-        const double lm = loss_f64(c, x[0], x[1], x[2], w, scale, window);
-        x[t][i] = keep;
-        const double fd = (lp - lm) / (2 * step);
-        EXPECT_NEAR(at(*grads[t], int64_t(i)), fd, 1e-4 * (1 + std::fabs(fd))) << t << " " << i;
-      }
+    expect_gradients_match_finite_differences(c, rng, 1.0f, params);
   }
 }
 
@@ -420,32 +406,10 @@ TEST(Attention, SoftCapMatchesReferenceAndFiniteDifferences) {
   for (auto [c, window] : std::vector<std::pair<Case, int64_t>>{
            {{1, 6, 6, 2, 1, 4, true}, 0}, {{1, 3, 7, 2, 2, 3, true}, 3}, {{1, 4, 3, 2, 1, 3, false}, 0}}) {
     SCOPED_TRACE(testing::Message() << c << " window " << window);
-    Inputs in(c, DType::kF32, rng, 2.0f);
-    const double scale = 1.0 / std::sqrt(double(c.d));
-    const float cap = 0.7f;
-    Tensor out(DType::kF32, c.q_shape()), lse(DType::kF32, c.lse_shape());
-    Grads g(c, DType::kF32);
     AttentionParams params;
-    params.causal = c.causal;
     params.window = window;
-    params.softcap = cap;
-    attention_forward(in.q, in.k, in.v, out, lse, params);
-    attention_backward(in.q, in.k, in.v, out, in.dout, lse, g.dq, g.dk, g.dv, params);
-    std::vector<double> x[3] = {to_f64(in.q), to_f64(in.k), to_f64(in.v)};
-    const std::vector<double> w = to_f64(in.dout);
-    const Tensor* grads[3] = {&g.dq, &g.dk, &g.dv};
-    const double step = 1e-6;
-    for (int t = 0; t < 3; ++t)
-      for (size_t i = 0; i < x[t].size(); ++i) {
-        const double keep = x[t][i];
-        x[t][i] = keep + step;
-        const double lp = loss_f64(c, x[0], x[1], x[2], w, scale, window, cap);
-        x[t][i] = keep - step;
-        const double lm = loss_f64(c, x[0], x[1], x[2], w, scale, window, cap);
-        x[t][i] = keep;
-        const double fd = (lp - lm) / (2 * step);
-        EXPECT_NEAR(at(*grads[t], int64_t(i)), fd, 1e-4 * (1 + std::fabs(fd))) << t << " " << i;
-      }
+    params.softcap = 0.7f;
+    expect_gradients_match_finite_differences(c, rng, 2.0f, params);
   }
 }
 

@@ -142,6 +142,23 @@ double max_abs(const Tensor& a) {
   return m;
 }
 
+// Each row of `out` (paged attention over the batch's rows) against the contiguous
+// attention reference of that row's one query over its keys, with `ap`'s window, scale
+// and cap.
+void expect_rows_match_contiguous(const Batch& b, const Tensor& out, AttentionParams ap) {
+  const int64_t hq = b.hq, hkv = b.hkv, d = b.d;
+  for (int64_t i = 0; i < b.n(); ++i) {
+    const int64_t len = b.lengths[size_t(i)];
+    Tensor q(DType::kF32, {1, 1, hq, d}), o(DType::kF32, {1, 1, hq, d});
+    Tensor lse(DType::kF32, {1, hq, 1});
+    std::memcpy(q.data(), b.q.as<float>() + i * hq * d, size_t(hq * d) * sizeof(float));
+    ref::attention_forward(q, b.keys[size_t(i)].view().reshape({1, len, hkv, d}),
+                           b.values[size_t(i)].view().reshape({1, len, hkv, d}), o, lse, ap);
+    for (int64_t j = 0; j < hq * d; ++j)
+      ASSERT_NEAR(at(out, i * hq * d + j), at(o, j), 1e-5) << "row " << i << " elem " << j;
+  }
+}
+
 TEST(PagedAttention, BytesPerToken) {
   EXPECT_EQ(paged_kv_bytes_per_token(DType::kBF16, 8, 64), 2 * 8 * 64 * 2);
   EXPECT_EQ(paged_kv_bytes_per_token(DType::kF32, 2, 24), 2 * 2 * 24 * 4);
@@ -217,21 +234,10 @@ TEST(PagedAttention, MatchesContiguousAttentionF32) {
     for (int64_t pt : {16, 5}) {
       const Batch b({1, pt, pt + 1, 300, 37}, hq, hkv, 64, pt, rng);
       const CacheStore s = b.cache(DType::kF32);
-      const Tensor out = run(s, b);
-      for (int64_t i = 0; i < b.n(); ++i) {
-        const int64_t len = b.lengths[size_t(i)];
-        Tensor q(DType::kF32, {1, 1, hq, 64}), o(DType::kF32, {1, 1, hq, 64});
-        Tensor lse(DType::kF32, {1, hq, 1});
-        std::memcpy(q.data(), b.q.as<float>() + i * hq * 64, size_t(hq * 64) * sizeof(float));
-        const TensorView k = b.keys[size_t(i)].view().reshape({1, len, hkv, 64});
-        const TensorView v = b.values[size_t(i)].view().reshape({1, len, hkv, 64});
-        AttentionParams ap;
-        ap.causal = false;
-        ref::attention_forward(q, k, v, o, lse, ap);
-        for (int64_t j = 0; j < hq * 64; ++j)
-          ASSERT_NEAR(at(out, i * hq * 64 + j), at(o, j), 1e-5)
-              << "hq " << hq << " pt " << pt << " row " << i << " elem " << j;
-      }
+      SCOPED_TRACE(::testing::Message() << "hq " << hq << " pt " << pt);
+      AttentionParams ap;
+      ap.causal = false;
+      expect_rows_match_contiguous(b, run(s, b), ap);
     }
 }
 
@@ -248,19 +254,9 @@ TEST(PagedAttention, SlidingWindow) {
       PagedAttentionParams params;
       params.window = window;
       const CacheStore s = b.cache(DType::kF32);
-      const Tensor out = run(s, b, DType::kF32, params);
-      for (int64_t i = 0; i < b.n(); ++i) {
-        const int64_t len = b.lengths[size_t(i)];
-        Tensor q(DType::kF32, {1, 1, 8, 64}), o(DType::kF32, {1, 1, 8, 64});
-        Tensor lse(DType::kF32, {1, 8, 1});
-        std::memcpy(q.data(), b.q.as<float>() + i * 8 * 64, size_t(8 * 64) * sizeof(float));
-        AttentionParams ap;
-        ap.window = window;
-        ref::attention_forward(q, b.keys[size_t(i)].view().reshape({1, len, 2, 64}),
-                               b.values[size_t(i)].view().reshape({1, len, 2, 64}), o, lse, ap);
-        for (int64_t j = 0; j < 8 * 64; ++j)
-          ASSERT_NEAR(at(out, i * 8 * 64 + j), at(o, j), 1e-5) << "row " << i << " elem " << j;
-      }
+      AttentionParams ap;
+      ap.window = window;
+      expect_rows_match_contiguous(b, run(s, b, DType::kF32, params), ap);
       for (DType dt : kCacheDTypes) {
         SCOPED_TRACE(dtype_name(dt));
         const CacheStore c = b.cache(dt);
@@ -297,21 +293,11 @@ TEST(PagedAttention, SoftCap) {
       params.softcap = cap;
       params.scale = 0.5f;  // large scores: the cap bends them
       const CacheStore s = b.cache(DType::kF32);
-      const Tensor out = run(s, b, DType::kF32, params);
-      for (int64_t i = 0; i < b.n(); ++i) {
-        const int64_t len = b.lengths[size_t(i)];
-        Tensor q(DType::kF32, {1, 1, 8, 64}), o(DType::kF32, {1, 1, 8, 64});
-        Tensor lse(DType::kF32, {1, 8, 1});
-        std::memcpy(q.data(), b.q.as<float>() + i * 8 * 64, size_t(8 * 64) * sizeof(float));
-        AttentionParams ap;
-        ap.window = window;
-        ap.softcap = cap;
-        ap.scale = 0.5f;
-        ref::attention_forward(q, b.keys[size_t(i)].view().reshape({1, len, 2, 64}),
-                               b.values[size_t(i)].view().reshape({1, len, 2, 64}), o, lse, ap);
-        for (int64_t j = 0; j < 8 * 64; ++j)
-          ASSERT_NEAR(at(out, i * 8 * 64 + j), at(o, j), 1e-5) << "row " << i << " elem " << j;
-      }
+      AttentionParams ap;
+      ap.window = window;
+      ap.softcap = cap;
+      ap.scale = 0.5f;
+      expect_rows_match_contiguous(b, run(s, b, DType::kF32, params), ap);
       for (DType dt : kCacheDTypes) {
         SCOPED_TRACE(dtype_name(dt));
         const CacheStore c = b.cache(dt);
