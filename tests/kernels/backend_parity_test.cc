@@ -340,21 +340,34 @@ TEST_P(BackendParity, ElementwiseAtAlignedSizes) {
 TEST_P(BackendParity, Attention) {
   std::mt19937 rng(5);
   // Odd sizes: 11 tokens, head_dim 16 and 40 (not multiples of the warp), GQA 4:2, and a
-  // chunked-prefill shape (Tq < Tk).
+  // chunked-prefill shape (Tq < Tk). Then Gemma's and Mistral's score shapes: sliding
+  // windows narrower than a tile and than the keys (also with Tq < Tk, where the window
+  // cuts queries' ranges at both ends), a soft cap, both with a scale of its own.
   struct Case {
     int64_t b, tq, tk, hq, hkv, hd;
+    AttentionParams params = {};
   };
+  AttentionParams window5, capped, both;
+  window5.window = 5;
+  capped.softcap = 2.0f;
+  capped.scale = 0.5f;
+  both.window = 7;
+  both.softcap = 1.5f;
   for (const Case& cs :
-       {Case{2, 11, 11, 4, 2, 16}, Case{1, 37, 37, 3, 1, 40}, Case{1, 5, 13, 2, 2, 8}}) {
+       {Case{2, 11, 11, 4, 2, 16}, Case{1, 37, 37, 3, 1, 40}, Case{1, 5, 13, 2, 2, 8},
+        Case{2, 41, 41, 4, 2, 16, window5}, Case{1, 9, 50, 2, 1, 40, window5},
+        Case{1, 37, 37, 3, 1, 40, capped}, Case{1, 70, 75, 4, 2, 16, both}}) {
     Tensor q = random_tensor(DType::kF32, {cs.b, cs.tq, cs.hq, cs.hd}, rng);
     Tensor kt = random_tensor(DType::kF32, {cs.b, cs.tk, cs.hkv, cs.hd}, rng);
     Tensor v = random_tensor(DType::kF32, {cs.b, cs.tk, cs.hkv, cs.hd}, rng);
     Tensor o_ref(DType::kF32, q.shape()), lse_ref(DType::kF32, {cs.b, cs.hq, cs.tq});
     Dev dq_in = dev(q), dk_in = dev(kt), dv_in = dev(v), o = dev(DType::kF32, q.shape()),
         lse = dev(DType::kF32, {cs.b, cs.hq, cs.tq});
-    k().attention_forward(dq_in, dk_in, dv_in, o, lse, AttentionParams{});
-    ref::attention_forward(q, kt, v, o_ref, lse_ref);
-    const std::string what = "T " + std::to_string(cs.tq) + "/" + std::to_string(cs.tk);
+    k().attention_forward(dq_in, dk_in, dv_in, o, lse, cs.params);
+    ref::attention_forward(q, kt, v, o_ref, lse_ref, cs.params);
+    const std::string what = "T " + std::to_string(cs.tq) + "/" + std::to_string(cs.tk) +
+                             " window " + std::to_string(cs.params.window) + " cap " +
+                             std::to_string(cs.params.softcap);
     expect_close(o, o_ref, 1e-4, 1e-5, "out " + what);
     expect_close(lse, lse_ref, 1e-5, 1e-5, "lse " + what);
     Tensor dout = random_tensor(DType::kF32, q.shape(), rng);
@@ -362,8 +375,8 @@ TEST_P(BackendParity, Attention) {
         dv_ref(DType::kF32, v.shape());
     Dev ddout = dev(dout), dq = dev(DType::kF32, q.shape()), dk = dev(DType::kF32, kt.shape()),
         dv = dev(DType::kF32, v.shape());
-    k().attention_backward(dq_in, dk_in, dv_in, o, ddout, lse, dq, dk, dv, AttentionParams{});
-    ref::attention_backward(q, kt, v, o_ref, dout, lse_ref, dq_ref, dk_ref, dv_ref);
+    k().attention_backward(dq_in, dk_in, dv_in, o, ddout, lse, dq, dk, dv, cs.params);
+    ref::attention_backward(q, kt, v, o_ref, dout, lse_ref, dq_ref, dk_ref, dv_ref, cs.params);
     expect_close(dq, dq_ref, 1e-3, 1e-4, "dq " + what);
     expect_close(dk, dk_ref, 1e-3, 1e-4, "dk " + what);
     expect_close(dv, dv_ref, 1e-3, 1e-4, "dv " + what);
@@ -410,40 +423,49 @@ TEST_P(BackendParity, AttentionBf16AtModelHeadDims) {
   struct Case {
     int64_t b, tq, tk, hq, hkv, hd;
     DType out;
+    AttentionParams params = {};
   };
+  // Gemma 2's local layers at its head dim: a window and a soft cap (on the CUDA backend
+  // these leave the tensor-core path for the portable kernels).
+  AttentionParams gemma;
+  gemma.window = 40;
+  gemma.softcap = 50.0f;
+  gemma.scale = 0.0625f;
   for (const Case& cs :
        {Case{2, 77, 77, 4, 2, 64, DType::kF32}, Case{1, 45, 130, 2, 1, 128, DType::kF32},
         Case{1, 128, 128, 3, 3, 64, DType::kBF16}, Case{1, 200, 200, 2, 1, 128, DType::kBF16},
         // GQA 4:1 as in Llama 3, a single query row (decode), Tq < Tk with bf16 out, and
         // a sequence past 1024 tokens.
         Case{1, 1, 150, 8, 2, 64, DType::kBF16}, Case{2, 70, 133, 8, 2, 64, DType::kBF16},
-        Case{1, 1030, 1030, 2, 1, 64, DType::kF32}}) {
+        Case{1, 1030, 1030, 2, 1, 64, DType::kF32}, Case{1, 130, 130, 4, 2, 128, DType::kBF16, gemma},
+        Case{1, 30, 100, 2, 1, 64, DType::kF32, gemma}}) {
     const std::string what = "T " + std::to_string(cs.tq) + "/" + std::to_string(cs.tk) + " d " +
-                             std::to_string(cs.hd) + " out " + std::string(dtype_name(cs.out));
+                             std::to_string(cs.hd) + " out " + std::string(dtype_name(cs.out)) +
+                             " window " + std::to_string(cs.params.window);
     Tensor q = random_tensor(DType::kBF16, {cs.b, cs.tq, cs.hq, cs.hd}, rng);
     Tensor kt = random_tensor(DType::kBF16, {cs.b, cs.tk, cs.hkv, cs.hd}, rng);
     Tensor v = random_tensor(DType::kBF16, {cs.b, cs.tk, cs.hkv, cs.hd}, rng);
     Tensor dout = random_tensor(DType::kBF16, q.shape(), rng);
     Tensor o_ref(DType::kF32, q.shape()), lse_ref(DType::kF32, {cs.b, cs.hq, cs.tq});
-    ref::attention_forward(q, kt, v, o_ref, lse_ref);
+    ref::attention_forward(q, kt, v, o_ref, lse_ref, cs.params);
     // The backward reads the forward's output in the dtype the model stores it in.
     Tensor o_in = make_tensor(DType::kBF16, q.shape(), values(o_ref));
     Tensor dq_ref(DType::kF32, q.shape()), dk_ref(DType::kF32, kt.shape()),
         dv_ref(DType::kF32, v.shape());
-    ref::attention_backward(q, kt, v, o_in, dout, lse_ref, dq_ref, dk_ref, dv_ref);
+    ref::attention_backward(q, kt, v, o_in, dout, lse_ref, dq_ref, dk_ref, dv_ref, cs.params);
     auto poisoned = [&](Shape s) {
       return dev(make_tensor(cs.out, s, std::vector<float>(static_cast<size_t>(s.numel()), NAN)));
     };
 
     Dev dq_in = dev(q), dk_in = dev(kt), dv_in = dev(v), o = poisoned(q.shape()),
         lse = dev(DType::kF32, {cs.b, cs.hq, cs.tq});
-    k().attention_forward(dq_in, dk_in, dv_in, o, lse, AttentionParams{});
+    k().attention_forward(dq_in, dk_in, dv_in, o, lse, cs.params);
     expect_close_norm(o.host(), o_ref, 1e-2, "out " + what);
     expect_close(lse, lse_ref, 1e-4, 1e-3, "lse " + what);
 
     Dev ddout = dev(dout), o_dev = dev(o_in), dq = poisoned(q.shape()), dk = poisoned(kt.shape()),
         dv = poisoned(v.shape());
-    k().attention_backward(dq_in, dk_in, dv_in, o_dev, ddout, lse, dq, dk, dv, AttentionParams{});
+    k().attention_backward(dq_in, dk_in, dv_in, o_dev, ddout, lse, dq, dk, dv, cs.params);
     expect_close_norm(dq.host(), dq_ref, 2e-2, "dq " + what);
     expect_close_norm(dk.host(), dk_ref, 2e-2, "dk " + what);
     expect_close_norm(dv.host(), dv_ref, 2e-2, "dv " + what);
@@ -542,6 +564,45 @@ TEST_P(BackendParity, CrossEntropy) {
   EXPECT_NEAR(f.loss, want.loss, 1e-5 * std::fabs(want.loss));
   EXPECT_NEAR(r.loss, want.loss, 1e-5 * std::fabs(want.loss));
   expect_close(d, d_ref, 1e-4, 1e-6, "dlogits");
+
+  // Gemma 2's final_logit_softcapping, with logits beyond the cap; then in place (the
+  // trainer's form: dlogits is the logits' buffer).
+  Tensor big = random_tensor(DType::kF32, {n, v}, rng, 40.0f);
+  Tensor dc_ref(DType::kF32, {n, v});
+  const CrossEntropyResult cw =
+      ref::cross_entropy(big, targets, dc_ref, 0.5f, TensorView(), kIgnoreIndex, 30.0f);
+  Dev db = dev(big), dc = dev(DType::kF32, {n, v});
+  const CrossEntropyResult cf = k().cross_entropy_forward(db, dt, 30.0f);
+  const CrossEntropyResult cr = k().cross_entropy_fused(db, dt, dc, 0.5f, 30.0f);
+  EXPECT_EQ(cr.count, cw.count);
+  EXPECT_NEAR(cf.loss, cw.loss, 1e-5 * std::fabs(cw.loss));
+  EXPECT_NEAR(cr.loss, cw.loss, 1e-5 * std::fabs(cw.loss));
+  expect_close(dc, dc_ref, 1e-4, 1e-6, "capped dlogits");
+  const CrossEntropyResult ci = k().cross_entropy_fused(db, dt, db, 0.5f, 30.0f);
+  EXPECT_NEAR(ci.loss, cw.loss, 1e-5 * std::fabs(cw.loss));
+  expect_close(db, dc_ref, 1e-4, 1e-6, "capped dlogits in place");
+  expect_error([&] { k().cross_entropy_forward(db, dt, -1.0f); }, {"softcap", "-1"});
+}
+
+// The soft cap in place and the post-norm residual add (f32 or bf16 into f32).
+TEST_P(BackendParity, SoftCapAndResidualAdd) {
+  std::mt19937 rng(34);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const double rel = dt == DType::kBF16 ? 1e-2 : 1e-5;
+    Tensor x = random_tensor(dt, {3, 70}, rng, 80.0f);
+    Tensor want = make_tensor(DType::kF32, x.shape(), values(x));
+    ref::softcap_forward(want, 30.0f);
+    Dev dx = dev(x);
+    k().softcap_forward(dx, 30.0f);
+    expect_close(dx, want, rel, 1e-5, "softcap " + std::string(dtype_name(dt)));
+
+    Tensor y = random_tensor(DType::kF32, {3, 70}, rng);
+    Tensor sum = make_tensor(DType::kF32, y.shape(), values(y));
+    ref::residual_add(x, sum);
+    Dev dr = dev(x), dy = dev(y);
+    k().residual_add(dr, dy);
+    expect_close(dy, sum, 1e-6, 1e-5, "residual_add " + std::string(dtype_name(dt)));
+  }
 }
 
 TEST_P(BackendParity, PagedCacheWriteReadAndAttention) {
@@ -598,6 +659,21 @@ TEST_P(BackendParity, PagedCacheWriteReadAndAttention) {
     ref::paged_attention(host_cache, q, &row, o_ref);
     expect_close(o, o_ref, 1e-4, 1e-5,
                  std::string("paged attention ") + std::string(dtype_name(cache_dtype)));
+
+    // A window of 5 over the 10 keys, with capped scores: the row starts in its second
+    // page, so its first entry may name a released page (-1); it is neither read nor
+    // looked up.
+    PagedAttentionParams local;
+    local.window = 5;
+    local.softcap = 3.0f;
+    const std::vector<int32_t> released = {-1, 0, 3};
+    const PagedAttentionRow local_row{released.data(), len};
+    Dev o_local = dev(DType::kF32, {1, hq, hd});
+    k().paged_attention(cache, dq, &local_row, o_local, local);
+    Tensor o_local_ref(DType::kF32, {1, hq, hd});
+    ref::paged_attention(host_cache, q, &row, o_local_ref, local);
+    expect_close(o_local, o_local_ref, 1e-4, 1e-5,
+                 std::string("windowed paged attention ") + std::string(dtype_name(cache_dtype)));
   }
 }
 

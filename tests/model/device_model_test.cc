@@ -39,12 +39,35 @@ std::vector<float> to_host(const ParamStore& ps, const float* data) {
   return v;
 }
 
-class DeviceModel : public testing::TestWithParam<int64_t> {};
+// The tiny model as a dense Llama, a MoE, and with Gemma 2's and Gemma 3's features:
+// post-norms, capped scores and logits, a window narrower than the batch's 8 tokens,
+// q/k norms and local layers with their own RoPE base (the CUDA backend's portable
+// attention kernels and its capped cross-entropy).
+LlamaConfig device_test_config(const std::string& name) {
+  LlamaConfig c = testing_util::tiny_test_config(name == "moe" ? 4 : 0);
+  if (name == "gemma2") {
+    c.arch = family_info(DecoderFamily::kGemma2).defaults;
+    c.tie_embeddings = true;
+    c.arch.sliding_window = 3;
+    c.arch.attn_logit_softcap = 1.0;
+    c.arch.final_logit_softcap = 3.0;
+    c.arch.query_pre_attn_scalar = 10;
+  } else if (name == "gemma3") {
+    c.arch = family_info(DecoderFamily::kGemma3).defaults;
+    c.tie_embeddings = true;
+    c.arch.sliding_window = 3;
+    c.arch.sliding_window_pattern = 2;
+    c.arch.local_rope_theta = 50;
+  }
+  return c;
+}
+
+class DeviceModel : public testing::TestWithParam<std::string> {};
 
 TEST_P(DeviceModel, TrainingStepEqualsTheHost) {
   KernelBackend* dev = testing_util::simulated_device();
   if (dev == nullptr) dev = &backend_for(Device::kCuda);
-  const LlamaConfig cfg = testing_util::tiny_test_config(GetParam());
+  const LlamaConfig cfg = device_test_config(GetParam());
   for (bool bf16 : {false, true}) {
     ParamStore host_ps(cfg, bf16, true), dev_ps(cfg, bf16, true, dev->allocator());
     host_ps.init(7, 0.05);
@@ -74,7 +97,7 @@ TEST_P(DeviceModel, TrainingStepEqualsTheHost) {
 TEST_P(DeviceModel, GreedyDecodingEqualsTheHost) {
   KernelBackend* dev = testing_util::simulated_device();
   if (dev == nullptr) dev = &backend_for(Device::kCuda);
-  const LlamaConfig cfg = testing_util::tiny_test_config(GetParam());
+  const LlamaConfig cfg = device_test_config(GetParam());
   ParamStore host_ps(cfg, false, true), dev_ps(cfg, false, true, dev->allocator());
   host_ps.init(11, 0.5);
   dev_ps.init(11, 0.5);
@@ -97,10 +120,9 @@ TEST_P(DeviceModel, GreedyDecodingEqualsTheHost) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(DenseAndMoe, DeviceModel, testing::Values(0, 4),
-                         [](const testing::TestParamInfo<int64_t>& i) {
-                           return i.param == 0 ? std::string("dense") : std::string("moe");
-                         });
+INSTANTIATE_TEST_SUITE_P(Families, DeviceModel,
+                         testing::Values("dense", "moe", "gemma2", "gemma3"),
+                         [](const testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace
 }  // namespace hyperion

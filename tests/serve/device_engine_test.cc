@@ -94,14 +94,32 @@ TEST(DeviceEngine, RefusesWeightsOnAnotherDevice) {
   EXPECT_THROW(Engine(*dev, nullptr, f32_engine_config()), Error);
 }
 
+// The small serving model as a dense Llama, a MoE, Gemma 2 (post-norms, capped scores
+// and logits, a window on every other layer) and Mistral (a window on every layer, so
+// the engine releases the pages behind it and the device reads past released entries).
+LlamaConfig device_engine_config(const std::string& name) {
+  LlamaConfig c = testing_util::small_serving_config(97, name == "moe");
+  if (name == "gemma2") {
+    c.arch = family_info(DecoderFamily::kGemma2).defaults;
+    c.tie_embeddings = true;
+    c.arch.sliding_window = 6;
+    c.arch.attn_logit_softcap = 1.0;
+    c.arch.final_logit_softcap = 3.0;
+    c.arch.query_pre_attn_scalar = 10;
+  } else if (name == "mistral") {
+    c.arch.sliding_window = 6;
+    c.arch.sliding_window_pattern = 0;
+  }
+  return c;
+}
+
 // Greedy and seeded requests, more than the slots, prompts over several pages and
 // prefill chunks, arriving while others decode: the device engine's events are the
 // host's, token for token.
 TEST(DeviceEngine, ManyRequestsEqualTheHostF32) {
-  for (bool moe : {false, true}) {
-    SCOPED_TRACE(moe ? "moe" : "dense");
-    auto host = testing_util::small_serving_params(testing_util::small_serving_config(97, moe),
-                                                   false, 7);
+  for (const std::string name : {"dense", "moe", "gemma2", "mistral"}) {
+    SCOPED_TRACE(name);
+    auto host = testing_util::small_serving_params(device_engine_config(name), false, 7);
     auto dev = on_device(*host);
     EngineConfig ec = f32_engine_config();
     ec.prefix_caching = false;

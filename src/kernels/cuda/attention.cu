@@ -5,9 +5,15 @@
 // from lse and splits into a dQ pass and a dK/dV pass, so every output element is summed
 // by one warp in a fixed order: deterministic, no atomics.
 //
-// Head dims up to 256 (8 values per lane). This is the portable version, for f32 and for
-// head dims other than 64 and 128; bf16 at those head dims runs on the tensor cores
-// (attention_mma.cu).
+// Head dims up to 256 (8 values per lane). This is the portable version, for f32, for
+// head dims other than 64 and 128, and for sliding windows and soft-capped scores; bf16
+// at those head dims without either runs on the tensor cores (attention_mma.cu).
+//
+// A window narrows each query's keys to (p - window, p] (p its absolute position), so a
+// block starts at its first query's first key and the dK/dV pass stops at its last
+// key's last query: the work is the window's band, not the causal triangle. A soft cap
+// maps each scaled score s to c = cap * tanh(s / cap); the backward multiplies dS by
+// dc/ds = 1 - (c / cap)^2.
 #include "kernels/cuda/device_util.cuh"
 
 namespace hyperion::cuda {
@@ -25,6 +31,8 @@ struct Layout {
   int64_t b, tq, tk, hq, hkv, d, group;
   float scale;
   bool causal;
+  int64_t window;  // > 0: sliding window (causal only)
+  float softcap;   // > 0: capped scores
   // Row offsets (elements) of [B, T, H, D] tensors.
   __device__ int64_t q_row(int64_t bi, int64_t i, int64_t h) const {
     return ((bi * tq + i) * hq + h) * d;
@@ -34,15 +42,42 @@ struct Layout {
   }
   // Last key query i sees (inclusive).
   __device__ int64_t last_key(int64_t i) const { return causal ? i + (tk - tq) : tk - 1; }
+  // First key query i sees.
+  __device__ int64_t first_key(int64_t i) const {
+    if (window <= 0) return 0;
+    const int64_t f = last_key(i) - window + 1;
+    return f < 0 ? 0 : f;
+  }
   // First query that sees key j.
   __device__ int64_t first_query(int64_t j) const {
     const int64_t f = causal ? j - (tk - tq) : 0;
     return f < 0 ? 0 : f;
   }
+  // Last query that sees key j (inclusive; < first_query(j) when none does).
+  __device__ int64_t last_query(int64_t j) const {
+    if (window <= 0) return tq - 1;
+    const int64_t l = j - (tk - tq) + window - 1;
+    return l < tq - 1 ? l : tq - 1;
+  }
+  // The score of a warp-summed dot product: scaled, then capped.
+  __device__ float score(float dot) const {
+    const float s = dot * scale;
+    return softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
+  }
+  // dS w.r.t. the scaled score, from dS w.r.t. the (capped) score s.
+  __device__ float uncap(float ds, float s) const {
+    if (softcap <= 0.0f) return ds;
+    const float t = s / softcap;
+    return ds * (1.0f - t * t);
+  }
 };
 
 Layout layout_of(const AttentionShape& s) {
-  return Layout{s.b, s.tq, s.tk, s.hq, s.hkv, s.d, s.hq / s.hkv, s.scale, s.causal};
+  const bool windowed = s.causal && s.window > 0 && s.window < s.tk;
+  return Layout{s.b,     s.tq,    s.tk,     s.hq,
+                s.hkv,   s.d,     s.hq / s.hkv,
+                s.scale, s.causal, windowed ? s.window : 0,
+                s.softcap > 0.0f ? s.softcap : 0.0f};
 }
 
 // Loads rows [r0, r0 + n) of one head of a [B, T, H, D] tensor into tile[n][d] (f32).
@@ -84,16 +119,18 @@ __global__ void attention_forward_kernel(Layout L, const void* q, const void* k,
   }
   float m = -INFINITY, l = 0;
   const int64_t block_last = L.last_key(imin(i0 + kWarps, L.tq) - 1);
+  const int64_t my_first = active ? L.first_key(i) : 0;
   const int64_t my_last = active ? L.last_key(i) : -1;
-  for (int64_t j0 = 0; j0 <= block_last && j0 < L.tk; j0 += tile) {
+  for (int64_t j0 = L.first_key(i0); j0 <= block_last && j0 < L.tk; j0 += tile) {
     const int64_t n = load_kv_tiles(L, k, v, t, bi, g, j0, tile, ks, vs);
     for (int64_t jj = 0; jj < n && j0 + jj <= my_last; ++jj) {
+      if (j0 + jj < my_first) continue;
       float dot = 0;
       for (int e = 0; e < kMaxPerLane; ++e) {
         const int64_t c = lane + 32 * e;
         if (c < L.d) dot += qv[e] * ks[jj * L.d + c];
       }
-      const float s = warp_sum(dot) * L.scale;
+      const float s = L.score(warp_sum(dot));
       const float m_new = fmaxf(m, s);
       const float corr = __expf(m - m_new), p = __expf(s - m_new);
       l = l * corr + p;
@@ -150,10 +187,12 @@ __global__ void attention_dq_kernel(Layout L, const void* q, const void* k, cons
   const int64_t stat = (bi * L.hq + h) * L.tq + (active ? i : 0);
   const float row_lse = lse[stat], row_delta = delta[stat];
   const int64_t block_last = L.last_key(imin(i0 + kWarps, L.tq) - 1);
+  const int64_t my_first = active ? L.first_key(i) : 0;
   const int64_t my_last = active ? L.last_key(i) : -1;
-  for (int64_t j0 = 0; j0 <= block_last && j0 < L.tk; j0 += tile) {
+  for (int64_t j0 = L.first_key(i0); j0 <= block_last && j0 < L.tk; j0 += tile) {
     const int64_t n = load_kv_tiles(L, k, v, t, bi, g, j0, tile, ks, vs);
     for (int64_t jj = 0; jj < n && j0 + jj <= my_last; ++jj) {
+      if (j0 + jj < my_first) continue;
       float s = 0, dp = 0;
       for (int e = 0; e < kMaxPerLane; ++e) {
         const int64_t c = lane + 32 * e;
@@ -162,9 +201,9 @@ __global__ void attention_dq_kernel(Layout L, const void* q, const void* k, cons
           dp += dov[e] * vs[jj * L.d + c];
         }
       }
-      s = warp_sum(s) * L.scale;
+      s = L.score(warp_sum(s));
       dp = warp_sum(dp);
-      const float ds = __expf(s - row_lse) * (dp - row_delta);
+      const float ds = L.uncap(__expf(s - row_lse) * (dp - row_delta), s);
       for (int e = 0; e < kMaxPerLane; ++e) {
         const int64_t c = lane + 32 * e;
         if (c < L.d) acc[e] += ds * ks[jj * L.d + c];
@@ -201,11 +240,13 @@ __global__ void attention_dkv_kernel(Layout L, const void* q, const void* k, con
     dka[e] = dva[e] = 0;
   }
   const int64_t block_first = L.first_query(j0k);
+  const int64_t block_end = L.last_query(imin(j0k + kWarps, L.tk) - 1) + 1;
   const int64_t my_first = active ? L.first_query(j) : L.tq;
+  const int64_t my_last = active ? L.last_query(j) : -1;
   const int64_t row_stride = L.hq * L.d;
   for (int64_t h = g * L.group; h < (g + 1) * L.group; ++h) {
-    for (int64_t r0 = block_first; r0 < L.tq; r0 += tile) {
-      const int64_t n = imin(tile, L.tq - r0);
+    for (int64_t r0 = block_first; r0 < block_end; r0 += tile) {
+      const int64_t n = imin(tile, block_end - r0);
       __syncthreads();
       load_tile(q, t, L.q_row(bi, r0, h), row_stride, n, L.d, qs);
       load_tile(dout, t, L.q_row(bi, r0, h), row_stride, n, L.d, dos);
@@ -215,7 +256,7 @@ __global__ void attention_dkv_kernel(Layout L, const void* q, const void* k, con
       }
       __syncthreads();
       for (int64_t ii = 0; ii < n; ++ii) {
-        if (r0 + ii < my_first) continue;
+        if (r0 + ii < my_first || r0 + ii > my_last) continue;
         float s = 0, dp = 0;
         for (int e = 0; e < kMaxPerLane; ++e) {
           const int64_t c = lane + 32 * e;
@@ -224,10 +265,10 @@ __global__ void attention_dkv_kernel(Layout L, const void* q, const void* k, con
             dp += dos[ii * L.d + c] * vv[e];
           }
         }
-        s = warp_sum(s) * L.scale;
+        s = L.score(warp_sum(s));
         dp = warp_sum(dp);
         const float p = __expf(s - stats[ii]);
-        const float ds = p * (dp - stats[tile + ii]);
+        const float ds = L.uncap(p * (dp - stats[tile + ii]), s);
         for (int e = 0; e < kMaxPerLane; ++e) {
           const int64_t c = lane + 32 * e;
           if (c < L.d) {

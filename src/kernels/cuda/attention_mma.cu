@@ -585,6 +585,7 @@ bool aligned16(const void* p) {
 bool attention_mma_applies(const AttentionShape& sh, Elem t,
                            std::initializer_list<const void*> ptrs) {
   if (t != Elem::kBF16 || (sh.d != 64 && sh.d != 128)) return false;
+  if ((sh.window > 0 && sh.window < sh.tk) || sh.softcap > 0.0f) return false;
   for (const void* p : ptrs)
     if (!aligned16(p)) return false;
   return true;

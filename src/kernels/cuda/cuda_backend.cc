@@ -234,9 +234,11 @@ AttentionShape CudaBackend::attention_shape(const char* op, const TensorView& q,
   HYP_CHECK(s.tq <= s.tk, "{}: causal attention needs Tq={} <= Tk={}", op, s.tq, s.tk);
   HYP_CHECK(s.d >= 1 && s.d <= 256, "{}: head_dim {} is not in [1, 256] on the cuda backend", op,
             s.d);
-  check_no_window(op, params.window, s.tk);
-  check_no_softcap(op, params.softcap);
   HYP_CHECK(params.causal, "{}: the cuda backend runs causal attention only", op);
+  HYP_CHECK(params.window >= 0, "{}: window must be >= 0, got {}", op, params.window);
+  check_softcap(op, params.softcap);
+  s.window = params.window;
+  s.softcap = params.softcap;
   HYP_CHECK(params.scale == 0.0f || (std::isfinite(params.scale) && params.scale > 0.0f),
             "{}: scale must be finite and positive, got {}", op, params.scale);
   s.scale = params.scale > 0.0f ? params.scale : 1.0f / std::sqrt(static_cast<float>(s.d));
@@ -276,6 +278,10 @@ void CudaBackend::paged_attention(const PagedKvCache& cache, const TensorView& q
                 q.shape[1] % cache.n_kv_heads == 0,
             "{}: q {} and out {} must be [n, heads (a multiple of {}), {}]", op, q.str(), out.str(),
             cache.n_kv_heads, cache.head_dim);
+  HYP_CHECK(params.window >= 0 &&
+                (params.window == 0 || params.mode == PagedAttentionMode::kRagged),
+            "{}: a sliding window ({}) needs the ragged mode and a size >= 1", op, params.window);
+  check_softcap(op, params.softcap);
   const int64_t n = q.shape[0];
   // The rows' page tables, back to back, with offsets and lengths: one upload.
   std::vector<int64_t> meta(static_cast<size_t>(2 * n));
@@ -283,15 +289,23 @@ void CudaBackend::paged_attention(const PagedKvCache& cache, const TensorView& q
   for (int64_t r = 0; r < n; ++r) {
     HYP_CHECK(rows[r].length >= 1, "{}: row {} has length {} (must be >= 1)", op, r,
               rows[r].length);
-    check_no_window(op, params.window, rows[r].length);
-    check_no_softcap(op, params.softcap);
     const int64_t len = params.mode == PagedAttentionMode::kPadded
                             ? std::max(params.padded_length, rows[r].length)
                             : rows[r].length;
     meta[static_cast<size_t>(r)] = static_cast<int64_t>(pages.size());
     meta[static_cast<size_t>(n + r)] = rows[r].length;
     const int64_t n_pages = (len + cache.page_tokens - 1) / cache.page_tokens;
+    // A window's row never reads (or looks up) the pages before its first key's page:
+    // those entries go up as 0 and may name released pages on the host.
+    const int64_t first_page =
+        params.window > 0 && rows[r].length > params.window
+            ? (rows[r].length - params.window) / cache.page_tokens
+            : 0;
     for (int64_t i = 0; i < n_pages; ++i) {
+      if (i < first_page) {
+        pages.push_back(0);
+        continue;
+      }
       const int32_t id = rows[r].pages[i];
       HYP_CHECK(id >= 0 && id < cache.num_pages, "{}: row {} reads page {}, outside [0, {})", op, r,
                 id, cache.num_pages);
@@ -303,11 +317,12 @@ void CudaBackend::paged_attention(const PagedKvCache& cache, const TensorView& q
   upload(meta.data(), base, meta_bytes);
   upload(pages.data(), base + meta_bytes, pages.size() * 4);
   const auto* dmeta = reinterpret_cast<const int64_t*>(base);
-  const float scale =
-      params.scale > 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(cache.head_dim));
+  const cuda::PagedScores scores{
+      params.scale > 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(cache.head_dim)),
+      params.window, params.softcap};
   cuda::paged_attention(stream_, c, q.data, elem_of(op, "q", q), n, q.shape[1],
                         reinterpret_cast<const int32_t*>(base + meta_bytes), dmeta, dmeta + n,
-                        scale, out.data, elem_of(op, "out", out), device_error());
+                        scores, out.data, elem_of(op, "out", out), device_error());
   launched(op);
 }
 
@@ -342,8 +357,9 @@ const int32_t* CudaBackend::upload_indices(const int32_t* a, int64_t na, const i
 
 CrossEntropyResult CudaBackend::cross_entropy(const char* op, const TensorView& logits,
                                               const TensorView& targets, void* dlogits,
-                                              float dloss) {
+                                              float dloss, float softcap) {
   check(op, {&logits, &targets});
+  check_softcap(op, softcap);
   targets.check_dtype(DType::kI32, op);
   HYP_CHECK(logits.rank() == 2 && targets.numel() == logits.shape[0],
             "{}: logits {} must be [N, V] with N = targets {}", op, logits.str(), targets.str());
@@ -351,7 +367,7 @@ CrossEntropyResult CudaBackend::cross_entropy(const char* op, const TensorView& 
   auto* row_loss = static_cast<float*>(scratch_.get(static_cast<size_t>(n + 1) * sizeof(float)));
   auto* result = results_.as<double>();
   cuda::cross_entropy(stream_, logits.data, elem_of(op, "logits", logits), targets.as<int32_t>(), n,
-                      v, kIgnoreIndex, dloss, dlogits, row_loss, result, device_error());
+                      v, kIgnoreIndex, dloss, softcap, dlogits, row_loss, result, device_error());
   launched(op);
   double host[2] = {0, 0};
   download(result, host, sizeof(host));

@@ -373,17 +373,15 @@ class CudaBackend final : public KernelBackend {
   }
   CrossEntropyResult cross_entropy_forward(const TensorView& logits, const TensorView& targets,
                                            float softcap) override {
-    check_no_softcap("cross_entropy_forward", softcap);
-    return cross_entropy("cross_entropy_forward", logits, targets, nullptr, 1.0f);
+    return cross_entropy("cross_entropy_forward", logits, targets, nullptr, 1.0f, softcap);
   }
   CrossEntropyResult cross_entropy_fused(const TensorView& logits, const TensorView& targets,
                                          const TensorView& dlogits, float dloss,
                                          float softcap) override {
-    check_no_softcap("cross_entropy_fused", softcap);
     check("cross_entropy_fused", {&dlogits});
     HYP_CHECK(dlogits.shape == logits.shape && dlogits.dtype == logits.dtype,
               "cross_entropy_fused: dlogits {} must match logits {}", dlogits.str(), logits.str());
-    return cross_entropy("cross_entropy_fused", logits, targets, dlogits.data, dloss);
+    return cross_entropy("cross_entropy_fused", logits, targets, dlogits.data, dloss, softcap);
   }
 
   void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) override {
@@ -432,18 +430,10 @@ class CudaBackend final : public KernelBackend {
   }
   static float* f32(const char* op, const TensorView& v) { return v.typed<float>(op); }
 
-  // Sliding windows are a host feature so far: one narrower than the keys is refused.
-  static void check_no_window(const char* op, int64_t window, int64_t keys) {
-    HYP_CHECK(window <= 0 || window >= keys,
-              "{}: sliding-window attention (window {} of {} keys) is not on the cuda backend "
-              "yet; run this model on the CPU",
-              op, window, keys);
-  }
-  static void check_no_softcap(const char* op, float softcap) {
-    HYP_CHECK(softcap == 0.0f,
-              "{}: logit soft-capping (cap {}) is not on the cuda backend yet; run this model on "
-              "the CPU",
-              op, softcap);
+  // As the host kernels check them: 0 is off.
+  static void check_softcap(const char* op, float softcap) {
+    HYP_CHECK(softcap == 0.0f || (std::isfinite(softcap) && softcap > 0.0f),
+              "{}: softcap must be 0 (off) or finite and > 0, got {}", op, softcap);
   }
   // A launch error (bad configuration, no kernel image for this device) names the op.
   void launched(const char* op) {
@@ -462,7 +452,8 @@ class CudaBackend final : public KernelBackend {
   const int32_t* upload_indices(const int32_t* a, int64_t na, const int32_t* b = nullptr,
                                 int64_t nb = 0);
   CrossEntropyResult cross_entropy(const char* op, const TensorView& logits,
-                                   const TensorView& targets, void* dlogits, float dloss);
+                                   const TensorView& targets, void* dlogits, float dloss,
+                                   float softcap);
 
   CudaAllocator alloc_;
   std::unique_ptr<CublasLt> lt_;

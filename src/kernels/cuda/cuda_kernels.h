@@ -81,17 +81,22 @@ void argmax_rows(cudaStream_t s, const float* x, int64_t rows, int64_t n, int32_
 
 // ---- cross_entropy.cu
 // row_loss [n] f32 (0 for ignored rows); result[0] = mean loss (f64), result[1] = count.
-// dlogits may be null (forward only) or alias logits.
+// dlogits may be null (forward only) or alias logits. softcap > 0: the loss is over
+// softcap * tanh(logits / softcap), the gradient w.r.t. the logits before the cap.
 void cross_entropy(cudaStream_t s, const void* logits, Elem t, const int32_t* targets, int64_t n,
-                   int64_t vocab, int32_t ignore_index, float dloss, void* dlogits, float* row_loss,
-                   double* result, DeviceError* err);
+                   int64_t vocab, int32_t ignore_index, float dloss, float softcap, void* dlogits,
+                   float* row_loss, double* result, DeviceError* err);
 
 // ---- attention.cu (kernels/attention.h layout: q [B,Tq,Hq,D], k/v [B,Tk,Hkv,D],
 // lse [B,Hq,Tq]).
+// window > 0: query i (absolute position i + tk - tq) sees its `window` latest keys;
+// softcap > 0: scores are softcap * tanh(scale q.k / softcap) (kernels/attention.h).
 struct AttentionShape {
   int64_t b, tq, tk, hq, hkv, d;
   float scale;
   bool causal;
+  int64_t window = 0;
+  float softcap = 0.0f;
 };
 void attention_forward(cudaStream_t s, const AttentionShape& sh, const void* q, const void* k,
                        const void* v, Elem t, void* out, Elem ot, float* lse);
@@ -101,8 +106,8 @@ void attention_backward(cudaStream_t s, const AttentionShape& sh, const void* q,
                         float* delta, void* dq, void* dk, void* dv, Elem gt);
 
 // ---- attention_mma.cu: the tensor-core version of the two above, for bf16 q/k/v with
-// head_dim 64 or 128 and 16-byte aligned tensors (the `applies` check); attention.cu
-// routes there.
+// head_dim 64 or 128 and 16-byte aligned tensors, without a window or a soft cap (the
+// `applies` check); attention.cu routes there.
 bool attention_mma_applies(const AttentionShape& sh, Elem t,
                            std::initializer_list<const void*> tensors);
 void attention_mma_forward(cudaStream_t s, const AttentionShape& sh, const void* q, const void* k,
@@ -127,10 +132,17 @@ void paged_kv_write(cudaStream_t s, const PagedCacheArgs& c, const void* k, cons
 void paged_kv_read(cudaStream_t s, const PagedCacheArgs& c, const int32_t* pages, int64_t length,
                    void* k, void* v, Elem t);
 // rows: page tables of all rows back to back; row r's table starts at page_offset[r].
+// window > 0: row r reads only keys [max(0, length - window), length) (its table's
+// entries before that page are never read); softcap > 0: capped scores.
+struct PagedScores {
+  float scale;
+  int64_t window = 0;
+  float softcap = 0.0f;
+};
 void paged_attention(cudaStream_t s, const PagedCacheArgs& c, const void* q, Elem qt,
                      int64_t n_rows, int64_t n_heads, const int32_t* pages,
-                     const int64_t* page_offset, const int64_t* lengths, float scale, void* out,
-                     Elem ot, DeviceError* err);
+                     const int64_t* page_offset, const int64_t* lengths, const PagedScores& scores,
+                     void* out, Elem ot, DeviceError* err);
 
 // ---- moe.cu (kernels/moe_routing.h semantics).
 void router_topk_forward(cudaStream_t s, const float* logits, int64_t n, int64_t e, int64_t k,

@@ -2,7 +2,9 @@
 // or int8 with one absmax scale per (token, kv head) row), reads back into contiguous
 // rows, and ragged decode attention with one warp per (row, query head) streaming the
 // row's pages with an online softmax. Page tables arrive in device memory (the backend
-// uploads the host's tables for each call).
+// uploads the host's tables for each call). With a sliding window a row starts at its
+// window's first key: the pages before it are neither read nor looked up (they may have
+// been released).
 #include "kernels/cuda/device_util.cuh"
 
 namespace hyperion::cuda {
@@ -84,7 +86,7 @@ constexpr int kMaxPerLane = 8;
 __global__ void paged_attention_kernel(PagedCacheArgs c, const void* q, Elem qt, int64_t n_rows,
                                        int64_t n_heads, const int32_t* pages,
                                        const int64_t* page_offset, const int64_t* lengths,
-                                       float scale, void* out, Elem ot, DeviceError* err) {
+                                       PagedScores sc, void* out, Elem ot, DeviceError* err) {
   const int lane = threadIdx.x & 31;
   const int64_t w = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (w >= n_rows * n_heads) return;
@@ -98,7 +100,8 @@ __global__ void paged_attention_kernel(PagedCacheArgs c, const void* q, Elem qt,
   }
   float m = -INFINITY, l = 0;
   const int32_t* table = pages + page_offset[r];
-  for (int64_t p = 0; p < lengths[r]; ++p) {
+  const int64_t first = sc.window > 0 && lengths[r] > sc.window ? lengths[r] - sc.window : 0;
+  for (int64_t p = first; p < lengths[r]; ++p) {
     const int32_t page = table[p / c.page_tokens];
     if (page < 0 || page >= c.num_pages) {
       if (lane == 0) record_error(err, kPageOutOfRange, r, page, c.num_pages);
@@ -110,7 +113,8 @@ __global__ void paged_attention_kernel(PagedCacheArgs c, const void* q, Elem qt,
       const int64_t col = lane + 32 * e;
       if (col < hd) dot += qv[e] * cache_load(c.k, c.k_scale, c.dtype, row, hd, col);
     }
-    const float s = warp_sum(dot) * scale;
+    float s = warp_sum(dot) * sc.scale;
+    if (sc.softcap > 0.0f) s = sc.softcap * tanhf(s / sc.softcap);
     const float m_new = fmaxf(m, s), corr = __expf(m - m_new), pr = __expf(s - m_new);
     l = l * corr + pr;
     for (int e = 0; e < kMaxPerLane; ++e) {
@@ -144,12 +148,12 @@ void paged_kv_read(cudaStream_t s, const PagedCacheArgs& c, const int32_t* pages
 
 void paged_attention(cudaStream_t s, const PagedCacheArgs& c, const void* q, Elem qt,
                      int64_t n_rows, int64_t n_heads, const int32_t* pages,
-                     const int64_t* page_offset, const int64_t* lengths, float scale, void* out,
-                     Elem ot, DeviceError* err) {
+                     const int64_t* page_offset, const int64_t* lengths, const PagedScores& scores,
+                     void* out, Elem ot, DeviceError* err) {
   const int64_t warps = n_rows * n_heads;
   if (warps <= 0) return;
   paged_attention_kernel<<<static_cast<unsigned>((warps + kWarps - 1) / kWarps), kWarps * 32, 0,
-                           s>>>(c, q, qt, n_rows, n_heads, pages, page_offset, lengths, scale, out,
+                           s>>>(c, q, qt, n_rows, n_heads, pages, page_offset, lengths, scores, out,
                                 ot, err);
 }
 
