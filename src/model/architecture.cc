@@ -58,18 +58,18 @@ DecoderArch qwen3_defaults() {
 // One row per family. Adding a family is a row here plus whatever kernels its fields
 // need; Mixtral is the llama row with experts (the config's MoE keys).
 const FamilyInfo kFamilies[] = {
-    {DecoderFamily::kLlama, "llama2", "llama", "LlamaForCausalLM", false, DecoderArch{}, "llama",
-     true},
-    {DecoderFamily::kGemma, "gemma", "gemma", "GemmaForCausalLM", true, gemma_defaults(), "gemma",
-     false},
-    {DecoderFamily::kQwen2, "qwen2", "qwen2", "Qwen2ForCausalLM", false, qwen2_defaults(), "qwen2",
-     false},
-    {DecoderFamily::kQwen3, "qwen3", "qwen3", "Qwen3ForCausalLM", false, qwen3_defaults(), "qwen3",
-     false},
-    {DecoderFamily::kGemma2, "gemma2", "gemma2", "Gemma2ForCausalLM", true, gemma2_defaults(),
+    {DecoderFamily::kLlama, "llama2", "llama", "LlamaForCausalLM", false, false, DecoderArch{},
+     "llama", true},
+    {DecoderFamily::kGemma, "gemma", "gemma", "GemmaForCausalLM", true, false, gemma_defaults(),
+     "gemma", false},
+    {DecoderFamily::kQwen2, "qwen2", "qwen2", "Qwen2ForCausalLM", false, false, qwen2_defaults(),
+     "qwen2", false},
+    {DecoderFamily::kQwen3, "qwen3", "qwen3", "Qwen3ForCausalLM", false, false, qwen3_defaults(),
+     "qwen3", false},
+    {DecoderFamily::kGemma2, "gemma2", "gemma2", "Gemma2ForCausalLM", true, true, gemma2_defaults(),
      "gemma2", false},
-    {DecoderFamily::kGemma3, "gemma3", "gemma3_text", "Gemma3ForCausalLM", true, gemma3_defaults(),
-     "gemma3", false},
+    {DecoderFamily::kGemma3, "gemma3", "gemma3_text", "Gemma3ForCausalLM", true, true,
+     gemma3_defaults(), "gemma3", false},
 };
 
 const HfModelType kHfModelTypes[] = {

@@ -44,10 +44,10 @@ struct DecoderArch {
   DecoderFamily family = DecoderFamily::kLlama;
   float norm_weight_offset = 0.0f;  // RMSNorm multiplies by (w + offset)
   GatedActivation activation = GatedActivation::kSilu;
-  bool scale_embeddings = false;  // x = embed(tokens) * sqrt(hidden_size)
-  bool qkv_bias = false;          // q_proj, k_proj, v_proj have biases (Qwen2)
-  bool o_bias = false;            // o_proj has a bias (Llama's attention_bias: all four)
-  bool qk_norm = false;           // RMSNorm on q and k per head before RoPE (Qwen3)
+  bool scale_embeddings = false;       // x = embed(tokens) * sqrt(hidden_size)
+  bool qkv_bias = false;               // q_proj, k_proj, v_proj have biases (Qwen2)
+  bool o_bias = false;                 // o_proj has a bias (Llama's attention_bias: all four)
+  bool qk_norm = false;                // RMSNorm on q and k per head before RoPE (Qwen3)
   int64_t sliding_window = 0;          // local attention window in tokens; 0: global
   int64_t sliding_window_pattern = 0;  // >= 2: every N-th layer global, the rest local;
                                        // 0: every layer local (when sliding_window > 0)
@@ -58,8 +58,8 @@ struct DecoderArch {
   double query_pre_attn_scalar = 0.0;  // > 0: attention scale 1/sqrt(this); 0: 1/sqrt(head_dim)
   double attn_logit_softcap = 0.0;     // scores = cap * tanh(scores / cap); 0: off
   double final_logit_softcap = 0.0;    // logits = cap * tanh(logits / cap); 0: off
-  double local_rope_theta = 0.0;  // > 0: local layers' RoPE base, unscaled (Gemma 3); 0: the
-                                  // global RoPE everywhere
+  double local_rope_theta = 0.0;       // > 0: local layers' RoPE base, unscaled (Gemma 3); 0: the
+                                       // global RoPE everywhere
 
   // The factor embedding_forward applies (1 unless scale_embeddings).
   float embedding_scale(int64_t hidden_size) const;
@@ -81,6 +81,9 @@ struct FamilyInfo {
   const char* hf_model_type;  // config.json model_type for a dense model
   const char* hf_class;       // config.json architectures[0] for a dense model
   bool tied_head;             // the LM head is always the embedding (Gemma)
+  // config.json speaks Gemma 2's dialect (Gemma 2 and 3): soft caps,
+  // query_pre_attn_scalar, and a window pattern of local and global layers.
+  bool hf_gemma2_keys;
   DecoderArch defaults;
   // llama.cpp: general.architecture, and whether its graph rotates adjacent pairs (its
   // "llama" graph: q_proj/k_proj rows are permuted at export) rather than halves as

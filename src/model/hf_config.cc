@@ -4,8 +4,8 @@
 // key that would change the computation checked, by from_hf_json.
 #include <algorithm>
 #include <cmath>
-#include <vector>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "base/error.h"
 #include "model/llama_config.h"
@@ -44,14 +44,16 @@ std::string LlamaConfig::to_hf_json() const {
   const FamilyInfo& fam = family_info(arch.family);
   // A Llama with a window on every layer is transformers' Mistral (LlamaConfig has none);
   // Gemma 2/3 list each layer's kind (layer_types).
-  const bool gemma_n = arch.family == DecoderFamily::kGemma2 || arch.family == DecoderFamily::kGemma3;
+  const bool gemma_n = fam.hf_gemma2_keys;
   HYP_CHECK(arch.sliding_window == 0 || gemma_n ||
                 (arch.family == DecoderFamily::kLlama && arch.sliding_window_pattern == 0),
             "config.json: a {} model with sliding_window {} and pattern {} has no Hugging Face "
             "class that reads it",
             fam.decoder_block, arch.sliding_window, arch.sliding_window_pattern);
   const bool mistral = arch.sliding_window > 0 && !is_moe() && !gemma_n;
-  j["architectures"] = {is_moe() ? "MixtralForCausalLM" : mistral ? "MistralForCausalLM" : fam.hf_class};
+  j["architectures"] = {is_moe()  ? "MixtralForCausalLM"
+                        : mistral ? "MistralForCausalLM"
+                                  : fam.hf_class};
   j["model_type"] = is_moe() ? "mixtral" : mistral ? "mistral" : fam.hf_model_type;
   if (mistral) j["sliding_window"] = arch.sliding_window;
   j["vocab_size"] = vocab_size;
@@ -80,9 +82,11 @@ std::string LlamaConfig::to_hf_json() const {
   if (arch.family == DecoderFamily::kGemma || gemma_n)
     j["hidden_activation"] = gated_activation_name(arch.activation);
   if (gemma_n) {
-    auto cap = [](double v) { return v > 0 ? nlohmann::ordered_json(v) : nlohmann::ordered_json(); };
-    j["query_pre_attn_scalar"] = arch.query_pre_attn_scalar > 0 ? arch.query_pre_attn_scalar
-                                                                 : double(head_dim);
+    auto cap = [](double v) {
+      return v > 0 ? nlohmann::ordered_json(v) : nlohmann::ordered_json();
+    };
+    j["query_pre_attn_scalar"] =
+        arch.query_pre_attn_scalar > 0 ? arch.query_pre_attn_scalar : double(head_dim);
     j["attn_logit_softcapping"] = cap(arch.attn_logit_softcap);
     j["final_logit_softcapping"] = cap(arch.final_logit_softcap);
     // No window: one as long as the context (global in every transformers version).
@@ -103,7 +107,8 @@ std::string LlamaConfig::to_hf_json() const {
   j["rms_norm_eps"] = norm_eps;
   j["rope_theta"] = rope_theta;
   j["rope_scaling"] = nullptr;
-  if (rope_scaling.type != RopeScaling::Type::kNone) j["rope_scaling"] = rope_scaling_json(rope_scaling);
+  if (rope_scaling.type != RopeScaling::Type::kNone)
+    j["rope_scaling"] = rope_scaling_json(rope_scaling);
   j["tie_word_embeddings"] = tie_embeddings;
   j["bos_token_id"] = bos_id;
   j["eos_token_id"] = eos_id;
@@ -150,11 +155,20 @@ void read_rope_object(const nlohmann::json& r, const std::string& where, int64_t
   HYP_CHECK(parse_rope_type(type, &s->type),
             "{}.rope_type '{}' is not supported (supported: default, linear, llama3, yarn)", where,
             type);
-  static const char* const kKnown[] = {"rope_type", "type", "rope_theta", "factor",
-                                       "low_freq_factor", "high_freq_factor",
-                                       "original_max_position_embeddings", "beta_fast",
-                                       "beta_slow", "attention_factor", "mscale",
-                                       "mscale_all_dim", "truncate", "partial_rotary_factor"};
+  static const char* const kKnown[] = {"rope_type",
+                                       "type",
+                                       "rope_theta",
+                                       "factor",
+                                       "low_freq_factor",
+                                       "high_freq_factor",
+                                       "original_max_position_embeddings",
+                                       "beta_fast",
+                                       "beta_slow",
+                                       "attention_factor",
+                                       "mscale",
+                                       "mscale_all_dim",
+                                       "truncate",
+                                       "partial_rotary_factor"};
   for (const auto& [key, value] : r.items()) {
     bool known = false;
     for (const char* k : kKnown) known = known || key == k;
@@ -166,9 +180,10 @@ void read_rope_object(const nlohmann::json& r, const std::string& where, int64_t
   if (r.contains("rope_theta") && !r["rope_theta"].is_null()) *theta = num("rope_theta", *theta);
   if (s->type == T::kNone) return;
   const double original = num("original_max_position_embeddings", 0.0);
-  HYP_CHECK(original >= 0 && original <= double(int64_t{1} << 24) && original == std::floor(original),
-            "{}.original_max_position_embeddings = {} must be a whole number in [1, 2^24]", where,
-            original);
+  HYP_CHECK(
+      original >= 0 && original <= double(int64_t{1} << 24) && original == std::floor(original),
+      "{}.original_max_position_embeddings = {} must be a whole number in [1, 2^24]", where,
+      original);
   s->original_max_positions = static_cast<int64_t>(original);
   if (s->type == T::kYarn && s->original_max_positions == 0)
     s->original_max_positions = max_positions;
@@ -180,8 +195,10 @@ void read_rope_object(const nlohmann::json& r, const std::string& where, int64_t
     s->factor = num("factor", 1.0);
   }
   if (s->type == T::kLlama3) {
-    for (const char* key : {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
-      HYP_CHECK(r.contains(key) && !r[key].is_null(), "{}: rope_type llama3 needs '{}'", where, key);
+    for (const char* key :
+         {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+      HYP_CHECK(r.contains(key) && !r[key].is_null(), "{}: rope_type llama3 needs '{}'", where,
+                key);
     s->low_freq_factor = num("low_freq_factor", 1.0);
     s->high_freq_factor = num("high_freq_factor", 4.0);
   }
@@ -222,8 +239,8 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
   // The family: model_type, else the architectures (as transformers' AutoConfig users).
   const HfModelType* mt = nullptr;
   if (has("model_type")) {
-    const std::string v = j["model_type"].is_string() ? j["model_type"].get<std::string>()
-                                                      : j["model_type"].dump();
+    const std::string v =
+        j["model_type"].is_string() ? j["model_type"].get<std::string>() : j["model_type"].dump();
     for (const HfModelType& m : hf_model_types())
       if (v == m.model_type) mt = &m;
     HYP_CHECK(mt != nullptr, "{}: key 'model_type' = '{}' is not supported (supported: {})", origin,
@@ -244,7 +261,7 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
     }
   if (mt == nullptr) mt = &hf_model_types()[0];
   const DecoderFamily family = mt->family;
-  const bool gemma_n = family == DecoderFamily::kGemma2 || family == DecoderFamily::kGemma3;
+  const bool gemma_n = family_info(family).hf_gemma2_keys;
   const bool gemma = family == DecoderFamily::kGemma || gemma_n;
   LlamaConfig c;
   c.arch = family_info(family).defaults;
@@ -308,8 +325,7 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
   };
   auto get_num = [&](const char* key, double fallback) -> double {
     if (!has(key)) return fallback;
-    HYP_CHECK(j[key].is_number(), "{}: key '{}' = {} is not a number", origin, key,
-              j[key].dump());
+    HYP_CHECK(j[key].is_number(), "{}: key '{}' = {} is not a number", origin, key, j[key].dump());
     return j[key].get<double>();
   };
   c.vocab_size = get_int("vocab_size", true, 0);
@@ -346,10 +362,9 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
   // transformers 5 lists each layer's attention: every layer local, all global, or every
   // N-th global (the only mixes this decoder runs).
   if (has("layer_types")) {
-    HYP_CHECK(j["layer_types"].is_array() &&
-                  static_cast<int64_t>(j["layer_types"].size()) == c.n_layers,
-              "{}: key 'layer_types' must list num_hidden_layers ({}) entries", origin,
-              c.n_layers);
+    HYP_CHECK(
+        j["layer_types"].is_array() && static_cast<int64_t>(j["layer_types"].size()) == c.n_layers,
+        "{}: key 'layer_types' must list num_hidden_layers ({}) entries", origin, c.n_layers);
     std::vector<bool> full;
     for (const auto& t : j["layer_types"]) {
       const std::string type = t.is_string() ? t.get<std::string>() : t.dump();
@@ -361,7 +376,8 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
     const auto first_full = std::find(full.begin(), full.end(), true);
     bool as_configured = true;  // the window and pattern read so far say the same
     for (int64_t l = 0; l < c.n_layers; ++l)
-      as_configured = as_configured && full[static_cast<size_t>(l)] == (c.arch.layer_window(l) == 0);
+      as_configured =
+          as_configured && full[static_cast<size_t>(l)] == (c.arch.layer_window(l) == 0);
     if (as_configured) {
       // Nothing to infer.
     } else if (c.arch.sliding_window == 0 || first_full == full.begin()) {
@@ -411,7 +427,8 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
                   "{}: rope_parameters.sliding_attention.rope_type '{}': the local layers' RoPE "
                   "is unscaled here (default only)",
                   origin, rope_type_name(local.type));
-        if (theta != c.rope_theta || family == DecoderFamily::kGemma3) c.arch.local_rope_theta = theta;
+        if (theta != c.rope_theta || family == DecoderFamily::kGemma3)
+          c.arch.local_rope_theta = theta;
       }
     } else {
       read_rope_object(rp, origin + ": rope_parameters", c.max_seq_len, &c.rope_scaling,

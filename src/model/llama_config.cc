@@ -88,8 +88,8 @@ void LlamaConfig::validate(const std::string& origin, ConfigKeyNames names) cons
     }
   }
   auto non_negative = [&](double v, const char* name) {
-    HYP_CHECK(std::isfinite(v) && v >= 0.0, "{}: {} = {} must be finite and >= 0 (0: off)",
-              origin, name, v);
+    HYP_CHECK(std::isfinite(v) && v >= 0.0, "{}: {} = {} must be finite and >= 0 (0: off)", origin,
+              name, v);
   };
   non_negative(arch.final_logit_softcap, key("final_logit_softcapping", "final_logits_soft_cap"));
   non_negative(arch.attn_logit_softcap, key("attn_logit_softcapping", "attn_logits_soft_cap"));
@@ -97,7 +97,7 @@ void LlamaConfig::validate(const std::string& origin, ConfigKeyNames names) cons
   non_negative(arch.local_rope_theta, key("rope_local_base_freq", "local_rope_max_timescale"));
   // What only Gemma 2/3's config.json can say (and Gemma 3's alone, the local RoPE): on
   // another family it would be lost when the checkpoint is saved.
-  const bool gemma_n = arch.family == DecoderFamily::kGemma2 || arch.family == DecoderFamily::kGemma3;
+  const bool gemma_n = family_info(arch.family).hf_gemma2_keys;
   auto family_only = [&](bool ok, double v, const char* name, const char* families) {
     HYP_CHECK(ok || v == 0.0, "{}: {} = {} is read and written for {} only (decoder_block {})",
               origin, name, v, families, family_info(arch.family).decoder_block);
@@ -141,8 +141,8 @@ void LlamaConfig::validate(const std::string& origin, ConfigKeyNames names) cons
             k_experts, family_info(arch.family).decoder_block,
             gated_activation_name(arch.activation));
   // (A training config has no token-id keys: its ids are the tokenizer's.)
-  HYP_CHECK(pad_id >= -1 && pad_id < vocab_size, "{}: pad_token_id {} must lie in [0, {})",
-            origin, pad_id, vocab_size);
+  HYP_CHECK(pad_id >= -1 && pad_id < vocab_size, "{}: pad_token_id {} must lie in [0, {})", origin,
+            pad_id, vocab_size);
   HYP_CHECK(bos_id >= 0 && bos_id < vocab_size && eos_id >= 0 && eos_id < vocab_size,
             "{}: {} {} / {} {} must lie in [0, vocab_size={})", origin,
             key("bos_token_id", "bos_id"), bos_id, key("eos_token_id", "eos_id"), eos_id,
@@ -256,7 +256,7 @@ MemoryPlan memory_plan(const LlamaConfig& c, int64_t batch, int64_t seq_len, boo
   // Per token and layer, as LlamaModel allocates them (see llama_model.h).
   // Layer input (f32) + two rstd; with post-norms the blocks' outputs (f32) and their rstd.
   const int64_t always = 4 * d + 8 + (c.arch.post_norms ? 8 * d + 8 : 0);
-  const int64_t norms = a * d * 2;                   // h, h2
+  const int64_t norms = a * d * 2;  // h, h2
   // q k v, attention out; with qk-norm also the projections before it and their rstd.
   const int64_t attn = a * (q + 2 * kv + q) + (c.arch.qk_norm ? a * (q + kv) : 0);
   const int64_t attn_other =
