@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "base/error.h"
 #include "base/log.h"
@@ -17,9 +18,12 @@
 #include "base/threads.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/mpirun_supervisor.h"
 #include "dist/communicator.h"
+#include "dist/host_list.h"
 #include "dist/mpirun_command.h"
 #include "model/llama_config.h"
+#include "train/rank_heartbeat.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 
@@ -40,14 +44,17 @@ const CommandSpec kTrainSpec = {
     "corpus), or a DLRM-V2 recommender (model_type: dlrm)",
     {{"resume", "DIR", "continue a run from its latest checkpoint (restores its config)"},
      {"stop-at", "STEP", "stop after this step, as if interrupted (the run can be resumed)"},
-     {"nproc", "N", "run N MPI ranks on this host (data / FSDP / expert parallel)"},
+     {"nproc", "N", "run N MPI ranks (data / FSDP / expert parallel), on this host or --hosts"},
+     {"hosts", "H1:N,H2:N", "run the ranks on these hosts, N slots each (mpirun --host)"},
+     {"hostfile", "FILE", "the hosts from a file, one per line: 'h1 slots=2' (mpirun's format)"},
+     {"threads-per-rank", "N", "threads of every rank (default: its host's cores / its ranks)"},
      {"allow-run-as-root", "", "let --nproc start mpirun as root"},
      {"quiet", "", "no per-step log lines"},
      {"json", "", "print the result as one JSON object"}},
     "CONFIG is a YAML file or a preset name (tiny, llama-25m, llama-110m, mixtral-tiny, "
     "llama2-7b, dlrm-tiny, ...;\nconfigs/). Later key=value overrides win. Guide: "
     "docs/TRAINING.md, "
-    "docs/MOE.md, docs/SCALING.md.",
+    "docs/MOE.md, docs/SCALING.md, docs/MULTI_HOST.md.",
     "train llama-25m steps=200 learning_rate=1e-3",
     train_config_schema};
 
@@ -63,11 +70,42 @@ const CommandSpec kPlanSpec = {
 
 namespace {
 
-// `--nproc N`: re-runs this command as N MPI ranks through mpirun (one host). Ranks are
-// bound to cores when there are enough, and the cores are split between them.
-[[noreturn]] void launch_ranks(const Args& args, int64_t nproc, bool allow_root) {
+// The launcher's own flags, not passed on to the ranks: (name, takes a value).
+constexpr std::pair<const char*, bool> kLauncherFlags[] = {{"--nproc", true},
+                                                           {"--hosts", true},
+                                                           {"--hostfile", true},
+                                                           {"--threads-per-rank", true},
+                                                           {"--allow-run-as-root", false}};
+
+// `--nproc N` (and `--hosts` / `--hostfile`): re-runs this command as N MPI ranks through
+// mpirun. On one host ranks are bound to cores when there are enough, and the cores are
+// split between them; over several, each rank takes its host's cores / its ranks there
+// (or --threads-per-rank). The host list is checked here, before any rank starts.
+[[noreturn]] void launch_ranks(const Args& args, const Flags& f,
+                               const std::string& base_output_directory) {
+  const bool allow_root = f.has("allow-run-as-root");
+  HYP_USAGE_CHECK(!(f.has("hosts") && f.has("hostfile")),
+                  "train: give --hosts or --hostfile, not both");
+  std::vector<dist::HostSlots> hosts;
+  std::string origin;
+  if (f.has("hosts")) {
+    origin = "--hosts";
+    hosts = dist::parse_host_list(f.get("hosts"), origin);
+  } else if (f.has("hostfile")) {
+    origin = "hostfile " + f.get("hostfile");
+    hosts = dist::read_hostfile(f.get("hostfile"));
+  }
+  const int64_t nproc = f.has("nproc") ? f.integer("nproc", 1) : dist::total_slots(hosts);
   HYP_USAGE_CHECK(nproc >= 1 && nproc <= 4096, "train: --nproc must be between 1 and 4096, got {}",
                   nproc);
+  HYP_USAGE_CHECK(hosts.empty() || nproc == dist::total_slots(hosts),
+                  "train: --nproc {} disagrees with the {} slots of {} ({}); give as many ranks "
+                  "as slots",
+                  nproc, dist::total_slots(hosts), origin, dist::host_list_argument(hosts));
+  HYP_USAGE_CHECK(!f.has("threads-per-rank") || (f.integer("threads-per-rank", 1) >= 1 &&
+                                                  f.integer("threads-per-rank", 1) <= 4096),
+                  "train: --threads-per-rank must be between 1 and 4096");
+  if (!hosts.empty()) dist::check_hosts_resolve(hosts, "train " + origin);
   HYP_USAGE_CHECK(
       ::geteuid() != 0 || allow_root || std::getenv("OMPI_ALLOW_RUN_AS_ROOT") != nullptr,
       "train --nproc: running as root, which Open MPI refuses by default; pass "
@@ -75,20 +113,39 @@ namespace {
   const int cores = hardware_cores();
   dist::MpirunOptions o;
   o.nproc = static_cast<int>(nproc);
-  o.threads_per_rank = std::max<int>(1, cores / o.nproc);
+  o.threads_per_rank = f.has("threads-per-rank")
+                           ? static_cast<int>(f.integer("threads-per-rank", 1))
+                       : hosts.empty() ? std::max<int>(1, cores / o.nproc)
+                                       : 0;
   o.allow_root = allow_root;
+  o.hosts = dist::host_list_argument(hosts);
+  if (!hosts.empty())
+    log_info("train: {} ranks on {} hosts ({})", nproc, hosts.size(), o.hosts);
   std::vector<std::string> program;
   // This binary's real path (mpirun would resolve /proc/self/exe to itself).
   program.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
   program.push_back("train");
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--nproc") {
-      ++i;
-      continue;
+    bool launcher = false;
+    for (const auto& [flag, valued] : kLauncherFlags) {
+      const std::string name(flag);
+      if (a == name) {
+        launcher = true;
+        if (valued) ++i;
+      } else if (valued && a.rfind(name + "=", 0) == 0) {
+        launcher = true;
+      }
     }
-    if (a.rfind("--nproc=", 0) == 0 || a == "--allow-run-as-root") continue;
-    program.push_back(a);
+    if (!launcher) program.push_back(a);
+  }
+  if (!hosts.empty()) {
+    // The ranks' status files, on the filesystem every host shares (the runs' parent).
+    o.forward_env.push_back(kLaunchDirEnv);
+    const std::string launch_dir = fmt::format("{}/.launch/{}-{}", base_output_directory,
+                                               dist::this_host_name(), ::getpid());
+    std::exit(supervise_mpirun(dist::mpirun_command(o, cores, program), launch_dir,
+                               static_cast<int>(nproc)));
   }
   std::vector<std::string> cmd = dist::mpirun_command(o, cores, program);
   std::vector<char*> argv;
@@ -120,9 +177,9 @@ int cmd_train(const Args& args) {
   const std::string name =
       resuming ? std::filesystem::path(f.get("resume")).lexically_normal().filename().string()
                : config_name(config);
-  parse_train_config(c, name);
-  if (f.has("nproc") && !dist::detect_launch().under_mpi)
-    launch_ranks(args, f.integer("nproc", 1), f.has("allow-run-as-root"));
+  const TrainConfig parsed = parse_train_config(c, name);
+  if ((f.has("nproc") || f.has("hosts") || f.has("hostfile")) && !dist::detect_launch().under_mpi)
+    launch_ranks(args, f, parsed.base_output_directory);
   TrainOptions opts;
   opts.resume = f.get("resume");
   opts.quiet = f.has("quiet");

@@ -1,7 +1,13 @@
 #include "dist/communicator.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+
+#include <fmt/format.h>
 
 #include "base/error.h"
 #include "base/timer.h"
@@ -116,6 +122,59 @@ void Communicator::wait(Request r) {
 double Communicator::wait_seconds() const {
   std::lock_guard<std::mutex> lock(stats_mutex_);
   return wait_seconds_;
+}
+
+namespace {
+std::atomic<void (*)()> g_abort_observer{nullptr};
+}  // namespace
+
+void set_abort_observer(void (*observer)()) {
+  g_abort_observer.store(observer);
+}
+
+void notify_abort_observer() {
+  if (void (*f)() = g_abort_observer.exchange(nullptr)) f();
+}
+
+std::string this_host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "?";
+  return name;
+}
+
+std::string Communicator::host(int) const {
+  return this_host_name();
+}
+
+std::string rank_and_host(const Communicator& comm, int r) {
+  return fmt::format("rank {} (host {})", r, comm.host(r));
+}
+
+std::vector<std::string> hosts(const Communicator& comm) {
+  std::vector<std::string> out;
+  for (int r = 0; r < comm.world_size(); ++r)
+    if (std::find(out.begin(), out.end(), comm.host(r)) == out.end()) out.push_back(comm.host(r));
+  return out;
+}
+
+std::string placement_summary(const Communicator& comm) {
+  std::string out;
+  for (const std::string& h : hosts(comm)) {
+    // Runs of consecutive ranks: "0-1, 4".
+    std::string ranks;
+    int count = 0;
+    for (int r = 0; r < comm.world_size(); ++r) {
+      if (comm.host(r) != h || (r > 0 && comm.host(r - 1) == h)) continue;
+      int last = r;
+      while (last + 1 < comm.world_size() && comm.host(last + 1) == h) ++last;
+      ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ",
+                           last == r ? fmt::format("{}", r) : fmt::format("{}-{}", r, last));
+      count += last - r + 1;
+    }
+    out += fmt::format("{}{} (rank{} {})", out.empty() ? "" : ", ", h, count == 1 ? "" : "s",
+                       ranks);
+  }
+  return out;
 }
 
 void Communicator::abort(int code) {

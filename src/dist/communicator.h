@@ -78,6 +78,9 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
   virtual std::string name() const = 0;  // "single" or "mpi"
+  // The host rank r runs on: its hostname, gathered when the communicator started (every
+  // rank knows every rank's), so a failure report names the machine, not just the rank.
+  virtual std::string host(int r) const;
 
   void all_reduce(float* data, size_t count, ReduceOp op);
   void reduce_scatter(const float* send, float* recv, size_t recv_count, ReduceOp op);
@@ -141,6 +144,21 @@ class Communicator {
   double wait_seconds_ = 0.0;
   Request inline_requests_ = 0;
 };
+
+// A function called once just before this process ends the whole job (MPI_Abort, from
+// whichever thread does it: a collective timeout ends the job from the communication
+// thread). Null: none. The trainer's launch status uses it (train/rank_heartbeat.h).
+void set_abort_observer(void (*observer)());
+void notify_abort_observer();
+
+// This process's hostname ("?" when it has none).
+std::string this_host_name();
+// "rank 3 (host h2)".
+std::string rank_and_host(const Communicator& comm, int r);
+// The job's placement in rank order: "h1 (ranks 0-1), h2 (ranks 2-3)"; hosts() the
+// distinct hosts, in the order of their first rank.
+std::string placement_summary(const Communicator& comm);
+std::vector<std::string> hosts(const Communicator& comm);
 
 // World of one (rank 0): all_reduce leaves the data as is (sum, avg and max of one
 // value), reduce_scatter and all_gather copy (nothing when in place), broadcast

@@ -23,7 +23,9 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "base/error.h"
 #include "base/log.h"
@@ -84,6 +86,9 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   std::string name() const override { return "mpi"; }
+  std::string host(int r) const override {
+    return r >= 0 && r < world_ ? hosts_[static_cast<size_t>(r)] : "?";
+  }
 
   [[noreturn]] void abort(int code) override {
     std::fflush(stdout);
@@ -207,6 +212,7 @@ class MpiCommunicator final : public Communicator {
       MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
       MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
       MPI_Comm_size(MPI_COMM_WORLD, &world_);
+      gather_hosts();
       post_ping_recv();
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -257,9 +263,22 @@ class MpiCommunicator final : public Communicator {
   }
 
   [[noreturn]] void do_abort() {
+    notify_abort_observer();
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, abort_code_.load());
     std::_Exit(abort_code_.load());
+  }
+
+  // Every rank's hostname, in rank order (fixed-size slots: one MPI_Allgather).
+  void gather_hosts() {
+    constexpr size_t kSlot = 256;
+    std::string mine = this_host_name();
+    mine.resize(kSlot - 1, '\0');
+    std::vector<char> all(kSlot * static_cast<size_t>(world_), '\0');
+    MPI_Allgather(mine.c_str(), static_cast<int>(kSlot), MPI_CHAR, all.data(),
+                  static_cast<int>(kSlot), MPI_CHAR, MPI_COMM_WORLD);
+    hosts_.clear();
+    for (int r = 0; r < world_; ++r) hosts_.emplace_back(all.data() + kSlot * static_cast<size_t>(r));
   }
 
   void post_ping_recv() {
@@ -346,27 +365,30 @@ class MpiCommunicator final : public Communicator {
       if (p == rank_) continue;
       const size_t i = static_cast<size_t>(p);
       if (!answered[i]) {
-        dead += fmt::format("{}{}", dead.empty() ? "" : ", ", p);
+        dead += fmt::format("{}{}", dead.empty() ? "" : ", ", rank_and_host(*this, p));
       } else if (pong[i] < static_cast<int64_t>(mine)) {
-        behind += fmt::format("{}rank {} (issued {})", behind.empty() ? "" : ", ", p, pong[i]);
+        behind += fmt::format("{}{} issued {}", behind.empty() ? "" : ", ", rank_and_host(*this, p),
+                              pong[i]);
       }
     }
     std::string cause;
-    if (!dead.empty()) cause += fmt::format("rank {} not responding (dead or stopped)", dead);
+    if (!dead.empty())
+      cause += fmt::format("{} not responding (dead, stopped or cut off)", dead);
     if (!behind.empty())
       cause += fmt::format("{}behind, never reached this collective: {}", cause.empty() ? "" : "; ",
                            behind);
     if (cause.empty()) cause = "every rank answered and reached it (a network stall?)";
     log_error(
-        "rank {}: collective #{} ({}, {} bytes) did not finish within collective_timeout_s = {} "
+        "{}: collective #{} ({}, {} bytes) did not finish within collective_timeout_s = {} "
         "s: {}. Aborting the job.",
-        rank_, mine, what, bytes, timeout_s_, cause);
+        rank_and_host(*this, rank_), mine, what, bytes, timeout_s_, cause);
     abort_code_.store(3);
     do_abort();
   }
 
   double timeout_s_;
   int rank_ = 0, world_ = 1;
+  std::vector<std::string> hosts_;  // by rank, set before the constructor returns
   std::thread thread_;
   std::mutex mutex_;
   std::condition_variable cv_work_, cv_done_;

@@ -2,10 +2,12 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <system_error>
+#include <vector>
 
 #include "base/error.h"
 #include "base/log.h"
@@ -102,6 +104,42 @@ std::string choose_run_directory(const TrainConfig& t, const std::string& resume
   return dir;
 }
 
+namespace {
+
+// Every rank must see the directory rank 0 made (checkpoints, logs and the lock live
+// there): rank 0 writes a fresh token into it, and each rank reads it back by the same
+// path. A host that does not share the directory is named before the first step.
+void check_shared_directory(dist::Communicator& comm, const std::string& dir) {
+  const std::string path = dir + "/.shared-check";
+  const std::string token = agree_on_rank0(
+      comm, comm.rank() == 0 ? fmt::format("{}-{}-{}", dist::this_host_name(), ::getpid(),
+                                            std::chrono::steady_clock::now().time_since_epoch().count())
+                             : "");
+  if (comm.rank() == 0) io::write_file_atomic(path, token);
+  comm.barrier();
+  std::string seen;
+  try {
+    seen = io::read_file(path);
+  } catch (const std::exception&) {
+  }
+  std::vector<int32_t> ok(static_cast<size_t>(comm.world_size()), 0);
+  ok[static_cast<size_t>(comm.rank())] = seen == token ? 1 : 0;
+  comm.all_gather(&ok[static_cast<size_t>(comm.rank())], ok.data(), sizeof(int32_t));
+  std::string blind;
+  for (int r = 0; r < comm.world_size(); ++r)
+    if (!ok[static_cast<size_t>(r)])
+      blind += fmt::format("{}{}", blind.empty() ? "" : ", ", dist::rank_and_host(comm, r));
+  comm.barrier();
+  if (comm.rank() == 0) fs::remove(path);
+  HYP_CHECK(blind.empty(),
+            "run directory {} is not shared: {} cannot see what rank 0 (host {}) wrote there. "
+            "Every host must see the run directory at the same path (a shared filesystem: "
+            "checkpoints, logs and the run's lock live there; docs/MULTI_HOST.md)",
+            dir, blind, comm.host(0));
+}
+
+}  // namespace
+
 std::string open_run_directory(const TrainConfig& t, const std::string& resume,
                                dist::Communicator& comm, std::optional<io::DirectoryLock>& lock) {
   const int rank = comm.rank(), world = comm.world_size();
@@ -122,6 +160,7 @@ std::string open_run_directory(const TrainConfig& t, const std::string& resume,
   }
   comm.barrier();
   if (world > 1) {
+    check_shared_directory(comm, dir);
     io::make_directories(dir + "/logs");
     set_log_rank(rank, fmt::format("{}/logs/rank-{}.log", dir, rank),
                  rank == 0 ? LogLevel::kDebug : LogLevel::kWarn);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -35,6 +36,7 @@
 #include "train/optimizer.h"
 #include "train/parallel.h"
 #include "train/recsys_trainer.h"
+#include "train/rank_heartbeat.h"
 #include "train/run_directory.h"
 #include "train/stop_signal.h"
 #include "train/training_monitor.h"
@@ -209,11 +211,15 @@ TrainResult run_training(const Config& config, const std::string& config_name,
   // Where the trainer starts: before it, the launcher and MPI (goodput's program start-up).
   const double process_start = monitor::unix_time();
   if (comm->world_size() == 1) return train_ranks(config, t, options, *comm, process_start);
+  // Under `train --hosts`: this rank's status for the launcher's report (rank_heartbeat.h).
+  std::optional<RankHeartbeat> heartbeat;
+  if (const char* dir = std::getenv(kLaunchDirEnv); dir != nullptr && *dir != '\0')
+    heartbeat.emplace(dir, comm->rank(), comm->host(comm->rank()));
   try {
     return train_ranks(config, t, options, *comm, process_start);
   } catch (const std::exception& e) {
     // The other ranks would wait for this one in their next collective: end them all.
-    log_error("rank {}: {}", comm->rank(), e.what());
+    log_error("{}: {}", dist::rank_and_host(*comm, comm->rank()), e.what());
     comm->abort(1);  // does not return
   }
   return {};  // unreachable: the compiler cannot see through the virtual [[noreturn]]
@@ -512,11 +518,13 @@ void TrainingRun::report_setup(const MemoryPlan& mem) {
       t.gradient_accumulation_steps, world_, t.bf16 ? "bf16" : "f32",
       t.quant.enabled() ? fmt::format(", quantization {}", quant_mode_name(t.quant.mode)) : "",
       flops_per_token_, result_.peak_gflops, result_.peak_bf16_gflops, num_threads(), run_dir_);
-  if (world_ > 1)
+  if (world_ > 1) {
     log_info("parallel: {} over {} ranks ({}), communicator {}, overlap {}, timeout {} s",
              parallel_mode_name(mode_), world_,
              fmt::format("data {} fsdp {} expert {}", mesh_.data, mesh_.fsdp, mesh_.expert),
              comm_->name(), t.overlap_communication, t.collective_timeout_s);
+    log_info("hosts: {}", dist::placement_summary(*comm_));
+  }
 }
 
 void TrainingRun::save() {
