@@ -129,9 +129,11 @@ up() {
   command -v unshare >/dev/null || die "unshare not found (util-linux)"
   [ ! -d "$state" ] || die "cluster '$name' is up already (scripts/fake-cluster.sh down --name $name)"
   [ -z "$bandwidth" ] || tbf_args "$bandwidth" >/dev/null || exit 2
-  # A /24 of 10.213.0.0/16 that no other fake cluster uses.
+  # A /24 of 10.213.0.0/16 that no other fake cluster uses (two `up`s at once take turns).
   local net="" k
   mkdir -p "$state_root"
+  exec 9>"$state_root/.lock"
+  flock 9
   for k in $(seq 1 250); do
     if ! grep -qsx "10.213.$k" "$state_root"/*/net; then net=10.213.$k; break; fi
   done

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Integration test (issue 39): training across hosts. Brings up fake hosts with
+scripts/fake-cluster.sh (network namespaces on a bridge, Open MPI's rsh agent into them)
+and drives `hyperion train --hosts` there:
+
+  - data parallel and FSDP over 2 hosts give the losses of the same job on one host;
+  - a host killed mid-run: the job ends within a bound, the launcher names the host and
+    rank, and the run resumes on the host left (2 ranks there) to the unbroken run's loss;
+  - a host that stops (SIGSTOP): the survivor names it (collective timeout) and the job
+    ends within collective_timeout_s + 3 s + the launcher's 10 s grace;
+  - a run directory one host cannot see: refused before the first step, naming the host;
+  - with --only-4-hosts, only this: data parallel over 4 hosts equals 4 ranks on one host.
+
+The cluster is always taken down, also when a check fails. Exits 77 (a visible CTest
+skip) when namespaces cannot be made here (not root, no iproute2).
+
+  tests/dist/multi_host_test.py --hyperion build/release/hyperion --source-dir . [--only-4-hosts]
+"""
+import argparse, json, os, re, shutil, subprocess, sys, tempfile, time
+
+SMALL = ["tiny", "per_device_batch_size=4", "max_target_length=64", "eval_batches=1",
+         "sample_count=0", "log_period=1", "--allow-run-as-root", "--threads-per-rank", "1"]
+# A schedule that does not depend on `steps`, so a 400-step run killed early and the same
+# run resumed with steps=6 follow the 6-step run's learning rates.
+CONSTANT_LR = ["lr_schedule=constant", "warmup_steps_fraction=0", "checkpoint_period=2"]
+
+
+class Cluster:
+    def __init__(self, script, n, name):
+        self.script, self.n, self.name = script, n, name
+
+    def run(self, *args, check=True):
+        return subprocess.run([self.script, *args, "--name", self.name], check=check,
+                              capture_output=True, text=True)
+
+    def __enter__(self):
+        self.run("down", check=False)
+        r = self.run("up", str(self.n), check=False)
+        if r.returncode != 0:
+            raise RuntimeError(f"fake-cluster up failed: {r.stderr.strip()}")
+        self.env = dict(os.environ)
+        for line in self.run("env").stdout.splitlines():
+            k, v = line[len("export "):].split("=", 1)
+            self.env[k] = v.strip("'")
+        self.hosts = self.run("hosts").stdout.split()
+        return self
+
+    def __exit__(self, *exc):
+        self.run("down", check=False)
+
+
+def losses(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line)["loss"] for line in f if '"loss"' in line]
+
+
+def close(a, b, rel=1e-5):
+    return len(a) == len(b) and all(abs(x - y) <= rel * max(abs(y), 1e-6) for x, y in zip(a, b))
+
+
+def train(hyperion, base, run, extra, env, timeout=600):
+    args = [hyperion, "train", *SMALL, f"base_output_directory={base}", f"run_name={run}", *extra]
+    t0 = time.time()
+    r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
+    return r, time.time() - t0
+
+
+def expect_ok(r, what):
+    if r.returncode != 0:
+        sys.stdout.write(r.stdout[-3000:] + r.stderr[-3000:])
+        raise AssertionError(f"{what}: exit {r.returncode}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hyperion", required=True)
+    ap.add_argument("--source-dir", required=True)
+    ap.add_argument("--only-4-hosts", action="store_true", help="the 4-host data-parallel check")
+    a = ap.parse_args()
+    hyperion = os.path.abspath(a.hyperion)
+    script = os.path.join(os.path.abspath(a.source_dir), "scripts", "fake-cluster.sh")
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("mpirun") is None:
+        print("SKIP: fake hosts need root, iproute2 and Open MPI")
+        return 77
+    probe = subprocess.run(["ip", "netns", "add", f"hyprobe{os.getpid()}"], capture_output=True)
+    if probe.returncode != 0:
+        print(f"SKIP: cannot make a network namespace here: {probe.stderr.decode().strip()}")
+        return 77
+    subprocess.run(["ip", "netns", "del", f"hyprobe{os.getpid()}"])
+    base = tempfile.mkdtemp(prefix="hy-multihost-")
+    name = f"mh{os.getpid() % 10000}"
+    n = 4 if a.only_4_hosts else 2
+    try:
+        with Cluster(script, n, name) as c:
+            h1, h2 = c.hosts[0], c.hosts[1]
+            os.chdir(a.source_dir)  # the tiny preset's corpus path is relative to the tree
+
+            if a.only_4_hosts:
+                ref, _ = train(hyperion, base, "one-dp4", ["steps=2", "--nproc", "4"], os.environ)
+                expect_ok(ref, "4 ranks on one host")
+                got, _ = train(hyperion, base, "four-dp", ["steps=2", "--hosts", ",".join(c.hosts)],
+                               c.env)
+                expect_ok(got, "4 hosts")
+                want, have = losses(f"{base}/one-dp4"), losses(f"{base}/four-dp")
+                assert close(have, want), f"4 hosts {have} vs one host {want}"
+                print(f"ok: data parallel over {len(c.hosts)} hosts = 4 ranks on one host: {have}")
+                print("multi-host (4 hosts): all checks passed")
+                return 0
+
+            # One host, 2 ranks: the reference for the 2-host runs.
+            for mode, keys in (("dp", []), ("fsdp", ["data_parallelism=1", "fsdp_parallelism=-1"])):
+                ref, _ = train(hyperion, base, f"one-{mode}", ["steps=3", "--nproc", "2", *keys],
+                               os.environ)
+                expect_ok(ref, f"{mode} on one host")
+                got, _ = train(hyperion, base, f"two-{mode}",
+                               ["steps=3", "--hosts", f"{h1},{h2}", *keys], c.env)
+                expect_ok(got, f"{mode} on two hosts")
+                assert f"hosts: {h1} (rank 0), {h2} (rank 1)" in got.stdout + got.stderr, got.stderr
+                want, have = losses(f"{base}/one-{mode}"), losses(f"{base}/two-{mode}")
+                assert close(have, want), f"{mode}: two hosts {have} vs one host {want}"
+                print(f"ok: {mode} over hosts {h1},{h2} = one host: {have}")
+
+
+            # The unbroken run, then the same run with host 2 killed after step 3.
+            unbroken, _ = train(hyperion, base, "unbroken",
+                                ["steps=6", *CONSTANT_LR, "--hosts", f"{h1},{h2}"], c.env)
+            expect_ok(unbroken, "unbroken run")
+            args = [hyperion, "train", *SMALL, f"base_output_directory={base}", "run_name=broken",
+                    "steps=400", *CONSTANT_LR, "--hosts", f"{h1},{h2}"]
+            p = subprocess.Popen(args, env=c.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True)
+            metrics = f"{base}/broken/metrics.jsonl"
+            end = time.time() + 300
+            while time.time() < end and (not os.path.exists(metrics) or len(losses(f"{base}/broken")) < 3):
+                time.sleep(0.2)
+            c.run("kill", h2)
+            killed = time.time()
+            out, _ = p.communicate(timeout=120)
+            took = time.time() - killed
+            assert p.returncode != 0, "the job survived its host"
+            assert took < 30, f"the job took {took:.1f} s to end after the host was killed"
+            m = re.search(r"lost without a word[^\n]*host ([^\s:]+): rank (\d+)", out)
+            assert m and m.group(1) == h2 and m.group(2) == "1", out[-2000:]
+            print(f"ok: host killed, job ended in {took:.1f} s: {m.group(0)}")
+            # Resume on the host left, both ranks there, to the unbroken run's final loss.
+            r, _ = train(hyperion, base, "broken", ["steps=6", *CONSTANT_LR, "--hosts", f"{h1}:2"],
+                         c.env)
+            expect_ok(r, "resume on one host")
+            assert close(losses(f"{base}/broken")[-1:], losses(f"{base}/unbroken")[-1:]), (
+                losses(f"{base}/broken"), losses(f"{base}/unbroken"))
+            print(f"ok: resumed on {h1} alone, final loss {losses(f'{base}/broken')[-1]:.6f} = unbroken")
+
+            # A stopped host: named by the survivor's collective timeout.
+            args = [hyperion, "train", *SMALL, f"base_output_directory={base}", "run_name=stopped",
+                    "steps=400", "collective_timeout_s=5", "--hosts", f"{h1},{h2}"]
+            p = subprocess.Popen(args, env=c.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True)
+            metrics = f"{base}/stopped/metrics.jsonl"
+            end = time.time() + 300
+            while time.time() < end and (not os.path.exists(metrics) or len(losses(f"{base}/stopped")) < 2):
+                time.sleep(0.2)
+            c.run("kill", h2, "STOP")
+            stopped = time.time()
+            out, _ = p.communicate(timeout=120)
+            took = time.time() - stopped
+            c.run("kill", h2, "KILL")
+            assert p.returncode != 0
+            assert took < 5 + 3 + 10 + 10, f"{took:.1f} s"
+            assert f"rank 1 (host {h2}) not responding" in out, out[-2000:]
+            print(f"ok: host stopped, named by the timeout, job ended in {took:.1f} s")
+
+            # A run directory host 2 does not share: refused before the first step.
+            hidden = os.path.join(base, "hidden")
+            os.makedirs(hidden)
+            c.run("hide", h2, hidden)
+            r, _ = train(hyperion, hidden, "r", ["steps=2", "--hosts", f"{h1},{h2}"], c.env)
+            assert r.returncode != 0
+            text = r.stdout + r.stderr
+            assert f"is not shared: rank 1 (host {h2}) cannot see" in text, text[-2000:]
+            assert "step     1" not in text
+            print("ok: a run directory host 2 cannot see is refused, naming it")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    print("multi-host: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
