@@ -173,7 +173,7 @@ on_host() {
     done <"$st/hidden"
   fi
   exec ip netns exec "$(ns_of "$h")" unshare --uts --mount --propagation private -- \
-    sh -c "hostname '$h' && ${hides} exec sh -c \"\$0\"" "$2"
+    sh -c "hostname '$h' && ${hides} exec bash -c \"\$0\"" "$2"
 }
 
 case "$cmd" in

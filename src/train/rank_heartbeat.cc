@@ -1,5 +1,6 @@
 #include "train/rank_heartbeat.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -10,8 +11,6 @@
 
 #include <fmt/format.h>
 
-#include "base/log.h"
-#include "io/atomic_file.h"
 #include "monitor/event_log.h"
 #include "dist/communicator.h"
 #include "train/stop_signal.h"
@@ -57,25 +56,39 @@ void RankHeartbeat::aborting() {
   write("aborting");
 }
 
+// Temp file + rename, so a reader never sees half a line; no fsync (a status is worth
+// nothing after a crash of this machine, and thousands of ranks fsyncing on a shared
+// filesystem every second would cost the filesystem more than the report is worth). A
+// status that cannot be written (a full disk) only costs the launcher's report.
 void RankHeartbeat::write(const std::string& state) {
-  // A status that cannot be written (a full disk) only costs the launcher's report.
-  try {
-    io::write_file_atomic(path_, fmt::format("{} {} {} {:.3f} {}\n", rank_, host_, ::getpid(),
-                                             monitor::unix_time(), state));
-  } catch (const std::exception& e) {
-    log_debug("heartbeat: {}", e.what());
-  }
+  const std::string text = fmt::format("{} {} {} {:.3f} {}\n", rank_, host_, ::getpid(),
+                                       monitor::unix_time(), state);
+  const std::string tmp = fmt::format("{}.tmp-{}", path_, ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path_.c_str()) != 0) ::unlink(tmp.c_str());
 }
 
+// A change of state (a stop signal) is written within 0.2 s; an unchanged one is
+// refreshed once a second.
 void RankHeartbeat::loop() {
   std::unique_lock<std::mutex> lock(mutex_);
+  std::string last = "running";
+  auto written = std::chrono::steady_clock::now();
   while (!stop_) {
     cv_.wait_for(lock, std::chrono::milliseconds(200));
     if (stop_ || aborting_.load()) continue;
     const int sig = stop_signal_received();
+    const std::string state = sig != 0 ? fmt::format("signal {}", sig) : std::string("running");
+    const auto now = std::chrono::steady_clock::now();
+    if (state == last && now - written < std::chrono::seconds(1)) continue;
     lock.unlock();
-    write(sig != 0 ? fmt::format("signal {}", sig) : std::string("running"));
+    write(state);
     lock.lock();
+    last = state;
+    written = now;
   }
 }
 
@@ -83,7 +96,8 @@ std::vector<RankStatus> read_rank_status(const std::string& dir) {
   std::map<int, RankStatus> by_rank;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
-    if (e.path().filename().string().rfind("rank-", 0) != 0) continue;
+    const std::string file = e.path().filename().string();
+    if (file.rfind("rank-", 0) != 0 || file.find(".tmp-") != std::string::npos) continue;
     std::ifstream in(e.path());
     RankStatus s;
     std::string line;

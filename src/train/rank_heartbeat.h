@@ -2,7 +2,8 @@
 // report. A rank lost with its host (killed, powered off, cut off) says nothing itself,
 // and mpirun then ends the job with a message that does not name it; so each rank keeps a
 // small status file in a directory the launcher made on the shared filesystem
-// (HYPERION_LAUNCH_DIR) and rewrites it every 0.2 s: host, pid, time, and its state:
+// (HYPERION_LAUNCH_DIR) and rewrites it every second, and within 0.2 s of a change:
+// host, pid, time, and its state:
 //
 //   running          training (the last rewrite's time says until when)
 //   signal N         got stop signal N (mpirun's SIGTERM to the survivors of a failure,
