@@ -48,19 +48,23 @@ RankHeartbeat::~RankHeartbeat() {
   }
   cv_.notify_all();
   thread_.join();
-  if (!aborting_.load()) write("exited");
+  if (!aborting_.load()) write("exited", true);
 }
 
 void RankHeartbeat::aborting() {
   if (aborting_.exchange(true)) return;
-  write("aborting");
+  write("aborting", true);
 }
 
 // Temp file + rename, so a reader never sees half a line; no fsync (a status is worth
 // nothing after a crash of this machine, and thousands of ranks fsyncing on a shared
 // filesystem every second would cost the filesystem more than the report is worth). A
 // status that cannot be written (a full disk) only costs the launcher's report.
-void RankHeartbeat::write(const std::string& state) {
+void RankHeartbeat::write(const std::string& state, bool final_state) {
+  // One writer at a time, and once this rank is aborting nothing else overwrites it (the
+  // writer thread may have read the old state just before).
+  std::lock_guard<std::mutex> lock(write_mutex_);
+  if (aborting_.load() && !final_state) return;
   const std::string text = fmt::format("{} {} {} {:.3f} {}\n", rank_, host_, ::getpid(),
                                        monitor::unix_time(), state);
   const std::string tmp = fmt::format("{}.tmp-{}", path_, ::getpid());

@@ -39,13 +39,13 @@ class RankHeartbeat {
   void aborting();
 
  private:
-  void write(const std::string& state);
+  void write(const std::string& state, bool final_state = false);
   void loop();
 
   std::string path_, host_;
   int rank_;
   std::atomic<bool> aborting_{false};
-  std::mutex mutex_;
+  std::mutex mutex_, write_mutex_;
   std::condition_variable cv_;
   bool stop_ = false;
   std::thread thread_;

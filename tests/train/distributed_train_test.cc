@@ -17,6 +17,7 @@
 #include "train_test_util.h"
 
 #include "io/gguf.h"
+#include "dist/communicator.h"
 #include "io/safetensors.h"
 
 namespace hyperion {
@@ -287,7 +288,10 @@ TEST(DistributedTrain, StoppedRankTimesOutNamingIt) {
   const auto r =
       disrupt_rank_1("stopped", "STOP", "per_device_batch_size=2 collective_timeout_s=5");
   EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("rank 1 not responding"), std::string::npos) << r.out;
+  // The report names the rank's host (every rank's, gathered at start).
+  EXPECT_NE(r.out.find("rank 1 (host " + dist::this_host_name() + ") not responding"),
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("collective_timeout_s"), std::string::npos) << r.out;
 }
 
