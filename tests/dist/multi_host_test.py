@@ -3,7 +3,8 @@
 scripts/fake-cluster.sh (network namespaces on a bridge, Open MPI's rsh agent into them)
 and drives `hyperion train --hosts` there:
 
-  - data parallel and FSDP over 2 hosts give the losses of the same job on one host;
+  - data parallel, ZeRO-1, FSDP and expert parallel over 2 hosts give the losses of the
+    same job on one host;
   - a host killed mid-run: the job ends within a bound, the launcher names the host and
     rank, and the run resumes on the host left (2 ranks there) to the unbroken run's loss;
   - a host that stops (SIGSTOP): the survivor names it (collective timeout) and the job
@@ -18,7 +19,7 @@ skip) when namespaces cannot be made here (not root, no iproute2).
 """
 import argparse, json, os, re, shutil, subprocess, sys, tempfile, time
 
-SMALL = ["tiny", "per_device_batch_size=4", "max_target_length=64", "eval_batches=1",
+SMALL = ["per_device_batch_size=4", "max_target_length=64", "eval_batches=1",
          "sample_count=0", "log_period=1", "--allow-run-as-root", "--threads-per-rank", "1"]
 # A schedule that does not depend on `steps`, so a 400-step run killed early and the same
 # run resumed with steps=6 follow the 6-step run's learning rates.
@@ -58,8 +59,9 @@ def close(a, b, rel=1e-5):
     return len(a) == len(b) and all(abs(x - y) <= rel * max(abs(y), 1e-6) for x, y in zip(a, b))
 
 
-def train(hyperion, base, run, extra, env, timeout=600):
-    args = [hyperion, "train", *SMALL, f"base_output_directory={base}", f"run_name={run}", *extra]
+def train(hyperion, base, run, extra, env, timeout=600, config="tiny"):
+    args = [hyperion, "train", config, *SMALL, f"base_output_directory={base}", f"run_name={run}",
+            *extra]
     t0 = time.time()
     r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
     return r, time.time() - t0
@@ -107,13 +109,17 @@ def main():
                 print("multi-host (4 hosts): all checks passed")
                 return 0
 
-            # One host, 2 ranks: the reference for the 2-host runs.
-            for mode, keys in (("dp", []), ("fsdp", ["data_parallelism=1", "fsdp_parallelism=-1"])):
+            # One host, 2 ranks: the reference for the 2-host runs, in every parallel mode.
+            for mode, config, keys in (
+                    ("dp", "tiny", []),
+                    ("zero1", "tiny", ["shard_optimizer_over_data=true"]),
+                    ("fsdp", "tiny", ["data_parallelism=1", "fsdp_parallelism=-1"]),
+                    ("expert", "mixtral-tiny", ["data_parallelism=1", "expert_parallelism=-1"])):
                 ref, _ = train(hyperion, base, f"one-{mode}", ["steps=3", "--nproc", "2", *keys],
-                               os.environ)
+                               os.environ, config=config)
                 expect_ok(ref, f"{mode} on one host")
                 got, _ = train(hyperion, base, f"two-{mode}",
-                               ["steps=3", "--hosts", f"{h1},{h2}", *keys], c.env)
+                               ["steps=3", "--hosts", f"{h1},{h2}", *keys], c.env, config=config)
                 expect_ok(got, f"{mode} on two hosts")
                 assert f"hosts: {h1} (rank 0), {h2} (rank 1)" in got.stdout + got.stderr, got.stderr
                 want, have = losses(f"{base}/one-{mode}"), losses(f"{base}/two-{mode}")
@@ -125,7 +131,7 @@ def main():
             unbroken, _ = train(hyperion, base, "unbroken",
                                 ["steps=6", *CONSTANT_LR, "--hosts", f"{h1},{h2}"], c.env)
             expect_ok(unbroken, "unbroken run")
-            args = [hyperion, "train", *SMALL, f"base_output_directory={base}", "run_name=broken",
+            args = [hyperion, "train", "tiny", *SMALL, f"base_output_directory={base}", "run_name=broken",
                     "steps=400", *CONSTANT_LR, "--hosts", f"{h1},{h2}"]
             p = subprocess.Popen(args, env=c.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True)
@@ -149,9 +155,19 @@ def main():
             assert close(losses(f"{base}/broken")[-1:], losses(f"{base}/unbroken")[-1:]), (
                 losses(f"{base}/broken"), losses(f"{base}/unbroken"))
             print(f"ok: resumed on {h1} alone, final loss {losses(f'{base}/broken')[-1]:.6f} = unbroken")
+            # goodput accounts the host's failure: two processes, one disruption, the steps
+            # after the last checkpoint lost, and the time until the restart as recovery.
+            g = json.loads(subprocess.run([hyperion, "goodput", f"{base}/broken", "--json"],
+                                          capture_output=True, text=True, check=True).stdout)
+            assert g["processes"] == 2 and g["disruptions"] >= 1 and g["finished"], g
+            assert g["steps_lost"] >= 1 and g["badput"]["wasted_progress"]["seconds"] > 0, g
+            assert g["badput"]["recovery"]["seconds"] > 0, g
+            print(f"ok: goodput {g['goodput']:.2f}, {g['steps_lost']} step(s) lost to the host, "
+                  f"recovery {g['badput']['recovery']['seconds']:.1f} s")
 
             # A stopped host: named by the survivor's collective timeout.
-            args = [hyperion, "train", *SMALL, f"base_output_directory={base}", "run_name=stopped",
+            args = [hyperion, "train", "tiny", *SMALL, f"base_output_directory={base}",
+                    "run_name=stopped",
                     "steps=400", "collective_timeout_s=5", "--hosts", f"{h1},{h2}"]
             p = subprocess.Popen(args, env=c.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True)
