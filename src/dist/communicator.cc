@@ -295,6 +295,26 @@ void Communicator::all_to_all_v(const void* send, std::span<const size_t> send_b
            }));
 }
 
+void Communicator::sendrecv(const void* send, size_t send_bytes, int dest, void* recv,
+                            size_t recv_bytes, int source) {
+  const char* call = "sendrecv";
+  HYP_CHECK(dest >= 0 && dest < world_size() && source >= 0 && source < world_size(),
+            "{}: dest {} or source {} is outside the world of size {}", call, dest, source,
+            world_size());
+  check_buffer(call, "send", send, send_bytes);
+  check_buffer(call, "recv", recv, recv_bytes);
+  if (send_bytes != 0 && recv_bytes != 0) check_overlap(call, send, send_bytes, recv, recv_bytes, nullptr);
+  wait(run(Collective::kAllToAll, send_bytes, recv_bytes,
+           [=, this] { do_sendrecv(send, send_bytes, dest, recv, recv_bytes, source); }));
+}
+
+void Communicator::do_sendrecv(const void* send, size_t send_bytes, int dest, void* recv,
+                               size_t recv_bytes, int source) {
+  HYP_CHECK(dest == rank() && source == rank() && send_bytes == recv_bytes,
+            "sendrecv: {} communicator can only exchange with itself", name());
+  if (send_bytes != 0) std::memcpy(recv, send, send_bytes);
+}
+
 uint64_t Communicator::bytes_sent() const {
   std::lock_guard<std::mutex> lock(stats_mutex_);
   uint64_t total = 0;

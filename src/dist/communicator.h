@@ -92,6 +92,11 @@ class Communicator {
   void all_gather_v(float* data, std::span<const size_t> counts);
   void all_to_all_v(const void* send, std::span<const size_t> send_bytes, void* recv,
                     std::span<const size_t> recv_bytes);
+  // Point to point, as MPI_Sendrecv: send_bytes to rank `dest` while receiving recv_bytes
+  // from rank `source` (the link check's probe: unlike a collective, a rank's time is its
+  // own two links'). Counted with all_to_all.
+  void sendrecv(const void* send, size_t send_bytes, int dest, void* recv, size_t recv_bytes,
+                int source);
 
   // Asynchronous forms (same checks and counters). The buffers must stay valid and
   // untouched until wait() on the returned request. Requests complete in issue order.
@@ -131,6 +136,9 @@ class Communicator {
   virtual void do_barrier() = 0;
   virtual void do_all_to_all_v(const void* send, const size_t* send_bytes, void* recv,
                                const size_t* recv_bytes) = 0;
+  // Default: this rank to itself only (a copy).
+  virtual void do_sendrecv(const void* send, size_t send_bytes, int dest, void* recv,
+                           size_t recv_bytes, int source);
   // Runs `op` (which calls one do_* hook) where the implementation runs collectives and
   // returns its request number. The default runs it inline on the calling thread.
   virtual Request submit(std::function<void()> op);

@@ -36,6 +36,7 @@ namespace {
 
 constexpr int kPingTag = 0x4859;  // "HY": failure-detection ping
 constexpr int kPongTag = 0x4860;
+constexpr int kSendRecvTag = 0x4861;
 
 using Clock = std::chrono::steady_clock;
 
@@ -195,6 +196,17 @@ class MpiCommunicator final : public Communicator {
     MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE,
                    MPI_COMM_WORLD, &req);
     complete(req, "all_to_all_v", so);
+  }
+
+  void do_sendrecv(const void* send, size_t send_bytes, int dest, void* recv, size_t recv_bytes,
+                   int source) override {
+    MPI_Request reqs[2];
+    MPI_Irecv(recv, as_int(recv_bytes, "sendrecv"), MPI_BYTE, source, kSendRecvTag,
+              MPI_COMM_WORLD, &reqs[0]);
+    MPI_Isend(send, as_int(send_bytes, "sendrecv"), MPI_BYTE, dest, kSendRecvTag, MPI_COMM_WORLD,
+              &reqs[1]);
+    complete(reqs[1], "sendrecv", send_bytes);
+    complete(reqs[0], "sendrecv", recv_bytes);
   }
 
  private:

@@ -183,6 +183,8 @@ std::vector<ConfigKey> train_config_schema() {
       {"communicator", T::kString, "auto", "auto | single | mpi"},
       {"collective_timeout_s", T::kFloat, "300",
        "a collective not finished after this long aborts the job, naming the lagging ranks"},
+      {"check_links", T::kBool, "true",
+       "several hosts: time every host's link before the first step and name a slow one"},
       {"overlap_communication", T::kBool, "true",
        "reduce gradient buckets during the backward (false: after it, for measurement)"},
       // Monitoring (docs/MONITORING.md).
@@ -591,6 +593,7 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
   t.collective_timeout_s = c.get_float("collective_timeout_s");
   HYP_CHECK(t.collective_timeout_s > 0, "config key {} must be > 0", where("collective_timeout_s"));
   t.overlap_communication = c.get_bool("overlap_communication");
+  t.check_links = c.get_bool("check_links");
   t.monitor.enabled = c.get_bool("enable_monitoring");
   const int64_t metrics_port = c.get_int("metrics_port");
   HYP_CHECK(metrics_port >= 0 && metrics_port <= 65535,

@@ -120,6 +120,7 @@ struct TrainConfig {
   std::string communicator = "auto";
   double collective_timeout_s = 300;
   bool overlap_communication = true;
+  bool check_links = true;  // several hosts: time each host's link at start (link_check.h)
   TrainMonitorConfig monitor;
 
   int data_ranks = 1;  // ranks that each see different data (set from the mesh at run time)

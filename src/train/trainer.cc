@@ -36,6 +36,7 @@
 #include "train/optimizer.h"
 #include "train/parallel.h"
 #include "train/recsys_trainer.h"
+#include "train/link_check.h"
 #include "train/rank_heartbeat.h"
 #include "train/run_directory.h"
 #include "train/stop_signal.h"
@@ -296,6 +297,7 @@ class TrainingRun {
   int64_t timed_steps_ = 0;
   int stop_requested_ = 0;  // a rank of the job got this signal: stop after this step
   int64_t saved_step_ = -1;
+  LinkCheck links_;  // several hosts: the links timed at start
 };
 
 void TrainingRun::setup() {
@@ -341,6 +343,7 @@ void TrainingRun::setup() {
   // The event log, metrics endpoint and stack dumps from here on (a collective: every
   // rank gets here).
   monitor_ = std::make_unique<TrainingMonitor>(t_, *comm_, run_dir_, process_start_);
+  if (world_ > 1 && t_.check_links) links_ = check_links(*comm_);
 
   // Rank 0 prepares the dataset (tokenizer training, sharding); the others wait for its
   // files outside any collective (preparing a large corpus can outlast
@@ -524,6 +527,14 @@ void TrainingRun::report_setup(const MemoryPlan& mem) {
              fmt::format("data {} fsdp {} expert {}", mesh_.data, mesh_.fsdp, mesh_.expert),
              comm_->name(), t.overlap_communication, t.collective_timeout_s);
     log_info("hosts: {}", dist::placement_summary(*comm_));
+    if (links_.rounds > 0 && rank_ == 0) {
+      const std::string slow = describe_slow_links(*comm_, links_);
+      if (slow.empty())
+        log_info("links: {:.2f} Gb/s median to and from each rank's peers, slowest {:.2f}",
+                 links_.gbit_median, *std::min_element(links_.gbit.begin(), links_.gbit.end()));
+      else
+        log_warn("straggler: a slow link: {} (check_links; every collective waits for it)", slow);
+    }
   }
 }
 

@@ -168,6 +168,16 @@ class FakeComm final : public Communicator {
   void do_all_to_all_v(const void*, const size_t*, void*, const size_t*) override { ++hooks; }
 };
 
+TEST(Communicator, SendRecvToItselfCopiesAndNamesABadPeer) {
+  auto comm = make_single_process_communicator();
+  std::vector<float> a(5, 2.0f), b(5, 0.0f);
+  comm->sendrecv(a.data(), 20, 0, b.data(), 20, 0);
+  EXPECT_EQ(b, a);
+  expect_error([&] { comm->sendrecv(a.data(), 20, 1, b.data(), 20, 0); },
+               {"sendrecv", "dest 1", "size 1"});
+  EXPECT_EQ(comm->host(0), this_host_name());
+}
+
 TEST(Communicator, ValidationUsesRankAndWorld) {
   FakeComm comm;
   std::vector<float> send(40), recv(10);

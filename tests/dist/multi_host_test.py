@@ -10,7 +10,8 @@ and drives `hyperion train --hosts` there:
   - a host that stops (SIGSTOP): the survivor names it (collective timeout) and the job
     ends within collective_timeout_s + 3 s + the launcher's 10 s grace;
   - a run directory one host cannot see: refused before the first step, naming the host;
-  - with --only-4-hosts, only this: data parallel over 4 hosts equals 4 ranks on one host.
+  - with --only-4-hosts, only this: data parallel over 4 hosts equals 4 ranks on one host,
+    and a host whose link is shaped 10x slower than the others' is named at start.
 
 The cluster is always taken down, also when a check fails. Exits 77 (a visible CTest
 skip) when namespaces cannot be made here (not root, no iproute2).
@@ -106,6 +107,17 @@ def main():
                 want, have = losses(f"{base}/one-dp4"), losses(f"{base}/four-dp")
                 assert close(have, want), f"4 hosts {have} vs one host {want}"
                 print(f"ok: data parallel over {len(c.hosts)} hosts = 4 ranks on one host: {have}")
+                # A host whose link is 10x slower than the others' is named at start.
+                c.run("shape", "all", "--bandwidth", "1gbit")
+                c.run("shape", c.hosts[2], "--bandwidth", "100mbit")
+                got, _ = train(hyperion, base, "slow-link", ["steps=1", "--hosts", ",".join(c.hosts)],
+                               c.env)
+                expect_ok(got, "4 hosts, one slow link")
+                text = got.stdout + got.stderr
+                m = re.search(r"straggler: a slow link: host (\S+) \(rank (\d+)\)", text)
+                assert m and m.group(1) == c.hosts[2] and m.group(2) == "2", text[-3000:]
+                assert text.count("straggler: a slow link") == 1, text[-3000:]
+                print(f"ok: the 10x slower link is named: {m.group(0)}")
                 print("multi-host (4 hosts): all checks passed")
                 return 0
 

@@ -28,6 +28,20 @@ TEST(Mpi, IdentityMatchesLauncher) {
   EXPECT_GE(test_comm().world_size(), 2);
 }
 
+// Every rank knows every rank's host, and pairs exchange point to point along shifts.
+TEST(Mpi, HostsAndSendRecvAlongShifts) {
+  const int w = test_comm().world_size(), r = test_comm().rank();
+  for (int p = 0; p < w; ++p) EXPECT_FALSE(test_comm().host(p).empty());
+  EXPECT_EQ(test_comm().host(r), this_host_name());
+  for (int k = 1; k < w; ++k) {
+    std::vector<int32_t> send(1000, 100 * r + k), recv(1000, -1);
+    test_comm().sendrecv(send.data(), send.size() * 4, (r + k) % w, recv.data(), recv.size() * 4,
+                         (r - k + w) % w);
+    EXPECT_EQ(recv[0], 100 * ((r - k + w) % w) + k);
+    EXPECT_EQ(recv[999], recv[0]);
+  }
+}
+
 TEST(Mpi, AllReduceSumAvgMax) {
   const int w = test_comm().world_size(), r = test_comm().rank();
   const size_t n = 100003;  // odd size, not a multiple of anything
