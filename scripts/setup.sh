@@ -34,6 +34,7 @@ PACKAGES=(
   chromium           # headless browser: the hyperion monitor test checks that its page draws
   prometheus         # the monitoring integration test scrapes a 2-rank run with it
   slurm-wlm munge    # the Slurm backend's integration test runs a one-node Slurm
+  iproute2 util-linux  # scripts/fake-cluster.sh: hosts as network namespaces (multi-host tests)
 )
 
 if [ "${1:-}" = "--list" ]; then
