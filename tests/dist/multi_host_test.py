@@ -127,11 +127,11 @@ def main():
                     ("zero1", "tiny", ["shard_optimizer_over_data=true"]),
                     ("fsdp", "tiny", ["data_parallelism=1", "fsdp_parallelism=-1"]),
                     ("expert", "mixtral-tiny", ["data_parallelism=1", "expert_parallelism=-1"])):
-                ref, _ = train(hyperion, base, f"one-{mode}", ["steps=3", "--nproc", "2", *keys],
+                ref, _ = train(hyperion, base, f"one-{mode}", ["steps=2", "--nproc", "2", *keys],
                                os.environ, config=config)
                 expect_ok(ref, f"{mode} on one host")
                 got, _ = train(hyperion, base, f"two-{mode}",
-                               ["steps=3", "--hosts", f"{h1},{h2}", *keys], c.env, config=config)
+                               ["steps=2", "--hosts", f"{h1},{h2}", *keys], c.env, config=config)
                 expect_ok(got, f"{mode} on two hosts")
                 assert f"hosts: {h1} (rank 0), {h2} (rank 1)" in got.stdout + got.stderr, got.stderr
                 want, have = losses(f"{base}/one-{mode}"), losses(f"{base}/two-{mode}")
@@ -177,10 +177,11 @@ def main():
             print(f"ok: goodput {g['goodput']:.2f}, {g['steps_lost']} step(s) lost to the host, "
                   f"recovery {g['badput']['recovery']['seconds']:.1f} s")
 
-            # A stopped host: named by the survivor's collective timeout.
+            # A stopped host: named by the survivor's collective timeout. (No peak measurement
+            # at start: under a loaded CI machine rank 0's could outlast a short timeout.)
             args = [hyperion, "train", "tiny", *SMALL, f"base_output_directory={base}",
-                    "run_name=stopped",
-                    "steps=400", "collective_timeout_s=5", "--hosts", f"{h1},{h2}"]
+                    "run_name=stopped", "peak_tflops=1",
+                    "steps=400", "collective_timeout_s=8", "--hosts", f"{h1},{h2}"]
             p = subprocess.Popen(args, env=c.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True)
             metrics = f"{base}/stopped/metrics.jsonl"
@@ -193,7 +194,7 @@ def main():
             took = time.time() - stopped
             c.run("kill", h2, "KILL")
             assert p.returncode != 0
-            assert took < 5 + 3 + 10 + 10, f"{took:.1f} s"
+            assert took < 8 + 3 + 10 + 10, f"{took:.1f} s"
             assert f"rank 1 (host {h2}) not responding" in out, out[-2000:]
             print(f"ok: host stopped, named by the timeout, job ended in {took:.1f} s")
 
