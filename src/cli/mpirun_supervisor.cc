@@ -76,11 +76,7 @@ int supervise_mpirun(const std::vector<std::string>& cmd, const std::string& lau
     ::usleep(200 * 1000);
     const double now = monitor::unix_time();
     if (aborted_at == 0) {
-      for (const RankStatus& st : read_rank_status(launch_dir))
-        if (st.state == "aborting") {
-          aborted_at = now;
-          break;
-        }
+      if (std::filesystem::exists(launch_dir + "/" + kAbortedMarker, ec)) aborted_at = now;
     } else if (!killed && now - aborted_at > kAbortGraceS) {
       log_error(
           "train: mpirun has not ended the job {:.0f} s after a rank aborted it (a host that "

@@ -32,7 +32,10 @@ void on_abort() {
 }  // namespace
 
 RankHeartbeat::RankHeartbeat(std::string dir, int rank, std::string host)
-    : path_(fmt::format("{}/rank-{}", dir, rank)), host_(std::move(host)), rank_(rank) {
+    : dir_(std::move(dir)),
+      path_(fmt::format("{}/rank-{}", dir_, rank)),
+      host_(std::move(host)),
+      rank_(rank) {
   write("running");
   thread_ = std::thread([this] { loop(); });
   g_live.store(this);
@@ -54,6 +57,9 @@ RankHeartbeat::~RankHeartbeat() {
 void RankHeartbeat::aborting() {
   if (aborting_.exchange(true)) return;
   write("aborting", true);
+  const int fd = ::open(fmt::format("{}/{}", dir_, kAbortedMarker).c_str(),
+                        O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd >= 0) ::close(fd);
 }
 
 // Temp file + rename, so a reader never sees half a line; no fsync (a status is worth

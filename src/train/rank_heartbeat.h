@@ -26,6 +26,9 @@
 namespace hyperion {
 
 inline constexpr const char* kLaunchDirEnv = "HYPERION_LAUNCH_DIR";
+// Made in the launch directory by the first rank that aborts the job: the launcher waits
+// on this one name rather than reading every rank's status while the job runs.
+inline constexpr const char* kAbortedMarker = "aborted";
 
 class RankHeartbeat {
  public:
@@ -42,7 +45,7 @@ class RankHeartbeat {
   void write(const std::string& state, bool final_state = false);
   void loop();
 
-  std::string path_, host_;
+  std::string dir_, path_, host_;
   int rank_;
   std::atomic<bool> aborting_{false};
   std::mutex mutex_, write_mutex_;

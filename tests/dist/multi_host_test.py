@@ -68,6 +68,28 @@ def train(hyperion, base, run, extra, env, timeout=600, config="tiny"):
     return r, time.time() - t0
 
 
+def train_until(hyperion, base, run, steps, extra, env):
+    """Starts a long tiny run in the background; returns once it has logged `steps` losses."""
+    p = subprocess.Popen([hyperion, "train", "tiny", *SMALL, f"base_output_directory={base}",
+                          f"run_name={run}", *extra], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    metrics = f"{base}/{run}/metrics.jsonl"
+    end = time.time() + 300
+    while time.time() < end and p.poll() is None and (
+            not os.path.exists(metrics) or len(losses(f"{base}/{run}")) < steps):
+        time.sleep(0.2)
+    assert p.poll() is None, f"{run} ended before its step {steps}: {p.stdout.read()[-2000:]}"
+    return p
+
+
+def fault_and_wait(p, fault):
+    """Injects the fault; returns the job's output and the seconds it took to end."""
+    fault()
+    t0 = time.time()
+    out, _ = p.communicate(timeout=120)
+    return out, time.time() - t0
+
+
 def expect_ok(r, what):
     if r.returncode != 0:
         sys.stdout.write(r.stdout[-3000:] + r.stderr[-3000:])
@@ -143,18 +165,9 @@ def main():
             unbroken, _ = train(hyperion, base, "unbroken",
                                 ["steps=6", *CONSTANT_LR, "--hosts", f"{h1},{h2}"], c.env)
             expect_ok(unbroken, "unbroken run")
-            args = [hyperion, "train", "tiny", *SMALL, f"base_output_directory={base}", "run_name=broken",
-                    "steps=400", *CONSTANT_LR, "--hosts", f"{h1},{h2}"]
-            p = subprocess.Popen(args, env=c.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True)
-            metrics = f"{base}/broken/metrics.jsonl"
-            end = time.time() + 300
-            while time.time() < end and (not os.path.exists(metrics) or len(losses(f"{base}/broken")) < 3):
-                time.sleep(0.2)
-            c.run("kill", h2)
-            killed = time.time()
-            out, _ = p.communicate(timeout=120)
-            took = time.time() - killed
+            p = train_until(hyperion, base, "broken", 3,
+                            ["steps=400", *CONSTANT_LR, "--hosts", f"{h1},{h2}"], c.env)
+            out, took = fault_and_wait(p, lambda: c.run("kill", h2))
             assert p.returncode != 0, "the job survived its host"
             assert took < 30, f"the job took {took:.1f} s to end after the host was killed"
             m = re.search(r"lost without a word[^\n]*host ([^\s:]+): rank (\d+)", out)
@@ -179,19 +192,10 @@ def main():
 
             # A stopped host: named by the survivor's collective timeout. (No peak measurement
             # at start: under a loaded CI machine rank 0's could outlast a short timeout.)
-            args = [hyperion, "train", "tiny", *SMALL, f"base_output_directory={base}",
-                    "run_name=stopped", "peak_tflops=1",
-                    "steps=400", "collective_timeout_s=8", "--hosts", f"{h1},{h2}"]
-            p = subprocess.Popen(args, env=c.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True)
-            metrics = f"{base}/stopped/metrics.jsonl"
-            end = time.time() + 300
-            while time.time() < end and (not os.path.exists(metrics) or len(losses(f"{base}/stopped")) < 2):
-                time.sleep(0.2)
-            c.run("kill", h2, "STOP")
-            stopped = time.time()
-            out, _ = p.communicate(timeout=120)
-            took = time.time() - stopped
+            p = train_until(hyperion, base, "stopped", 2,
+                            ["peak_tflops=1", "steps=400", "collective_timeout_s=8", "--hosts",
+                             f"{h1},{h2}"], c.env)
+            out, took = fault_and_wait(p, lambda: c.run("kill", h2, "STOP"))
             c.run("kill", h2, "KILL")
             assert p.returncode != 0
             assert took < 8 + 3 + 10 + 10, f"{took:.1f} s"

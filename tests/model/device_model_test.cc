@@ -45,20 +45,8 @@ std::vector<float> to_host(const ParamStore& ps, const float* data) {
 // attention kernels and its capped cross-entropy).
 LlamaConfig device_test_config(const std::string& name) {
   LlamaConfig c = testing_util::tiny_test_config(name == "moe" ? 4 : 0);
-  if (name == "gemma2") {
-    c.arch = family_info(DecoderFamily::kGemma2).defaults;
-    c.tie_embeddings = true;
-    c.arch.sliding_window = 3;
-    c.arch.attn_logit_softcap = 1.0;
-    c.arch.final_logit_softcap = 3.0;
-    c.arch.query_pre_attn_scalar = 10;
-  } else if (name == "gemma3") {
-    c.arch = family_info(DecoderFamily::kGemma3).defaults;
-    c.tie_embeddings = true;
-    c.arch.sliding_window = 3;
-    c.arch.sliding_window_pattern = 2;
-    c.arch.local_rope_theta = 50;
-  }
+  if (name == "gemma2") testing_util::use_gemma2_features(c, 3);
+  if (name == "gemma3") testing_util::use_gemma3_features(c, 3);
   return c;
 }
 

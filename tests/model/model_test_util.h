@@ -36,6 +36,27 @@ inline LlamaConfig tiny_test_config(int64_t experts = 0) {
   return c;
 }
 
+// Gemma 2's features at test scale: post-norms, scores capped at 1 and logits at 3 (so
+// the caps bite), a scale of its own, every other layer local over `window` positions.
+inline void use_gemma2_features(LlamaConfig& c, int64_t window) {
+  c.arch = family_info(DecoderFamily::kGemma2).defaults;
+  c.tie_embeddings = true;
+  c.arch.sliding_window = window;
+  c.arch.attn_logit_softcap = 1.0;
+  c.arch.final_logit_softcap = 3.0;
+  c.arch.query_pre_attn_scalar = 10;
+}
+
+// Gemma 3's: q/k norms, post-norms, every other layer local over `window` positions with
+// a RoPE base of its own.
+inline void use_gemma3_features(LlamaConfig& c, int64_t window) {
+  c.arch = family_info(DecoderFamily::kGemma3).defaults;
+  c.tie_embeddings = true;
+  c.arch.sliding_window = window;
+  c.arch.sliding_window_pattern = 2;
+  c.arch.local_rope_theta = 50;
+}
+
 struct FdOptions {
   int per_tensor = 4;  // elements checked per tensor
   double h = 5e-3;     // central differences at h and 2h, Richardson-extrapolated

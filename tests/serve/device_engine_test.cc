@@ -13,6 +13,7 @@
 #include <string>
 
 #include "../kernels/simulated_device.h"
+#include "../model/model_test_util.h"
 #include "serve/engine.h"
 #include "serve_test_util.h"
 
@@ -100,12 +101,7 @@ TEST(DeviceEngine, RefusesWeightsOnAnotherDevice) {
 LlamaConfig device_engine_config(const std::string& name) {
   LlamaConfig c = testing_util::small_serving_config(97, name == "moe");
   if (name == "gemma2") {
-    c.arch = family_info(DecoderFamily::kGemma2).defaults;
-    c.tie_embeddings = true;
-    c.arch.sliding_window = 6;
-    c.arch.attn_logit_softcap = 1.0;
-    c.arch.final_logit_softcap = 3.0;
-    c.arch.query_pre_attn_scalar = 10;
+    testing_util::use_gemma2_features(c, 6);
   } else if (name == "mistral") {
     c.arch.sliding_window = 6;
     c.arch.sliding_window_pattern = 0;

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "../kernels/simulated_device.h"
+#include "../model/model_test_util.h"
 #include "../test_files.h"
 #include "model/llama_generator.h"
 #include "serve/engine.h"
@@ -277,20 +278,10 @@ TEST(Engine, HuggingFaceFamiliesEqualGenerator) {
       c.rope_scaling.factor = 8;
       c.rope_scaling.original_max_positions = 16;
     } else if (which == 5) {
-      // Gemma 2: post-norms, capped scores (the paged decode's portable path) and logits.
-      c.arch = family_info(DecoderFamily::kGemma2).defaults;
-      c.tie_embeddings = true;
-      c.arch.sliding_window = 6;
-      c.arch.attn_logit_softcap = 1.0;
-      c.arch.final_logit_softcap = 3.0;
-      c.arch.query_pre_attn_scalar = 10;
+      // Gemma 2: capped scores take the paged decode's portable path.
+      testing_util::use_gemma2_features(c, 6);
     } else if (which == 6) {
-      // Gemma 3: q/k norms, local layers with their own RoPE base.
-      c.arch = family_info(DecoderFamily::kGemma3).defaults;
-      c.tie_embeddings = true;
-      c.arch.sliding_window = 6;
-      c.arch.sliding_window_pattern = 2;
-      c.arch.local_rope_theta = 50;
+      testing_util::use_gemma3_features(c, 6);
     } else {
       c.arch.sliding_window = 6;
       c.arch.sliding_window_pattern = which == 4 ? 2 : 0;

@@ -36,6 +36,7 @@ TEST(RankHeartbeat, WritesRunningThenExitedOrAborting) {
     st = read_rank_status(dir);
     ASSERT_EQ(st.size(), 2u);
     EXPECT_EQ(st[1].state, "aborting");
+    EXPECT_TRUE(fs::exists(dir + "/" + kAbortedMarker));  // what the launcher waits on
   }
   const auto st = read_rank_status(dir);
   ASSERT_EQ(st.size(), 2u);
