@@ -25,14 +25,16 @@
 #                                           empty DIR (a directory it does not share)
 #
 # The hosts share this machine's filesystem (a shared filesystem, as a cluster's /home or
-# Lustre) except what `hide` hides. Names resolve through /etc/hosts entries tagged
-# "hyperion-fake-cluster C", removed by `down`. State lives in /run/hyperion-fake-cluster/C.
+# Lustre) except what `hide` hides and /var/tmp, which is each host's own (node-local
+# scratch: Slurm's TmpFS, where srun's PMIx keeps per-node files of the same name).
+# Names resolve through /etc/hosts entries tagged "hyperion-fake-cluster C", removed by
+# `down`. State lives in /run/hyperion-fake-cluster/C.
 set -eEuo pipefail
 self=$(readlink -f "$0")
 state_root=/run/hyperion-fake-cluster
 
 die() { echo "fake-cluster: $*" >&2; exit 2; }
-usage() { sed -n '2,29p' "$self" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,31p' "$self" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 [ $# -ge 1 ] || usage
 cmd=$1
@@ -148,6 +150,7 @@ up() {
   for i in $(seq 1 "$n"); do
     h=$name$i
     echo "$h" >>"$state/hosts"
+    mkdir -p "$state/local/$h"
     ip netns add "$(ns_of "$h")"
     ip link add "$(veth_of "$h")" type veth peer name eth0 netns "$(ns_of "$h")"
     ip link set "$(veth_of "$h")" master "$bridge" up
@@ -162,18 +165,27 @@ up() {
   echo "fake-cluster $name: $n hosts ($(hosts_of | paste -sd' ')) on $net.0/24${bandwidth:+, $bandwidth}${latency:+, +$latency}"
 }
 
+# Shell commands that mount this machine's cgroup hierarchies again: `ip netns exec` mounts a
+# fresh /sys without them, and slurmd will not start without its cgroup plugin.
+cgroup_mounts() {
+  awk '$2 ~ "^/sys/fs/cgroup" && ($3 == "tmpfs" || $3 == "cgroup" || $3 == "cgroup2") {
+         printf "mkdir -p %s && mount -t %s -o %s %s %s; ", $2, $3, $4, $1, $2 }' /proc/mounts
+}
+
 # Runs the shell string $2 on host $1: in its namespace, with its hostname, and with the
 # directories `hide` named for it replaced by empty ones.
 on_host() {
-  local h=$1 line st hides=""
+  local h=$1 line st hides="" cgroups
   st=$(state_of_host "$h")
+  cgroups=$(cgroup_mounts)
+  [ -n "$cgroups" ] || cgroups="true; "
   if [ -f "$st/hidden" ]; then
     while IFS=' ' read -r line; do
       [ "${line%% *}" = "$h" ] && hides+="mount -t tmpfs hyfc-hidden '${line#* }' && "
     done <"$st/hidden"
   fi
   exec ip netns exec "$(ns_of "$h")" unshare --uts --mount --propagation private -- \
-    sh -c "hostname '$h' && ${hides} exec bash -c \"\$0\"" "$2"
+    sh -c "hostname '$h' && { ${cgroups} } 2>/dev/null; mount --bind '$st/local/$h' /var/tmp && ${hides} exec bash -c \"\$0\"" "$2"
 }
 
 case "$cmd" in

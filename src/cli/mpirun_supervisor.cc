@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "base/error.h"
+#include "base/exit_codes.h"
 #include "base/log.h"
 #include "monitor/event_log.h"
 #include "train/rank_heartbeat.h"
@@ -90,14 +91,17 @@ int supervise_mpirun(const std::vector<std::string>& cmd, const std::string& lau
   const double ended = monitor::unix_time();
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);
-  // Killed here: the job failed (a rank aborted it), not "stopped by a signal".
-  const int code = killed                ? 1
-                   : WIFEXITED(status) ? WEXITSTATUS(status)
-                                       : 128 + WTERMSIG(status);
+  // Killed here: a host did not answer the abort, a system failure (restartable), not
+  // "stopped by a signal".
+  int code = killed                ? kExitSystemFailure
+             : WIFEXITED(status) ? WEXITSTATUS(status)
+                                 : 128 + WTERMSIG(status);
   if (code != 0) {
     const std::string lost = diagnose_lost_ranks(read_rank_status(launch_dir), world, ended);
-    if (!lost.empty())
+    if (!lost.empty()) {
       log_error("train: the job ended (mpirun exit status {}): {}", code, lost);
+      code = kExitSystemFailure;  // ranks lost with their host: the machine, not the job
+    }
   }
   std::filesystem::remove_all(launch_dir, ec);
   std::filesystem::remove(std::filesystem::path(launch_dir).parent_path(), ec);  // if empty

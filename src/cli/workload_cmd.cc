@@ -87,8 +87,10 @@ std::string status_text(const nlohmann::json& j) {
                   j["reason"].get<std::string>());
   if (j["queue_position"].get<int>() > 0)
     out += fmt::format("queue       position {}\n", j["queue_position"].get<int>());
-  out += fmt::format("resources   {} rank(s), {} core(s), priority {}\n", j["nproc"].get<int>(),
-                     j["cores"].get<int>(), j["priority"].get<std::string>());
+  const int nodes = j.value("nodes", 0);
+  out += fmt::format("resources   {} rank(s){}, {} core(s), priority {}\n", j["nproc"].get<int>(),
+                     nodes > 0 ? fmt::format(" on {} host(s)", nodes) : "", j["cores"].get<int>(),
+                     j["priority"].get<std::string>());
   out += fmt::format("restarts    {} of {} (preemptions {}, attempts {})\n",
                      j["restarts"].get<int>(), j["max_restarts"].get<int>(),
                      j["preemptions"].get<int>(), j["attempts"].get<int>());
@@ -112,6 +114,7 @@ const CommandSpec kWorkloadCreateSpec = {
      {"command", "CMD", "the command, run by /bin/sh -c in this directory"},
      {"nproc", "N", "ranks (default 1): mpirun starts N copies of the command"},
      {"cores-per-rank", "N", "cores each rank gets (default 1; HYPERION_THREADS)"},
+     {"nodes", "N", "slurm: spread the ranks over N hosts (default: as Slurm packs them)"},
      {"priority", "P", "low, medium (default) or high; high preempts lower"},
      {"max-restarts", "K", "restarts after system failures (default 0)"},
      {"restart-on-exit-codes", "C,..", "user-error exit codes to restart anyway (e.g. 1)"},
@@ -200,6 +203,16 @@ int cmd_workload_create(const Args& args) {
                   cpr);
   w.nproc = static_cast<int>(nproc);
   w.cores_per_rank = static_cast<int>(cpr);
+  if (f.has("nodes")) {
+    const int64_t nodes = f.integer("nodes", 1);
+    HYP_USAGE_CHECK(t.cluster.backend == launch::Backend::kSlurm,
+                    "--nodes: cluster {} is a local cluster (one host); --nodes needs a Slurm "
+                    "cluster",
+                    t.cluster.name);
+    HYP_USAGE_CHECK(nodes >= 1 && nodes <= w.nproc,
+                    "--nodes must be between 1 and --nproc ({}), got {}", w.nproc, nodes);
+    w.nodes = static_cast<int>(nodes);
+  }
   HYP_USAGE_CHECK(t.cluster.backend != launch::Backend::kLocal || w.cores() <= t.cluster.cores,
                   "workload {} needs {} cores ({} ranks x {}), but cluster {} has {}", w.name,
                   w.cores(), w.nproc, w.cores_per_rank, t.cluster.name, t.cluster.cores);

@@ -31,4 +31,9 @@ std::string host_list_argument(const std::vector<HostSlots>& hosts);
 // Every host name resolves (getaddrinfo); usage error naming the first that does not.
 void check_hosts_resolve(const std::vector<HostSlots>& hosts, const std::string& origin);
 
+// Slurm's tasks-per-node list ("2(x3),1": 2 tasks on each of the first three nodes, 1 on
+// the fourth), as SLURM_STEP_TASKS_PER_NODE gives it: the count on node `node_id`
+// (SLURM_NODEID), or 0 when the list does not parse or is too short.
+int slurm_tasks_on_node(const std::string& tasks_per_node, int node_id);
+
 }  // namespace hyperion::dist

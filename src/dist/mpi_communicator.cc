@@ -16,6 +16,7 @@
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -28,8 +29,10 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/exit_codes.h"
 #include "base/log.h"
 #include "dist/communicator.h"
+#include "dist/host_list.h"
 
 namespace hyperion::dist {
 namespace {
@@ -394,7 +397,7 @@ class MpiCommunicator final : public Communicator {
         "{}: collective #{} ({}, {} bytes) did not finish within collective_timeout_s = {} "
         "s: {}. Aborting the job.",
         rank_and_host(*this, rank_), mine, what, bytes, timeout_s_, cause);
-    abort_code_.store(3);
+    abort_code_.store(kExitSystemFailure);  // a lost peer: restartable (launch/restart_policy.h)
     do_abort();
   }
 
@@ -446,8 +449,11 @@ LaunchInfo detect_launch() {
   info.under_mpi = true;
   info.world = size;
   info.rank = env_int("OMPI_COMM_WORLD_RANK", env_int("PMIX_RANK", env_int("PMI_RANK", 0)));
-  // Ranks on this host: "2" or "2(x3),1" in SLURM_STEP_TASKS_PER_NODE (this node's first).
-  const int slurm_local = slurm_pmi ? env_int("SLURM_STEP_TASKS_PER_NODE", 1) : 1;
+  // Ranks on this host: this node's entry (SLURM_NODEID) of SLURM_STEP_TASKS_PER_NODE,
+  // "2" or "2(x3),1" (a step over 4 nodes may put 2 ranks on one and 1 on another).
+  int slurm_local = 1;
+  if (const char* per_node = std::getenv("SLURM_STEP_TASKS_PER_NODE"); slurm_pmi && per_node)
+    slurm_local = std::max(1, slurm_tasks_on_node(per_node, env_int("SLURM_NODEID", 0)));
   info.local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("MPI_LOCALNRANKS", slurm_local));
   info.local_rank =
       env_int("OMPI_COMM_WORLD_LOCAL_RANK",

@@ -232,6 +232,7 @@ json to_json(const WorkloadSpec& w) {
           {"workdir", w.workdir},
           {"nproc", w.nproc},
           {"cores_per_rank", w.cores_per_rank},
+          {"nodes", w.nodes},
           {"priority", priority_name(w.priority)},
           {"max_restarts", w.max_restarts},
           {"restart_on_exit_codes", w.restart_on_exit_codes},
@@ -249,6 +250,7 @@ WorkloadSpec spec_from_json(const json& j, const std::string& where) {
   w.workdir = field<std::string>(j, "workdir", where, "/");
   w.nproc = field<int>(j, "nproc", where, 1);
   w.cores_per_rank = field<int>(j, "cores_per_rank", where, 1);
+  w.nodes = field<int>(j, "nodes", where, 0);
   w.priority = parse_priority(field<std::string>(j, "priority", where, "medium"));
   w.max_restarts = field<int>(j, "max_restarts", where, 0);
   w.restart_on_exit_codes = field<std::vector<int>>(j, "restart_on_exit_codes", where, {});
@@ -258,8 +260,10 @@ WorkloadSpec spec_from_json(const json& j, const std::string& where) {
   w.grace_s = field<double>(j, "grace_s", where, 30);
   w.created = field<double>(j, "created", where, 0);
   w.sequence = field<int64_t>(j, "sequence", where, 0);
-  HYP_CHECK(!w.name.empty() && !w.command.empty() && w.nproc >= 1 && w.cores_per_rank >= 1,
-            "{}: not a workload spec (name, command, nproc >= 1 and cores_per_rank >= 1 needed)",
+  HYP_CHECK(!w.name.empty() && !w.command.empty() && w.nproc >= 1 && w.cores_per_rank >= 1 &&
+                w.nodes >= 0 && w.nodes <= w.nproc,
+            "{}: not a workload spec (name, command, nproc >= 1, cores_per_rank >= 1 and "
+            "0 <= nodes <= nproc needed)",
             where);
   return w;
 }
@@ -318,6 +322,7 @@ json status_json(const WorkloadSpec& w, Backend backend, const WorkloadStatus& s
             {"attempts", s.attempts},
             {"priority", priority_name(w.priority)},
             {"nproc", w.nproc},
+            {"nodes", w.nodes},
             {"cores", w.cores()},
             {"max_restarts", w.max_restarts},
             {"command", w.command},

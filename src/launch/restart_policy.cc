@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "base/exit_codes.h"
+
 namespace hyperion::launch {
 
 ExitInfo ExitInfo::from_wait_status(int status) {
@@ -34,7 +36,7 @@ std::string ExitInfo::describe() const {
 }
 
 bool is_system_failure(int exit_code) {
-  return exit_code == 42 || (exit_code >= 128 && exit_code <= 255);
+  return exit_code == kExitSystemFailure || (exit_code >= 128 && exit_code <= 255);
 }
 
 RestartDecision decide_restart(const ExitInfo& exit, int restarts, int max_restarts,

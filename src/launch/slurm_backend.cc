@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <chrono>
@@ -227,6 +228,7 @@ void submit(const ClusterStore& store, const ClusterSpec& c, const WorkloadSpec&
       "--requeue",
       "--chdir=" + w.workdir,
       "--export=ALL,HYPERION_HOME=" + std::filesystem::path(store.root()).parent_path().string()};
+  if (w.nodes > 0) argv.push_back("--nodes=" + std::to_string(w.nodes));
   // One partition for all priorities: order them with --nice (no preemption).
   if (c.partition_low.empty() && w.priority != Priority::kHigh)
     argv.push_back(w.priority == Priority::kLow ? "--nice=200" : "--nice=100");
@@ -320,9 +322,10 @@ void say(const std::string& path, const std::string& w, const std::string& line)
 namespace {
 
 // Kills the job's remaining job steps (not the batch script) and waits until Slurm lists
-// none, up to a minute.
-void reap_steps(const std::string& job, const std::string& log, const std::string& name) {
-  if (job.empty()) return;
+// none, up to 20 s; false when some are still listed (their host does not answer: Slurm
+// ends them once it marks the host down).
+bool reap_steps(const std::string& job, const std::string& log, const std::string& name) {
+  if (job.empty()) return true;
   auto steps = [&] {
     std::vector<std::string> out;
     const CommandResult q = run_command({"squeue", "-h", "-s", "-j", job, "-o", "%i"}, 30);
@@ -337,12 +340,48 @@ void reap_steps(const std::string& job, const std::string& log, const std::strin
     return out;
   };
   std::vector<std::string> left = steps();
-  if (left.empty()) return;
+  if (left.empty()) return true;
   say(log, name, fmt::format("{} step(s) of the last attempt still running: SIGKILL", left.size()));
   for (const std::string& step : left) run_command({"scancel", "--signal=KILL", step}, 30);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!steps().empty() && std::chrono::steady_clock::now() < deadline)
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!(left = steps()).empty() && !g_terminated.load() &&
+         std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  return left.empty();
+}
+
+// After a failed attempt in an allocation of several hosts: starts one task on each host
+// (srun ... true) and returns srun's complaint when one does not answer in 30 s (its
+// slurmd killed, stopped or cut off), or "" when all do. A restart in place would only
+// fail on that host again.
+std::string unanswering_hosts() {
+  const char* n = std::getenv("SLURM_JOB_NUM_NODES");
+  const int nodes = n ? std::atoi(n) : 1;
+  if (nodes <= 1) return "";
+  const std::string k = std::to_string(nodes);
+  const CommandResult r = run_command({"srun", "--nodes=" + k, "--ntasks=" + k,
+                                       "--ntasks-per-node=1", "--kill-on-bad-exit=1", "true"},
+                                      30);
+  if (r.ok()) return "";
+  std::string what = trim(r.err.empty() ? r.out : r.err);
+  if (what.empty()) what = r.exit_code == 137 ? "no answer in 30 s" : "exit " + std::to_string(r.exit_code);
+  if (what.size() > 400) what = what.substr(0, 400) + "...";
+  return what;
+}
+
+// Seconds after which slurmctld marks a silent node down (scontrol show config), 300
+// when it cannot be read.
+int slurmd_timeout_s() {
+  const CommandResult r = run_command({"scontrol", "show", "config"}, 30);
+  std::istringstream in(r.out);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("SlurmdTimeout", 0) == 0) {
+      const size_t eq = line.find('=');
+      if (eq != std::string::npos) return std::max(1, std::atoi(line.c_str() + eq + 1));
+    }
+  }
+  return 300;
 }
 
 }  // namespace
@@ -369,13 +408,15 @@ int exec_in_allocation(const ClusterStore& store, const ClusterSpec& c, const st
     ++s.attempts;
     s.state = WorkloadState::kRunning;
     s.started = now_s();
-    s.reason =
-        fmt::format("running attempt {} as a step of Slurm job {}", s.attempts, s.slurm_job_id);
+    const char* nodelist = std::getenv("SLURM_JOB_NODELIST");
+    s.reason = fmt::format("running attempt {} as a step of Slurm job {}{}", s.attempts,
+                           s.slurm_job_id, nodelist ? std::string(" on ") + nodelist : "");
     s.updated = now_s();
     store.save_status(c.name, name, s);
     std::vector<std::string> argv = {"srun", "--ntasks=" + std::to_string(w.nproc),
                                      "--cpus-per-task=" + std::to_string(w.cores_per_rank),
                                      "--kill-on-bad-exit=1"};
+    if (w.nodes > 0) argv.push_back("--nodes=" + std::to_string(w.nodes));
     if (w.nproc > 1) argv.push_back("--mpi=pmix");
     argv.insert(argv.end(), {"/bin/sh", "-c", w.command});
     say(log, name,
@@ -402,7 +443,7 @@ int exec_in_allocation(const ClusterStore& store, const ClusterSpec& c, const st
     // srun can return before its step's processes are gone (it stops waiting after a
     // while); a rank still finishing would hold the run directory against the next
     // attempt. Every step of this job is over now: SIGKILL what is left, wait for it.
-    reap_steps(s.slurm_job_id, log, name);
+    const bool reaped = reap_steps(s.slurm_job_id, log, name);
     s.has_exit = true;
     s.last_exit_code = exit.code;
     s.ended = now_s();
@@ -430,6 +471,32 @@ int exec_in_allocation(const ClusterStore& store, const ClusterSpec& c, const st
       s.state = WorkloadState::kFailed;
       store.save_status(c.name, name, s);
       return exit.code == 0 ? 1 : exit.code;
+    }
+    // A host of the allocation lost (killed, stopped, cut off): Slurm marks it down after
+    // SlurmdTimeout and requeues the job (--requeue) onto hosts that answer; this process
+    // then gets SIGTERM. Wait for that rather than restart on the lost host.
+    if (const std::string lost =
+            reaped ? unanswering_hosts() : "its tasks there did not end 20 s after SIGKILL";
+        !lost.empty()) {
+      const int wait_s = 2 * slurmd_timeout_s() + 30;
+      say(log, name,
+          fmt::format("a host of the allocation does not answer ({}); waiting up to {} s for "
+                      "Slurm to mark it down and requeue the job on hosts that answer",
+                      lost, wait_s));
+      s.state = WorkloadState::kRestarting;
+      s.reason = "a host of the allocation does not answer; waiting for Slurm to requeue the job";
+      store.save_status(c.name, name, s);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(wait_s);
+      while (!g_terminated.load() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (g_terminated.load()) {
+        s.reason = fmt::format("attempt {} ended by a lost host; Slurm requeues the job",
+                               s.attempts);
+        say(log, name, s.reason);
+        store.save_status(c.name, name, s);
+        return 143;
+      }
+      say(log, name, "Slurm did not requeue the job; restarting in this allocation");
     }
     ++s.restarts;
     s.state = WorkloadState::kRestarting;

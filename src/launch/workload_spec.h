@@ -55,6 +55,7 @@ struct WorkloadSpec {
   std::string workdir;
   int nproc = 1;  // ranks (mpirun on local, srun on slurm); 1: the command alone
   int cores_per_rank = 1;
+  int nodes = 0;  // slurm: hosts the ranks spread over (--nodes); 0: as Slurm packs them
   Priority priority = Priority::kMedium;
   int max_restarts = 0;
   std::vector<int> restart_on_exit_codes;  // user errors to restart anyway

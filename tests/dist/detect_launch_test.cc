@@ -46,6 +46,7 @@ class LaunchEnv {
                                          "SLURM_NTASKS",
                                          "SLURM_STEP_TASKS_PER_NODE",
                                          "SLURM_LOCALID",
+                                         "SLURM_NODEID",
                                          "SLURM_PROCID"};
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
@@ -84,6 +85,20 @@ TEST(DetectLaunch, SlurmSrunWithPmix) {
   EXPECT_EQ(l.rank, 5);
   EXPECT_EQ(l.local_size, 3);
   EXPECT_EQ(l.local_rank, 2);
+}
+
+// A step over two nodes with 2 ranks on the first and 1 on the second: the second
+// node's rank sees 1 rank on its host, not the first node's 2.
+TEST(DetectLaunch, SlurmUnevenNodesTakeThisNodesCount) {
+  LaunchEnv env({{"PMIX_RANK", "2"},
+                 {"SLURM_STEP_NUM_TASKS", "3"},
+                 {"SLURM_STEP_TASKS_PER_NODE", "2,1"},
+                 {"SLURM_NODEID", "1"},
+                 {"SLURM_LOCALID", "0"}});
+  const LaunchInfo l = detect_launch();
+  EXPECT_EQ(l.world, 3);
+  EXPECT_EQ(l.local_size, 1);
+  EXPECT_EQ(l.local_rank, 0);
 }
 
 // srun without an MPI plugin starts independent processes: not one MPI job.

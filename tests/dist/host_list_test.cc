@@ -81,6 +81,23 @@ TEST(HostList, AHostThatDoesNotResolveIsNamed) {
   EXPECT_NE(e.find("host nohost.invalid does not resolve"), std::string::npos) << e;
 }
 
+TEST(HostList, SlurmTasksPerNodeIsReadForOneNode) {
+  EXPECT_EQ(slurm_tasks_on_node("2", 0), 2);
+  EXPECT_EQ(slurm_tasks_on_node("2,1", 0), 2);
+  EXPECT_EQ(slurm_tasks_on_node("2,1", 1), 1);
+  EXPECT_EQ(slurm_tasks_on_node("3(x2),1", 0), 3);
+  EXPECT_EQ(slurm_tasks_on_node("3(x2),1", 1), 3);
+  EXPECT_EQ(slurm_tasks_on_node("3(x2),1", 2), 1);
+  EXPECT_EQ(slurm_tasks_on_node("1,4(x3)", 3), 4);
+  // Past the end, negative nodes and garbage: 0 (the caller falls back to 1).
+  EXPECT_EQ(slurm_tasks_on_node("2,1", 2), 0);
+  EXPECT_EQ(slurm_tasks_on_node("2", -1), 0);
+  EXPECT_EQ(slurm_tasks_on_node("", 0), 0);
+  EXPECT_EQ(slurm_tasks_on_node("two", 0), 0);
+  EXPECT_EQ(slurm_tasks_on_node("2(y3)", 1), 0);
+  EXPECT_EQ(slurm_tasks_on_node("2(x0)", 0), 0);
+}
+
 TEST(MpirunCommand, HostsAreUnboundAndThreadsLeftToEachHost) {
   MpirunOptions o;
   o.nproc = 4;

@@ -13,112 +13,10 @@ delete leaves no process behind; cluster delete removes the partitions it made.
 
   tests/launch/slurm_workload_test.py --hyperion build/release/hyperion --source-dir .
 """
-import argparse, json, os, shutil, signal, subprocess, sys, tempfile, time
+import argparse, json, os, shutil, signal, subprocess, sys, tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from free_ports import free_port  # noqa: E402
-
-TOOLS = ["munged", "slurmctld", "slurmd", "sinfo", "squeue", "scontrol", "sbatch", "srun",
-         "scancel"]
-
-
-def wait_for(what, fn, timeout=180, every=0.2):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = fn()
-        if v:
-            return v
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-class Slurm:
-    """munged, slurmctld and slurmd for one node, in a directory of their own."""
-
-    def __init__(self, root):
-        self.root = root
-        self.conf = os.path.join(root, "slurm.conf")
-        self.env = dict(os.environ, SLURM_CONF=self.conf)
-        self.daemons = []
-
-    def start(self):
-        d = self.root
-        for sub in ("state", "spool"):
-            os.makedirs(os.path.join(d, sub))
-        key = os.path.join(d, "munge.key")
-        with open(key, "wb") as f:
-            f.write(os.urandom(1024))
-        os.chmod(key, 0o600)
-        node = subprocess.check_output(["slurmd", "-C"], text=True).splitlines()[0]
-        host = subprocess.check_output(["hostname", "-s"], text=True).strip()
-        # Every daemon is addressed as 127.0.0.1: the test must not depend on this machine's
-        # name resolving (containers and fresh roots often lack it in /etc/hosts).
-        node += " NodeAddr=127.0.0.1"
-        ctld_port, slurmd_port = free_port(), free_port()
-        with open(self.conf, "w") as f:
-            f.write(f"""ClusterName=hytest
-SlurmctldHost={host}(127.0.0.1)
-AuthType=auth/munge
-AuthInfo=socket={d}/munge.sock,cred_expire=10
-CredType=cred/munge
-SlurmUser=root
-SlurmdUser=root
-SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
-StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool
-SlurmctldPidFile={d}/slurmctld.pid
-SlurmdPidFile={d}/slurmd.pid
-ProctrackType=proctrack/pgid
-TaskPlugin=task/none
-SwitchType=switch/none
-MpiDefault=none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-PreemptType=preempt/partition_prio
-PreemptMode=REQUEUE
-JobRequeue=1
-ReturnToService=2
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-JobAcctGatherType=jobacct_gather/none
-MinJobAge=600
-KillWait=5
-SlurmctldLogFile={d}/slurmctld.log
-SlurmdLogFile={d}/slurmd.log
-{node} State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-""")
-        self.daemons.append(subprocess.Popen(
-            ["munged", "-F", "--force", f"--socket={d}/munge.sock", f"--key-file={key}",
-             f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log",
-             f"--seed-file={d}/munge.seed"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_for("munged", lambda: os.path.exists(f"{d}/munge.sock"), 30)
-        for daemon in ("slurmctld", "slurmd"):
-            self.daemons.append(subprocess.Popen([daemon, "-D", "-f", self.conf], env=self.env,
-                                                 stdout=subprocess.DEVNULL,
-                                                 stderr=subprocess.DEVNULL))
-        wait_for("an idle Slurm node",
-                 lambda: "idle" in self.run(["sinfo", "-h", "-o", "%T"], check=False), 60)
-
-    def run(self, argv, check=True):
-        r = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)
-        if check and r.returncode != 0:
-            raise AssertionError(f"{' '.join(argv)}: {r.stderr}")
-        return r.stdout
-
-    def stop(self):
-        subprocess.run(["scancel", "--user=root"], env=self.env, capture_output=True)
-        for p in reversed(self.daemons):
-            p.send_signal(signal.SIGTERM)
-        for p in reversed(self.daemons):
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from slurm_daemons import Slurm, missing_tools, wait_for  # noqa: E402
 
 class Hyperion:
     def __init__(self, binary, env, workdir):
@@ -283,8 +181,7 @@ def main():
     ap.add_argument("--hyperion", required=True)
     ap.add_argument("--source-dir", required=True)
     a = ap.parse_args()
-    missing = [t for t in TOOLS if shutil.which(t) is None and
-               not os.path.exists(os.path.join("/usr/sbin", t))]
+    missing = missing_tools()
     if missing:
         print(f"SKIP: {', '.join(missing)} not installed (scripts/setup.sh installs Debian's "
               "slurm-wlm and munge)")
