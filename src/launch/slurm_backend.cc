@@ -364,7 +364,8 @@ std::string unanswering_hosts() {
                                       30);
   if (r.ok()) return "";
   std::string what = trim(r.err.empty() ? r.out : r.err);
-  if (what.empty()) what = r.exit_code == 137 ? "no answer in 30 s" : "exit " + std::to_string(r.exit_code);
+  if (what.empty())
+    what = r.exit_code == 137 ? "no answer in 30 s" : "exit " + std::to_string(r.exit_code);
   if (what.size() > 400) what = what.substr(0, 400) + "...";
   return what;
 }
