@@ -223,6 +223,7 @@ int cmd_train(const Args& args) {
     j["world_size"] = r.world_size;
     j["parallel_mode"] = r.parallel_mode;
     j["peak_rss_mib"] = r.peak_rss_mib;
+    j["device_peak_mib"] = r.device_peak_mib >= 0 ? nlohmann::ordered_json(r.device_peak_mib) : none;
     j["samples"] = r.samples;
     if (r.auc >= 0) j["auc"] = r.auc;
     if (r.mean_samples_per_s > 0) j["samples_per_s"] = r.mean_samples_per_s;
@@ -245,6 +246,8 @@ int cmd_train(const Args& args) {
     if (r.eval_tokens > 0)
       std::printf("held-out    loss %.4f, perplexity %.2f (%lld tokens)\n", r.eval_loss,
                   r.eval_perplexity, static_cast<long long>(r.eval_tokens));
+    if (r.device_peak_mib >= 0)
+      std::printf("device      %.0f MiB peak allocated\n", r.device_peak_mib);
     for (size_t i = 0; i < r.samples.size(); ++i)
       std::printf("\nsample %zu:\n%s\n", i + 1, r.samples[i].c_str());
   }

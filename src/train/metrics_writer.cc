@@ -72,6 +72,7 @@ void MetricsWriter::write(const StepMetrics& m, int64_t tokens_seen, bool multi_
   if (m.auc >= 0) j["auc"] = m.auc;
   if (m.eval_loss >= 0) j["eval_loss"] = m.eval_loss;
   if (m.skipped) j["skipped"] = true;
+  if (m.device_peak_mib >= 0) j["device_peak_mib"] = m.device_peak_mib;
   out_ << j.dump() << "\n";
   out_.flush();
   HYP_CHECK(out_.good(), "cannot append to {}: {}", path_, os_error_text(errno));

@@ -4,7 +4,8 @@
 // over the bf16 peak: MFU's counterpart for quantised training), data_wait_s,
 // tokens_seen; with several ranks comm_s, comm_exposed_s, comm_bytes_sent; for MoE models
 // lm_loss, moe_lb_loss, moe_z_loss, moe_dropped_fraction, expert_load_min/max/cv; and
-// skipped: true for a step whose update was skipped. Recommender runs (model_type: dlrm)
+// skipped: true for a step whose update was skipped; on a device (hardware=gpu)
+// device_peak_mib, the most device memory the run had allocated so far. Recommender runs (model_type: dlrm)
 // add samples_per_s, and at evaluation steps auc and eval_loss (held-out).
 #pragma once
 
@@ -34,6 +35,9 @@ struct StepMetrics {
   double comm_s = 0, comm_wait_s = 0;
   uint64_t comm_bytes = 0;
   bool skipped = false;
+  // On a device: the most memory allocated there so far, in MiB (as PyTorch's
+  // max_memory_allocated: what hyperion allocated, not the driver's own); -1 on the host.
+  double device_peak_mib = -1;
   // Recommenders: examples per second (tokens_per_s holds the same), and the held-out
   // AUC and loss at evaluation steps (-1: not evaluated at this step).
   double samples_per_s = 0;

@@ -24,6 +24,7 @@
 #include "io/file_identity.h"
 #include "io/text_input.h"
 #include "io/tokenizer.h"
+#include "kernels/backend.h"
 #include "kernels/hardware.h"
 #include "kernels/peak.h"
 #include "model/forward_model.h"
@@ -264,6 +265,11 @@ class TrainingRun {
   void save();
   void finish();
   TrainResult stop_early();
+  // The most memory the run's device allocator has handed out, in MiB; -1 on the host.
+  double device_peak_mib() const {
+    if (t_.hardware == Device::kHost) return -1;
+    return static_cast<double>(backend_for(t_.hardware).allocator().peak_bytes()) / (1 << 20);
+  }
 
   const Config& config_;
   TrainConfig t_;
@@ -646,6 +652,7 @@ void TrainingRun::step() {
   m.comm_wait_s = comm_->wait_seconds() - wait_before;
   m.comm_bytes = comm_->bytes_sent() - bytes_before;
   m.skipped = opt.skipped;
+  m.device_peak_mib = device_peak_mib();
   if (opt.skipped) log_warn("step {}: non-finite gradient norm, update skipped", m.step);
   HYP_CHECK(std::isfinite(m.loss), "step {}: loss is {} (diverged); lower learning_rate", m.step,
             m.loss);
@@ -693,6 +700,7 @@ TrainResult TrainingRun::stop_early() {
   result_.steps = state_.step;
   result_.stopped_by_signal = stop_requested_;
   result_.seconds = total_.seconds();
+  result_.device_peak_mib = device_peak_mib();
   result_.world_size = world_;
   result_.parallel_mode = parallel_mode_name(mode_);
   monitor_->finished(state_.step, false);
@@ -755,6 +763,10 @@ void TrainingRun::finish() {
   if (world_ > 1) comm_->all_reduce(&rss_mib, 1, dist::ReduceOp::kMax);
   result_.peak_rss_mib = rss_mib;
   log_info("memory: peak resident {:.0f} MiB{}", rss_mib, world_ > 1 ? " (largest rank)" : "");
+  result_.device_peak_mib = device_peak_mib();
+  if (result_.device_peak_mib >= 0)
+    log_info("memory: device peak {:.0f} MiB allocated on {}", result_.device_peak_mib,
+             backend_for(t_.hardware).name());
   result_.world_size = world_;
   result_.parallel_mode = parallel_mode_name(mode_);
   result_.seconds = total_.seconds();

@@ -39,6 +39,7 @@ struct TrainResult {
   double mean_emfu = 0;                        // effective MFU: the same FLOPs over the bf16 peak
   double seconds = 0;
   double peak_rss_mib = 0;  // largest over ranks
+  double device_peak_mib = -1;  // hardware=gpu: most device memory allocated; -1 on the host
   int world_size = 1;
   std::string parallel_mode = "data";
   std::vector<std::string> samples;

@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -58,6 +60,11 @@ struct TrainRun {
   LlamaModel model;
   AdamW opt;
 };
+
+std::string text_of(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
 
 KernelBackend& device() {
   KernelBackend* sim = testing_util::simulated_device();
@@ -148,6 +155,17 @@ TEST(DeviceTraining, TrainerOnTheDeviceMatchesTheCpuAndResumesThere) {
   const TrainResult cpu = run("cpu", "cpu", 6, 0);
   const TrainResult gpu = run("gpu", "gpu", 6, 4);  // stops after a checkpoint at step 4
   ASSERT_EQ(gpu.history.size(), 4u);
+  // The device's peak memory: at least the weights, their gradients and AdamW's two
+  // moments (f32), in the result, in every step's metrics and in metrics.jsonl; none on
+  // the host.
+  const double state_mib = 4.0 * 4 * 158016 / (1 << 20);  // the small run's 158,016 params
+  EXPECT_GE(gpu.device_peak_mib, state_mib);
+  EXPECT_EQ(cpu.device_peak_mib, -1);
+  for (const StepMetrics& m : gpu.history) EXPECT_GE(m.device_peak_mib, state_mib);
+  EXPECT_EQ(cpu.history.back().device_peak_mib, -1);
+  const std::string gpu_metrics = text_of(gpu.run_dir + "/metrics.jsonl");
+  EXPECT_NE(gpu_metrics.find("\"device_peak_mib\":"), std::string::npos) << gpu_metrics;
+  EXPECT_EQ(text_of(cpu.run_dir + "/metrics.jsonl").find("device_peak_mib"), std::string::npos);
   for (size_t i = 0; i < gpu.history.size(); ++i) {
     if (exact())
       EXPECT_EQ(gpu.history[i].loss, cpu.history[i].loss) << "step " << i + 1;

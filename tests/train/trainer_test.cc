@@ -289,7 +289,7 @@ TEST(TrainConfig, EveryPresetParses) {
         "mixtral-8x7b", "moe-e4", "moe-e8", "moe-e16", "moe-e32", "llama3-tiny", "qwen2-tiny",
         "qwen3-tiny", "mistral-tiny", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "qwen3-0.6b",
         "qwen3-1.7b", "qwen3-8b", "mistral-7b", "gemma2-tiny", "gemma3-tiny", "gemma2-2b",
-        "gemma2-9b", "gemma3-1b"}) {
+        "gemma2-9b", "gemma3-1b", "llama3-8b-l4"}) {
     Config c =
         load_train_config(std::string(HYPERION_SOURCE_DIR) + "/configs/" + name + ".yml", {});
     TrainConfig t = parse_train_config(c, name);
@@ -309,6 +309,7 @@ TEST(TrainConfig, EveryPresetParses) {
            {"llama3.2-1b", 1235814400},
            {"llama3.2-3b", 3212749824},
            {"llama3.1-8b", 8030261248},
+           {"llama3-8b-l4", 1923125248},  // 4 of llama3.1-8b's 32 layers
            {"qwen3-0.6b", 596049920},
            {"qwen3-1.7b", 1720574976},
            {"qwen3-8b", 8190735360},
