@@ -248,11 +248,18 @@ WorkloadStatus live_status(const ClusterStore& store, const ClusterSpec& c, cons
   s.queue_position = 0;
   if (v.in_queue && v.state == "PENDING") {
     const bool requeued = v.restarts > s.preemptions || s.attempts > 0;
-    s.state = requeued ? WorkloadState::kPreempted : WorkloadState::kQueued;
+    // `workload exec` left it restarting when the attempt ended with a host of the
+    // allocation lost: Slurm requeued it for that, not for a higher priority.
+    const bool host_lost = requeued && s.state == WorkloadState::kRestarting;
+    s.state = host_lost  ? WorkloadState::kRestarting
+              : requeued ? WorkloadState::kPreempted
+                         : WorkloadState::kQueued;
     s.queue_position = queue_position(c, s.slurm_job_id);
-    s.reason =
-        fmt::format("{}job {} pending: {}", requeued ? "preempted and requeued by Slurm; " : "",
-                    s.slurm_job_id, explain_pending_reason(v.reason));
+    s.reason = fmt::format("{}job {} pending: {}",
+                           host_lost  ? "a host was lost; requeued by Slurm onto hosts that answer; "
+                           : requeued ? "preempted and requeued by Slurm; "
+                                      : "",
+                           s.slurm_job_id, explain_pending_reason(v.reason));
     return s;
   }
   if (v.in_queue) {
