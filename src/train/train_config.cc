@@ -185,6 +185,8 @@ std::vector<ConfigKey> train_config_schema() {
        "a collective not finished after this long aborts the job, naming the lagging ranks"},
       {"check_links", T::kBool, "true",
        "several hosts: time every host's link before the first step and name a slow one"},
+      {"check_links_period", T::kInt, "0",
+       "several hosts: time the links again every N steps (0: before the first step only)"},
       {"overlap_communication", T::kBool, "true",
        "reduce gradient buckets during the backward (false: after it, for measurement)"},
       // Monitoring (docs/MONITORING.md).
@@ -594,6 +596,7 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
   HYP_CHECK(t.collective_timeout_s > 0, "config key {} must be > 0", where("collective_timeout_s"));
   t.overlap_communication = c.get_bool("overlap_communication");
   t.check_links = c.get_bool("check_links");
+  t.check_links_period = non_negative("check_links_period");
   t.monitor.enabled = c.get_bool("enable_monitoring");
   const int64_t metrics_port = c.get_int("metrics_port");
   HYP_CHECK(metrics_port >= 0 && metrics_port <= 65535,

@@ -121,6 +121,7 @@ struct TrainConfig {
   double collective_timeout_s = 300;
   bool overlap_communication = true;
   bool check_links = true;  // several hosts: time each host's link at start (link_check.h)
+  int64_t check_links_period = 0;  // and again every N steps (0: at start only)
   TrainMonitorConfig monitor;
 
   int data_ranks = 1;  // ranks that each see different data (set from the mesh at run time)

@@ -248,6 +248,13 @@ class TrainingRun {
     while (state_.step < last_step) {
       step();
       if (stop_requested_) return stop_early();
+      // A link that degrades mid-run slows every rank alike: time the links again (every
+      // rank is at this step boundary; no collective is in flight).
+      if (links_.rounds > 0 && t_.check_links_period > 0 &&
+          state_.step % t_.check_links_period == 0 && state_.step < last_step) {
+        links_ = check_links(*comm_);
+        report_links();
+      }
       if (t_.checkpoint_period > 0 && state_.step % t_.checkpoint_period == 0 &&
           state_.step < last_step)
         save();
@@ -265,6 +272,7 @@ class TrainingRun {
   void save();
   void finish();
   TrainResult stop_early();
+  void report_links() const;
   // The most memory the run's device allocator has handed out, in MiB; -1 on the host.
   double device_peak_mib() const {
     if (t_.hardware == Device::kHost) return -1;
@@ -533,15 +541,22 @@ void TrainingRun::report_setup(const MemoryPlan& mem) {
              fmt::format("data {} fsdp {} expert {}", mesh_.data, mesh_.fsdp, mesh_.expert),
              comm_->name(), t.overlap_communication, t.collective_timeout_s);
     log_info("hosts: {}", dist::placement_summary(*comm_));
-    if (links_.rounds > 0 && rank_ == 0) {
-      const std::string slow = describe_slow_links(*comm_, links_);
-      if (slow.empty())
-        log_info("links: {:.2f} Gb/s median to and from each rank's peers, slowest {:.2f}",
-                 links_.gbit_median, *std::min_element(links_.gbit.begin(), links_.gbit.end()));
-      else
-        log_warn("straggler: a slow link: {} (check_links; every collective waits for it)", slow);
-    }
+    report_links();
   }
+}
+
+// Rank 0 logs the last link check: the rates, or the slow host by name.
+void TrainingRun::report_links() const {
+  if (links_.rounds == 0 || rank_ != 0) return;
+  const std::string when =
+      state_.step > result_.start_step ? fmt::format(" at step {}", state_.step) : "";
+  const std::string slow = describe_slow_links(*comm_, links_);
+  if (slow.empty())
+    log_info("links{}: {:.2f} Gb/s median to and from each rank's peers, slowest {:.2f}", when,
+             links_.gbit_median, *std::min_element(links_.gbit.begin(), links_.gbit.end()));
+  else
+    log_warn("straggler: a slow link{}: {} (check_links; every collective waits for it)", when,
+             slow);
 }
 
 void TrainingRun::save() {

@@ -11,7 +11,9 @@ and drives `hyperion train --hosts` there:
     ends within collective_timeout_s + 3 s + the launcher's 10 s grace;
   - a run directory one host cannot see: refused before the first step, naming the host;
   - with --only-4-hosts, only this: data parallel over 4 hosts equals 4 ranks on one host,
-    and a host whose link is shaped 10x slower than the others' is named at start.
+    a host whose link is shaped 10x slower than the others' is named at start, and one
+    whose link slows down mid-run is named by the next periodic check
+    (check_links_period).
 
 The cluster is always taken down, also when a check fails. Exits 77 (a visible CTest
 skip) when namespaces cannot be made here (not root, no iproute2).
@@ -115,6 +117,18 @@ def main():
                 assert m and m.group(1) == c.hosts[2] and m.group(2) == "2", text[-3000:]
                 assert text.count("straggler: a slow link") == 1, text[-3000:]
                 print(f"ok: the 10x slower link is named: {m.group(0)}")
+                # A link that slows down mid-run: named by the next periodic check.
+                c.run("shape", "all", "--bandwidth", "1gbit")
+                p = train_until(hyperion, base, "slow-later", 2,
+                                ["steps=11", "check_links_period=5", "--hosts", ",".join(c.hosts)],
+                                c.env)
+                c.run("shape", c.hosts[3], "--bandwidth", "100mbit")
+                text, _ = p.communicate(timeout=600)
+                assert p.returncode == 0, text[-3000:]
+                assert "straggler: a slow link:" not in text, text[-3000:]  # not at start
+                m = re.search(r"straggler: a slow link at step (\d+): host (\S+) \(rank 3\)", text)
+                assert m and m.group(2) == c.hosts[3], text[-3000:]
+                print(f"ok: a link slowed mid-run is named at step {m.group(1)}: {m.group(0)}")
                 print("multi-host (4 hosts): all checks passed")
                 return 0
 
