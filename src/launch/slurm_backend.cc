@@ -474,8 +474,8 @@ int exec_in_allocation(const ClusterStore& store, const ClusterSpec& c, const st
     const RestartDecision d =
         decide_restart(exit, s.restarts, w.max_restarts, w.restart_on_exit_codes);
     s.reason = d.reason;
-    say(log, name, fmt::format("attempt {} ended: {}", s.attempts, d.reason));
     if (!d.restart) {
+      say(log, name, fmt::format("attempt {} ended: {}", s.attempts, d.reason));
       s.state = WorkloadState::kFailed;
       store.save_status(c.name, name, s);
       return exit.code == 0 ? 1 : exit.code;
@@ -488,9 +488,10 @@ int exec_in_allocation(const ClusterStore& store, const ClusterSpec& c, const st
         !lost.empty()) {
       const int wait_s = 2 * slurmd_timeout_s() + 30;
       say(log, name,
-          fmt::format("a host of the allocation does not answer ({}); waiting up to {} s for "
-                      "Slurm to mark it down and requeue the job on hosts that answer",
-                      lost, wait_s));
+          fmt::format("attempt {} ended: {}; a host of the allocation does not answer ({}): "
+                      "waiting up to {} s for Slurm to mark it down and requeue the job on "
+                      "hosts that answer, not restarting here",
+                      s.attempts, exit.describe(), lost, wait_s));
       s.state = WorkloadState::kRestarting;
       s.reason = "a host of the allocation does not answer; waiting for Slurm to requeue the job";
       store.save_status(c.name, name, s);
@@ -506,6 +507,7 @@ int exec_in_allocation(const ClusterStore& store, const ClusterSpec& c, const st
       }
       say(log, name, "Slurm did not requeue the job; restarting in this allocation");
     }
+    say(log, name, fmt::format("attempt {} ended: {}", s.attempts, d.reason));
     ++s.restarts;
     s.state = WorkloadState::kRestarting;
     store.save_status(c.name, name, s);
