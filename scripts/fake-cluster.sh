@@ -166,10 +166,14 @@ up() {
 }
 
 # Shell commands that mount this machine's cgroup hierarchies again: `ip netns exec` mounts a
-# fresh /sys without them, and slurmd will not start without its cgroup plugin.
+# fresh /sys without them, and slurmd will not start without its cgroup plugin. Only
+# mounts whose fields are plain words (letters, digits, _ . / , = : -) are repeated: they
+# go into a shell string.
 cgroup_mounts() {
-  awk '$2 ~ "^/sys/fs/cgroup" && ($3 == "tmpfs" || $3 == "cgroup" || $3 == "cgroup2") {
-         printf "mkdir -p %s && mount -t %s -o %s %s %s; ", $2, $3, $4, $1, $2 }' /proc/mounts
+  awk '$2 ~ "^/sys/fs/cgroup" && ($3 == "tmpfs" || $3 == "cgroup" || $3 == "cgroup2") &&
+       ($1 $2 $3 $4) ~ /^[A-Za-z0-9_.\/,=:-]+$/ {
+         printf "mkdir -p '\''%s'\'' && mount -t %s -o '\''%s'\'' '\''%s'\'' '\''%s'\''; ",
+                $2, $3, $4, $1, $2 }' /proc/mounts
 }
 
 # Runs the shell string $2 on host $1: in its namespace, with its hostname, and with the
@@ -178,14 +182,14 @@ on_host() {
   local h=$1 line st hides="" cgroups
   st=$(state_of_host "$h")
   cgroups=$(cgroup_mounts)
-  [ -n "$cgroups" ] || cgroups="true; "
   if [ -f "$st/hidden" ]; then
     while IFS=' ' read -r line; do
       [ "${line%% *}" = "$h" ] && hides+="mount -t tmpfs hyfc-hidden '${line#* }' && "
     done <"$st/hidden"
   fi
   exec ip netns exec "$(ns_of "$h")" unshare --uts --mount --propagation private -- \
-    sh -c "hostname '$h' && { ${cgroups} } 2>/dev/null; mount --bind '$st/local/$h' /var/tmp && ${hides} exec bash -c \"\$0\"" "$2"
+    sh -c "hostname '$h' && { ${cgroups}true; } 2>/dev/null && mkdir -p '$st/local/$h' &&
+      mount --bind '$st/local/$h' /var/tmp && ${hides} exec bash -c \"\$0\"" "$2"
 }
 
 case "$cmd" in

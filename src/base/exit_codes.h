@@ -4,9 +4,6 @@
 
 namespace hyperion {
 
-// A usage error: bad flags or configuration. Never worth a restart.
-inline constexpr int kExitUsage = 2;
-
 // A system failure the job did not cause: a peer rank or its host lost (killed, stopped,
 // cut off). `hyperion workload` restarts it from the last checkpoint, up to
 // --max-restarts times, as it does a rank killed by a signal.

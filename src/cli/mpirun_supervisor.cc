@@ -93,14 +93,18 @@ int supervise_mpirun(const std::vector<std::string>& cmd, const std::string& lau
   ::sigaction(SIGTERM, &old_term, nullptr);
   // Killed here: a host did not answer the abort, a system failure (restartable), not
   // "stopped by a signal".
-  int code = killed                ? kExitSystemFailure
+  int code = killed              ? kExitSystemFailure
              : WIFEXITED(status) ? WEXITSTATUS(status)
                                  : 128 + WTERMSIG(status);
   if (code != 0) {
     const std::string lost = diagnose_lost_ranks(read_rank_status(launch_dir), world, ended);
     if (!lost.empty()) {
       log_error("train: the job ended (mpirun exit status {}): {}", code, lost);
-      code = kExitSystemFailure;  // ranks lost with their host: the machine, not the job
+      // Ranks gone with their host, and none ended the job itself: the machine failed,
+      // not the job. When a rank did abort (an error it met, or a peer it found dead),
+      // its own exit code stands: mpirun passes it on.
+      if (!std::filesystem::exists(launch_dir + "/" + kAbortedMarker, ec))
+        code = kExitSystemFailure;
     }
   }
   std::filesystem::remove_all(launch_dir, ec);

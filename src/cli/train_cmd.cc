@@ -223,7 +223,8 @@ int cmd_train(const Args& args) {
     j["world_size"] = r.world_size;
     j["parallel_mode"] = r.parallel_mode;
     j["peak_rss_mib"] = r.peak_rss_mib;
-    j["device_peak_mib"] = r.device_peak_mib >= 0 ? nlohmann::ordered_json(r.device_peak_mib) : none;
+    j["device_peak_mib"] =
+        r.device_peak_mib >= 0 ? nlohmann::ordered_json(r.device_peak_mib) : none;
     j["samples"] = r.samples;
     if (r.auc >= 0) j["auc"] = r.auc;
     if (r.mean_samples_per_s > 0) j["samples_per_s"] = r.mean_samples_per_s;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 
@@ -135,16 +136,18 @@ int slurm_tasks_on_node(const std::string& tasks_per_node, int node_id) {
   if (node_id < 0) return 0;
   std::istringstream in(tasks_per_node);
   std::string item;
-  int first = 0;  // the first node this item covers
+  int64_t first = 0;  // the first node this item covers
   while (std::getline(in, item, ',')) {
     int count = 0, repeat = 1;
-    char open = 0, x = 0, close = 0;
+    char open = 0, x = 0, close = 0, rest = 0;
     std::istringstream one(item);
     if (!(one >> count) || count < 0) return 0;
     if (one >> open) {
       if (open != '(' || !(one >> x >> repeat >> close) || x != 'x' || close != ')' || repeat < 1)
         return 0;
+      if (one >> rest) return 0;  // "2(x3)z"
     }
+    if (repeat > 1000000) return 0;  // no job has a million nodes: garbage
     if (node_id < first + repeat) return count;
     first += repeat;
   }

@@ -397,7 +397,10 @@ class MpiCommunicator final : public Communicator {
         "{}: collective #{} ({}, {} bytes) did not finish within collective_timeout_s = {} "
         "s: {}. Aborting the job.",
         rank_and_host(*this, rank_), mine, what, bytes, timeout_s_, cause);
-    abort_code_.store(kExitSystemFailure);  // a lost peer: restartable (launch/restart_policy.h)
+    // A peer that does not answer is a lost process or host: a system failure, restarted
+    // (launch/restart_policy.h). Peers that answer but never reach the collective are a
+    // hang of the job's own making, and restarting it would hang again.
+    abort_code_.store(dead.empty() ? 3 : kExitSystemFailure);
     do_abort();
   }
 

@@ -255,11 +255,11 @@ WorkloadStatus live_status(const ClusterStore& store, const ClusterSpec& c, cons
               : requeued ? WorkloadState::kPreempted
                          : WorkloadState::kQueued;
     s.queue_position = queue_position(c, s.slurm_job_id);
-    s.reason = fmt::format("{}job {} pending: {}",
-                           host_lost  ? "a host was lost; requeued by Slurm onto hosts that answer; "
-                           : requeued ? "preempted and requeued by Slurm; "
-                                      : "",
-                           s.slurm_job_id, explain_pending_reason(v.reason));
+    const char* why = host_lost  ? "a host was lost; requeued by Slurm onto hosts that answer; "
+                      : requeued ? "preempted and requeued by Slurm; "
+                                 : "";
+    s.reason =
+        fmt::format("{}job {} pending: {}", why, s.slurm_job_id, explain_pending_reason(v.reason));
     return s;
   }
   if (v.in_queue) {
@@ -358,21 +358,20 @@ bool reap_steps(const std::string& job, const std::string& log, const std::strin
 }
 
 // After a failed attempt in an allocation of several hosts: starts one task on each host
-// (srun ... true) and returns srun's complaint when one does not answer in 30 s (its
-// slurmd killed, stopped or cut off), or "" when all do. A restart in place would only
-// fail on that host again.
+// (srun ... true; --overlap, so a step still dying does not hold it back) and returns
+// srun's complaint when one does not answer in 30 s (its slurmd killed, stopped or cut
+// off), or "" when all do. A restart in place would only fail on that host again.
 std::string unanswering_hosts() {
   const char* n = std::getenv("SLURM_JOB_NUM_NODES");
   const int nodes = n ? std::atoi(n) : 1;
   if (nodes <= 1) return "";
   const std::string k = std::to_string(nodes);
-  const CommandResult r = run_command({"srun", "--nodes=" + k, "--ntasks=" + k,
+  const CommandResult r = run_command({"srun", "--overlap", "--nodes=" + k, "--ntasks=" + k,
                                        "--ntasks-per-node=1", "--kill-on-bad-exit=1", "true"},
                                       30);
   if (r.ok()) return "";
-  std::string what = trim(r.err.empty() ? r.out : r.err);
-  if (what.empty())
-    what = r.exit_code == 137 ? "no answer in 30 s" : "exit " + std::to_string(r.exit_code);
+  std::string what = trim(r.err.empty() ? r.out : r.err);  // "(killed after 30 s)" if hung
+  if (what.empty()) what = "exit " + std::to_string(r.exit_code);
   if (what.size() > 400) what = what.substr(0, 400) + "...";
   return what;
 }
@@ -471,43 +470,46 @@ int exec_in_allocation(const ClusterStore& store, const ClusterSpec& c, const st
       store.save_status(c.name, name, s);
       return 0;
     }
+    // A host of the allocation lost (killed, stopped, cut off): Slurm marks it down after
+    // SlurmdTimeout and requeues the job (--requeue) onto hosts that answer; this process
+    // then gets SIGTERM. Wait for that, whatever the restart policy says (the machine
+    // failed, as in a preemption), rather than restart onto the lost host.
+    if (is_system_failure(exit.code)) {
+      std::string lost = unanswering_hosts();
+      if (!lost.empty() && !reaped) lost += "; its tasks there did not end 20 s after SIGKILL";
+      if (!lost.empty()) {
+        const int wait_s = 2 * slurmd_timeout_s() + 30;
+        say(log, name,
+            fmt::format("attempt {} ended: {}; a host of the allocation does not answer ({}): "
+                        "waiting up to {} s for Slurm to mark it down and requeue the job on "
+                        "hosts that answer, not restarting here",
+                        s.attempts, exit.describe(), lost, wait_s));
+        s.state = WorkloadState::kRestarting;
+        s.reason = "a host of the allocation does not answer; waiting for Slurm to requeue the job";
+        store.save_status(c.name, name, s);
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(wait_s);
+        while (!g_terminated.load() && std::chrono::steady_clock::now() < deadline)
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        if (g_terminated.load()) {
+          s.reason =
+              fmt::format("attempt {} ended by a lost host; Slurm requeues the job", s.attempts);
+          say(log, name, s.reason);
+          store.save_status(c.name, name, s);
+          return 143;
+        }
+        say(log, name, "Slurm did not requeue the job; the restart policy decides");
+        reap_steps(s.slurm_job_id, log, name);  // the old step, if its host came back
+      }
+    }
     const RestartDecision d =
         decide_restart(exit, s.restarts, w.max_restarts, w.restart_on_exit_codes);
     s.reason = d.reason;
+    say(log, name, fmt::format("attempt {} ended: {}", s.attempts, d.reason));
     if (!d.restart) {
-      say(log, name, fmt::format("attempt {} ended: {}", s.attempts, d.reason));
       s.state = WorkloadState::kFailed;
       store.save_status(c.name, name, s);
       return exit.code == 0 ? 1 : exit.code;
     }
-    // A host of the allocation lost (killed, stopped, cut off): Slurm marks it down after
-    // SlurmdTimeout and requeues the job (--requeue) onto hosts that answer; this process
-    // then gets SIGTERM. Wait for that rather than restart on the lost host.
-    if (const std::string lost =
-            reaped ? unanswering_hosts() : "its tasks there did not end 20 s after SIGKILL";
-        !lost.empty()) {
-      const int wait_s = 2 * slurmd_timeout_s() + 30;
-      say(log, name,
-          fmt::format("attempt {} ended: {}; a host of the allocation does not answer ({}): "
-                      "waiting up to {} s for Slurm to mark it down and requeue the job on "
-                      "hosts that answer, not restarting here",
-                      s.attempts, exit.describe(), lost, wait_s));
-      s.state = WorkloadState::kRestarting;
-      s.reason = "a host of the allocation does not answer; waiting for Slurm to requeue the job";
-      store.save_status(c.name, name, s);
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(wait_s);
-      while (!g_terminated.load() && std::chrono::steady_clock::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      if (g_terminated.load()) {
-        s.reason = fmt::format("attempt {} ended by a lost host; Slurm requeues the job",
-                               s.attempts);
-        say(log, name, s.reason);
-        store.save_status(c.name, name, s);
-        return 143;
-      }
-      say(log, name, "Slurm did not requeue the job; restarting in this allocation");
-    }
-    say(log, name, fmt::format("attempt {} ended: {}", s.attempts, d.reason));
     ++s.restarts;
     s.state = WorkloadState::kRestarting;
     store.save_status(c.name, name, s);

@@ -5,8 +5,9 @@
 // tokens_seen; with several ranks comm_s, comm_exposed_s, comm_bytes_sent; for MoE models
 // lm_loss, moe_lb_loss, moe_z_loss, moe_dropped_fraction, expert_load_min/max/cv; and
 // skipped: true for a step whose update was skipped; on a device (hardware=gpu)
-// device_peak_mib, the most device memory the run had allocated so far. Recommender runs (model_type: dlrm)
-// add samples_per_s, and at evaluation steps auc and eval_loss (held-out).
+// device_peak_mib, the most device memory the process had allocated so far. Recommender
+// runs (model_type: dlrm) add samples_per_s, and at evaluation steps auc and eval_loss
+// (held-out).
 #pragma once
 
 #include <cstdint>

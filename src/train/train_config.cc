@@ -186,7 +186,7 @@ std::vector<ConfigKey> train_config_schema() {
       {"check_links", T::kBool, "true",
        "several hosts: time every host's link before the first step and name a slow one"},
       {"check_links_period", T::kInt, "0",
-       "several hosts: time the links again every N steps (0: before the first step only)"},
+       "with check_links: time the links again every N steps (0: before the first step only)"},
       {"overlap_communication", T::kBool, "true",
        "reduce gradient buckets during the backward (false: after it, for measurement)"},
       // Monitoring (docs/MONITORING.md).

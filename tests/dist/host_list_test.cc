@@ -96,6 +96,8 @@ TEST(HostList, SlurmTasksPerNodeIsReadForOneNode) {
   EXPECT_EQ(slurm_tasks_on_node("two", 0), 0);
   EXPECT_EQ(slurm_tasks_on_node("2(y3)", 1), 0);
   EXPECT_EQ(slurm_tasks_on_node("2(x0)", 0), 0);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3)z", 0), 0);
+  EXPECT_EQ(slurm_tasks_on_node("2(x2000000000),1(x2000000000)", 5), 0);
 }
 
 TEST(MpirunCommand, HostsAreUnboundAndThreadsLeftToEachHost) {

@@ -120,7 +120,7 @@ def main():
                 # A link that slows down mid-run: named by the next periodic check.
                 c.run("shape", "all", "--bandwidth", "1gbit")
                 p = train_until(hyperion, base, "slow-later", 2,
-                                ["steps=11", "check_links_period=5", "--hosts", ",".join(c.hosts)],
+                                ["steps=16", "check_links_period=5", "--hosts", ",".join(c.hosts)],
                                 c.env)
                 c.run("shape", c.hosts[3], "--bandwidth", "100mbit")
                 text, _ = p.communicate(timeout=600)

@@ -80,10 +80,11 @@ class Hyperion:
 
 
 def job_hosts(slurm, job):
-    """The hosts of a running Slurm job, in its order (the batch host first)."""
+    """The hosts of a running Slurm job, and the one that runs its batch script."""
     fields = dict(w.split("=", 1) for w in slurm.run(["scontrol", "show", "job", job, "-o"]).split()
                   if "=" in w)
-    return slurm.run(["scontrol", "show", "hostnames", fields["NodeList"]]).split()
+    return (slurm.run(["scontrol", "show", "hostnames", fields["NodeList"]]).split(),
+            fields["BatchHost"])
 
 
 def drills(hy, slurm, c, source_dir, home):
@@ -127,9 +128,9 @@ def drills(hy, slurm, c, source_dir, home):
     wait_for("the step-50 checkpoint",
              lambda: os.path.exists(os.path.join(root, "drill", "checkpoints", "50")), 600, 0.02)
     job = hy.status("drill")["slurm_job_id"]
-    first = job_hosts(slurm, job)
-    assert len(first) == 2, first
-    victim = first[1]
+    first, batch_host = job_hosts(slurm, job)
+    assert len(first) == 2 and batch_host in first, (first, batch_host)
+    victim = next(h for h in first if h != batch_host)  # the batch script lives on
     t_kill = time.time()
     c.run("kill", victim)
     wait_for(f"Slurm to mark {victim} down",
