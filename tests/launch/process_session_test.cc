@@ -123,6 +123,10 @@ TEST(ProcessSession, RecordedProcessIsMatchedByBootAndStartTime) {
   o.log_path = tmp.file("out.log");
   const pid_t pid = spawn_session(o);
   ASSERT_GT(pid, 0);
+  // The child calls setsid() after spawn_session returns here; on a loaded machine it may
+  // not have yet, and its session would have no member to signal.
+  for (int i = 0; i < 1000 && ::getsid(pid) != pid; ++i) ::usleep(10 * 1000);
+  ASSERT_EQ(::getsid(pid), pid);
   const uint64_t ticks = process_start_ticks(pid);
   const std::string boot = current_boot_id();
   EXPECT_GT(ticks, 0u);
