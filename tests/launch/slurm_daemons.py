@@ -7,7 +7,7 @@ One node (this machine, addressed as 127.0.0.1), or one node per fake host
 own hostname, slurmctld runs on this machine at the hosts' bridge address, and every
 daemon shares one munge key, as the nodes of a real cluster do.
 """
-import os, shutil, signal, subprocess, sys, time
+import json, os, shutil, signal, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from free_ports import free_port  # noqa: E402
@@ -161,3 +161,54 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+class Hyperion:
+    """`hyperion` run against one cluster of this Slurm: hy("workload", ...) returns its
+    output and checks its exit code."""
+
+    def __init__(self, binary, env, workdir, cluster):
+        self.binary, self.env, self.workdir, self.cluster = binary, env, workdir, cluster
+
+    def __call__(self, *args, code=0):
+        r = subprocess.run([self.binary, *args], env=self.env, cwd=self.workdir,
+                           capture_output=True, text=True, timeout=900)
+        out = r.stdout + r.stderr
+        if code is not None and r.returncode != code:
+            raise AssertionError(f"hyperion {' '.join(args)}: exit {r.returncode}, "
+                                 f"expected {code}:\n{out}")
+        return out
+
+    def status(self, workload):
+        return json.loads(self("workload", "status", "--json", "--cluster", self.cluster,
+                               "--workload", workload))
+
+    def reaches(self, workload, state, timeout=300):
+        """Waits for the state; a workload that fails on the way fails the test at once."""
+        def check():
+            s = self.status(workload)
+            if s["state"] == "failed" and state != "failed":
+                raise AssertionError(f"{workload} failed: {s}")
+            return s if s["state"] == state else None
+        return wait_for(f"{workload} {state}", check, timeout, 0.5)
+
+
+def train_command(hyperion, source_dir, root, run, steps, checkpoint_period=25,
+                  collective_timeout_s=None):
+    """A small training on the bundled corpus, as a workload's command line."""
+    overrides = [f"dataset_path={source_dir}/data/corpus/fortunes.txt", "vocab_size=512",
+                 "base_emb_dim=64", "base_num_decoder_layers=2", "base_num_query_heads=4",
+                 "base_num_kv_heads=2", "base_mlp_dim=176", "max_target_length=64",
+                 "per_device_batch_size=8", f"steps={steps}", "learning_rate=3e-3",
+                 "warmup_steps_fraction=0.05", "dtype=float32", "remat_policy=minimal",
+                 f"base_output_directory={root}", f"run_name={run}", "peak_tflops=1",
+                 "sample_count=0", "eval_batches=1", "log_period=1000",
+                 f"checkpoint_period={checkpoint_period}"]
+    if collective_timeout_s is not None:
+        overrides.append(f"collective_timeout_s={collective_timeout_s}")
+    return " ".join([hyperion, "train", *overrides])
+
+
+def last_metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return json.loads([line for line in f if line.strip()][-1])

@@ -25,19 +25,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 from fake_cluster import Cluster, cannot_make_hosts  # noqa: E402
-from slurm_daemons import Slurm, missing_tools, wait_for  # noqa: E402
-
-
-def train_command(hyperion, source_dir, root, run, steps, timeout_s=60):
-    return " ".join([
-        hyperion, "train", f"dataset_path={source_dir}/data/corpus/fortunes.txt",
-        "vocab_size=512", "base_emb_dim=64", "base_num_decoder_layers=2",
-        "base_num_query_heads=4", "base_num_kv_heads=2", "base_mlp_dim=176",
-        "max_target_length=64", "per_device_batch_size=8", f"steps={steps}",
-        "learning_rate=3e-3", "warmup_steps_fraction=0.05", "dtype=float32",
-        "remat_policy=minimal", f"base_output_directory={root}", f"run_name={run}",
-        "peak_tflops=1", "sample_count=0", "eval_batches=1", "log_period=1000",
-        "checkpoint_period=25", f"collective_timeout_s={timeout_s}"])
+from slurm_daemons import (Hyperion, Slurm, last_metrics, missing_tools,  # noqa: E402
+                           train_command, wait_for)
 
 
 # The drill's collective timeout is shorter than SLURMD_TIMEOUT_S: the rank left times out
@@ -46,37 +35,6 @@ def train_command(hyperion, source_dir, root, run, steps, timeout_s=60):
 # requeue instead of restarting onto it.
 DRILL_TIMEOUT_S = 8
 SLURMD_TIMEOUT_S = 50
-
-
-def last_metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return json.loads([line for line in f if line.strip()][-1])
-
-
-class Hyperion:
-    def __init__(self, binary, env, workdir, cluster):
-        self.binary, self.env, self.workdir, self.cluster = binary, env, workdir, cluster
-
-    def __call__(self, *args, code=0):
-        r = subprocess.run([self.binary, *args], env=self.env, cwd=self.workdir,
-                           capture_output=True, text=True, timeout=900)
-        out = r.stdout + r.stderr
-        if code is not None and r.returncode != code:
-            raise AssertionError(f"hyperion {' '.join(args)}: exit {r.returncode}, "
-                                 f"expected {code}:\n{out}")
-        return out
-
-    def status(self, workload):
-        return json.loads(self("workload", "status", "--json", "--cluster", self.cluster,
-                               "--workload", workload))
-
-    def reaches(self, workload, state, timeout=300):
-        def check():
-            s = self.status(workload)
-            if s["state"] == "failed" and state != "failed":
-                raise AssertionError(f"{workload} failed: {s}")
-            return s if s["state"] == state else None
-        return wait_for(f"{workload} {state}", check, timeout, 0.5)
 
 
 def job_hosts(slurm, job):
@@ -124,7 +82,8 @@ def drills(hy, slurm, c, source_dir, home):
     # A host of the allocation killed mid-run: Slurm requeues onto the hosts left.
     hy("workload", "create", "--cluster", cluster, "--workload", "drill", "--nproc", "2",
        "--nodes", "2", "--max-restarts", "2",
-       "--command", train_command(hy.binary, source_dir, root, "drill", steps, DRILL_TIMEOUT_S))
+       "--command", train_command(hy.binary, source_dir, root, "drill", steps,
+                                  collective_timeout_s=DRILL_TIMEOUT_S))
     wait_for("the step-50 checkpoint",
              lambda: os.path.exists(os.path.join(root, "drill", "checkpoints", "50")), 600, 0.02)
     job = hy.status("drill")["slurm_job_id"]

@@ -16,47 +16,8 @@ delete leaves no process behind; cluster delete removes the partitions it made.
 import argparse, json, os, shutil, signal, subprocess, sys, tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from slurm_daemons import Slurm, missing_tools, wait_for  # noqa: E402
-
-class Hyperion:
-    def __init__(self, binary, env, workdir):
-        self.binary, self.env, self.workdir = binary, env, workdir
-
-    def __call__(self, *args, code=0):
-        r = subprocess.run([self.binary, *args], env=self.env, cwd=self.workdir,
-                           capture_output=True, text=True, timeout=900)
-        out = r.stdout + r.stderr
-        if code is not None and r.returncode != code:
-            raise AssertionError(f"hyperion {' '.join(args)}: exit {r.returncode}, "
-                                 f"expected {code}:\n{out}")
-        return out
-
-    def status(self, workload):
-        return json.loads(self("workload", "status", "--json", "--cluster", "hy",
-                               "--workload", workload))
-
-    def reaches(self, workload, state, timeout=300):
-        return wait_for(f"{workload} {state}",
-                        lambda: (lambda s: s if s["state"] == state else None)(
-                            self.status(workload)), timeout, 0.5)
-
-
-def train_command(hyperion, source_dir, root, run, steps, checkpoint_period=25):
-    overrides = [f"dataset_path={source_dir}/data/corpus/fortunes.txt", "vocab_size=512",
-                 "base_emb_dim=64", "base_num_decoder_layers=2", "base_num_query_heads=4",
-                 "base_num_kv_heads=2", "base_mlp_dim=176", "max_target_length=64",
-                 "per_device_batch_size=8", f"steps={steps}", "learning_rate=3e-3",
-                 "warmup_steps_fraction=0.05", "dtype=float32", "remat_policy=minimal",
-                 f"base_output_directory={root}", f"run_name={run}", "peak_tflops=1",
-                 "sample_count=0", "eval_batches=1", "log_period=1000",
-                 f"checkpoint_period={checkpoint_period}"]
-    return " ".join([hyperion, "train", *overrides])
-
-
-def last_metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return json.loads([l for l in f if l.strip()][-1])
-
+from slurm_daemons import (Hyperion, Slurm, last_metrics, missing_tools,  # noqa: E402
+                           train_command, wait_for)
 
 def processes_with(marker):
     out = []
@@ -195,7 +156,7 @@ def main():
     os.makedirs(slurm.root)
     home = os.path.join(tmp, "home")
     os.makedirs(home)
-    hy = Hyperion(os.path.abspath(a.hyperion), dict(slurm.env, HYPERION_HOME=home), home)
+    hy = Hyperion(os.path.abspath(a.hyperion), dict(slurm.env, HYPERION_HOME=home), home, "hy")
     ok = False
     try:
         slurm.start()
