@@ -124,6 +124,7 @@ int cmd_bench_decode(const Args& args) {
     context_now += lengths[static_cast<size_t>(b)] + produced[static_cast<size_t>(b)];
   const int64_t before = engine.stats().generated_tokens;
   const double queue_before = engine.runner().queue_seconds();
+  const int64_t replayed_before = engine.runner().replayed_steps();
   // Each step is timed too: the median and the slowest show steps that stall (a page
   // fault of fresh KV memory, a stray thread) apart from the steady state the mean mixes
   // them into.
@@ -138,6 +139,7 @@ int cmd_bench_decode(const Args& args) {
   }
   const double secs = std::chrono::duration<double>(last - t0).count();
   const double queue_ms = (engine.runner().queue_seconds() - queue_before) * 1e3 / double(steps);
+  const int64_t replayed = engine.runner().replayed_steps() - replayed_before;
   std::sort(step_times.begin(), step_times.end());
   const double p50_ms = step_times[step_times.size() / 2], max_ms = step_times.back();
   const int64_t tokens = engine.stats().generated_tokens - before;
@@ -173,6 +175,8 @@ int cmd_bench_decode(const Args& args) {
     j["step_ms_p50"] = p50_ms;
     j["step_ms_max"] = max_ms;
     j["queue_ms"] = queue_ms;
+    j["cuda_graphs"] = rc.cuda_graphs && on_device;
+    j["replayed_steps"] = replayed;
     j["tokens_per_s"] = tps;
     j["weight_bytes"] = engine.runner().weight_bytes();
     j["kv_bytes_per_token"] = engine.runner().kv_bytes_per_token();
@@ -186,13 +190,15 @@ int cmd_bench_decode(const Args& args) {
         "decode on %s: batch %lld, mean context %.0f, KV %s, weights %s, %s attention\n"
         "  %.2f ms/step (median %.2f, slowest %.2f; %.2f ms to queue it), %.1f tokens/s; a step "
         "reads %.1f MiB (weights %.1f + KV %.1f)\n"
-        "  at %.1f GB/s that allows %.1f tokens/s: %.0f%% of the bound\n",
+        "  at %.1f GB/s that allows %.1f tokens/s: %.0f%% of the bound\n"
+        "  %lld of %lld timed steps replayed from a recording (cuda_graphs=%s)\n",
         hardware_name(rc.hardware), static_cast<long long>(batch), mean_context,
         std::string(dtype_name(rc.kv_dtype)).c_str(),
         serve::weight_format_name(rc.weights), rc.padded_attention ? "padded" : "ragged", step_ms,
         p50_ms, max_ms, queue_ms, tps, step_bytes / (1 << 20),
         double(engine.runner().weight_bytes()) / (1 << 20), kv_bytes / (1 << 20), bw, bound_tps,
-        100.0 * tps / bound_tps);
+        100.0 * tps / bound_tps, static_cast<long long>(replayed), static_cast<long long>(steps),
+        rc.cuda_graphs && on_device ? "true" : "false");
   }
   return 0;
 }

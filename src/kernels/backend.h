@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -90,6 +91,15 @@ class KernelBackend {
   virtual void paged_attention(const PagedKvCache& cache, const TensorView& q,
                                const PagedAttentionRow* rows, const TensorView& out,
                                const PagedAttentionParams& params) = 0;
+  // The same two ops over one step's index arrays held in this backend's memory
+  // (PagedStepTables): built and uploaded once per step by the caller and read by every
+  // layer, so a step queues no per-layer uploads and can be recorded (record_begin).
+  // Rows with a negative slot write nothing; rows of length 0 get zeros. Ragged mode only.
+  virtual void paged_kv_write(const PagedKvCache& cache, const TensorView& k, const TensorView& v,
+                              const PagedStepTables& tables) = 0;
+  virtual void paged_attention(const PagedKvCache& cache, const TensorView& q,
+                               const PagedStepTables& tables, const TensorView& out,
+                               const PagedAttentionParams& params) = 0;
   // Mixture of experts (kernels/moe_routing.h, kernels/grouped_gemm.h). The dispatch plan
   // (moe_dispatch_plan) is built on the host from the routed expert ids.
   virtual void router_topk_forward(const float* logits, int64_t n, int64_t e, int64_t k,
@@ -146,6 +156,10 @@ class KernelBackend {
                           const TensorView& params_bf16) = 0;
   virtual double global_l2_norm(std::span<const TensorView> buffers) = 0;
   virtual void scale_buffers(std::span<const TensorView> buffers, float s) = 0;
+  // Per-row absmax int8 quantisation (kernels/quantize.h, quantize_rows): x [rows, cols]
+  // f32|bf16 -> q [rows, cols] i8, scales [rows] f32 in this backend's memory. With the
+  // GEMM's a_scale / b_scale (kernels/gemm.h) it is the int8-weight matmul's other half.
+  virtual void quantize_rows(const TensorView& x, const TensorView& q, float* scales) = 0;
   // Host <-> device transfers (bytes; the host backend copies). download() returns with the
   // bytes on the host; upload() may return before the copy is done only when the source
   // may be reused at once (the host's pageable memory is staged by the driver).
@@ -158,6 +172,25 @@ class KernelBackend {
   virtual void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) = 0;
   virtual void copy(const void* src, void* dst, size_t bytes) = 0;
   virtual void zero(void* dst, size_t bytes) = 0;
+
+  // Recording (a CUDA graph on a GPU): the ops queued between record_begin() and
+  // record_end() are captured instead of run, and replay() runs them again later with the
+  // same pointers and sizes, at a fraction of the host's cost to queue them one by one.
+  // Between begin and end no op may upload, download or synchronise (they fail by name).
+  // record_end() returns null when the recording cannot be replayed (device memory was
+  // freed or reallocated while recording); replay() returns false when device memory was
+  // freed since the recording, which may have held what it points to: record again.
+  // Backends that cannot record (the host) say so with can_record() and return null.
+  class Recording {
+   public:
+    virtual ~Recording() = default;
+  };
+  virtual bool can_record() const { return false; }
+  virtual void record_begin() {}
+  virtual std::unique_ptr<Recording> record_end() { return nullptr; }
+  // Ends a recording abandoned by an error, discarding it (safe when none is open).
+  virtual void record_abort() {}
+  virtual bool replay(const Recording& /*recording*/) { return false; }
 };
 
 // The host kernels.

@@ -11,6 +11,7 @@
 #include "kernels/global_norm.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/moe_routing.h"
+#include "kernels/quantize.h"
 #include "kernels/rmsnorm.h"
 #include "tensor/convert.h"
 
@@ -97,6 +98,21 @@ class HostBackend final : public KernelBackend {
                        const PagedAttentionParams& params) override {
     check_host("paged_attention", {&q, &out});
     hyperion::paged_attention(cache, q, rows, out, params);
+  }
+  void quantize_rows(const TensorView& x, const TensorView& q, float* scales) override {
+    check_host("quantize_rows", {&x, &q});
+    hyperion::quantize_rows(x, q, scales);
+  }
+  void paged_kv_write(const PagedKvCache& cache, const TensorView& k, const TensorView& v,
+                      const PagedStepTables& tables) override {
+    check_host("paged_kv_write", {&k, &v});
+    hyperion::paged_kv_write(cache, k, v, tables);
+  }
+  void paged_attention(const PagedKvCache& cache, const TensorView& q,
+                       const PagedStepTables& tables, const TensorView& out,
+                       const PagedAttentionParams& params) override {
+    check_host("paged_attention", {&q, &out});
+    hyperion::paged_attention(cache, q, tables, out, params);
   }
   void router_topk_forward(const float* logits, int64_t n, int64_t e, int64_t k, bool normalize,
                            float* probs, int32_t* experts, float* weights) override {

@@ -51,6 +51,22 @@ struct PagedAttentionRow {
   int64_t length = 0;              // keys visible: positions [0, length), length >= 1
 };
 
+// One step's paged-cache index arrays for n rows, in the memory of the backend that reads
+// them (a GPU's, uploaded once per step; the host's on the host), shared by every layer.
+//   slots       [n] i64: the cache slot of row r's new key and value; < 0: nothing written
+//   page_start  [n] i64: where row r's page table starts in `pages`
+//   lengths     [n] i64: keys row r attends to, [0, lengths[r]); 0: the row gets zeros
+//   pages       i32: the rows' page tables back to back, n_pages entries in all
+// A table's entries before a row's window (PagedAttentionParams::window) are never read.
+struct PagedStepTables {
+  const int64_t* slots = nullptr;
+  const int64_t* page_start = nullptr;
+  const int64_t* lengths = nullptr;
+  const int32_t* pages = nullptr;
+  int64_t n = 0;
+  int64_t n_pages = 0;
+};
+
 enum class PagedAttentionMode : uint8_t { kRagged, kPadded };
 
 struct PagedAttentionParams {
@@ -90,6 +106,14 @@ struct PagedAttentionParams {
 // really holds ceil(length / page_tokens) entries (ceil(padded_length / page_tokens) in
 // kPadded) -- it is a raw pointer, so a short table is read out of bounds.
 void paged_attention(const PagedKvCache& cache, const TensorView& q, const PagedAttentionRow* rows,
+                     const TensorView& out, const PagedAttentionParams& params = {});
+
+// The step-table forms (PagedStepTables, host memory here): the write skips rows with a
+// negative slot; the attention gives rows of length 0 zeros and runs the others as above
+// (ragged mode only). Same checks, naming the row.
+void paged_kv_write(const PagedKvCache& cache, const TensorView& k, const TensorView& v,
+                    const PagedStepTables& tables);
+void paged_attention(const PagedKvCache& cache, const TensorView& q, const PagedStepTables& tables,
                      const TensorView& out, const PagedAttentionParams& params = {});
 
 namespace ref {

@@ -48,6 +48,14 @@ LinearWeights::LinearWeights(const ParamStore& params, WeightFormat format)
     QuantMatrix qm;
     qm.out = w.shape[0];
     qm.in = w.shape[1];
+    if (backend_.device() != Device::kHost) {  // quantised where the weights are
+      qm.dw = DeviceBuffer(backend_.allocator(), static_cast<size_t>(qm.out * qm.in));
+      qm.dscale = DeviceBuffer(backend_.allocator(), static_cast<size_t>(qm.out) * 4);
+      backend_.quantize_rows(w, backend_.view(qm.dw.data(), DType::kI8, {qm.out, qm.in}),
+                             qm.dscale.as<float>());
+      quant_.emplace(i, std::move(qm));
+      continue;
+    }
     qm.w = AlignedBuffer<int8_t>(static_cast<size_t>(qm.out * qm.in));
     qm.scale = AlignedBuffer<float>(static_cast<size_t>(qm.out));
     quantize_rows(w, TensorView(qm.w.data(), DType::kI8, {qm.out, qm.in}), qm.scale.data());
@@ -65,6 +73,10 @@ LinearWeights::LinearWeights(const ParamStore& params, WeightFormat format)
 const int8_t* LinearWeights::int8_matrix(int index, const float** scales) const {
   auto it = quant_.find(index);
   if (it == quant_.end()) return nullptr;
+  if (!it->second.dw.empty()) {
+    *scales = it->second.dscale.as<float>();
+    return it->second.dw.as<int8_t>();
+  }
   *scales = it->second.scale.data();
   return it->second.w.data();
 }
@@ -77,6 +89,20 @@ void LinearWeights::forward(int index, const void* x, void* y, DType yd, int64_t
   }
   const QuantMatrix& qm = it->second;
   const size_t need = static_cast<size_t>(n * qm.in);
+  if (!qm.dw.empty()) {  // on a device: quantise there, the int8 GEMM there
+    if (dqx_.bytes() < need) dqx_ = DeviceBuffer(backend_.allocator(), need);
+    if (dqscale_.bytes() < static_cast<size_t>(n) * 4)
+      dqscale_ = DeviceBuffer(backend_.allocator(), static_cast<size_t>(n) * 4);
+    backend_.quantize_rows(backend_.view(const_cast<void*>(x), act_dtype(), {n, qm.in}),
+                           backend_.view(dqx_.data(), DType::kI8, {n, qm.in}),
+                           dqscale_.as<float>());
+    GemmArgs g = contiguous_gemm_args(Trans::kN, Trans::kT, n, qm.out, qm.in, dqx_.data(),
+                                      DType::kI8, qm.dw.data(), DType::kI8, y, yd, beta);
+    g.a_scale = dqscale_.as<float>();
+    g.b_scale = qm.dscale.as<float>();
+    backend_.gemm(g);
+    return;
+  }
   if (qx_.size() < need) qx_ = AlignedBuffer<int8_t>(need);
   if (qscale_.size() < static_cast<size_t>(n))
     qscale_ = AlignedBuffer<float>(static_cast<size_t>(n));

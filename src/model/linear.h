@@ -44,8 +44,9 @@ inline void backward_weight(KernelBackend& k, const void* dy, const void* x, DTy
 //                and inference in the compute dtype)
 //   kInt8        int8 per output channel: each matrix row quantised once at load
 //                (kernels/quantize.h), activations quantised per row on the fly, an int8
-//                GEMM (oneDNN VNNI/AMX; GEMV with AVX512-VNNI for decode) dequantised by
-//                the row and channel scales. Stacked MoE experts stay in the compute
+//                GEMM (oneDNN VNNI/AMX; GEMV with AVX512-VNNI for decode; on a GPU the
+//                int8 kernels of kernels/cuda/int8.cu, quantising on the device)
+//                dequantised by the row and channel scales. Stacked MoE experts stay in the compute
 //                dtype (the grouped GEMM reads them stacked).
 // fp8 weights are the next format here.
 enum class WeightFormat : uint8_t { kF32, kBF16, kInt8 };
@@ -74,6 +75,7 @@ class LinearWeights {
   // the matrix is not held in int8). Quantised from the f32 weights with quantize_rows, as
   // int8 training's forward quantises it (model/quantized_matmul.h): a checkpoint
   // trained with `quantization: int8` serves the very int8 weights it trained with.
+  // Pointers into the memory of the store's device.
   const int8_t* int8_matrix(int index, const float** scales) const;
 
   // y[n, out] = x[n, in] W^T + beta * y for parameter `index`; x in act_dtype().
@@ -88,6 +90,8 @@ class LinearWeights {
     // batched decode and prefill GEMMs (more rows than the GEMV path takes) run on it.
     // Empty otherwise. Costs one more copy of the int8 weights.
     AlignedBuffer<int8_t> packed;
+    // On a device: w and scale in its memory (the host buffers above stay empty).
+    DeviceBuffer dw, dscale;
     int64_t out = 0, in = 0;
   };
 
@@ -98,6 +102,7 @@ class LinearWeights {
   int64_t weight_bytes_ = 0;
   AlignedBuffer<int8_t> qx_;  // quantised activations, grown on demand
   AlignedBuffer<float> qscale_;
+  DeviceBuffer dqx_, dqscale_;  // the same on a device
 };
 
 }  // namespace hyperion

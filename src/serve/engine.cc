@@ -77,6 +77,7 @@ Engine::Engine(const ParamStore& params, const io::Tokenizer* tokenizer, EngineC
   ro.page_tokens = cfg_.kv_page_tokens;
   ro.max_positions = cfg_.max_seq_len;
   ro.padded_attention = cfg_.padded_attention;
+  ro.graphs = cfg_.cuda_graphs;
   runner_ = std::make_unique<ModelRunner>(params, ro);
   slots_.resize(static_cast<size_t>(cfg_.max_concurrent_decodes));
   // A window on every layer: a step at position c (queries c .. c + n - 1, n <= the

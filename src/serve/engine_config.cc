@@ -35,6 +35,9 @@ std::vector<ConfigKey> engine_config_schema() {
       {"hardware", ConfigType::kString, "cpu", "cpu | gpu (docs/GPU.md)"},
       {"attention", ConfigType::kString, "ragged", "ragged | padded"},
       {"prefix_caching", ConfigType::kBool, "true", "reuse KV pages of shared prefixes"},
+      {"cuda_graphs", ConfigType::kBool, "true",
+       "on a GPU, record each decode batch size's step once and replay it (false: queue every "
+       "op of every step)"},
       {"chat_template", ConfigType::kString, "auto",
        "auto (the tokenizer's Jinja template, else plain) | plain | llama2 | a .jinja file"},
       {"model_name", ConfigType::kString, "", "model id for /v1/models"},
@@ -111,6 +114,7 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
             a);
   c.padded_attention = a == "padded";
   c.prefix_caching = cfg.get_bool("prefix_caching");
+  c.cuda_graphs = cfg.get_bool("cuda_graphs");
   c.chat_template = cfg.get_string("chat_template");
   HYP_CHECK(c.chat_template == "auto" || c.chat_template == "plain" ||
                 c.chat_template == "llama2" || c.chat_template.ends_with(".jinja"),
@@ -122,9 +126,6 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
     HYP_CHECK(c.kv_dtype != DType::kE4M3,
               "serve: kv_dtype=fp8_e4m3 is not on the GPU yet (hardware=gpu takes bfloat16, "
               "int8 or float32)");
-    HYP_CHECK(c.weights != WeightFormat::kInt8,
-              "serve: quantize_weights=int8 is not on the GPU yet (hardware=gpu serves bfloat16 "
-              "or float32 weights)");
   }
   return c;
 }

@@ -15,6 +15,8 @@
 //   quantize_weights        none | int8 (per output channel)                 none
 //   attention               ragged | padded                                ragged
 //   prefix_caching          reuse full KV pages of shared prompt prefixes    true
+//   cuda_graphs             on a GPU, replay each decode batch size's        true
+//                           recorded step (docs/GPU.md)
 //   chat_template           auto | plain | llama2 | FILE.jinja               auto
 //                           (auto: the tokenizer's Jinja chat template, else plain)
 //   model_name              id reported by /v1/models; "" = checkpoint name    ""
@@ -49,6 +51,7 @@ struct EngineConfig {
   WeightFormat weights = WeightFormat::kBF16;
   bool padded_attention = false;
   bool prefix_caching = true;
+  bool cuda_graphs = true;
   bool allow_long_context = false;  // max_seq_len may exceed max_position_embeddings
   std::string chat_template = "auto";
   std::string model_name;

@@ -29,17 +29,27 @@ void PagedKvSource::attend(const Decoder& dec, int l, const PassRows& pass, Deco
   const int64_t hq = c.n_heads, hkv = c.n_kv_heads, hd = c.head_dim, qd = c.q_dim();
   const PagedKvCache& cache = (*caches)[static_cast<size_t>(l)];
   KernelBackend& kern = dec.kernels();
-  kern.paged_kv_write(cache, kern.view(s.k, act, {rows, hkv, hd}),
-                      kern.view(s.v, act, {rows, hkv, hd}), batch->slots.data());
   const int64_t nd = batch->decode_rows;
   const AttentionParams ap = dec.attention_params(l);
   PagedAttentionParams layer_params = params;
   layer_params.window = ap.window;
   layer_params.scale = ap.scale;
   layer_params.softcap = ap.softcap;
-  if (nd > 0)
-    kern.paged_attention(cache, kern.view(s.q, act, {nd, hq, hd}), batch->attn.data(),
-                         kern.view(s.att, act, {nd, hq, hd}), layer_params);
+  if (tables != nullptr) {
+    // Every row of the padded step: padding rows write nothing and get zeros (finite
+    // inputs for the next matmuls); prefill rows get zeros here and their attention below.
+    const int64_t n = tables->n;
+    kern.paged_kv_write(cache, kern.view(s.k, act, {n, hkv, hd}),
+                        kern.view(s.v, act, {n, hkv, hd}), *tables);
+    kern.paged_attention(cache, kern.view(s.q, act, {n, hq, hd}), *tables,
+                         kern.view(s.att, act, {n, hq, hd}), layer_params);
+  } else {
+    kern.paged_kv_write(cache, kern.view(s.k, act, {rows, hkv, hd}),
+                        kern.view(s.v, act, {rows, hkv, hd}), batch->slots.data());
+    if (nd > 0)
+      kern.paged_attention(cache, kern.view(s.q, act, {nd, hq, hd}), batch->attn.data(),
+                           kern.view(s.att, act, {nd, hq, hd}), layer_params);
+  }
   auto* q = static_cast<unsigned char*>(s.q);
   auto* att = static_cast<unsigned char*>(s.att);
   for (const auto& [r0, cnt] : batch->segments) {
@@ -128,10 +138,46 @@ ModelRunner::ModelRunner(const ParamStore& params, const RunnerOptions& options)
     c.head_dim = hd;
     caches_.push_back(c);
   }
+  pages_per_row_ = (opt_.max_positions + opt_.page_tokens - 1) / opt_.page_tokens;
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    const int64_t w = cfg_.arch.layer_window(l);
+    if (w <= 0) {
+      table_window_ = 0;
+      break;
+    }
+    table_window_ = std::max(table_window_, w);
+  }
   const size_t ctx = static_cast<size_t>(opt_.max_positions * cfg_.kv_dim()) * dtype_size(act_);
   kctx_ = DeviceBuffer(alloc, ctx);
   vctx_ = DeviceBuffer(alloc, ctx);
 }
+
+namespace {
+
+// Byte offsets of the step buffer's arrays for n padded rows (each 64-byte aligned).
+struct StepLayout {
+  size_t tokens = 0, positions = 0, logit_ids = 0, slots = 0, page_start = 0, lengths = 0,
+         pages = 0, bytes = 0;
+  StepLayout(int64_t n, int64_t pages_per_row) {
+    size_t at = 0;
+    auto take = [&at](size_t bytes) {
+      const size_t here = at;
+      at = (at + bytes + 63) & ~size_t{63};
+      return here;
+    };
+    const auto rows = static_cast<size_t>(n);
+    tokens = take(rows * 4);
+    positions = take(rows * 4);
+    logit_ids = take(rows * 4);
+    slots = take(rows * 8);
+    page_start = take(rows * 8);
+    lengths = take(rows * 8);
+    pages = take(rows * static_cast<size_t>(pages_per_row) * 4);
+    bytes = at;
+  }
+};
+
+}  // namespace
 
 int64_t ModelRunner::kv_bytes_per_token() const {
   return cfg_.n_layers * paged_kv_bytes_per_token(opt_.kv_dtype, cfg_.n_kv_heads, cfg_.head_dim);
@@ -164,7 +210,7 @@ void ModelRunner::ensure_capacity(int64_t n) {
   Allocator& alloc = kern_.allocator();
   // Released first: on a device the old and new sets together may not fit.
   for (DeviceBuffer* b : {&x_, &rstd_, &xl_, &logits_, &lse_, &h_, &q_, &k_, &v_, &att_, &g_, &u_,
-                          &ids_, &greedy_})
+                          &step_, &greedy_})
     *b = DeviceBuffer();
   x_ = DeviceBuffer(alloc, rows * d * 4);
   rstd_ = DeviceBuffer(alloc, rows * 4);
@@ -178,8 +224,10 @@ void ModelRunner::ensure_capacity(int64_t n) {
   att_ = DeviceBuffer(alloc, rows * q * a);
   g_ = DeviceBuffer(alloc, rows * f * a);
   u_ = DeviceBuffer(alloc, rows * f * a);
+  const StepLayout layout(n, pages_per_row_);
+  staging_ = AlignedBuffer<unsigned char>(layout.bytes);
   if (kern_.device() != Device::kHost) {
-    ids_ = DeviceBuffer(alloc, 3 * rows * 4);
+    step_ = DeviceBuffer(alloc, layout.bytes);
     greedy_ = DeviceBuffer(alloc, rows * 4);
     logits_host_ = AlignedBuffer<float>(rows * vocab);
   }
@@ -243,27 +291,89 @@ const float* ModelRunner::run(const StepBatch& batch) {
   // few shapes compiled once. The LM head runs on bucketed logit rows too.
   const int64_t n = padded_rows(rows), mp = m > 0 ? padded_rows(m) : 0;
   ensure_capacity(n);
-  staging_.assign(static_cast<size_t>(2 * n + mp), 0);
-  int32_t* tokens = staging_.data();
-  int32_t* positions = tokens + n;
-  int32_t* logit_ids = positions + n;
-  std::copy(batch.tokens.begin(), batch.tokens.end(), tokens);
-  std::copy(batch.positions.begin(), batch.positions.end(), positions);
+  pack_step(batch, n, mp);
+  if (!run_recorded(batch, n, mp)) queue_step(batch, n, mp);
+  // The steps' queueing time (on the host backend, the work itself; the greedy pick that
+  // may follow is one more launch, not counted).
+  queue_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return logits_.as<float>();
+}
+
+void ModelRunner::pack_step(const StepBatch& batch, int64_t n, int64_t mp) {
+  const int64_t rows = batch.size(), m = static_cast<int64_t>(batch.logit_rows.size());
+  const int64_t nd = batch.decode_rows, pt = opt_.page_tokens;
+  const StepLayout L(n, pages_per_row_);
+  unsigned char* base = staging_.data();
+  auto* tokens = reinterpret_cast<int32_t*>(base + L.tokens);
+  auto* positions = reinterpret_cast<int32_t*>(base + L.positions);
+  auto* logit_ids = reinterpret_cast<int32_t*>(base + L.logit_ids);
+  auto* slots = reinterpret_cast<int64_t*>(base + L.slots);
+  auto* page_start = reinterpret_cast<int64_t*>(base + L.page_start);
+  auto* lengths = reinterpret_cast<int64_t*>(base + L.lengths);
+  auto* pages = reinterpret_cast<int32_t*>(base + L.pages);
+  const int64_t capacity = opt_.num_pages * pt;
+  int64_t used = 0;  // page-table entries
+  for (int64_t r = 0; r < n; ++r) {
+    const bool real = r < rows;
+    tokens[r] = real ? batch.tokens[static_cast<size_t>(r)] : 0;
+    positions[r] = real ? batch.positions[static_cast<size_t>(r)] : 0;
+    slots[r] = real ? batch.slots[static_cast<size_t>(r)] : -1;
+    HYP_CHECK(slots[r] < capacity && (slots[r] >= 0 || !real),
+              "paged_kv_write: slot {} of row {} is outside the cache's [0, {})", slots[r], r,
+              capacity);
+    page_start[r] = used;
+    lengths[r] = 0;
+    if (r >= nd || opt_.padded_attention) continue;  // prefill and padding rows: no decode read
+    const PagedAttentionRow& row = batch.attn[static_cast<size_t>(r)];
+    HYP_CHECK(row.length >= 1 && row.length <= opt_.max_positions,
+              "paged_attention: row {} has length {} (must be in [1, {}])", r, row.length,
+              opt_.max_positions);
+    lengths[r] = row.length;
+    const int64_t n_pages = (row.length + pt - 1) / pt;
+    // Entries before the widest window's first page are read by no layer (and may name
+    // released pages): they go up as 0.
+    const int64_t first_page =
+        table_window_ > 0 && row.length > table_window_ ? (row.length - table_window_) / pt : 0;
+    for (int64_t i = 0; i < n_pages; ++i) {
+      int32_t id = 0;
+      if (i >= first_page) {
+        id = row.pages[i];
+        HYP_CHECK(id >= 0 && id < opt_.num_pages, "paged_attention: row {} reads page {}, outside [0, {})",
+                  r, id, opt_.num_pages);
+      }
+      pages[used + i] = id;
+    }
+    used += n_pages;
+  }
   std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), logit_ids);
   std::fill(logit_ids + m, logit_ids + mp, m > 0 ? batch.logit_rows[0] : 0);
-  if (!ids_.empty()) {  // a device reads the ids from its own memory: one upload
-    kern_.upload(staging_.data(), ids_.data(), staging_.size() * sizeof(int32_t));
-    tokens = ids_.as<int32_t>();
-    positions = tokens + n;
-    logit_ids = positions + n;
+  const size_t bytes = L.pages + static_cast<size_t>(used) * 4;
+  const unsigned char* at = base;
+  if (!step_.empty()) {  // a device reads the step from its own memory: one upload
+    kern_.upload(base, step_.data(), bytes);
+    at = step_.as<unsigned char>();
   }
+  tokens_ = reinterpret_cast<const int32_t*>(at + L.tokens);
+  positions_ = reinterpret_cast<const int32_t*>(at + L.positions);
+  logit_ids_ = reinterpret_cast<const int32_t*>(at + L.logit_ids);
+  tables_.slots = reinterpret_cast<const int64_t*>(at + L.slots);
+  tables_.page_start = reinterpret_cast<const int64_t*>(at + L.page_start);
+  tables_.lengths = reinterpret_cast<const int64_t*>(at + L.lengths);
+  tables_.pages = reinterpret_cast<const int32_t*>(at + L.pages);
+  tables_.n = n;
+  tables_.n_pages = used;
+}
+
+void ModelRunner::queue_step(const StepBatch& batch, int64_t n, int64_t mp) {
+  const int64_t rows = batch.size(), m = static_cast<int64_t>(batch.logit_rows.size());
+  const int64_t nd = batch.decode_rows;
   const size_t a = dtype_size(act_);
-  if (n > rows)  // attention leaves padding rows alone: keep them finite
+  if (opt_.padded_attention && n > rows)  // attention leaves padding rows alone: keep them finite
     kern_.zero(att_.as<unsigned char>() + static_cast<size_t>(rows * cfg_.q_dim()) * a,
                static_cast<size_t>((n - rows) * cfg_.q_dim()) * a);
   const int64_t d = cfg_.dim;
   float* x = x_.as<float>();
-  decoder_.embed(tokens, n, x);
+  decoder_.embed(tokens_, n, x);
   kv_.params = PagedAttentionParams{};
   if (opt_.padded_attention) {
     kv_.params.mode = PagedAttentionMode::kPadded;
@@ -272,6 +382,7 @@ const float* ModelRunner::run(const StepBatch& batch) {
           std::max(kv_.params.padded_length, batch.attn[static_cast<size_t>(i)].length);
   }
   kv_.batch = &batch;
+  kv_.tables = opt_.padded_attention ? nullptr : &tables_;
   kv_.caches = &caches_;
   kv_.rows = rows;
   kv_.kctx = kctx_.as<unsigned char>();
@@ -282,7 +393,7 @@ const float* ModelRunner::run(const StepBatch& batch) {
   if (cfg_.is_moe()) s.moe = moe_.acts();
   PassRows pass;
   pass.t = n;
-  pass.positions = positions;
+  pass.positions = positions_;
   const MoeShape ms =
       cfg_.is_moe() ? moe_shape(cfg_, MoeOptions{}, 1, n, kMoeTrainRowAlign) : MoeShape{};
   for (int l = 0; l < cfg_.n_layers; ++l) {
@@ -294,15 +405,50 @@ const float* ModelRunner::run(const StepBatch& batch) {
     // Final norm and LM head only for the rows whose logits are wanted, gathered as
     // embedding rows of x (padding rows repeat the first).
     kern_.embedding_forward(kern_.view(x, DType::kF32, {n, d}),
-                            kern_.view(logit_ids, DType::kI32, {mp}),
+                            kern_.view(const_cast<int32_t*>(logit_ids_), DType::kI32, {mp}),
                             kern_.view(xl_.data(), DType::kF32, {mp, d}), 1.0f);
     decoder_.head(xl_.as<float>(), mp, h_.data(), rstd_.as<float>(), logits, DType::kF32);
     decoder_.cap_logits(logits, mp, DType::kF32);
   }
-  // The steps' queueing time (on the host backend, the work itself; the greedy pick that
-  // may follow is one more launch, not counted).
-  queue_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return logits;
+}
+
+bool ModelRunner::run_recorded(const StepBatch& batch, int64_t n, int64_t mp) {
+  // Decode-only steps of a dense model, every row sampling: their work depends on the
+  // padded row count alone. (An MoE step plans its expert groups on the host; a prefill
+  // chunk's shapes follow its length.)
+  if (!opt_.graphs || !kern_.can_record() || opt_.padded_attention || cfg_.is_moe() ||
+      !batch.segments.empty() || static_cast<int64_t>(batch.logit_rows.size()) != batch.size())
+    return false;
+  Recorded& r = recorded_[n];
+  if (r.rec != nullptr) {
+    if (kern_.replay(*r.rec)) {
+      ++replayed_steps_;
+      return true;
+    }
+    r.rec.reset();  // device memory was freed since it was made: record again
+  }
+  // A size's first step runs as usual: it sizes every buffer and plan a recording points at.
+  if (r.plain_runs++ == 0 || r.failures >= 2) return false;
+  kern_.record_begin();
+  try {
+    queue_step(batch, n, mp);
+  } catch (const Error& e) {
+    kern_.record_abort();
+    ++r.failures;
+    log_warn("serve: the decode step of {} rows could not be recorded ({}); it runs op by op", n,
+             e.what());
+    return false;
+  }
+  r.rec = kern_.record_end();
+  ++recordings_;
+  if (r.rec == nullptr || !kern_.replay(*r.rec)) {
+    r.rec.reset();
+    if (++r.failures >= 2)
+      log_warn("serve: the decode step of {} rows cannot be recorded; it runs op by op", n);
+    return false;
+  }
+  ++replayed_steps_;
+  return true;
 }
 
 }  // namespace hyperion::serve

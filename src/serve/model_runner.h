@@ -20,12 +20,20 @@
 //
 // One runner for every device: the KV pool, the step's activations and the logits are
 // allocated through the backend of the device the weights live on, and every op goes
-// through it. Per step, the host sends one upload (the rows' token ids, positions and the
-// logit rows, packed) beside the page tables and slots the paged ops take from host
-// memory (kernels/backend.h), and gets back only the logits of the rows that sample.
+// through it. Per step, the host sends one upload (the rows' token ids, positions and
+// logit rows, their cache slots and page tables, packed: PagedStepTables) that every layer
+// reads, and gets back only the logits (or greedy ids) of the rows that sample.
+//
+// On a backend that can record (a GPU), a decode-only step of a dense model runs as a
+// recording (a CUDA graph) per padded batch size: recorded the second time that size
+// runs, replayed after, so the host queues one launch instead of a few hundred. The
+// recording reads its inputs from the fixed step buffer, padding rows included (they
+// write no KV and attend to nothing), so it is valid for any rows of that size.
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <vector>
 
 #include "base/aligned.h"
@@ -46,6 +54,7 @@ struct RunnerOptions {
   int64_t page_tokens = 16;
   int64_t max_positions = 0;  // longest sequence (rope table size)
   bool padded_attention = false;
+  bool graphs = true;  // record and replay decode steps where the backend can
 };
 
 // One step's rows (plain arrays, all of length n except logit_rows).
@@ -72,6 +81,8 @@ class PagedKvSource final : public KvSource {
  public:
   void attend(const Decoder& dec, int l, const PassRows& rows, DecoderActs& s) override;
   const StepBatch* batch = nullptr;
+  // The step's tables in the backend's memory (null in padded mode: per-call tables).
+  const PagedStepTables* tables = nullptr;
   const std::vector<PagedKvCache>* caches = nullptr;
   PagedAttentionParams params;
   int64_t rows = 0;               // the batch's rows (s.k, s.v hold the padded count)
@@ -107,6 +118,9 @@ class ModelRunner {
   // host backend the work itself): on a device, a figure near the steps' own time means
   // the step is bound by the host's launches, not by the device.
   double queue_seconds() const { return queue_seconds_; }
+  // Decode steps replayed from a recording, and recordings made (a GPU with graphs on).
+  int64_t replayed_steps() const { return replayed_steps_; }
+  int64_t recordings() const { return recordings_; }
 
   // Runs the batch; returns logits f32 [logit_rows.size(), vocab] in host memory (valid
   // until the next call). Positions must be < max_positions; slots and page ids are the
@@ -121,6 +135,14 @@ class ModelRunner {
   // The step up to the LM head: the logits [logit_rows.size(), vocab] in the device's memory.
   const float* run(const StepBatch& batch);
   void ensure_capacity(int64_t n);
+  // Fills the step buffer (host staging, then one upload on a device) for n padded rows
+  // and mp padded logit rows, and points tables_ and the id pointers at it.
+  void pack_step(const StepBatch& batch, int64_t n, int64_t mp);
+  // Queues the step's device work (embedding to logits) from the packed inputs.
+  void queue_step(const StepBatch& batch, int64_t n, int64_t mp);
+  // Runs a decode-only step through its size's recording (making it when due); false
+  // when it must run as usual.
+  bool run_recorded(const StepBatch& batch, int64_t n, int64_t mp);
 
   LlamaConfig cfg_;
   RunnerOptions opt_;
@@ -134,10 +156,28 @@ class ModelRunner {
   double queue_seconds_ = 0;
   std::vector<PagedKvCache> caches_;
   int64_t capacity_ = 0;
-  // The step's index arrays, packed for one upload: tokens [n] | positions [n] | logit
-  // rows [padded m] (n = padded_rows(rows); padding rows hold token 0 at position 0).
-  std::vector<int32_t> staging_;
-  DeviceBuffer ids_;  // their device copy (a device backend only)
+  // The step's index arrays, packed for one upload (StepLayout in model_runner.cc):
+  // tokens, positions and logit rows (i32), then slots, table starts and lengths (i64) of
+  // the n = padded_rows(rows) rows, then the page tables (i32). Padding rows hold token 0
+  // at position 0, slot -1 and length 0.
+  AlignedBuffer<unsigned char> staging_;
+  DeviceBuffer step_;  // its device copy (a device backend only), fixed per capacity
+  int64_t pages_per_row_ = 0;  // page-table entries a row may need: ceil(max_positions / page)
+  // The widest window of any layer (0: some layer reads every key): table entries before
+  // it are never read.
+  int64_t table_window_ = 0;
+  const int32_t* tokens_ = nullptr;  // into the step buffer of the backend's memory
+  const int32_t* positions_ = nullptr;
+  const int32_t* logit_ids_ = nullptr;
+  PagedStepTables tables_;
+  // Recorded decode steps by padded row count, and how often each size ran without one.
+  struct Recorded {
+    std::unique_ptr<KernelBackend::Recording> rec;
+    int64_t plain_runs = 0;
+    int64_t failures = 0;
+  };
+  std::map<int64_t, Recorded> recorded_;
+  int64_t replayed_steps_ = 0, recordings_ = 0;
   DeviceBuffer x_, rstd_, xl_, logits_;
   DeviceBuffer h_, q_, k_, v_, att_, g_, u_;
   DeviceBuffer kctx_, vctx_;  // a prefill segment's context [max_positions, kv]

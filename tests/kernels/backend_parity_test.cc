@@ -150,6 +150,34 @@ TEST_P(BackendParity, Gemm) {
   expect_close(c, c_ref, 1e-2, 1e-2, "bf16 C, beta 1, bias");
 }
 
+// The shapes of a decode step's matmuls: 1 to 8 rows against a [n, k] weight (on a GPU the
+// one-pass kernel of gemv.cu), f32 and bf16 C, with and without accumulation.
+TEST_P(BackendParity, GemmAtDecodeRows) {
+  std::mt19937 rng(13);
+  for (int64_t m : {1, 2, 3, 4, 5, 8}) {
+    for (int64_t kk : {8, 264, 2048}) {
+      for (DType ct : {DType::kF32, DType::kBF16}) {
+        for (float beta : {0.0f, 1.0f}) {
+          const int64_t n = 37;
+          Tensor a = random_tensor(DType::kBF16, {m, kk}, rng),
+                 b = random_tensor(DType::kBF16, {n, kk}, rng), c0 = random_tensor(ct, {m, n}, rng);
+          Tensor c_ref = c0.clone();
+          Dev da = dev(a), db = dev(b), c = dev(c0);
+          k().gemm_contiguous(Trans::kN, Trans::kT, m, n, kk, da.data(), DType::kBF16, db.data(),
+                              DType::kBF16, c.data(), ct, beta);
+          ref::gemm(contiguous_gemm_args(Trans::kN, Trans::kT, m, n, kk, a.data(), DType::kBF16,
+                                         b.data(), DType::kBF16, c_ref.data(), ct, beta));
+          // f32 sums of k products in another order; a bf16 C rounds once more.
+          const double abs = (ct == DType::kF32 ? 1e-5 : 1e-2) * std::sqrt(double(kk));
+          expect_close(c, c_ref, ct == DType::kF32 ? 1e-4 : 1e-2, abs,
+                       "m=" + std::to_string(m) + " k=" + std::to_string(kk) + " " +
+                           std::string(dtype_name(ct)) + " beta=" + std::to_string(beta));
+        }
+      }
+    }
+  }
+}
+
 TEST_P(BackendParity, RmsNormBothOffsets) {
   std::mt19937 rng(2);
   for (float offset : {0.0f, 1.0f}) {

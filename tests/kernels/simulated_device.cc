@@ -99,6 +99,15 @@ const PagedKvCache& cache(const PagedKvCache& c) {
   return c;
 }
 
+// Step tables live in device memory (they are uploaded once per step).
+const PagedStepTables& tables(const PagedStepTables& t) {
+  D(t.slots);
+  D(t.page_start);
+  D(t.lengths);
+  D(t.pages);
+  return t;
+}
+
 class SimBackend final : public KernelBackend {
  public:
   Device device() const override { return Device::kCuda; }
@@ -169,6 +178,17 @@ class SimBackend final : public KernelBackend {
   void paged_attention(const PagedKvCache& c, const TensorView& q, const PagedAttentionRow* rows,
                        const TensorView& out, const PagedAttentionParams& p) override {
     run([&] { h().paged_attention(cache(c), H(q), rows, H(out), p); });
+  }
+  void quantize_rows(const TensorView& x, const TensorView& q, float* scales) override {
+    run([&] { h().quantize_rows(H(x), H(q), D(scales)); });
+  }
+  void paged_kv_write(const PagedKvCache& c, const TensorView& k, const TensorView& v,
+                      const PagedStepTables& t) override {
+    run([&] { h().paged_kv_write(cache(c), H(k), H(v), tables(t)); });
+  }
+  void paged_attention(const PagedKvCache& c, const TensorView& q, const PagedStepTables& t,
+                       const TensorView& out, const PagedAttentionParams& p) override {
+    run([&] { h().paged_attention(cache(c), H(q), tables(t), H(out), p); });
   }
   void router_topk_forward(const float* logits, int64_t n, int64_t e, int64_t k, bool norm,
                            float* probs, int32_t* experts, float* weights) override {

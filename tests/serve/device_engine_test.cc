@@ -232,5 +232,80 @@ TEST(DeviceEngine, Bf16AndInt8KvEqualTheHost) {
   }
 }
 
+// A model at real head dims (64, four query heads per kv head) with contexts long enough
+// for several splits of the GPU's decode attention, decode steps of 1 to 9 rows arriving
+// over time: with recorded steps (on a GPU, a CUDA graph per padded row count, replayed
+// from that count's third step) and without, the device engine gives the host's tokens.
+// On the simulated device (which cannot record) both runs are the plain path.
+TEST(DeviceEngine, RecordedDecodeStepsEqualTheHost) {
+  LlamaConfig c = testing_util::small_serving_config();
+  c.dim = 256;
+  c.n_heads = 4;
+  c.n_kv_heads = 1;
+  c.head_dim = 64;
+  c.ffn_dim = 128;
+  c.max_seq_len = 512;
+  auto host = testing_util::small_serving_params(c, false, 11);
+  auto dev = on_device(*host);
+  EngineConfig ec = f32_engine_config();
+  ec.kv_page_tokens = 16;
+  ec.prefill_chunk = 64;
+  ec.max_concurrent_decodes = 9;
+  ec.max_seq_len = 512;
+  ec.prefix_caching = false;
+  std::vector<GenerationRequest> reqs;
+  std::vector<int> arrive;
+  for (int i = 0; i < 12; ++i) {
+    reqs.push_back(greedy_request(random_prompt(20 + 27 * i, 500 + i), 24));
+    arrive.push_back(3 * i);
+  }
+  Engine host_engine(*host, nullptr, ec);
+  const auto want = run(host_engine, reqs, arrive);
+  for (bool graphs : {true, false}) {
+    SCOPED_TRACE(graphs ? "recorded" : "op by op");
+    EngineConfig dc = device_config(ec);
+    dc.cuda_graphs = graphs;
+    Engine dev_engine(*dev, nullptr, dc);
+    const auto got = run(dev_engine, reqs, arrive);
+    if (exact())
+      EXPECT_EQ(got, want);
+    else
+      EXPECT_GE(agreement(got, want, reqs.size()), 0.95);
+    expect_pool_empty(dev_engine);
+    if (graphs && device().can_record())
+      EXPECT_GT(dev_engine.runner().replayed_steps(), 20);
+    else
+      EXPECT_EQ(dev_engine.runner().replayed_steps(), 0);
+  }
+}
+
+// int8 weights (quantize_weights=int8) quantised and multiplied on the device: the host's
+// numerics (absmax rows, exact int32 sums), so bit for bit on the simulated device and
+// the same greedy choices nearly everywhere on a GPU. Head dim 64 and k % 16 == 0 for the
+// GPU's int8 kernel; decode steps of 1 to 4 rows and prefill chunks of more.
+TEST(DeviceEngine, Int8WeightsEqualTheHost) {
+  LlamaConfig c = testing_util::small_serving_config();
+  c.dim = 128;
+  c.n_heads = 2;
+  c.n_kv_heads = 1;
+  c.head_dim = 64;
+  c.ffn_dim = 192;
+  auto host = testing_util::small_serving_params(c, true, 13);
+  auto dev = on_device(*host);
+  EngineConfig ec = f32_engine_config();
+  ec.weights = WeightFormat::kInt8;
+  ec.kv_dtype = DType::kBF16;
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 6; ++i) reqs.push_back(greedy_request(random_prompt(3 + 9 * i, 700 + i), 16));
+  Engine host_engine(*host, nullptr, ec), dev_engine(*dev, nullptr, device_config(ec));
+  const auto want = run(host_engine, reqs);
+  const auto got = run(dev_engine, reqs);
+  if (exact())
+    EXPECT_EQ(got, want);
+  else
+    EXPECT_GE(agreement(got, want, reqs.size()), 0.9);
+  expect_pool_empty(dev_engine);
+}
+
 }  // namespace
 }  // namespace hyperion::serve

@@ -507,8 +507,6 @@ TEST(EngineConfig, ParsesAndRejectsKeys) {
   testing_util::simulated_device();
   EXPECT_NE(message({"hardware=gpu", "kv_dtype=fp8_e4m3"}).find("kv_dtype=fp8_e4m3"),
             std::string::npos);
-  EXPECT_NE(message({"hardware=gpu", "quantize_weights=int8"}).find("quantize_weights=int8"),
-            std::string::npos);
   EXPECT_NE(message({"kv_memory_fraction=1.5"}).find("kv_memory_fraction"), std::string::npos);
 }
 

@@ -26,6 +26,8 @@ void CudaBackend::raise_device_error() {
       fail("load_balance_loss: expert {} of pair {} is outside [0, {})", e.b, e.a, e.c);
     case kPositionOutOfRange:
       fail("rope: position {} of token {} is outside the table [0, {})", e.b, e.a, e.c);
+    case kSlotOutOfRange:
+      fail("paged_kv_write: slot {} of row {} is outside the cache's [0, {})", e.b, e.a, e.c);
     default:
       fail("cuda: a kernel reported error code {}", e.code);
   }
@@ -34,8 +36,12 @@ void CudaBackend::raise_device_error() {
 void CudaBackend::gemm(const GemmArgs& g) {
   HYP_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 1,
             "gemm: invalid sizes m={} n={} k={} batch={}", g.m, g.n, g.k, g.batch);
+  if (g.a_dtype == DType::kI8 || g.b_dtype == DType::kI8) {
+    gemm_int8(g);
+    return;
+  }
   HYP_CHECK(g.a_scale == nullptr && g.b_scale == nullptr,
-            "gemm: per-row scales (the int8 GEMM) are not on the cuda backend; fp8 passes its "
+            "gemm: per-row scales are for int8 operands on the cuda backend; fp8 passes its "
             "scales as alpha");
   const bool f32 = g.a_dtype == DType::kF32 && g.b_dtype == DType::kF32 && g.c_dtype == DType::kF32;
   const bool bf16 = g.a_dtype == DType::kBF16 && g.b_dtype == DType::kBF16 &&
@@ -90,6 +96,12 @@ void CudaBackend::gemm(const GemmArgs& g) {
               "gemm: fp8 on the cuda backend needs leading dimensions % 16 == 0 (lda={} ldb={})",
               t.lda, t.ldb);
     lt_->matmul(t, stream_, workspace_.data(), workspace_.bytes());
+  } else if (gemv_enabled_ && bf16 && g.m <= kGemvMaxRows && g.batch == 1 &&
+             g.trans_a == Trans::kN && g.trans_b == Trans::kT && g.lda == g.k && g.ldb == g.k &&
+             g.ldc == g.n && g.k % 8 == 0 && vec8_aligned({g.a, g.b})) {
+    // A decode step's few rows against a weight matrix: one pass over the weights.
+    cuda::gemv_bf16(stream_, g.m, g.n, g.k, g.a, g.b, g.c,
+                    g.c_dtype == DType::kF32 ? Elem::kF32 : Elem::kBF16, g.alpha, g.beta);
   } else {
     lt_->matmul(g, stream_, workspace_.data(), workspace_.bytes());
   }
@@ -98,7 +110,36 @@ void CudaBackend::gemm(const GemmArgs& g) {
     cuda::add_bias(stream_, g.c, g.c_dtype == DType::kF32 ? Elem::kF32 : Elem::kBF16, g.m, g.n,
                    g.ldc, g.bias);
   }
-  launched("gemm");
+  if (profiler_ != nullptr && !recording_) {  // a GEMM's time by shape
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) fail_cuda(e, "gemm");
+    profiler_->mark(fmt::format("gemm {}x{}x{}{} {}->{}", g.m, g.n, g.k,
+                                g.batch > 1 ? fmt::format(" x{}", g.batch) : std::string(),
+                                dtype_name(g.a_dtype), dtype_name(g.c_dtype)),
+                    stream_);
+  } else {
+    launched("gemm");
+  }
+}
+
+// The int8-weight matmul's form (model/linear.cc): A [m, k] int8 rows with a_scale, B
+// [n, k] int8 weights with b_scale, C f32|bf16 [m, n]; the layouts the one-pass kernel reads.
+void CudaBackend::gemm_int8(const GemmArgs& g) {
+  HYP_CHECK(g.a_dtype == DType::kI8 && g.b_dtype == DType::kI8 &&
+                (g.c_dtype == DType::kF32 || g.c_dtype == DType::kBF16) &&
+                g.a_scale != nullptr && g.b_scale != nullptr && g.bias == nullptr &&
+                g.batch == 1 && g.trans_a == Trans::kN && g.trans_b == Trans::kT &&
+                g.lda == g.k && g.ldb == g.k && g.ldc == g.n && g.k % 16 == 0 &&
+                vec8_aligned({g.a, g.b}),
+            "gemm: int8 on the cuda backend is the int8-weight form only: int8 A [m, k] x int8 "
+            "B [n, k]^T with a_scale and b_scale, contiguous and 16-byte aligned, k % 16 == 0, "
+            "-> f32|bf16 C (got A {} B {} C {}, m={} n={} k={})",
+            dtype_name(g.a_dtype), dtype_name(g.b_dtype), dtype_name(g.c_dtype), g.m, g.n, g.k);
+  if (g.m == 0 || g.n == 0) return;
+  cuda::int8_gemm_scaled(stream_, g.m, g.n, g.k, static_cast<const int8_t*>(g.a), g.a_scale,
+                         static_cast<const int8_t*>(g.b), g.b_scale, g.c,
+                         g.c_dtype == DType::kF32 ? Elem::kF32 : Elem::kBF16, g.alpha, g.beta);
+  launched("gemm (int8)");
 }
 
 namespace {
@@ -317,13 +358,112 @@ void CudaBackend::paged_attention(const PagedKvCache& cache, const TensorView& q
   upload(meta.data(), base, meta_bytes);
   upload(pages.data(), base + meta_bytes, pages.size() * 4);
   const auto* dmeta = reinterpret_cast<const int64_t*>(base);
+  decode_attention(op, c, q, n, reinterpret_cast<const int32_t*>(base + meta_bytes), dmeta,
+                   dmeta + n, params, out);
+}
+
+void CudaBackend::paged_attention(const PagedKvCache& cache, const TensorView& q,
+                                  const PagedStepTables& t, const TensorView& out,
+                                  const PagedAttentionParams& params) {
+  const char* op = "paged_attention";
+  check(op, {&q, &out});
+  const PagedCacheArgs c = cache_args(op, cache);
+  HYP_CHECK(q.rank() == 3 && q.shape == out.shape && q.shape[0] == t.n &&
+                q.shape[2] == cache.head_dim && q.shape[1] % cache.n_kv_heads == 0,
+            "{}: q {} and out {} must be [{} rows of the step tables, heads (a multiple of {}), "
+            "{}]",
+            op, q.str(), out.str(), t.n, cache.n_kv_heads, cache.head_dim);
+  HYP_CHECK(params.mode == PagedAttentionMode::kRagged && params.window >= 0,
+            "{}: the step tables run the ragged mode only (window >= 0)", op);
+  check_softcap(op, params.softcap);
+  decode_attention(op, c, q, t.n, t.pages, t.page_start, t.lengths, params, out);
+}
+
+void CudaBackend::decode_attention(const char* op, const PagedCacheArgs& c, const TensorView& q,
+                                   int64_t n_rows, const int32_t* pages,
+                                   const int64_t* page_start, const int64_t* lengths,
+                                   const PagedAttentionParams& params, const TensorView& out) {
+  const int64_t heads = q.shape[1];
   const cuda::PagedScores scores{
-      params.scale > 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(cache.head_dim)),
+      params.scale > 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
       params.window, params.softcap};
-  cuda::paged_attention(stream_, c, q.data, elem_of(op, "q", q), n, q.shape[1],
-                        reinterpret_cast<const int32_t*>(base + meta_bytes), dmeta, dmeta + n,
-                        scores, out.data, elem_of(op, "out", out), device_error());
+  const Elem qt = elem_of(op, "q", q), ot = elem_of(op, "out", out);
+  if (cuda::paged_decode_applies(c, heads) && vec8_aligned({q.data, c.k, c.v})) {
+    const int splits = cuda::paged_decode_splits(n_rows, c.n_kv_heads, multiprocessors_);
+    const size_t bytes = cuda::paged_decode_scratch_bytes(n_rows, heads, c.head_dim, splits);
+    auto* part = bytes > 0 ? static_cast<float*>(decode_scratch_.get(bytes)) : nullptr;
+    cuda::paged_decode(stream_, c, q.data, qt, n_rows, heads, pages, page_start, lengths, scores,
+                       splits, part, out.data, ot, device_error());
+  } else {
+    cuda::paged_attention(stream_, c, q.data, qt, n_rows, heads, pages, page_start, lengths,
+                          scores, out.data, ot, device_error());
+  }
   launched(op);
+}
+
+// ---------------------------------------------------------------------------------------
+// Recording: CUDA graphs captured from the backend's stream.
+
+namespace {
+class CudaRecording final : public KernelBackend::Recording {
+ public:
+  ~CudaRecording() override {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+  }
+  cudaGraphExec_t exec = nullptr;
+  uint64_t frees = 0;  // CudaAllocator::frees() when it was recorded
+};
+}  // namespace
+
+void CudaBackend::record_begin() {
+  HYP_CHECK(!recording_, "cuda: record_begin while a recording is open");
+  record_frees_ = CudaAllocator::frees();
+  // Thread-local: another thread's CUDA calls (a checkpoint upload) do not break it.
+  check_cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "record_begin");
+  recording_ = true;
+}
+
+std::unique_ptr<KernelBackend::Recording> CudaBackend::record_end() {
+  HYP_CHECK(recording_, "cuda: record_end without record_begin");
+  recording_ = false;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+  if (e != cudaSuccess || graph == nullptr || CudaAllocator::frees() != record_frees_) {
+    // Invalidated (an op did something a capture cannot hold) or memory moved under it:
+    // the caller runs the step as usual.
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    return nullptr;
+  }
+  auto rec = std::make_unique<CudaRecording>();
+  const cudaError_t ie = cudaGraphInstantiate(&rec->exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (ie != cudaSuccess) {
+    cudaGetLastError();
+    rec->exec = nullptr;
+    return nullptr;
+  }
+  rec->frees = record_frees_;
+  return rec;
+}
+
+void CudaBackend::record_abort() {
+  if (!recording_) return;
+  recording_ = false;
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(stream_, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaGetLastError();
+}
+
+bool CudaBackend::replay(const Recording& recording) {
+  const auto* rec = dynamic_cast<const CudaRecording*>(&recording);
+  HYP_CHECK(rec != nullptr && rec->exec != nullptr, "cuda: replay of a foreign recording");
+  not_recording("replay");
+  if (rec->frees != CudaAllocator::frees()) return false;
+  check_cuda(cudaGraphLaunch(rec->exec, stream_), "replay");
+  if (profiler_ != nullptr) profiler_->mark("replay (a recorded step)", stream_);
+  return true;
 }
 
 // Partial sums of squares of every buffer side by side, then one ordered sum: the same

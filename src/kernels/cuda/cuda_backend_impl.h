@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -24,6 +25,7 @@
 #include "kernels/cuda/cublaslt_gemm.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_runtime_util.h"
+#include "kernels/cuda/op_profiler.h"
 
 namespace hyperion::cuda {
 
@@ -42,6 +44,13 @@ inline Elem elem_of(const char* op, DType dt) {
   return dt == DType::kF32 ? Elem::kF32 : Elem::kBF16;
 }
 
+// Every pointer 16-byte aligned (the 8-wide loads of the split decode attention).
+inline bool vec8_aligned(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers)
+    if ((reinterpret_cast<uintptr_t>(p) & 15) != 0) return false;
+  return true;
+}
+
 inline bool is_fp8(DType dt) {
   return dt == DType::kE4M3 || dt == DType::kE5M2;
 }
@@ -54,6 +63,15 @@ class CudaBackend final : public KernelBackend {
     error_ = DeviceBuffer(alloc_, sizeof(DeviceError));
     results_ = DeviceBuffer(alloc_, 64);
     check_cuda(cudaMemset(error_.data(), 0, sizeof(DeviceError)), "error word");
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, dev) !=
+            cudaSuccess)
+      multiprocessors_ = 1;
+    cudaGetLastError();
+    profiler_ = OpProfiler::from_environment();
+    const char* gemv = std::getenv("HYPERION_CUDA_GEMV");  // 0: cuBLASLt for every GEMM
+    gemv_enabled_ = gemv == nullptr || std::string(gemv) != "0";
   }
 
   Device device() const override { return Device::kCuda; }
@@ -91,6 +109,7 @@ class CudaBackend final : public KernelBackend {
   }
   void upload(const void* host_src, void* dst, size_t bytes) override {
     if (bytes == 0) return;
+    not_recording("upload");
     {
       std::lock_guard<std::mutex> lock(stage_mutex_);
       if (stage_.upload(host_src, dst, bytes, stream_)) return;
@@ -98,17 +117,37 @@ class CudaBackend final : public KernelBackend {
     check_cuda(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
   }
   void download(const void* src, void* host_dst, size_t bytes) override {
+    not_recording("download");
     if (bytes > 0)
       check_cuda(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
                  "download");
     synchronize();
   }
   void synchronize() override {
+    not_recording("synchronize");
     check_cuda(cudaStreamSynchronize(stream_), "synchronize");
+    if (profiler_ != nullptr) profiler_->synchronized(stream_);
     raise_device_error();
   }
 
+  bool can_record() const override { return true; }
+  void record_begin() override;
+  std::unique_ptr<Recording> record_end() override;
+  void record_abort() override;
+  bool replay(const Recording& recording) override;
+
   void gemm(const GemmArgs& g) override;
+  void quantize_rows(const TensorView& x, const TensorView& q, float* scales) override {
+    const char* op = "quantize_rows";
+    check(op, {&x, &q});
+    HYP_CHECK(x.rank() == 2 && q.shape == x.shape && q.dtype == DType::kI8,
+              "{}: x {} and q {} must be [rows, cols], q int8 (the only quantised format on the "
+              "cuda backend)",
+              op, x.str(), q.str());
+    cuda::quantize_rows_i8(stream_, x.data, elem_of(op, "x", x), x.shape[0], x.shape[1],
+                           q.as<int8_t>(), scales);
+    launched(op);
+  }
 
   void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps,
                        const TensorView& y, const TensorView& rstd, float offset) override {
@@ -219,9 +258,26 @@ class CudaBackend final : public KernelBackend {
                 op, slots[i], i, capacity);
     auto* dslots = static_cast<int64_t*>(scratch_.get(static_cast<size_t>(n) * sizeof(int64_t)));
     upload(slots, dslots, static_cast<size_t>(n) * sizeof(int64_t));
-    cuda::paged_kv_write(stream_, c, k.data, v.data, elem_of(op, "k", k), dslots, n);
+    cuda::paged_kv_write(stream_, c, k.data, v.data, elem_of(op, "k", k), dslots, n,
+                         device_error());
     launched(op);
   }
+  void paged_kv_write(const PagedKvCache& cache, const TensorView& k, const TensorView& v,
+                      const PagedStepTables& t) override {
+    const char* op = "paged_kv_write";
+    check(op, {&k, &v});
+    const PagedCacheArgs c = cache_args(op, cache);
+    HYP_CHECK(k.rank() == 3 && k.shape == v.shape && k.dtype == v.dtype && k.shape[0] == t.n &&
+                  k.shape[1] == cache.n_kv_heads && k.shape[2] == cache.head_dim,
+              "{}: k {} and v {} must be [{} rows of the step tables, {}, {}]", op, k.str(),
+              v.str(), t.n, cache.n_kv_heads, cache.head_dim);
+    cuda::paged_kv_write(stream_, c, k.data, v.data, elem_of(op, "k", k), t.slots, t.n,
+                         device_error());
+    launched(op);
+  }
+  void paged_attention(const PagedKvCache& cache, const TensorView& q,
+                       const PagedStepTables& tables, const TensorView& out,
+                       const PagedAttentionParams& params) override;
   void paged_kv_read(const PagedKvCache& cache, const int32_t* pages, int64_t length,
                      const TensorView& k, const TensorView& v) override {
     const char* op = "paged_kv_read";
@@ -400,10 +456,12 @@ class CudaBackend final : public KernelBackend {
   void copy(const void* src, void* dst, size_t bytes) override {
     if (src == dst || bytes == 0) return;
     check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
+    launched("copy");
   }
   void zero(void* dst, size_t bytes) override {
     if (bytes == 0) return;
     check_cuda(cudaMemsetAsync(dst, 0, bytes, stream_), "zero");
+    launched("zero");
   }
 
  private:
@@ -439,10 +497,23 @@ class CudaBackend final : public KernelBackend {
   void launched(const char* op) {
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) fail_cuda(e, op);
+    if (profiler_ != nullptr && !recording_) profiler_->mark(op, stream_);
   }
+  void not_recording(const char* op) const {
+    HYP_CHECK(!recording_,
+              "cuda: {} while a step is being recorded (a recording may only queue device work)",
+              op);
+  }
+  // The tensor-core-free decode attention over tables in device memory: the split kernel
+  // where it applies, else the general one.
+  void decode_attention(const char* op, const PagedCacheArgs& c, const TensorView& q,
+                        int64_t n_rows, const int32_t* pages, const int64_t* page_start,
+                        const int64_t* lengths, const PagedAttentionParams& params,
+                        const TensorView& out);
   DeviceError* device_error() { return error_.as<DeviceError>(); }
   void raise_device_error();
 
+  void gemm_int8(const GemmArgs& g);
   void rope(const char* op, const TensorView& x, const TensorView& out, int64_t start,
             const TensorView* positions, const RopeTable& table, bool inverse);
   AttentionShape attention_shape(const char* op, const TensorView& q, const TensorView& k,
@@ -457,6 +528,14 @@ class CudaBackend final : public KernelBackend {
 
   CudaAllocator alloc_;
   std::unique_ptr<CublasLt> lt_;
+  int multiprocessors_ = 1;
+  // GEMMs of at most this many rows with bf16 weights run gemv.cu's one-pass kernel.
+  static constexpr int64_t kGemvMaxRows = 8;
+  bool gemv_enabled_ = true;
+  OpProfiler* profiler_ = nullptr;  // HYPERION_CUDA_OP_TIMES
+  bool recording_ = false;
+  uint64_t record_frees_ = 0;  // CudaAllocator::frees() when the recording began
+  DeviceScratch decode_scratch_{alloc_};  // the split decode attention's partials
   cudaStream_t stream_ = nullptr;
   DeviceScratch scratch_;
   DeviceScratch fp8_scratch_{alloc_};

@@ -12,6 +12,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 
@@ -32,6 +33,7 @@ enum ErrorCode : int32_t {
   kPageOutOfRange = 3,         // a = row, b = page id, c = num_pages
   kExpertOutOfRange = 4,       // a = pair, b = expert id, c = experts
   kPositionOutOfRange = 5,     // a = token, b = position, c = table length
+  kSlotOutOfRange = 6,         // a = row, b = slot, c = cache capacity
 };
 
 // ---- elementwise.cu
@@ -127,8 +129,9 @@ struct PagedCacheArgs {
   int32_t dtype;
   int64_t num_pages, page_tokens, n_kv_heads, head_dim;
 };
+// slots < 0: nothing written (padding rows); >= capacity: recorded as kSlotOutOfRange.
 void paged_kv_write(cudaStream_t s, const PagedCacheArgs& c, const void* k, const void* v, Elem t,
-                    const int64_t* slots, int64_t n);
+                    const int64_t* slots, int64_t n, DeviceError* err);
 void paged_kv_read(cudaStream_t s, const PagedCacheArgs& c, const int32_t* pages, int64_t length,
                    void* k, void* v, Elem t);
 // rows: page tables of all rows back to back; row r's table starts at page_offset[r].
@@ -143,6 +146,37 @@ void paged_attention(cudaStream_t s, const PagedCacheArgs& c, const void* q, Ele
                      int64_t n_rows, int64_t n_heads, const int32_t* pages,
                      const int64_t* page_offset, const int64_t* lengths, const PagedScores& scores,
                      void* out, Elem ot, DeviceError* err);
+// ---- paged_decode.cu: the same attention split over positions (flash-decoding), for
+// head_dim 64 or 128, n_heads / n_kv_heads in 1..8 and f32 / bf16 / int8 pages (the
+// `applies` check). splits (paged_decode_splits) depends on the row count only; with
+// splits > 1 the launcher needs paged_decode_scratch_bytes of device scratch.
+bool paged_decode_applies(const PagedCacheArgs& c, int64_t n_heads);
+int paged_decode_splits(int64_t n_rows, int64_t n_kv_heads, int multiprocessors);
+size_t paged_decode_scratch_bytes(int64_t n_rows, int64_t n_heads, int64_t head_dim, int splits);
+void paged_decode(cudaStream_t s, const PagedCacheArgs& c, const void* q, Elem qt, int64_t n_rows,
+                  int64_t n_heads, const int32_t* pages, const int64_t* page_start,
+                  const int64_t* lengths, const PagedScores& scores, int splits, float* scratch,
+                  void* out, Elem ot, DeviceError* err);
+
+// ---- gemv.cu: C[m, n] = alpha A[m, k] B[n, k]^T + beta C for m <= 8 (more rows are
+// clamped to 8: callers check), bf16 A and B (contiguous, 16-byte aligned, k % 8 == 0),
+// C f32 or bf16 [m, n] contiguous.
+void gemv_bf16(cudaStream_t s, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
+               void* c, Elem ct, float alpha, float beta);
+
+// ---- int8.cu: per-row absmax int8 quantisation (kernels/quantize.h numerics) and the
+// scaled int8 GEMM C = alpha a_scale[m] b_scale[n] (A B^T) + beta C, A [m, k], B [n, k]
+// int8 contiguous and 16-byte aligned, k % 16 == 0, exact int32 sums.
+void quantize_rows_i8(cudaStream_t s, const void* x, Elem xt, int64_t rows, int64_t cols,
+                      int8_t* q, float* scales);
+void int8_gemm_scaled(cudaStream_t s, int64_t m, int64_t n, int64_t k, const int8_t* a,
+                      const float* a_scale, const int8_t* b, const float* b_scale, void* c,
+                      Elem ct, float alpha, float beta);
+
+// ---- profiling (cuda_backend.cc, HYPERION_CUDA_OP_TIMES): a kernel that holds the stream
+// for `nanoseconds`, so that the ops queued behind it run back to back and the events
+// between them time the ops alone.
+void hold_stream(cudaStream_t s, int64_t nanoseconds);
 
 // ---- moe.cu (kernels/moe_routing.h semantics).
 void router_topk_forward(cudaStream_t s, const float* logits, int64_t n, int64_t e, int64_t k,

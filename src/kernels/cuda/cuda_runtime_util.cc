@@ -27,8 +27,11 @@ void* CudaAllocator::allocate(size_t bytes) {
 void CudaAllocator::deallocate(void* ptr, size_t bytes) {
   if (ptr == nullptr) return;
   cudaFree(ptr);
+  frees_.fetch_add(1, std::memory_order_relaxed);
   count(-static_cast<int64_t>(bytes));
 }
+
+std::atomic<uint64_t> CudaAllocator::frees_{0};
 
 void* DeviceScratch::get(size_t bytes) {
   if (bytes > buf_.bytes()) {

@@ -4,7 +4,9 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 
 #include "base/allocator.h"
 
@@ -23,6 +25,13 @@ class CudaAllocator final : public Allocator {
   Device device() const override { return Device::kCuda; }
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr, size_t bytes) override;
+  // How many device buffers were freed so far, by any CudaAllocator: a recorded step
+  // (a CUDA graph) stays valid only while this has not moved, since a freed buffer may
+  // have been one it points to.
+  static uint64_t frees() { return frees_.load(std::memory_order_relaxed); }
+
+ private:
+  static std::atomic<uint64_t> frees_;
 };
 
 // Device scratch that only grows. Ops on the backend's one stream use it in stream order,

@@ -444,4 +444,21 @@ void scale(cudaStream_t s, void* x, Elem t, int64_t n, float factor) {
   scale_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(x, t, n, factor);
 }
 
+namespace {
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__global__ void hold_kernel(int64_t ns) {
+  const uint64_t t0 = global_ns();
+  while (global_ns() - t0 < static_cast<uint64_t>(ns)) {
+  }
+}
+}  // namespace
+
+void hold_stream(cudaStream_t s, int64_t nanoseconds) {
+  hold_kernel<<<1, 1, 0, s>>>(nanoseconds);
+}
+
 }  // namespace hyperion::cuda

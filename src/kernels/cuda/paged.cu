@@ -1,7 +1,9 @@
 // The paged KV cache (kernels/paged_attention.h layout and semantics): writes (f32, bf16,
 // or int8 with one absmax scale per (token, kv head) row), reads back into contiguous
 // rows, and ragged decode attention with one warp per (row, query head) streaming the
-// row's pages with an online softmax. Page tables arrive in device memory (the backend
+// row's pages with an online softmax: the general case (any head_dim up to 256, any GQA
+// group); paged_decode.cu is the fast one for the common shapes. Slots < 0 (padding rows
+// of a step's tables) write nothing; rows of length 0 get zeros. Page tables arrive in device memory (the backend
 // uploads the host's tables for each call). With a sliding window a row starts at its
 // window's first key: the pages before it are neither read nor looked up (they may have
 // been released).
@@ -59,11 +61,18 @@ __device__ void write_row(const PagedCacheArgs& c, void* base, float* scales, co
 }
 
 __global__ void paged_write_kernel(PagedCacheArgs c, const void* k, const void* v, Elem t,
-                                   const int64_t* slots, int64_t n) {
+                                   const int64_t* slots, int64_t n, DeviceError* err) {
   const int64_t w = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (w >= n * c.n_kv_heads) return;
   const int64_t i = w / c.n_kv_heads, h = w % c.n_kv_heads;
-  const int64_t row = cache_row(c, slots[i], h);
+  const int64_t slot = slots[i];
+  if (slot < 0) return;  // a padding row of a step's tables
+  if (slot >= c.num_pages * c.page_tokens) {
+    if ((threadIdx.x & 31) == 0 && h == 0)
+      record_error(err, kSlotOutOfRange, i, slot, c.num_pages * c.page_tokens);
+    return;
+  }
+  const int64_t row = cache_row(c, slot, h);
   write_row(c, c.k, c.k_scale, k, t, w, row);
   write_row(c, c.v, c.v_scale, v, t, w, row);
 }
@@ -125,18 +134,18 @@ __global__ void paged_attention_kernel(PagedCacheArgs c, const void* q, Elem qt,
   }
   for (int e = 0; e < kMaxPerLane; ++e) {
     const int64_t col = lane + 32 * e;
-    if (col < hd) store(out, ot, w * hd + col, acc[e] / l);
+    if (col < hd) store(out, ot, w * hd + col, l > 0.0f ? acc[e] / l : 0.0f);  // length 0: zeros
   }
 }
 
 }  // namespace
 
 void paged_kv_write(cudaStream_t s, const PagedCacheArgs& c, const void* k, const void* v, Elem t,
-                    const int64_t* slots, int64_t n) {
+                    const int64_t* slots, int64_t n, DeviceError* err) {
   const int64_t warps = n * c.n_kv_heads;
   if (warps <= 0) return;
   paged_write_kernel<<<static_cast<unsigned>((warps + kWarps - 1) / kWarps), kWarps * 32, 0, s>>>(
-      c, k, v, t, slots, n);
+      c, k, v, t, slots, n, err);
 }
 
 void paged_kv_read(cudaStream_t s, const PagedCacheArgs& c, const int32_t* pages, int64_t length,
