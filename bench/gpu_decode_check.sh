@@ -2,6 +2,7 @@
 # The decode step on one NVIDIA GPU in one command (docs/GPU.md, "Serving"): the serving
 # device tests, `bench decode` of the llama-1b shape (random weights, bf16, 128-token
 # prompts) at batch 1, 32 and 64 with CUDA graphs and at batch 1 and 32 without, int8 KV,
+# int8 weights, cuBLASLt in place of the decode GEMV kernel,
 # a per-op device-time profile of the step without graphs (HYPERION_CUDA_OP_TIMES), and
 # the PyTorch peer (bench/torch_gpu_decode.py, torch.compile) in the same run. Run from
 # a checkout (the tests read it), with the binaries built elsewhere and their shared
@@ -43,6 +44,8 @@ for b in $BATCHES; do decode "$b"; done
 decode 1 cuda_graphs=false
 decode 32 cuda_graphs=false
 decode 1 kv_dtype=int8
+decode 1 quantize_weights=int8
+HYPERION_CUDA_GEMV=0 decode 1  # cuBLASLt for the decode matmuls too
 
 if [ "${SKIP_PROFILE:-0}" != 1 ]; then
   for b in 1 32; do
