@@ -10,12 +10,14 @@
 #
 #   bench/gpu_decode_check.sh BIN_DIR OUT_DIR
 # Environment: SKIP_TESTS=1, SKIP_TORCH=1, SKIP_PROFILE=1 leave those out; BATCHES
-# (default "1 32 64"); STEPS (default 64).
+# (default "1 32 64"); STEPS (default 64); VARIANTS, batch-1 runs beside the default ones
+# (default "nographs1 nographs32 int8kv int8w cublas1").
 set -uo pipefail
 BIN=${1:?usage: bench/gpu_decode_check.sh BIN_DIR OUT_DIR}
 DEST=${2:?usage: bench/gpu_decode_check.sh BIN_DIR OUT_DIR}
 STEPS=${STEPS:-64}
 BATCHES=${BATCHES:-1 32 64}
+VARIANTS=${VARIANTS:-nographs1 nographs32 int8kv int8w cublas1}
 mkdir -p "$DEST"
 H=$BIN/hyperion
 {
@@ -27,7 +29,7 @@ head -3 "$DEST/env.txt" | tail -1
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout 240 "$BIN/hyperion_tests" \
-    --gtest_filter='*PagedStepParity*:DeviceEngine.*:*BackendParity.Paged*:*BackendParity.GemmAtDecodeRows*:*BackendParity.ArgmaxRows*:*DeviceModel.*' \
+    --gtest_filter='*PagedStepParity*:DeviceEngine.*:*BackendParity.Paged*:*BackendParity.GemmAtDecodeRows*:*BackendParity.LinearMany*:*BackendParity.ArgmaxRows*:*DeviceModel.*' \
     > "$DEST/tests.log" 2>&1
   echo "device tests: exit $?"
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error" "$DEST/tests.log" | head -20
@@ -41,11 +43,15 @@ decode() {  # batch, extra keys...
     2>> "$DEST/decode.err" | tail -1 | tee -a "$DEST/decode.jsonl"
 }
 for b in $BATCHES; do decode "$b"; done
-decode 1 cuda_graphs=false
-decode 32 cuda_graphs=false
-decode 1 kv_dtype=int8
-decode 1 quantize_weights=int8
-HYPERION_CUDA_GEMV=0 decode 1  # cuBLASLt for the decode matmuls too
+for v in $VARIANTS; do
+  case $v in
+    nographs1) decode 1 cuda_graphs=false ;;
+    nographs32) decode 32 cuda_graphs=false ;;
+    int8kv) decode 1 kv_dtype=int8 ;;
+    int8w) decode 1 quantize_weights=int8 ;;
+    cublas1) HYPERION_CUDA_GEMV=0 decode 1 ;;  # cuBLASLt for the decode matmuls too
+  esac
+done
 
 if [ "${SKIP_PROFILE:-0}" != 1 ]; then
   for b in 1 32; do

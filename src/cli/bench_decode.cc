@@ -21,6 +21,7 @@
 #include "cli/flags.h"
 #include "cli/loaded_checkpoint.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/hardware.h"
 #include "kernels/peak.h"
 #include "serve/engine.h"
@@ -123,6 +124,7 @@ int cmd_bench_decode(const Args& args) {
   for (int64_t b = 0; b < batch; ++b)
     context_now += lengths[static_cast<size_t>(b)] + produced[static_cast<size_t>(b)];
   const int64_t before = engine.stats().generated_tokens;
+  cuda_op_profile_restart();  // HYPERION_CUDA_OP_TIMES: the timed steps only
   const double queue_before = engine.runner().queue_seconds();
   const int64_t replayed_before = engine.runner().replayed_steps();
   // Each step is timed too: the median and the slowest show steps that stall (a page

@@ -54,6 +54,20 @@ class KernelBackend {
   void gemm_contiguous(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k, const void* a,
                        DType a_dtype, const void* b, DType b_dtype, void* c, DType c_dtype,
                        float beta = 0.0f);
+  // Several Linear layers of one input, y_t[n, out_t] = x[n, in] W_t^T for each target t
+  // (W_t [out_t, in] contiguous, all of w_dtype; y_t contiguous, y_dtype): a layer's q, k
+  // and v projections, or gate and up. A GPU runs a decode step's few rows of all of them
+  // in one pass (one launch); the default is one GEMM each.
+  struct LinearTarget {
+    const void* w = nullptr;
+    int64_t out = 0;
+    void* y = nullptr;
+  };
+  virtual void linear_many(const void* x, DType x_dtype, int64_t n, int64_t in, DType w_dtype,
+                           DType y_dtype, std::span<const LinearTarget> targets) {
+    for (const LinearTarget& t : targets)
+      gemm_contiguous(Trans::kN, Trans::kT, n, t.out, in, x, x_dtype, t.w, w_dtype, t.y, y_dtype);
+  }
   // Normalisation (kernels/rmsnorm.h).
   virtual void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps,
                                const TensorView& y, const TensorView& rstd,

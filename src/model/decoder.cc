@@ -183,11 +183,17 @@ void Decoder::attention_block(int l, const PassRows& rows, DecoderActs& s, KvSou
   const bool qkn = p.q_norm >= 0;
   void* qp = qkn && s.q_pre != nullptr ? s.q_pre : s.q;
   void* kp = qkn && s.k_pre != nullptr ? s.k_pre : s.k;
-  matmul(l, 0, p.q, s.h, qp, act_, n);
+  if (quant_ == nullptr) {  // q, k and v of one input: one pass where the backend can
+    const int w[3] = {p.q, p.k, p.v};
+    void* const y[3] = {qp, kp, s.v};
+    weights_.forward_many(w, s.h, y, act_, n);
+  } else {
+    matmul(l, 0, p.q, s.h, qp, act_, n);
+    matmul(l, 0, p.k, s.h, kp, act_, n);
+    matmul(l, 0, p.v, s.h, s.v, act_, n);
+  }
   add_bias(p.q_bias, qp, act_, n);
-  matmul(l, 0, p.k, s.h, kp, act_, n);
   add_bias(p.k_bias, kp, act_, n);
-  matmul(l, 0, p.v, s.h, s.v, act_, n);
   add_bias(p.v_bias, s.v, act_, n);
   if (qkn) {
     const int64_t rq = n * cfg_.n_heads, rk = n * cfg_.n_kv_heads;
@@ -232,8 +238,14 @@ void Decoder::mlp(int l, int64_t n, DecoderActs& s, const MoeShape& ms, const Mo
     moe::forward(params_, p, ms, mo, s.h2, act_, s.moe, out);
     return;
   }
-  matmul(l, 2, p.gate, s.h2, s.g, act_, n);
-  matmul(l, 2, p.up, s.h2, s.u, act_, n);
+  if (quant_ == nullptr) {
+    const int w[2] = {p.gate, p.up};
+    void* const y[2] = {s.g, s.u};
+    weights_.forward_many(w, s.h2, y, act_, n);
+  } else {
+    matmul(l, 2, p.gate, s.h2, s.g, act_, n);
+    matmul(l, 2, p.up, s.h2, s.u, act_, n);
+  }
   k_.gated_forward(cfg_.arch.activation, k_.view(s.g, act_, {n, f}), k_.view(s.u, act_, {n, f}),
                    k_.view(s.a, act_, {n, f}));
   if (out != nullptr && out != s.x2)

@@ -81,6 +81,31 @@ const int8_t* LinearWeights::int8_matrix(int index, const float** scales) const 
   return it->second.w.data();
 }
 
+void LinearWeights::forward_many(std::span<const int> indices, const void* x,
+                                 std::span<void* const> ys, DType yd, int64_t n) {
+  HYP_CHECK(indices.size() == ys.size(), "linear: {} weights but {} outputs", indices.size(),
+            ys.size());
+  bool quantised = false;
+  for (int i : indices) quantised = quantised || quant_.count(i) > 0;
+  if (quantised) {
+    for (size_t t = 0; t < indices.size(); ++t) forward(indices[t], x, ys[t], yd, n);
+    return;
+  }
+  std::vector<KernelBackend::LinearTarget> targets;
+  int64_t in = -1;
+  DType wd = DType::kF32;
+  for (size_t t = 0; t < indices.size(); ++t) {
+    const TensorView w = params_.compute_weight(indices[t]);
+    HYP_CHECK(in < 0 || (w.shape[1] == in && w.dtype == wd),
+              "linear: the weights of one input differ in width or dtype ({})", w.str());
+    in = w.shape[1];
+    wd = w.dtype;
+    targets.push_back({w.data, w.shape[0], ys[t]});
+  }
+  if (targets.empty()) return;
+  backend_.linear_many(x, act_dtype(), n, in, wd, yd, targets);
+}
+
 void LinearWeights::forward(int index, const void* x, void* y, DType yd, int64_t n, float beta) {
   auto it = quant_.find(index);
   if (it == quant_.end()) {

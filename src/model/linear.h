@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <unordered_map>
 
 #include "base/aligned.h"
@@ -80,6 +81,10 @@ class LinearWeights {
 
   // y[n, out] = x[n, in] W^T + beta * y for parameter `index`; x in act_dtype().
   void forward(int index, const void* x, void* y, DType yd, int64_t n, float beta = 0.0f);
+  // forward() of several parameters of one input (same in-width), beta 0: one pass over
+  // their weights where the backend can (KernelBackend::linear_many); int8 quantises x once.
+  void forward_many(std::span<const int> indices, const void* x, std::span<void* const> ys,
+                    DType yd, int64_t n);
 
  private:
   struct QuantMatrix {

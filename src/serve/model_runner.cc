@@ -160,9 +160,9 @@ struct StepLayout {
          pages = 0, bytes = 0;
   StepLayout(int64_t n, int64_t pages_per_row) {
     size_t at = 0;
-    auto take = [&at](size_t bytes) {
+    auto take = [&at](size_t size) {
       const size_t here = at;
-      at = (at + bytes + 63) & ~size_t{63};
+      at = (at + size + 63) & ~size_t{63};
       return here;
     };
     const auto rows = static_cast<size_t>(n);

@@ -178,6 +178,39 @@ TEST_P(BackendParity, GemmAtDecodeRows) {
   }
 }
 
+// Several weights of one input in one call (a layer's q, k, v; gate and up): each output
+// equals its own GEMM, at decode rows (one pass on a GPU) and beyond.
+TEST_P(BackendParity, LinearManyEqualsOneGemmEach) {
+  std::mt19937 rng(14);
+  const int64_t in = 264;
+  const std::vector<int64_t> outs = {37, 8, 16};
+  for (int64_t m : {1, 3, 8, 11}) {
+    for (DType yt : {DType::kF32, DType::kBF16}) {
+      Tensor x = random_tensor(DType::kBF16, {m, in}, rng);
+      Dev dx = dev(x);
+      std::vector<Tensor> ws, refs;
+      std::vector<Dev> dws, dys;
+      std::vector<KernelBackend::LinearTarget> targets;
+      for (int64_t o : outs) {
+        ws.push_back(random_tensor(DType::kBF16, {o, in}, rng));
+        dws.push_back(dev(ws.back()));
+        refs.push_back(Tensor::zeros(yt, {m, o}));
+        ref::gemm(contiguous_gemm_args(Trans::kN, Trans::kT, m, o, in, x.data(), DType::kBF16,
+                                       ws.back().data(), DType::kBF16, refs.back().data(), yt));
+        std::vector<unsigned char> poison(refs.back().nbytes(), 0xff);
+        dys.push_back(dev(yt, {m, o}));
+        k().upload(poison.data(), dys.back().data(), poison.size());
+      }
+      for (size_t t = 0; t < outs.size(); ++t) targets.push_back({dws[t].data(), outs[t], dys[t].data()});
+      k().linear_many(dx.data(), DType::kBF16, m, in, DType::kBF16, yt, targets);
+      for (size_t t = 0; t < outs.size(); ++t)
+        expect_close(dys[t], refs[t], yt == DType::kF32 ? 1e-4 : 1e-2, yt == DType::kF32 ? 1e-4 : 1e-2,
+                     "m=" + std::to_string(m) + " target " + std::to_string(t) + " " +
+                         std::string(dtype_name(yt)));
+    }
+  }
+}
+
 TEST_P(BackendParity, RmsNormBothOffsets) {
   std::mt19937 rng(2);
   for (float offset : {0.0f, 1.0f}) {

@@ -122,6 +122,41 @@ void CudaBackend::gemm(const GemmArgs& g) {
   }
 }
 
+void CudaBackend::linear_many(const void* x, DType x_dtype, int64_t n, int64_t in, DType w_dtype,
+                              DType y_dtype, std::span<const LinearTarget> targets) {
+  bool one_pass = gemv_enabled_ && n >= 1 && n <= kGemvMaxRows && x_dtype == DType::kBF16 &&
+                  w_dtype == DType::kBF16 &&
+                  (y_dtype == DType::kF32 || y_dtype == DType::kBF16) && in % 8 == 0 &&
+                  targets.size() <= static_cast<size_t>(cuda::kGemvMaxTargets) &&
+                  vec8_aligned({x});
+  for (const LinearTarget& t : targets) one_pass = one_pass && vec8_aligned({t.w}) && t.out >= 0;
+  if (!one_pass) {
+    KernelBackend::linear_many(x, x_dtype, n, in, w_dtype, y_dtype, targets);
+    return;
+  }
+  const void* w[cuda::kGemvMaxTargets];
+  int64_t out[cuda::kGemvMaxTargets];
+  void* y[cuda::kGemvMaxTargets];
+  for (size_t i = 0; i < targets.size(); ++i) {
+    w[i] = targets[i].w;
+    out[i] = targets[i].out;
+    y[i] = targets[i].y;
+  }
+  cuda::gemv_bf16_many(stream_, n, in, x, w, out, y, static_cast<int>(targets.size()),
+                       y_dtype == DType::kF32 ? Elem::kF32 : Elem::kBF16);
+  if (profiler_ != nullptr && !recording_) {
+    int64_t rows = 0;
+    for (const LinearTarget& t : targets) rows += t.out;
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) fail_cuda(e, "linear_many");
+    profiler_->mark(fmt::format("linear_many {}x{}x{} ({} matrices) {}", n, rows, in,
+                                targets.size(), dtype_name(y_dtype)),
+                    stream_);
+  } else {
+    launched("linear_many");
+  }
+}
+
 // The int8-weight matmul's form (model/linear.cc): A [m, k] int8 rows with a_scale, B
 // [n, k] int8 weights with b_scale, C f32|bf16 [m, n]; the layouts the one-pass kernel reads.
 void CudaBackend::gemm_int8(const GemmArgs& g) {
@@ -392,8 +427,18 @@ void CudaBackend::decode_attention(const char* op, const PagedCacheArgs& c, cons
     const int splits = cuda::paged_decode_splits(n_rows, c.n_kv_heads, multiprocessors_);
     const size_t bytes = cuda::paged_decode_scratch_bytes(n_rows, heads, c.head_dim, splits);
     auto* part = bytes > 0 ? static_cast<float*>(decode_scratch_.get(bytes)) : nullptr;
+    int* counters = nullptr;
+    if (splits > 1) {  // zeroed when made; the kernel leaves them at zero
+      const size_t need = static_cast<size_t>(n_rows * c.n_kv_heads) * sizeof(int);
+      if (decode_counters_.bytes() < need) {
+        decode_counters_ = DeviceBuffer();
+        decode_counters_ = DeviceBuffer(alloc_, need);
+        check_cuda(cudaMemsetAsync(decode_counters_.data(), 0, need, stream_), "paged_attention");
+      }
+      counters = decode_counters_.as<int>();
+    }
     cuda::paged_decode(stream_, c, q.data, qt, n_rows, heads, pages, page_start, lengths, scores,
-                       splits, part, out.data, ot, device_error());
+                       splits, part, counters, out.data, ot, device_error());
   } else {
     cuda::paged_attention(stream_, c, q.data, qt, n_rows, heads, pages, page_start, lengths,
                           scores, out.data, ot, device_error());
@@ -580,6 +625,10 @@ const CudaStatus& cuda_status() {
 }
 KernelBackend* cuda_backend() {
   return probed().backend;
+}
+
+void cuda_op_profile_restart() {
+  if (cuda::OpProfiler* p = cuda::OpProfiler::from_environment()) p->restart();
 }
 
 }  // namespace hyperion

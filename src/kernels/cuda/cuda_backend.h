@@ -26,5 +26,9 @@ struct CudaStatus {
 const CudaStatus& cuda_status();
 // The backend when cuda_status().available, else nullptr.
 KernelBackend* cuda_backend();
+// With HYPERION_CUDA_OP_TIMES set (kernels/cuda/op_profiler.h): forgets the op times
+// gathered so far, so that the table covers what follows (a benchmark's timed steps, not
+// its set-up). A no-op otherwise.
+void cuda_op_profile_restart();
 
 }  // namespace hyperion

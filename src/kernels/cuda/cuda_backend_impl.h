@@ -137,6 +137,8 @@ class CudaBackend final : public KernelBackend {
   bool replay(const Recording& recording) override;
 
   void gemm(const GemmArgs& g) override;
+  void linear_many(const void* x, DType x_dtype, int64_t n, int64_t in, DType w_dtype,
+                   DType y_dtype, std::span<const LinearTarget> targets) override;
   void quantize_rows(const TensorView& x, const TensorView& q, float* scales) override {
     const char* op = "quantize_rows";
     check(op, {&x, &q});
@@ -536,6 +538,7 @@ class CudaBackend final : public KernelBackend {
   bool recording_ = false;
   uint64_t record_frees_ = 0;  // CudaAllocator::frees() when the recording began
   DeviceScratch decode_scratch_{alloc_};  // the split decode attention's partials
+  DeviceBuffer decode_counters_;          // and its per-(row, kv head) merge counters
   cudaStream_t stream_ = nullptr;
   DeviceScratch scratch_;
   DeviceScratch fp8_scratch_{alloc_};

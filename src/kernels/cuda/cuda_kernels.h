@@ -149,20 +149,26 @@ void paged_attention(cudaStream_t s, const PagedCacheArgs& c, const void* q, Ele
 // ---- paged_decode.cu: the same attention split over positions (flash-decoding), for
 // head_dim 64 or 128, n_heads / n_kv_heads in 1..8 and f32 / bf16 / int8 pages (the
 // `applies` check). splits (paged_decode_splits) depends on the row count only; with
-// splits > 1 the launcher needs paged_decode_scratch_bytes of device scratch.
+// splits > 1 the launcher needs paged_decode_scratch_bytes of device scratch and
+// n_rows * n_kv_heads counters that start at zero (the kernel leaves them at zero).
 bool paged_decode_applies(const PagedCacheArgs& c, int64_t n_heads);
 int paged_decode_splits(int64_t n_rows, int64_t n_kv_heads, int multiprocessors);
 size_t paged_decode_scratch_bytes(int64_t n_rows, int64_t n_heads, int64_t head_dim, int splits);
 void paged_decode(cudaStream_t s, const PagedCacheArgs& c, const void* q, Elem qt, int64_t n_rows,
                   int64_t n_heads, const int32_t* pages, const int64_t* page_start,
                   const int64_t* lengths, const PagedScores& scores, int splits, float* scratch,
-                  void* out, Elem ot, DeviceError* err);
+                  int* counters, void* out, Elem ot, DeviceError* err);
 
 // ---- gemv.cu: C[m, n] = alpha A[m, k] B[n, k]^T + beta C for m <= 8 (more rows are
 // clamped to 8: callers check), bf16 A and B (contiguous, 16-byte aligned, k % 8 == 0),
 // C f32 or bf16 [m, n] contiguous.
 void gemv_bf16(cudaStream_t s, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
                void* c, Elem ct, float alpha, float beta);
+// y_t[m, out_t] = A[m, k] W_t^T for count <= kGemvMaxTargets bf16 weights W_t [out_t, k]
+// of one input, in one launch; y_t contiguous of ct.
+constexpr int kGemvMaxTargets = 4;
+void gemv_bf16_many(cudaStream_t s, int64_t m, int64_t k, const void* a, const void* const* w,
+                    const int64_t* out, void* const* y, int count, Elem ct);
 
 // ---- int8.cu: per-row absmax int8 quantisation (kernels/quantize.h numerics) and the
 // scaled int8 GEMM C = alpha a_scale[m] b_scale[n] (A B^T) + beta C, A [m, k], B [n, k]

@@ -19,4 +19,6 @@ KernelBackend* cuda_backend() {
   return nullptr;
 }
 
+void cuda_op_profile_restart() {}
+
 }  // namespace hyperion

@@ -26,6 +26,8 @@ class OpProfiler {
   // After `stream` was synchronised: folds the events into the totals, then holds the
   // stream for the next ops.
   void synchronized(cudaStream_t stream);
+  // Drops the totals so far (events still pending are timed into the new totals).
+  void restart() { totals_.clear(); }
 
  private:
   explicit OpProfiler(std::string path) : path_(std::move(path)) {}

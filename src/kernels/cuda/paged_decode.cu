@@ -7,41 +7,72 @@
 // global loads per position. Here a block of 4 warps owns (row, kv head, split): every
 // query head of the GQA group shares each K and V load, a warp reads 2 or 4 keys per
 // instruction (8 elements per lane, 16-byte loads for bf16), and the splits of one row
-// run on different multiprocessors. Each split keeps an online softmax over tiles of 128
-// positions; a second kernel merges the splits' (max, sum, accumulator) in split order, so
-// the result does not depend on scheduling.
+// run on different multiprocessors. Each split keeps an online softmax over tiles of 64 to
+// 128 positions; the splits' (max, sum, accumulator) are merged in split order, so the
+// result does not depend on scheduling.
 //
 // The grid depends on the row count only (the split count is chosen from it): a row's
 // effective split count follows its length on the device, so a recorded step (a CUDA
-// graph) stays valid as the rows grow. Rows of length 0 (padding) get zeros.
+// graph) stays valid as the rows grow. Rows of length 0 (padding) get zeros. One launch:
+// the last split of a (row, kv head) to finish merges the others.
 #include "kernels/cuda/device_util.cuh"
 
 namespace hyperion::cuda {
 namespace {
 
 constexpr int kThreads = 128, kWarpsPerBlock = kThreads / 32;
-constexpr int kTile = 128;         // positions per online-softmax step
-constexpr int kMinPerSplit = 32;   // a split shorter than this is not worth its partials
+constexpr int kMinPerSplit = 16;  // a split shorter than this is not worth its partials
 constexpr int kMaxSplits = 32;
 enum : int32_t { kF32 = 0, kBF16 = 1, kI8 = 5 };
 
-// Eight consecutive cache elements of row `row` from column `col`, as f32.
+// Eight consecutive cache elements of one row, as loaded (so that a lane can have several
+// rows' loads in flight before it uses any) and then as f32.
 template <int CT>
-__device__ __forceinline__ void load8_cache(const void* base, const float* scales, int64_t row,
-                                            int64_t d, int64_t col, float (&v)[8]) {
-  const int64_t i = row * d + col;
-  if constexpr (CT == kBF16) {
-    load8(base, Elem::kBF16, i, v);
-  } else if constexpr (CT == kF32) {
-    load8(base, Elem::kF32, i, v);
-  } else {
-    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const int8_t*>(base) + i);
-    const auto* b = reinterpret_cast<const int8_t*>(&raw);
-    const float s = scales[row];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = static_cast<float>(b[j]) * s;
+struct Piece;
+template <>
+struct Piece<kBF16> {
+  uint4 raw;
+  __device__ __forceinline__ void load(const void* base, const float*, int64_t row, int64_t i) {
+    raw = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(base) + i);
   }
-}
+  __device__ __forceinline__ void get(float (&v)[8]) const {
+    const auto* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __bfloat1622float2(h2[k]);
+      v[2 * k] = f.x;
+      v[2 * k + 1] = f.y;
+    }
+  }
+};
+template <>
+struct Piece<kF32> {
+  float4 a, b;
+  __device__ __forceinline__ void load(const void* base, const float*, int64_t row, int64_t i) {
+    const auto* f4 = reinterpret_cast<const float4*>(static_cast<const float*>(base) + i);
+    a = f4[0];
+    b = f4[1];
+  }
+  __device__ __forceinline__ void get(float (&v)[8]) const {
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+    v[7] = b.w;
+  }
+};
+template <>
+struct Piece<kI8> {
+  uint2 raw;
+  float scale;
+  __device__ __forceinline__ void load(const void* base, const float* scales, int64_t row,
+                                       int64_t i) {
+    raw = *reinterpret_cast<const uint2*>(static_cast<const int8_t*>(base) + i);
+    scale = scales[row];
+  }
+  __device__ __forceinline__ void get(float (&v)[8]) const {
+    const auto* b = reinterpret_cast<const int8_t*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = static_cast<float>(b[j]) * scale;
+  }
+};
 
 __device__ __forceinline__ int64_t effective_splits(int64_t span, int splits) {
   const int64_t want = (span + kMinPerSplit - 1) / kMinPerSplit;
@@ -49,20 +80,28 @@ __device__ __forceinline__ int64_t effective_splits(int64_t span, int splits) {
 }
 
 // Grid (splits, kv heads, rows). D: head_dim; G: query heads per kv head, rounded up to a
-// power of two (the group's real size is n_heads / n_kv_heads).
+// power of two (the group's real size is n_heads / n_kv_heads). Each lane owns 8 columns
+// of kPasses positions per tile: their page ids, then their keys (and values) are loaded
+// before any is used, so a tile costs a few memory latencies rather than one per position.
+// With several splits, the last block of a (row, kv head) to finish merges the splits'
+// partials in split order (counters: one per (row, kv head), left at zero).
 template <int D, int G, int CT>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, G >= 8 ? 2 : 3)
     paged_decode_kernel(PagedCacheArgs c, const void* q, Elem qt, int64_t n_heads,
                         const int32_t* pages, const int64_t* page_start, const int64_t* lengths,
-                        PagedScores sc, int splits, float* part, void* out, Elem ot,
-                        DeviceError* err) {
+                        PagedScores sc, int splits, float* part, int* counters, void* out,
+                        Elem ot, DeviceError* err) {
   constexpr int kLanesPerRow = D / 8;
   constexpr int kRowsPerWarp = 32 / kLanesPerRow;
   constexpr int kRowsPerPass = kRowsPerWarp * kWarpsPerBlock;
+  // Loads in flight per lane: fewer where the registers are taken (8 query heads, f32).
+  constexpr int kPasses = (G >= 8 || CT == kF32) ? 4 : 8;
+  constexpr int kTile = kRowsPerPass * kPasses;
+  constexpr bool kEarlyV = CT != kF32;  // values loaded with the keys
   __shared__ float s_score[G][kTile];
-  __shared__ int64_t s_row[kTile];
   __shared__ float s_m[G], s_l[G], s_corr[G];
   __shared__ float s_acc[kWarpsPerBlock][G][D];
+  __shared__ int s_last;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int lg = lane / kLanesPerRow, sub = lane % kLanesPerRow;
@@ -97,23 +136,34 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int64_t t0 = lo; t0 < hi; t0 += kTile) {
     const int tn = static_cast<int>(imin(kTile, hi - t0));
-    // Scores: each group of kLanesPerRow lanes takes one position per pass; every lane
-    // runs every pass (the shuffles need the whole warp).
-    for (int base = warp * kRowsPerWarp; base < tn; base += kRowsPerPass) {
-      const int i = base + lg;
-      const bool in = i < tn;
-      float kv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      int64_t row = -1;
-      if (in) {
+    // This lane's positions of the tile: pass ps holds tile row ps * kRowsPerPass + ...
+    int32_t row[kPasses];  // cache rows fit (paged_decode_applies)
+#pragma unroll
+    for (int ps = 0; ps < kPasses; ++ps) {
+      const int i = ps * kRowsPerPass + warp * kRowsPerWarp + lg;
+      row[ps] = -1;
+      if (i < tn) {
         const int64_t p = t0 + i;
         const int32_t page = table[p / pt];
-        if (page >= 0 && page < c.num_pages) {
-          row = (int64_t(page) * c.n_kv_heads + h) * pt + p % pt;
-          load8_cache<CT>(c.k, c.k_scale, row, D, sub * 8, kv);
-        } else if (sub == 0) {
+        if (page >= 0 && page < c.num_pages)
+          row[ps] = static_cast<int32_t>((int64_t(page) * c.n_kv_heads + h) * pt + p % pt);
+        else if (sub == 0)
           record_error(err, kPageOutOfRange, r, page, c.num_pages);
-        }
       }
+    }
+    Piece<CT> kp[kPasses], vp[kEarlyV ? kPasses : 1];
+#pragma unroll
+    for (int ps = 0; ps < kPasses; ++ps)
+      if (row[ps] >= 0) {
+        kp[ps].load(c.k, c.k_scale, row[ps], int64_t(row[ps]) * D + sub * 8);
+        if constexpr (kEarlyV) vp[ps].load(c.v, c.v_scale, row[ps], int64_t(row[ps]) * D + sub * 8);
+      }
+    // Scores: every lane runs every pass (the shuffles need the whole warp).
+#pragma unroll
+    for (int ps = 0; ps < kPasses; ++ps) {
+      const int i = ps * kRowsPerPass + warp * kRowsPerWarp + lg;
+      float kv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (row[ps] >= 0) kp[ps].get(kv);
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         float dot = 0.0f;
@@ -121,13 +171,12 @@ __global__ void __launch_bounds__(kThreads)
         for (int j = 0; j < 8; ++j) dot += qv[g][j] * kv[j];
 #pragma unroll
         for (int o = kLanesPerRow / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        if (in && sub == 0 && g < group) {
-          float s = dot * sc.scale;
-          if (sc.softcap > 0.0f) s = sc.softcap * tanhf(s / sc.softcap);
-          s_score[g][i] = row >= 0 ? s : -INFINITY;
+        if (i < tn && sub == 0 && g < group) {
+          float sv = dot * sc.scale;
+          if (sc.softcap > 0.0f) sv = sc.softcap * tanhf(sv / sc.softcap);
+          s_score[g][i] = row[ps] >= 0 ? sv : -INFINITY;
         }
       }
-      if (in && sub == 0) s_row[i] = row;
     }
     __syncthreads();
     // The tile's softmax, one warp per query head.
@@ -157,11 +206,18 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[g][j] *= corr;
     }
-    for (int base = warp * kRowsPerWarp; base < tn; base += kRowsPerPass) {
-      const int i = base + lg;
-      if (i >= tn || s_row[i] < 0) continue;
+#pragma unroll
+    for (int ps = 0; ps < kPasses; ++ps) {
+      if (row[ps] < 0) continue;
+      const int i = ps * kRowsPerPass + warp * kRowsPerWarp + lg;
       float vv[8];
-      load8_cache<CT>(c.v, c.v_scale, s_row[i], D, sub * 8, vv);
+      if constexpr (kEarlyV) {
+        vp[ps].get(vv);
+      } else {
+        Piece<CT> v;
+        v.load(c.v, c.v_scale, row[ps], int64_t(row[ps]) * D + sub * 8);
+        v.get(vv);
+      }
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         const float pr = g < group ? s_score[g][i] : 0.0f;
@@ -169,7 +225,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int j = 0; j < 8; ++j) acc[g][j] += pr * vv[j];
       }
     }
-    __syncthreads();  // the next tile rewrites s_score and s_row
+    __syncthreads();  // the next tile rewrites s_score
   }
 
   // Sum the lane groups of each warp (lanes with the same columns), then the warps.
@@ -183,6 +239,7 @@ __global__ void __launch_bounds__(kThreads)
       if (lg == 0) s_acc[warp][g][sub * 8 + j] = a;
     }
   __syncthreads();
+  const int64_t stride = D + 2;  // one split's partial of one head: m, l, D sums
   for (int idx = threadIdx.x; idx < group * D; idx += kThreads) {
     const int g = idx / D, col = idx % D;
     float a = 0.0f;
@@ -192,77 +249,76 @@ __global__ void __launch_bounds__(kThreads)
       const float l = s_l[g];
       store(out, ot, (head0 + g) * D + col, l > 0.0f ? a / l : 0.0f);
     } else {
-      part[((head0 + g) * splits + split) * (D + 2) + 2 + col] = a;
+      part[((head0 + g) * splits + split) * stride + 2 + col] = a;
     }
   }
-  if (splits > 1 && threadIdx.x < group) {
-    float* ml = part + ((head0 + threadIdx.x) * splits + split) * (D + 2);
+  if (splits == 1) return;
+  if (threadIdx.x < group) {
+    float* ml = part + ((head0 + threadIdx.x) * splits + split) * stride;
     ml[0] = s_m[threadIdx.x];
     ml[1] = s_l[threadIdx.x];
   }
-}
-
-// One warp per (row, query head): the splits' partials merged in split order.
-__global__ void paged_decode_merge_kernel(const float* part, const int64_t* lengths,
-                                          int64_t n_rows, int64_t n_heads, int64_t d,
-                                          int splits, int64_t window, void* out, Elem ot) {
-  const int lane = threadIdx.x & 31;
-  const int64_t w = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (w >= n_rows * n_heads) return;
-  const int64_t len = lengths[w / n_heads];
-  const int64_t first = window > 0 && len > window ? len - window : 0;
-  const int64_t eff = len > 0 ? effective_splits(len - first, splits) : 0;
-  const float* base = part + w * splits * (d + 2);
-  float m = -INFINITY;
-  for (int64_t s = 0; s < eff; ++s) m = fmaxf(m, base[s * (d + 2)]);
-  float l = 0.0f;
-  for (int64_t s = 0; s < eff; ++s) {
-    const float ms = base[s * (d + 2)];
-    if (ms != -INFINITY) l += base[s * (d + 2) + 1] * __expf(ms - m);
+  // The last split of this (row, kv head) to finish merges all of them, in split order.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int done = atomicAdd(counters + r * c.n_kv_heads + h, 1);
+    s_last = done == eff - 1;
   }
-  for (int64_t col = lane; col < d; col += 32) {
-    float a = 0.0f;
-    for (int64_t s = 0; s < eff; ++s) {
-      const float ms = base[s * (d + 2)];
-      if (ms != -INFINITY) a += base[s * (d + 2) + 2 + col] * __expf(ms - m);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < group * D; idx += kThreads) {
+    const int g = idx / D, col = idx % D;
+    const float* base = part + (head0 + g) * splits * stride;
+    float m = -INFINITY;
+    for (int64_t t = 0; t < eff; ++t) m = fmaxf(m, __ldcg(base + t * stride));
+    float l = 0.0f, a = 0.0f;
+    for (int64_t t = 0; t < eff; ++t) {
+      const float ms = __ldcg(base + t * stride);
+      if (ms == -INFINITY) continue;
+      const float w = __expf(ms - m);
+      l += __ldcg(base + t * stride + 1) * w;
+      a += __ldcg(base + t * stride + 2 + col) * w;
     }
-    store(out, ot, w * d + col, l > 0.0f ? a / l : 0.0f);
+    store(out, ot, (head0 + g) * D + col, l > 0.0f ? a / l : 0.0f);
   }
+  if (threadIdx.x == 0) counters[r * c.n_kv_heads + h] = 0;  // ready for the next launch
 }
 
 template <int D, int G>
 void launch_for_cache(cudaStream_t s, dim3 grid, const PagedCacheArgs& c, const void* q, Elem qt,
                       int64_t n_heads, const int32_t* pages, const int64_t* page_start,
                       const int64_t* lengths, const PagedScores& sc, int splits, float* part,
-                      void* out, Elem ot, DeviceError* err) {
+                      int* counters, void* out, Elem ot, DeviceError* err) {
   if (c.dtype == kBF16)
     paged_decode_kernel<D, G, kBF16><<<grid, kThreads, 0, s>>>(
-        c, q, qt, n_heads, pages, page_start, lengths, sc, splits, part, out, ot, err);
+        c, q, qt, n_heads, pages, page_start, lengths, sc, splits, part, counters, out, ot, err);
   else if (c.dtype == kF32)
     paged_decode_kernel<D, G, kF32><<<grid, kThreads, 0, s>>>(
-        c, q, qt, n_heads, pages, page_start, lengths, sc, splits, part, out, ot, err);
+        c, q, qt, n_heads, pages, page_start, lengths, sc, splits, part, counters, out, ot, err);
   else
     paged_decode_kernel<D, G, kI8><<<grid, kThreads, 0, s>>>(
-        c, q, qt, n_heads, pages, page_start, lengths, sc, splits, part, out, ot, err);
+        c, q, qt, n_heads, pages, page_start, lengths, sc, splits, part, counters, out, ot, err);
 }
 
 template <int D>
 void launch_for_dim(cudaStream_t s, dim3 grid, int group, const PagedCacheArgs& c, const void* q,
                     Elem qt, int64_t n_heads, const int32_t* pages, const int64_t* page_start,
                     const int64_t* lengths, const PagedScores& sc, int splits, float* part,
-                    void* out, Elem ot, DeviceError* err) {
+                    int* counters, void* out, Elem ot, DeviceError* err) {
   if (group <= 1)
     launch_for_cache<D, 1>(s, grid, c, q, qt, n_heads, pages, page_start, lengths, sc, splits,
-                           part, out, ot, err);
+                           part, counters, out, ot, err);
   else if (group <= 2)
     launch_for_cache<D, 2>(s, grid, c, q, qt, n_heads, pages, page_start, lengths, sc, splits,
-                           part, out, ot, err);
+                           part, counters, out, ot, err);
   else if (group <= 4)
     launch_for_cache<D, 4>(s, grid, c, q, qt, n_heads, pages, page_start, lengths, sc, splits,
-                           part, out, ot, err);
+                           part, counters, out, ot, err);
   else
     launch_for_cache<D, 8>(s, grid, c, q, qt, n_heads, pages, page_start, lengths, sc, splits,
-                           part, out, ot, err);
+                           part, counters, out, ot, err);
 }
 
 }  // namespace
@@ -270,14 +326,15 @@ void launch_for_dim(cudaStream_t s, dim3 grid, int group, const PagedCacheArgs& 
 bool paged_decode_applies(const PagedCacheArgs& c, int64_t n_heads) {
   const int64_t group = c.n_kv_heads > 0 ? n_heads / c.n_kv_heads : 0;
   return (c.head_dim == 64 || c.head_dim == 128) && group >= 1 && group <= 8 &&
-         n_heads % c.n_kv_heads == 0 &&
+         n_heads % c.n_kv_heads == 0 && c.num_pages * c.n_kv_heads * c.page_tokens < (1LL << 31) &&
          (c.dtype == kF32 || c.dtype == kBF16 || c.dtype == kI8);
 }
 
 int paged_decode_splits(int64_t n_rows, int64_t n_kv_heads, int multiprocessors) {
-  const int64_t blocks = n_rows * n_kv_heads;
-  if (blocks <= 0 || blocks >= multiprocessors) return 1;
-  const int64_t want = (2 * int64_t(multiprocessors) + blocks - 1) / blocks;
+  // About four blocks per multiprocessor: each is latency-bound, several hide each other.
+  const int64_t blocks = n_rows * n_kv_heads, target = 4 * int64_t(multiprocessors);
+  if (blocks <= 0 || blocks >= target) return 1;
+  const int64_t want = (target + blocks - 1) / blocks;
   return static_cast<int>(want < kMaxSplits ? want : kMaxSplits);
 }
 
@@ -290,22 +347,17 @@ size_t paged_decode_scratch_bytes(int64_t n_rows, int64_t n_heads, int64_t head_
 void paged_decode(cudaStream_t s, const PagedCacheArgs& c, const void* q, Elem qt, int64_t n_rows,
                   int64_t n_heads, const int32_t* pages, const int64_t* page_start,
                   const int64_t* lengths, const PagedScores& sc, int splits, float* scratch,
-                  void* out, Elem ot, DeviceError* err) {
+                  int* counters, void* out, Elem ot, DeviceError* err) {
   if (n_rows <= 0) return;
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(c.n_kv_heads),
                   static_cast<unsigned>(n_rows));
   const int group = static_cast<int>(n_heads / c.n_kv_heads);
   if (c.head_dim == 64)
     launch_for_dim<64>(s, grid, group, c, q, qt, n_heads, pages, page_start, lengths, sc, splits,
-                       scratch, out, ot, err);
+                       scratch, counters, out, ot, err);
   else
     launch_for_dim<128>(s, grid, group, c, q, qt, n_heads, pages, page_start, lengths, sc, splits,
-                        scratch, out, ot, err);
-  if (splits > 1) {
-    const int64_t warps = n_rows * n_heads;
-    paged_decode_merge_kernel<<<static_cast<unsigned>((warps + 3) / 4), 128, 0, s>>>(
-        scratch, lengths, n_rows, n_heads, c.head_dim, splits, sc.window, out, ot);
-  }
+                        scratch, counters, out, ot, err);
 }
 
 }  // namespace hyperion::cuda
