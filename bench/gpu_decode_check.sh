@@ -29,7 +29,7 @@ head -3 "$DEST/env.txt" | tail -1
 
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout 240 "$BIN/hyperion_tests" \
-    --gtest_filter='*PagedStepParity*:DeviceEngine.*:*BackendParity.Paged*:*BackendParity.GemmAtDecodeRows*:*BackendParity.LinearMany*:*BackendParity.ArgmaxRows*:*DeviceModel.*' \
+    --gtest_filter='*PagedStepParity*:DeviceEngine.*:*BackendParity.Paged*:*BackendParity.GemmAtDecodeRows*:*BackendParity.LinearMany*:*BackendParity.LinearInt8*:*BackendParity.ArgmaxRows*:*DeviceModel.*' \
     > "$DEST/tests.log" 2>&1
   echo "device tests: exit $?"
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error" "$DEST/tests.log" | head -20

@@ -68,6 +68,31 @@ class KernelBackend {
     for (const LinearTarget& t : targets)
       gemm_contiguous(Trans::kN, Trans::kT, n, t.out, in, x, x_dtype, t.w, w_dtype, t.y, y_dtype);
   }
+  // The same for int8 weights (model/linear.h, kInt8): x [n, in] quantised per row once
+  // (quantize_rows into qx [n, in] and qscale [n], this backend's memory), then each
+  // y_t = (qx W_t^T) * qscale * scale_t + beta_t y_t, W_t int8 [out_t, in] with its row
+  // scales. A GPU
+  // quantises inside the matmul for a decode step's few rows (one launch for all targets).
+  struct Int8Target {
+    const int8_t* w = nullptr;
+    const float* scale = nullptr;
+    int64_t out = 0;
+    void* y = nullptr;
+    float beta = 0.0f;  // y_t = product + beta * y_t
+  };
+  virtual void linear_int8_many(const void* x, DType x_dtype, int64_t n, int64_t in,
+                                DType y_dtype, std::span<const Int8Target> targets, int8_t* qx,
+                                float* qscale) {
+    quantize_rows(view(const_cast<void*>(x), x_dtype, {n, in}), view(qx, DType::kI8, {n, in}),
+                  qscale);
+    for (const Int8Target& t : targets) {
+      GemmArgs g = contiguous_gemm_args(Trans::kN, Trans::kT, n, t.out, in, qx, DType::kI8, t.w,
+                                        DType::kI8, t.y, y_dtype, t.beta);
+      g.a_scale = qscale;
+      g.b_scale = t.scale;
+      gemm(g);
+    }
+  }
   // Normalisation (kernels/rmsnorm.h).
   virtual void rmsnorm_forward(const TensorView& x, const TensorView& weight, float eps,
                                const TensorView& y, const TensorView& rstd,

@@ -81,12 +81,40 @@ const int8_t* LinearWeights::int8_matrix(int index, const float** scales) const 
   return it->second.w.data();
 }
 
+void LinearWeights::forward_int8_device(std::span<const int> indices, const void* x,
+                                        std::span<void* const> ys, DType yd, int64_t n,
+                                        float beta) {
+  std::vector<KernelBackend::Int8Target> targets;
+  int64_t in = -1;
+  for (size_t t = 0; t < indices.size(); ++t) {
+    const QuantMatrix& qm = quant_.at(indices[t]);
+    HYP_CHECK(in < 0 || qm.in == in, "linear: the weights of one input differ in width");
+    in = qm.in;
+    targets.push_back({qm.dw.as<int8_t>(), qm.dscale.as<float>(), qm.out, ys[t], beta});
+  }
+  if (targets.empty()) return;
+  const size_t need = static_cast<size_t>(n * in);
+  if (dqx_.bytes() < need) dqx_ = DeviceBuffer(backend_.allocator(), need);
+  if (dqscale_.bytes() < static_cast<size_t>(n) * 4)
+    dqscale_ = DeviceBuffer(backend_.allocator(), static_cast<size_t>(n) * 4);
+  backend_.linear_int8_many(x, act_dtype(), n, in, yd, targets, dqx_.as<int8_t>(),
+                            dqscale_.as<float>());
+}
+
 void LinearWeights::forward_many(std::span<const int> indices, const void* x,
                                  std::span<void* const> ys, DType yd, int64_t n) {
   HYP_CHECK(indices.size() == ys.size(), "linear: {} weights but {} outputs", indices.size(),
             ys.size());
-  bool quantised = false;
-  for (int i : indices) quantised = quantised || quant_.count(i) > 0;
+  bool quantised = false, device = true;
+  for (int i : indices) {
+    auto it = quant_.find(i);
+    quantised = quantised || it != quant_.end();
+    device = device && it != quant_.end() && !it->second.dw.empty();
+  }
+  if (quantised && device) {
+    forward_int8_device(indices, x, ys, yd, n);
+    return;
+  }
   if (quantised) {
     for (size_t t = 0; t < indices.size(); ++t) forward(indices[t], x, ys[t], yd, n);
     return;
@@ -114,18 +142,10 @@ void LinearWeights::forward(int index, const void* x, void* y, DType yd, int64_t
   }
   const QuantMatrix& qm = it->second;
   const size_t need = static_cast<size_t>(n * qm.in);
-  if (!qm.dw.empty()) {  // on a device: quantise there, the int8 GEMM there
-    if (dqx_.bytes() < need) dqx_ = DeviceBuffer(backend_.allocator(), need);
-    if (dqscale_.bytes() < static_cast<size_t>(n) * 4)
-      dqscale_ = DeviceBuffer(backend_.allocator(), static_cast<size_t>(n) * 4);
-    backend_.quantize_rows(backend_.view(const_cast<void*>(x), act_dtype(), {n, qm.in}),
-                           backend_.view(dqx_.data(), DType::kI8, {n, qm.in}),
-                           dqscale_.as<float>());
-    GemmArgs g = contiguous_gemm_args(Trans::kN, Trans::kT, n, qm.out, qm.in, dqx_.data(),
-                                      DType::kI8, qm.dw.data(), DType::kI8, y, yd, beta);
-    g.a_scale = dqscale_.as<float>();
-    g.b_scale = qm.dscale.as<float>();
-    backend_.gemm(g);
+  if (!qm.dw.empty()) {  // on a device: quantised and multiplied there
+    const int idx[1] = {index};
+    void* const ys[1] = {y};
+    forward_int8_device(idx, x, ys, yd, n, beta);
     return;
   }
   if (qx_.size() < need) qx_ = AlignedBuffer<int8_t>(need);

@@ -100,6 +100,10 @@ class LinearWeights {
     int64_t out = 0, in = 0;
   };
 
+  // int8 matrices held on a device: x quantised once for all of them (linear_int8_many).
+  void forward_int8_device(std::span<const int> indices, const void* x, std::span<void* const> ys,
+                           DType yd, int64_t n, float beta = 0.0f);
+
   const ParamStore& params_;
   KernelBackend& backend_;
   WeightFormat format_;

@@ -211,6 +211,55 @@ TEST_P(BackendParity, LinearManyEqualsOneGemmEach) {
   }
 }
 
+// int8 weights of one input (model/linear.h, kInt8): the rows quantised once, each
+// product scaled by the row and weight scales, with and without accumulation. On a GPU
+// the decode rows are quantised inside the matmul: the same int8 values and exact int32
+// sums as the host's, so only the final f32 products may differ, by rounding.
+TEST_P(BackendParity, LinearInt8ManyEqualsTheHost) {
+  std::mt19937 rng(15);
+  const int64_t in = 272;
+  const std::vector<int64_t> outs = {37, 16};
+  for (int64_t m : {1, 2, 4, 5}) {
+    for (DType yt : {DType::kF32, DType::kBF16}) {
+      for (float beta : {0.0f, 1.0f}) {
+        Tensor x = random_tensor(DType::kBF16, {m, in}, rng);
+        Dev dx = dev(x), qx = dev(DType::kI8, {m, in}), qs = dev(DType::kF32, {m});
+        std::vector<Tensor> w8, y0;
+        std::vector<std::vector<float>> scales;
+        std::vector<Dev> dw, ds, dy;
+        std::vector<KernelBackend::Int8Target> targets, host_targets;
+        for (int64_t o : outs) {
+          Tensor wf = random_tensor(DType::kF32, {o, in}, rng);
+          w8.push_back(Tensor(DType::kI8, {o, in}));
+          scales.emplace_back(static_cast<size_t>(o));
+          host_backend().quantize_rows(wf, w8.back(), scales.back().data());
+          y0.push_back(random_tensor(yt, {m, o}, rng));
+          dw.push_back(dev(w8.back()));
+          ds.push_back(dev(scales.back()));
+          dy.push_back(dev(y0.back()));
+        }
+        std::vector<Tensor> want;
+        for (size_t t = 0; t < outs.size(); ++t) {
+          want.push_back(y0[t].clone());
+          targets.push_back({dw[t].as<int8_t>(), ds[t].as<float>(), outs[t], dy[t].data(), beta});
+          host_targets.push_back(
+              {w8[t].as<int8_t>(), scales[t].data(), outs[t], want.back().data(), beta});
+        }
+        std::vector<int8_t> hqx(static_cast<size_t>(m * in));
+        std::vector<float> hqs(static_cast<size_t>(m));
+        host_backend().linear_int8_many(x.data(), DType::kBF16, m, in, yt, host_targets,
+                                        hqx.data(), hqs.data());
+        k().linear_int8_many(dx.data(), DType::kBF16, m, in, yt, targets, qx.as<int8_t>(),
+                             qs.as<float>());
+        for (size_t t = 0; t < outs.size(); ++t)
+          expect_close(dy[t], want[t], yt == DType::kF32 ? 1e-5 : 8e-3, 1e-6,
+                       "m=" + std::to_string(m) + " target " + std::to_string(t) + " " +
+                           std::string(dtype_name(yt)) + " beta=" + std::to_string(beta));
+      }
+    }
+  }
+}
+
 TEST_P(BackendParity, RmsNormBothOffsets) {
   std::mt19937 rng(2);
   for (float offset : {0.0f, 1.0f}) {

@@ -157,6 +157,36 @@ void CudaBackend::linear_many(const void* x, DType x_dtype, int64_t n, int64_t i
   }
 }
 
+void CudaBackend::linear_int8_many(const void* x, DType x_dtype, int64_t n, int64_t in,
+                                   DType y_dtype, std::span<const Int8Target> targets, int8_t* qx,
+                                   float* qscale) {
+  bool fused = gemv_enabled_ && x_dtype == DType::kBF16 &&
+               (y_dtype == DType::kF32 || y_dtype == DType::kBF16) &&
+               cuda::int8_linear_quantising_applies(n, in) &&
+               targets.size() <= static_cast<size_t>(cuda::kInt8MaxTargets) && vec8_aligned({x});
+  for (const Int8Target& t : targets) fused = fused && vec8_aligned({t.w}) && t.out >= 0;
+  if (!fused) {
+    KernelBackend::linear_int8_many(x, x_dtype, n, in, y_dtype, targets, qx, qscale);
+    return;
+  }
+  const int8_t* w[cuda::kInt8MaxTargets];
+  const float* scales[cuda::kInt8MaxTargets];
+  int64_t out[cuda::kInt8MaxTargets];
+  void* y[cuda::kInt8MaxTargets];
+  float beta[cuda::kInt8MaxTargets];
+  for (size_t i = 0; i < targets.size(); ++i) {
+    w[i] = targets[i].w;
+    scales[i] = targets[i].scale;
+    out[i] = targets[i].out;
+    y[i] = targets[i].y;
+    beta[i] = targets[i].beta;
+  }
+  cuda::int8_linear_quantising(stream_, n, in, x, w, scales, out, y, beta,
+                               static_cast<int>(targets.size()),
+                               y_dtype == DType::kF32 ? Elem::kF32 : Elem::kBF16);
+  launched("linear_int8_many");
+}
+
 // The int8-weight matmul's form (model/linear.cc): A [m, k] int8 rows with a_scale, B
 // [n, k] int8 weights with b_scale, C f32|bf16 [m, n]; the layouts the one-pass kernel reads.
 void CudaBackend::gemm_int8(const GemmArgs& g) {
@@ -424,11 +454,12 @@ void CudaBackend::decode_attention(const char* op, const PagedCacheArgs& c, cons
       params.window, params.softcap};
   const Elem qt = elem_of(op, "q", q), ot = elem_of(op, "out", out);
   if (cuda::paged_decode_applies(c, heads) && vec8_aligned({q.data, c.k, c.v})) {
-    const int splits = cuda::paged_decode_splits(n_rows, c.n_kv_heads, multiprocessors_);
+    const int splits = cuda::paged_decode_splits(n_rows, c.n_kv_heads, multiprocessors_,
+                                                 decode_tuning_.blocks_per_multiprocessor);
     const size_t bytes = cuda::paged_decode_scratch_bytes(n_rows, heads, c.head_dim, splits);
     auto* part = bytes > 0 ? static_cast<float*>(decode_scratch_.get(bytes)) : nullptr;
     int* counters = nullptr;
-    if (splits > 1) {  // zeroed when made; the kernel leaves them at zero
+    if (splits > 1 && decode_tuning_.merge_in_kernel) {  // zeroed when made; left at zero
       const size_t need = static_cast<size_t>(n_rows * c.n_kv_heads) * sizeof(int);
       if (decode_counters_.bytes() < need) {
         decode_counters_ = DeviceBuffer();
@@ -438,7 +469,8 @@ void CudaBackend::decode_attention(const char* op, const PagedCacheArgs& c, cons
       counters = decode_counters_.as<int>();
     }
     cuda::paged_decode(stream_, c, q.data, qt, n_rows, heads, pages, page_start, lengths, scores,
-                       splits, part, counters, out.data, ot, device_error());
+                       splits, decode_tuning_.min_per_split, part, counters, out.data, ot,
+                       device_error());
   } else {
     cuda::paged_attention(stream_, c, q.data, qt, n_rows, heads, pages, page_start, lengths,
                           scores, out.data, ot, device_error());

@@ -72,6 +72,7 @@ class CudaBackend final : public KernelBackend {
     profiler_ = OpProfiler::from_environment();
     const char* gemv = std::getenv("HYPERION_CUDA_GEMV");  // 0: cuBLASLt for every GEMM
     gemv_enabled_ = gemv == nullptr || std::string(gemv) != "0";
+    decode_tuning_ = DecodeTuning::from_environment();
   }
 
   Device device() const override { return Device::kCuda; }
@@ -139,6 +140,8 @@ class CudaBackend final : public KernelBackend {
   void gemm(const GemmArgs& g) override;
   void linear_many(const void* x, DType x_dtype, int64_t n, int64_t in, DType w_dtype,
                    DType y_dtype, std::span<const LinearTarget> targets) override;
+  void linear_int8_many(const void* x, DType x_dtype, int64_t n, int64_t in, DType y_dtype,
+                        std::span<const Int8Target> targets, int8_t* qx, float* qscale) override;
   void quantize_rows(const TensorView& x, const TensorView& q, float* scales) override {
     const char* op = "quantize_rows";
     check(op, {&x, &q});
@@ -399,7 +402,10 @@ class CudaBackend final : public KernelBackend {
     HYP_CHECK(x.rank() == 2 && x.dtype == DType::kF32 && out.dtype == DType::kI32 &&
                   out.numel() == x.shape[0],
               "{}: x {} must be f32 [rows, n] and out {} i32 [rows]", op, x.str(), out.str());
-    cuda::argmax_rows(stream_, x.as<float>(), x.shape[0], x.shape[1], out.as<int32_t>());
+    void* scratch =
+        scratch_.get(static_cast<size_t>(cuda::argmax_scratch_bytes(x.shape[0], x.shape[1])));
+    cuda::argmax_rows(stream_, x.as<float>(), x.shape[0], x.shape[1], out.as<int32_t>(),
+                      scratch);
     launched(op);
   }
   void embedding_backward(const TensorView& ids, const TensorView& dout, const TensorView& dtable,
@@ -537,6 +543,28 @@ class CudaBackend final : public KernelBackend {
   OpProfiler* profiler_ = nullptr;  // HYPERION_CUDA_OP_TIMES
   bool recording_ = false;
   uint64_t record_frees_ = 0;  // CudaAllocator::frees() when the recording began
+  // The split decode attention's shape (paged_decode.cu), overridable for tuning:
+  // HYPERION_DECODE_SPLITS_PER_SM, HYPERION_DECODE_MIN_SPLIT, HYPERION_DECODE_MERGE
+  // (kernel: a second kernel merges the splits; last: the last split to finish does).
+  struct DecodeTuning {
+    int blocks_per_multiprocessor = 2;
+    int min_per_split = 32;
+    bool merge_in_kernel = false;
+    static DecodeTuning from_environment() {
+      DecodeTuning t;
+      auto number = [](const char* name, int fallback) {
+        const char* v = std::getenv(name);
+        const int n = v != nullptr ? std::atoi(v) : 0;
+        return n >= 1 && n <= 4096 ? n : fallback;
+      };
+      t.blocks_per_multiprocessor = number("HYPERION_DECODE_SPLITS_PER_SM", 2);
+      t.min_per_split = number("HYPERION_DECODE_MIN_SPLIT", 32);
+      const char* merge = std::getenv("HYPERION_DECODE_MERGE");
+      t.merge_in_kernel = merge != nullptr && std::string(merge) == "last";
+      return t;
+    }
+  };
+  DecodeTuning decode_tuning_;
   DeviceScratch decode_scratch_{alloc_};  // the split decode attention's partials
   DeviceBuffer decode_counters_;          // and its per-(row, kv head) merge counters
   cudaStream_t stream_ = nullptr;

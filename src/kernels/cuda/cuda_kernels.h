@@ -79,7 +79,10 @@ void rmsnorm_backward(cudaStream_t s, const void* dy, const void* x, Elem t, con
                       int64_t h, float offset, float* scratch);
 
 // ---- argmax.cu
-void argmax_rows(cudaStream_t s, const float* x, int64_t rows, int64_t n, int32_t* out);
+// scratch: argmax_scratch_bytes(rows, n) of device memory.
+int64_t argmax_scratch_bytes(int64_t rows, int64_t n);
+void argmax_rows(cudaStream_t s, const float* x, int64_t rows, int64_t n, int32_t* out,
+                 void* scratch);
 
 // ---- cross_entropy.cu
 // row_loss [n] f32 (0 for ignored rows); result[0] = mean loss (f64), result[1] = count.
@@ -148,16 +151,20 @@ void paged_attention(cudaStream_t s, const PagedCacheArgs& c, const void* q, Ele
                      void* out, Elem ot, DeviceError* err);
 // ---- paged_decode.cu: the same attention split over positions (flash-decoding), for
 // head_dim 64 or 128, n_heads / n_kv_heads in 1..8 and f32 / bf16 / int8 pages (the
-// `applies` check). splits (paged_decode_splits) depends on the row count only; with
-// splits > 1 the launcher needs paged_decode_scratch_bytes of device scratch and
-// n_rows * n_kv_heads counters that start at zero (the kernel leaves them at zero).
+// `applies` check). splits (paged_decode_splits: about blocks_per_multiprocessor blocks
+// per multiprocessor) depends on the row count only, and a row uses as many of them as
+// leave min_per_split positions each. With splits > 1 the launcher needs
+// paged_decode_scratch_bytes of device scratch, and the splits are merged either by a
+// second kernel (counters null) or by the last split to finish (n_rows * n_kv_heads
+// counters that start at zero; the kernel leaves them at zero).
 bool paged_decode_applies(const PagedCacheArgs& c, int64_t n_heads);
-int paged_decode_splits(int64_t n_rows, int64_t n_kv_heads, int multiprocessors);
+int paged_decode_splits(int64_t n_rows, int64_t n_kv_heads, int multiprocessors,
+                        int blocks_per_multiprocessor);
 size_t paged_decode_scratch_bytes(int64_t n_rows, int64_t n_heads, int64_t head_dim, int splits);
 void paged_decode(cudaStream_t s, const PagedCacheArgs& c, const void* q, Elem qt, int64_t n_rows,
                   int64_t n_heads, const int32_t* pages, const int64_t* page_start,
-                  const int64_t* lengths, const PagedScores& scores, int splits, float* scratch,
-                  int* counters, void* out, Elem ot, DeviceError* err);
+                  const int64_t* lengths, const PagedScores& scores, int splits, int min_per_split,
+                  float* scratch, int* counters, void* out, Elem ot, DeviceError* err);
 
 // ---- gemv.cu: C[m, n] = alpha A[m, k] B[n, k]^T + beta C for m <= 8 (more rows are
 // clamped to 8: callers check), bf16 A and B (contiguous, 16-byte aligned, k % 8 == 0),
@@ -178,6 +185,19 @@ void quantize_rows_i8(cudaStream_t s, const void* x, Elem xt, int64_t rows, int6
 void int8_gemm_scaled(cudaStream_t s, int64_t m, int64_t n, int64_t k, const int8_t* a,
                       const float* a_scale, const int8_t* b, const float* b_scale, void* c,
                       Elem ct, float alpha, float beta);
+// KernelBackend::linear_int8_many for a decode step's rows: x [m, k] bf16 quantised per
+// row inside the kernel (the same rule), then y_t = (qx W_t^T) * qscale * scales_t +
+// beta_t y_t for
+// count <= kInt8MaxTargets int8 weights W_t [out_t, k], one launch. Applies for m <= 4,
+// k % 16 == 0 and m * k <= 40 KiB (the quantised rows sit in shared memory), x and W_t
+// 16-byte aligned.
+constexpr int kInt8MaxTargets = 4;
+constexpr int64_t kInt8QuantisingMaxRows = 4;
+bool int8_linear_quantising_applies(int64_t m, int64_t k);
+void int8_linear_quantising(cudaStream_t s, int64_t m, int64_t k, const void* x,
+                            const int8_t* const* w, const float* const* scales,
+                            const int64_t* out, void* const* y, const float* beta, int count,
+                            Elem ct);
 
 // ---- profiling (cuda_backend.cc, HYPERION_CUDA_OP_TIMES): a kernel that holds the stream
 // for `nanoseconds`, so that the ops queued behind it run back to back and the events

@@ -21,8 +21,7 @@ namespace hyperion::cuda {
 namespace {
 
 constexpr int kThreads = 128, kWarpsPerBlock = kThreads / 32;
-constexpr int kMinPerSplit = 16;  // a split shorter than this is not worth its partials
-constexpr int kMaxSplits = 32;
+constexpr int kMaxSplits = 32;  // a warp merges the splits, a lane each
 enum : int32_t { kF32 = 0, kBF16 = 1, kI8 = 5 };
 
 // Eight consecutive cache elements of one row, as loaded (so that a lane can have several
@@ -74,9 +73,31 @@ struct Piece<kI8> {
   }
 };
 
-__device__ __forceinline__ int64_t effective_splits(int64_t span, int splits) {
-  const int64_t want = (span + kMinPerSplit - 1) / kMinPerSplit;
+// A row's splits: no more than `splits`, none shorter than min_per_split positions.
+__device__ __forceinline__ int64_t effective_splits(int64_t span, int splits, int min_per_split) {
+  const int64_t want = (span + min_per_split - 1) / min_per_split;
   return want < 1 ? 1 : (want < splits ? want : splits);
+}
+
+// One warp merges the eff splits of (row, query head) hw: lane t holds split t's max and
+// sum, the weights exp(m_t - max) go round by shuffles, each lane sums its columns over
+// the splits in split order.
+__device__ __forceinline__ void merge_head(const float* part, int64_t hw, int splits,
+                                           int64_t eff, int d, void* out, Elem ot) {
+  const int lane = threadIdx.x & 31;
+  const int64_t stride = d + 2;
+  const float* base = part + hw * splits * stride;
+  const float m_t = lane < eff ? __ldcg(base + lane * stride) : -INFINITY;
+  const float l_t = lane < eff ? __ldcg(base + lane * stride + 1) : 0.0f;
+  const float m = warp_max(m_t);
+  const float w_t = m_t == -INFINITY ? 0.0f : __expf(m_t - m);
+  const float l = warp_sum(l_t * w_t);
+  for (int col = lane; col < d; col += 32) {
+    float a = 0.0f;
+    for (int t = 0; t < eff; ++t)
+      a += __ldcg(base + t * stride + 2 + col) * __shfl_sync(0xffffffffu, w_t, t);
+    store(out, ot, hw * d + col, l > 0.0f ? a / l : 0.0f);
+  }
 }
 
 // Grid (splits, kv heads, rows). D: head_dim; G: query heads per kv head, rounded up to a
@@ -89,8 +110,8 @@ template <int D, int G, int CT>
 __global__ void __launch_bounds__(kThreads, G >= 8 ? 2 : 3)
     paged_decode_kernel(PagedCacheArgs c, const void* q, Elem qt, int64_t n_heads,
                         const int32_t* pages, const int64_t* page_start, const int64_t* lengths,
-                        PagedScores sc, int splits, float* part, int* counters, void* out,
-                        Elem ot, DeviceError* err) {
+                        PagedScores sc, int splits, int min_per_split, float* part,
+                        int* counters, void* out, Elem ot, DeviceError* err) {
   constexpr int kLanesPerRow = D / 8;
   constexpr int kRowsPerWarp = 32 / kLanesPerRow;
   constexpr int kRowsPerPass = kRowsPerWarp * kWarpsPerBlock;
@@ -112,7 +133,7 @@ __global__ void __launch_bounds__(kThreads, G >= 8 ? 2 : 3)
   const int64_t len = lengths[r];
   const int64_t first = sc.window > 0 && len > sc.window ? len - sc.window : 0;
   const int64_t span = len - first;
-  const int64_t eff = effective_splits(span, splits);
+  const int64_t eff = effective_splits(span, splits, min_per_split);
   if (split >= eff && splits > 1) return;  // the merge reads only the effective splits
   const int64_t per = (span + eff - 1) / eff;
   const int64_t lo = first + split * per;
@@ -258,6 +279,7 @@ __global__ void __launch_bounds__(kThreads, G >= 8 ? 2 : 3)
     ml[0] = s_m[threadIdx.x];
     ml[1] = s_l[threadIdx.x];
   }
+  if (counters == nullptr) return;  // merged by paged_decode_merge_kernel
   // The last split of this (row, kv head) to finish merges all of them, in split order.
   __threadfence();
   __syncthreads();
@@ -268,57 +290,63 @@ __global__ void __launch_bounds__(kThreads, G >= 8 ? 2 : 3)
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  for (int idx = threadIdx.x; idx < group * D; idx += kThreads) {
-    const int g = idx / D, col = idx % D;
-    const float* base = part + (head0 + g) * splits * stride;
-    float m = -INFINITY;
-    for (int64_t t = 0; t < eff; ++t) m = fmaxf(m, __ldcg(base + t * stride));
-    float l = 0.0f, a = 0.0f;
-    for (int64_t t = 0; t < eff; ++t) {
-      const float ms = __ldcg(base + t * stride);
-      if (ms == -INFINITY) continue;
-      const float w = __expf(ms - m);
-      l += __ldcg(base + t * stride + 1) * w;
-      a += __ldcg(base + t * stride + 2 + col) * w;
-    }
-    store(out, ot, (head0 + g) * D + col, l > 0.0f ? a / l : 0.0f);
-  }
+  for (int g = warp; g < group; g += kWarpsPerBlock) merge_head(part, head0 + g, splits, eff, D, out, ot);
   if (threadIdx.x == 0) counters[r * c.n_kv_heads + h] = 0;  // ready for the next launch
+}
+
+// One warp per (row, query head): the splits' partials merged in split order.
+__global__ void paged_decode_merge_kernel(const float* part, const int64_t* lengths,
+                                          int64_t n_rows, int64_t n_heads, int d, int splits,
+                                          int min_per_split, int64_t window, void* out, Elem ot) {
+  const int64_t hw = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (hw >= n_rows * n_heads) return;
+  const int64_t len = lengths[hw / n_heads];
+  const int64_t first = window > 0 && len > window ? len - window : 0;
+  if (len == 0) {
+    for (int col = threadIdx.x & 31; col < d; col += 32) store(out, ot, hw * d + col, 0.0f);
+    return;
+  }
+  merge_head(part, hw, splits, effective_splits(len - first, splits, min_per_split), d, out, ot);
 }
 
 template <int D, int G>
 void launch_for_cache(cudaStream_t s, dim3 grid, const PagedCacheArgs& c, const void* q, Elem qt,
                       int64_t n_heads, const int32_t* pages, const int64_t* page_start,
-                      const int64_t* lengths, const PagedScores& sc, int splits, float* part,
-                      int* counters, void* out, Elem ot, DeviceError* err) {
+                      const int64_t* lengths, const PagedScores& sc, int splits,
+                      int min_per_split, float* part, int* counters, void* out, Elem ot,
+                      DeviceError* err) {
   if (c.dtype == kBF16)
     paged_decode_kernel<D, G, kBF16><<<grid, kThreads, 0, s>>>(
-        c, q, qt, n_heads, pages, page_start, lengths, sc, splits, part, counters, out, ot, err);
+        c, q, qt, n_heads, pages, page_start, lengths, sc, splits, min_per_split, part, counters,
+        out, ot, err);
   else if (c.dtype == kF32)
     paged_decode_kernel<D, G, kF32><<<grid, kThreads, 0, s>>>(
-        c, q, qt, n_heads, pages, page_start, lengths, sc, splits, part, counters, out, ot, err);
+        c, q, qt, n_heads, pages, page_start, lengths, sc, splits, min_per_split, part, counters,
+        out, ot, err);
   else
     paged_decode_kernel<D, G, kI8><<<grid, kThreads, 0, s>>>(
-        c, q, qt, n_heads, pages, page_start, lengths, sc, splits, part, counters, out, ot, err);
+        c, q, qt, n_heads, pages, page_start, lengths, sc, splits, min_per_split, part, counters,
+        out, ot, err);
 }
 
 template <int D>
 void launch_for_dim(cudaStream_t s, dim3 grid, int group, const PagedCacheArgs& c, const void* q,
                     Elem qt, int64_t n_heads, const int32_t* pages, const int64_t* page_start,
-                    const int64_t* lengths, const PagedScores& sc, int splits, float* part,
-                    int* counters, void* out, Elem ot, DeviceError* err) {
+                    const int64_t* lengths, const PagedScores& sc, int splits,
+                    int min_per_split, float* part, int* counters, void* out, Elem ot,
+                    DeviceError* err) {
   if (group <= 1)
     launch_for_cache<D, 1>(s, grid, c, q, qt, n_heads, pages, page_start, lengths, sc, splits,
-                           part, counters, out, ot, err);
+                           min_per_split, part, counters, out, ot, err);
   else if (group <= 2)
     launch_for_cache<D, 2>(s, grid, c, q, qt, n_heads, pages, page_start, lengths, sc, splits,
-                           part, counters, out, ot, err);
+                           min_per_split, part, counters, out, ot, err);
   else if (group <= 4)
     launch_for_cache<D, 4>(s, grid, c, q, qt, n_heads, pages, page_start, lengths, sc, splits,
-                           part, counters, out, ot, err);
+                           min_per_split, part, counters, out, ot, err);
   else
     launch_for_cache<D, 8>(s, grid, c, q, qt, n_heads, pages, page_start, lengths, sc, splits,
-                           part, counters, out, ot, err);
+                           min_per_split, part, counters, out, ot, err);
 }
 
 }  // namespace
@@ -330,9 +358,10 @@ bool paged_decode_applies(const PagedCacheArgs& c, int64_t n_heads) {
          (c.dtype == kF32 || c.dtype == kBF16 || c.dtype == kI8);
 }
 
-int paged_decode_splits(int64_t n_rows, int64_t n_kv_heads, int multiprocessors) {
-  // About four blocks per multiprocessor: each is latency-bound, several hide each other.
-  const int64_t blocks = n_rows * n_kv_heads, target = 4 * int64_t(multiprocessors);
+int paged_decode_splits(int64_t n_rows, int64_t n_kv_heads, int multiprocessors,
+                        int blocks_per_multiprocessor) {
+  const int64_t blocks = n_rows * n_kv_heads,
+                target = int64_t(blocks_per_multiprocessor) * multiprocessors;
   if (blocks <= 0 || blocks >= target) return 1;
   const int64_t want = (target + blocks - 1) / blocks;
   return static_cast<int>(want < kMaxSplits ? want : kMaxSplits);
@@ -346,18 +375,24 @@ size_t paged_decode_scratch_bytes(int64_t n_rows, int64_t n_heads, int64_t head_
 
 void paged_decode(cudaStream_t s, const PagedCacheArgs& c, const void* q, Elem qt, int64_t n_rows,
                   int64_t n_heads, const int32_t* pages, const int64_t* page_start,
-                  const int64_t* lengths, const PagedScores& sc, int splits, float* scratch,
-                  int* counters, void* out, Elem ot, DeviceError* err) {
+                  const int64_t* lengths, const PagedScores& sc, int splits, int min_per_split,
+                  float* scratch, int* counters, void* out, Elem ot, DeviceError* err) {
   if (n_rows <= 0) return;
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(c.n_kv_heads),
                   static_cast<unsigned>(n_rows));
   const int group = static_cast<int>(n_heads / c.n_kv_heads);
   if (c.head_dim == 64)
     launch_for_dim<64>(s, grid, group, c, q, qt, n_heads, pages, page_start, lengths, sc, splits,
-                       scratch, counters, out, ot, err);
+                       min_per_split, scratch, counters, out, ot, err);
   else
     launch_for_dim<128>(s, grid, group, c, q, qt, n_heads, pages, page_start, lengths, sc, splits,
-                        scratch, counters, out, ot, err);
+                        min_per_split, scratch, counters, out, ot, err);
+  if (splits > 1 && counters == nullptr) {
+    const int64_t warps = n_rows * n_heads;
+    paged_decode_merge_kernel<<<static_cast<unsigned>((warps + 3) / 4), 128, 0, s>>>(
+        scratch, lengths, n_rows, n_heads, static_cast<int>(c.head_dim), splits, min_per_split,
+        sc.window, out, ot);
+  }
 }
 
 }  // namespace hyperion::cuda
