@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/input_file.h"
 
 namespace hyperion {
 
@@ -17,8 +18,7 @@ constexpr size_t kChunk = 64 * 1024;
 
 LineReader::LineReader(const std::string& path, size_t max_line_bytes, int64_t start)
     : path_(path), max_(std::max<size_t>(max_line_bytes, 1)), base_(start) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) fail("{}: cannot read: {}", path, os_error_text(errno));
+  fd_ = open_regular_file(path, nullptr);  // never blocks on a FIFO, never reads a device
   if (start > 0 && ::lseek(fd_, start, SEEK_SET) != start) {
     const int err = errno;
     ::close(fd_);

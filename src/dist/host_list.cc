@@ -6,16 +6,25 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
-#include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
 
 #include "base/error.h"
+#include "base/input_file.h"
 
 namespace hyperion::dist {
 
 namespace {
+
+// A hostfile holds at most this much: thousands of hosts, not a data file given by mistake.
+constexpr int64_t kMaxHostfileBytes = int64_t{1} << 20;
+
+// What an error quotes of a user's text: at most 80 characters (a megabyte-long line is
+// not echoed whole).
+std::string clip(const std::string& s) {
+  return s.size() <= 80 ? s : s.substr(0, 77) + "...";
+}
 
 std::string trim(const std::string& s) {
   const size_t a = s.find_first_not_of(" \t\r");
@@ -32,7 +41,7 @@ int parse_slots(const std::string& text, const std::string& where) {
     used = 0;
   }
   HYP_USAGE_CHECK(used == text.size() && !text.empty() && v >= 1 && v <= 4096,
-                  "{}: slots '{}' is not an integer between 1 and 4096", where, text);
+                  "{}: slots '{}' is not an integer between 1 and 4096", where, clip(text));
   return v;
 }
 
@@ -44,7 +53,7 @@ void check_name(const std::string& host, const std::string& where) {
                     return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' ||
                            c == '_';
                   });
-  HYP_USAGE_CHECK(ok, "{}: '{}' is not a host name", where, host);
+  HYP_USAGE_CHECK(ok, "{}: '{}' is not a host name", where, clip(host));
 }
 
 void add(std::vector<HostSlots>& out, HostSlots h, const std::string& where) {
@@ -70,7 +79,7 @@ std::vector<HostSlots> parse_host_list(const std::string& text, const std::strin
   while (std::getline(ss, item, ',')) {
     item = trim(item);
     HYP_USAGE_CHECK(!item.empty(), "{}: empty entry in '{}' (expected host[:slots],...)", origin,
-                    text);
+                    clip(text));
     add(out, host_colon_slots(item, origin), origin);
   }
   HYP_USAGE_CHECK(!out.empty(), "{}: no hosts given (expected host[:slots],...)", origin);
@@ -78,8 +87,14 @@ std::vector<HostSlots> parse_host_list(const std::string& text, const std::strin
 }
 
 std::vector<HostSlots> read_hostfile(const std::string& path) {
-  std::ifstream in(path);
-  HYP_USAGE_CHECK(in.good(), "hostfile {}: cannot be read", path);
+  // A regular file of plausible size (a FIFO, device or directory is refused by name).
+  std::string text;
+  try {
+    text = read_regular_file(path, kMaxHostfileBytes);
+  } catch (const Error& e) {
+    throw UsageError(fmt::format("hostfile {}: {}", path, e.what()));
+  }
+  std::stringstream in(text);
   std::vector<HostSlots> out;
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {
@@ -97,7 +112,7 @@ std::vector<HostSlots> read_hostfile(const std::string& path) {
       } else {
         // max_slots= and the like change nothing for a job that fills its slots exactly.
         HYP_USAGE_CHECK(word.rfind("max_slots=", 0) == 0,
-                        "{}: unknown field '{}' (expected: host [slots=N])", where, word);
+                        "{}: unknown field '{}' (expected: host [slots=N])", where, clip(word));
       }
     }
     add(out, std::move(h), where);

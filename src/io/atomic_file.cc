@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "base/error.h"
+#include "base/input_file.h"
 
 namespace hyperion::io {
 
@@ -63,60 +64,23 @@ void fsync_directory(const std::string& dir) {
     fail("cannot fsync directory '{}': {}", dir, os_error_text(err));
 }
 
-std::string read_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("cannot open '{}' for reading: {}", path, os_error_text(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    fail("cannot stat '{}': {}", path, os_error_text(err));
-  }
-  if (S_ISDIR(st.st_mode)) {
-    ::close(fd);
-    fail("cannot read '{}': is a directory", path);
-  }
-  std::string out;
-  if (st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
-  char chunk[1 << 16];
-  for (;;) {
-    ssize_t n = ::read(fd, chunk, sizeof(chunk));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      fail("cannot read '{}': {}", path, os_error_text(err));
-    }
-    if (n == 0) break;
-    out.append(chunk, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return out;
+std::string read_file(const std::string& path, int64_t max_bytes) {
+  return read_regular_file(path, max_bytes);
 }
 
 MappedFile MappedFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("cannot open '{}' for reading: {}", path, os_error_text(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    fail("cannot stat '{}': {}", path, os_error_text(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail("cannot map '{}': not a regular file", path);
-  }
+  int64_t size = 0;
+  const int fd = open_regular_file(path, &size);
   MappedFile m;
-  if (st.st_size > 0) {
-    void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+  if (size > 0) {
+    void* p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
       int err = errno;
       ::close(fd);
       fail("cannot mmap '{}': {}", path, os_error_text(err));
     }
     m.data_ = static_cast<const unsigned char*>(p);
-    m.size_ = static_cast<size_t>(st.st_size);
+    m.size_ = static_cast<size_t>(size);
   }
   ::close(fd);  // the mapping keeps the file referenced
   return m;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -21,8 +22,11 @@ namespace hyperion::io {
 // and the OS error.
 void write_file_atomic(const std::string& path, std::string_view bytes);
 
-// Reads the whole file. Throws hyperion::Error naming the path and the OS error.
-std::string read_file(const std::string& path);
+// Reads the whole file: a regular file only, opened without blocking (base/input_file.h),
+// of at most max_bytes (a plausible size for what it holds: the default suits any text or
+// JSON file read whole). Throws hyperion::Error naming the path and the cause.
+inline constexpr int64_t kReadFileMaxBytes = int64_t{2} << 30;
+std::string read_file(const std::string& path, int64_t max_bytes = kReadFileMaxBytes);
 
 // Creates `dir` and its parents if missing. Throws hyperion::Error naming the directory
 // and the cause ("read-only file system", "disk full", "permission denied").

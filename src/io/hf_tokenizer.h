@@ -32,6 +32,7 @@ struct HfTokenizerSource {
   std::string config_json;          // empty: no tokenizer_config.json
   std::string config_json_path;
   std::string generation_config_json;  // optional: its eos_token_id adds end tokens
+  std::string generation_config_path;
   std::string chat_template_override;  // a chat_template.jinja beside the files, if any
 };
 

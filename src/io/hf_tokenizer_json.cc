@@ -1,6 +1,7 @@
 // Reads tokenizer.json and tokenizer_config.json into HfTokenizer::Impl. Every error names
 // the file and the JSON key path at fault ("tokenizer.json: pre_tokenizer.pretokenizers[0]
 // .type: ..."); nothing unsupported is ignored silently.
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -11,6 +12,11 @@
 namespace hyperion::io {
 
 namespace {
+
+// What an error quotes of a file's value: at most 80 characters.
+std::string clipped(const std::string& s) {
+  return s.size() <= 80 ? s : s.substr(0, 77) + "...";
+}
 
 using nlohmann::json;
 
@@ -457,13 +463,30 @@ void read_end_ids(const HfTokenizerSource& src, HfTokenizer::Impl& impl, HfToken
   };
   add(impl.eos);
   if (!src.generation_config_json.empty()) {
+    // eos_token_id: an id or a list of ids, each an integer in [0, 2^31); anything else
+    // is an error naming the file and the value (ids past the vocabulary are dropped
+    // below, as transformers ignores them).
+    const std::string where =
+        src.generation_config_path.empty() ? "generation_config.json" : src.generation_config_path;
     const json g = json::parse(src.generation_config_json, nullptr, false);
-    if (g.is_object() && g.contains("eos_token_id")) {
+    HYP_CHECK(!g.is_discarded() && g.is_object(), "{}: not a JSON object", where);
+    auto id_of = [&](const json& x, const std::string& what) {
+      HYP_CHECK(x.is_number_integer(), "{}: {} must be an integer token id, got {}", where, what,
+                clipped(x.dump()));
+      const bool fits = x.is_number_unsigned() ? x.get<uint64_t>() <= uint64_t{INT32_MAX}
+                                               : x.get<int64_t>() >= 0 &&
+                                                     x.get<int64_t>() <= int64_t{INT32_MAX};
+      HYP_CHECK(fits, "{}: {} is {}, not a token id (0 to 2^31 - 1)", where, what, x.dump());
+      return static_cast<int32_t>(x.get<int64_t>());
+    };
+    if (g.contains("eos_token_id") && !g["eos_token_id"].is_null()) {
       const json& e = g["eos_token_id"];
-      if (e.is_number_integer()) add(static_cast<int32_t>(e.get<int64_t>()));
-      if (e.is_array())
-        for (const json& x : e)
-          if (x.is_number_integer()) add(static_cast<int32_t>(x.get<int64_t>()));
+      if (e.is_array()) {
+        for (size_t i = 0; i < e.size(); ++i)
+          add(id_of(e[i], fmt::format("eos_token_id[{}]", i)));
+      } else {
+        add(id_of(e, "eos_token_id"));
+      }
     }
   }
   // The end-of-turn and end-of-text tokens of the chat formats in use (Llama 3, ChatML,

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/input_file.h"
 #include "base/threads.h"
 #include "io/atomic_file.h"
 
@@ -116,14 +117,9 @@ void write_token_shard(const std::string& path, const int32_t* tokens, int64_t n
 TokenShard TokenShard::open(const std::string& path) {
   TokenShard s;
   s.path_ = path;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("token shard '{}': cannot open: {}", path, std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail("token shard '{}': not a regular file", path);
-  }
-  const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
+  int64_t size = 0;
+  const int fd = open_regular_file(path, &size);  // never a FIFO or device
+  const uint64_t file_bytes = static_cast<uint64_t>(size);
   if (file_bytes < static_cast<uint64_t>(kTokenShardHeaderBytes)) {
     ::close(fd);
     fail("token shard '{}': truncated header ({} bytes, expected at least {})", path, file_bytes,

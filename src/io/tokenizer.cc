@@ -26,14 +26,20 @@ struct Tokenizer::Impl {
 
 std::string tokenizer_file_in(const std::string& dir) {
   std::error_code ec;
+  // Whatever is there under the name: a directory, FIFO or device is then refused by name
+  // when read (base/input_file.h), not taken for a missing file.
   for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
     const std::string f = (fs::path(dir) / name).string();
-    if (fs::is_regular_file(f, ec)) return f;
+    if (fs::exists(fs::symlink_status(f, ec))) return f;
   }
   return {};
 }
 
 namespace {
+
+// tokenizer_config.json and generation_config.json are a few KiB to a few MiB (a chat
+// template, the added tokens); anything past this is not one.
+constexpr int64_t kCompanionFileMaxBytes = int64_t{64} << 20;
 
 // Feeds the training sentences to SentencePiece without a temporary file.
 class VectorSentenceIterator : public sentencepiece::SentenceIterator {
@@ -121,14 +127,16 @@ Tokenizer Tokenizer::load(const std::string& path) {
   src.tokenizer_json = std::move(bytes);
   src.tokenizer_json_path = file;
   const fs::path dir = fs::path(file).parent_path();
+  // A companion file that is there must be readable: one that is a directory or a FIFO is
+  // an error naming it, not a silently lost chat template or end token.
   auto beside = [&](const char* name, std::string* out, std::string* out_path) {
     const fs::path f = dir / name;
-    if (!fs::is_regular_file(f, ec)) return;
-    *out = read_file(f.string());
+    if (!fs::exists(fs::symlink_status(f, ec))) return;
+    *out = read_file(f.string(), kCompanionFileMaxBytes);
     if (out_path) *out_path = f.string();
   };
   beside("tokenizer_config.json", &src.config_json, &src.config_json_path);
-  beside("generation_config.json", &src.generation_config_json, nullptr);
+  beside("generation_config.json", &src.generation_config_json, &src.generation_config_path);
   beside("chat_template.jinja", &src.chat_template_override, nullptr);
   auto impl = std::make_unique<Impl>();
   // A malformed or unsupported file is bad input, like a bad flag: exit status 2.

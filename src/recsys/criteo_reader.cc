@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "base/error.h"
+#include "base/input_file.h"
 
 namespace hyperion::recsys {
 
@@ -49,19 +50,13 @@ CriteoReader::CriteoReader(std::string path, std::vector<int64_t> table_rows)
     HYP_CHECK(table_rows_[t] >= 1 && table_rows_[t] <= (int64_t{1} << 31),
               "CriteoReader '{}': table_rows[{}] (C{}) = {} is outside [1, 2^31]", path_, t, t + 1,
               table_rows_[t]);
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) fail("Criteo file '{}': cannot open: {}", path_, os_error_text(errno));
-  struct stat st {};
-  if (::fstat(fd_, &st) != 0) {
-    const int err = errno;
+  int64_t size = 0;
+  fd_ = open_regular_file(path_, &size);  // never blocks on a FIFO, never reads a device
+  if (size == 0) {
     ::close(fd_);
-    fail("Criteo file '{}': cannot stat: {}", path_, os_error_text(err));
+    fail("Criteo file '{}' is empty", path_);
   }
-  if (!S_ISREG(st.st_mode) || st.st_size == 0) {
-    ::close(fd_);
-    fail("Criteo file '{}' is {}", path_, st.st_size == 0 ? "empty" : "not a regular file");
-  }
-  size_ = static_cast<uint64_t>(st.st_size);
+  size_ = static_cast<uint64_t>(size);
   buffer_.resize(kBufferBytes);
   dense_.resize(kCriteoDenseFeatures);
   ids_.reserve(kCriteoTables);

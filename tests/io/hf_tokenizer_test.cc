@@ -5,12 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "../test_files.h"
+#include "base/error.h"
 #include "io/bpe_model.h"
 #include "io/tokenizer.h"
 
@@ -19,6 +22,15 @@ namespace {
 
 using namespace hyperion::testing_util;
 using nlohmann::json;
+
+std::string error_message(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 // The plain reference: repeatedly merge the leftmost pair of lowest rank (O(n^2)).
 std::vector<std::string> reference_bpe(
@@ -200,6 +212,34 @@ TEST(HfTokenizer, GenerationConfigIsReadAndCarried) {
   EXPECT_TRUE(tok.is_end(end));
   ASSERT_EQ(tok.files().size(), 2u);
   EXPECT_EQ(tok.files()[1].first, "generation_config.json");
+}
+
+// A malformed companion file is an error naming it and the value, never ignored:
+// eos_token_id as a string, float or bool, an id of -1 or 10^15, a file that is not a JSON
+// object, tokenizer_config.json as a directory.
+TEST(HfTokenizer, MalformedCompanionFilesAreNamed) {
+  TempDir dir;
+  load_json(dir, byte_level_tokenizer());
+  const std::string path = dir.path.string() + "/generation_config.json";
+  for (const auto& [value, expect] : std::vector<std::pair<json, std::string>>{
+           {json("7"), "eos_token_id must be an integer token id, got \"7\""},
+           {json(7.5), "eos_token_id must be an integer token id, got 7.5"},
+           {json(true), "eos_token_id must be an integer token id, got true"},
+           {json::array({1, -1}), "eos_token_id[1] is -1, not a token id"},
+           {json::array({int64_t{1000000000000000}}),
+            "eos_token_id[0] is 1000000000000000, not a token id"}}) {
+    dir.write("generation_config.json", json{{"eos_token_id", value}}.dump());
+    const std::string msg = error_message([&] { Tokenizer::load(dir.path.string()); });
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find(expect), std::string::npos) << msg;
+  }
+  dir.write("generation_config.json", "[1, 2]");
+  EXPECT_NE(error_message([&] { Tokenizer::load(dir.path.string()); }).find("not a JSON object"),
+            std::string::npos);
+  std::filesystem::remove(path);
+  std::filesystem::create_directory(dir.path / "tokenizer_config.json");
+  const std::string msg = error_message([&] { Tokenizer::load(dir.path.string()); });
+  EXPECT_NE(msg.find("tokenizer_config.json': it is a directory"), std::string::npos) << msg;
 }
 
 // A SentencePiece-style BPE (Llama 2, Gemma): ▁ for spaces, byte fallback, BOS added.

@@ -247,7 +247,7 @@ TEST(Criteo, RejectsMalformedLines) {
 TEST(Criteo, RejectsBadFilesAndArguments) {
   TempDir dir;
   expect_error([&] { CriteoReader(dir.file("absent.tsv"), rows_of(10)); },
-               {"absent.tsv", "cannot open"});
+               {"absent.tsv", "cannot read"});
   expect_error([&] { CriteoReader(dir.write("empty.tsv", ""), rows_of(10)); },
                {"empty.tsv", "empty"});
   const std::string path = dir.write("ok.tsv", valid(1, 1) + "\n");
