@@ -140,19 +140,47 @@ up() {
     if ! grep -qsx "10.213.$k" "$state_root"/*/net; then net=10.213.$k; break; fi
   done
   [ -n "$net" ] || die "every 10.213.x.0/24 is taken by another fake cluster"
-  mkdir -p "$state"
-  trap 'rc=$?; if [ $rc -ne 0 ]; then echo "fake-cluster: up failed; cleaning up" >&2; down; fi' EXIT
-  echo "$net" >"$state/net"
-  ip link add "$bridge" type bridge
-  ip addr add "$net.1/24" dev "$bridge"
-  ip link set "$bridge" up
-  local i h entries="$net.1 $name-head # $tag"$'\n'
+  # Every name this cluster would use is checked before anything is made: `up 1 --name
+  # pq1` would make host pq11, which may be another cluster's (`up 11 --name pq`).
+  local i h
+  ! ip link show "$bridge" >/dev/null 2>&1 || die "a link named $bridge exists already"
   for i in $(seq 1 "$n"); do
     h=$name$i
-    echo "$h" >>"$state/hosts"
+    if grep -qsx "$h" "$state_root"/*/hosts; then
+      die "host $h would be made, but another fake cluster has a host of that name ($(grep -lsx "$h" "$state_root"/*/hosts | xargs -n1 dirname | xargs -n1 basename | paste -sd' ')): choose another --name"
+    fi
+    ! ip netns list | grep -qw "$(ns_of "$h")" || die "a network namespace named $(ns_of "$h") exists already"
+    ! ip link show "$(veth_of "$h")" >/dev/null 2>&1 || die "a link named $(veth_of "$h") exists already"
+  done
+  # A failed `up` removes what it made, and only that.
+  local made_ns=() made_links=() made_bridge=0
+  undo_up() {
+    local x
+    for x in "${made_ns[@]}"; do
+      # shellcheck disable=SC2046
+      kill -9 $(ip netns pids "$x") 2>/dev/null || true
+      ip netns del "$x" 2>/dev/null || true
+    done
+    for x in "${made_links[@]}"; do ip link del "$x" 2>/dev/null || true; done
+    [ "$made_bridge" = 0 ] || ip link del "$bridge" 2>/dev/null || true
+    rm -rf "$state"
+  }
+  mkdir -p "$state"
+  trap 'rc=$?; if [ $rc -ne 0 ]; then echo "fake-cluster: up failed; removing what it made" >&2; undo_up; fi' EXIT
+  echo "$net" >"$state/net"
+  ip link add "$bridge" type bridge
+  made_bridge=1
+  ip addr add "$net.1/24" dev "$bridge"
+  ip link set "$bridge" up
+  local entries="$net.1 $name-head # $tag"$'\n'
+  for i in $(seq 1 "$n"); do
+    h=$name$i
     mkdir -p "$state/local/$h"
     ip netns add "$(ns_of "$h")"
+    made_ns+=("$(ns_of "$h")")
+    echo "$h" >>"$state/hosts"
     ip link add "$(veth_of "$h")" type veth peer name eth0 netns "$(ns_of "$h")"
+    made_links+=("$(veth_of "$h")")
     ip link set "$(veth_of "$h")" master "$bridge" up
     ip netns exec "$(ns_of "$h")" ip addr add "$net.$((10 + i))/24" dev eth0
     ip netns exec "$(ns_of "$h")" ip link set eth0 up

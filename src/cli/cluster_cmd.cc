@@ -153,6 +153,9 @@ int cmd_cluster_create(const Args& args) {
   launch::check_name("cluster", name);
   const launch::Backend backend = launch::parse_backend(f.get("backend", "local"));
   launch::ClusterStore store;
+  // Creates in this store take turns from the check below to the save: two at once of one
+  // name cannot both find it free.
+  const launch::ClusterCreateLock lock(store.root());
   if (store.cluster_exists(name)) {
     const launch::ClusterSpec old = store.load_cluster(name);
     usage_fail(

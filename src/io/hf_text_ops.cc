@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <deque>
+#include <utility>
+#include <vector>
 
 #include "base/error.h"
 
@@ -93,28 +95,92 @@ std::string utf8proc_apply(const std::string& text, int options) {
 }  // namespace
 
 void replace_all(std::string& text, std::string_view from, std::string_view to,
-                 const Regex* regex) {
+                 const Regex* regex, size_t max_bytes) {
+  auto too_long = [&](size_t bytes) {
+    fail("tokenizer: a Replace step would make {} bytes of a {}-byte text, more than the {} "
+         "allowed",
+         bytes, text.size(), max_bytes);
+  };
   if (regex != nullptr) {
-    std::string out;
-    size_t last = 0;
+    std::vector<std::pair<size_t, size_t>> hits;
+    size_t bytes = text.size();
     regex->for_each_match(text, [&](size_t b, size_t e) {
+      hits.emplace_back(b, e);
+      bytes = bytes - (e - b) + to.size();
+      if (bytes > max_bytes) too_long(bytes);
+    });
+    if (hits.empty()) return;
+    std::string out;
+    out.reserve(bytes);
+    size_t last = 0;
+    for (const auto& [b, e] : hits) {
       out.append(text, last, b - last).append(to);
       last = e;
-    });
+    }
     out.append(text, last);
     text = std::move(out);
     return;
   }
   if (from.empty()) return;
+  size_t count = 0;
+  for (size_t hit, pos = 0; (hit = text.find(from, pos)) != std::string::npos;
+       pos = hit + from.size())
+    ++count;
+  if (count == 0) return;
+  const size_t bytes = text.size() - count * from.size() + count * to.size();
+  if (bytes > max_bytes) too_long(bytes);
   std::string out;
+  out.reserve(bytes);
   size_t pos = 0;
   for (size_t hit; (hit = text.find(from, pos)) != std::string::npos; pos = hit + from.size()) {
     out.append(text, pos, hit - pos);
     out += to;
   }
-  if (pos == 0) return;
   out.append(text, pos);
   text = std::move(out);
+}
+
+TextGrowth replace_growth(size_t from_bytes, size_t to_bytes, bool regex) {
+  TextGrowth g;
+  if (regex) {
+    g.then(1.0 + double(to_bytes), double(to_bytes));  // to_bytes before every character, and at the end
+  } else if (from_bytes > 0) {
+    g.then(std::max(1.0, double(to_bytes) / double(from_bytes)), 0.0);
+  }
+  return g;
+}
+
+TextGrowth normalizer_growth(const std::vector<NormalizerOp>& ops) {
+  using K = NormalizerOp::Kind;
+  TextGrowth g;
+  for (const NormalizerOp& op : ops) {
+    switch (op.kind) {
+      // UTF-8 bytes, by the Unicode standard's bounds on normalisation: canonical forms
+      // at most 3-fold, compatibility forms 11-fold (U+FDFA); lowercasing at most 1.5-fold.
+      case K::kNfc:
+      case K::kNfd:
+        g.then(3.0, 0.0);
+        break;
+      case K::kNfkc:
+      case K::kNfkd:
+        g.then(11.0, 0.0);
+        break;
+      case K::kLowercase:
+        g.then(2.0, 0.0);
+        break;
+      case K::kReplace: {
+        const TextGrowth r = replace_growth(op.pattern.size(), op.content.size(), op.regex != nullptr);
+        g.then(r.factor, r.extra);
+        break;
+      }
+      case K::kPrepend:
+        g.then(1.0, double(op.content.size()));
+        break;
+      case K::kStrip:
+        break;
+    }
+  }
+  return g;
 }
 
 namespace {
@@ -172,8 +238,15 @@ std::string lowercase(const std::string& text) {
 
 }  // namespace
 
-std::string normalize(const std::vector<NormalizerOp>& ops, std::string text) {
+std::string normalize(const std::vector<NormalizerOp>& ops, std::string text,
+                      size_t max_bytes) {
   using K = NormalizerOp::Kind;
+  const size_t input = text.size();
+  auto check = [&] {
+    if (text.size() > max_bytes)
+      fail("tokenizer: normalizing a {}-byte text made {} bytes, more than the {} allowed", input,
+           text.size(), max_bytes);
+  };
   for (const NormalizerOp& op : ops) {
     switch (op.kind) {
       case K::kNfc:
@@ -192,7 +265,7 @@ std::string normalize(const std::vector<NormalizerOp>& ops, std::string text) {
         text = lowercase(text);
         break;
       case K::kReplace:
-        replace_all(text, op.pattern, op.content, op.regex.get());
+        replace_all(text, op.pattern, op.content, op.regex.get(), max_bytes);
         break;
       case K::kPrepend:
         if (!text.empty()) prepend(text, op.content);
@@ -201,6 +274,7 @@ std::string normalize(const std::vector<NormalizerOp>& ops, std::string text) {
         text = strip(text, op.strip_left, op.strip_right);
         break;
     }
+    check();
   }
   return text;
 }

@@ -8,6 +8,8 @@
 // keys a byte-level vocabulary by raw bytes (io/bpe_model.h).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <string>
@@ -44,9 +46,32 @@ class Regex {
 };
 
 // Replaces every occurrence of `from` (a literal; nothing when empty), or every match of
-// `regex` when it is given, by `to`. Shared by the Replace normalizer and decoder.
+// `regex` when it is given, by `to`. Shared by the Replace normalizer and decoder. The
+// result's length is counted first: one longer than max_bytes throws (an Error naming the
+// sizes) before anything is built.
 void replace_all(std::string& text, std::string_view from, std::string_view to,
-                 const Regex* regex = nullptr);
+                 const Regex* regex = nullptr, size_t max_bytes = SIZE_MAX);
+
+// Expansion bombs: a chain of text steps (normalizers, decoders) turns n bytes into at
+// most factor * n + extra. A tokenizer.json whose chain could grow a text more than
+// kMaxTextGrowth-fold (or add more than kMaxTextExtra bytes) is refused at load (forty
+// Replace "a" -> "aa" grow it 2^40-fold); a real one grows it at most about 33-fold (NFKC
+// then a space to U+2581). At run time normalize() stops a text at kRunTextGrowth times
+// its size plus kMaxTextExtra, whatever the chain.
+struct TextGrowth {
+  double factor = 1.0;
+  double extra = 0.0;
+  void then(double f, double e) {  // another step after this one
+    factor *= f;
+    extra = extra * f + e;
+  }
+};
+inline constexpr double kMaxTextGrowth = 256.0;
+inline constexpr double kMaxTextExtra = 64 << 10;
+inline constexpr size_t kRunTextGrowth = 64;
+// One Replace step: a literal `from` of f bytes by t bytes; a regex may match an empty
+// string, so it may insert its replacement between any two characters.
+TextGrowth replace_growth(size_t from_bytes, size_t to_bytes, bool regex);
 
 struct NormalizerOp {
   enum class Kind { kNfc, kNfd, kNfkc, kNfkd, kLowercase, kReplace, kPrepend, kStrip };
@@ -57,8 +82,13 @@ struct NormalizerOp {
   bool strip_left = false, strip_right = false;
 };
 
-// Applies the ops in order.
-std::string normalize(const std::vector<NormalizerOp>& ops, std::string text);
+// The most a normalizer chain can grow a text (see TextGrowth).
+TextGrowth normalizer_growth(const std::vector<NormalizerOp>& ops);
+
+// Applies the ops in order; a step whose output would pass max_bytes throws an Error
+// naming the sizes.
+std::string normalize(const std::vector<NormalizerOp>& ops, std::string text,
+                      size_t max_bytes = SIZE_MAX);
 
 struct PreTokenizerOp {
   enum class Kind { kSplit, kByteLevel, kMetaspace, kDigits, kWhitespace, kWhitespaceSplit };

@@ -64,6 +64,13 @@ int byte_token_value(std::string_view t) {
   return h < 0 || l < 0 ? -1 : h * 16 + l;
 }
 
+// The most a text of n bytes may become through the normalizers or a decoder at run time
+// (hf_text_ops.h, TextGrowth): what the load-time bound allows for any real tokenizer,
+// and a hostile text still cannot make gigabytes of one request.
+size_t run_limit(size_t n) {
+  return kRunTextGrowth * n + static_cast<size_t>(kMaxTextExtra);
+}
+
 void run_decoder(const DecoderOp& op, std::vector<std::string>& toks) {
   using K = DecoderOp::Kind;
   switch (op.kind) {
@@ -80,7 +87,8 @@ void run_decoder(const DecoderOp& op, std::vector<std::string>& toks) {
         replace_all(toks[i], op.replacement, i == 0 && op.metaspace_strip_first ? "" : " ");
       break;
     case K::kReplace:
-      for (std::string& t : toks) replace_all(t, op.pattern, op.content, op.regex.get());
+      for (std::string& t : toks)
+        replace_all(t, op.pattern, op.content, op.regex.get(), run_limit(t.size()));
       break;
     case K::kByteFallback: {
       std::vector<std::string> out;
@@ -213,7 +221,7 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text) const {
   // A stretch between raw added tokens: normalized, then split on normalized added tokens.
   auto encode_segment = [&](std::string_view raw, bool at_start) {
     if (raw.empty()) return;
-    const std::string norm = normalize(m.normalizers, std::string(raw));
+    const std::string norm = normalize(m.normalizers, std::string(raw), run_limit(raw.size()));
     size_t pos = 0, b = 0, e = 0;
     int32_t id = -1;
     while (m.normalized_added.find(norm, pos, &b, &e, &id)) {

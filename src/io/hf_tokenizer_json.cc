@@ -456,6 +456,28 @@ void read_config(const HfTokenizerSource& src, HfTokenizer::Impl& impl, HfTokeni
   }
 }
 
+// The most a decoder chain can grow a token's text: only Replace can (Metaspace, ByteLevel
+// and ByteFallback shrink it; Fuse and Strip do not grow it).
+TextGrowth decoder_growth(const std::vector<DecoderOp>& ops) {
+  TextGrowth g;
+  for (const DecoderOp& op : ops) {
+    if (op.kind != DecoderOp::Kind::kReplace) continue;
+    const TextGrowth r = replace_growth(op.pattern.size(), op.content.size(), op.regex != nullptr);
+    g.then(r.factor, r.extra);
+  }
+  return g;
+}
+
+// Expansion bombs are refused at load (hf_text_ops.h, TextGrowth).
+void check_growth(const Reader& r, const char* stage, const TextGrowth& g) {
+  if (g.factor > kMaxTextGrowth || g.extra > kMaxTextExtra)
+    r.bad(stage, fmt::format("its steps could grow a text {:.3g}-fold plus {:.3g} bytes; at most "
+                             "{:.0f}-fold plus {:.0f} bytes is accepted (a chain that multiplies "
+                             "its input, such as Replace \"a\" -> \"aa\" repeated, is an "
+                             "expansion bomb)",
+                             g.factor, g.extra, kMaxTextGrowth, kMaxTextExtra));
+}
+
 void read_end_ids(const HfTokenizerSource& src, HfTokenizer::Impl& impl, HfTokenizer& tok) {
   auto add = [&](int32_t id) {
     if (id >= 0 && std::find(impl.end_ids.begin(), impl.end_ids.end(), id) == impl.end_ids.end())
@@ -530,6 +552,8 @@ void parse_hf_tokenizer(const HfTokenizerSource& src, HfTokenizer::Impl& impl) {
   read_pre_tokenizer(r, root.value("pre_tokenizer", json()), "pre_tokenizer", impl.pre_tokenizers,
                      &byte_level);
   read_decoder(r, root.value("decoder", json()), "decoder", impl.decoders, &byte_level);
+  check_growth(r, "normalizer", normalizer_growth(impl.normalizers));
+  check_growth(r, "decoder", decoder_growth(impl.decoders));
   read_post_processor(r, root.value("post_processor", json()), "post_processor", impl.post);
   read_model(r, r.at(root, "", "model"), byte_level, impl);
   read_added_tokens(r, root, impl);

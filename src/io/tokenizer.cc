@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "io/atomic_file.h"
 #include "io/hf_tokenizer.h"
+#include "io/model_dir_file.h"
 
 namespace hyperion::io {
 
@@ -30,7 +31,7 @@ std::string tokenizer_file_in(const std::string& dir) {
   // when read (base/input_file.h), not taken for a missing file.
   for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
     const std::string f = (fs::path(dir) / name).string();
-    if (fs::exists(fs::symlink_status(f, ec))) return f;
+    if (fs::exists(fs::symlink_status(f, ec))) return model_dir_file(dir, name);
   }
   return {};
 }
@@ -132,7 +133,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   auto beside = [&](const char* name, std::string* out, std::string* out_path) {
     const fs::path f = dir / name;
     if (!fs::exists(fs::symlink_status(f, ec))) return;
-    *out = read_file(f.string(), kCompanionFileMaxBytes);
+    *out = read_file(model_dir_file(dir.string(), name), kCompanionFileMaxBytes);
     if (out_path) *out_path = f.string();
   };
   beside("tokenizer_config.json", &src.config_json, &src.config_json_path);

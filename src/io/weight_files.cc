@@ -5,14 +5,16 @@
 
 #include "base/error.h"
 #include "io/atomic_file.h"
+#include "io/model_dir_file.h"
 
 namespace hyperion::io {
 
 namespace fs = std::filesystem;
 
 WeightFiles::WeightFiles(const std::string& dir) {
-  const std::string single = dir + "/model.safetensors";
-  const std::string index_path = dir + "/model.safetensors.index.json";
+  // Symbolic links only within the directory (or a hub snapshot's blobs): io/model_dir_file.h.
+  const std::string single = model_dir_file(dir, "model.safetensors");
+  const std::string index_path = model_dir_file(dir, "model.safetensors.index.json");
   if (fs::exists(single) || !fs::exists(index_path)) {
     files_.push_back(SafetensorsFile::open(single));
   } else {
@@ -30,11 +32,12 @@ WeightFiles::WeightFiles(const std::string& dir) {
                 "{}: tensor {} maps to '{}', not a file in the checkpoint directory", index_path,
                 name, file);
       if (!opened.count(file)) {
-        HYP_CHECK(fs::is_regular_file(dir + "/" + file),
+        const std::string shard = model_dir_file(dir, file);
+        HYP_CHECK(fs::is_regular_file(shard),
                   "{}: tensor {} maps to shard '{}', which is not in the directory", index_path,
                   name, file);
         opened[file] = files_.size();
-        files_.push_back(SafetensorsFile::open(dir + "/" + file));
+        files_.push_back(SafetensorsFile::open(shard));
       }
     }
     for (const auto& [name, file] : weight_map) {

@@ -1,6 +1,11 @@
 #include "launch/cluster_store.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cstdlib>
@@ -37,6 +42,23 @@ std::string clusters_root() {
             "cluster state: neither HYPERION_HOME, XDG_STATE_HOME nor HOME is set; set "
             "HYPERION_HOME to a directory for hyperion's cluster state");
   return absolute_path(std::string(home) + "/.local/state/hyperion/clusters");
+}
+
+ClusterCreateLock::ClusterCreateLock(const std::string& root) {
+  io::make_directories(root);
+  const std::string path = root + "/.create.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("cannot open {}: {}", path, os_error_text(errno));
+  while (::flock(fd_, LOCK_EX) != 0) {
+    if (errno == EINTR) continue;
+    const int err = errno;
+    ::close(fd_);
+    fail("cannot lock {}: {}", path, os_error_text(err));
+  }
+}
+
+ClusterCreateLock::~ClusterCreateLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing drops the lock
 }
 
 ClusterStore::ClusterStore(std::string root) : root_(std::move(root)) {}

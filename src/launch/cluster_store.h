@@ -26,6 +26,21 @@ namespace hyperion::launch {
 
 std::string clusters_root();
 
+// Serialises `cluster create` in one store: an flock on <root>/.create.lock, waited for,
+// held while a create checks that its name is free and saves the cluster. The kernel
+// drops it when the holder exits, however it exits. Of several creates of one name at
+// once, exactly one finds the name free; the others find it taken ("exists").
+class ClusterCreateLock {
+ public:
+  explicit ClusterCreateLock(const std::string& root);
+  ~ClusterCreateLock();
+  ClusterCreateLock(const ClusterCreateLock&) = delete;
+  ClusterCreateLock& operator=(const ClusterCreateLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 class ClusterStore {
  public:
   explicit ClusterStore(std::string root = clusters_root());

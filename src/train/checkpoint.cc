@@ -16,6 +16,7 @@
 #include "base/timer.h"
 #include "dist/communicator.h"
 #include "io/atomic_file.h"
+#include "io/model_dir_file.h"
 #include "io/safetensors.h"
 
 namespace hyperion {
@@ -311,7 +312,7 @@ std::string resolve_checkpoint_dir(const std::string& path) {
 }
 
 LlamaConfig read_checkpoint_config(const std::string& dir) {
-  const std::string path = dir + "/config.json";
+  const std::string path = io::model_dir_file(dir, "config.json");
   if (!fs::exists(path)) {
     // Say what the directory is, not only what it lacks.
     std::string model_type;

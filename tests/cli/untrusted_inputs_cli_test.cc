@@ -32,6 +32,18 @@ TEST(UntrustedInputs, AFifoInAModelDirectoryIsRefusedAtOnce) {
   EXPECT_TRUE(contains(r.out, "config.json': it is a FIFO, not a regular file")) << r.out;
 }
 
+TEST(UntrustedInputs, ALinkOutOfAModelDirectoryIsRefused) {
+  TempDir d;
+  const fs::path model = d.path / "model";
+  fs::create_directory(model);
+  std::ofstream(d.path / "elsewhere.json") << "{}";
+  fs::create_symlink(d.path / "elsewhere.json", model / "config.json");
+  std::ofstream(model / "model.safetensors") << "";
+  const auto r = run_cli("generate --checkpoint " + model.string() + " --prompt hi");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "outside the model directory")) << r.out;
+}
+
 TEST(UntrustedInputs, ATokenizerThatIsAFifoIsNamed) {
   TempDir d;
   ASSERT_EQ(::mkfifo((d.path / "tokenizer.json").c_str(), 0644), 0);

@@ -77,6 +77,26 @@ class WorkloadCli : public ::testing::Test {
   std::vector<std::string> clusters_;
 };
 
+// Four creates of one name at once: exactly one makes the cluster; the others are told it
+// exists (exit 2), never that its directory holds foreign files.
+TEST_F(WorkloadCli, ConcurrentCreatesOfOneNameMakeOneCluster) {
+  std::string cmd = "cd " + home_ + " && for i in 1 2 3 4; do (HYPERION_HOME=" + home_ + " " +
+                    HYPERION_CLI_PATH + " cluster create --cluster race --cores 1 > out.$i " +
+                    "2>&1; echo $? > rc.$i) & done; wait";
+  ASSERT_EQ(testing_util::run_shell(cmd).code, 0);
+  clusters_.push_back("race");
+  int made = 0, exists = 0;
+  for (int i = 1; i <= 4; ++i) {
+    const std::string rc = slurp(home_ + "/rc." + std::to_string(i));
+    const std::string out = slurp(home_ + "/out." + std::to_string(i));
+    if (std::stoi(rc) == 0) ++made;
+    if (std::stoi(rc) == 2 && out.find("cluster 'race' exists") != std::string::npos) ++exists;
+    EXPECT_EQ(out.find("not a hyperion cluster"), std::string::npos) << out;
+  }
+  EXPECT_EQ(made, 1);
+  EXPECT_EQ(exists, 3);
+}
+
 TEST_F(WorkloadCli, BadNamesAndRequestsAreUsageErrors) {
   CliResult r = hy("cluster create --cluster Bad_Name");
   EXPECT_EQ(r.code, 2);

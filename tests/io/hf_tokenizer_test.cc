@@ -242,6 +242,45 @@ TEST(HfTokenizer, MalformedCompanionFilesAreNamed) {
   EXPECT_NE(msg.find("tokenizer_config.json': it is a directory"), std::string::npos) << msg;
 }
 
+// Expansion bombs: a normalizer or decoder chain that could multiply its input (forty
+// Replace "a" -> "aa", a regex Replace inserting kilobytes between characters) is refused
+// at load, naming the stage; a chain within the bound still cannot make one request's
+// text more than 64 times its size (an error naming the sizes, not gigabytes).
+TEST(HfTokenizer, ExpansionBombsAreRefused) {
+  TempDir dir;
+  const json a_to_aa = {{"type", "Replace"}, {"pattern", {{"String", "a"}}}, {"content", "aa"}};
+  json bomb = byte_level_tokenizer();
+  bomb["normalizer"] = {{"type", "Sequence"}, {"normalizers", json::array()}};
+  for (int i = 0; i < 40; ++i) bomb["normalizer"]["normalizers"].push_back(a_to_aa);
+  std::string msg = error_message([&] { load_json(dir, bomb); });
+  EXPECT_NE(msg.find("normalizer: its steps could grow a text"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("expansion bomb"), std::string::npos) << msg;
+
+  json dbomb = byte_level_tokenizer();
+  dbomb["decoder"] = {{"type", "Sequence"}, {"decoders", json::array()}};
+  for (int i = 0; i < 40; ++i) dbomb["decoder"]["decoders"].push_back(a_to_aa);
+  msg = error_message([&] { load_json(dir, dbomb); });
+  EXPECT_NE(msg.find("decoder: its steps could grow a text"), std::string::npos) << msg;
+
+  json prepends = byte_level_tokenizer();
+  prepends["normalizer"] = {{"type", "Sequence"}, {"normalizers", json::array()}};
+  for (int i = 0; i < 1000; ++i)
+    prepends["normalizer"]["normalizers"].push_back(
+        {{"type", "Prepend"}, {"prepend", std::string(1000, 'x')}});
+  msg = error_message([&] { load_json(dir, prepends); });
+  EXPECT_NE(msg.find("normalizer: its steps could grow a text"), std::string::npos) << msg;
+
+  // Within the bound (a regex that matches between characters, inserting 100 bytes:
+  // 101-fold at most), an ordinary text encodes and a hostile one is stopped by name.
+  json wide = byte_level_tokenizer();
+  wide["normalizer"] = {
+      {"type", "Replace"}, {"pattern", {{"Regex", "(?=b)"}}}, {"content", std::string(100, 'c')}};
+  const Tokenizer tok = load_json(dir, wide);
+  EXPECT_FALSE(tok.encode("hello").empty());
+  msg = error_message([&] { tok.encode(std::string(20000, 'b')); });
+  EXPECT_NE(msg.find("more than the"), std::string::npos) << msg;
+}
+
 // A SentencePiece-style BPE (Llama 2, Gemma): ▁ for spaces, byte fallback, BOS added.
 json metaspace_tokenizer() {
   json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};

@@ -3,12 +3,14 @@
 // directory or an oversized file is refused by name, at once (a FIFO used to block open()
 // forever; /dev/zero grew a chat template or hostfile without bound). Through each reader:
 // whole-file reads, memory maps (safetensors, GGUF), token shards, line readers, Criteo
-// files, hostfiles, and a tokenizer directory's files.
+// files, hostfiles, and a tokenizer directory's files; and a model directory's symbolic
+// links stay inside it (io/model_dir_file.h).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "base/line_reader.h"
 #include "dist/host_list.h"
 #include "io/atomic_file.h"
+#include "io/model_dir_file.h"
 #include "io/token_shard.h"
 #include "io/tokenizer.h"
 #include "recsys/criteo_reader.h"
@@ -111,6 +114,44 @@ TEST(UntrustedFiles, TokenizerDirectoryFilesAreNamed) {
     const std::string msg = error_of([&] { io::Tokenizer::load(d.path.string()); });
     EXPECT_TRUE(has(msg, "tokenizer.json") && has(msg, "is a directory")) << msg;
   }
+}
+
+// Symbolic links in a model directory: followed within it and, for a Hugging Face hub
+// snapshot, into its repository's blobs/; refused by name anywhere else.
+TEST(UntrustedFiles, ModelDirectoryLinksStayInsideIt) {
+  TempDir d;
+  const fs::path model = d.path / "model";
+  fs::create_directories(model / "sub");
+  std::ofstream(model / "sub" / "real.json") << "{}";
+  std::ofstream(d.path / "secret") << "outside";
+  fs::create_symlink("sub/real.json", model / "inside.json");
+  fs::create_symlink(d.path / "secret", model / "config.json");
+  fs::create_symlink("../secret", model / "up.json");
+  EXPECT_EQ(io::model_dir_file(model.string(), "inside.json"), (model / "inside.json").string());
+  EXPECT_EQ(io::model_dir_file(model.string(), "missing.json"),
+            (model / "missing.json").string());
+  for (const char* name : {"config.json", "up.json"}) {
+    const std::string msg = error_of([&] { io::model_dir_file(model.string(), name); });
+    EXPECT_TRUE(has(msg, "outside the model directory") && has(msg, "secret")) << msg;
+  }
+  for (const char* name : {"..", ".", "a/b", ""})
+    EXPECT_TRUE(has(error_of([&] { io::model_dir_file(model.string(), name); }),
+                    "is not a file name"))
+        << name;
+  // The hub's layout: snapshots/<rev>/config.json -> ../../blobs/<hash>.
+  const fs::path repo = d.path / "hub" / "models--org--tiny";
+  fs::create_directories(repo / "blobs");
+  fs::create_directories(repo / "snapshots" / "abc123");
+  std::ofstream(repo / "blobs" / "f00d") << "{}";
+  fs::create_symlink("../../blobs/f00d", repo / "snapshots" / "abc123" / "config.json");
+  fs::create_symlink(d.path / "secret", repo / "snapshots" / "abc123" / "tokenizer.json");
+  const std::string snap = (repo / "snapshots" / "abc123").string();
+  EXPECT_NO_THROW(io::model_dir_file(snap, "config.json"));
+  const std::string msg = error_of([&] { io::model_dir_file(snap, "tokenizer.json"); });
+  EXPECT_TRUE(has(msg, "hub repository's blobs/")) << msg;
+  // Through the readers: the checkpoint's config and a tokenizer directory.
+  const std::string tok = error_of([&] { io::Tokenizer::load(snap); });
+  EXPECT_TRUE(has(tok, "outside the model directory")) << tok;
 }
 
 TEST(UntrustedFiles, CheckRegularFileForThirdPartyReaders) {
