@@ -5,6 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
 
 #include "base/error.h"
 #include "io/hf_tokenizer_impl.h"
@@ -306,6 +309,7 @@ void read_model(const Reader& r, const json& model, bool byte_level, HfTokenizer
   TokenMap keyed;
   keyed.reserve(vocab.size());
   std::string raw;
+  std::vector<uint8_t> seen;  // an id given to a token already: decoding would not invert
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
         it.value().get<int64_t>() > r.max_id)
@@ -313,8 +317,15 @@ void read_model(const Reader& r, const json& model, bool byte_level, HfTokenizer
             fmt::format("expected an id in [0, {}] (ids are dense: the file has {} tokens)",
                         r.max_id, r.max_id - 65536));
     const auto id = static_cast<int32_t>(it.value().get<int64_t>());
-    if (static_cast<size_t>(id) >= impl.pieces.size())
+    if (static_cast<size_t>(id) >= impl.pieces.size()) {
       impl.pieces.resize(static_cast<size_t>(id) + 1);
+      seen.resize(impl.pieces.size(), 0);
+    }
+    if (seen[static_cast<size_t>(id)])
+      r.bad("model.vocab." + it.key(),
+            fmt::format("id {} is also the id of '{}': each token needs an id of its own", id,
+                        clipped(impl.pieces[id])));
+    seen[static_cast<size_t>(id)] = 1;
     impl.pieces[id] = it.key();
     // A byte-level token that spells no bytes cannot come out of the model; it still decodes.
     if (!byte_level) {
@@ -366,6 +377,7 @@ void read_added_tokens(const Reader& r, const json& root, HfTokenizer::Impl& imp
   auto it = root.find("added_tokens");
   if (it == root.end() || it->is_null()) return;
   if (!it->is_array()) r.bad("added_tokens", "expected a list");
+  std::unordered_map<int32_t, std::string> added_content;
   for (size_t i = 0; i < it->size(); ++i) {
     const json& a = (*it)[i];
     const std::string path = fmt::format("added_tokens[{}]", i);
@@ -376,6 +388,15 @@ void read_added_tokens(const Reader& r, const json& root, HfTokenizer::Impl& imp
     if (r.flag(a, path, "single_word", false))
       r.bad(path + ".single_word", "single_word added tokens are not supported");
     const bool normalized = r.flag(a, path, "normalized", !special);
+    // An added token may repeat a vocabulary entry (the same content at the same id, as
+    // Llama 2 and Gemma list their specials); two contents for one id, or two ids for one
+    // content, would make decoding no longer invert encoding.
+    if (auto other = added_content.find(id); other != added_content.end() && other->second != content)
+      r.bad(path + ".id", fmt::format("id {} is also added_tokens' '{}'", id, clipped(other->second)));
+    if (auto other = impl.added_ids.find(content); other != impl.added_ids.end() && other->second != id)
+      r.bad(path + ".content", fmt::format("'{}' is added twice, as id {} and id {}",
+                                           clipped(content), other->second, id));
+    added_content[id] = content;
     if (static_cast<size_t>(id) >= impl.pieces.size())
       impl.pieces.resize(static_cast<size_t>(id) + 1);
     impl.pieces[id] = content;

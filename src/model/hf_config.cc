@@ -411,6 +411,12 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
     if (rp.contains("full_attention") || rp.contains("sliding_attention")) {
       HYP_CHECK(rp.contains("full_attention"),
                 "{}: rope_parameters has sliding_attention but no full_attention", origin);
+      // The per-layer form: one RoPE per kind of layer, and only the kinds this decoder has.
+      for (const auto& [key, value] : rp.items())
+        HYP_CHECK(key == "full_attention" || key == "sliding_attention",
+                  "{}: rope_parameters.{} is not a kind of layer this decoder has "
+                  "(full_attention, sliding_attention): a RoPE it would ignore",
+                  origin, key);
       read_rope_object(rp["full_attention"], origin + ": rope_parameters.full_attention",
                        c.max_seq_len, &c.rope_scaling, &c.rope_theta);
       if (rp.contains("sliding_attention")) {
@@ -467,13 +473,28 @@ LlamaConfig LlamaConfig::from_hf_json(const std::string& text, const std::string
     HYP_CHECK(!key.starts_with("hyperion_") || key == "hyperion_dense_intermediate_size" ||
                   key == "hyperion_first_dense_layers" || key == "hyperion_moe_layer_step",
               "{}: unknown key '{}' = {}", origin, key, value.dump());
-  c.pad_id = static_cast<int32_t>(get_int("pad_token_id", false, -1));
-  c.bos_id = static_cast<int32_t>(get_int("bos_token_id", false, 1));
+  // Token ids as sent: an integer that is not an int32 is refused printing the file's own
+  // text (4294967303 used to become 7, and 10^12 was printed as -727379968).
+  auto token_id = [&](const nlohmann::json& v, const std::string& what) -> int32_t {
+    HYP_CHECK(v.is_number_integer(), "{}: key '{}' = {} is not an integer", origin, what,
+              v.dump());
+    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t{INT32_MAX}
+                                             : v.get<int64_t>() >= INT32_MIN &&
+                                                   v.get<int64_t>() <= INT32_MAX;
+    HYP_CHECK(fits, "{}: key '{}' = {} is not a token id (at most 2^31 - 1)", origin, what,
+              v.dump());
+    return static_cast<int32_t>(v.get<int64_t>());
+  };
+  auto id_key = [&](const char* key, int32_t fallback) {
+    return has(key) ? token_id(j[key], key) : fallback;
+  };
+  c.pad_id = id_key("pad_token_id", -1);
+  c.bos_id = id_key("bos_token_id", 1);
   // eos_token_id may be a list in newer configs; take the first.
   if (j.contains("eos_token_id") && j["eos_token_id"].is_array() && !j["eos_token_id"].empty())
-    c.eos_id = j["eos_token_id"][0].get<int32_t>();
+    c.eos_id = token_id(j["eos_token_id"][0], "eos_token_id[0]");
   else
-    c.eos_id = static_cast<int32_t>(get_int("eos_token_id", false, 2));
+    c.eos_id = id_key("eos_token_id", 2);
   c.validate(origin);
   return c;
 }

@@ -250,8 +250,15 @@ void validate(const SamplingParams& p) {
             p.top_p);
 }
 
+// The checks run on the number as sent (a double), and refuse what the sampler's f32 would
+// turn into another setting: a temperature of 1e-300 is not 0 (greedy), a top_p of 1e-300
+// is not 0 (invalid); the message prints the number as sent.
 std::string temperature_error(double t) {
-  return t >= 0.0 && t <= 2.0 ? "" : fmt::format("must be in [0, 2], got {}", t);
+  if (!(t >= 0.0 && t <= 2.0)) return fmt::format("must be in [0, 2], got {}", t);
+  if (t > 0.0 && static_cast<float>(t) == 0.0f)
+    return fmt::format("must be 0 (greedy) or at least {}, got {}",
+                       std::numeric_limits<float>::denorm_min(), t);
+  return "";
 }
 
 std::string top_k_error(int64_t k) {
@@ -260,7 +267,10 @@ std::string top_k_error(int64_t k) {
 }
 
 std::string top_p_error(double p) {
-  return p > 0.0 && p <= 1.0 ? "" : fmt::format("must be in (0, 1], got {}", p);
+  return p > 0.0 && p <= 1.0 && static_cast<float>(p) > 0.0f
+             ? ""
+             : fmt::format("must be in (0, 1] (at least {}), got {}",
+                           std::numeric_limits<float>::denorm_min(), p);
 }
 
 Sampler::Sampler(const SamplingParams& p) : params_(p), state_(p.seed) {

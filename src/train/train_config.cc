@@ -480,10 +480,10 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
         "norm_topk_prob"};
     std::vector<std::string> replaced;
     for (const char* key : kModelKeys) {
-      HYP_CHECK(c.source_of(key) != "command line",
-                "config key {}: with load_parameters_path the model's shape comes from {}'s "
-                "config.json; remove the key",
-                where(key), t.load_parameters_path);
+      HYP_USAGE_CHECK(c.source_of(key) != "command line",
+                      "config key {}: with load_parameters_path the model's shape comes from "
+                      "{}'s config.json; remove the key",
+                      where(key), t.load_parameters_path);
       if (c.source_of(key) != "default") replaced.push_back(key);
     }
     if (!replaced.empty())

@@ -52,6 +52,14 @@ TEST(UntrustedInputs, ATokenizerThatIsAFifoIsNamed) {
   EXPECT_TRUE(contains(r.out, "tokenizer.json': it is a FIFO")) << r.out;
 }
 
+// A model key given beside load_parameters_path would be ignored: a usage error (exit 2),
+// checked before the checkpoint is read.
+TEST(UntrustedInputs, AModelKeyBesideLoadParametersPathIsAUsageError) {
+  const auto r = run_cli("train tiny load_parameters_path=/nonexistent base_emb_dim=64");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(contains(r.out, "base_emb_dim") && contains(r.out, "remove the key")) << r.out;
+}
+
 TEST(UntrustedInputs, AHostfileThatIsADeviceOrDirectoryIsAUsageError) {
   TempDir d;
   for (const std::string& path : {std::string("/dev/zero"), d.path.string()}) {

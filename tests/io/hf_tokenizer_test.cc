@@ -281,6 +281,30 @@ TEST(HfTokenizer, ExpansionBombsAreRefused) {
   EXPECT_NE(msg.find("more than the"), std::string::npos) << msg;
 }
 
+// Two tokens with one id, or one added token with two ids, would make decoding no longer
+// invert encoding: refused at load naming the ids. A special listed both in the vocabulary
+// and in added_tokens with the same id (Llama 2, Gemma) is fine.
+TEST(HfTokenizer, DuplicateIdsAreRefused) {
+  TempDir dir;
+  json twice = byte_level_tokenizer();
+  twice["model"]["vocab"]["dup"] = twice["model"]["vocab"]["he"];
+  std::string msg = error_message([&] { load_json(dir, twice); });
+  EXPECT_NE(msg.find("is also the id of"), std::string::npos) << msg;
+  json added = byte_level_tokenizer();
+  added["added_tokens"].push_back(
+      {{"id", added["added_tokens"][0]["id"]}, {"content", "<|other|>"}, {"special", true}});
+  msg = error_message([&] { load_json(dir, added); });
+  EXPECT_NE(msg.find("is also added_tokens' '<|end|>'"), std::string::npos) << msg;
+  json two_ids = byte_level_tokenizer();
+  two_ids["added_tokens"].push_back(
+      {{"id", 300}, {"content", "<|end|>"}, {"special", true}, {"normalized", false}});
+  msg = error_message([&] { load_json(dir, two_ids); });
+  EXPECT_NE(msg.find("'<|end|>' is added twice"), std::string::npos) << msg;
+  json repeat = byte_level_tokenizer();
+  repeat["added_tokens"].push_back(repeat["added_tokens"][0]);
+  EXPECT_NO_THROW(load_json(dir, repeat));
+}
+
 // A SentencePiece-style BPE (Llama 2, Gemma): ▁ for spaces, byte fallback, BOS added.
 json metaspace_tokenizer() {
   json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};

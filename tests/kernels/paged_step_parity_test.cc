@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -207,6 +208,42 @@ TEST_P(PagedStepParity, DecodeAttentionAtModelShapes) {
       }
     }
   }
+}
+
+// On a GPU a NaN key makes its row's attention NaN: the split kernel must not turn it into
+// zeros as it does a row without keys. (The host's AVX-512 exp clamps its input, so there
+// a NaN score becomes a finite weight; the portable host path gives NaN.)
+TEST_P(PagedStepParity, ANanKeyGivesNanOnAGpu) {
+  if (k().device() == Device::kHost || std::string(k().name()) == "simulated")
+    GTEST_SKIP() << "the host kernels' exp clamps NaN";
+  std::mt19937 rng(23);
+  const int64_t pt = 16, hkv = 1, hq = 4, d = 64, pages = 4, len = 40;
+  DeviceBuffer kc(k().allocator(), static_cast<size_t>(pages * pt * hkv * d) * 4),
+      vc(k().allocator(), kc.bytes());
+  PagedKvCache cache;
+  cache.k = kc.data();
+  cache.v = vc.data();
+  cache.dtype = DType::kF32;
+  cache.num_pages = pages;
+  cache.page_tokens = pt;
+  cache.n_kv_heads = hkv;
+  cache.head_dim = d;
+  Tensor kn = random_tensor(DType::kF32, {len, hkv, d}, rng),
+         vn = random_tensor(DType::kF32, {len, hkv, d}, rng);
+  kn.as<float>()[17 * d + 5] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<int64_t> slots;
+  for (int64_t p = 0; p < len; ++p) slots.push_back(p);
+  DeviceBuffer dk = up(kn.data(), kn.nbytes()), dv = up(vn.data(), vn.nbytes());
+  k().paged_kv_write(cache, view(dk, DType::kF32, {len, hkv, d}),
+                     view(dv, DType::kF32, {len, hkv, d}), slots.data());
+  const std::vector<int32_t> table = {0, 1, 2};
+  const PagedAttentionRow row{table.data(), len};
+  Tensor q = random_tensor(DType::kF32, {1, hq, d}, rng);
+  DeviceBuffer dq = up(q.data(), q.nbytes()), dout = up(q.data(), q.nbytes());
+  k().paged_attention(cache, view(dq, DType::kF32, {1, hq, d}), &row,
+                      view(dout, DType::kF32, {1, hq, d}), PagedAttentionParams{});
+  const Tensor out = down(dout, DType::kF32, {1, hq, d});
+  for (int64_t i = 0; i < out.numel(); ++i) ASSERT_TRUE(std::isnan(at(out, i))) << i;
 }
 
 // The step tables' write: rows with a negative slot write nothing, the others land at

@@ -422,6 +422,15 @@ TEST(FamilyConfig, BadRopeAndUnsupportedKeysAreNamed) {
       {R"("model_type": "qwen3", "architectures": ["LlamaForCausalLM"], )",
        {"architectures", "LlamaForCausalLM"}},
       {R"("mlp_bias": true, )", {"mlp_bias"}},
+      // A per-layer RoPE for a kind of layer the decoder does not have would be ignored.
+      {R"("rope_parameters": {"full_attention": {"rope_type": "default"},
+          "chunked_attention": {"rope_type": "default"}}, )",
+       {"rope_parameters.chunked_attention"}},
+      // Token ids are printed as sent, never truncated to 32 bits.
+      {R"("bos_token_id": 4294967303, )", {"bos_token_id", "4294967303", "not a token id"}},
+      {R"("eos_token_id": 1000000000000, )", {"eos_token_id", "1000000000000"}},
+      {R"("eos_token_id": [4294967298, 2], )", {"eos_token_id[0]", "4294967298"}},
+      {R"("pad_token_id": "0", )", {"pad_token_id", "not an integer"}},
   };
   for (const Bad& b : bad) {
     const std::string e = error_of(b.body + kQwenBase);

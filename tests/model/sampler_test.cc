@@ -380,4 +380,15 @@ TEST(Sampler, LargeVocabularyTopKTopP) {
 }
 
 }  // namespace
+// A refused number is printed as sent, and one the sampler's f32 would turn into another
+// setting is refused: a top_p or temperature of 1e-300 is not 0.
+TEST(Sampler, TinyParametersAreRefusedAsSent) {
+  EXPECT_EQ(top_p_error(0.5), "");
+  EXPECT_EQ(temperature_error(0.0), "");
+  EXPECT_EQ(temperature_error(0.7), "");
+  for (const std::string& e : {top_p_error(1e-300), temperature_error(1e-300)})
+    EXPECT_NE(e.find("got 1e-300"), std::string::npos) << e;
+  EXPECT_NE(top_p_error(1.5).find("got 1.5"), std::string::npos);
+}
+
 }  // namespace hyperion

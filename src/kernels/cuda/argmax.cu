@@ -103,8 +103,12 @@ void argmax_rows(cudaStream_t s, const float* x, int64_t rows, int64_t n, int32_
   auto* pv = static_cast<float*>(scratch);
   auto* pi = reinterpret_cast<int32_t*>(pv + rows * chunks);
   int32_t* pnan = pi + rows * chunks;
-  argmax_chunk_kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(rows)),
-                        kThreads, 0, s>>>(x, n, chunks, pv, pi, pnan);
+  for (int64_t r0 = 0; r0 < rows; r0 += 65535) {  // rows go on the grid's y
+    const int64_t rn = rows - r0 < 65535 ? rows - r0 : 65535;
+    argmax_chunk_kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(rn)),
+                          kThreads, 0, s>>>(x + r0 * n, n, chunks, pv + r0 * chunks,
+                                            pi + r0 * chunks, pnan + r0 * chunks);
+  }
   argmax_merge_kernel<<<static_cast<unsigned>((rows + 3) / 4), 128, 0, s>>>(pv, pi, pnan, rows,
                                                                            chunks, out);
 }

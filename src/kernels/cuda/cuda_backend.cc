@@ -195,10 +195,11 @@ void CudaBackend::gemm_int8(const GemmArgs& g) {
                 g.a_scale != nullptr && g.b_scale != nullptr && g.bias == nullptr &&
                 g.batch == 1 && g.trans_a == Trans::kN && g.trans_b == Trans::kT &&
                 g.lda == g.k && g.ldb == g.k && g.ldc == g.n && g.k % 16 == 0 &&
-                vec8_aligned({g.a, g.b}),
+                g.k <= 131072 && vec8_aligned({g.a, g.b}),
             "gemm: int8 on the cuda backend is the int8-weight form only: int8 A [m, k] x int8 "
-            "B [n, k]^T with a_scale and b_scale, contiguous and 16-byte aligned, k % 16 == 0, "
-            "-> f32|bf16 C (got A {} B {} C {}, m={} n={} k={})",
+            "B [n, k]^T with a_scale and b_scale, contiguous and 16-byte aligned, k % 16 == 0 "
+            "and at most 131072 (exact int32 sums), -> f32|bf16 C (got A {} B {} C {}, m={} "
+            "n={} k={})",
             dtype_name(g.a_dtype), dtype_name(g.b_dtype), dtype_name(g.c_dtype), g.m, g.n, g.k);
   if (g.m == 0 || g.n == 0) return;
   cuda::int8_gemm_scaled(stream_, g.m, g.n, g.k, static_cast<const int8_t*>(g.a), g.a_scale,
@@ -311,14 +312,15 @@ void CudaBackend::rope(const char* op, const TensorView& x, const TensorView& ou
   const float* cos_sin = nullptr;
   {
     std::lock_guard<std::mutex> lock(rope_mutex_);
-    DeviceBuffer& buf = rope_tables_[table.key()];
     const size_t half = static_cast<size_t>(table.max_positions * (table.head_dim / 2));
-    if (buf.empty()) {
-      buf = DeviceBuffer(alloc_, 2 * half * sizeof(float));
+    auto it = rope_tables_.find(table.key());
+    if (it == rope_tables_.end()) {  // into the map only once both uploads are queued
+      DeviceBuffer buf(alloc_, 2 * half * sizeof(float));
       upload(table.cos.data(), buf.data(), half * sizeof(float));
       upload(table.sin.data(), buf.as<float>() + half, half * sizeof(float));
+      it = rope_tables_.emplace(table.key(), std::move(buf)).first;
     }
-    cos_sin = buf.as<float>();
+    cos_sin = it->second.as<float>();
   }
   const size_t half = static_cast<size_t>(table.max_positions * (table.head_dim / 2));
   cuda::rope(stream_, x.data, out.data, elem_of(op, "x", x), b, t, x.shape[2], x.shape[3], start,
@@ -453,7 +455,9 @@ void CudaBackend::decode_attention(const char* op, const PagedCacheArgs& c, cons
       params.scale > 0 ? params.scale : 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
       params.window, params.softcap};
   const Elem qt = elem_of(op, "q", q), ot = elem_of(op, "out", out);
-  if (cuda::paged_decode_applies(c, heads) && vec8_aligned({q.data, c.k, c.v})) {
+  // (Rows go on the grid's z, at most 65535 of them.)
+  if (cuda::paged_decode_applies(c, heads) && n_rows <= 65535 &&
+      vec8_aligned({q.data, c.k, c.v})) {
     const int splits = cuda::paged_decode_splits(n_rows, c.n_kv_heads, multiprocessors_,
                                                  decode_tuning_.blocks_per_multiprocessor);
     const size_t bytes = cuda::paged_decode_scratch_bytes(n_rows, heads, c.head_dim, splits);
@@ -462,6 +466,7 @@ void CudaBackend::decode_attention(const char* op, const PagedCacheArgs& c, cons
     if (splits > 1 && decode_tuning_.merge_in_kernel) {  // zeroed when made; left at zero
       const size_t need = static_cast<size_t>(n_rows * c.n_kv_heads) * sizeof(int);
       if (decode_counters_.bytes() < need) {
+        not_recording("paged_attention (growing its merge counters)");
         decode_counters_ = DeviceBuffer();
         decode_counters_ = DeviceBuffer(alloc_, need);
         check_cuda(cudaMemsetAsync(decode_counters_.data(), 0, need, stream_), "paged_attention");

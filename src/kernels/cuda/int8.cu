@@ -239,7 +239,9 @@ void int8_gemm_scaled(cudaStream_t s, int64_t m, int64_t n, int64_t k, const int
 namespace hyperion::cuda {
 
 bool int8_linear_quantising_applies(int64_t m, int64_t k) {
-  return m >= 1 && m <= kInt8QuantisingMaxRows && k % 16 == 0 && m * k <= 40 * 1024;
+  // k <= 131072 keeps k * 127^2 within int32: the sums stay exact.
+  return m >= 1 && m <= kInt8QuantisingMaxRows && k % 16 == 0 && k <= 131072 &&
+         m * k <= 40 * 1024;
 }
 
 void int8_linear_quantising(cudaStream_t s, int64_t m, int64_t k, const void* x,

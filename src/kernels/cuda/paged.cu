@@ -134,7 +134,7 @@ __global__ void paged_attention_kernel(PagedCacheArgs c, const void* q, Elem qt,
   }
   for (int e = 0; e < kMaxPerLane; ++e) {
     const int64_t col = lane + 32 * e;
-    if (col < hd) store(out, ot, w * hd + col, l > 0.0f ? acc[e] / l : 0.0f);  // length 0: zeros
+    if (col < hd) store(out, ot, w * hd + col, l != 0.0f ? acc[e] / l : 0.0f);  // length 0: zeros
   }
 }
 

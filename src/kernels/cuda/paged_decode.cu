@@ -7,7 +7,7 @@
 // global loads per position. Here a block of 4 warps owns (row, kv head, split): every
 // query head of the GQA group shares each K and V load, a warp reads 2 or 4 keys per
 // instruction (8 elements per lane, 16-byte loads for bf16), and the splits of one row
-// run on different multiprocessors. Each split keeps an online softmax over tiles of 64 to
+// run on different multiprocessors. Each split keeps an online softmax over tiles of 32 to
 // 128 positions; the splits' (max, sum, accumulator) are merged in split order, so the
 // result does not depend on scheduling.
 //
@@ -96,7 +96,7 @@ __device__ __forceinline__ void merge_head(const float* part, int64_t hw, int sp
     float a = 0.0f;
     for (int t = 0; t < eff; ++t)
       a += __ldcg(base + t * stride + 2 + col) * __shfl_sync(0xffffffffu, w_t, t);
-    store(out, ot, hw * d + col, l > 0.0f ? a / l : 0.0f);
+    store(out, ot, hw * d + col, l != 0.0f ? a / l : 0.0f);  // a row with no keys: zeros
   }
 }
 
@@ -208,7 +208,10 @@ __global__ void __launch_bounds__(kThreads, G >= 8 ? 2 : 3)
       const float m_old = s_m[g], m_new = fmaxf(m_old, mx);
       float sum = 0.0f;
       for (int i = lane; i < tn; i += 32) {
-        const float pr = m_new == -INFINITY ? 0.0f : __expf(s_score[g][i] - m_new);
+        // Masked positions weigh 0; a NaN score stays NaN (as on the host), even when
+        // every score is NaN and m_new is still -inf.
+        const float sv = s_score[g][i];
+        const float pr = sv == -INFINITY ? 0.0f : __expf(sv - m_new);
         s_score[g][i] = pr;
         sum += pr;
       }
@@ -268,7 +271,7 @@ __global__ void __launch_bounds__(kThreads, G >= 8 ? 2 : 3)
     for (int w = 0; w < kWarpsPerBlock; ++w) a += s_acc[w][g][col];
     if (splits == 1) {
       const float l = s_l[g];
-      store(out, ot, (head0 + g) * D + col, l > 0.0f ? a / l : 0.0f);
+      store(out, ot, (head0 + g) * D + col, l != 0.0f ? a / l : 0.0f);  // NaN stays NaN
     } else {
       part[((head0 + g) * splits + split) * stride + 2 + col] = a;
     }
