@@ -24,16 +24,6 @@ std::string parent_dir(const std::string& path) {
   return dir.empty() ? "." : dir;
 }
 
-const char* file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISLNK(mode)) return "a symbolic link";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
-
 // An output may replace a regular file only: renaming over /dev/full (as root), a
 // directory or a symbolic link would destroy something that is not ours to replace.
 void check_replaceable(const std::string& path) {
@@ -42,7 +32,7 @@ void check_replaceable(const std::string& path) {
   if (!S_ISREG(st.st_mode))
     fail("cannot write '{}': it exists and is {}; only a regular file is replaced (remove it or "
          "choose another output path)",
-         path, file_kind(st.st_mode));
+         path, file_kind_name(st.st_mode));
 }
 
 }  // namespace

@@ -267,10 +267,11 @@ std::string top_k_error(int64_t k) {
 }
 
 std::string top_p_error(double p) {
-  return p > 0.0 && p <= 1.0 && static_cast<float>(p) > 0.0f
-             ? ""
-             : fmt::format("must be in (0, 1] (at least {}), got {}",
-                           std::numeric_limits<float>::denorm_min(), p);
+  if (!(p > 0.0 && p <= 1.0)) return fmt::format("must be in (0, 1], got {}", p);
+  if (static_cast<float>(p) == 0.0f)
+    return fmt::format("must be in (0, 1] and at least {}, got {}",
+                       std::numeric_limits<float>::denorm_min(), p);
+  return "";
 }
 
 Sampler::Sampler(const SamplingParams& p) : params_(p), state_(p.seed) {

@@ -24,18 +24,22 @@ __device__ __forceinline__ void store(void* p, Elem t, int64_t i, float v) {
     static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
 }
 
+// Eight bf16 packed in 16 bytes, as f32.
+__device__ __forceinline__ void bf16x8(const uint4& raw, float (&v)[8]) {
+  const auto* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __bfloat1622float2(h2[k]);
+    v[2 * k] = f.x;
+    v[2 * k + 1] = f.y;
+  }
+}
+
 // Eight consecutive elements from index i as f32: one 16-byte load for bf16, two for f32.
 // i must be a multiple of 8 and the tensor 16-byte aligned (vec8_ok says so).
 __device__ __forceinline__ void load8(const void* p, Elem t, int64_t i, float (&v)[8]) {
   if (t == Elem::kBF16) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p) + i);
-    const auto* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 f = __bfloat1622float2(h2[k]);
-      v[2 * k] = f.x;
-      v[2 * k + 1] = f.y;
-    }
+    bf16x8(*reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p) + i), v);
   } else {
     const auto* f4 = reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
     const float4 a = f4[0], b = f4[1];

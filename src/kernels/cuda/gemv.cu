@@ -24,16 +24,6 @@ struct GemvTargets {
   int count = 0;
 };
 
-__device__ __forceinline__ void bf16x8(const uint4& raw, float (&v)[8]) {
-  const auto* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h2[i]);
-    v[2 * i] = f.x;
-    v[2 * i + 1] = f.y;
-  }
-}
-
 template <int M>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const __nv_bfloat16* __restrict__ a, GemvTargets t, Elem ct, int64_t k,

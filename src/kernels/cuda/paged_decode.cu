@@ -34,15 +34,7 @@ struct Piece<kBF16> {
   __device__ __forceinline__ void load(const void* base, const float*, int64_t row, int64_t i) {
     raw = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(base) + i);
   }
-  __device__ __forceinline__ void get(float (&v)[8]) const {
-    const auto* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 f = __bfloat1622float2(h2[k]);
-      v[2 * k] = f.x;
-      v[2 * k + 1] = f.y;
-    }
-  }
+  __device__ __forceinline__ void get(float (&v)[8]) const { bf16x8(raw, v); }
 };
 template <>
 struct Piece<kF32> {
