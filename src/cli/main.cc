@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/terminate_handler.h"
 #include "base/threads.h"
 #include "cli/build_info.h"
 #include "cli/commands.h"
@@ -89,6 +90,7 @@ int dispatch(int argc, char** argv, int i) {
 
 int main(int argc, char** argv) {
   using namespace hyperion;
+  install_terminate_handler();
   try {
     int i = 1;
     int threads = 0;

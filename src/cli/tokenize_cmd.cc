@@ -1,5 +1,7 @@
 // hyperion tokenize: text -> ids and pieces with any supported tokenizer, for checking a
 // tokenizer (or a chat template) by hand.
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -118,6 +120,52 @@ int tokenize_chat(const Flags& f) {
   return 0;
 }
 
+// One JSON value as nlohmann writes it; a piece of a byte-level vocabulary may be partial
+// UTF-8: replaced, never an exception.
+std::string json_text(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// The --json object, written as it is made: a large input's ids and pieces never become a
+// JSON tree (about 60 bytes a token), so memory stays a small multiple of the input. Keys
+// in the order nlohmann::json gives them, as before.
+void write_tokenize_json(const io::Tokenizer& tok, const std::string& text,
+                         const std::vector<int32_t>& ids, double load_seconds,
+                         double encode_seconds, double mb_per_second) {
+  std::FILE* out = stdout;
+  auto put = [out](std::string_view s) {
+    HYP_CHECK(std::fwrite(s.data(), 1, s.size(), out) == s.size(),
+              "tokenize: writing the output failed (disk full, or the reader went away)");
+  };
+  put(fmt::format("{{\"bytes\":{},\"decoded\":", text.size()));
+  put(json_text(tok.decode(ids, false)));
+  put(fmt::format(",\"encode_seconds\":{},\"format\":{},\"ids\":[", json_text(encode_seconds),
+                  json_text(tok.format())));
+  std::string chunk;
+  auto flush_if_full = [&]() {
+    if (chunk.size() < (1u << 16)) return;
+    put(chunk);
+    chunk.clear();
+  };
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) chunk += ',';
+    chunk += std::to_string(ids[i]);
+    flush_if_full();
+  }
+  chunk += fmt::format("],\"load_seconds\":{},\"mb_per_second\":{},\"pieces\":[",
+                       json_text(load_seconds), json_text(mb_per_second));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) chunk += ',';
+    chunk += json_text(tok.id_to_piece(ids[i]));
+    flush_if_full();
+  }
+  chunk += fmt::format("],\"tokenizer\":{},\"tokens\":{},\"vocab_size\":{}}}\n",
+                       json_text(tok.origin()), ids.size(), tok.vocab_size());
+  put(chunk);
+  HYP_CHECK(std::fflush(out) == 0,
+            "tokenize: writing the output failed (disk full, or the reader went away)");
+}
+
 }  // namespace
 
 int cmd_tokenize(const Args& args) {
@@ -149,21 +197,7 @@ int cmd_tokenize(const Args& args) {
       encode_seconds > 0 ? static_cast<double>(text.size()) / 1e6 / encode_seconds : 0.0;
 
   if (f.has("json")) {
-    nlohmann::json pieces = nlohmann::json::array();
-    for (int32_t id : ids) pieces.push_back(tok.id_to_piece(id));
-    const nlohmann::json j = {{"tokenizer", tok.origin()},
-                              {"format", tok.format()},
-                              {"vocab_size", tok.vocab_size()},
-                              {"ids", ids},
-                              {"pieces", pieces},
-                              {"tokens", ids.size()},
-                              {"bytes", text.size()},
-                              {"decoded", tok.decode(ids, false)},
-                              {"load_seconds", load_seconds},
-                              {"encode_seconds", encode_seconds},
-                              {"mb_per_second", mb_per_second}};
-    // Pieces of a byte-level vocabulary may be partial UTF-8: replaced, never an exception.
-    std::puts(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    write_tokenize_json(tok, text, ids, load_seconds, encode_seconds, mb_per_second);
     return 0;
   }
   std::printf("%zu tokens from %zu bytes (%s %s, vocabulary %d; load %.3f s, encode %.3f s)\n",

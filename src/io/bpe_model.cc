@@ -56,11 +56,12 @@ const ByteAlphabet& alphabet() {
   return a;
 }
 
-// One pair waiting to merge: the left symbol's position and what it would become.
+// One pair waiting to merge: its rank and the left symbol's position. A rank names one
+// pair of ids, so what it merges into is looked up again when it is taken (8 bytes an
+// entry: a word of n symbols queues up to about 2n of them).
 struct PendingMerge {
   int32_t rank;
   int32_t pos;
-  int32_t merged;
   bool operator>(const PendingMerge& o) const {
     return rank != o.rank ? rank > o.rank : pos > o.pos;
   }
@@ -199,27 +200,79 @@ void BpeModel::initial_symbols(std::string_view word, std::vector<int32_t>& ids)
   if (pending_unk >= 0) ids.push_back(pending_unk);
 }
 
+const MergeTable& BpeModel::junctions() const {
+  std::call_once(junctions_once_, [this] {
+    // Each token's first and last initial symbol, from its text; -1 where the text gives
+    // none (a character the model drops).
+    int32_t ids = 0;
+    for (const auto& kv : vocab_) ids = std::max(ids, kv.second + 1);
+    std::vector<int32_t> first(static_cast<size_t>(ids), -1), last(first);
+    plain_.assign(static_cast<size_t>(ids), 0);
+    std::vector<int32_t> sym;
+    for (const auto& [text, id] : vocab_) {
+      sym.clear();
+      initial_symbols(text, sym);
+      if (sym.empty()) continue;
+      const auto at = static_cast<size_t>(id);
+      first[at] = sym.front(), last[at] = sym.back();
+      plain_[at] = sym.size() == 1 && sym[0] == id;
+    }
+    junctions_.reserve(merges_.size());
+    merges_.for_each([&](int32_t a, int32_t b, MergeTable::Merge) {
+      const int32_t l = last[static_cast<size_t>(a)], r = first[static_cast<size_t>(b)];
+      if (l >= 0 && r >= 0) junctions_.insert(l, r, {0, 0});
+    });
+  });
+  return junctions_;
+}
+
 void BpeModel::merge_symbols(std::string_view word, std::vector<int32_t>& out) const {
-  // Scratch reused across words (a word's buffers would otherwise be five allocations).
-  thread_local std::vector<int32_t> id, prev, next;
-  thread_local std::vector<uint8_t> alive;
-  thread_local std::vector<PendingMerge> heap;
-  id.clear();
-  initial_symbols(word, id);
-  const auto n = static_cast<int32_t>(id.size());
-  if (n <= 1) {
-    out.insert(out.end(), id.begin(), id.end());
+  thread_local std::vector<int32_t> sym;
+  sym.clear();
+  sym.reserve(word.size());  // at most one symbol a byte: no doubling on a huge word
+  initial_symbols(word, sym);
+  const size_t n = sym.size();
+  if (n <= kSplitSymbols) {
+    merge_run(sym.data(), static_cast<int32_t>(n), out);
     return;
   }
+  // A huge word. Merges build tokens and a token spells its symbols, so neighbours i-1
+  // and i end up in one token only if some merge joins a token ending in sym[i-1] to one
+  // starting with sym[i]. Where none does, and both symbols spell themselves (<unk> or a
+  // <0xXX> byte does not, and could be joined whatever it spells), the two sides merge
+  // independently: the word is cut there, at most every kSplitSymbols / 2 symbols.
+  const MergeTable& join = junctions();
+  auto plain = [&](int32_t s) { return static_cast<size_t>(s) < plain_.size() && plain_[s]; };
+  size_t begin = 0;
+  for (size_t i = kSplitSymbols / 2; i < n; ++i) {
+    if (i - begin < kSplitSymbols / 2 || join.find(sym[i - 1], sym[i]).rank >= 0 ||
+        !plain(sym[i - 1]) || !plain(sym[i]))
+      continue;
+    merge_run(sym.data() + begin, static_cast<int32_t>(i - begin), out);
+    begin = i;
+  }
+  merge_run(sym.data() + begin, static_cast<int32_t>(n - begin), out);
+  std::vector<int32_t>().swap(sym);  // give a huge word's scratch back
+}
+
+void BpeModel::merge_run(const int32_t* sym, int32_t n, std::vector<int32_t>& out) const {
+  // A symbol merged into its left neighbour is marked dead with id -1.
+  if (n <= 1) {
+    out.insert(out.end(), sym, sym + n);
+    return;
+  }
+  thread_local std::vector<int32_t> id, prev, next;
+  thread_local std::vector<PendingMerge> heap;
+  id.assign(sym, sym + n);
   prev.resize(n), next.resize(n);
-  alive.assign(n, 1);
   for (int32_t i = 0; i < n; ++i) prev[i] = i - 1, next[i] = i + 1 < n ? i + 1 : -1;
 
   heap.clear();
+  heap.reserve(static_cast<size_t>(n));
   const std::greater<> later;  // a min-heap on (rank, position)
   for (int32_t i = 0; i + 1 < n; ++i) {
     const MergeTable::Merge m = merges_.find(id[i], id[i + 1]);
-    if (m.rank >= 0) heap.push_back({m.rank, i, m.merged});
+    if (m.rank >= 0) heap.push_back({m.rank, i});
   }
   std::make_heap(heap.begin(), heap.end(), later);
   auto push = [&](PendingMerge p) {
@@ -230,27 +283,27 @@ void BpeModel::merge_symbols(std::string_view word, std::vector<int32_t>& out) c
     std::pop_heap(heap.begin(), heap.end(), later);
     const PendingMerge top = heap.back();
     heap.pop_back();
-    if (!alive[top.pos] || next[top.pos] < 0) continue;
+    if (id[top.pos] < 0 || next[top.pos] < 0) continue;
     const int32_t right = next[top.pos];
     // A stale entry: the pair at this position changed since it was queued.
-    if (merges_.find(id[top.pos], id[right]).merged != top.merged) continue;
-    id[top.pos] = top.merged;
-    alive[right] = 0;
+    const MergeTable::Merge now = merges_.find(id[top.pos], id[right]);
+    if (now.rank != top.rank) continue;
+    id[top.pos] = now.merged;
+    id[right] = -1;
     next[top.pos] = next[right];
     if (next[right] >= 0) prev[next[right]] = top.pos;
     if (prev[top.pos] >= 0) {
       const MergeTable::Merge m = merges_.find(id[prev[top.pos]], id[top.pos]);
-      if (m.rank >= 0) push({m.rank, prev[top.pos], m.merged});
+      if (m.rank >= 0) push({m.rank, prev[top.pos]});
     }
     if (next[top.pos] >= 0) {
       const MergeTable::Merge m = merges_.find(id[top.pos], id[next[top.pos]]);
-      if (m.rank >= 0) push({m.rank, top.pos, m.merged});
+      if (m.rank >= 0) push({m.rank, top.pos});
     }
   }
   for (int32_t i = 0; i >= 0; i = next[i]) out.push_back(id[i]);
   if (n > (1 << 16)) {  // a huge word: give its scratch back rather than keep it per thread
     for (auto* v : {&id, &prev, &next}) std::vector<int32_t>().swap(*v);
-    std::vector<uint8_t>().swap(alive);
     std::vector<PendingMerge>().swap(heap);
   }
 }

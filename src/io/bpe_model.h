@@ -6,7 +6,10 @@
 // Speed: merges are a pair-of-ids hash table (no strings touched while merging); the
 // merge loop keeps the live pairs in a binary heap over a doubly linked symbol list, so a
 // word of n symbols costs O(n log n) however it is made (a 1 MB run of one character
-// included); words up to kCacheWordBytes are memoised (thread-safe).
+// included); words up to kCacheWordBytes are memoised (thread-safe). A word of more than
+// kSplitSymbols symbols (a whole document, for a vocabulary with no pre-tokenizer such as
+// Llama 2's or Gemma's) is merged a stretch at a time, cut only between two symbols no
+// merge can ever join, so the result is the same and the scratch stays small.
 //
 // Byte-level vocabularies (GPT-2, Llama 3, Qwen) spell every byte as a printable
 // character (Ġ for a space). The model keys its vocabulary by the raw bytes those
@@ -16,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <string_view>
@@ -46,6 +50,14 @@ class MergeTable {
   }
   size_t size() const { return size_; }
   size_t capacity() const { return keys_.size(); }
+  // Calls f(left, right, merge) for every pair.
+  template <class F>
+  void for_each(F&& f) const {
+    for (size_t i = 0; i < keys_.size(); ++i)
+      if (keys_[i] != kEmpty)
+        f(static_cast<int32_t>(keys_[i] >> 32), static_cast<int32_t>(keys_[i] & 0xffffffffu),
+          values_[i]);
+  }
 
  private:
   static constexpr uint64_t kEmpty = ~uint64_t{0};
@@ -82,6 +94,7 @@ class BpeModel {
  public:
   static constexpr size_t kCacheWordBytes = 64;
   static constexpr size_t kCacheEntries = 1 << 17;
+  static constexpr size_t kSplitSymbols = size_t{1} << 16;
 
   // `vocab`: token text (raw bytes for a byte-level model) -> id. `merges`: pairs of
   // token texts in rank order; a pair whose parts or result are not in the vocabulary is
@@ -100,6 +113,11 @@ class BpeModel {
 
  private:
   void merge_symbols(std::string_view word, std::vector<int32_t>& out) const;
+  // BPE over the initial symbols sym[0, n), appended to out.
+  void merge_run(const int32_t* sym, int32_t n, std::vector<int32_t>& out) const;
+  // The pairs of initial symbols some merge joins (the last symbol of its left part, the
+  // first of its right); built on the first huge word.
+  const MergeTable& junctions() const;
   // The initial symbols of `word`: one per byte (byte-level) or per character.
   void initial_symbols(std::string_view word, std::vector<int32_t>& ids) const;
 
@@ -108,6 +126,10 @@ class BpeModel {
   MergeTable merges_;
   int32_t byte_ids_[256];   // byte-level: the token of each byte; else <0xXX>
   int32_t ascii_ids_[128];  // character models: the token of each ASCII character
+
+  mutable std::once_flag junctions_once_;
+  mutable MergeTable junctions_;
+  mutable std::vector<uint8_t> plain_;  // token id -> its text is that one symbol
 
   // Memo of short words. A miss takes the exclusive lock only to insert.
   mutable std::shared_mutex cache_mutex_;

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "../test_files.h"
@@ -67,6 +68,33 @@ TEST(UntrustedInputs, AHostfileThatIsADeviceOrDirectoryIsAUsageError) {
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_TRUE(contains(r.out, "not a regular file")) << r.out;
   }
+}
+
+// Running out of memory is a named error with exit 1, never an abort: a 64 MB text
+// tokenized under a 400 MB address-space limit (not under the sanitizers, which reserve
+// terabytes of shadow memory).
+TEST(UntrustedInputs, OutOfMemoryIsANamedErrorNotAnAbort) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "an address-space limit cannot apply under a sanitizer";
+#endif
+  TempDir d;
+  const nlohmann::json tok = {
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", {{"a", 0}, {"b", 1}, {" ", 2}, {"ab", 3}}},
+        {"merges", {"a b"}}}}};
+  std::ofstream(d.path / "tokenizer.json") << tok.dump();
+  {
+    std::ofstream text(d.path / "big.txt", std::ios::binary);
+    std::string chunk;
+    for (int i = 0; i < (1 << 20) / 3; ++i) chunk += "ab ";
+    for (int i = 0; i < 64; ++i) text << chunk;
+  }
+  const auto r = hyperion::testing_util::run_shell(
+      "ulimit -v 400000; " + std::string(HYPERION_CLI_PATH) + " tokenize --tokenizer " +
+      d.path.string() + " --file " + (d.path / "big.txt").string() + " --json 2>&1 >/dev/null");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "hyperion: error: out of memory")) << r.out;
 }
 
 }  // namespace

@@ -108,6 +108,47 @@ TEST(BpeModel, AMillionCopiesOfOneCharacterMergeInOneWord) {
   for (int32_t id : ids) ASSERT_EQ(id, 2);
 }
 
+TEST(BpeModel, AHugeWordIsCutOnlyWhereNoMergeJoins) {
+  // Random merges over {a, b, c} plus "c d": a word of 200,000 characters (past
+  // kSplitSymbols, so merged a stretch at a time) must equal the plain reference run on
+  // its pieces split after each 'd' (no merge joins anything after a d).
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 3; ++trial) {
+    TokenMap vocab{{"a", 0}, {"b", 1}, {"c", 2}, {"d", 3}, {"cd", 4}};
+    std::vector<std::string> tokens{"a", "b", "c", "d", "cd"};
+    std::vector<std::pair<std::string, std::string>> merges{{"c", "d"}};
+    for (int m = 0; m < 30; ++m) {
+      const std::string l = tokens[rng() % 3], r = tokens[rng() % 3];
+      if (vocab.count(l + r)) continue;
+      vocab[l + r] = static_cast<int32_t>(tokens.size());
+      tokens.push_back(l + r);
+      merges.emplace_back(l, r);
+    }
+    BpeModel model(BpeModelSpec{}, vocab);
+    for (size_t r = 0; r < merges.size(); ++r)
+      ASSERT_EQ(model.add_merge(merges[r].first, merges[r].second, static_cast<int32_t>(r)), "");
+    std::string word;
+    std::vector<std::string> expected, piece;
+    while (word.size() < 200000) {
+      const char c = rng() % 40 == 0 ? 'd' : static_cast<char>('a' + rng() % 3);
+      word += c;
+      piece.emplace_back(1, c);
+      if (c == 'd') {
+        for (const std::string& t : reference_bpe(piece, merges)) expected.push_back(t);
+        piece.clear();
+      }
+    }
+    for (const std::string& t : reference_bpe(piece, merges)) expected.push_back(t);
+    ASSERT_GT(word.size(), BpeModel::kSplitSymbols * 2);
+    std::vector<int32_t> ids;
+    model.encode_word(word, ids);
+    std::vector<std::string> got;
+    for (int32_t id : ids) got.push_back(tokens[static_cast<size_t>(id)]);
+    ASSERT_EQ(got.size(), expected.size());
+    EXPECT_EQ(got, expected);
+  }
+}
+
 TEST(BpeModel, ByteLevelAlphabetRoundTripsEveryByte) {
   for (int b = 0; b < 256; ++b) {
     std::string raw;
