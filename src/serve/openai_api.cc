@@ -174,7 +174,14 @@ bool parse_common(const json& j, const std::string& key, const ApiContext& ctx, 
           fmt::format("the model '{}' does not exist; this server serves '{}'", m, ctx.model_name),
           404);
   } else if (key == "max_tokens" || key == "max_completion_tokens") {
-    if (!j[key].is_null()) g.max_tokens = get_int(j, key.c_str(), 1, INT32_MAX);
+    // Both are checked; given both, the newer max_completion_tokens wins (as vLLM and
+    // OpenAI, where max_tokens is deprecated), whatever the order of the keys.
+    if (!j[key].is_null()) {
+      const int64_t n = get_int(j, key.c_str(), 1, INT32_MAX);
+      const auto newer = j.find("max_completion_tokens");
+      if (key == "max_completion_tokens" || newer == j.end() || newer->is_null())
+        g.max_tokens = n;
+    }
   } else if (key == "temperature") {
     if (!j[key].is_null()) {
       const double t = get_number(j, "temperature");

@@ -193,6 +193,31 @@ TEST(OpenAiApi, ParsesEveryFieldAndNamesBadOnes) {
             "stream_options.x");
   EXPECT_EQ(param(R"({"prompt": [1, -4]})"), "prompt");
   EXPECT_EQ(param(R"({"prompt": "x", "max_tokens": 0})"), "max_tokens");
+  EXPECT_EQ(param(R"({"prompt": "x", "max_tokens": 0, "max_completion_tokens": 5})"),
+            "max_tokens");
+  EXPECT_EQ(param(R"({"prompt": "x", "max_tokens": 5, "max_completion_tokens": 0})"),
+            "max_completion_tokens");
+}
+
+// Given both, the newer max_completion_tokens wins, in either order (as vLLM and OpenAI).
+TEST(OpenAiApi, MaxCompletionTokensWinsOverMaxTokens) {
+  ApiContext ctx;
+  ctx.tokenizer = &tokenizer();
+  ctx.model_name = "m";
+  for (const char* body :
+       {R"({"prompt": "x", "max_tokens": 50, "max_completion_tokens": 3})",
+        R"({"max_completion_tokens": 3, "prompt": "x", "max_tokens": 50})"})
+    EXPECT_EQ(parse_completion_request(body, ctx).gen.max_tokens, 3) << body;
+  EXPECT_EQ(parse_completion_request(R"({"prompt": "x", "max_tokens": 50,
+                                         "max_completion_tokens": null})",
+                                     ctx)
+                .gen.max_tokens,
+            50);
+  EXPECT_EQ(parse_chat_request(R"({"messages": [{"role": "user", "content": "hi"}],
+                                   "max_tokens": 50, "max_completion_tokens": 4})",
+                               ctx)
+                .gen.max_tokens,
+            4);
 }
 
 }  // namespace
