@@ -141,9 +141,12 @@ void check_shared_directory(dist::Communicator& comm, const std::string& dir) {
 }  // namespace
 
 std::string open_run_directory(const TrainConfig& t, const std::string& resume,
-                               dist::Communicator& comm, std::optional<io::DirectoryLock>& lock) {
+                               dist::Communicator& comm, std::optional<io::DirectoryLock>& lock,
+                               bool* created) {
   const int rank = comm.rank(), world = comm.world_size();
   const std::string dir = agree_on_rank0(comm, rank == 0 ? choose_run_directory(t, resume) : "");
+  std::error_code ec;
+  if (created != nullptr) *created = rank == 0 && !fs::exists(dir, ec) && !ec;
   io::make_directories(dir);
   if (rank == 0) {
     lock.emplace(dir, "run directory");

@@ -31,9 +31,11 @@ std::string choose_run_directory(const TrainConfig& t, const std::string& resume
 
 // Chooses the run directory (on rank 0; every rank agrees), creates it with its marker
 // and locks it. With several ranks, per-rank log files go to dir/logs/rank-R.log (rank 0
-// keeps the console). Returns the directory; rank 0 holds `lock` on it.
+// keeps the console). Returns the directory; rank 0 holds `lock` on it. `created`, when
+// given, says on rank 0 whether the directory did not exist before.
 std::string open_run_directory(const TrainConfig& t, const std::string& resume,
-                               dist::Communicator& comm, std::optional<io::DirectoryLock>& lock);
+                               dist::Communicator& comm, std::optional<io::DirectoryLock>& lock,
+                               bool* created = nullptr);
 
 // The same string on every rank: rank 0's (a collective).
 std::string agree_on_rank0(dist::Communicator& comm, const std::string& value);

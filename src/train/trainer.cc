@@ -129,6 +129,40 @@ void log_config_changes(const Config& config, const std::string& checkpoint) {
   }
 }
 
+// Data tokenized with one tokenizer means nothing to a model trained with another: a
+// prepared dataset directory used with a given tokenizer (tokenizer_path, or the model
+// directory's under load_parameters_path) must hold the same vocabulary, id for id,
+// checked before the run directory exists. The checkpoint then carries the tokenizer the
+// data was made with.
+void check_dataset_tokenizer(const TrainConfig& t) {
+  if (t.tokenizer_path.empty() || t.dataset_path.empty() || !fs::is_directory(t.dataset_path) ||
+      !is_prepared(t.dataset_path))
+    return;
+  const io::Tokenizer data = io::Tokenizer::load(t.dataset_path);
+  const io::Tokenizer given = io::Tokenizer::load(t.tokenizer_path);
+  const char* what = t.load_parameters_path.empty() ? "config key tokenizer_path"
+                                                    : "the model (load_parameters_path)";
+  auto refuse = [&](const std::string& why) {
+    usage_fail(
+        "dataset_path '{}' was prepared with tokenizer {}, but {} uses tokenizer {}: {}. Its "
+        "token ids would mean other text to the model: prepare the data with that tokenizer "
+        "(hyperion data prepare --tokenizer {})",
+        t.dataset_path, data.origin(), what, given.origin(), why, t.tokenizer_path);
+  };
+  if (data.vocab_size() != given.vocab_size())
+    refuse(fmt::format("their vocabularies have {} and {} tokens", data.vocab_size(),
+                       given.vocab_size()));
+  for (int32_t id = 0; id < data.vocab_size(); ++id) {
+    const std::string a = data.id_to_piece(id), b = given.id_to_piece(id);
+    if (a != b)
+      refuse(fmt::format("token {} is {} in one and {} in the other", id,
+                         nlohmann::json(a).dump(-1, ' ', false,
+                                                nlohmann::json::error_handler_t::replace),
+                         nlohmann::json(b).dump(-1, ' ', false,
+                                                nlohmann::json::error_handler_t::replace)));
+  }
+}
+
 struct EvalResult {
   double loss = 0;
   int64_t tokens = 0;
@@ -241,7 +275,12 @@ class TrainingRun {
 
   TrainResult run() {
     StopSignalScope stop_signals;
-    setup();
+    try {
+      setup();
+    } catch (...) {
+      discard_unstarted_run();
+      throw;
+    }
     monitor_->init_done();
     const int64_t last_step =
         options_.stop_at > 0 ? std::min(options_.stop_at, t_.steps) : t_.steps;
@@ -266,6 +305,19 @@ class TrainingRun {
 
  private:
   void setup();
+  // A run refused before its first step (weights that do not load, data that cannot be
+  // prepared) leaves nothing behind: the run directory this process made is removed (its
+  // lock, marker and event log; never a directory that existed before, such as a resume).
+  void discard_unstarted_run() {
+    if (rank_ != 0 || !run_dir_created_ || run_dir_.empty()) return;
+    metrics_.reset();
+    ckpt_.reset();
+    monitor_.reset();
+    lock_.reset();
+    std::error_code ec;
+    fs::remove_all(run_dir_, ec);
+    if (!ec) log_info("run directory {}: removed (the run was refused before it started)", run_dir_);
+  }
   void report_setup(const MemoryPlan& mem);
   void step();
   EvalResult evaluate(int64_t max_batches);
@@ -304,6 +356,7 @@ class TrainingRun {
   std::unique_ptr<MetricsWriter> metrics_;
   std::map<std::string, std::string> config_values_;
   std::optional<std::string> resume_from_;
+  bool run_dir_created_ = false;  // by this process (rank 0), so a refused setup removes it
   TrainerState state_;
   Batch batch_;
   double flops_per_token_ = 0;
@@ -346,9 +399,10 @@ void TrainingRun::setup() {
   // mismatch found after preparing the data leaves an empty run behind).
   if (!t.tokenizer_path.empty())
     check_tokenizer_size(io::Tokenizer::load(t.tokenizer_path), t.tokenizer_path, config_, t);
+  if (rank_ == 0) check_dataset_tokenizer(t);
 
   // Run directory: base_output_directory/run_name, or the directory being resumed.
-  run_dir_ = open_run_directory(t, options_.resume, *comm_, lock_);
+  run_dir_ = open_run_directory(t, options_.resume, *comm_, lock_, &run_dir_created_);
   result_.run_dir = run_dir_;
   if (world_ > 1)
     log_info("rank {} of {}: pid {}, {} threads, mesh data {} fsdp {} expert {}, mode {}", rank_,

@@ -391,3 +391,58 @@ TEST_F(CheckpointRefusals, OneTrainingPerRunDirectory) {
 }
 
 }  // namespace
+
+namespace {
+
+// Fine-tuning (load_parameters_path) on a dataset prepared with another tokenizer of the
+// same size is refused naming both tokenizers, before any run directory exists; on data
+// prepared with the checkpoint's own tokenizer it runs.
+TEST_F(CheckpointRefusals, FineTuningOnDataOfAnotherTokenizer) {
+  const std::string text = root_ + "/other.txt";
+  {
+    const std::string corpus =
+        hyperion::io::read_file(std::string(HYPERION_SOURCE_DIR) + "/data/corpus/fortunes.txt");
+    std::ofstream(text) << corpus.substr(corpus.size() / 2);
+  }
+  const Result prep = run("data prepare --input " + text + " --output " + root_ +
+                          "/other-data --vocab-size 512");
+  ASSERT_EQ(prep.code, 0) << prep.out;
+  const std::string tune = "train load_parameters_path=" + checkpoint_ +
+                           " max_target_length=64 per_device_batch_size=4 sample_count=0"
+                           " eval_batches=1 steps=1 base_output_directory=" + root_;
+  const Result r = run(tune + " dataset_path=" + root_ + "/other-data run_name=tuned-other");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(contains(r.out, "dataset_path '" + root_ + "/other-data' was prepared with "
+                              "tokenizer " + root_ + "/other-data/tokenizer.model")) << r.out;
+  EXPECT_TRUE(contains(r.out, "uses tokenizer " + checkpoint_)) << r.out;
+  EXPECT_FALSE(fs::exists(root_ + "/tuned-other"));
+
+  const Result same = run("data prepare --input " + text + " --output " + root_ +
+                          "/same-data --tokenizer " + checkpoint_ + "/tokenizer.model");
+  ASSERT_EQ(same.code, 0) << same.out;
+  const Result ok = run(tune + " dataset_path=" + root_ + "/same-data run_name=tuned-same");
+  EXPECT_EQ(ok.code, 0) << ok.out;
+}
+
+// A fine-tune refused once its run directory exists (weights that do not load) removes
+// the directory it made; a refused resume never removes the run it resumes.
+TEST_F(CheckpointRefusals, ARefusedRunLeavesNoRunDirectoryBehind) {
+  const std::string bad = copy("truncated");
+  fs::resize_file(bad + "/model.safetensors", fs::file_size(bad + "/model.safetensors") - 1000);
+  const Result r = run("train load_parameters_path=" + bad +
+                       " max_target_length=64 steps=1 base_output_directory=" + root_ +
+                       " run_name=refused dataset_path=" + std::string(HYPERION_SOURCE_DIR) +
+                       "/data/corpus/fortunes.txt");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(contains(r.out, "truncated?")) << r.out;
+  EXPECT_FALSE(fs::exists(root_ + "/refused")) << r.out;
+
+  const std::string kept = copy("kept-run");
+  fs::resize_file(kept + "/model.safetensors", 100);
+  const Result resume = run("train " + train_args(root_, "x") + " steps=2 --resume " + kept);
+  EXPECT_NE(resume.code, 0) << resume.out;
+  EXPECT_TRUE(fs::exists(kept + "/config.json")) << resume.out;
+  EXPECT_FALSE(fs::exists(root_ + "/x")) << resume.out;  // the new run it would have made
+}
+
+}  // namespace
