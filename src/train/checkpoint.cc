@@ -18,6 +18,7 @@
 #include "io/atomic_file.h"
 #include "io/model_dir_file.h"
 #include "io/safetensors.h"
+#include "train/stop_signal.h"
 
 namespace hyperion {
 
@@ -164,6 +165,7 @@ void CheckpointManager::save(const ParamStore& params, const AdamW& optimizer,
       fs::remove_all(tmp);
       io::make_directories(tmp);
     }
+    const SavingDirectory saving(tmp);  // a second stop signal removes it
     comm_->barrier();
     write_files(*snap, tmp);
     comm_->barrier();
@@ -281,6 +283,7 @@ void CheckpointManager::write(const Snapshot& s) {
       dir_ + "/.tmp-" + std::to_string(s.state.step) + "-" + std::to_string(::getpid());
   fs::remove_all(tmp);
   io::make_directories(tmp);
+  const SavingDirectory saving(tmp);  // a second stop signal removes it
   write_files(s, tmp);
   write_common(s, tmp);
   publish(tmp, s.state.step);

@@ -361,6 +361,7 @@ void RecsysRun::save() {
     fs::remove_all(tmp);
     io::make_directories(tmp);
   }
+  const SavingDirectory saving(tmp);  // a second stop signal removes it
   if (world_ > 1) comm_.barrier();
   io::SafetensorsWriter model, optimizer;
   if (rank_ == 0)

@@ -4,10 +4,13 @@
 // periodic checkpoint. The trainer installs the handlers for the length of a run
 // (StopSignalScope); the ranks of a job agree on the step through the step's all-reduce.
 // A second signal stops the process at once (by that signal's default action: exit
-// status 128 + the signal, no save), and a stop still unfinished `grace_s` (60 s) after
+// status 128 + the signal, no save; a checkpoint half-written is removed first,
+// SavingDirectory), and a stop still unfinished `grace_s` (60 s) after
 // the first signal (a step blocked on a dead peer) ends by SIGALRM, unless the stop has
 // reached its save (stop_signal_saving).
 #pragma once
+
+#include <string>
 
 namespace hyperion {
 
@@ -29,5 +32,17 @@ int stop_signal_received();
 // killed half-way. (A save blocked on a dead peer ends by the collective timeout.) A
 // second signal still stops the process at once.
 void stop_signal_saving();
+
+// While one lives, `dir` is a checkpoint being written (checkpoints/.tmp-*): a second
+// signal removes it (its files, then the directory, with async-signal-safe calls) before
+// the process ends, so an interrupted save leaves nothing half-written behind. One at a
+// time; a path longer than PATH_MAX is not registered (the next run removes it).
+class SavingDirectory {
+ public:
+  explicit SavingDirectory(const std::string& dir);
+  ~SavingDirectory();
+  SavingDirectory(const SavingDirectory&) = delete;
+  SavingDirectory& operator=(const SavingDirectory&) = delete;
+};
 
 }  // namespace hyperion

@@ -152,5 +152,35 @@ TEST(StopSignalScope, NoAlarmWithoutASignal) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
+TEST(StopSignalScope, ASecondSignalDuringASaveRemovesTheUnfinishedCheckpoint) {
+  const std::string root = testing_util::process_temp_root("stop_signal_saving");
+  const std::string tmp = root + "/checkpoints/.tmp-7-123";
+  const int status = run_child([&] {
+    std::filesystem::create_directories(tmp);
+    for (int i = 0; i < 300; ++i)  // more entries than one getdents64 buffer holds
+      std::ofstream(tmp + "/part-" + std::to_string(i) + ".safetensors") << "half-written";
+    StopSignalScope scope(60);
+    ::raise(SIGTERM);  // the first: stop after the step, then save
+    const SavingDirectory saving(tmp);
+    ::raise(SIGTERM);  // the second, during the save: ends the process now
+    ::_exit(0);        // not reached
+  });
+  ASSERT_TRUE(WIFSIGNALED(status)) << status;
+  EXPECT_EQ(WTERMSIG(status), SIGTERM);
+  EXPECT_FALSE(std::filesystem::exists(tmp));
+  EXPECT_TRUE(std::filesystem::exists(root + "/checkpoints"));  // only the save's own
+  // A second signal outside a save removes nothing.
+  std::filesystem::create_directories(tmp);
+  const int after = run_child([&] {
+    StopSignalScope scope(60);
+    { const SavingDirectory saving(tmp); }
+    ::raise(SIGTERM);
+    ::raise(SIGTERM);
+    ::_exit(0);
+  });
+  ASSERT_TRUE(WIFSIGNALED(after)) << after;
+  EXPECT_TRUE(std::filesystem::exists(tmp));
+}
+
 }  // namespace
 }  // namespace hyperion
