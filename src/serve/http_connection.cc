@@ -2,6 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
@@ -25,6 +30,9 @@ std::chrono::steady_clock::duration seconds(double s) {
       std::chrono::duration<double>(s));
 }
 
+// The bytes every reply starts with (respond and begin_stream write HTTP/1.1 status lines).
+constexpr std::string_view kReplyPrefix = "HTTP/1.1 ";
+
 std::string error_json(int status, const std::string& message) {
   ApiError e;
   e.status = status;
@@ -36,7 +44,11 @@ std::string error_json(int status, const std::string& message) {
 
 HttpConnection::HttpConnection(net::ip::tcp::socket socket, HttpApplication& app,
                                const HttpLimits& limits)
-    : stream_(std::move(socket)), buffer_(limits.buffer_limit), app_(app), limits_(limits) {}
+    : stream_(std::move(socket)),
+      buffer_(limits.buffer_limit),
+      app_(app),
+      limits_(limits),
+      probe_timer_(stream_.get_executor()) {}
 
 HttpConnection::~HttpConnection() {
   app_.connection_closed();
@@ -140,12 +152,15 @@ void HttpConnection::on_body(beast::error_code ec) {
   busy_ = true;
   chunked_ = false;
   last_queued_ = false;
+  reply_begun_ = false;
   cancel_hook_ = nullptr;
   stream_.expires_never();  // each reply write sets its own deadline
   HttpRequest req = parser_->release();
   parser_.reset();
   watch_disconnect();
   app_.handle(shared_from_this(), std::move(req));
+  // A pipelined request read after the client shut its sending side.
+  if (peer_eof_) probe_closed_client();
 }
 
 void HttpConnection::protocol_error(int status, const std::string& message) {
@@ -167,6 +182,8 @@ void HttpConnection::respond(int status, const std::string& content_type, std::s
   head += "\r\n";
   head += body;
   last_queued_ = true;
+  reply_begun_ = true;
+  if (prefix_sent_) head.erase(0, kReplyPrefix.size());
   send(std::move(head));
 }
 
@@ -175,10 +192,14 @@ void HttpConnection::begin_stream(const std::string& content_type) {
   // HTTP/1.0 has no chunked encoding: the stream then ends when the connection closes.
   chunked_ = !http10_;
   if (app_.draining()) keep_alive_ = false;
-  send(fmt::format("HTTP/1.1 200 OK\r\nContent-Type: {}\r\nCache-Control: no-cache\r\n{}"
-                   "Connection: {}\r\n\r\n",
-                   content_type, chunked_ ? "Transfer-Encoding: chunked\r\n" : "",
-                   keep_alive_ ? "keep-alive" : "close"));
+  reply_begun_ = true;
+  std::string head =
+      fmt::format("HTTP/1.1 200 OK\r\nContent-Type: {}\r\nCache-Control: no-cache\r\n{}"
+                  "Connection: {}\r\n\r\n",
+                  content_type, chunked_ ? "Transfer-Encoding: chunked\r\n" : "",
+                  keep_alive_ ? "keep-alive" : "close");
+  if (prefix_sent_) head.erase(0, kReplyPrefix.size());
+  send(std::move(head));
 }
 
 void HttpConnection::stream_write(std::string data) {
@@ -234,6 +255,9 @@ void HttpConnection::reply_complete() {
   busy_ = false;
   last_queued_ = false;
   cancel_hook_ = nullptr;
+  prefix_sent_ = false;
+  probing_ = false;
+  probe_timer_.cancel();
   if (!keep_alive_) {
     beast::error_code ignored;
     stream_.socket().shutdown(net::ip::tcp::socket::shutdown_send, ignored);
@@ -278,8 +302,10 @@ void HttpConnection::on_watch(beast::error_code ec, size_t n) {
     buffer_.commit(n);
     if (busy_) return watch_disconnect();
   } else if (ec == net::error::eof || ec == http::error::end_of_stream) {
-    // Half-closed: answer this request and any already read behind it, then close.
+    // Half-closed, or closed: answer this request and any already read behind it, then
+    // close, unless the probe finds the client gone.
     peer_eof_ = true;
+    probe_closed_client();
   } else if (ec != net::error::operation_aborted) {
     return close();  // the client went away: close() runs the cancel hook
   }
@@ -287,6 +313,49 @@ void HttpConnection::on_watch(beast::error_code ec, size_t n) {
     resume_after_watch_ = false;
     wait_for_request();
   }
+}
+
+// A client that shut its sending side while a whole reply is being made has either
+// closed the connection (gone: its request should be cancelled, as a stream's is when a
+// write fails) or only half-closed it (`nc -N`: it still reads). Reading cannot tell the
+// two apart; writing can. The first bytes of every reply, "HTTP/1.1 ", go out now: a
+// closed client's kernel answers them with a reset, which the socket shows (SO_ERROR, or
+// the state TCP_CLOSE) within a round trip, while a half-closed client holds them until
+// the rest of the status line comes. The socket is looked at after 20 ms, then at
+// doubling intervals up to 1 s, until the reply is ready.
+void HttpConnection::probe_closed_client() {
+  if (closed_ || !busy_ || reply_begun_ || probing_) return;
+  probing_ = true;
+  if (!prefix_sent_) {
+    prefix_sent_ = true;
+    send(std::string(kReplyPrefix));
+  }
+  probe_delay_ = std::chrono::milliseconds(20);
+  arm_probe();
+}
+
+void HttpConnection::arm_probe() {
+  probe_timer_.expires_after(probe_delay_);
+  probe_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+    if (ec || self->closed_ || !self->probing_) return;
+    if (self->reply_begun_) {
+      self->probing_ = false;  // the reply is on its way: a failed write tells from here
+      return;
+    }
+    if (self->peer_reset()) return self->close();  // runs the cancel hook
+    self->probe_delay_ = std::min(self->probe_delay_ * 2, std::chrono::milliseconds(1000));
+    self->arm_probe();
+  });
+}
+
+bool HttpConnection::peer_reset() const {
+  const int fd = const_cast<beast::tcp_stream&>(stream_).socket().native_handle();
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err != 0) return true;
+  tcp_info info{};
+  len = sizeof info;
+  return ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 && info.tcpi_state == TCP_CLOSE;
 }
 
 void HttpConnection::close_when_idle() {
@@ -303,6 +372,8 @@ void HttpConnection::close_when_idle() {
 void HttpConnection::close() {
   if (closed_) return;
   closed_ = true;
+  probing_ = false;
+  probe_timer_.cancel();
   if (busy_ && cancel_hook_) {
     auto hook = std::move(cancel_hook_);
     cancel_hook_ = nullptr;

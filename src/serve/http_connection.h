@@ -9,10 +9,14 @@
 // connection closed, as nginx does).
 //
 // While a reply is pending the connection watches the socket: if the client goes away
-// the application's cancel hook runs (the engine frees the request's slot at once).
+// the application's cancel hook runs (the engine frees the request's slot at once). A
+// client that closes before a whole (not streamed) reply is ready is told from one that
+// only half-closed (and still reads) by sending the reply's first bytes early
+// (probe_closed_client).
 #pragma once
 
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
@@ -20,6 +24,7 @@
 #include <boost/beast/http/string_body.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -94,6 +99,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   void reply_complete();
   void watch_disconnect();
   void on_watch(boost::beast::error_code ec, size_t n);
+  void probe_closed_client();
+  void arm_probe();
+  bool peer_reset() const;
   void close();
 
   boost::beast::tcp_stream stream_;
@@ -112,6 +120,11 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   bool resume_after_watch_ = false;
   bool peer_eof_ = false;  // the client has shut its sending side: nothing more will come
   bool closed_ = false;
+  bool reply_begun_ = false;  // the current reply's head is queued (respond, begin_stream)
+  bool prefix_sent_ = false;  // its first bytes went out early, as a probe
+  bool probing_ = false;
+  std::chrono::milliseconds probe_delay_{0};
+  boost::asio::steady_timer probe_timer_;
   std::deque<std::string> out_;
   std::function<void()> cancel_hook_;
 };

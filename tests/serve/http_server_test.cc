@@ -358,6 +358,52 @@ TEST_F(HttpServerTest, DisconnectMidStreamFreesSlotAndPages) {
   EXPECT_EQ(metric("hyperion_slots_used"), 0);
 }
 
+// A client that closes its connection while a whole (not streamed) reply is being made
+// is told from one that only half-closed it: the closed one's request is cancelled (its
+// slot and pages freed long before max_tokens), the half-closed one still gets its
+// complete answer.
+TEST_F(HttpServerTest, AClosedClientCancelsAWholeRequestAHalfClosedOneIsAnswered) {
+  stack_->async.set_step_delay(std::chrono::milliseconds(20));
+  const std::string body = greedy_body("Once upon a time", 100).dump();
+  const std::string request =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  auto running_soon = [] {
+    for (int i = 0; i < 400 && metric("hyperion_requests_running") == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  };
+  const double aborted = metric("hyperion_requests_total", {{"finish_reason", "abort"}});
+  const double tokens = metric("hyperion_generation_tokens_total");
+  {
+    testing_util::RawClient c(stack_->port);
+    ASSERT_TRUE(c.send(request));
+    running_soon();
+  }  // closed: the client is gone
+  wait_idle();
+  EXPECT_EQ(metric("hyperion_requests_total", {{"finish_reason", "abort"}}), aborted + 1);
+  EXPECT_LT(metric("hyperion_generation_tokens_total") - tokens, 100);
+  EXPECT_EQ(metric("hyperion_slots_used"), 0);
+  EXPECT_EQ(metric("hyperion_kv_pages_used"), 0);
+
+  // Half-closed while it runs: the whole answer, every token, then the server closes.
+  const std::string short_body = greedy_body("Once upon a time", 12).dump();
+  testing_util::RawClient h(stack_->port);
+  ASSERT_TRUE(h.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     "application/json\r\nContent-Length: " +
+                     std::to_string(short_body.size()) + "\r\n\r\n" + short_body));
+  running_soon();
+  ASSERT_EQ(::shutdown(h.fd(), SHUT_WR), 0);
+  const std::string reply = h.read();
+  stack_->async.set_step_delay(std::chrono::milliseconds(0));
+  ASSERT_EQ(reply.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << reply;
+  const size_t head_end = reply.find("\r\n\r\n");
+  ASSERT_NE(head_end, std::string::npos) << reply;
+  const json answer = json::parse(reply.substr(head_end + 4), nullptr, false);
+  ASSERT_TRUE(answer.is_object()) << reply;
+  EXPECT_EQ(answer["usage"]["completion_tokens"], 12) << reply;
+}
+
 TEST_F(HttpServerTest, SaturatingLoadReturnsEveryPage) {
   const double before = metric("hyperion_generation_tokens_total");
   std::map<std::string, double> steps_before, seconds_before;

@@ -110,6 +110,7 @@ class RawClient {
     }
   }
   bool saw_eof() const { return eof_; }
+  int fd() const { return fd_; }
   void close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
