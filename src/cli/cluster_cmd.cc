@@ -246,7 +246,7 @@ int cmd_cluster_delete(const Args& args) {
         const launch::WorkloadStatus st = store.load_status(name, w);
         if (st.pid > 0)
           launch::signal_recorded_session(static_cast<pid_t>(st.pid), st.pid_start_ticks,
-                                          st.boot_id, st.started, SIGKILL);
+                                          st.boot_id, st.started, SIGKILL, st.session_token);
       } catch (const Error&) {
       }
   }

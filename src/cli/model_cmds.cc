@@ -184,7 +184,7 @@ int cmd_generate(const Args& args) {
   if (!json) std::printf("%s", prompt.c_str());
   // The server's incremental detokeniser: text as a continuation of the prompt, printed
   // once final (a character split over byte-fallback tokens waits for its last byte).
-  serve::TextStream stream(&c.tokenizer, ids.back(), {});
+  serve::TextStream stream(&c.tokenizer, ids, {});
   std::vector<int32_t> out = generate_tokens(gen, ids, go, [&](int32_t tok) {
     if (json || c.tokenizer.is_end(tok)) return;
     bool stopped = false;

@@ -309,6 +309,10 @@ const std::vector<int32_t>& Tokenizer::end_ids() const {
 bool Tokenizer::is_end(int32_t id) const {
   return std::find(impl_->end_ids.begin(), impl_->end_ids.end(), id) != impl_->end_ids.end();
 }
+bool Tokenizer::is_special(int32_t id) const {
+  if (id < 0 || id >= vocab_size()) return false;
+  return impl_->hf ? impl_->hf->is_special(id) : impl_->sp.IsControl(id);
+}
 const std::string& Tokenizer::chat_template() const {
   static const std::string none;
   return impl_->hf ? impl_->hf->chat_template() : none;

@@ -90,6 +90,9 @@ class Tokenizer {
   // Every id that ends a generation (eos, and the chat formats' end-of-turn tokens).
   const std::vector<int32_t>& end_ids() const;
   bool is_end(int32_t id) const;
+  // A special token: one decode leaves out unless asked to keep special tokens (BOS, EOS,
+  // <|im_start|>...; a SentencePiece model's control tokens).
+  bool is_special(int32_t id) const;
   // The Jinja chat template of tokenizer_config.json; empty when there is none.
   const std::string& chat_template() const;
   // The bos/eos token strings the chat template reads (empty when there is none).

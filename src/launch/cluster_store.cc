@@ -301,6 +301,7 @@ json to_json(const WorkloadStatus& s) {
           {"pid", s.pid},
           {"pid_start_ticks", s.pid_start_ticks},
           {"boot_id", s.boot_id},
+          {"session_token", s.session_token},
           {"slurm_job_id", s.slurm_job_id},
           {"cpus", s.cpus},
           {"started", s.started},
@@ -322,6 +323,7 @@ WorkloadStatus status_from_json(const json& j, const std::string& where) {
   s.pid = field<int64_t>(j, "pid", where, 0);
   s.pid_start_ticks = field<uint64_t>(j, "pid_start_ticks", where, 0);
   s.boot_id = field<std::string>(j, "boot_id", where, "");
+  s.session_token = field<std::string>(j, "session_token", where, "");
   s.slurm_job_id = field<std::string>(j, "slurm_job_id", where, "");
   s.cpus = field<std::vector<int>>(j, "cpus", where, {});
   s.started = field<double>(j, "started", where, 0);

@@ -113,7 +113,8 @@ void LocalSupervisor::refresh() {
       // after a reboot, or once the number is reused, it is someone else's.
       if (e.status.pid > 0 &&
           signal_recorded_session(static_cast<pid_t>(e.status.pid), e.status.pid_start_ticks,
-                                  e.status.boot_id, e.status.started, SIGKILL) == 0 &&
+                                  e.status.boot_id, e.status.started, SIGKILL,
+                                  e.status.session_token) == 0 &&
           process_start_ticks(static_cast<pid_t>(e.status.pid)) != 0)
         log_warn("supervisor: workload {}: pid {} is no longer its process; not signalled", name,
                  e.status.pid);
@@ -289,6 +290,9 @@ void LocalSupervisor::launch(Entry& e, const std::vector<int>& cpus) {
            {"HYPERION_WORKLOAD", w.name},
            {"HYPERION_ATTEMPT", std::to_string(e.status.attempts + 1)}};
   o.env.insert(o.env.end(), w.env.begin(), w.env.end());
+  // Last, so a workload's --env cannot replace it.
+  const std::string token = new_session_token();
+  o.env.emplace_back(kSessionTokenEnv, token);
   o.workdir = w.workdir;
   o.log_path = store_.output_log(cluster_, w.name);
   o.cpus = cpus;
@@ -300,6 +304,7 @@ void LocalSupervisor::launch(Entry& e, const std::vector<int>& cpus) {
     e.status.pid = spawn_session(o);
     e.status.pid_start_ticks = process_start_ticks(static_cast<pid_t>(e.status.pid));
     e.status.boot_id = current_boot_id();
+    e.status.session_token = token;
   } catch (const Error& err) {
     e.status.state = WorkloadState::kFailed;
     e.status.reason = fmt::format("could not start: {}", err.what());

@@ -1,6 +1,7 @@
 #include "launch/process_session.h"
 
 #include <dirent.h>
+#include <fmt/format.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <string>
 
 #include "base/error.h"
@@ -207,9 +209,38 @@ bool is_recorded_process(pid_t sid, uint64_t start_ticks, const std::string& boo
   return std::abs(leader_started - started) < 2.0;
 }
 
+std::string new_session_token() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
+}
+
+std::vector<pid_t> session_processes_with_token(pid_t sid, const std::string& token) {
+  std::vector<pid_t> out;
+  if (sid <= 0 || token.empty()) return out;
+  const std::string want = std::string(kSessionTokenEnv) + "=" + token;
+  for (const Member& m : session_members(sid)) {
+    // NUL-separated KEY=VALUE entries; readable for a process of the same user.
+    std::ifstream in("/proc/" + std::to_string(m.pid) + "/environ", std::ios::binary);
+    std::string entry;
+    while (std::getline(in, entry, '\0'))
+      if (entry == want) {
+        out.push_back(m.pid);
+        break;
+      }
+  }
+  return out;
+}
+
 int signal_recorded_session(pid_t sid, uint64_t start_ticks, const std::string& boot_id,
-                            double started, int sig) {
-  return is_recorded_process(sid, start_ticks, boot_id, started) ? signal_session(sid, sig) : 0;
+                            double started, int sig, const std::string& token) {
+  if (is_recorded_process(sid, start_ticks, boot_id, started)) return signal_session(sid, sig);
+  // The leader is gone (or the number is someone else's): only members that prove
+  // themselves ours by the token, and never across a reboot.
+  if (process_start_ticks(sid) != 0 || token.empty() || boot_id != current_boot_id()) return 0;
+  int n = 0;
+  for (pid_t p : session_processes_with_token(sid, token))
+    if (::kill(p, sig) == 0) ++n;
+  return n;
 }
 
 void become_subreaper() {

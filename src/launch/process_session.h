@@ -49,10 +49,21 @@ std::string current_boot_id();
 bool is_recorded_process(pid_t sid, uint64_t start_ticks, const std::string& boot_id,
                          double started);
 
-// signal_session for a session read back from a record: only while is_recorded_process
-// holds (else nothing is signalled and 0 is returned).
+// A fresh random token for a session, given to its processes in the environment
+// (kSessionTokenEnv) and kept in its record, so that its members are known for its own
+// once the leader is gone (a pid number alone may since belong to another session).
+inline constexpr const char* kSessionTokenEnv = "HYPERION_SESSION_TOKEN";
+std::string new_session_token();
+
+// The live processes of session `sid` whose environment holds kSessionTokenEnv=`token`.
+std::vector<pid_t> session_processes_with_token(pid_t sid, const std::string& token);
+
+// signal_session for a session read back from a record: while is_recorded_process holds,
+// every process of the session. When the leader has exited (its ranks or children may
+// live on, orphaned), those of the session that carry the record's `token` in their
+// environment, in the recorded boot. Otherwise nothing is signalled and 0 is returned.
 int signal_recorded_session(pid_t sid, uint64_t start_ticks, const std::string& boot_id,
-                            double started, int sig);
+                            double started, int sig, const std::string& token = "");
 
 // Makes this process the reaper of its orphaned descendants (PR_SET_CHILD_SUBREAPER), so
 // a rank whose mpirun died is reparented here, not to init, and is reaped here.

@@ -82,6 +82,9 @@ struct WorkloadStatus {
   // that process (after a reboot or a reuse of the number it is another one).
   uint64_t pid_start_ticks = 0;
   std::string boot_id;
+  // In the environment of the attempt's processes (HYPERION_SESSION_TOKEN): finds them
+  // once the leader is gone (launch/process_session.h).
+  std::string session_token;
   std::string slurm_job_id;
   std::vector<int> cpus;  // cores it holds while running (local)
   double started = 0, ended = 0, updated = 0;

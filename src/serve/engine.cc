@@ -30,7 +30,7 @@ struct Engine::Sequence {
         req(std::move(r)),
         callback(std::move(cb)),
         sampler(req.sampling),
-        text(tok, req.prompt.back(), req.stop) {}
+        text(tok, req.prompt, req.stop) {}
   int64_t id;
   GenerationRequest req;
   TokenCallback callback;

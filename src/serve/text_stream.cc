@@ -15,18 +15,30 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
-TextStream::TextStream(const io::Tokenizer* tokenizer, int32_t context_token,
+TextStream::TextStream(const io::Tokenizer* tokenizer, const std::vector<int32_t>& context,
                        std::vector<std::string> stop)
     : tok_(tokenizer), stop_(std::move(stop)) {
   stop_.erase(std::remove(stop_.begin(), stop_.end(), std::string()), stop_.end());
-  if (tok_ != nullptr) {
-    window_.push_back(context_token);
-    anchor_text_ = tok_->decode(window_);
+  if (tok_ == nullptr) return;
+  const size_t look = std::min<size_t>(context.size(), 64);
+  for (size_t k = 1; k <= look; ++k) {
+    const int32_t t = context[context.size() - k];
+    if (can_anchor(t)) {
+      window_.push_back(t);
+      anchored_ = true;
+      anchor_text_ = tok_->decode(window_);
+      break;
+    }
   }
+}
+
+bool TextStream::can_anchor(int32_t token) const {
+  return token >= 0 && token < tok_->vocab_size() && !tok_->is_special(token);
 }
 
 std::string TextStream::window_text() const {
   std::string full = tok_->decode(window_);
+  if (!anchored_) return full;
   if (full.compare(0, anchor_text_.size(), anchor_text_) == 0)
     return full.substr(anchor_text_.size());
   // The anchor merged with what follows (should not happen with SentencePiece): fall
@@ -40,11 +52,13 @@ std::string TextStream::push(int32_t token, bool* stopped) {
   window_.push_back(token);
   const std::string tail = window_text();
   std::string text = settled_ + tail;
-  if (!ends_with(tail, kReplacement)) {
+  if (!ends_with(tail, kReplacement) && can_anchor(token)) {
     // Every character so far is whole: later tokens cannot change this text, so the
-    // newest token becomes the anchor.
+    // newest token becomes the anchor. (A special token stays in the window instead: it
+    // decodes to nothing, and the token after it must not start a text of its own.)
     settled_ = text;
     window_.assign(1, token);
+    anchored_ = true;
     anchor_text_ = tok_->decode(window_);
   }
   while (ends_with(text, kReplacement)) text.resize(text.size() - kReplacement.size());

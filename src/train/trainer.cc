@@ -15,6 +15,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/powers_of_two.h"
 #include "base/system_memory.h"
 #include "base/threads.h"
 #include "base/timer.h"
@@ -356,6 +357,7 @@ class TrainingRun {
   std::unique_ptr<MetricsWriter> metrics_;
   std::map<std::string, std::string> config_values_;
   std::optional<std::string> resume_from_;
+  PowersOfTwo skipped_lines_;  // rate of the non-finite-gradient warning
   bool run_dir_created_ = false;  // by this process (rank 0), so a refused setup removes it
   TrainerState state_;
   Batch batch_;
@@ -722,7 +724,11 @@ void TrainingRun::step() {
   m.comm_bytes = comm_->bytes_sent() - bytes_before;
   m.skipped = opt.skipped;
   m.device_peak_mib = device_peak_mib();
-  if (opt.skipped) log_warn("step {}: non-finite gradient norm, update skipped", m.step);
+  if (opt.skipped && skipped_lines_())
+    log_warn("step {}: non-finite gradient norm, update skipped ({} so far; this line is "
+             "logged at the 1st, 2nd, 4th, 8th... skip; every one is counted in "
+             "metrics.jsonl and hyperion_train_skipped_steps_total)",
+             m.step, skipped_lines_.count());
   HYP_CHECK(std::isfinite(m.loss), "step {}: loss is {} (diverged); lower learning_rate", m.step,
             m.loss);
   metrics_->write(m, state_.tokens_seen, world_ > 1, moe);

@@ -66,7 +66,9 @@ TEST(ClusterStore, SpecsAndStatusesRoundTrip) {
   s.has_exit = true;
   s.last_exit_code = 1;
   s.reason = "r";
+  s.session_token = "0123456789abcdef0123456789abcdef";
   store.save_status("dev", "job", s);
+  EXPECT_EQ(store.load_status("dev", "job").session_token, s.session_token);
   const nlohmann::json j = status_json(back, Backend::kLocal, store.load_status("dev", "job"));
   for (const char* key :
        {"workload", "cluster", "backend", "state", "restarts", "last_exit_code", "reason"})

@@ -189,5 +189,37 @@ TEST(ProcessSession, DuplicateEnvKeyPassesTheLaterValueOnly) {
   EXPECT_EQ(count("\nHYP_TEST_INHERITED=second\n"), 1) << listed;
 }
 
+// A session whose leader has exited while its children live on (a shell that started a
+// job in the background, mpirun killed before its ranks): read back from a record, its
+// members are found by the token in their environment, and only they are signalled.
+TEST(ProcessSession, ASessionWhoseLeaderExitedIsSignalledByItsToken) {
+  TempDir tmp;
+  SpawnOptions o;
+  const std::string token = new_session_token();
+  EXPECT_EQ(token.size(), 32u);
+  EXPECT_NE(token, new_session_token());
+  o.argv = {"/bin/sh", "-c", "sleep 100 & echo started"};
+  o.env = {{kSessionTokenEnv, token}};
+  o.log_path = tmp.file("out.log");
+  const pid_t pid = spawn_session(o);
+  ASSERT_GT(pid, 0);
+  for (int i = 0; i < 1000 && ::getsid(pid) != pid; ++i) ::usleep(10 * 1000);
+  const uint64_t ticks = process_start_ticks(pid);
+  const std::string boot = current_boot_id();
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);  // the leader is gone
+  ASSERT_TRUE(eventually([&] { return session_processes(pid).size() == 1; }))
+      << session_processes(pid).size();
+  EXPECT_EQ(session_processes_with_token(pid, token), session_processes(pid));
+  // Without the token, with another one, or from another boot: nothing is signalled.
+  EXPECT_EQ(signal_recorded_session(pid, ticks, boot, 0, SIGKILL), 0);
+  EXPECT_EQ(signal_recorded_session(pid, ticks, boot, 0, SIGKILL, new_session_token()), 0);
+  EXPECT_EQ(signal_recorded_session(pid, ticks, "other-boot", 0, SIGKILL, token), 0);
+  EXPECT_EQ(session_processes(pid).size(), 1u);
+  // With it: the orphan is killed.
+  EXPECT_EQ(signal_recorded_session(pid, ticks, boot, 0, SIGKILL, token), 1);
+  EXPECT_TRUE(eventually([&] { return session_processes(pid).empty(); }));
+}
+
 }  // namespace
 }  // namespace hyperion::launch

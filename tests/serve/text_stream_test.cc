@@ -110,6 +110,39 @@ TEST(TextStream, WindowedDecodingEqualsDecodingEverything) {
   }
 }
 
+// Special tokens (which decode to nothing) at the end of the prompt or among the
+// generated tokens are never the anchor: the streamed text still equals decoding the
+// whole sequence, prompt included, after the prompt's text (a word after a special token
+// keeps its leading space, as it has in the whole text).
+TEST(TextStream, SpecialTokensNeverAnchorTheText) {
+  const io::Tokenizer& tok = tokenizer();
+  const std::vector<int32_t> words = tok.encode("Hello there, world of wonders");
+  const int32_t bos = tok.bos_id(), eos = tok.eos_id();
+  ASSERT_TRUE(tok.decode({bos}).empty());
+  ASSERT_TRUE(tok.is_special(bos) && tok.is_special(eos) && !tok.is_special(words[0]));
+  const std::vector<std::vector<int32_t>> contexts = {
+      {bos}, {bos, words[0]}, {bos, words[0], bos}, {words[0], eos, bos}};
+  const std::vector<std::vector<int32_t>> outputs = {
+      words, {bos, words[1], words[2]}, {words[1], bos, eos, words[2], bos, words[3]}};
+  for (const auto& context : contexts)
+    for (const auto& out : outputs) {
+      TextStream ts(&tok, context, {});
+      std::string joined;
+      for (int32_t id : out) {
+        bool stopped = false;
+        joined += ts.push(id, &stopped);
+      }
+      joined += ts.flush();
+      std::vector<int32_t> all = context;
+      all.insert(all.end(), out.begin(), out.end());
+      const std::string full = tok.decode(all), head = tok.decode(context);
+      ASSERT_EQ(full.compare(0, head.size(), head), 0) << full;
+      EXPECT_EQ(joined, full.substr(head.size()))
+          << "context " << ::testing::PrintToString(context) << " output "
+          << ::testing::PrintToString(out);
+    }
+}
+
 TEST(TextStream, StopsBeforeTheStopStringAndNeverSendsIt) {
   bool stopped = false;
   std::string all;
