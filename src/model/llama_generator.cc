@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/error.h"
+#include "base/thread_governor.h"
 #include "kernels/attention.h"
 
 namespace hyperion {
@@ -121,6 +122,7 @@ std::vector<int32_t> generate_tokens(LlamaGenerator& gen, const std::vector<int3
          std::find(options.end_ids.begin(), options.end_ids.end(), tok) != options.end_ids.end()))
       break;
     if (gen.position() >= gen.max_len()) break;
+    adapt_threads_to_contention();  // a busy neighbour: the team it actually gets
     logits = gen.feed(&tok, 1);
   }
   return out;

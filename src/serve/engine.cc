@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/log.h"
+#include "base/thread_governor.h"
 #include "base/timer.h"
 #include "kernels/hardware.h"
 
@@ -267,6 +268,7 @@ void Engine::emit_token(Sequence& s, int32_t token, float logprob) {
 }
 
 void Engine::step() {
+  adapt_threads_to_contention();  // a busy neighbour: the team it actually gets
   process_cancellations();
   admit();
   if (live_ == 0) return;

@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/thread_governor.h"
 #include "base/system_memory.h"
 #include "base/threads.h"
 #include "base/timer.h"
@@ -240,6 +241,7 @@ void RecsysRun::fill_train_batch() {
 }
 
 void RecsysRun::step() {
+  adapt_threads_to_contention();  // a busy neighbour: the team it actually gets
   monitor_->step_started(step_ + 1);
   Timer timer;
   Timer data_timer;

@@ -17,6 +17,7 @@
 #include "base/log.h"
 #include "base/powers_of_two.h"
 #include "base/system_memory.h"
+#include "base/thread_governor.h"
 #include "base/threads.h"
 #include "base/timer.h"
 #include "dist/communicator.h"
@@ -655,6 +656,7 @@ EvalResult TrainingRun::evaluate(int64_t max_batches) {
 }
 
 void TrainingRun::step() {
+  adapt_threads_to_contention();  // a busy neighbour: the team it actually gets
   const TrainConfig& t = t_;
   const bool moe = t.model.is_moe();
   // Each rank's backward is scaled by 1 / (accumulation x ranks), so the summed
