@@ -13,10 +13,7 @@ namespace {
     try {
       std::rethrow_exception(e);
     } catch (const std::bad_alloc&) {
-      std::fputs(
-          "hyperion: error: out of memory (an allocation failed; reduce the model, batch or "
-          "context size)\n",
-          stderr);
+      std::fputs(kOutOfMemoryMessage, stderr);
       std::fflush(stderr);
       std::_Exit(1);  // no destructors: other threads may still hold what they allocated
     } catch (const std::exception& x) {

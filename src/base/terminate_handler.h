@@ -7,6 +7,11 @@
 
 namespace hyperion {
 
+// The out-of-memory line, the same from main's catch and from the handler.
+inline constexpr const char* kOutOfMemoryMessage =
+    "hyperion: error: out of memory (an allocation failed; reduce the model, batch or "
+    "context size)\n";
+
 void install_terminate_handler();
 
 }  // namespace hyperion

@@ -9,9 +9,9 @@
 // runnable time was waiting, the team shrinks to the cores it actually gets; when
 // waiting falls under 5%, it tries one thread more after 2 s (then 4, 8... up to 32 s
 // while such tries keep failing), never past the configured count (--threads,
-// HYPERION_THREADS, the cores). The thread count does not change any result (every
-// kernel's reductions are fixed by the data, not the team). HYPERION_ADAPT_THREADS=0
-// turns it off.
+// HYPERION_THREADS, the cores). Our kernels' reductions are fixed by the data, not the
+// team (docs/KERNELS.md), so a changed count changes no result of theirs; a GEMM left to
+// oneDNN may differ in its last bits. HYPERION_ADAPT_THREADS=0 turns it off.
 #pragma once
 
 namespace hyperion {

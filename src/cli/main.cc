@@ -149,9 +149,7 @@ int main(int argc, char** argv) {
                  os_error_text(e.code().value()).c_str());
     return 1;
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr,
-                 "hyperion: error: out of memory (an allocation failed; reduce the model, "
-                 "batch or context size)\n");
+    std::fputs(kOutOfMemoryMessage, stderr);
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hyperion: internal error: %s\n", e.what());

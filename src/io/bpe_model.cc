@@ -255,15 +255,14 @@ void BpeModel::merge_symbols(std::string_view word, std::vector<int32_t>& out) c
   std::vector<int32_t>().swap(sym);  // give a huge word's scratch back
 }
 
-void BpeModel::merge_run(const int32_t* sym, int32_t n, std::vector<int32_t>& out) const {
-  // A symbol merged into its left neighbour is marked dead with id -1.
+void BpeModel::merge_run(int32_t* id, int32_t n, std::vector<int32_t>& out) const {
   if (n <= 1) {
-    out.insert(out.end(), sym, sym + n);
+    out.insert(out.end(), id, id + n);
     return;
   }
-  thread_local std::vector<int32_t> id, prev, next;
+  // A symbol merged into its left neighbour is marked dead with id -1.
+  thread_local std::vector<int32_t> prev, next;
   thread_local std::vector<PendingMerge> heap;
-  id.assign(sym, sym + n);
   prev.resize(n), next.resize(n);
   for (int32_t i = 0; i < n; ++i) prev[i] = i - 1, next[i] = i + 1 < n ? i + 1 : -1;
 
@@ -302,8 +301,8 @@ void BpeModel::merge_run(const int32_t* sym, int32_t n, std::vector<int32_t>& ou
     }
   }
   for (int32_t i = 0; i >= 0; i = next[i]) out.push_back(id[i]);
-  if (n > (1 << 16)) {  // a huge word: give its scratch back rather than keep it per thread
-    for (auto* v : {&id, &prev, &next}) std::vector<int32_t>().swap(*v);
+  if (static_cast<size_t>(n) > kSplitSymbols) {  // uncut: give its scratch back
+    for (auto* v : {&prev, &next}) std::vector<int32_t>().swap(*v);
     std::vector<PendingMerge>().swap(heap);
   }
 }

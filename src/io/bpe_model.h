@@ -113,8 +113,8 @@ class BpeModel {
 
  private:
   void merge_symbols(std::string_view word, std::vector<int32_t>& out) const;
-  // BPE over the initial symbols sym[0, n), appended to out.
-  void merge_run(const int32_t* sym, int32_t n, std::vector<int32_t>& out) const;
+  // BPE over the initial symbols sym[0, n) (scratch: merged in place), appended to out.
+  void merge_run(int32_t* sym, int32_t n, std::vector<int32_t>& out) const;
   // The pairs of initial symbols some merge joins (the last symbol of its left part, the
   // first of its right); built on the first huge word.
   const MergeTable& junctions() const;

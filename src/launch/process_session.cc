@@ -1,8 +1,8 @@
 #include "launch/process_session.h"
 
 #include <dirent.h>
-#include <fmt/format.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>

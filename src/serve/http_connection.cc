@@ -348,8 +348,8 @@ void HttpConnection::arm_probe() {
   });
 }
 
-bool HttpConnection::peer_reset() const {
-  const int fd = const_cast<beast::tcp_stream&>(stream_).socket().native_handle();
+bool HttpConnection::peer_reset() {
+  const int fd = stream_.socket().native_handle();
   int err = 0;
   socklen_t len = sizeof err;
   if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err != 0) return true;

@@ -101,7 +101,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   void on_watch(boost::beast::error_code ec, size_t n);
   void probe_closed_client();
   void arm_probe();
-  bool peer_reset() const;
+  bool peer_reset();
   void close();
 
   boost::beast::tcp_stream stream_;

@@ -3,12 +3,12 @@
 // The text of the generated tokens is decoded as a continuation of an anchor token
 // (decode([anchor, out...]) minus decode([anchor])), so a leading space that
 // SentencePiece would strip at the start of a text is kept. The anchor starts as the
-// prompt's last token that is not a special one (which decode leaves out: after
-// "[/INST]" a word would start the text and lose its space, which it has in the decoded
-// whole sequence),
-// or none for a prompt of special tokens only (the output starts the text), and moves up
-// to the newest such token whenever the text decoded so far ends on a whole character,
-// so each token costs a decode of a few tokens, not of the whole output (which made a 128-token stream cost 8,000 token decodes, serially in the
+// prompt's last token that is not a special one (decode leaves those out: after
+// "[/INST]" a word would start a text of its own and lose the space it has in the whole
+// decoded sequence), or none for a prompt of special tokens only (the output starts the
+// text), and moves up to the newest such token whenever the text decoded so far ends on
+// a whole character, so each token costs a decode of a few tokens, not of the whole
+// output (which made a 128-token stream cost 8,000 token decodes, serially in the
 // engine's step). Text is released only when it is final:
 //   - a trailing U+FFFD (a multi-byte character split over byte-fallback tokens) waits
 //     for the next token;
@@ -31,8 +31,6 @@ class TextStream {
   // prompt (its last 64 tokens are looked at for an anchor).
   TextStream(const io::Tokenizer* tokenizer, const std::vector<int32_t>& context,
              std::vector<std::string> stop);
-  TextStream(const io::Tokenizer* tokenizer, int32_t context_token, std::vector<std::string> stop)
-      : TextStream(tokenizer, std::vector<int32_t>{context_token}, std::move(stop)) {}
 
   // Adds a generated token; returns the text it makes final. Sets *stopped when a stop
   // string matched (the returned text ends right before it).

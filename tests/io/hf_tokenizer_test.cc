@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -52,23 +53,41 @@ std::vector<std::string> reference_bpe(
   }
 }
 
+// A character-level BPE: `tokens` (ids in order; `merges` among them), then 30 tries at
+// merging two random tokens, drawn from the first `pick` (0: all so far); a result
+// already a token, or longer than `max_len` (0: any), is skipped.
+struct RandomBpe {
+  std::vector<std::string> tokens;
+  std::vector<std::pair<std::string, std::string>> merges;
+  std::unique_ptr<BpeModel> model;
+};
+RandomBpe random_bpe(std::mt19937& rng, std::vector<std::string> tokens,
+                     std::vector<std::pair<std::string, std::string>> merges, size_t pick,
+                     size_t max_len) {
+  TokenMap vocab;
+  for (size_t i = 0; i < tokens.size(); ++i) vocab[tokens[i]] = static_cast<int32_t>(i);
+  for (int m = 0; m < 30; ++m) {
+    const size_t from = pick ? pick : tokens.size();
+    const std::string l = tokens[rng() % from], r = tokens[rng() % from];
+    if ((max_len && l.size() + r.size() > max_len) || vocab.count(l + r)) continue;
+    vocab[l + r] = static_cast<int32_t>(tokens.size());
+    tokens.push_back(l + r);
+    merges.emplace_back(l, r);
+  }
+  auto model = std::make_unique<BpeModel>(BpeModelSpec{}, vocab);
+  for (size_t r = 0; r < merges.size(); ++r)
+    EXPECT_EQ(model->add_merge(merges[r].first, merges[r].second, static_cast<int32_t>(r)), "");
+  return {std::move(tokens), std::move(merges), std::move(model)};
+}
+
 // A character-level BPE over {a, b, c} with random merges, against the reference.
 TEST(BpeModel, MergesMatchThePlainReferenceOnRandomWords) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 20; ++trial) {
-    TokenMap vocab{{"a", 0}, {"b", 1}, {"c", 2}};
-    std::vector<std::string> tokens{"a", "b", "c"};
-    std::vector<std::pair<std::string, std::string>> merges;
-    for (int m = 0; m < 30; ++m) {
-      const std::string l = tokens[rng() % tokens.size()], r = tokens[rng() % tokens.size()];
-      if (l.size() + r.size() > 6 || vocab.count(l + r)) continue;
-      vocab[l + r] = static_cast<int32_t>(tokens.size());
-      tokens.push_back(l + r);
-      merges.emplace_back(l, r);
-    }
-    BpeModel model(BpeModelSpec{}, vocab);
-    for (size_t r = 0; r < merges.size(); ++r)
-      ASSERT_EQ(model.add_merge(merges[r].first, merges[r].second, static_cast<int32_t>(r)), "");
+    const RandomBpe bpe = random_bpe(rng, {"a", "b", "c"}, {}, 0, 6);
+    const BpeModel& model = *bpe.model;
+    const auto& tokens = bpe.tokens;
+    const auto& merges = bpe.merges;
     for (int w = 0; w < 50; ++w) {
       std::string word;
       std::vector<std::string> chars;
@@ -114,19 +133,10 @@ TEST(BpeModel, AHugeWordIsCutOnlyWhereNoMergeJoins) {
   // its pieces split after each 'd' (no merge joins anything after a d).
   std::mt19937 rng(11);
   for (int trial = 0; trial < 3; ++trial) {
-    TokenMap vocab{{"a", 0}, {"b", 1}, {"c", 2}, {"d", 3}, {"cd", 4}};
-    std::vector<std::string> tokens{"a", "b", "c", "d", "cd"};
-    std::vector<std::pair<std::string, std::string>> merges{{"c", "d"}};
-    for (int m = 0; m < 30; ++m) {
-      const std::string l = tokens[rng() % 3], r = tokens[rng() % 3];
-      if (vocab.count(l + r)) continue;
-      vocab[l + r] = static_cast<int32_t>(tokens.size());
-      tokens.push_back(l + r);
-      merges.emplace_back(l, r);
-    }
-    BpeModel model(BpeModelSpec{}, vocab);
-    for (size_t r = 0; r < merges.size(); ++r)
-      ASSERT_EQ(model.add_merge(merges[r].first, merges[r].second, static_cast<int32_t>(r)), "");
+    const RandomBpe bpe = random_bpe(rng, {"a", "b", "c", "d", "cd"}, {{"c", "d"}}, 3, 0);
+    const BpeModel& model = *bpe.model;
+    const auto& tokens = bpe.tokens;
+    const auto& merges = bpe.merges;
     std::string word;
     std::vector<std::string> expected, piece;
     while (word.size() < 200000) {

@@ -31,7 +31,7 @@ std::vector<std::string> stream(const std::string& text, std::vector<std::string
                                 bool* stopped_at_end, std::string* all) {
   const io::Tokenizer& tok = tokenizer();
   const std::vector<int32_t> ids = tok.encode(text);
-  TextStream ts(&tok, tok.bos_id(), std::move(stop));
+  TextStream ts(&tok, {tok.bos_id()}, std::move(stop));
   std::vector<std::string> pieces;
   *stopped_at_end = false;
   for (int32_t id : ids) {
@@ -92,7 +92,7 @@ TEST(TextStream, WindowedDecodingEqualsDecodingEverything) {
         ids.push_back(other_ids[next(other_ids.size())]);
     }
     const int32_t context = trial % 2 == 0 ? tok.bos_id() : other_ids[next(other_ids.size())];
-    TextStream ts(&tok, context, {});
+    TextStream ts(&tok, {context}, {});
     std::string joined;
     for (int32_t id : ids) {
       bool stopped = false;
@@ -159,7 +159,7 @@ TEST(TextStream, StopsBeforeTheStopStringAndNeverSendsIt) {
 }
 
 TEST(TextStream, WithoutTokenizerReleasesNothing) {
-  TextStream ts(nullptr, 1, {"x"});
+  TextStream ts(nullptr, {1}, {"x"});
   bool stopped = true;
   EXPECT_EQ(ts.push(5, &stopped), "");
   EXPECT_FALSE(stopped);
