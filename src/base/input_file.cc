@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "base/error.h"
@@ -49,11 +50,16 @@ std::string read_regular_file(const std::string& path, int64_t max_bytes) {
     fail("cannot read '{}': it is {} bytes, more than the {} this file may have", path, size,
          max_bytes);
   }
-  std::string out;
-  if (size > 0) out.reserve(static_cast<size_t>(size));
+  // Read straight into the string; one more read past the size it had finds a file that
+  // grew (or a /proc file whose size says 0).
+  std::string out(static_cast<size_t>(std::max<int64_t>(size, 0)), '\0');
+  size_t got = 0;
   char chunk[1 << 16];
   for (;;) {
-    const ssize_t n = ::read(fd, chunk, sizeof(chunk));
+    const bool into_out = got < out.size();
+    char* dst = into_out ? out.data() + got : chunk;
+    const size_t room = into_out ? out.size() - got : sizeof(chunk);
+    const ssize_t n = ::read(fd, dst, room);
     if (n < 0) {
       if (errno == EINTR) continue;
       const int err = errno;
@@ -61,13 +67,15 @@ std::string read_regular_file(const std::string& path, int64_t max_bytes) {
       fail("cannot read '{}': {}", path, os_error_text(err));
     }
     if (n == 0) break;
-    if (static_cast<int64_t>(out.size()) + n > max_bytes) {  // it grew while read
+    if (static_cast<int64_t>(got) + n > max_bytes) {  // it grew while read
       ::close(fd);
       fail("cannot read '{}': it grew past the {} bytes this file may have", path, max_bytes);
     }
-    out.append(chunk, static_cast<size_t>(n));
+    if (!into_out) out.append(chunk, static_cast<size_t>(n));
+    got += static_cast<size_t>(n);
   }
   ::close(fd);
+  out.resize(got);  // it shrank while read
   return out;
 }
 

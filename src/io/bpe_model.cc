@@ -101,24 +101,23 @@ bool byte_level_decode(std::string_view token, std::string* raw) {
 
 void MergeTable::reserve(size_t merges) {
   size_t cap = 16;
-  while (cap < merges * 2) cap <<= 1;
-  keys_.assign(cap, kEmpty);
-  values_.assign(cap, Merge{});
+  while (cap * 3 < merges * 4) cap <<= 1;  // at most 3/4 full
+  slots_ = AlignedBuffer<Slot>(cap);
+  std::fill(slots_.begin(), slots_.end(), Slot{kEmpty, Merge{}});
   mask_ = cap - 1;
   size_ = 0;
 }
 
 bool MergeTable::insert(int32_t left, int32_t right, Merge m) {
-  if ((size_ + 1) * 2 > keys_.size()) {
+  if ((size_ + 1) * 4 > slots_.size() * 3) {
     // Grow: rehash into twice the space.
-    std::vector<uint64_t> keys = std::move(keys_);
-    std::vector<Merge> values = std::move(values_);
-    reserve(std::max<size_t>(size_ + 1, keys.size()));
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (keys[i] == kEmpty) continue;
-      for (size_t j = hash(keys[i]) & mask_;; j = (j + 1) & mask_) {
-        if (keys_[j] == kEmpty) {
-          keys_[j] = keys[i], values_[j] = values[i], ++size_;
+    AlignedBuffer<Slot> old = std::move(slots_);
+    reserve(std::max<size_t>(size_ + 1, old.size()));
+    for (const Slot& s : old) {
+      if (s.key == kEmpty) continue;
+      for (size_t j = hash(s.key) & mask_;; j = (j + 1) & mask_) {
+        if (slots_[j].key == kEmpty) {
+          slots_[j] = s, ++size_;
           break;
         }
       }
@@ -126,18 +125,18 @@ bool MergeTable::insert(int32_t left, int32_t right, Merge m) {
   }
   const uint64_t key = pack(left, right);
   for (size_t i = hash(key) & mask_;; i = (i + 1) & mask_) {
-    if (keys_[i] == key) {
-      values_[i] = m;
+    if (slots_[i].key == key) {
+      slots_[i].merge = m;
       return false;
     }
-    if (keys_[i] == kEmpty) {
-      keys_[i] = key, values_[i] = m, ++size_;
+    if (slots_[i].key == kEmpty) {
+      slots_[i] = {key, m}, ++size_;
       return true;
     }
   }
 }
 
-BpeModel::BpeModel(BpeModelSpec spec, TokenMap vocab) : spec_(spec), vocab_(std::move(vocab)) {
+BpeModel::BpeModel(BpeModelSpec spec, TokenIndex vocab) : spec_(spec), vocab_(std::move(vocab)) {
   for (int b = 0; b < 256; ++b) {
     const std::string key =
         spec_.byte_level ? std::string(1, static_cast<char>(b)) : fmt::format("<0x{:02X}>", b);
@@ -147,21 +146,59 @@ BpeModel::BpeModel(BpeModelSpec spec, TokenMap vocab) : spec_(spec), vocab_(std:
 }
 
 int32_t BpeModel::find(std::string_view token) const {
-  auto it = vocab_.find(token);
-  return it == vocab_.end() ? -1 : it->second;
+  return vocab_.find(token);
 }
 
 std::string BpeModel::add_merge(std::string_view left, std::string_view right, int32_t rank) {
+  std::string text(left);
+  text += right;
+  const std::vector<MergeText> one{{0, static_cast<uint32_t>(left.size()),
+                                    static_cast<uint32_t>(right.size()), rank}};
+  std::string why;
+  add_merges(text, one, &why);
+  return why;
+}
+
+size_t BpeModel::add_merges(std::string_view text, const std::vector<MergeText>& merges,
+                            std::string* why) {
   if (merges_.size() == 0 && merges_.capacity() == 0) merges_.reserve(1024);
-  const int32_t a = find(left), b = find(right);
-  if (a < 0) return fmt::format("its left part '{}' is not in the vocabulary", left);
-  if (b < 0) return fmt::format("its right part '{}' is not in the vocabulary", right);
-  std::string joined(left);
-  joined += right;
-  const int32_t m = find(joined);
-  if (m < 0) return fmt::format("its result '{}' is not in the vocabulary", joined);
-  merges_.insert(a, b, {rank, m});
-  return {};
+  // Three passes over groups of kGroup merges: hash and prefetch the texts' slots, look
+  // them up and prefetch the pair's slot, insert. Each pass's loads were requested by
+  // the one before, so a group waits on about one memory latency, not 4 * kGroup.
+  constexpr size_t kGroup = 16;
+  struct Pending {
+    uint64_t hash[3];  // left, right, merged
+    int32_t id[3];
+  };
+  Pending p[kGroup];
+  auto part = [&](const MergeText& m, int k) {
+    const size_t at = m.offset + (k == 1 ? m.left : 0);
+    const size_t len = k == 0 ? m.left : k == 1 ? m.right : m.left + m.right;
+    return text.substr(at, len);
+  };
+  for (size_t g = 0; g < merges.size(); g += kGroup) {
+    const size_t n = std::min(kGroup, merges.size() - g);
+    for (size_t i = 0; i < n; ++i)
+      for (int k = 0; k < 3; ++k) {
+        p[i].hash[k] = TokenIndex::hash(part(merges[g + i], k));
+        vocab_.prefetch(p[i].hash[k]);
+      }
+    for (size_t i = 0; i < n; ++i) {
+      for (int k = 0; k < 3; ++k) p[i].id[k] = vocab_.find(part(merges[g + i], k), p[i].hash[k]);
+      if (p[i].id[0] >= 0 && p[i].id[1] >= 0) merges_.prefetch(p[i].id[0], p[i].id[1]);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const MergeText& m = merges[g + i];
+      static const char* const kWhich[3] = {"its left part", "its right part", "its result"};
+      for (int k = 0; k < 3; ++k) {
+        if (p[i].id[k] >= 0) continue;
+        *why = fmt::format("{} '{}' is not in the vocabulary", kWhich[k], part(m, k));
+        return g + i;
+      }
+      merges_.insert(p[i].id[0], p[i].id[1], {m.rank, p[i].id[2]});
+    }
+  }
+  return merges.size();
 }
 
 void BpeModel::initial_symbols(std::string_view word, std::vector<int32_t>& ids) const {
@@ -205,18 +242,18 @@ const MergeTable& BpeModel::junctions() const {
     // Each token's first and last initial symbol, from its text; -1 where the text gives
     // none (a character the model drops).
     int32_t ids = 0;
-    for (const auto& kv : vocab_) ids = std::max(ids, kv.second + 1);
+    vocab_.for_each([&](std::string_view, int32_t id) { ids = std::max(ids, id + 1); });
     std::vector<int32_t> first(static_cast<size_t>(ids), -1), last(first);
     plain_.assign(static_cast<size_t>(ids), 0);
     std::vector<int32_t> sym;
-    for (const auto& [text, id] : vocab_) {
+    vocab_.for_each([&](std::string_view text, int32_t id) {
       sym.clear();
       initial_symbols(text, sym);
-      if (sym.empty()) continue;
+      if (sym.empty()) return;
       const auto at = static_cast<size_t>(id);
       first[at] = sym.front(), last[at] = sym.back();
       plain_[at] = sym.size() == 1 && sym[0] == id;
-    }
+    });
     junctions_.reserve(merges_.size());
     merges_.for_each([&](int32_t a, int32_t b, MergeTable::Merge) {
       const int32_t l = last[static_cast<size_t>(a)], r = first[static_cast<size_t>(b)];

@@ -26,10 +26,16 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/aligned.h"
+#include "io/token_index.h"
+
 namespace hyperion::io {
 
 // A hash table from (left id, right id) to (rank, merged id): open addressing, linear
-// probing, power-of-two size; built once, read-only afterwards.
+// probing, power-of-two size, at most 3/4 full; built once, read-only afterwards. A slot
+// is 16 bytes (a probe reads one cache line), and a table of 4 MB or more (a real
+// tokenizer's: 16 MB for Llama 3) sits on huge pages (base/aligned.h): it is filled and
+// read at random, so 4 KB pages cost a page fault each to fill and a TLB miss per probe.
 class MergeTable {
  public:
   struct Merge {
@@ -40,23 +46,25 @@ class MergeTable {
   // A pair already present takes the new value (the last duplicate wins, as the
   // `tokenizers` library's HashMap of merges). Returns false for such a duplicate.
   bool insert(int32_t left, int32_t right, Merge m);
+  void prefetch(int32_t left, int32_t right) const {
+    if (slots_.size() != 0) __builtin_prefetch(&slots_[hash(pack(left, right)) & mask_]);
+  }
   Merge find(int32_t left, int32_t right) const {
-    if (keys_.empty()) return {};
+    if (slots_.size() == 0) return {};
     const uint64_t key = pack(left, right);
     for (size_t i = hash(key) & mask_;; i = (i + 1) & mask_) {
-      if (keys_[i] == key) return values_[i];
-      if (keys_[i] == kEmpty) return {};
+      if (slots_[i].key == key) return slots_[i].merge;
+      if (slots_[i].key == kEmpty) return {};
     }
   }
   size_t size() const { return size_; }
-  size_t capacity() const { return keys_.size(); }
+  size_t capacity() const { return slots_.size(); }
   // Calls f(left, right, merge) for every pair.
   template <class F>
   void for_each(F&& f) const {
-    for (size_t i = 0; i < keys_.size(); ++i)
-      if (keys_[i] != kEmpty)
-        f(static_cast<int32_t>(keys_[i] >> 32), static_cast<int32_t>(keys_[i] & 0xffffffffu),
-          values_[i]);
+    for (const Slot& s : slots_)
+      if (s.key != kEmpty)
+        f(static_cast<int32_t>(s.key >> 32), static_cast<int32_t>(s.key & 0xffffffffu), s.merge);
   }
 
  private:
@@ -70,8 +78,11 @@ class MergeTable {
     k ^= k >> 33;
     return static_cast<size_t>(k);
   }
-  std::vector<uint64_t> keys_;
-  std::vector<Merge> values_;
+  struct Slot {
+    uint64_t key;
+    Merge merge;
+  };
+  AlignedBuffer<Slot> slots_;
   size_t mask_ = 0, size_ = 0;
 };
 
@@ -96,12 +107,25 @@ class BpeModel {
   static constexpr size_t kCacheEntries = 1 << 17;
   static constexpr size_t kSplitSymbols = size_t{1} << 16;
 
-  // `vocab`: token text (raw bytes for a byte-level model) -> id. `merges`: pairs of
-  // token texts in rank order; a pair whose parts or result are not in the vocabulary is
-  // an error the caller names (returned as the index of the bad merge, or -1).
-  BpeModel(BpeModelSpec spec, TokenMap vocab);
+  // `vocab`: token text (raw bytes for a byte-level model) -> id. Merges are added in
+  // rank order with add_merges or add_merge.
+  BpeModel(BpeModelSpec spec, TokenIndex vocab);
   void reserve_merges(size_t n) { merges_.reserve(n); }
-  // Adds merge `rank`; returns an explanation when it cannot (empty on success).
+
+  // A merge of a batch: its left and right parts end to end at `offset` in the batch's
+  // text (so the text there is also what they merge into).
+  struct MergeText {
+    uint32_t offset, left, right;  // left and right: the parts' lengths
+    int32_t rank;
+  };
+  // Adds a batch of merges in rank order. Returns the index of the first one that cannot
+  // be added, with the reason in *why (a part or the result is not in the vocabulary),
+  // or merges.size(). The lookups of a batch are prefetched together: a real tokenizer's
+  // 280k-515k merges each look up three texts and insert one pair, all at random places
+  // in tables of several MB, and one at a time they wait on a cache miss each.
+  size_t add_merges(std::string_view text, const std::vector<MergeText>& merges,
+                    std::string* why);
+  // One merge (tests, small tokenizers); an explanation when it cannot, else empty.
   std::string add_merge(std::string_view left, std::string_view right, int32_t rank);
 
   // Appends the ids of one word (a pre-token, non-empty).
@@ -122,7 +146,7 @@ class BpeModel {
   void initial_symbols(std::string_view word, std::vector<int32_t>& ids) const;
 
   BpeModelSpec spec_;
-  TokenMap vocab_;
+  TokenIndex vocab_;
   MergeTable merges_;
   int32_t byte_ids_[256];   // byte-level: the token of each byte; else <0xXX>
   int32_t ascii_ids_[128];  // character models: the token of each ASCII character

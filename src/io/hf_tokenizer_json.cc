@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "io/hf_tokenizer_impl.h"
+#include "io/hf_tokenizer_json_sax.h"
 
 namespace hyperion::io {
 
@@ -284,15 +285,16 @@ void read_post_processor(const Reader& r, const json& j, const std::string& path
   }
 }
 
-std::string read_merge_part(const json& m, size_t k) {
-  return m[k].get<std::string>();
-}
-
-void read_model(const Reader& r, const json& model, bool byte_level, HfTokenizer::Impl& impl) {
+void read_model(const Reader& r, const json& model, const BpeTables& tables, bool byte_level,
+                HfTokenizer::Impl& impl) {
   const std::string t = model.contains("type") ? r.type(model, "model") : "BPE";
   if (t != "BPE") r.unsupported("model", t, "BPE");
-  const json& vocab = r.at(model, "model", "vocab");
-  if (!vocab.is_object()) r.bad("model.vocab", "expected an object of token -> id");
+  // The tables hold model.vocab and model.merges of the right kinds; anything else is
+  // still in the document, missing or of the wrong kind.
+  if (!tables.has_vocab) {
+    r.at(model, "model", "vocab");
+    r.bad("model.vocab", "expected an object of token -> id");
+  }
   if (model.contains("dropout") && !model["dropout"].is_null() &&
       !(model["dropout"].is_number() && model["dropout"].get<double>() == 0.0))
     r.bad("model.dropout", "BPE dropout is random at encode time; only null or 0 is supported");
@@ -306,71 +308,95 @@ void read_model(const Reader& r, const json& model, bool byte_level, HfTokenizer
   spec.ignore_merges = r.flag(model, "model", "ignore_merges", false);
   spec.fuse_unk = r.flag(model, "model", "fuse_unk", false);
 
-  TokenMap keyed;
-  keyed.reserve(vocab.size());
+  TokenIndex keyed;
+  size_t vocab_bytes = 0;
+  for (const BpeTables::Token& token : tables.vocab) vocab_bytes += token.length;
+  keyed.reserve(tables.vocab.size(), vocab_bytes);
   std::string raw;
   std::vector<uint8_t> seen;  // an id given to a token already: decoding would not invert
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
-        it.value().get<int64_t>() > r.max_id)
-      r.bad("model.vocab." + it.key(),
+  for (const BpeTables::Token& token : tables.vocab) {
+    const std::string_view text = tables.token_text(token);
+    if (token.id < 0 || token.id > r.max_id)
+      r.bad(fmt::format("model.vocab.{}", text),
             fmt::format("expected an id in [0, {}] (ids are dense: the file has {} tokens)",
                         r.max_id, r.max_id - 65536));
-    const auto id = static_cast<int32_t>(it.value().get<int64_t>());
+    const auto id = static_cast<int32_t>(token.id);
     if (static_cast<size_t>(id) >= impl.pieces.size()) {
-      impl.pieces.resize(static_cast<size_t>(id) + 1);
+      impl.pieces.resize(std::max(static_cast<size_t>(id) + 1, tables.vocab.size()));
       seen.resize(impl.pieces.size(), 0);
     }
     if (seen[static_cast<size_t>(id)])
-      r.bad("model.vocab." + it.key(),
+      r.bad(fmt::format("model.vocab.{}", text),
             fmt::format("id {} is also the id of '{}': each token needs an id of its own", id,
                         clipped(impl.pieces[id])));
     seen[static_cast<size_t>(id)] = 1;
-    impl.pieces[id] = it.key();
+    impl.pieces[id] = text;
     // A byte-level token that spells no bytes cannot come out of the model; it still decodes.
-    if (!byte_level) {
-      keyed.emplace(it.key(), id);
-      impl.max_piece_bytes = std::max(impl.max_piece_bytes, it.key().size());
-    } else if (byte_level_decode(it.key(), &raw)) {
-      keyed.emplace(raw, id);
-      impl.max_piece_bytes = std::max(impl.max_piece_bytes, raw.size());
+    std::string_view key = text;
+    if (byte_level) {
+      if (!byte_level_decode(text, &raw)) continue;
+      key = raw;
     }
+    if (keyed.insert(key, id) >= 0)
+      r.bad(fmt::format("model.vocab.{}", text), "the token is listed twice");
+    impl.max_piece_bytes = std::max(impl.max_piece_bytes, key.size());
   }
+  // Ids past the highest are not tokens: pieces was sized for dense ids.
+  while (!impl.pieces.empty() && !seen[impl.pieces.size() - 1]) impl.pieces.pop_back();
   const std::string unk = r.str_or(model, "model", "unk_token", "");
   if (!unk.empty()) {
-    auto it = keyed.find(unk);
-    if (it == keyed.end())
-      r.bad("model.unk_token", fmt::format("'{}' is not in the vocabulary", unk));
-    spec.unk_id = it->second;
+    spec.unk_id = keyed.find(unk);
+    if (spec.unk_id < 0) r.bad("model.unk_token", fmt::format("'{}' is not in the vocabulary", unk));
   }
   impl.model.emplace(spec, std::move(keyed));
 
-  const json& merges = r.at(model, "model", "merges");
-  if (!merges.is_array()) r.bad("model.merges", "expected a list");
-  impl.model->reserve_merges(merges.size());
-  std::string left, right, raw_left, raw_right;
-  for (size_t i = 0; i < merges.size(); ++i) {
-    const json& m = merges[i];
-    const std::string path = fmt::format("model.merges[{}]", i);
-    if (m.is_string()) {
-      const std::string s = m.get<std::string>();
-      const size_t sp = s.find(' ');
-      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-        r.bad(path, fmt::format("'{}' is not two tokens separated by one space", s));
-      left = s.substr(0, sp), right = s.substr(sp + 1);
-    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      left = read_merge_part(m, 0), right = read_merge_part(m, 1);
+  if (!tables.has_merges) {
+    r.at(model, "model", "merges");
+    r.bad("model.merges", "expected a list");
+  }
+  impl.model->reserve_merges(tables.merges.size());
+  // Merges go to the model a batch at a time (BpeModel::add_merges prefetches a batch's
+  // lookups); `index` keeps each one's place in the file for an error.
+  constexpr size_t kBatch = 256;
+  std::string batch_text;
+  std::vector<BpeModel::MergeText> batch;
+  std::vector<size_t> index;
+  auto flush = [&] {
+    std::string why;
+    const size_t bad = impl.model->add_merges(batch_text, batch, &why);
+    if (bad < batch.size()) r.bad(fmt::format("model.merges[{}]", index[bad]), why);
+    batch_text.clear(), batch.clear(), index.clear();
+  };
+  std::string_view left, right;
+  std::string raw_left, raw_right;
+  for (size_t i = 0; i < tables.merges.size(); ++i) {
+    const BpeTables::Merge& m = tables.merges[i];
+    const std::string_view text = tables.merge_text(m);
+    using F = BpeTables::Merge::Form;
+    if (m.form == F::kString) {
+      const size_t sp = text.find(' ');
+      if (sp == std::string_view::npos || text.find(' ', sp + 1) != std::string_view::npos)
+        r.bad(fmt::format("model.merges[{}]", i),
+              fmt::format("'{}' is not two tokens separated by one space", text));
+      left = text.substr(0, sp), right = text.substr(sp + 1);
+    } else if (m.form == F::kPair) {
+      left = text.substr(0, m.left), right = text.substr(m.left);
     } else {
-      r.bad(path, "expected \"a b\" or [\"a\", \"b\"]");
+      r.bad(fmt::format("model.merges[{}]", i), "expected \"a b\" or [\"a\", \"b\"]");
     }
     if (byte_level) {
       // Unreachable from bytes: such a merge can never apply.
       if (!byte_level_decode(left, &raw_left) || !byte_level_decode(right, &raw_right)) continue;
       left = raw_left, right = raw_right;
     }
-    const std::string why = impl.model->add_merge(left, right, static_cast<int32_t>(i));
-    if (!why.empty()) r.bad(path, why);
+    batch.push_back({static_cast<uint32_t>(batch_text.size()), static_cast<uint32_t>(left.size()),
+                     static_cast<uint32_t>(right.size()), static_cast<int32_t>(i)});
+    batch_text += left;
+    batch_text += right;
+    index.push_back(i);
+    if (batch.size() == kBatch) flush();
   }
+  flush();
 }
 
 void read_added_tokens(const Reader& r, const json& root, HfTokenizer::Impl& impl) {
@@ -547,24 +573,17 @@ void read_end_ids(const HfTokenizerSource& src, HfTokenizer::Impl& impl, HfToken
 void parse_hf_tokenizer(const HfTokenizerSource& src, HfTokenizer::Impl& impl) {
   impl.origin = src.tokenizer_json_path;
   Reader r{src.tokenizer_json_path};
-  json root;
-  try {
-    root = json::parse(src.tokenizer_json);
-  } catch (const json::exception& e) {
-    fail("tokenizer: {}: not valid JSON (truncated or damaged?): {}", src.tokenizer_json_path,
-         e.what());
-  }
+  BpeTables tables;
+  const json root = parse_tokenizer_json(src.tokenizer_json, src.tokenizer_json_path, tables);
   if (!root.is_object()) r.bad("(top level)", "expected an object");
   for (const char* key : {"truncation", "padding"})
     if (root.contains(key) && !root[key].is_null())
       r.bad(key, "truncation and padding are not applied by hyperion; expected null");
 
   {
-    const json& model = r.at(root, "", "model");
-    const json& vocab = r.at(model, "model", "vocab");
     const auto added = root.find("added_tokens");
     r.max_id = std::min<int64_t>(
-        kMaxTokenId, static_cast<int64_t>(vocab.size()) +
+        kMaxTokenId, static_cast<int64_t>(tables.vocab.size()) +
                          (added != root.end() && added->is_array() ? int64_t(added->size()) : 0) +
                          65536);
   }
@@ -576,7 +595,7 @@ void parse_hf_tokenizer(const HfTokenizerSource& src, HfTokenizer::Impl& impl) {
   check_growth(r, "normalizer", normalizer_growth(impl.normalizers));
   check_growth(r, "decoder", decoder_growth(impl.decoders));
   read_post_processor(r, root.value("post_processor", json()), "post_processor", impl.post);
-  read_model(r, r.at(root, "", "model"), byte_level, impl);
+  read_model(r, r.at(root, "", "model"), tables, byte_level, impl);
   read_added_tokens(r, root, impl);
   impl.vocab_size = static_cast<int32_t>(impl.pieces.size());
   HYP_CHECK(impl.vocab_size > 0, "tokenizer: {}: the vocabulary is empty", src.tokenizer_json_path);

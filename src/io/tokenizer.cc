@@ -148,13 +148,15 @@ Tokenizer Tokenizer::load(const std::string& path) {
   } catch (const Error& e) {
     throw_usage_error(e.what());
   }
-  impl->files.emplace_back("tokenizer.json", src.tokenizer_json);
-  if (!src.config_json.empty()) impl->files.emplace_back("tokenizer_config.json", src.config_json);
+  // Moved, not copied: tokenizer.json is many MB (33 for Gemma 3).
+  impl->files.emplace_back("tokenizer.json", std::move(src.tokenizer_json));
+  if (!src.config_json.empty())
+    impl->files.emplace_back("tokenizer_config.json", std::move(src.config_json));
   if (!src.chat_template_override.empty())
-    impl->files.emplace_back("chat_template.jinja", src.chat_template_override);
+    impl->files.emplace_back("chat_template.jinja", std::move(src.chat_template_override));
   // Carried too: its eos_token_id list is where end-of-turn tokens are named.
   if (!src.generation_config_json.empty())
-    impl->files.emplace_back("generation_config.json", src.generation_config_json);
+    impl->files.emplace_back("generation_config.json", std::move(src.generation_config_json));
   impl->end_ids = impl->hf->end_ids();
   impl->origin = file;
   return Tokenizer(std::move(impl));

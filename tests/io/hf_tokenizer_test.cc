@@ -64,17 +64,17 @@ struct RandomBpe {
 RandomBpe random_bpe(std::mt19937& rng, std::vector<std::string> tokens,
                      std::vector<std::pair<std::string, std::string>> merges, size_t pick,
                      size_t max_len) {
-  TokenMap vocab;
-  for (size_t i = 0; i < tokens.size(); ++i) vocab[tokens[i]] = static_cast<int32_t>(i);
+  TokenIndex vocab;
+  for (size_t i = 0; i < tokens.size(); ++i) vocab.insert(tokens[i], static_cast<int32_t>(i));
   for (int m = 0; m < 30; ++m) {
     const size_t from = pick ? pick : tokens.size();
     const std::string l = tokens[rng() % from], r = tokens[rng() % from];
-    if ((max_len && l.size() + r.size() > max_len) || vocab.count(l + r)) continue;
-    vocab[l + r] = static_cast<int32_t>(tokens.size());
+    if ((max_len && l.size() + r.size() > max_len) || vocab.contains(l + r)) continue;
+    vocab.insert(l + r, static_cast<int32_t>(tokens.size()));
     tokens.push_back(l + r);
     merges.emplace_back(l, r);
   }
-  auto model = std::make_unique<BpeModel>(BpeModelSpec{}, vocab);
+  auto model = std::make_unique<BpeModel>(BpeModelSpec{}, std::move(vocab));
   for (size_t r = 0; r < merges.size(); ++r)
     EXPECT_EQ(model->add_merge(merges[r].first, merges[r].second, static_cast<int32_t>(r)), "");
   return {std::move(tokens), std::move(merges), std::move(model)};
@@ -466,6 +466,31 @@ TEST(HfTokenizer, MalformedOrUnsupportedFilesNameTheFileAndKey) {
   j = byte_level_tokenizer();
   j["model"]["vocab"]["huge"] = 2000000000;
   expect_error([&] { load_text(j.dump()); }, {path, "model.vocab.huge"});
+  for (const json& not_an_id : {json(1.5), json("7"), json::object(), json::array({1}), json(-3)}) {
+    j = byte_level_tokenizer();
+    j["model"]["vocab"]["odd"] = not_an_id;
+    expect_error([&] { load_text(j.dump()); }, {path, "model.vocab.odd", "expected an id"});
+  }
+  for (const json& not_a_merge : {json(3), json::array({"h"}), json::array({"h", "e", "l"}),
+                                  json::array({"h", 1}), json({{"h", "e"}}), json("h  e")}) {
+    j = byte_level_tokenizer();
+    j["model"]["merges"].push_back(not_a_merge);
+    expect_error([&] { load_text(j.dump()); }, {path, "model.merges[9]"});
+  }
+  // A token written twice (the document of nlohmann-json would keep one of them).
+  std::string twice = byte_level_tokenizer().dump();
+  twice.replace(twice.find("\"vocab\":{") + 9, 0, "\"ll\":300,");
+  expect_error([&] { load_text(twice); }, {path, "model.vocab.ll", "listed twice"});
+  j = byte_level_tokenizer();
+  j["model"]["vocab"] = json::array();
+  expect_error([&] { load_text(j.dump()); }, {path, "model.vocab", "expected an object"});
+  j["model"].erase("vocab");
+  expect_error([&] { load_text(j.dump()); }, {path, "model.vocab", "missing"});
+  j = byte_level_tokenizer();
+  j["model"]["merges"] = "h e";
+  expect_error([&] { load_text(j.dump()); }, {path, "model.merges", "expected a list"});
+  j["model"].erase("merges");
+  expect_error([&] { load_text(j.dump()); }, {path, "model.merges", "missing"});
   j = byte_level_tokenizer();
   j["pre_tokenizer"] = {
       {"type", "Sequence"},
