@@ -37,6 +37,24 @@ size_t utf8_length(unsigned char lead) {
   return 4;
 }
 
+// The code point of the `len`-byte character at `s` when it is a well-formed UTF-8
+// encoding of a character below U+10000 (so the table of such characters answers for
+// it); -1 otherwise (a 4-byte character, or bytes that are not UTF-8: looked up as text).
+int32_t bmp_code_point(const unsigned char* s, size_t len) {
+  if (len == 1) return s[0] < 0x80 ? s[0] : -1;
+  if (len == 2) {
+    if ((s[0] & 0xE0) != 0xC0 || (s[1] & 0xC0) != 0x80) return -1;
+    const int32_t cp = ((s[0] & 0x1F) << 6) | (s[1] & 0x3F);
+    return cp >= 0x80 ? cp : -1;
+  }
+  if (len == 3) {
+    if ((s[0] & 0xF0) != 0xE0 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80) return -1;
+    const int32_t cp = ((s[0] & 0x0F) << 12) | ((s[1] & 0x3F) << 6) | (s[2] & 0x3F);
+    return cp >= 0x800 ? cp : -1;
+  }
+  return -1;
+}
+
 struct ByteAlphabet {
   std::array<std::string, 256> chars;
   std::array<uint16_t, 256> code_points{};
@@ -142,7 +160,15 @@ BpeModel::BpeModel(BpeModelSpec spec, TokenIndex vocab) : spec_(spec), vocab_(st
         spec_.byte_level ? std::string(1, static_cast<char>(b)) : fmt::format("<0x{:02X}>", b);
     byte_ids_[b] = find(key);
   }
-  for (int c = 0; c < 128; ++c) ascii_ids_[c] = find(std::string(1, static_cast<char>(c)));
+  if (!spec_.byte_level) {
+    bmp_ids_.assign(size_t{1} << 16, -1);
+    vocab_.for_each([&](std::string_view text, int32_t id) {
+      const auto* u = reinterpret_cast<const unsigned char*>(text.data());
+      if (text.empty() || utf8_length(u[0]) != text.size()) return;
+      const int32_t cp = bmp_code_point(u, text.size());
+      if (cp >= 0) bmp_ids_[static_cast<size_t>(cp)] = id;
+    });
+  }
 }
 
 int32_t BpeModel::find(std::string_view token) const {
@@ -220,7 +246,8 @@ void BpeModel::initial_symbols(std::string_view word, std::vector<int32_t>& ids)
       continue;
     }
     const size_t len = std::min(utf8_length(s[i]), word.size() - i);
-    const int32_t id = len == 1 && s[i] < 0x80 ? ascii_ids_[s[i]] : find(word.substr(i, len));
+    const int32_t cp = bmp_code_point(s + i, len);
+    const int32_t id = cp >= 0 ? bmp_ids_[static_cast<size_t>(cp)] : find(word.substr(i, len));
     if (id >= 0) {
       known(id);
     } else {
@@ -254,7 +281,9 @@ const MergeTable& BpeModel::junctions() const {
       first[at] = sym.front(), last[at] = sym.back();
       plain_[at] = sym.size() == 1 && sym[0] == id;
     });
-    junctions_.reserve(merges_.size());
+    // Few distinct pairs (34k of Gemma 3's 515k merges): a table sized for them stays in
+    // cache while every merge is checked against it; one sized for the merges would not.
+    junctions_.reserve(4096);
     merges_.for_each([&](int32_t a, int32_t b, MergeTable::Merge) {
       const int32_t l = last[static_cast<size_t>(a)], r = first[static_cast<size_t>(b)];
       if (l >= 0 && r >= 0) junctions_.insert(l, r, {0, 0});
@@ -269,20 +298,22 @@ void BpeModel::merge_symbols(std::string_view word, std::vector<int32_t>& out) c
   sym.reserve(word.size());  // at most one symbol a byte: no doubling on a huge word
   initial_symbols(word, sym);
   const size_t n = sym.size();
-  if (n <= kSplitSymbols) {
+  const size_t split = std::max<size_t>(spec_.split_symbols, 2);
+  if (n <= split) {
     merge_run(sym.data(), static_cast<int32_t>(n), out);
+    if (n > kKeepScratchSymbols) std::vector<int32_t>().swap(sym);
     return;
   }
   // A huge word. Merges build tokens and a token spells its symbols, so neighbours i-1
   // and i end up in one token only if some merge joins a token ending in sym[i-1] to one
   // starting with sym[i]. Where none does, and both symbols spell themselves (<unk> or a
   // <0xXX> byte does not, and could be joined whatever it spells), the two sides merge
-  // independently: the word is cut there, at most every kSplitSymbols / 2 symbols.
+  // independently: the word is cut there, at most every split / 2 symbols.
   const MergeTable& join = junctions();
   auto plain = [&](int32_t s) { return static_cast<size_t>(s) < plain_.size() && plain_[s]; };
   size_t begin = 0;
-  for (size_t i = kSplitSymbols / 2; i < n; ++i) {
-    if (i - begin < kSplitSymbols / 2 || join.find(sym[i - 1], sym[i]).rank >= 0 ||
+  for (size_t i = split / 2; i < n; ++i) {
+    if (i - begin < split / 2 || join.find(sym[i - 1], sym[i]).rank >= 0 ||
         !plain(sym[i - 1]) || !plain(sym[i]))
       continue;
     merge_run(sym.data() + begin, static_cast<int32_t>(i - begin), out);
@@ -338,7 +369,7 @@ void BpeModel::merge_run(int32_t* id, int32_t n, std::vector<int32_t>& out) cons
     }
   }
   for (int32_t i = 0; i >= 0; i = next[i]) out.push_back(id[i]);
-  if (static_cast<size_t>(n) > kSplitSymbols) {  // uncut: give its scratch back
+  if (static_cast<size_t>(n) > kKeepScratchSymbols) {  // a long run: give its scratch back
     for (auto* v : {&prev, &next}) std::vector<int32_t>().swap(*v);
     std::vector<PendingMerge>().swap(heap);
   }
@@ -367,10 +398,15 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
   }
   const size_t first = out.size();
   merge_symbols(word, out);
+  // What an entry costs: its text, its ids, and about 64 bytes of node and headers.
+  const size_t bytes = word.size() + (out.size() - first) * sizeof(int32_t) + 64;
   std::unique_lock lock(cache_mutex_);
-  if (cache_.size() >= kCacheEntries) cache_.clear();
-  cache_.emplace(std::string(word),
-                 std::vector<int32_t>(out.begin() + static_cast<ptrdiff_t>(first), out.end()));
+  if (cache_.size() >= kCacheEntries || cache_bytes_ + bytes > kCacheBytes)
+    cache_.clear(), cache_bytes_ = 0;
+  if (cache_.emplace(std::string(word), std::vector<int32_t>(out.begin() + static_cast<ptrdiff_t>(first),
+                                                             out.end()))
+          .second)
+    cache_bytes_ += bytes;
 }
 
 }  // namespace hyperion::io

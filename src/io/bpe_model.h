@@ -7,9 +7,12 @@
 // merge loop keeps the live pairs in a binary heap over a doubly linked symbol list, so a
 // word of n symbols costs O(n log n) however it is made (a 1 MB run of one character
 // included); words up to kCacheWordBytes are memoised (thread-safe). A word of more than
-// kSplitSymbols symbols (a whole document, for a vocabulary with no pre-tokenizer such as
-// Llama 2's or Gemma's) is merged a stretch at a time, cut only between two symbols no
-// merge can ever join, so the result is the same and the scratch stays small.
+// BpeModelSpec::split_symbols symbols (a whole document, for a vocabulary with no
+// pre-tokenizer such as Llama 2's or Gemma's) is merged a stretch at a time, cut only
+// between two symbols no merge can ever join, so the result is the same and the scratch
+// stays small. Finding those places needs a table built from every merge (40 ms for
+// Gemma 3), once, on the first such word: the cut is for words long enough (a million
+// symbols: 3 MB of CJK text) that their own merging takes longer than that.
 //
 // Byte-level vocabularies (GPT-2, Llama 3, Qwen) spell every byte as a printable
 // character (Ġ for a space). The model keys its vocabulary by the raw bytes those
@@ -99,13 +102,20 @@ struct BpeModelSpec {
   bool ignore_merges = false;  // a word that is itself in the vocabulary is one token
   bool fuse_unk = false;       // consecutive unknown characters become one unk
   int32_t unk_id = -1;         // -1: unknown characters are dropped (as HF does)
+  // A word of more symbols is merged a stretch at a time (tests make it small).
+  size_t split_symbols = size_t{1} << 20;
 };
 
 class BpeModel {
  public:
-  static constexpr size_t kCacheWordBytes = 64;
+  // The memo holds words up to kCacheWordBytes (a run of 40 emoji is 160 bytes and, in a
+  // byte-level vocabulary, 160 symbols to merge), up to kCacheEntries of them and about
+  // kCacheBytes in all; then it starts again.
+  static constexpr size_t kCacheWordBytes = 256;
   static constexpr size_t kCacheEntries = 1 << 17;
-  static constexpr size_t kSplitSymbols = size_t{1} << 16;
+  static constexpr size_t kCacheBytes = size_t{32} << 20;
+  // A thread keeps the scratch of words up to this many symbols for the next word.
+  static constexpr size_t kKeepScratchSymbols = size_t{1} << 16;
 
   // `vocab`: token text (raw bytes for a byte-level model) -> id. Merges are added in
   // rank order with add_merges or add_merge.
@@ -149,7 +159,10 @@ class BpeModel {
   TokenIndex vocab_;
   MergeTable merges_;
   int32_t byte_ids_[256];   // byte-level: the token of each byte; else <0xXX>
-  int32_t ascii_ids_[128];  // character models: the token of each ASCII character
+  // Character models: the token of each character of the Basic Multilingual Plane (-1:
+  // none), so a word's characters (CJK, Cyrillic, Devanagari) do not each cost a hash
+  // lookup in a table of several MB. 256 KB; empty for byte-level models.
+  std::vector<int32_t> bmp_ids_;
 
   mutable std::once_flag junctions_once_;
   mutable MergeTable junctions_;
@@ -158,6 +171,7 @@ class BpeModel {
   // Memo of short words. A miss takes the exclusive lock only to insert.
   mutable std::shared_mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
+  mutable size_t cache_bytes_ = 0;
 };
 
 // The GPT-2 byte alphabet: the character (as UTF-8) that stands for each byte, and the

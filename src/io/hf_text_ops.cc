@@ -6,11 +6,11 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <deque>
 #include <utility>
 #include <vector>
 
 #include "base/error.h"
+#include "io/nfc_quick_check.h"
 
 namespace hyperion::io {
 
@@ -250,7 +250,7 @@ std::string normalize(const std::vector<NormalizerOp>& ops, std::string text,
   for (const NormalizerOp& op : ops) {
     switch (op.kind) {
       case K::kNfc:
-        if (!is_ascii(text)) text = utf8proc_apply(text, UTF8PROC_COMPOSE);
+        text = to_nfc(std::move(text));
         break;
       case K::kNfd:
         if (!is_ascii(text)) text = utf8proc_apply(text, UTF8PROC_DECOMPOSE);
@@ -281,123 +281,132 @@ std::string normalize(const std::vector<NormalizerOp>& ops, std::string text,
 
 namespace {
 
-// A view into the input or into the arena (text a pre-tokenizer rewrote).
+// A view into the input or into text a pre-tokenizer rewrote.
 struct Piece {
   std::string_view text;
   bool at_start;  // begins at offset 0 of the input
 };
 
-struct Span {
-  size_t begin, end;
-  bool is_match;
+// Receives the pieces one pre-tokenizer makes, for the next (as WordSink).
+class PieceSink {
+ public:
+  template <class F>
+    requires(!std::is_same_v<std::remove_cv_t<F>, PieceSink>)  // copies copy (see WordSink)
+  PieceSink(F& f)  // NOLINT: made from any callable
+      : object_(&f), call_([](void* o, const Piece& p) { (*static_cast<F*>(o))(p); }) {}
+  void operator()(const Piece& p) const { call_(object_, p); }
+
+ private:
+  void* object_;
+  void (*call_)(void*, const Piece&);
 };
 
-// Gaps and matches covering `text`, as the `tokenizers` library's find_matches.
+// Groups the gaps and matches of a split, in order, by the delimiter behaviour, as the
+// `tokenizers` library's split does over its list of them; sends each non-empty group on.
+// At most one group waits for the span after it.
+class SpanGrouper {
+ public:
+  using B = PreTokenizerOp::Behavior;
+  SpanGrouper(const Piece& piece, B behavior, PieceSink out)
+      : piece_(piece), behavior_(behavior), out_(out) {}
+
+  void span(size_t begin, size_t end, bool is_match) {
+    switch (behavior_) {
+      case B::kRemoved:
+        if (!is_match) emit(begin, end);
+        break;
+      case B::kIsolated:
+        emit(begin, end);
+        break;
+      case B::kMergedWithPrevious:  // a match joins the gap before it
+        if (is_match && !previous_match_ && pending_) {
+          end_ = end;
+        } else {
+          flush();
+          hold(begin, end);
+        }
+        break;
+      case B::kMergedWithNext:  // a match joins the gap after it
+        if (pending_ && previous_match_ && !is_match) {
+          end_ = end;
+          flush();
+        } else {
+          flush();
+          if (is_match) {
+            hold(begin, end);
+          } else {
+            emit(begin, end);
+          }
+        }
+        break;
+      case B::kContiguous:  // runs of matches, and of gaps, are one piece each
+        if (pending_ && is_match == previous_match_) {
+          end_ = end;
+        } else {
+          flush();
+          hold(begin, end);
+        }
+        break;
+    }
+    previous_match_ = is_match;
+  }
+  void finish() { flush(); }
+
+ private:
+  void emit(size_t b, size_t e) {
+    if (e > b) out_({piece_.text.substr(b, e - b), piece_.at_start && b == 0});
+  }
+  void hold(size_t b, size_t e) { pending_ = true, begin_ = b, end_ = e; }
+  void flush() {
+    if (pending_) emit(begin_, end_);
+    pending_ = false;
+  }
+
+  const Piece& piece_;
+  B behavior_;
+  PieceSink out_;
+  bool pending_ = false, previous_match_ = false;
+  size_t begin_ = 0, end_ = 0;
+};
+
+// Gaps and matches covering the piece, as the `tokenizers` library's find_matches: `find`
+// calls its argument with each match [b, e) in order.
 template <typename FindFn>
-std::vector<Span> spans_of(std::string_view text, bool invert, FindFn&& find) {
-  std::vector<Span> spans;
+void split(const Piece& piece, bool invert, PreTokenizerOp::Behavior behavior, PieceSink out,
+           FindFn&& find) {
+  SpanGrouper group(piece, behavior, out);
   size_t prev = 0;
   find([&](size_t b, size_t e) {
-    if (b > prev) spans.push_back({prev, b, invert});
-    spans.push_back({b, e, !invert});
+    if (b > prev) group.span(prev, b, invert);
+    group.span(b, e, !invert);
     prev = e;
   });
-  if (prev < text.size()) spans.push_back({prev, text.size(), invert});
-  return spans;
-}
-
-// Groups spans by the delimiter behaviour; returns [begin, end) ranges.
-std::vector<std::pair<size_t, size_t>> apply_behavior(const std::vector<Span>& spans,
-                                                      PreTokenizerOp::Behavior behavior) {
-  using B = PreTokenizerOp::Behavior;
-  std::vector<std::pair<size_t, size_t>> out;
-  bool previous_match = false;
-  switch (behavior) {
-    case B::kRemoved:
-      for (const Span& s : spans)
-        if (!s.is_match) out.emplace_back(s.begin, s.end);
-      break;
-    case B::kIsolated:
-      for (const Span& s : spans) out.emplace_back(s.begin, s.end);
-      break;
-    case B::kMergedWithPrevious:
-      for (const Span& s : spans) {
-        if (s.is_match && !previous_match && !out.empty()) {
-          out.back().second = s.end;
-        } else {
-          out.emplace_back(s.begin, s.end);
-        }
-        previous_match = s.is_match;
-      }
-      break;
-    case B::kMergedWithNext:
-      for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
-        if (it->is_match && !previous_match && !out.empty()) {
-          out.back().first = it->begin;
-        } else {
-          out.emplace_back(it->begin, it->end);
-        }
-        previous_match = it->is_match;
-      }
-      std::reverse(out.begin(), out.end());
-      break;
-    case B::kContiguous:
-      for (size_t i = 0; i < spans.size(); ++i) {
-        if (i > 0 && spans[i].is_match == previous_match) {
-          out.back().second = spans[i].end;
-        } else {
-          out.emplace_back(spans[i].begin, spans[i].end);
-        }
-        previous_match = spans[i].is_match;
-      }
-      break;
-  }
-  return out;
-}
-
-void split_piece(const Piece& piece, const std::vector<Span>& spans,
-                 PreTokenizerOp::Behavior behavior, std::vector<Piece>& out) {
-  for (const auto& [b, e] : apply_behavior(spans, behavior))
-    if (e > b) out.push_back({piece.text.substr(b, e - b), piece.at_start && b == 0});
+  if (prev < piece.text.size()) group.span(prev, piece.text.size(), invert);
+  group.finish();
 }
 
 void split_literal(const Piece& piece, std::string_view lit, bool invert,
-                   PreTokenizerOp::Behavior behavior, std::vector<Piece>& out) {
+                   PreTokenizerOp::Behavior behavior, PieceSink out) {
   const std::string_view t = piece.text;
-  auto spans = spans_of(t, invert, [&](auto&& emit) {
+  split(piece, invert, behavior, out, [&](auto&& emit) {
     if (lit.empty()) return;
     for (size_t pos = 0, hit; (hit = t.find(lit, pos)) != std::string::npos; pos = hit + lit.size())
       emit(hit, hit + lit.size());
   });
-  split_piece(piece, spans, behavior, out);
 }
 
 void split_regex(const Piece& piece, const Regex& re, bool invert,
-                 PreTokenizerOp::Behavior behavior, std::vector<Piece>& out) {
-  const std::string_view t = piece.text;
-  if (behavior == PreTokenizerOp::Behavior::kIsolated) {
-    // The common case (the GPT-2 and Llama 3 splits): every gap and match is a piece.
-    size_t prev = 0;
-    re.for_each_match(t, [&](size_t b, size_t e) {
-      if (b > prev) out.push_back({t.substr(prev, b - prev), piece.at_start && prev == 0});
-      if (e > b) out.push_back({t.substr(b, e - b), piece.at_start && b == 0});
-      prev = e;
-    });
-    if (prev < t.size()) out.push_back({t.substr(prev), piece.at_start && prev == 0});
-    return;
-  }
-  auto spans = spans_of(t, invert, [&](auto&& emit) { re.for_each_match(t, emit); });
-  split_piece(piece, spans, behavior, out);
+                 PreTokenizerOp::Behavior behavior, PieceSink out) {
+  split(piece, invert, behavior, out, [&](auto&& emit) { re.for_each_match(piece.text, emit); });
 }
 
 void split_by_char_class(const Piece& piece, bool (*is_member)(uint32_t),
-                         PreTokenizerOp::Behavior behavior, std::vector<Piece>& out) {
+                         PreTokenizerOp::Behavior behavior, PieceSink out) {
   const std::string_view t = piece.text;
-  auto spans = spans_of(t, false, [&](auto&& emit) {
+  split(piece, false, behavior, out, [&](auto&& emit) {
     for (size_t i = 0, len = 0; i < t.size(); i += len)
       if (is_member(code_point_at(t, i, &len))) emit(i, i + len);
   });
-  split_piece(piece, spans, behavior, out);
 }
 
 bool is_numeric(uint32_t cp) {
@@ -405,72 +414,78 @@ bool is_numeric(uint32_t cp) {
          utf8proc_category(static_cast<utf8proc_int32_t>(cp)) <= UTF8PROC_CATEGORY_NO;
 }
 
-void apply_op(const PreTokenizerOp& op, std::vector<Piece>& pieces,
-              std::deque<std::string>& arena) {
+// One pre-tokenizer on one piece; the pieces it makes go to `out`. Text it rewrites lives
+// in a local string, alive while `out` runs.
+void apply_op(const PreTokenizerOp& op, Piece p, PieceSink out) {
   using K = PreTokenizerOp::Kind;
   using B = PreTokenizerOp::Behavior;
-  std::vector<Piece> out;
-  out.reserve(pieces.size());
-  for (Piece& p : pieces) {
-    switch (op.kind) {
-      case K::kSplit:
-        if (op.regex) {
-          split_regex(p, *op.regex, op.invert, op.behavior, out);
-        } else {
-          split_literal(p, op.pattern, op.invert, op.behavior, out);
-        }
-        break;
-      case K::kByteLevel:
-        if (op.add_prefix_space && !p.text.empty() && p.text[0] != ' ') {
-          arena.emplace_back(p.text);
-          prepend(arena.back(), " ");
-          p.text = arena.back();
-        }
-        if (op.regex) {
-          split_regex(p, *op.regex, false, B::kIsolated, out);
-        } else {
-          out.push_back(p);
-        }
-        break;
-      case K::kMetaspace: {
-        std::string& text = arena.emplace_back(p.text);
-        replace_all(text, " ", op.replacement);
-        const bool starts = text.compare(0, op.replacement.size(), op.replacement) == 0;
-        const bool add = op.prepend == PreTokenizerOp::Prepend::kAlways ||
-                         (op.prepend == PreTokenizerOp::Prepend::kFirst && p.at_start);
-        if (add && !starts && !text.empty()) prepend(text, op.replacement);
-        p.text = text;
-        if (op.split) {
-          split_literal(p, op.replacement, false, B::kMergedWithNext, out);
-        } else {
-          out.push_back(p);
-        }
-        break;
+  switch (op.kind) {
+    case K::kSplit:
+      if (op.regex) {
+        split_regex(p, *op.regex, op.invert, op.behavior, out);
+      } else {
+        split_literal(p, op.pattern, op.invert, op.behavior, out);
       }
-      case K::kDigits:
-        split_by_char_class(p, is_numeric, op.individual_digits ? B::kIsolated : B::kContiguous,
-                            out);
-        break;
-      case K::kWhitespace:
-        split_regex(p, *op.regex, true, B::kRemoved, out);
-        break;
-      case K::kWhitespaceSplit:
-        split_by_char_class(p, is_unicode_space, B::kRemoved, out);
-        break;
+      break;
+    case K::kByteLevel: {
+      std::string spaced;
+      if (op.add_prefix_space && !p.text.empty() && p.text[0] != ' ') {
+        spaced.reserve(p.text.size() + 1);
+        spaced.append(" ").append(p.text);
+        p.text = spaced;
+      }
+      if (op.regex) {
+        split_regex(p, *op.regex, false, B::kIsolated, out);
+      } else {
+        out(p);
+      }
+      break;
     }
+    case K::kMetaspace: {
+      std::string text(p.text);
+      replace_all(text, " ", op.replacement);
+      const bool starts = text.compare(0, op.replacement.size(), op.replacement) == 0;
+      const bool add = op.prepend == PreTokenizerOp::Prepend::kAlways ||
+                       (op.prepend == PreTokenizerOp::Prepend::kFirst && p.at_start);
+      if (add && !starts && !text.empty()) prepend(text, op.replacement);
+      p.text = text;
+      if (op.split) {
+        split_literal(p, op.replacement, false, B::kMergedWithNext, out);
+      } else {
+        out(p);
+      }
+      break;
+    }
+    case K::kDigits:
+      split_by_char_class(p, is_numeric, op.individual_digits ? B::kIsolated : B::kContiguous,
+                          out);
+      break;
+    case K::kWhitespace:
+      split_regex(p, *op.regex, true, B::kRemoved, out);
+      break;
+    case K::kWhitespaceSplit:
+      split_by_char_class(p, is_unicode_space, B::kRemoved, out);
+      break;
   }
-  pieces = std::move(out);
+}
+
+// Pre-tokenizers [k, end) on one piece, depth first: each piece a step makes goes through
+// the remaining steps before the step makes its next one.
+void run_ops(const std::vector<PreTokenizerOp>& ops, size_t k, const Piece& p, WordSink sink) {
+  if (k == ops.size()) {
+    if (!p.text.empty()) sink(p.text);
+    return;
+  }
+  auto next = [&](const Piece& q) { run_ops(ops, k + 1, q, sink); };
+  apply_op(ops[k], p, PieceSink(next));
 }
 
 }  // namespace
 
 void pre_tokenize(const std::vector<PreTokenizerOp>& ops, std::string_view text, bool at_start,
-                  std::vector<std::string_view>& words, std::deque<std::string>& arena) {
+                  WordSink sink) {
   if (text.empty()) return;
-  std::vector<Piece> pieces{{text, at_start}};
-  for (const PreTokenizerOp& op : ops) apply_op(op, pieces, arena);
-  for (const Piece& p : pieces)
-    if (!p.text.empty()) words.push_back(p.text);
+  run_ops(ops, 0, Piece{text, at_start}, sink);
 }
 
 }  // namespace hyperion::io

@@ -10,10 +10,10 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace hyperion::io {
@@ -110,11 +110,30 @@ struct PreTokenizerOp {
   bool individual_digits = false;
 };
 
+// Receives each word of a text in turn; the view lives until the call returns.
+class WordSink {
+ public:
+  // Refers to `f`, which must outlive the sink. Not for copies: a WordSink copies as a
+  // plain value (a template taking one would refer to the copied-from sink instead).
+  template <class F>
+    requires(!std::is_same_v<std::remove_cv_t<F>, WordSink>)
+  WordSink(F& f)  // NOLINT: made from any callable, as std::function_ref
+      : object_(&f), call_([](void* o, std::string_view w) { (*static_cast<F*>(o))(w); }) {}
+  void operator()(std::string_view word) const { call_(object_, word); }
+
+ private:
+  void* object_;
+  void (*call_)(void*, std::string_view);
+};
+
 // Splits `text` (one segment between added tokens; `at_start` when it begins the input)
-// into the words the model encodes, appended to `words`: views into `text`, or into
-// `arena` where a pre-tokenizer rewrote the text (both must outlive `words`).
+// into the words the model encodes, handed to `sink` in order. Each word goes through
+// every pre-tokenizer before the next is split off, so no list of all the words is ever
+// built: a text's encoding touches memory for its ids, not for its words (on a virtual
+// machine each fresh page costs a fault: building the lists was half the time to encode
+// a 256 KB text once).
 void pre_tokenize(const std::vector<PreTokenizerOp>& ops, std::string_view text, bool at_start,
-                  std::vector<std::string_view>& words, std::deque<std::string>& arena);
+                  WordSink sink);
 
 // The GPT-2 split regex that ByteLevel's use_regex applies.
 extern const char* const kGpt2SplitPattern;

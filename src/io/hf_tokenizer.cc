@@ -210,13 +210,12 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text) const {
   HYP_CHECK(bad == std::string_view::npos,
             "tokenizer '{}': the text is not valid UTF-8 (byte offset {})", m.origin, bad);
   std::vector<int32_t> ids;
-  std::vector<std::string_view> words;
-  std::deque<std::string> arena;
+  // Room for the most ids a text can have without a copy as it grows: each id is at least
+  // a byte of text (an added token, several). Only the pages the ids fill are committed.
+  ids.reserve(text.size() + 16);
+  auto encode_word = [&](std::string_view word) { m.model->encode_word(word, ids); };
   auto encode_words = [&](std::string_view segment, bool at_start) {
-    words.clear();
-    arena.clear();
-    pre_tokenize(m.pre_tokenizers, segment, at_start, words, arena);
-    for (std::string_view w : words) m.model->encode_word(w, ids);
+    pre_tokenize(m.pre_tokenizers, segment, at_start, encode_word);
   };
   // A stretch between raw added tokens: normalized, then split on normalized added tokens.
   auto encode_segment = [&](std::string_view raw, bool at_start) {

@@ -63,7 +63,7 @@ struct RandomBpe {
 };
 RandomBpe random_bpe(std::mt19937& rng, std::vector<std::string> tokens,
                      std::vector<std::pair<std::string, std::string>> merges, size_t pick,
-                     size_t max_len) {
+                     size_t max_len, size_t split_symbols = BpeModelSpec{}.split_symbols) {
   TokenIndex vocab;
   for (size_t i = 0; i < tokens.size(); ++i) vocab.insert(tokens[i], static_cast<int32_t>(i));
   for (int m = 0; m < 30; ++m) {
@@ -74,7 +74,9 @@ RandomBpe random_bpe(std::mt19937& rng, std::vector<std::string> tokens,
     tokens.push_back(l + r);
     merges.emplace_back(l, r);
   }
-  auto model = std::make_unique<BpeModel>(BpeModelSpec{}, std::move(vocab));
+  BpeModelSpec spec;
+  spec.split_symbols = split_symbols;
+  auto model = std::make_unique<BpeModel>(spec, std::move(vocab));
   for (size_t r = 0; r < merges.size(); ++r)
     EXPECT_EQ(model->add_merge(merges[r].first, merges[r].second, static_cast<int32_t>(r)), "");
   return {std::move(tokens), std::move(merges), std::move(model)};
@@ -129,11 +131,12 @@ TEST(BpeModel, AMillionCopiesOfOneCharacterMergeInOneWord) {
 
 TEST(BpeModel, AHugeWordIsCutOnlyWhereNoMergeJoins) {
   // Random merges over {a, b, c} plus "c d": a word of 200,000 characters (past
-  // kSplitSymbols, so merged a stretch at a time) must equal the plain reference run on
+  // split_symbols, so merged a stretch at a time) must equal the plain reference run on
   // its pieces split after each 'd' (no merge joins anything after a d).
   std::mt19937 rng(11);
   for (int trial = 0; trial < 3; ++trial) {
-    const RandomBpe bpe = random_bpe(rng, {"a", "b", "c", "d", "cd"}, {{"c", "d"}}, 3, 0);
+    const RandomBpe bpe =
+        random_bpe(rng, {"a", "b", "c", "d", "cd"}, {{"c", "d"}}, 3, 0, size_t{1} << 16);
     const BpeModel& model = *bpe.model;
     const auto& tokens = bpe.tokens;
     const auto& merges = bpe.merges;
@@ -149,7 +152,7 @@ TEST(BpeModel, AHugeWordIsCutOnlyWhereNoMergeJoins) {
       }
     }
     for (const std::string& t : reference_bpe(piece, merges)) expected.push_back(t);
-    ASSERT_GT(word.size(), BpeModel::kSplitSymbols * 2);
+    ASSERT_GT(word.size(), model.spec().split_symbols * 2);
     std::vector<int32_t> ids;
     model.encode_word(word, ids);
     std::vector<std::string> got;
