@@ -85,6 +85,20 @@ struct PendingMerge {
   }
 };
 
+// A thread's scratch for merging: kept between words (most are short), given back after
+// a long one. Freed only once a whole word is done: a huge word is merged a stretch at a
+// time, and giving the scratch back after each stretch made every stretch fault in fresh
+// pages again.
+struct MergeScratch {
+  std::vector<int32_t> sym, prev, next;
+  std::vector<PendingMerge> heap;
+  void release() {
+    for (auto* v : {&sym, &prev, &next}) std::vector<int32_t>().swap(*v);
+    std::vector<PendingMerge>().swap(heap);
+  }
+};
+thread_local MergeScratch scratch;
+
 }  // namespace
 
 const std::string& byte_level_char(uint8_t byte) {
@@ -293,7 +307,7 @@ const MergeTable& BpeModel::junctions() const {
 }
 
 void BpeModel::merge_symbols(std::string_view word, std::vector<int32_t>& out) const {
-  thread_local std::vector<int32_t> sym;
+  std::vector<int32_t>& sym = scratch.sym;
   sym.clear();
   sym.reserve(word.size());  // at most one symbol a byte: no doubling on a huge word
   initial_symbols(word, sym);
@@ -301,7 +315,7 @@ void BpeModel::merge_symbols(std::string_view word, std::vector<int32_t>& out) c
   const size_t split = std::max<size_t>(spec_.split_symbols, 2);
   if (n <= split) {
     merge_run(sym.data(), static_cast<int32_t>(n), out);
-    if (n > kKeepScratchSymbols) std::vector<int32_t>().swap(sym);
+    if (n > kKeepScratchSymbols) scratch.release();
     return;
   }
   // A huge word. Merges build tokens and a token spells its symbols, so neighbours i-1
@@ -320,7 +334,7 @@ void BpeModel::merge_symbols(std::string_view word, std::vector<int32_t>& out) c
     begin = i;
   }
   merge_run(sym.data() + begin, static_cast<int32_t>(n - begin), out);
-  std::vector<int32_t>().swap(sym);  // give a huge word's scratch back
+  scratch.release();  // give a huge word's scratch back
 }
 
 void BpeModel::merge_run(int32_t* id, int32_t n, std::vector<int32_t>& out) const {
@@ -329,8 +343,9 @@ void BpeModel::merge_run(int32_t* id, int32_t n, std::vector<int32_t>& out) cons
     return;
   }
   // A symbol merged into its left neighbour is marked dead with id -1.
-  thread_local std::vector<int32_t> prev, next;
-  thread_local std::vector<PendingMerge> heap;
+  std::vector<int32_t>& prev = scratch.prev;
+  std::vector<int32_t>& next = scratch.next;
+  std::vector<PendingMerge>& heap = scratch.heap;
   prev.resize(n), next.resize(n);
   for (int32_t i = 0; i < n; ++i) prev[i] = i - 1, next[i] = i + 1 < n ? i + 1 : -1;
 
@@ -369,10 +384,6 @@ void BpeModel::merge_run(int32_t* id, int32_t n, std::vector<int32_t>& out) cons
     }
   }
   for (int32_t i = 0; i >= 0; i = next[i]) out.push_back(id[i]);
-  if (static_cast<size_t>(n) > kKeepScratchSymbols) {  // a long run: give its scratch back
-    for (auto* v : {&prev, &next}) std::vector<int32_t>().swap(*v);
-    std::vector<PendingMerge>().swap(heap);
-  }
 }
 
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {
