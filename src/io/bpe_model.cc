@@ -322,12 +322,15 @@ void BpeModel::merge_symbols(std::string_view word, std::vector<int32_t>& out) c
   // and i end up in one token only if some merge joins a token ending in sym[i-1] to one
   // starting with sym[i]. Where none does, and both symbols spell themselves (<unk> or a
   // <0xXX> byte does not, and could be joined whatever it spells), the two sides merge
-  // independently: the word is cut there, at most every split / 2 symbols.
+  // independently: the word is cut there, at most every kStretchSymbols / 2 symbols
+  // (short stretches keep a stretch's heap and lists in cache: 50 MB of Llama 2 text
+  // merged in 15 s in stretches of 32-64k symbols, 23 s in stretches of a million).
   const MergeTable& join = junctions();
   auto plain = [&](int32_t s) { return static_cast<size_t>(s) < plain_.size() && plain_[s]; };
+  const size_t half = std::min(split, kStretchSymbols) / 2;
   size_t begin = 0;
-  for (size_t i = split / 2; i < n; ++i) {
-    if (i - begin < split / 2 || join.find(sym[i - 1], sym[i]).rank >= 0 ||
+  for (size_t i = half; i < n; ++i) {
+    if (i - begin < half || join.find(sym[i - 1], sym[i]).rank >= 0 ||
         !plain(sym[i - 1]) || !plain(sym[i]))
       continue;
     merge_run(sym.data() + begin, static_cast<int32_t>(i - begin), out);

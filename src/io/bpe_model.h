@@ -9,10 +9,11 @@
 // included); words up to kCacheWordBytes are memoised (thread-safe). A word of more than
 // BpeModelSpec::split_symbols symbols (a whole document, for a vocabulary with no
 // pre-tokenizer such as Llama 2's or Gemma's) is merged a stretch at a time, cut only
-// between two symbols no merge can ever join, so the result is the same and the scratch
-// stays small. Finding those places needs a table built from every merge (40 ms for
-// Gemma 3), once, on the first such word: the cut is for words long enough (a million
-// symbols: 3 MB of CJK text) that their own merging takes longer than that.
+// between two symbols no merge can ever join (every kStretchSymbols / 2 or more), so the
+// result is the same and the scratch stays small and in cache. Finding those places needs
+// a table built from every merge (40 ms for Gemma 3), once, on the first such word: the
+// cut is for words long enough (a million symbols: 3 MB of CJK text) that their own
+// merging takes longer than that.
 //
 // Byte-level vocabularies (GPT-2, Llama 3, Qwen) spell every byte as a printable
 // character (Ġ for a space). The model keys its vocabulary by the raw bytes those
@@ -116,6 +117,8 @@ class BpeModel {
   static constexpr size_t kCacheBytes = size_t{32} << 20;
   // A thread keeps the scratch of words up to this many symbols for the next word.
   static constexpr size_t kKeepScratchSymbols = size_t{1} << 16;
+  // A word past split_symbols is cut into stretches of at least half this many symbols.
+  static constexpr size_t kStretchSymbols = size_t{1} << 16;
 
   // `vocab`: token text (raw bytes for a byte-level model) -> id. Merges are added in
   // rank order with add_merges or add_merge.
