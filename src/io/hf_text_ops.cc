@@ -80,17 +80,6 @@ bool is_ascii(std::string_view s) {
                      [](char c) { return static_cast<unsigned char>(c) < 0x80; });
 }
 
-std::string utf8proc_apply(const std::string& text, int options) {
-  utf8proc_uint8_t* out = nullptr;
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                   static_cast<utf8proc_ssize_t>(text.size()), &out,
-                   static_cast<utf8proc_option_t>(options | UTF8PROC_STABLE));
-  HYP_CHECK(n >= 0, "tokenizer: Unicode normalisation failed: {}", utf8proc_errmsg(n));
-  std::string result(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
-  std::free(out);
-  return result;
-}
 
 }  // namespace
 
@@ -253,13 +242,13 @@ std::string normalize(const std::vector<NormalizerOp>& ops, std::string text,
         text = to_nfc(std::move(text));
         break;
       case K::kNfd:
-        if (!is_ascii(text)) text = utf8proc_apply(text, UTF8PROC_DECOMPOSE);
+        if (!is_ascii(text)) text = utf8proc_normalize(text, UTF8PROC_DECOMPOSE);
         break;
       case K::kNfkc:
-        if (!is_ascii(text)) text = utf8proc_apply(text, UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
+        if (!is_ascii(text)) text = utf8proc_normalize(text, UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
         break;
       case K::kNfkd:
-        if (!is_ascii(text)) text = utf8proc_apply(text, UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
+        if (!is_ascii(text)) text = utf8proc_normalize(text, UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
         break;
       case K::kLowercase:
         text = lowercase(text);

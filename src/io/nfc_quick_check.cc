@@ -77,17 +77,6 @@ bool next_code_point(const unsigned char* s, size_t n, size_t i, uint32_t* cp, s
   return true;
 }
 
-std::string utf8proc_nfc(std::string_view text) {
-  utf8proc_uint8_t* out = nullptr;
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                   static_cast<utf8proc_ssize_t>(text.size()), &out,
-                   static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
-  HYP_CHECK(n >= 0, "tokenizer: Unicode normalisation failed: {}", utf8proc_errmsg(n));
-  std::string result(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
-  std::free(out);
-  return result;
-}
 
 // Scans `text` from `i`: calls on_boundary(at) before each NFC_QC=Yes starter and returns
 // the offset of the first character that fails the quick check (a No or Maybe character,
@@ -115,6 +104,18 @@ size_t first_failure(std::string_view text, size_t i, OnBoundary&& on_boundary) 
 
 }  // namespace
 
+std::string utf8proc_normalize(std::string_view text, int options) {
+  utf8proc_uint8_t* out = nullptr;
+  const utf8proc_ssize_t n =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                   static_cast<utf8proc_ssize_t>(text.size()), &out,
+                   static_cast<utf8proc_option_t>(options | UTF8PROC_STABLE));
+  HYP_CHECK(n >= 0, "tokenizer: Unicode normalisation failed: {}", utf8proc_errmsg(n));
+  std::string result(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
+  std::free(out);
+  return result;
+}
+
 bool is_certainly_nfc(std::string_view text) {
   return first_failure(text, 0, [](size_t) {}) == text.size();
 }
@@ -141,7 +142,8 @@ std::string to_nfc(std::string text) {
     }
     if (out.empty()) out.reserve(n + n / 8);
     out.append(text, copied, boundary - copied);
-    out += utf8proc_nfc(std::string_view(text).substr(boundary, end - boundary));
+    out += utf8proc_normalize(std::string_view(text).substr(boundary, end - boundary),
+                              UTF8PROC_COMPOSE);
     copied = boundary = i = end;
     if (end == n) break;
   }

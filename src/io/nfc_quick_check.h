@@ -27,4 +27,8 @@ bool is_certainly_nfc(std::string_view text);
 // NFC of `text` (UTF-8), equal to utf8proc's NFC of the whole text.
 std::string to_nfc(std::string text);
 
+// utf8proc's normalization of the whole `text` with `options` (UTF8PROC_COMPOSE,
+// UTF8PROC_DECOMPOSE, UTF8PROC_COMPAT; UTF8PROC_STABLE is added). Throws on failure.
+std::string utf8proc_normalize(std::string_view text, int options);
+
 }  // namespace hyperion::io
