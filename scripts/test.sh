@@ -15,6 +15,12 @@ case "$which" in
 esac
 scripts/setup.sh --tests
 command -v ccache >/dev/null && ccache --max-size=10G >/dev/null
+# The tests write under one fresh temporary directory, removed when this script ends: a
+# test that leaks a directory, or is killed mid-run, leaves nothing behind in /tmp.
+tmp_root=$(mktemp -d "${TMPDIR:-/tmp}/hyperion-tests.XXXXXX")
+chmod 1777 "$tmp_root"  # as /tmp: helpers run as other users (Slurm, Prometheus) write there too
+trap 'rm -rf "$tmp_root"' EXIT
+export TMPDIR=$tmp_root TEST_TMPDIR=$tmp_root
 jobs=$(nproc)
 stage() {  # stage NAME COMMAND...: runs and times one stage
   local name=$1 t0

@@ -2,6 +2,8 @@
 // tokenizer (or a chat template) by hand.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -137,8 +139,20 @@ void write_tokenize_json(const io::Tokenizer& tok, const std::string& text,
     HYP_CHECK(std::fwrite(s.data(), 1, s.size(), out) == s.size(),
               "tokenize: writing the output failed (disk full, or the reader went away)");
   };
-  put(fmt::format("{{\"bytes\":{},\"decoded\":", text.size()));
-  put(json_text(tok.decode(ids, false)));
+  put(fmt::format("{{\"bytes\":{},\"decoded\":\"", text.size()));
+  {
+    // Escaped 64 KB at a time (cut between characters), not as one more copy of the text.
+    const std::string decoded = tok.decode(ids, false);
+    const std::string_view d = decoded;
+    for (size_t b = 0; b < d.size();) {
+      size_t e = std::min(d.size(), b + (size_t{1} << 16));
+      for (int k = 0; k < 3 && e < d.size() && e > b + 1 && (uint8_t(d[e]) & 0xC0) == 0x80; ++k) --e;
+      const std::string part = json_text(std::string(d.substr(b, e - b)));
+      put(std::string_view(part).substr(1, part.size() - 2));  // without its quotes
+      b = e;
+    }
+  }
+  put("\"");
   put(fmt::format(",\"encode_seconds\":{},\"format\":{},\"ids\":[", json_text(encode_seconds),
                   json_text(tok.format())));
   std::string chunk;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_files.h"
 #include "cli_test_util.h"
 #include "io/atomic_file.h"
 #include "io/directory_lock.h"
@@ -28,13 +29,16 @@ Result run(const std::string& args, bool with_stderr = true) {
   return hyperion::testing_util::run_cli(args, with_stderr);
 }
 
+// The bundled corpus's first 256 KB (test_files.h): what these runs prepare and train on.
+std::string corpus() { return hyperion::testing_util::small_corpus(); }
+
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
 std::string train_args(const std::string& root, const std::string& run_name) {
-  return "dataset_path=" + std::string(HYPERION_SOURCE_DIR) +
-         "/data/corpus/fortunes.txt vocab_size=512 base_emb_dim=64 base_num_decoder_layers=2"
+  return "dataset_path=" + corpus() +
+         " vocab_size=512 base_emb_dim=64 base_num_decoder_layers=2"
          " base_num_query_heads=4 base_num_kv_heads=2 base_mlp_dim=192 max_target_length=64"
          " per_device_batch_size=4 peak_tflops=1 sample_count=0 eval_batches=1"
          " base_output_directory=" +
@@ -69,8 +73,7 @@ class CheckpointRefusals : public testing::Test {
   // flag or tokenizer file) with `message`, and writes nothing.
   static void expect_refused(const std::string& dir, const std::string& message) {
     for (const std::string& cmd :
-         {"eval --checkpoint " + dir + " --text " + std::string(HYPERION_SOURCE_DIR) +
-              "/data/corpus/fortunes.txt",
+         {"eval --checkpoint " + dir + " --text " + corpus(),
           "generate --checkpoint " + dir + " --prompt hi",
           "convert --checkpoint " + dir + " --to gguf --output " + dir + "/m.gguf"}) {
       const Result r = run(cmd);
@@ -118,11 +121,11 @@ TEST_F(CheckpointRefusals, ShardedHuggingFaceDirectories) {
     return dir;
   };
   const std::string good = shard("hf_good");
-  const Result ok = run("eval --checkpoint " + good + " --text " + std::string(HYPERION_SOURCE_DIR) +
-                        "/data/corpus/fortunes.txt --json");
+  const Result ok = run("eval --checkpoint " + good + " --text " + corpus() +
+                        " --json");
   EXPECT_EQ(ok.code, 0) << ok.out;
   const Result base = run("eval --checkpoint " + checkpoint_ + " --text " +
-                          std::string(HYPERION_SOURCE_DIR) + "/data/corpus/fortunes.txt --json");
+                          corpus() + " --json");
   EXPECT_EQ(json::parse(ok.out)["loss"], json::parse(base.out)["loss"]);
 
   std::string dir = shard("hf_missing_shard");
@@ -277,15 +280,14 @@ TEST_F(CheckpointRefusals, AbsurdBatchIsNamedAndNeverWrapsPastTheMemoryCheck) {
 
 TEST_F(CheckpointRefusals, ATokenizerOfAnotherModel) {
   const std::string other = root_ + "/other_tokenizer";
-  const Result p = run("data prepare --vocab-size 600 --input " + std::string(HYPERION_SOURCE_DIR) +
-                       "/data/corpus/fortunes.txt --output " + other);
+  const Result p = run("data prepare --vocab-size 600 --input " + corpus() +
+                       " --output " + other);
   ASSERT_EQ(p.code, 0) << p.out;
   const std::string dir = copy("foreign_tokenizer");
   fs::copy_file(other + "/tokenizer.model", dir + "/tokenizer.model",
                 fs::copy_options::overwrite_existing);
   for (const std::string& cmd :
-       {"eval --checkpoint " + dir + " --text " + std::string(HYPERION_SOURCE_DIR) +
-            "/data/corpus/fortunes.txt",
+       {"eval --checkpoint " + dir + " --text " + corpus(),
         "generate --checkpoint " + dir + " --prompt hi", "serve " + dir + " --port 0",
         "convert --checkpoint " + dir + " --to safetensors --output " + dir + "/merged",
         "convert --checkpoint " + dir + " --to gguf --output " + dir + "/m.gguf"}) {
@@ -400,9 +402,8 @@ namespace {
 TEST_F(CheckpointRefusals, FineTuningOnDataOfAnotherTokenizer) {
   const std::string text = root_ + "/other.txt";
   {
-    const std::string corpus =
-        hyperion::io::read_file(std::string(HYPERION_SOURCE_DIR) + "/data/corpus/fortunes.txt");
-    std::ofstream(text) << corpus.substr(corpus.size() / 2);
+    const std::string whole = hyperion::io::read_file(corpus());
+    std::ofstream(text) << whole.substr(whole.size() / 2);
   }
   const Result prep = run("data prepare --input " + text + " --output " + root_ +
                           "/other-data --vocab-size 512");
@@ -431,8 +432,7 @@ TEST_F(CheckpointRefusals, ARefusedRunLeavesNoRunDirectoryBehind) {
   fs::resize_file(bad + "/model.safetensors", fs::file_size(bad + "/model.safetensors") - 1000);
   const Result r = run("train load_parameters_path=" + bad +
                        " max_target_length=64 steps=1 base_output_directory=" + root_ +
-                       " run_name=refused dataset_path=" + std::string(HYPERION_SOURCE_DIR) +
-                       "/data/corpus/fortunes.txt");
+                       " run_name=refused dataset_path=" + corpus());
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(contains(r.out, "truncated?")) << r.out;
   EXPECT_FALSE(fs::exists(root_ + "/refused")) << r.out;

@@ -16,6 +16,7 @@
 #include <set>
 #include <string>
 
+#include "../test_files.h"
 #include "cli_test_util.h"
 #include "io/atomic_file.h"
 
@@ -33,7 +34,8 @@ bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
-std::string corpus() { return std::string(HYPERION_SOURCE_DIR) + "/data/corpus/fortunes.txt"; }
+// The bundled corpus's first 256 KB (test_files.h): what these runs prepare and train on.
+std::string corpus() { return hyperion::testing_util::small_corpus(); }
 
 std::string model_args() {
   return "vocab_size=512 base_emb_dim=64 base_num_decoder_layers=2 base_num_query_heads=4 "

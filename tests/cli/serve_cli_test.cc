@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "../test_files.h"
 #include "cli_test_util.h"
 
 namespace {
@@ -105,8 +106,8 @@ class ServeCli : public testing::Test {
     root_ = testing::TempDir() + "hyperion_serve_cli_" + std::to_string(::getpid());
     fs::remove_all(root_);
     fs::create_directories(root_);
-    const Result r = run("train --json dataset_path=" + std::string(HYPERION_SOURCE_DIR) +
-                         "/data/corpus/fortunes.txt vocab_size=512 base_emb_dim=64"
+    const Result r = run("train --json dataset_path=" + hyperion::testing_util::small_corpus() +
+                         " vocab_size=512 base_emb_dim=64"
                          " base_num_decoder_layers=2 base_num_query_heads=4 base_num_kv_heads=2"
                          " base_mlp_dim=192 max_target_length=96 per_device_batch_size=4 steps=20"
                          " learning_rate=3e-3 peak_tflops=1 sample_count=1 sample_max_tokens=4"

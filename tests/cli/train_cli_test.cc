@@ -12,6 +12,7 @@
 #include <string>
 
 #include "../train/train_test_util.h"
+#include "../test_files.h"
 #include "cli_test_util.h"
 
 namespace {
@@ -35,7 +36,7 @@ class TrainCli : public testing::Test {
     root_ = testing::TempDir() + "hyperion_train_cli_" + std::to_string(::getpid());
     fs::remove_all(root_);
     fs::create_directories(root_);
-    corpus_ = std::string(HYPERION_SOURCE_DIR) + "/data/corpus/fortunes.txt";
+    corpus_ = hyperion::testing_util::small_corpus();  // the first 256 KB
     Result r = run("train --json dataset_path=" + corpus_ +
                        " vocab_size=512 base_emb_dim=64 base_num_decoder_layers=2"
                        " base_num_query_heads=4 base_num_kv_heads=2 base_mlp_dim=192"

@@ -3,6 +3,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <iterator>
 #include <map>
 #include <mutex>
 
@@ -12,37 +14,72 @@
 namespace hyperion::testing_util {
 namespace {
 
-// One mapping per allocation, closed (PROT_NONE) except while an op runs.
+// Every allocation is a page-aligned range of one reserved region, closed (PROT_NONE)
+// except while an op runs. One region, so opening and closing it around an op is one
+// mprotect each: with a mapping per allocation, the hundreds of a training run cost two
+// mprotects (and two TLB shoot-downs) each per op, and a 6-step test took over a minute.
 class SimAllocator final : public Allocator {
  public:
+  SimAllocator() {
+    void* p = mmap(nullptr, kReserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    HYP_CHECK(p != MAP_FAILED, "simulated device: cannot reserve {} GiB of address space",
+              kReserve >> 30);
+    base_ = static_cast<char*>(p);
+  }
   Device device() const override { return Device::kCuda; }
   void* allocate(size_t bytes) override {
     const size_t len = round(bytes);
-    void* p = mmap(nullptr, len, depth_ > 0 ? PROT_READ | PROT_WRITE : PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    HYP_CHECK(p != MAP_FAILED, "simulated device: cannot map {} bytes", bytes);
     std::lock_guard<std::mutex> lock(mu_);
+    char* p = nullptr;
+    for (auto it = free_.begin(); it != free_.end(); ++it) {  // first fit among freed ranges
+      if (it->second < len) continue;
+      p = it->first;
+      const size_t rest = it->second - len;
+      free_.erase(it);
+      if (rest > 0) free_[p + len] = rest;
+      break;
+    }
+    if (p == nullptr) {
+      HYP_CHECK(len <= kReserve - top_, "simulated device: cannot map {} bytes ({} GiB in use)",
+                bytes, top_ >> 30);
+      p = base_ + top_;
+      top_ += len;
+      // Past what the last open() opened: open it now if an op is running.
+      if (depth_ > 0) mprotect(p, len, PROT_READ | PROT_WRITE);
+    }
     live_[p] = len;
     count(static_cast<int64_t>(bytes));
     return p;
   }
   void deallocate(void* ptr, size_t bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = live_.find(ptr);
+    auto it = live_.find(static_cast<char*>(ptr));
     if (it == live_.end()) return;
-    munmap(ptr, it->second);
+    char* p = it->first;
+    size_t len = it->second;
     live_.erase(it);
+    madvise(p, len, MADV_DONTNEED);  // the pages go back; a reuse reads zeros, as a new mapping
+    // Coalesce with the free neighbours, so freed ranges serve larger requests later.
+    auto next = free_.find(p + len);
+    if (next != free_.end()) len += next->second, free_.erase(next);
+    auto prev = free_.lower_bound(p);
+    if (prev != free_.begin() && std::prev(prev)->first + std::prev(prev)->second == p) {
+      --prev;
+      p = prev->first, len += prev->second;
+      free_.erase(prev);
+    }
+    free_[p] = len;
     count(-static_cast<int64_t>(bytes));
   }
-  // Whether [p, p + 1) lies in a live mapping: device memory, not the host's.
+  // Whether [p, p + 1) lies in a live allocation: device memory, not the host's.
   bool owns(const void* p) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = live_.upper_bound(const_cast<void*>(p));
+    auto it = live_.upper_bound(static_cast<char*>(const_cast<void*>(p)));
     if (it == live_.begin()) return false;
     --it;
-    return static_cast<const char*>(p) < static_cast<const char*>(it->first) + it->second;
+    return static_cast<const char*>(p) < it->first + it->second;
   }
-  // Opens every mapping for the duration of an op (nested ops keep them open).
+  // Opens the region for the duration of an op (nested ops keep it open).
   void open() {
     std::lock_guard<std::mutex> lock(mu_);
     if (depth_++ == 0) protect(PROT_READ | PROT_WRITE);
@@ -53,15 +90,19 @@ class SimAllocator final : public Allocator {
   }
 
  private:
+  static constexpr size_t kReserve = size_t{1} << 40;  // address space only (MAP_NORESERVE)
   static size_t round(size_t bytes) {
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     return std::max(page, (bytes + page - 1) / page * page);
   }
   void protect(int prot) {
-    for (const auto& [p, len] : live_) mprotect(p, len, prot);
+    if (top_ > 0) mprotect(base_, top_, prot);
   }
   std::mutex mu_;
-  std::map<void*, size_t> live_;
+  char* base_ = nullptr;
+  size_t top_ = 0;                   // bytes of the region handed out so far
+  std::map<char*, size_t> live_;     // allocation -> its length
+  std::map<char*, size_t> free_;     // freed range -> its length (below top_)
   int depth_ = 0;
 };
 

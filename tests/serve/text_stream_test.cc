@@ -13,7 +13,7 @@ namespace {
 using testing_util::TempDir;
 
 const io::Tokenizer& tokenizer() {
-  static TempDir* dir = new TempDir();
+  static TempDir dir;  // removed at exit; the tokenizer below is never destroyed
   static io::Tokenizer* tok = [] {
     std::ifstream in(std::string(HYPERION_SOURCE_DIR) + "/data/corpus/fortunes.txt");
     std::vector<std::string> lines;
@@ -21,7 +21,7 @@ const io::Tokenizer& tokenizer() {
     while (lines.size() < 2000 && std::getline(in, line)) lines.push_back(line);
     io::TokenizerTrainOptions o;
     o.vocab_size = 400;
-    return new io::Tokenizer(io::Tokenizer::train(lines, dir->file("t.model"), o));
+    return new io::Tokenizer(io::Tokenizer::train(lines, dir.file("t.model"), o));
   }();
   return *tok;
 }

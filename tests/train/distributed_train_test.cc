@@ -29,12 +29,12 @@ using testing_util::run_cli;
 // A small f32 model on one bundled text: fast, and f32 so equality is round-off only.
 std::string common(const std::string& root, const std::string& run) {
   return fmt::format(
-      "dataset_path={}/data/corpus/fortunes.txt base_emb_dim=64 base_num_decoder_layers=2 "
+      "dataset_path={} base_emb_dim=64 base_num_decoder_layers=2 "
       "base_num_query_heads=4 base_num_kv_heads=2 "
       "base_mlp_dim=160 vocab_size=512 max_target_length=32 sample_count=0 dtype=float32 "
       "learning_rate=3e-3 eval_batches=1 peak_tflops=1 log_period=1000 "
       "base_output_directory={} run_name={}",
-      HYPERION_SOURCE_DIR, root, run);
+      testing_util::small_corpus(), root, run);
 }
 
 // Per test process (CTest runs tests in parallel processes).

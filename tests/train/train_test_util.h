@@ -9,29 +9,39 @@
 #include <string>
 #include <vector>
 
+#include "../test_files.h"
 #include "base/threads.h"
 
 namespace hyperion::testing_util {
 
 // A fresh temporary directory per test process and prefix (emptied on first use, then
 // the same path): the runs of a test file share it, so the bundled corpus is prepared once.
+// Removed when the process exits (a training test's directory holds checkpoints: hundreds
+// of MB left in /tmp by every run otherwise).
 inline std::string process_temp_root(const std::string& prefix) {
-  static std::set<std::string> made;
+  struct Made {
+    std::set<std::string> roots;
+    ~Made() {
+      std::error_code ec;
+      for (const auto& r : roots) std::filesystem::remove_all(r, ec);
+    }
+  };
+  static Made made;
   const std::string r = testing::TempDir() + prefix + "_" + std::to_string(::getpid());
-  if (made.insert(r).second) {
+  if (made.roots.insert(r).second) {
     std::filesystem::remove_all(r);
     std::filesystem::create_directories(r);
   }
   return r;
 }
 
-// A small Llama on the bundled corpus (vocab 512, dim 64, 2 layers, 64-token sequences,
+// A small Llama on the bundled corpus's first 256 KB (vocab 512, dim 64, 2 layers, 64-token sequences,
 // batch 8): the overrides of every end-to-end training test; callers append their own
 // (later overrides win).
 inline std::vector<std::string> small_run_overrides(const std::string& root,
                                                     const std::string& run_name,
                                                     const std::string& dtype, int64_t steps) {
-  return {"dataset_path=" + std::string(HYPERION_SOURCE_DIR) + "/data/corpus/fortunes.txt",
+  return {"dataset_path=" + small_corpus(),
           "vocab_size=512",
           "base_emb_dim=64",
           "base_num_decoder_layers=2",
