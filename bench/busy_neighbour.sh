@@ -3,7 +3,7 @@
 # processes spinning on a core (`yes > /dev/null`), and with twice as many threads as
 # cores, with the thread governor (base/thread_governor.h) on and off
 # (HYPERION_ADAPT_THREADS=0). Prints one JSON line per run:
-#   {"workload", "neighbours", "threads", "adapt", "value", "unit"}
+#   {"workload", "neighbour", "neighbours", "threads", "adapt", "value", "unit", "slowdown"}
 # and the slowdown of each neighbour run against the quiet run of the same setting.
 # Fair, for N threads on N cores beside k spinning processes, is (N + k) / N (1.5x for
 # one neighbour on two cores).
@@ -11,7 +11,9 @@
 #   bench/busy_neighbour.sh [CHECKPOINT]
 # CHECKPOINT: a language-model checkpoint for the serving run (default: trains the tiny
 # preset for 20 steps into a temporary directory). Environment: HYPERION (binary, default
-# build/release/hyperion).
+# build/release/hyperion); NEIGHBOUR=io makes the neighbour a heavier one, a process that
+# holds 3 GB and writes and reads back a 2 GB file without end (each write fsynced), and
+# measures training and decode at batch 1 only (WORKLOADS overrides the list).
 set -euo pipefail
 BIN=$(realpath "${HYPERION:-build/release/hyperion}")
 CORES=$(nproc)
@@ -23,9 +25,27 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+KIND=${NEIGHBOUR:-spin}
+io_neighbour() {  # 3 GB resident, a 2 GB file written (fsynced) and read back, again and again
+  exec python3 - "$work/neighbour.bin" <<'PY'
+import os, sys
+held = bytearray(3 << 30)
+for i in range(0, len(held), 4096): held[i] = 1  # resident, not just reserved
+block = os.urandom(16 << 20)
+while True:
+    with open(sys.argv[1], "wb") as f:
+        for _ in range(128): f.write(block)
+        f.flush(); os.fsync(f.fileno())
+    with open(sys.argv[1], "rb") as f:
+        while f.read(16 << 20): pass
+PY
+}
 start_neighbours() {
   neighbours=()
-  for _ in $(seq "$1"); do (exec yes >/dev/null) & neighbours+=($!); done
+  for _ in $(seq "$1"); do
+    if [ "$KIND" = io ]; then (io_neighbour) & neighbours+=($!); sleep 5
+    else (exec yes >/dev/null) & neighbours+=($!); fi
+  done
   sleep 0.5
 }
 stop_neighbours() {
@@ -70,7 +90,9 @@ measure() {  # measure WORKLOAD THREADS ADAPT: one figure on stdout
 }
 
 declare -A quiet
-for w in train decode1 decode16 serve; do
+default_workloads="train decode1 decode16 serve"
+[ "$KIND" = io ] && default_workloads="train decode1"
+for w in ${WORKLOADS:-$default_workloads}; do
   for t in "$CORES" $((2 * CORES)); do
     for a in 1 0; do
       for n in 0 1; do
@@ -80,7 +102,7 @@ for w in train decode1 decode16 serve; do
         key="$w $t $a"
         [ "$n" = 0 ] && quiet[$key]=$v
         slow=$(python3 -c "print(round(float('${quiet[$key]}') / float('$v'), 2))")
-        echo "{\"workload\": \"$w\", \"neighbours\": $n, \"threads\": $t, \"adapt\": $a," \
+        echo "{\"workload\": \"$w\", \"neighbour\": \"$KIND\", \"neighbours\": $n, \"threads\": $t, \"adapt\": $a," \
              "\"value\": $v, \"unit\": \"tokens/s\", \"slowdown\": $slow}"
       done
     done

@@ -69,9 +69,12 @@ for d in "${dirs[@]}"; do
       pkg-config --path "$m" 2>/dev/null || true
     done
   done >>"$used"
-  # Headers.
-  if [ -s "$d/.ninja_deps" ] && ninja -C "$d" -t deps 2>/dev/null | grep -q '^    /'; then
-    ninja -C "$d" -t deps | sed -n 's/^    \(\/.*\)$/\1/p' >>"$used"
+  # Headers. (Read into a file first: `ninja -t deps | grep -q` under pipefail fails when
+  # grep stops reading early, which sent every run to the 80 s preprocessing path below.)
+  : >"$tmp/deps"
+  [ -s "$d/.ninja_deps" ] && ninja -C "$d" -t deps 2>/dev/null | sed -n 's/^    \(\/.*\)$/\1/p' >"$tmp/deps"
+  if [ -s "$tmp/deps" ]; then
+    cat "$tmp/deps" >>"$used"
   else
     headers_by_preprocessing "$d" >>"$used"
   fi
