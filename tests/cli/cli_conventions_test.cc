@@ -160,7 +160,7 @@ struct TmpfsMount {
 
 TEST(CliConventions, ReadOnlyOutputAndDiskFullAreNamed) {
   TempDir dir;
-  const std::string corpus = hyperion::testing_util::small_corpus();
+  const std::string& corpus = hyperion::testing_util::small_corpus();
   {
     TmpfsMount ro(dir.file("ro"), "size=1m");
     if (!ro.mounted) GTEST_SKIP() << "needs root to mount a tmpfs";
