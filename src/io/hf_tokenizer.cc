@@ -86,9 +86,13 @@ struct TokenTexts {
     return std::string_view(bytes).substr(b, ends[i] - b);
   }
   void push(std::string_view t) {
-    HYP_CHECK(bytes.size() + t.size() <= UINT32_MAX,
-              "decode: the text of these ids passes 4 GiB; decode them in parts");
     bytes.append(t);
+    end_token();
+  }
+  // Ends the token at the buffer's end (after text appended to `bytes` directly).
+  void end_token() {
+    HYP_CHECK(bytes.size() <= UINT32_MAX,
+              "decode: the text of these ids passes 4 GiB; decode them in parts");
     ends.push_back(static_cast<uint32_t>(bytes.size()));
   }
   void clear() {
@@ -114,9 +118,7 @@ void run_decoder(const DecoderOp& op, const TokenTexts& in, TokenTexts& out) {
           all += t;
       }
       if (utf8_invalid_at(all) != std::string_view::npos) all = utf8_lossy(all);
-      HYP_CHECK(all.size() <= UINT32_MAX,
-                "decode: the text of these ids passes 4 GiB; decode them in parts");
-      out.ends.push_back(static_cast<uint32_t>(all.size()));
+      out.end_token();
       break;
     }
     case K::kMetaspace:

@@ -74,6 +74,13 @@ TEST(UntrustedInputs, AHostfileThatIsADeviceOrDirectoryIsAUsageError) {
   }
 }
 
+// A BPE model of "a", "b", " " and their merge "ab": a text of "ab " is 2 tokens per 3 bytes.
+nlohmann::json ab_model() {
+  return {{"type", "BPE"},
+          {"vocab", {{"a", 0}, {"b", 1}, {" ", 2}, {"ab", 3}}},
+          {"merges", {"a b"}}};
+}
+
 // Running out of memory is a named error with exit 1, never an abort: a 64 MB text
 // tokenized under a 400 MB address-space limit (not under the sanitizers, which reserve
 // terabytes of shadow memory).
@@ -82,11 +89,7 @@ TEST(UntrustedInputs, OutOfMemoryIsANamedErrorNotAnAbort) {
   GTEST_SKIP() << "an address-space limit cannot apply under a sanitizer";
 #endif
   TempDir d;
-  const nlohmann::json tok = {
-      {"model",
-       {{"type", "BPE"},
-        {"vocab", {{"a", 0}, {"b", 1}, {" ", 2}, {"ab", 3}}},
-        {"merges", {"a b"}}}}};
+  const nlohmann::json tok = {{"model", ab_model()}};
   std::ofstream(d.path / "tokenizer.json") << tok.dump();
   {
     std::ofstream text(d.path / "big.txt", std::ios::binary);
@@ -111,10 +114,7 @@ TEST(UntrustedInputs, TokenizeJsonPeakIsASmallMultipleOfTheInput) {
 #endif
   TempDir d;
   const nlohmann::json tok = {
-      {"model",
-       {{"type", "BPE"},
-        {"vocab", {{"a", 0}, {"b", 1}, {" ", 2}, {"ab", 3}}},
-        {"merges", {"a b"}}}},
+      {"model", ab_model()},
       {"decoder",
        {{"type", "Sequence"},
         {"decoders",
