@@ -6,11 +6,11 @@
 #include <string>
 
 #include "base/error.h"
-#include "io/jinja.h"
+#include "text/jinja/jinja.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace hyperion;
-  using namespace hyperion::io::jinja;
+  using namespace hyperion::text::jinja;
   static const Value context = from_json(nlohmann::ordered_json::parse(R"({
     "messages": [
       {"role": "system", "content": "Be brief."},

@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "base/error.h"
-#include "io/tokenizer.h"
 #include "serve/openai_api.h"
+#include "text/tokenizer.h"
 
 namespace {
 
-const hyperion::io::Tokenizer* g_tokenizer = nullptr;
+const hyperion::text::Tokenizer* g_tokenizer = nullptr;
 
 void check_json(const std::string& text) {
   if (!nlohmann::json::accept(text)) __builtin_trap();
@@ -33,9 +33,10 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
       (std::filesystem::temp_directory_path() / ("hyperion-fuzz-" + std::to_string(::getpid())))
           .string();
   std::filesystem::create_directories(dir);
-  hyperion::io::TokenizerTrainOptions o;
+  hyperion::text::TokenizerTrainOptions o;
   o.vocab_size = 300;
-  g_tokenizer = new hyperion::io::Tokenizer(hyperion::io::Tokenizer::train(docs, dir + "/t.model", o));
+  g_tokenizer =
+      new hyperion::text::Tokenizer(hyperion::text::Tokenizer::train(docs, dir + "/t.model", o));
   std::filesystem::remove_all(dir);
   return 0;
 }

@@ -1,4 +1,4 @@
-// libFuzzer: the tokenizer.json reader (io/hf_tokenizer_json.cc: every model, normalizer,
+// libFuzzer: the tokenizer.json reader (text/hf_tokenizer_json.cc: every model, normalizer,
 // pre-tokenizer, post-processor and decoder field, merges, added tokens, regex patterns)
 // and, for a file it accepts, encode and decode of a fixed text. Anything but a clean
 // hyperion::Error is a bug: a crash, a sanitizer report, a hang, or decoded text that is
@@ -8,15 +8,15 @@
 
 #include "base/error.h"
 #include "base/utf8.h"
-#include "io/hf_tokenizer.h"
+#include "text/hf_tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace hyperion;
-  io::HfTokenizerSource src;
+  text::HfTokenizerSource src;
   src.tokenizer_json.assign(reinterpret_cast<const char*>(data), size);
   src.tokenizer_json_path = "fuzz/tokenizer.json";
   try {
-    const auto tok = io::HfTokenizer::parse(src);
+    const auto tok = text::HfTokenizer::parse(src);
     static const char* const kTexts[] = {"", "Hello, world! 12345", "  \t\n\n x",
                                          "caf\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC \xF0\x9F\x98\x80",
                                          "<s>[INST] hi [/INST]</s><|im_start|>"};

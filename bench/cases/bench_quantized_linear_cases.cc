@@ -19,8 +19,8 @@ namespace hyperion::bench {
 namespace {
 
 // A one-layer store whose MLP gate is the [out, in] matrix.
-LlamaConfig linear_config(int64_t out, int64_t in) {
-  LlamaConfig c;
+DecoderConfig linear_config(int64_t out, int64_t in) {
+  DecoderConfig c;
   c.vocab_size = 64;
   c.dim = in;
   c.n_layers = 1;

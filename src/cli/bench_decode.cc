@@ -72,7 +72,8 @@ int cmd_bench_decode(const Args& args) {
   if (f.has("random-weights")) {
     // A model's shape is all a decode step's speed depends on: random weights spare
     // writing and reading a checkpoint of billions of parameters.
-    const LlamaConfig model = parse_train_config(load_train_config(checkpoint, {}), checkpoint).model;
+    const DecoderConfig model =
+        parse_train_config(load_train_config(checkpoint, {}), checkpoint).model;
     serve::plan_engine_memory(ec, model);
     random = std::make_unique<ParamStore>(model, bf16, /*gradients=*/false,
                                           backend_for(ec.hardware).allocator());
@@ -80,11 +81,11 @@ int cmd_bench_decode(const Args& args) {
     if (bf16) random->sync_bf16();
   } else {
     loaded.emplace(load_checkpoint(
-        checkpoint, bf16, [&](const LlamaConfig& model) { serve::plan_engine_memory(ec, model); },
+        checkpoint, bf16, [&](const DecoderConfig& model) { serve::plan_engine_memory(ec, model); },
         ec.hardware));
   }
   const ParamStore& params = random ? *random : *loaded->params;
-  const LlamaConfig& model = params.config();
+  const DecoderConfig& model = params.config();
   serve::Engine engine(params, loaded ? &loaded->tokenizer : nullptr, ec);
   const serve::EngineConfig& rc = engine.config();
   HYP_CHECK(cmax + warm + steps + 1 <= rc.max_seq_len,

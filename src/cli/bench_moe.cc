@@ -24,9 +24,9 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "kernels/peak.h"
+#include "model/causal_lm.h"
 #include "model/decoder.h"
 #include "model/linear.h"
-#include "model/llama_model.h"
 #include "model/moe_block.h"
 #include "tensor/convert.h"
 #include "train/optimizer.h"
@@ -47,7 +47,7 @@ struct StepTiming {
 StepTiming time_steps(const TrainConfig& t, int64_t warmup, int64_t steps) {
   ParamStore params(t.model, t.bf16);
   params.init(1);
-  LlamaModel model(params, {t.per_device_batch_size, t.max_target_length, t.bf16, t.remat, t.moe});
+  CausalLM model(params, {t.per_device_batch_size, t.max_target_length, t.bf16, t.remat, t.moe});
   OptimizerOptions oo;
   AdamW opt(params, oo);
   const int64_t n = model.tokens_per_batch();
@@ -104,7 +104,7 @@ std::vector<bf16> random_bf16(size_t n, uint32_t seed) {
 }
 
 LayerTiming time_moe_layer(const TrainConfig& t, double cf, int64_t warmup, int64_t reps) {
-  LlamaConfig c = t.model;
+  DecoderConfig c = t.model;
   c.n_layers = 1;
   c.first_dense_layers = 0;
   c.moe_layer_step = 1;
@@ -150,7 +150,7 @@ LayerTiming time_moe_layer(const TrainConfig& t, double cf, int64_t warmup, int6
 LayerTiming time_dense_mlp(const TrainConfig& t, int64_t warmup, int64_t reps) {
   const int64_t n = t.per_device_batch_size * t.max_target_length, d = t.model.dim;
   const int64_t f = t.model.n_experts_per_tok * t.model.expert_ffn_dim();
-  LlamaConfig c = t.model;
+  DecoderConfig c = t.model;
   c.n_layers = 1;
   c.n_experts = 0;
   c.ffn_dim = f;

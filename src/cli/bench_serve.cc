@@ -32,8 +32,8 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/tokenizer_path.h"
-#include "io/tokenizer.h"
 #include "serve/load_generator.h"
+#include "text/tokenizer.h"
 #include "train/checkpoint.h"
 
 namespace hyperion::cli {
@@ -155,7 +155,8 @@ int cmd_bench_serve(const Args& args) {
     requests = serve::load_jsonl_prompts(f.get("dataset-path"), shape);
     source = f.get("dataset-path");
   } else if (tokenized) {
-    const io::Tokenizer tok = io::Tokenizer::load(tokenizer_path(f.get("tokenizer"), "bench serve"));
+    const text::Tokenizer tok =
+        text::Tokenizer::load(tokenizer_path(f.get("tokenizer"), "bench serve"));
     const std::string corpus = f.has("corpus") ? f.get("corpus") : serve::bundled_corpus_path();
     requests = serve::corpus_prompts(tok, corpus, shape);
     source = fmt::format("{} tokenized with {}", corpus, tok.origin());

@@ -7,17 +7,17 @@
 #include <string>
 #include <vector>
 
-#include "io/tokenizer.h"
-#include "model/llama_config.h"
+#include "model/decoder_config.h"
 #include "model/param_store.h"
+#include "text/tokenizer.h"
 
 namespace hyperion::cli {
 
 struct LoadedCheckpoint {
   std::string dir;
-  LlamaConfig config;
+  DecoderConfig config;
   std::unique_ptr<ParamStore> params;
-  io::Tokenizer tokenizer;
+  text::Tokenizer tokenizer;
 };
 
 // `path` is a checkpoint directory or a run directory (its latest checkpoint).
@@ -27,7 +27,7 @@ struct LoadedCheckpoint {
 // (read through a host copy).
 LoadedCheckpoint load_checkpoint(
     const std::string& path, bool bf16,
-    const std::function<void(const LlamaConfig&)>& before_load = nullptr,
+    const std::function<void(const DecoderConfig&)>& before_load = nullptr,
     Device device = Device::kHost);
 
 }  // namespace hyperion::cli

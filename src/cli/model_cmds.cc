@@ -8,26 +8,26 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/loaded_checkpoint.h"
+#include "convert/gguf_convert.h"
 #include "io/atomic_file.h"
 #include "io/file_identity.h"
-#include "io/gguf_convert.h"
 #include "io/safetensors.h"
-#include "io/tokenizer.h"
 #include "kernels/backend.h"
 #include "kernels/hardware.h"
-#include "model/llama_generator.h"
+#include "model/generator.h"
 #include "model/sampler.h"
 #include "serve/text_stream.h"
+#include "text/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 
 namespace hyperion::cli {
 
 LoadedCheckpoint load_checkpoint(const std::string& path, bool bf16,
-                                 const std::function<void(const LlamaConfig&)>& before_load,
+                                 const std::function<void(const DecoderConfig&)>& before_load,
                                  Device device) {
   const std::string dir = resolve_checkpoint_dir(path);
-  LlamaConfig config = read_checkpoint_config(dir);
+  DecoderConfig config = read_checkpoint_config(dir);
   // Everything that can be checked is, before the weights are allocated.
   check_weights_match_config(dir, config);
   check_load_fits_in_memory(dir, config, bf16);
@@ -179,7 +179,7 @@ int cmd_generate(const Args& args) {
             c.config.max_seq_len);
   const int64_t ctx =
       std::min<int64_t>(c.config.max_seq_len, static_cast<int64_t>(ids.size()) + go.max_tokens);
-  LlamaGenerator gen(*c.params, std::max<int64_t>(ctx, 1));
+  Generator gen(*c.params, std::max<int64_t>(ctx, 1));
   const bool json = f.has("json");
   if (!json) std::printf("%s", prompt.c_str());
   // The server's incremental detokeniser: text as a continuation of the prompt, printed
@@ -237,9 +237,9 @@ int cmd_convert(const Args& args) {
               dir);
     io::check_output_is_not_an_input(out + "/model.safetensors", inputs, "convert");
     io::check_output_is_not_an_input(out + "/config.json", inputs, "convert");
-    for (const char* name : io::kTokenizerFileNames)
+    for (const char* name : text::kTokenizerFileNames)
       io::check_output_is_not_an_input(out + "/" + name, inputs, "convert");
-    const LlamaConfig config = read_checkpoint_config(dir);
+    const DecoderConfig config = read_checkpoint_config(dir);
     check_weights_match_config(dir, config);
     check_load_fits_in_memory(dir, config, false);
     load_checkpoint_tokenizer(dir, config);
@@ -254,7 +254,7 @@ int cmd_convert(const Args& args) {
     w.set_metadata("format", "pt");
     w.write(out + "/model.safetensors");
     io::write_file_atomic(out + "/config.json", io::read_file(dir + "/config.json"));
-    for (const char* name : io::kTokenizerFileNames)
+    for (const char* name : text::kTokenizerFileNames)
       if (std::filesystem::exists(dir + "/" + name))
         io::write_file_atomic(out + "/" + name, io::read_file(dir + "/" + name));
     std::printf("wrote %s/model.safetensors (%zu tensors)\n", out.c_str(), params.infos().size());
@@ -270,10 +270,10 @@ int cmd_convert(const Args& args) {
   // The config must describe these weights exactly (the writer then checks every tensor
   // for non-finite values as it converts it), and the tokenizer must be the model's, as
   // eval, generate and serve require: the GGUF embeds it.
-  const LlamaConfig config = read_checkpoint_config(dir);
+  const DecoderConfig config = read_checkpoint_config(dir);
   check_weights_match_config(dir, config);
   load_checkpoint_tokenizer(dir, config);
-  io::convert_checkpoint_to_gguf(dir, out, type);
+  convert::convert_checkpoint_to_gguf(dir, out, type);
   std::printf("wrote %s (%s, %.1f MiB)\n", out.c_str(), type.c_str(),
               double(std::filesystem::file_size(out)) / (1024.0 * 1024.0));
   return 0;

@@ -16,11 +16,11 @@
 #include "cli/flags.h"
 #include "cli/loaded_checkpoint.h"
 #include "io/atomic_file.h"
-#include "io/chat_template.h"
 #include "model/param_store.h"
 #include "serve/async_engine.h"
 #include "serve/engine.h"
 #include "serve/http_server.h"
+#include "text/chat_template.h"
 
 namespace hyperion::cli {
 
@@ -87,7 +87,7 @@ int cmd_serve(const Args& args) {
   // checks its KV cache again once the weights are in.)
   LoadedCheckpoint c = load_checkpoint(
       checkpoint, ec.weights != serve::WeightFormat::kF32,
-      [&](const LlamaConfig& model) { serve::plan_engine_memory(ec, model); }, ec.hardware);
+      [&](const DecoderConfig& model) { serve::plan_engine_memory(ec, model); }, ec.hardware);
   if (ec.model_name.empty()) {
     std::filesystem::path p(checkpoint);
     if (!p.has_filename()) p = p.parent_path();
@@ -102,9 +102,9 @@ int cmd_serve(const Args& args) {
   ctx.model_name = rc.model_name;
   // The chat format: the tokenizer's Jinja template (auto), a .jinja file, or a built-in.
   // A template that does not parse stops the server here, naming its line and column.
-  std::optional<io::ChatTemplate> jinja;
+  std::optional<text::ChatTemplate> jinja;
   if (rc.chat_template == "auto") {
-    jinja = io::ChatTemplate::of(c.tokenizer);
+    jinja = text::ChatTemplate::of(c.tokenizer);
   } else if (rc.chat_template.ends_with(".jinja")) {
     // A Jinja template writes its special tokens as text ("<s>"), which only a
     // tokenizer.json turns back into those tokens (SentencePiece encodes them as letters).

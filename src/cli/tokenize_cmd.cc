@@ -16,8 +16,8 @@
 #include "cli/flags.h"
 #include "cli/tokenizer_path.h"
 #include "io/atomic_file.h"
-#include "io/chat_template.h"
-#include "io/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace hyperion::cli {
 
@@ -53,7 +53,7 @@ namespace {
 int tokenize_batch(const Flags& f) {
   const std::string path = f.get("batch");
   const std::string all = io::read_file(path);
-  const io::Tokenizer tok = io::Tokenizer::load(tokenizer_path(f.get("tokenizer"), "tokenize"));
+  const text::Tokenizer tok = text::Tokenizer::load(tokenizer_path(f.get("tokenizer"), "tokenize"));
   size_t line_no = 0;
   for (size_t pos = 0; pos < all.size();) {
     size_t end = all.find('\n', pos);
@@ -90,13 +90,13 @@ int tokenize_chat(const Flags& f) {
   HYP_USAGE_CHECK(
       request.is_object() && request.contains("messages") && request["messages"].is_array(),
       "tokenize: --chat {}: expected an object with a \"messages\" list", path);
-  const io::Tokenizer tok = io::Tokenizer::load(tokenizer_path(f.get("tokenizer"), "tokenize"));
-  const std::optional<io::ChatTemplate> chat = io::ChatTemplate::of(tok);
+  const text::Tokenizer tok = text::Tokenizer::load(tokenizer_path(f.get("tokenizer"), "tokenize"));
+  const std::optional<text::ChatTemplate> chat = text::ChatTemplate::of(tok);
   HYP_CHECK(chat.has_value(),
             "tokenize: {} has no chat template (tokenizer_config.json's chat_template)",
             tok.origin());
   ojson kwargs = ojson::object();
-  io::ChatTemplate::Input in;
+  text::ChatTemplate::Input in;
   in.messages = &request["messages"];
   for (const auto& [key, value] : request.items()) {
     if (key == "tools") {
@@ -131,7 +131,7 @@ std::string json_text(const nlohmann::json& j) {
 // The --json object, written as it is made: a large input's ids and pieces never become a
 // JSON tree (about 60 bytes a token), so memory stays a small multiple of the input. Keys
 // in the order nlohmann::json gives them, as before.
-void write_tokenize_json(const io::Tokenizer& tok, const std::string& text,
+void write_tokenize_json(const text::Tokenizer& tok, const std::string& text,
                          const std::vector<int32_t>& ids, double load_seconds,
                          double encode_seconds, double mb_per_second) {
   std::FILE* out = stdout;
@@ -201,7 +201,7 @@ int cmd_tokenize(const Args& args) {
   }
 
   Timer load_timer;
-  const io::Tokenizer tok = io::Tokenizer::load(tokenizer_path(f.get("tokenizer"), "tokenize"));
+  const text::Tokenizer tok = text::Tokenizer::load(tokenizer_path(f.get("tokenizer"), "tokenize"));
   const double load_seconds = load_timer.seconds();
   Timer encode_timer;
   const std::vector<int32_t> ids =

@@ -22,7 +22,7 @@
 #include "dist/communicator.h"
 #include "dist/host_list.h"
 #include "dist/mpirun_command.h"
-#include "model/llama_config.h"
+#include "model/decoder_config.h"
 #include "train/rank_heartbeat.h"
 #include "train/train_config.h"
 #include "train/trainer.h"

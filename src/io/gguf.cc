@@ -1,7 +1,7 @@
-// GGUF writer and reader. Q8_0 blocks are (de)quantised by kernels/quantize_q8_0.h.
+// GGUF writer and reader. Q8_0 blocks are (de)quantised by tensor/quantize_q8_0.h.
 #include "io/gguf.h"
-#include "kernels/quantize_q8_0.h"
 #include "tensor/convert.h"
+#include "tensor/quantize_q8_0.h"
 
 #include <algorithm>
 #include <bit>

@@ -56,42 +56,32 @@ DecoderArch qwen3_defaults() {
 }
 
 // One row per family. Adding a family is a row here plus whatever kernels its fields
-// need; Mixtral is the llama row with experts (the config's MoE keys).
+// need (and its names in convert/family_formats.cc); Mixtral is the llama row with
+// experts (the config's MoE keys).
 const FamilyInfo kFamilies[] = {
-    {DecoderFamily::kLlama, "llama2", "llama", "LlamaForCausalLM", false, false, DecoderArch{},
-     "llama", true},
-    {DecoderFamily::kGemma, "gemma", "gemma", "GemmaForCausalLM", true, false, gemma_defaults(),
-     "gemma", false},
-    {DecoderFamily::kQwen2, "qwen2", "qwen2", "Qwen2ForCausalLM", false, false, qwen2_defaults(),
-     "qwen2", false},
-    {DecoderFamily::kQwen3, "qwen3", "qwen3", "Qwen3ForCausalLM", false, false, qwen3_defaults(),
-     "qwen3", false},
-    {DecoderFamily::kGemma2, "gemma2", "gemma2", "Gemma2ForCausalLM", true, true, gemma2_defaults(),
-     "gemma2", false},
-    {DecoderFamily::kGemma3, "gemma3", "gemma3_text", "Gemma3ForCausalLM", true, true,
-     gemma3_defaults(), "gemma3", false},
+    {DecoderFamily::kLlama, "llama2", false, false, DecoderArch{}},
+    {DecoderFamily::kGemma, "gemma", true, false, gemma_defaults()},
+    {DecoderFamily::kQwen2, "qwen2", false, false, qwen2_defaults()},
+    {DecoderFamily::kQwen3, "qwen3", false, false, qwen3_defaults()},
+    {DecoderFamily::kGemma2, "gemma2", true, true, gemma2_defaults()},
+    {DecoderFamily::kGemma3, "gemma3", true, true, gemma3_defaults()},
 };
 
-const HfModelType kHfModelTypes[] = {
-    {"llama", "LlamaForCausalLM", DecoderFamily::kLlama, 10000.0, 1e-6},
-    {"mistral", "MistralForCausalLM", DecoderFamily::kLlama, 10000.0, 1e-6},
-    {"mixtral", "MixtralForCausalLM", DecoderFamily::kLlama, 1e6, 1e-5},
-    {"gemma", "GemmaForCausalLM", DecoderFamily::kGemma, 10000.0, 1e-6},
-    {"gemma2", "Gemma2ForCausalLM", DecoderFamily::kGemma2, 10000.0, 1e-6},
-    {"gemma3_text", "Gemma3ForCausalLM", DecoderFamily::kGemma3, 1e6, 1e-6},
-    {"qwen2", "Qwen2ForCausalLM", DecoderFamily::kQwen2, 10000.0, 1e-6},
-    {"qwen3", "Qwen3ForCausalLM", DecoderFamily::kQwen3, 10000.0, 1e-6},
+// Other spellings of a row: MaxText's decoder_block names for Llama-shaped models and
+// the Hugging Face model_types that differ from the row's name (accepted, not listed in
+// help and errors).
+struct FamilyAlias {
+  const char* name;
+  DecoderFamily family;
+  bool listed;
 };
-
-// Other spellings of the llama row: MaxText's decoder_block names for Llama-shaped
-// models and the Hugging Face model_types that map onto it.
-const char* const kLlamaAliases[] = {"llama", "llama3", "mistral", "mixtral"};
+const FamilyAlias kAliases[] = {{"llama", DecoderFamily::kLlama, true},
+                                {"llama3", DecoderFamily::kLlama, true},
+                                {"mistral", DecoderFamily::kLlama, true},
+                                {"mixtral", DecoderFamily::kLlama, true},
+                                {"gemma3_text", DecoderFamily::kGemma3, false}};
 
 }  // namespace
-
-std::span<const HfModelType> hf_model_types() {
-  return kHfModelTypes;
-}
 
 float DecoderArch::embedding_scale(int64_t hidden_size) const {
   return scale_embeddings ? std::sqrt(static_cast<float>(hidden_size)) : 1.0f;
@@ -105,9 +95,9 @@ const FamilyInfo& family_info(DecoderFamily family) {
 
 const FamilyInfo* find_family(const std::string& name) {
   for (const FamilyInfo& f : kFamilies)
-    if (name == f.decoder_block || name == f.hf_model_type) return &f;
-  for (const char* alias : kLlamaAliases)
-    if (name == alias) return &kFamilies[0];
+    if (name == f.decoder_block) return &f;
+  for (const FamilyAlias& alias : kAliases)
+    if (name == alias.name) return &family_info(alias.family);
   return nullptr;
 }
 
@@ -115,7 +105,8 @@ std::string family_names() {
   std::string out;
   for (const FamilyInfo& f : kFamilies)
     out += std::string(out.empty() ? "" : ", ") + f.decoder_block;
-  for (const char* alias : kLlamaAliases) out += std::string(", ") + alias;
+  for (const FamilyAlias& alias : kAliases)
+    if (alias.listed) out += std::string(", ") + alias.name;
   return out;
 }
 

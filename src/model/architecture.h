@@ -1,8 +1,8 @@
 // A decoder family described as data. Llama, Mixtral and Gemma are one decoder
 // (model/decoder.h) that differs only in the fields below; the parameter layout and
-// initialisation (param_store), the forward and backward (decoder) and the Hugging Face
-// config.json read them from here. The GGUF export (io/gguf_convert.cc, a lower layer)
-// works from the config.json's model_type.
+// initialisation (param_store) and the forward and backward (decoder) read them from here.
+// What other formats call each family (Hugging Face's config.json, llama.cpp's GGUF) is
+// convert/'s (convert/family_formats.h), above the model.
 //
 //                       Llama / Mixtral        Gemma (GemmaForCausalLM)
 //   RMSNorm scale       w                      1 + w      (norm_weight_offset 0 / 1)
@@ -29,7 +29,6 @@
 #pragma once
 
 #include <cstdint>
-#include <span>
 #include <string>
 
 #include "kernels/gated_activation.h"
@@ -38,7 +37,7 @@ namespace hyperion {
 
 enum class DecoderFamily : uint8_t { kLlama, kGemma, kQwen2, kQwen3, kGemma2, kGemma3 };
 
-// The per-model fields (a LlamaConfig holds one): a family's defaults, as every family
+// The per-model fields (a DecoderConfig holds one): a family's defaults, as every family
 // fixes them today, but kept as data so the decoder never asks which family it runs.
 struct DecoderArch {
   DecoderFamily family = DecoderFamily::kLlama;
@@ -74,39 +73,20 @@ struct DecoderArch {
   bool operator==(const DecoderArch&) const = default;
 };
 
-// A family's names and defaults.
+// A family's name and defaults.
 struct FamilyInfo {
   DecoderFamily family;
   const char* decoder_block;  // the training YAML's decoder_block (MaxText's names)
-  const char* hf_model_type;  // config.json model_type for a dense model
-  const char* hf_class;       // config.json architectures[0] for a dense model
   bool tied_head;             // the LM head is always the embedding (Gemma)
-  // config.json speaks Gemma 2's dialect (Gemma 2 and 3): soft caps,
-  // query_pre_attn_scalar, and a window pattern of local and global layers.
-  bool hf_gemma2_keys;
+  // Gemma 2's extras (Gemma 2 and 3): soft caps, query_pre_attn_scalar, and a window
+  // pattern of local and global layers.
+  bool gemma2_features;
   DecoderArch defaults;
-  // llama.cpp: general.architecture, and whether its graph rotates adjacent pairs (its
-  // "llama" graph: q_proj/k_proj rows are permuted at export) rather than halves as
-  // Hugging Face does (gemma, qwen2, qwen3: NEOX-style RoPE, rows kept).
-  const char* gguf_arch;
-  bool gguf_permute_qk;
 };
-
-// The (model_type, architectures[0]) pairs a config.json may name, and the family each
-// means: each family's own, and other spellings of one (Mistral and Mixtral are the llama
-// row), with the transformers config class's defaults where they differ.
-struct HfModelType {
-  const char* model_type;
-  const char* architecture;
-  DecoderFamily family;
-  double rope_theta;    // the config class's default
-  double rms_norm_eps;  // idem
-};
-std::span<const HfModelType> hf_model_types();
 
 const FamilyInfo& family_info(DecoderFamily family);
-// By the YAML's decoder_block ("llama2", "gemma", ...) or a config.json model_type
-// ("llama", "mixtral", "gemma"); null when unknown.
+// By the YAML's decoder_block ("llama2", "gemma", ...) or another spelling of one
+// ("llama", "llama3", "mistral", "mixtral", "gemma3_text"); null when unknown.
 const FamilyInfo* find_family(const std::string& name);
 // The decoder_block names accepted, for error messages ("llama2, mistral, ...").
 std::string family_names();

@@ -10,7 +10,7 @@
 namespace hyperion {
 
 void SelfAttentionOnly::attend(const Decoder& dec, int l, const PassRows& rows, DecoderActs& s) {
-  const LlamaConfig& c = dec.config();
+  const DecoderConfig& c = dec.config();
   const DType a = dec.act();
   const int64_t b = rows.b, t = rows.t, hq = c.n_heads, hkv = c.n_kv_heads, hd = c.head_dim;
   dec.kernels().attention_forward(

@@ -1,5 +1,5 @@
 // The decoder: one implementation of the layer stack, forward and backward, that
-// training (model/llama_model.h), generation (model/llama_generator.h) and serving
+// training (model/causal_lm.h), generation (model/generator.h) and serving
 // (serve/model_runner.h) all run. The family's differences come from the config's
 // DecoderArch (model/architecture.h); where keys and values come from is a KvSource;
 // how matrices are stored is a LinearWeights (model/linear.h).
@@ -136,7 +136,7 @@ class Decoder {
   // RoPE covers positions [0, rope_positions). Both must outlive the decoder.
   Decoder(const ParamStore& params, LinearWeights& weights, int64_t rope_positions);
 
-  const LlamaConfig& config() const { return cfg_; }
+  const DecoderConfig& config() const { return cfg_; }
   const ParamStore& params() const { return params_; }
   // The kernels of the parameters' device: every op the decoder runs goes through it.
   KernelBackend& kernels() const { return k_; }
@@ -223,7 +223,7 @@ class Decoder {
   const void* dres_compute(int64_t n, const DecoderGrads& g) const;
 
   const ParamStore& params_;
-  LlamaConfig cfg_;
+  DecoderConfig cfg_;
   LinearWeights& weights_;
   KernelBackend& k_;
   DType act_;

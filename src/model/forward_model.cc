@@ -60,7 +60,7 @@ CrossEntropyResult ForwardModel::loss(const int32_t* inputs, const int32_t* targ
     inputs = tokens_dev_;
     targets = tokens_dev_ + n;
   }
-  // The same bucket order as LlamaModel::forward_loss: embedding, layers, then the tail
+  // The same bucket order as CausalLM::forward_loss: embedding, layers, then the tail
   // (and the embedding again when it is the head).
   use(0, nl > 0 ? 1 : tail);
   decoder_.embed(inputs, n, acts_.x);

@@ -1,7 +1,7 @@
 // The decoder's forward alone, over micro-batches of batch x seq_len tokens: evaluation.
 // One set of activations is reused by every layer (nothing is kept for a backward), there
 // are no gradient buffers, and the parameter store is read-only. Its losses equal
-// LlamaModel::forward_loss's bit for bit (the same kernels on the same inputs).
+// CausalLM::forward_loss's bit for bit (the same kernels on the same inputs).
 #pragma once
 
 #include <cstdint>
@@ -42,7 +42,7 @@ class ForwardModel {
     if (hooks_ != nullptr) hooks_->done(b, false);
   }
 
-  LlamaConfig cfg_;
+  DecoderConfig cfg_;
   PassRows rows_;
   MoeOptions moe_options_;
   MoeShape moe_shape_;

@@ -21,7 +21,7 @@ LinearWeights::LinearWeights(const ParamStore& params, WeightFormat format)
     : params_(params), backend_(backend_for(params.device())), format_(format) {
   HYP_CHECK(format == WeightFormat::kF32 || params.has_bf16(),
             "bf16 or int8 weights need the parameter store's bf16 copy");
-  const LlamaConfig& cfg = params.config();
+  const DecoderConfig& cfg = params.config();
   for (const ParamInfo& info : params.infos()) {
     if (info.kind == ParamKind::kNorm || info.kind == ParamKind::kBias) continue;
     const bool expert = info.name.find(".experts.") != std::string::npos;

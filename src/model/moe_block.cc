@@ -38,7 +38,7 @@ MoeActs MoeInferenceBuffers::acts() {
   return m;
 }
 
-MoeShape moe_shape(const LlamaConfig& c, const MoeOptions& o, int64_t batch, int64_t seq_len,
+MoeShape moe_shape(const DecoderConfig& c, const MoeOptions& o, int64_t batch, int64_t seq_len,
                    int64_t row_align) {
   MoeShape s;
   s.b = batch;

@@ -39,7 +39,7 @@
 #include "base/aligned.h"
 
 #include "kernels/moe_routing.h"
-#include "model/llama_config.h"
+#include "model/decoder_config.h"
 #include "model/param_store.h"
 
 namespace hyperion::dist {
@@ -86,7 +86,7 @@ struct MoeShape {
 // Dropless training pads each expert's rows to a multiple of 32 (see moe_dispatch_plan):
 // at most 31 zero rows per expert, against a JIT-compiled GEMM kernel per new row count.
 inline constexpr int64_t kMoeTrainRowAlign = 32;
-MoeShape moe_shape(const LlamaConfig& c, const MoeOptions& o, int64_t batch, int64_t seq_len,
+MoeShape moe_shape(const DecoderConfig& c, const MoeOptions& o, int64_t batch, int64_t seq_len,
                    int64_t row_align = kMoeTrainRowAlign);
 
 // One MoE layer's expert-parallel state: the rows this rank received for its local

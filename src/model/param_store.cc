@@ -15,7 +15,8 @@ namespace {
 constexpr int64_t kAlignElems = 16;  // 64 bytes of f32
 }
 
-ParamStore::ParamStore(const LlamaConfig& config, bool bf16_copy, bool gradients, Allocator& alloc)
+ParamStore::ParamStore(const DecoderConfig& config, bool bf16_copy, bool gradients,
+                       Allocator& alloc)
     : config_(config), tie_(config.tie_embeddings), device_(alloc.device()) {
   describe();
   KernelBackend& k = backend_for(device_);
@@ -33,7 +34,7 @@ ParamStore::ParamStore(const LlamaConfig& config, bool bf16_copy, bool gradients
   }
 }
 
-std::vector<ParamInfo> ParamStore::layout(const LlamaConfig& config) {
+std::vector<ParamInfo> ParamStore::layout(const DecoderConfig& config) {
   ParamStore s;
   s.config_ = config;
   s.tie_ = config.tie_embeddings;
@@ -41,7 +42,7 @@ std::vector<ParamInfo> ParamStore::layout(const LlamaConfig& config) {
   return std::move(s.infos_);
 }
 
-int64_t ParamStore::bytes(const LlamaConfig& config, ParamBuffers buffers) {
+int64_t ParamStore::bytes(const DecoderConfig& config, ParamBuffers buffers) {
   ParamStore s;
   s.config_ = config;
   s.tie_ = config.tie_embeddings;
@@ -51,71 +52,63 @@ int64_t ParamStore::bytes(const LlamaConfig& config, ParamBuffers buffers) {
 }
 
 void ParamStore::describe() {
-  const LlamaConfig& config = config_;
+  const DecoderConfig& config = config_;
   config.validate("model");
   const int64_t d = config.dim, q = config.q_dim(), kv = config.kv_dim(), f = config.ffn_dim;
   const int64_t fe = config.expert_ffn_dim();
   const int ne = static_cast<int>(config.n_experts);
-  // Each tensor's Hugging Face name and llama.cpp's (gguf-py's tensor_mapping.py).
-  embed_ = add("model.embed_tokens.weight", "token_embd.weight", {config.vocab_size, d}, -1,
-               ParamKind::kEmbedding);
+  // Each tensor's name is Hugging Face's, so a checkpoint directory is a Hugging Face model
+  // directory (other formats' names: convert/family_formats.cc).
+  embed_ = add("model.embed_tokens.weight", {config.vocab_size, d}, -1, ParamKind::kEmbedding);
   for (int l = 0; l < config.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    const std::string b = "blk." + std::to_string(l) + ".";
     const DecoderArch& a = config.arch;
     const auto K = ParamKind::kMatrix, N = ParamKind::kNorm, B = ParamKind::kBias;
     LayerParamIndex li;
-    li.input_norm = add(p + "input_layernorm.weight", b + "attn_norm.weight", {d}, l, N);
-    li.q = add(p + "self_attn.q_proj.weight", b + "attn_q.weight", {q, d}, l, K);
-    if (a.qkv_bias) li.q_bias = add(p + "self_attn.q_proj.bias", b + "attn_q.bias", {q}, l, B);
-    li.k = add(p + "self_attn.k_proj.weight", b + "attn_k.weight", {kv, d}, l, K);
-    if (a.qkv_bias) li.k_bias = add(p + "self_attn.k_proj.bias", b + "attn_k.bias", {kv}, l, B);
-    li.v = add(p + "self_attn.v_proj.weight", b + "attn_v.weight", {kv, d}, l, K);
-    if (a.qkv_bias) li.v_bias = add(p + "self_attn.v_proj.bias", b + "attn_v.bias", {kv}, l, B);
+    li.input_norm = add(p + "input_layernorm.weight", {d}, l, N);
+    li.q = add(p + "self_attn.q_proj.weight", {q, d}, l, K);
+    if (a.qkv_bias) li.q_bias = add(p + "self_attn.q_proj.bias", {q}, l, B);
+    li.k = add(p + "self_attn.k_proj.weight", {kv, d}, l, K);
+    if (a.qkv_bias) li.k_bias = add(p + "self_attn.k_proj.bias", {kv}, l, B);
+    li.v = add(p + "self_attn.v_proj.weight", {kv, d}, l, K);
+    if (a.qkv_bias) li.v_bias = add(p + "self_attn.v_proj.bias", {kv}, l, B);
     if (a.qk_norm) {
       const int64_t hd = config.head_dim;
-      li.q_norm = add(p + "self_attn.q_norm.weight", b + "attn_q_norm.weight", {hd}, l, N);
-      li.k_norm = add(p + "self_attn.k_norm.weight", b + "attn_k_norm.weight", {hd}, l, N);
+      li.q_norm = add(p + "self_attn.q_norm.weight", {hd}, l, N);
+      li.k_norm = add(p + "self_attn.k_norm.weight", {hd}, l, N);
     }
-    li.o = add(p + "self_attn.o_proj.weight", b + "attn_output.weight", {d, q}, l, K);
-    if (a.o_bias) li.o_bias = add(p + "self_attn.o_proj.bias", b + "attn_output.bias", {d}, l, B);
+    li.o = add(p + "self_attn.o_proj.weight", {d, q}, l, K);
+    if (a.o_bias) li.o_bias = add(p + "self_attn.o_proj.bias", {d}, l, B);
     // Llama's post_attention_layernorm is the MLP's input norm; with post-norms (Gemma 2/3)
     // the name is the attention output's norm and the MLP's is pre_feedforward_layernorm.
     if (a.post_norms) {
-      li.attn_out_norm =
-          add(p + "post_attention_layernorm.weight", b + "post_attention_norm.weight", {d}, l, N);
-      li.mlp_norm = add(p + "pre_feedforward_layernorm.weight", b + "ffn_norm.weight", {d}, l, N);
+      li.attn_out_norm = add(p + "post_attention_layernorm.weight", {d}, l, N);
+      li.mlp_norm = add(p + "pre_feedforward_layernorm.weight", {d}, l, N);
     } else {
-      li.mlp_norm = add(p + "post_attention_layernorm.weight", b + "ffn_norm.weight", {d}, l, N);
+      li.mlp_norm = add(p + "post_attention_layernorm.weight", {d}, l, N);
     }
     if (config.is_moe_layer(l)) {
-      // Mixtral's w1 = gate, w3 = up, w2 = down; llama.cpp stacks the experts.
+      // Mixtral's w1 = gate, w3 = up, w2 = down, one tensor per expert.
       const std::string m = p + "block_sparse_moe.";
-      li.router = add(m + "gate.weight", b + "ffn_gate_inp.weight", {config.n_experts, d}, l, K);
-      li.gate = add_stacked(m + "experts.", ".w1.weight", b + "ffn_gate_exps.weight", ne, {fe, d}, l);
-      li.up = add_stacked(m + "experts.", ".w3.weight", b + "ffn_up_exps.weight", ne, {fe, d}, l);
-      li.down = add_stacked(m + "experts.", ".w2.weight", b + "ffn_down_exps.weight", ne, {d, fe}, l);
+      li.router = add(m + "gate.weight", {config.n_experts, d}, l, K);
+      li.gate = add_stacked(m + "experts.", ".w1.weight", ne, {fe, d}, l);
+      li.up = add_stacked(m + "experts.", ".w3.weight", ne, {fe, d}, l);
+      li.down = add_stacked(m + "experts.", ".w2.weight", ne, {d, fe}, l);
     } else {
-      li.gate = add(p + "mlp.gate_proj.weight", b + "ffn_gate.weight", {f, d}, l, K);
-      li.up = add(p + "mlp.up_proj.weight", b + "ffn_up.weight", {f, d}, l, K);
-      li.down = add(p + "mlp.down_proj.weight", b + "ffn_down.weight", {d, f}, l, K);
+      li.gate = add(p + "mlp.gate_proj.weight", {f, d}, l, K);
+      li.up = add(p + "mlp.up_proj.weight", {f, d}, l, K);
+      li.down = add(p + "mlp.down_proj.weight", {d, f}, l, K);
     }
-    if (a.post_norms)
-      li.mlp_out_norm =
-          add(p + "post_feedforward_layernorm.weight", b + "post_ffw_norm.weight", {d}, l, N);
+    if (a.post_norms) li.mlp_out_norm = add(p + "post_feedforward_layernorm.weight", {d}, l, N);
     layers_.push_back(li);
   }
-  final_norm_ = add("model.norm.weight", "output_norm.weight", {d}, -1, ParamKind::kNorm);
-  if (!tie_)
-    lm_head_ = add("lm_head.weight", "output.weight", {config.vocab_size, d}, -1,
-                   ParamKind::kMatrix);
+  final_norm_ = add("model.norm.weight", {d}, -1, ParamKind::kNorm);
+  if (!tie_) lm_head_ = add("lm_head.weight", {config.vocab_size, d}, -1, ParamKind::kMatrix);
 }
 
-int ParamStore::add(std::string name, std::string gguf_name, Shape shape, int layer,
-                    ParamKind kind) {
+int ParamStore::add(std::string name, Shape shape, int layer, ParamKind kind) {
   ParamInfo info;
   info.name = std::move(name);
-  info.gguf_name = std::move(gguf_name);
   info.shape = shape;
   info.offset = size_;
   info.numel = shape.numel();
@@ -126,14 +119,13 @@ int ParamStore::add(std::string name, std::string gguf_name, Shape shape, int la
   return static_cast<int>(infos_.size() - 1);
 }
 
-int ParamStore::add_stacked(const std::string& prefix, const std::string& suffix,
-                            std::string gguf_name, int count, Shape shape, int layer) {
+int ParamStore::add_stacked(const std::string& prefix, const std::string& suffix, int count,
+                            Shape shape, int layer) {
   const int first = static_cast<int>(infos_.size());
   const int64_t begin = size_;
   for (int e = 0; e < count; ++e) {
     ParamInfo info;
     info.name = prefix + std::to_string(e) + suffix;
-    info.gguf_name = gguf_name;
     info.shape = shape;
     info.numel = shape.numel();
     info.offset = begin + e * info.numel;

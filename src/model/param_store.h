@@ -1,4 +1,4 @@
-// Parameters of a Llama model in flat contiguous buffers. Every tensor has a fixed
+// Parameters of a decoder in flat contiguous buffers. Every tensor has a fixed
 // offset (64-byte aligned) into one f32 master buffer, and the same offset into the
 // gradient buffer and the optional bf16 compute copy. Each decoder layer's tensors are
 // contiguous, so a layer is one [begin, end) range: the unit a data-parallel or FSDP
@@ -21,7 +21,7 @@
 
 #include "base/aligned.h"
 #include "base/allocator.h"
-#include "model/llama_config.h"
+#include "model/decoder_config.h"
 #include "tensor/tensor.h"
 
 namespace hyperion {
@@ -29,9 +29,7 @@ namespace hyperion {
 enum class ParamKind : uint8_t { kEmbedding, kMatrix, kNorm, kBias };
 
 struct ParamInfo {
-  std::string name;       // Hugging Face tensor name
-  std::string gguf_name;  // llama.cpp's name (blk.{i}.attn_q.weight, ...); an expert's is
-                          // its stacked tensor's (blk.{i}.ffn_gate_exps.weight)
+  std::string name;  // Hugging Face tensor name (llama.cpp's: convert/family_formats.h)
   Shape shape;
   int64_t offset = 0;  // elements into the flat buffers
   int64_t numel = 0;
@@ -61,16 +59,16 @@ class ParamStore {
  public:
   // The buffers come from `alloc` (the host by default); zeroing and the bf16 refresh run
   // on the backend of its device.
-  ParamStore(const LlamaConfig& config, bool bf16_copy, bool gradients = true,
+  ParamStore(const DecoderConfig& config, bool bf16_copy, bool gradients = true,
              Allocator& alloc = host_allocator());
 
   // The tensors of a model of `config` (names, shapes, offsets) without allocating them:
   // what a checkpoint must hold, checked before anything large is allocated.
-  static std::vector<ParamInfo> layout(const LlamaConfig& config);
+  static std::vector<ParamInfo> layout(const DecoderConfig& config);
   // Bytes a ParamStore of `config` allocates with `buffers`.
-  static int64_t bytes(const LlamaConfig& config, ParamBuffers buffers);
+  static int64_t bytes(const DecoderConfig& config, ParamBuffers buffers);
 
-  const LlamaConfig& config() const { return config_; }
+  const DecoderConfig& config() const { return config_; }
   const std::vector<ParamInfo>& infos() const { return infos_; }
   const ParamInfo* find(const std::string& name) const;
   int64_t size() const { return size_; }  // elements in each flat buffer (with padding)
@@ -125,16 +123,16 @@ class ParamStore {
   void sync_bf16();
 
  private:
-  int add(std::string name, std::string gguf_name, Shape shape, int layer, ParamKind kind);
+  int add(std::string name, Shape shape, int layer, ParamKind kind);
   // Adds `count` tensors named prefix + e + suffix back to back (no padding between them).
-  int add_stacked(const std::string& prefix, const std::string& suffix, std::string gguf_name,
-                  int count, Shape shape, int layer);
+  int add_stacked(const std::string& prefix, const std::string& suffix, int count, Shape shape,
+                  int layer);
   static TensorView stack(const TensorView& first, int count);
   ParamStore() = default;  // for layout() and bytes(): described, never allocated
   // Lays out every tensor (infos_, layers_, size_) without allocating.
   void describe();
 
-  LlamaConfig config_;
+  DecoderConfig config_;
   bool tie_ = false;
   std::vector<ParamInfo> infos_;
   std::vector<LayerParamIndex> layers_;

@@ -59,7 +59,7 @@ QuantizedMatmuls::QuantizedMatmuls(const ParamStore& params, const QuantOptions&
   HYP_CHECK(options.amax_history_len >= 1, "fp8_amax_history_len must be >= 1, got {}",
             options.amax_history_len);
   HYP_CHECK(k_.device() == Device::kHost, "quantization: the quantised matmuls run on the host");
-  const LlamaConfig& cfg = params.config();
+  const DecoderConfig& cfg = params.config();
   const size_t np = params.infos().size();
   covered_.assign(np, 0);
   weights_.resize(np);

@@ -1,5 +1,5 @@
 // What the trainer drives (train/trainer.h): a model it can step, evaluate and
-// checkpoint, fed batches by a data source. LlamaModel is one. The recommender
+// checkpoint, fed batches by a data source. CausalLM is one. The recommender
 // (recsys/dlrm_model.h) reads the same Batch (its dense and sparse fields) but steps its
 // own sharded tables and optimizers, under train/recsys_trainer.h.
 #pragma once

@@ -26,7 +26,7 @@ const char* finish_reason_name(FinishReason r) {
 }
 
 struct Engine::Sequence {
-  Sequence(int64_t id_, GenerationRequest r, TokenCallback cb, const io::Tokenizer* tok)
+  Sequence(int64_t id_, GenerationRequest r, TokenCallback cb, const text::Tokenizer* tok)
       : id(id_),
         req(std::move(r)),
         callback(std::move(cb)),
@@ -48,7 +48,7 @@ struct Engine::Sequence {
   int64_t prompt_len() const { return static_cast<int64_t>(req.prompt.size()); }
 };
 
-Engine::Engine(const ParamStore& params, const io::Tokenizer* tokenizer, EngineConfig config)
+Engine::Engine(const ParamStore& params, const text::Tokenizer* tokenizer, EngineConfig config)
     : cfg_(std::move(config)),
       tok_(tokenizer),
       pool_(

@@ -32,7 +32,6 @@
 #include <vector>
 
 #include "base/error.h"
-#include "io/tokenizer.h"
 #include "model/param_store.h"
 #include "model/sampler.h"
 #include "serve/engine_config.h"
@@ -40,6 +39,7 @@
 #include "serve/model_runner.h"
 #include "serve/request.h"
 #include "serve/text_stream.h"
+#include "text/tokenizer.h"
 
 namespace hyperion::serve {
 
@@ -78,7 +78,7 @@ struct EngineStats {
 class Engine {
  public:
   // `tokenizer` may be null (token ids only: no text, no stop strings).
-  Engine(const ParamStore& params, const io::Tokenizer* tokenizer, EngineConfig config);
+  Engine(const ParamStore& params, const text::Tokenizer* tokenizer, EngineConfig config);
   ~Engine();
 
   const EngineConfig& config() const { return cfg_; }
@@ -132,7 +132,7 @@ class Engine {
   int64_t pages_to_reserve(const Sequence& s) const;
 
   EngineConfig cfg_;
-  const io::Tokenizer* tok_;
+  const text::Tokenizer* tok_;
   int32_t eos_id_ = 2;
   std::vector<int32_t> end_ids_;  // eos_id_ and the tokenizer's other end tokens
   std::unique_ptr<ModelRunner> runner_;

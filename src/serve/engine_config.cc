@@ -130,7 +130,7 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
   return c;
 }
 
-int64_t max_pages_per_sequence(const EngineConfig& c, const LlamaConfig& model) {
+int64_t max_pages_per_sequence(const EngineConfig& c, const DecoderConfig& model) {
   const int64_t full = (c.max_seq_len + c.kv_page_tokens - 1) / c.kv_page_tokens;
   const DecoderArch& a = model.arch;
   if (c.padded_attention || a.sliding_window <= 0 || a.sliding_window_pattern != 0) return full;
@@ -138,7 +138,7 @@ int64_t max_pages_per_sequence(const EngineConfig& c, const LlamaConfig& model) 
   return std::min(full, (a.sliding_window + n - 2) / c.kv_page_tokens + 2);
 }
 
-void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t weight_bytes) {
+void resolve_engine_config(EngineConfig& c, const DecoderConfig& model, int64_t weight_bytes) {
   if (c.max_seq_len == 0) c.max_seq_len = model.max_seq_len;
   // Positions past those the model was trained for (max_position_embeddings) give RoPE
   // angles it never saw: its output there is unreliable, so they are not offered, unless
@@ -219,7 +219,7 @@ void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t we
                        hint);
 }
 
-void plan_engine_memory(EngineConfig& c, const LlamaConfig& model) {
+void plan_engine_memory(EngineConfig& c, const DecoderConfig& model) {
   EngineConfig planned = c;
   resolve_engine_config(planned, model,
                         ParamStore::bytes(model, {c.weights != WeightFormat::kF32,

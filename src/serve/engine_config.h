@@ -29,7 +29,7 @@
 
 #include "base/allocator.h"
 #include "base/config.h"
-#include "model/llama_config.h"
+#include "model/decoder_config.h"
 #include "serve/model_runner.h"
 #include "tensor/dtype.h"
 
@@ -71,7 +71,7 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides);
 // always gets one static region per slot. Then checks the KV cache fits the device's memory
 // beside `weight_bytes` of weights; the engine checks the cache alone (0) as a backstop. Errors
 // name the keys that size the cache.
-void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t weight_bytes = 0);
+void resolve_engine_config(EngineConfig& c, const DecoderConfig& model, int64_t weight_bytes = 0);
 
 // The most KV pages one sequence holds at once: its whole context (max_seq_len), or, with a
 // sliding window on every layer and ragged attention (Mistral v0.1), the pages a step can
@@ -79,13 +79,13 @@ void resolve_engine_config(EngineConfig& c, const LlamaConfig& model, int64_t we
 // that is fewer (the engine releases the older ones as the sequence runs, and
 // resolve_engine_config turns the prefix cache off: a released page another request shares
 // would free nothing).
-int64_t max_pages_per_sequence(const EngineConfig& c, const LlamaConfig& model);
+int64_t max_pages_per_sequence(const EngineConfig& c, const DecoderConfig& model);
 
 // Before the weights are loaded: resolves a copy of `c` beside the weights the engine's
 // format keeps (ParamStore::bytes), so a model and KV cache that do not fit the device are
 // refused first, and keeps the slot count chosen there (the engine's own resolve, with the
 // cache alone, would leave room for more).
-void plan_engine_memory(EngineConfig& c, const LlamaConfig& model);
+void plan_engine_memory(EngineConfig& c, const DecoderConfig& model);
 
 const char* weight_format_name(WeightFormat w);
 

@@ -16,8 +16,8 @@
 #include "base/error.h"
 #include "base/timer.h"
 #include "io/atomic_file.h"
-#include "io/text_input.h"
-#include "io/tokenizer.h"
+#include "text/text_input.h"
+#include "text/tokenizer.h"
 
 namespace hyperion::serve {
 
@@ -169,7 +169,7 @@ std::vector<BenchRequest> load_jsonl_prompts(const std::string& path, const Prom
 }
 
 std::string bundled_corpus_path() {
-  return io::require_bundled_corpus("give a text file with --corpus");
+  return text::require_bundled_corpus("give a text file with --corpus");
 }
 
 namespace {
@@ -185,7 +185,7 @@ void draw_lengths(const PromptShape& shape, std::vector<int64_t>& in, std::vecto
 
 }  // namespace
 
-std::vector<BenchRequest> corpus_prompts(const io::Tokenizer& tok, const std::string& corpus_path,
+std::vector<BenchRequest> corpus_prompts(const text::Tokenizer& tok, const std::string& corpus_path,
                                          const PromptShape& shape) {
   check_prompt_shape(shape, "corpus_prompts");
   std::vector<int64_t> in_len, out_len;
@@ -194,7 +194,7 @@ std::vector<BenchRequest> corpus_prompts(const io::Tokenizer& tok, const std::st
   const int64_t bos_len = tok.bos_id() >= 0 ? 1 : 0;
   for (int64_t l : in_len) needed += static_cast<size_t>(l - bos_len);
 
-  const std::vector<std::string> docs = io::read_documents(corpus_path);
+  const std::vector<std::string> docs = text::read_documents(corpus_path);
   HYP_CHECK(!docs.empty(), "corpus_prompts: '{}' holds no documents", corpus_path);
   // Only as much of the corpus as the prompts need is tokenized, starting at a seeded
   // document and wrapping around.

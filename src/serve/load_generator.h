@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-namespace hyperion::io {
+namespace hyperion::text {
 class Tokenizer;
 }
 
@@ -67,11 +67,11 @@ std::vector<BenchRequest> load_jsonl_prompts(const std::string& path, const Prom
 std::string bundled_corpus_path();
 
 // Token-id prompts cut from consecutive windows of the corpus (read with
-// io::read_documents, tokenized document by document from a seeded starting document,
+// text::read_documents, tokenized document by document from a seeded starting document,
 // wrapping around when the corpus is short): each is BOS (id 1) followed by
 // input_len - 1 corpus tokens, input_len uniform in [min_input_len, max_input_len],
 // max_tokens uniform in [min_output_len, max_output_len].
-std::vector<BenchRequest> corpus_prompts(const io::Tokenizer& tok, const std::string& corpus_path,
+std::vector<BenchRequest> corpus_prompts(const text::Tokenizer& tok, const std::string& corpus_path,
                                          const PromptShape& shape);
 
 // Fallback without a tokenizer: BOS then uniform random ids in [3, vocab_size) (skipping

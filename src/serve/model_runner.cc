@@ -23,7 +23,7 @@ void StepBatch::clear() {
 }
 
 void PagedKvSource::attend(const Decoder& dec, int l, const PassRows& pass, DecoderActs& s) {
-  const LlamaConfig& c = dec.config();
+  const DecoderConfig& c = dec.config();
   const DType act = dec.act();
   const size_t a = dtype_size(act);
   const int64_t hq = c.n_heads, hkv = c.n_kv_heads, hd = c.head_dim, qd = c.q_dim();

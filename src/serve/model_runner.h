@@ -96,7 +96,7 @@ class ModelRunner {
   // `params` must hold a bf16 copy for WeightFormat::kBF16 and outlive the runner.
   ModelRunner(const ParamStore& params, const RunnerOptions& options);
 
-  const LlamaConfig& config() const { return cfg_; }
+  const DecoderConfig& config() const { return cfg_; }
   const RunnerOptions& options() const { return opt_; }
   DType act_dtype() const { return act_; }
   // Bytes of KV cache per token over all layers (with scales), and the whole pool.
@@ -144,7 +144,7 @@ class ModelRunner {
   // when it must run as usual.
   bool run_recorded(const StepBatch& batch, int64_t n, int64_t mp);
 
-  LlamaConfig cfg_;
+  DecoderConfig cfg_;
   RunnerOptions opt_;
   DType act_;
   LinearWeights weights_;

@@ -279,7 +279,7 @@ void check_stream_options(const json& j, const ApiRequest& r) {
 
 }  // namespace
 
-size_t prompt_byte_bound(const io::Tokenizer& tokenizer, int64_t context_tokens) {
+size_t prompt_byte_bound(const text::Tokenizer& tokenizer, int64_t context_tokens) {
   return static_cast<size_t>(std::max<int64_t>(context_tokens, 1)) *
          std::max<size_t>(tokenizer.max_piece_bytes(), 4) * 2;
 }
@@ -342,7 +342,7 @@ std::vector<int32_t> apply_chat_template(const json& messages, const ApiContext&
   size_t bytes = 0;
   for (const json& m : messages) bytes += m["content"].get_ref<const std::string&>().size();
   check_text_bytes(ctx, bytes, "messages");
-  const io::Tokenizer& tok = *ctx.tokenizer;
+  const text::Tokenizer& tok = *ctx.tokenizer;
   std::vector<int32_t> ids;
   if (tok.bos_id() >= 0) ids.push_back(tok.bos_id());
   auto append = [&](const std::string& text) {
@@ -465,7 +465,7 @@ std::string render_chat_template(const std::string& body, const ApiContext& ctx)
       text += (text.empty() ? "" : "\n") + part["text"].get<std::string>();
     m["content"] = text;
   }
-  io::ChatTemplate::Input in;
+  text::ChatTemplate::Input in;
   in.messages = &messages;
   if (j.contains("tools") && !j["tools"].is_null()) in.tools = &j["tools"];
   if (j.contains("chat_template_kwargs")) in.kwargs = &j["chat_template_kwargs"];

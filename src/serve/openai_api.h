@@ -32,9 +32,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "io/chat_template.h"
-#include "io/tokenizer.h"
 #include "serve/request.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace hyperion::serve {
 
@@ -55,10 +55,10 @@ struct ApiException : std::exception {
 std::string error_body(const ApiError& e);
 
 struct ApiContext {
-  const io::Tokenizer* tokenizer = nullptr;
+  const text::Tokenizer* tokenizer = nullptr;
   std::string model_name;
   std::string chat_template = "plain";  // plain | llama2 | jinja
-  const io::ChatTemplate* jinja = nullptr;  // the template when chat_template is "jinja"
+  const text::ChatTemplate* jinja = nullptr;  // the template when chat_template is "jinja"
   int64_t context_tokens = 0;           // the engine's max_seq_len (0: unchecked here)
   // Text prompts (chat: all message contents) over this many bytes are refused before
   // tokenization (0: no bound); see prompt_byte_bound().
@@ -67,7 +67,7 @@ struct ApiContext {
 
 // The byte bound of a context: no prompt of more bytes can fit `context_tokens` tokens,
 // as no token stands for more than the tokenizer's longest piece (x2 of slack).
-size_t prompt_byte_bound(const io::Tokenizer& tokenizer, int64_t context_tokens);
+size_t prompt_byte_bound(const text::Tokenizer& tokenizer, int64_t context_tokens);
 
 struct ApiRequest {
   bool chat = false;
@@ -86,7 +86,7 @@ ApiRequest parse_chat_request(const std::string& body, const ApiContext& ctx);
 //   "System: ...\nUser: ...\nAssistant: ...\n" per message, then "Assistant:"; generation
 //   also stops at "\nUser:" (added to the request's stop strings).
 // llama2: "[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s><s>[INST] ..."
-// jinja: the model's template (io/chat_template.h); an error it raises is a 400.
+// jinja: the model's template (text/chat_template.h); an error it raises is a 400.
 std::vector<int32_t> apply_chat_template(const nlohmann::json& messages, const ApiContext& ctx);
 // The Jinja template's prompt text for a chat request body (its messages, tools and
 // template variables in the order sent); throws ApiException (400) naming the field.

@@ -15,7 +15,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
-TextStream::TextStream(const io::Tokenizer* tokenizer, const std::vector<int32_t>& context,
+TextStream::TextStream(const text::Tokenizer* tokenizer, const std::vector<int32_t>& context,
                        std::vector<std::string> stop)
     : tok_(tokenizer), stop_(std::move(stop)) {
   stop_.erase(std::remove(stop_.begin(), stop_.end(), std::string()), stop_.end());

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "io/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace hyperion::serve {
 
@@ -29,7 +29,7 @@ class TextStream {
  public:
   // `tokenizer` may be null: no text, no stop strings (token ids only). `context`: the
   // prompt (its last 64 tokens are looked at for an anchor).
-  TextStream(const io::Tokenizer* tokenizer, const std::vector<int32_t>& context,
+  TextStream(const text::Tokenizer* tokenizer, const std::vector<int32_t>& context,
              std::vector<std::string> stop);
 
   // Adds a generated token; returns the text it makes final. Sets *stopped when a stop
@@ -47,7 +47,7 @@ class TextStream {
   // Whether `token` may be the anchor: any token but a special one, which decode leaves out.
   bool can_anchor(int32_t token) const;
 
-  const io::Tokenizer* tok_;
+  const text::Tokenizer* tok_;
   std::vector<int32_t> window_;  // the anchor token (if any), then the tokens not yet settled
   bool anchored_ = false;        // window_[0] is an anchor
   std::string anchor_text_;      // decode({anchor}); empty without one

@@ -1,3 +1,4 @@
+#include "convert/hf_config.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_files.h"
 
@@ -40,7 +41,7 @@ struct CheckpointManager::Snapshot {
   std::vector<int> model_file;
   int model_files = 1;
   int rank = 0, world = 1;
-  LlamaConfig config;
+  DecoderConfig config;
   TrainerState state;
   int64_t optimizer_steps = 0;
   std::vector<std::pair<std::string, std::string>> tokenizer;
@@ -239,7 +240,7 @@ void CheckpointManager::write_common(const Snapshot& s, const std::string& tmp) 
     index["weight_map"] = map;
     io::write_file_atomic(tmp + "/model.safetensors.index.json", index.dump(2) + "\n");
   }
-  io::write_file_atomic(tmp + "/config.json", s.config.to_hf_json());
+  io::write_file_atomic(tmp + "/config.json", convert::to_hf_config_json(s.config));
   for (const auto& [name, bytes] : s.tokenizer) io::write_file_atomic(tmp + "/" + name, bytes);
   nlohmann::ordered_json st;
   st["format_version"] = 1;
@@ -314,7 +315,7 @@ std::string resolve_checkpoint_dir(const std::string& path) {
   return *latest;
 }
 
-LlamaConfig read_checkpoint_config(const std::string& dir) {
+DecoderConfig read_checkpoint_config(const std::string& dir) {
   const std::string path = io::model_dir_file(dir, "config.json");
   if (!fs::exists(path)) {
     // Say what the directory is, not only what it lacks.
@@ -336,7 +337,7 @@ LlamaConfig read_checkpoint_config(const std::string& dir) {
   const std::string text = io::read_file(path);
   // What config.json says is bad input (exit status 2), like a bad flag.
   try {
-    return LlamaConfig::from_hf_json(text, path);
+    return convert::decoder_config_from_hf_json(text, path);
   } catch (const UsageError&) {
     throw;
   } catch (const Error& e) {

@@ -2,7 +2,7 @@
 //
 //   <run dir>/checkpoints/<step>/
 //     model.safetensors       f32 weights under LlamaForCausalLM names
-//     config.json             LlamaConfig keys
+//     config.json             DecoderConfig keys
 //     tokenizer.model         the SentencePiece model the data was tokenized with, or
 //     tokenizer.json          a Hugging Face tokenizer, with tokenizer_config.json
 //     optimizer.safetensors   AdamW moments: "<tensor>.exp_avg", "<tensor>.exp_avg_sq"
@@ -38,9 +38,9 @@
 
 #include "io/safetensors.h"
 #include "io/weight_files.h"
-#include "io/tokenizer.h"
-#include "model/llama_config.h"
+#include "model/decoder_config.h"
 #include "model/param_store.h"
+#include "text/tokenizer.h"
 #include "train/data_loader.h"
 #include "train/optimizer.h"
 
@@ -113,7 +113,7 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir);
 // A checkpoint directory given as itself or as a run directory (its latest checkpoint).
 std::string resolve_checkpoint_dir(const std::string& path);
 
-LlamaConfig read_checkpoint_config(const std::string& checkpoint_dir);
+DecoderConfig read_checkpoint_config(const std::string& checkpoint_dir);
 
 using io::WeightFiles;
 
@@ -121,14 +121,14 @@ using io::WeightFiles;
 // describes, with the same shapes (a config that disagrees with its weights - fewer
 // layers, a tied head next to a different lm_head, other sizes - is refused naming the
 // file, the key and both shapes).
-void check_weights_match_config(const std::string& checkpoint_dir, const LlamaConfig& config);
+void check_weights_match_config(const std::string& checkpoint_dir, const DecoderConfig& config);
 // The weights (f32, + bf16 copy) of an inference load fit this machine's memory.
-void check_load_fits_in_memory(const std::string& checkpoint_dir, const LlamaConfig& config,
+void check_load_fits_in_memory(const std::string& checkpoint_dir, const DecoderConfig& config,
                                bool bf16);
 // The checkpoint's tokenizer (tokenizer.json, else tokenizer.model), refused when its
 // vocabulary does not fit the model's (Tokenizer::fits_model_vocab).
-io::Tokenizer load_checkpoint_tokenizer(const std::string& checkpoint_dir,
-                                        const LlamaConfig& config);
+text::Tokenizer load_checkpoint_tokenizer(const std::string& checkpoint_dir,
+                                        const DecoderConfig& config);
 // Throws naming the file, the tensor and the element when `t` holds a NaN or infinity.
 void check_finite(const TensorView& t, const std::string& name, const std::string& file);
 // Loads model.safetensors (or a sharded index) into params (checked as

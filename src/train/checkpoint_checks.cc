@@ -23,7 +23,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // The config.json keys that size a tensor, by its name.
-std::string sizing_keys(const std::string& name, const LlamaConfig& c) {
+std::string sizing_keys(const std::string& name, const DecoderConfig& c) {
   if (name.find("embed_tokens") != std::string::npos || name == "lm_head.weight")
     return fmt::format("vocab_size {}, hidden_size {}", c.vocab_size, c.dim);
   if (name.find("q_proj") != std::string::npos || name.find("o_proj") != std::string::npos)
@@ -57,12 +57,12 @@ bool same_bytes(const io::SafetensorsTensor& a, const io::SafetensorsTensor& b) 
 }  // namespace
 
 namespace {
-void check_weights_match_config_impl(const std::string& dir, const LlamaConfig& config);
+void check_weights_match_config_impl(const std::string& dir, const DecoderConfig& config);
 }  // namespace
 
 // A directory whose weights disagree with its config.json (or whose weight files or index
 // are malformed) is bad input: exit status 2, like a bad flag.
-void check_weights_match_config(const std::string& dir, const LlamaConfig& config) {
+void check_weights_match_config(const std::string& dir, const DecoderConfig& config) {
   try {
     check_weights_match_config_impl(dir, config);
   } catch (const UsageError&) {
@@ -74,7 +74,7 @@ void check_weights_match_config(const std::string& dir, const LlamaConfig& confi
 
 namespace {
 
-void check_weights_match_config_impl(const std::string& dir, const LlamaConfig& config) {
+void check_weights_match_config_impl(const std::string& dir, const DecoderConfig& config) {
   const std::string cfg = dir + "/config.json";
   const WeightFiles files(dir);
   const std::vector<std::string> names = files.names();
@@ -122,7 +122,7 @@ void check_weights_match_config_impl(const std::string& dir, const LlamaConfig& 
 
 }  // namespace
 
-void check_load_fits_in_memory(const std::string& dir, const LlamaConfig& config, bool bf16) {
+void check_load_fits_in_memory(const std::string& dir, const DecoderConfig& config, bool bf16) {
   const int64_t params = config.total_params();
   check_fits_in_memory(
       ParamStore::bytes(config, {bf16, /*gradients=*/false}),
@@ -132,10 +132,10 @@ void check_load_fits_in_memory(const std::string& dir, const LlamaConfig& config
                   dir, config.vocab_size, config.dim, config.n_layers, config.ffn_dim));
 }
 
-io::Tokenizer load_checkpoint_tokenizer(const std::string& dir, const LlamaConfig& config) {
-  std::string path = io::tokenizer_file_in(dir);
+text::Tokenizer load_checkpoint_tokenizer(const std::string& dir, const DecoderConfig& config) {
+  std::string path = text::tokenizer_file_in(dir);
   if (path.empty()) path = dir + "/tokenizer.model";  // the error names the file expected
-  io::Tokenizer tok = io::Tokenizer::load(path);
+  text::Tokenizer tok = text::Tokenizer::load(path);
   HYP_CHECK(tok.fits_model_vocab(config.vocab_size),
             "{} has {} tokens but {}/config.json has vocab_size {}: the tokenizer does not belong "
             "to this model",

@@ -10,15 +10,15 @@
 #include <system_error>
 
 #include "base/error.h"
-#include "base/utf8.h"
 #include "base/log.h"
 #include "base/threads.h"
 #include "base/timer.h"
+#include "base/utf8.h"
 #include "io/atomic_file.h"
 #include "io/file_identity.h"
-#include "io/text_input.h"
 #include "io/token_shard.h"
-#include "io/tokenizer.h"
+#include "text/text_input.h"
+#include "text/tokenizer.h"
 
 namespace hyperion::train {
 
@@ -85,7 +85,7 @@ bool is_prepared_dataset(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(dir + "/train.bin", ec) || !fs::exists(dir + "/val.bin", ec) ||
-      io::tokenizer_file_in(dir).empty() || !fs::exists(dir + "/meta.json", ec))
+      text::tokenizer_file_in(dir).empty() || !fs::exists(dir + "/meta.json", ec))
     return false;
   try {
     const nlohmann::json meta = nlohmann::json::parse(io::read_file(dir + "/meta.json"));
@@ -132,12 +132,12 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
   }
 
   // A given tokenizer is loaded (and refused when malformed) before anything is written.
-  std::optional<io::Tokenizer> tok;
-  if (!opts.tokenizer_model.empty()) tok.emplace(io::Tokenizer::load(opts.tokenizer_model));
+  std::optional<text::Tokenizer> tok;
+  if (!opts.tokenizer_model.empty()) tok.emplace(text::Tokenizer::load(opts.tokenizer_model));
 
   std::vector<std::string> docs;
   for (const std::string& input : opts.inputs) {
-    std::vector<std::string> d = io::read_documents(input);
+    std::vector<std::string> d = text::read_documents(input);
     log_debug("data prepare: {} documents from {}", d.size(), input);
     docs.insert(docs.end(), std::make_move_iterator(d.begin()), std::make_move_iterator(d.end()));
   }
@@ -177,7 +177,7 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
 
   // No tokenizer file of an earlier prepare is left beside this one's (a stale
   // tokenizer.json would be loaded before a new tokenizer.model).
-  for (const char* name : io::kTokenizerFileNames) {
+  for (const char* name : text::kTokenizerFileNames) {
     const bool carried = tok && std::any_of(tok->files().begin(), tok->files().end(),
                                             [&](const auto& f) { return f.first == name; });
     std::error_code ec;
@@ -195,11 +195,11 @@ PrepareResult prepare_dataset(const PrepareOptions& opts) {
     for (int64_t i = 0; i < n; ++i) {
       if (!is_val[i]) train_docs.push_back(std::move(docs[i]));
     }
-    io::TokenizerTrainOptions to;
+    text::TokenizerTrainOptions to;
     to.vocab_size = opts.vocab_size;
     // to.num_threads stays at its fixed default: SentencePiece records the trainer options
     // in the model, so a machine-dependent count would make tokenizer.model differ by host.
-    tok.emplace(io::Tokenizer::train(train_docs, r.tokenizer_path, to));
+    tok.emplace(text::Tokenizer::train(train_docs, r.tokenizer_path, to));
     for (int64_t i = 0, k = 0; i < n; ++i) {
       if (!is_val[i]) docs[i] = std::move(train_docs[k++]);
     }

@@ -8,7 +8,7 @@
 namespace hyperion::train {
 
 struct PrepareOptions {
-  std::vector<std::string> inputs;  // .txt / .jsonl files (see io/text_input.h)
+  std::vector<std::string> inputs;  // .txt / .jsonl files (see text/text_input.h)
   std::string output_dir;           // created if missing
   // An existing tokenizer (a .model, a tokenizer.json or a directory holding one: its
   // vocabulary is used as it is); empty = train a SentencePiece one on the train split.

@@ -4,10 +4,10 @@
 
 #include "base/error.h"
 #include "base/timer.h"
-#include "io/text_input.h"
 #include "io/token_shard.h"
 #include "kernels/cross_entropy.h"
 #include "model/forward_model.h"
+#include "text/text_input.h"
 
 namespace hyperion {
 
@@ -48,9 +48,9 @@ EvalReport evaluate_stream(const ParamStore& params, const std::vector<int32_t>&
   return rep;
 }
 
-std::vector<int32_t> tokenize_file(const io::Tokenizer& tokenizer, const std::string& path) {
+std::vector<int32_t> tokenize_file(const text::Tokenizer& tokenizer, const std::string& path) {
   std::vector<int32_t> out;
-  for (const std::string& doc : io::read_documents(path)) {
+  for (const std::string& doc : text::read_documents(path)) {
     // Framed as data prepare frames documents: BOS when the tokenizer has one (Qwen's has
     // none), EOS when it has one.
     if (tokenizer.bos_id() >= 0) out.push_back(tokenizer.bos_id());

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "io/tokenizer.h"
 #include "model/param_store.h"
+#include "text/tokenizer.h"
 
 namespace hyperion {
 
@@ -24,7 +24,7 @@ EvalReport evaluate_stream(const ParamStore& params, const std::vector<int32_t>&
                            int64_t seq_len, int64_t batch);
 
 // Tokens of a text file (.txt / .jsonl): each document as BOS, its tokens, EOS.
-std::vector<int32_t> tokenize_file(const io::Tokenizer& tokenizer, const std::string& path);
+std::vector<int32_t> tokenize_file(const text::Tokenizer& tokenizer, const std::string& path);
 // All tokens of a token shard (checked against `vocab_size`).
 std::vector<int32_t> read_shard_tokens(const std::string& path, int64_t vocab_size);
 

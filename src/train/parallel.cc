@@ -24,7 +24,7 @@ const char* parallel_mode_name(ParallelMode m) {
   return "invalid";
 }
 
-MemoryPlan rank_memory_plan(const MemoryPlan& full, const LlamaConfig& c, ParallelMode mode,
+MemoryPlan rank_memory_plan(const MemoryPlan& full, const DecoderConfig& c, ParallelMode mode,
                             int world) {
   MemoryPlan p = full;
   if (world <= 1 || mode == ParallelMode::kData) return p;
@@ -76,7 +76,7 @@ GradientSync::GradientSync(ParamStore& params, dist::Communicator& comm, Paralle
       overlap_(overlap),
       world_(comm.world_size()),
       rank_(comm.rank()) {
-  const LlamaConfig& cfg = params.config();
+  const DecoderConfig& cfg = params.config();
   const auto& infos = params.infos();
   experts_of_rank_.resize(static_cast<size_t>(world_));
   if (mode == ParallelMode::kExpert) {

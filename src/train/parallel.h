@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "dist/communicator.h"
-#include "model/llama_model.h"
+#include "model/causal_lm.h"
 #include "model/param_store.h"
 #include "train/optimizer.h"
 
@@ -44,7 +44,7 @@ const char* parallel_mode_name(ParallelMode m);
 // all four. Activations and scratch are every rank's own. A lower bound, so the memory
 // check refuses only runs that cannot fit: fsdp's buckets in flight and the moments
 // every weight is gathered (fsdp saving, expert parallelism sampling) are not counted.
-MemoryPlan rank_memory_plan(const MemoryPlan& full, const LlamaConfig& c, ParallelMode mode,
+MemoryPlan rank_memory_plan(const MemoryPlan& full, const DecoderConfig& c, ParallelMode mode,
                             int world);
 
 class GradientSync final : public BucketHooks {

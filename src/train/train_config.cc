@@ -8,9 +8,9 @@
 #include "base/log.h"
 #include "base/source_dir.h"
 #include "io/atomic_file.h"
-#include "io/tokenizer.h"
 #include "kernels/hardware.h"
 #include "recsys/dlrm_config.h"
+#include "text/tokenizer.h"
 #include "train/checkpoint.h"
 
 namespace hyperion {
@@ -45,7 +45,7 @@ checkpoint_period: 200
 std::vector<ConfigKey> train_config_schema() {
   using T = ConfigType;
   std::vector<ConfigKey> keys = {
-      // Model (MaxText names; Hugging Face LlamaConfig equivalents in the help).
+      // Model (MaxText names; Hugging Face config.json equivalents in the help).
       {"model_name", T::kString, "", "preset name, for logs"},
       {"model_type", T::kString, "decoder",
        "decoder (a language model: the keys below) or dlrm (a DLRM-V2 recommender: the dlrm.* "
@@ -360,7 +360,7 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
     HYP_CHECK(v <= hi, "config key {} = {} is out of range (at most {})", where(key), v, hi);
     return v;
   };
-  LlamaConfig& m = t.model;
+  DecoderConfig& m = t.model;
   const FamilyInfo* family = find_family(c.get_string("decoder_block"));
   HYP_CHECK(family != nullptr, "config key {} = '{}' is not a known decoder (known: {})",
             where("decoder_block"), c.get_string("decoder_block"), family_names());
@@ -496,7 +496,7 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
     HYP_CHECK(m.max_seq_len >= t.max_target_length,
               "config key {} ({}) exceeds the max_position_embeddings ({}) of {}/config.json",
               where("max_target_length"), t.max_target_length, m.max_seq_len, dir);
-    if (t.tokenizer_path.empty() && !io::tokenizer_file_in(dir).empty()) t.tokenizer_path = dir;
+    if (t.tokenizer_path.empty() && !text::tokenizer_file_in(dir).empty()) t.tokenizer_path = dir;
   }
   t.per_device_batch_size = positive_at_most("per_device_batch_size", 65536);
   t.gradient_accumulation_steps = positive_at_most("gradient_accumulation_steps", 1 << 20);

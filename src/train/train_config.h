@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "base/config.h"
-#include "model/llama_config.h"
+#include "model/decoder_config.h"
 #include "model/moe_block.h"
 #include "model/quantized_matmul.h"
 #include "recsys/dlrm_config.h"
@@ -72,7 +72,7 @@ struct TrainConfig {
   // model keys are then unused.
   bool dlrm_model = false;
   recsys::DlrmConfig dlrm;
-  LlamaConfig model;
+  DecoderConfig model;
   MoeOptions moe;  // capacity factor and aux-loss weights of the MoE layers
   // Data.
   std::string dataset_path;    // prepared dir (train.bin ...) or a .txt/.jsonl to prepare

@@ -24,23 +24,23 @@
 #include "io/atomic_file.h"
 #include "io/directory_lock.h"
 #include "io/file_identity.h"
-#include "io/text_input.h"
-#include "io/tokenizer.h"
 #include "kernels/backend.h"
 #include "kernels/hardware.h"
 #include "kernels/peak.h"
+#include "model/causal_lm.h"
 #include "model/forward_model.h"
-#include "model/llama_generator.h"
-#include "model/llama_model.h"
+#include "model/generator.h"
 #include "monitor/event_log.h"
+#include "text/text_input.h"
+#include "text/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/data_loader.h"
 #include "train/data_prepare.h"
+#include "train/link_check.h"
 #include "train/optimizer.h"
 #include "train/parallel.h"
-#include "train/recsys_trainer.h"
-#include "train/link_check.h"
 #include "train/rank_heartbeat.h"
+#include "train/recsys_trainer.h"
 #include "train/run_directory.h"
 #include "train/stop_signal.h"
 #include "train/training_monitor.h"
@@ -70,7 +70,7 @@ bool dataset_ready(const PreparedDataset& d) {
 // Exactly equal: eval, generate, serve and convert refuse a checkpoint whose tokenizer
 // differs from its vocab_size, so a run that trained with fewer pieces would write
 // checkpoints nothing can load. (Tokenizers trained here always have vocab_size pieces.)
-void check_tokenizer_size(const io::Tokenizer& tokenizer, const std::string& path,
+void check_tokenizer_size(const text::Tokenizer& tokenizer, const std::string& path,
                           const Config& config, const TrainConfig& t) {
   HYP_CHECK(tokenizer.fits_model_vocab(t.model.vocab_size),
             "tokenizer {} has {} tokens but config key vocab_size ({}) is {}; they must be {} "
@@ -140,8 +140,8 @@ void check_dataset_tokenizer(const TrainConfig& t) {
   if (t.tokenizer_path.empty() || t.dataset_path.empty() || !fs::is_directory(t.dataset_path) ||
       !is_prepared(t.dataset_path))
     return;
-  const io::Tokenizer data = io::Tokenizer::load(t.dataset_path);
-  const io::Tokenizer given = io::Tokenizer::load(t.tokenizer_path);
+  const text::Tokenizer data = text::Tokenizer::load(t.dataset_path);
+  const text::Tokenizer given = text::Tokenizer::load(t.tokenizer_path);
   const char* what = t.load_parameters_path.empty() ? "config key tokenizer_path"
                                                     : "the model (load_parameters_path)";
   auto refuse = [&](const std::string& why) {
@@ -182,7 +182,7 @@ PreparedDataset resolve_dataset(const TrainConfig& t, bool prepare) {
               input);
     d.dir = input;
   } else {
-    if (input.empty()) input = io::require_bundled_corpus("dataset_path is empty");
+    if (input.empty()) input = text::require_bundled_corpus("dataset_path is empty");
     HYP_CHECK(fs::is_regular_file(input), "dataset_path '{}': no such file or directory", input);
     // The prepared data is keyed by everything it is made from: the input file's and the
     // tokenizer's fingerprints (path, size, modification time), the vocabulary and the
@@ -192,7 +192,7 @@ PreparedDataset resolve_dataset(const TrainConfig& t, bool prepare) {
                                   t.model.vocab_size, t.eval_fraction);
     if (!t.tokenizer_path.empty()) {
       const std::string f = fs::is_directory(t.tokenizer_path)
-                                ? io::tokenizer_file_in(t.tokenizer_path)
+                                ? text::tokenizer_file_in(t.tokenizer_path)
                                 : t.tokenizer_path;
       key += fmt::format("tokenizer {}\n", io::file_fingerprint(f.empty() ? t.tokenizer_path : f));
     }
@@ -346,10 +346,10 @@ class TrainingRun {
   TrainResult result_;
   std::string run_dir_;
   std::optional<io::DirectoryLock> lock_;
-  std::optional<io::Tokenizer> tokenizer_;
+  std::optional<text::Tokenizer> tokenizer_;
   std::unique_ptr<ParamStore> params_;
   MoeOptions moe_options_;
-  std::unique_ptr<LlamaModel> llama_;
+  std::unique_ptr<CausalLM> llama_;
   TrainableModel* model_ = nullptr;  // the model the step loop drives
   std::unique_ptr<GradientSync> sync_;
   std::unique_ptr<AdamW> optimizer_;
@@ -401,7 +401,7 @@ void TrainingRun::setup() {
   // A given tokenizer is checked before the run directory or the dataset exists (a
   // mismatch found after preparing the data leaves an empty run behind).
   if (!t.tokenizer_path.empty())
-    check_tokenizer_size(io::Tokenizer::load(t.tokenizer_path), t.tokenizer_path, config_, t);
+    check_tokenizer_size(text::Tokenizer::load(t.tokenizer_path), t.tokenizer_path, config_, t);
   if (rank_ == 0) check_dataset_tokenizer(t);
 
   // Run directory: base_output_directory/run_name, or the directory being resumed.
@@ -433,7 +433,7 @@ void TrainingRun::setup() {
   while (rank_ != 0 && !dataset_ready(data))
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   comm_->barrier();
-  tokenizer_.emplace(io::Tokenizer::load(data.tokenizer));
+  tokenizer_.emplace(text::Tokenizer::load(data.tokenizer));
   check_tokenizer_size(*tokenizer_, data.tokenizer, config_, t);
   // A tokenizer without a BOS (Qwen) leaves the model's bos_token_id as configured.
   if (tokenizer_->bos_id() >= 0) t_.model.bos_id = tokenizer_->bos_id();
@@ -446,7 +446,7 @@ void TrainingRun::setup() {
   moe_options_ = t.moe;
   if (mode_ == ParallelMode::kExpert)
     moe_options_.ep = make_expert_parallel(comm_, static_cast<int>(t.model.n_experts));
-  llama_ = std::make_unique<LlamaModel>(params, [&] {
+  llama_ = std::make_unique<CausalLM>(params, [&] {
     ModelOptions mo{t.per_device_batch_size, t.max_target_length, t.bf16, t.remat, moe_options_};
     mo.quant = t.quant;
     return mo;
@@ -473,7 +473,7 @@ void TrainingRun::setup() {
   if (resume_from_) {
     if (options_.resume.empty()) log_config_changes(config_, *resume_from_);
     check_resume_shape(config_, *resume_from_);  // names the key, the values, the source
-    const LlamaConfig saved = read_checkpoint_config(*resume_from_);
+    const DecoderConfig saved = read_checkpoint_config(*resume_from_);
     HYP_CHECK(saved.dim == t.model.dim && saved.n_layers == t.model.n_layers &&
                   saved.vocab_size == t.model.vocab_size && saved.ffn_dim == t.model.ffn_dim &&
                   saved.n_heads == t.model.n_heads && saved.n_kv_heads == t.model.n_kv_heads &&
@@ -814,8 +814,8 @@ void TrainingRun::finish() {
   // Sampling runs on rank 0 alone, outside the parallel model: it needs every expert.
   if (t.sample_count > 0 && t.sample_max_tokens > 0) sync_->gather_all(true);
   if (t.sample_count > 0 && t.sample_max_tokens > 0 && rank_ == 0) {
-    const io::Tokenizer& tok = *tokenizer_;
-    LlamaGenerator gen(*params_, std::min<int64_t>(t.model.max_seq_len, 1 + t.sample_max_tokens));
+    const text::Tokenizer& tok = *tokenizer_;
+    Generator gen(*params_, std::min<int64_t>(t.model.max_seq_len, 1 + t.sample_max_tokens));
     for (int64_t s = 0; s < t.sample_count; ++s) {
       GenerateOptions go;
       go.sampling.temperature = static_cast<float>(t.sample_temperature);

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "base/config.h"
-#include "model/llama_model.h"
+#include "model/causal_lm.h"
 #include "train/metrics_writer.h"
 #include "train/train_config.h"
 

@@ -23,8 +23,8 @@
 #include "io/atomic_file.h"
 #include "io/model_dir_file.h"
 #include "io/token_shard.h"
-#include "io/tokenizer.h"
 #include "recsys/criteo_reader.h"
+#include "text/tokenizer.h"
 
 namespace hyperion {
 namespace {
@@ -105,13 +105,13 @@ TEST(UntrustedFiles, TokenizerDirectoryFilesAreNamed) {
   {
     TempDir d;
     make_fifo(d, "tokenizer.json");
-    const std::string msg = error_of([&] { io::Tokenizer::load(d.path.string()); });
+    const std::string msg = error_of([&] { text::Tokenizer::load(d.path.string()); });
     EXPECT_TRUE(has(msg, "tokenizer.json") && has(msg, "is a FIFO")) << msg;
   }
   {
     TempDir d;
     fs::create_directory(d.path / "tokenizer.json");
-    const std::string msg = error_of([&] { io::Tokenizer::load(d.path.string()); });
+    const std::string msg = error_of([&] { text::Tokenizer::load(d.path.string()); });
     EXPECT_TRUE(has(msg, "tokenizer.json") && has(msg, "is a directory")) << msg;
   }
 }
@@ -150,7 +150,7 @@ TEST(UntrustedFiles, ModelDirectoryLinksStayInsideIt) {
   const std::string msg = error_of([&] { io::model_dir_file(snap, "tokenizer.json"); });
   EXPECT_TRUE(has(msg, "hub repository's blobs/")) << msg;
   // Through the readers: the checkpoint's config and a tokenizer directory.
-  const std::string tok = error_of([&] { io::Tokenizer::load(snap); });
+  const std::string tok = error_of([&] { text::Tokenizer::load(snap); });
   EXPECT_TRUE(has(tok, "outside the model directory")) << tok;
 }
 

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "../kernels/simulated_device.h"
-#include "model/llama_generator.h"
-#include "model/llama_model.h"
+#include "model/causal_lm.h"
+#include "model/generator.h"
 #include "model/param_store.h"
 #include "model_test_util.h"
 
@@ -43,8 +43,8 @@ std::vector<float> to_host(const ParamStore& ps, const float* data) {
 // post-norms, capped scores and logits, a window narrower than the batch's 8 tokens,
 // q/k norms and local layers with their own RoPE base (the CUDA backend's portable
 // attention kernels and its capped cross-entropy).
-LlamaConfig device_test_config(const std::string& name) {
-  LlamaConfig c = testing_util::tiny_test_config(name == "moe" ? 4 : 0);
+DecoderConfig device_test_config(const std::string& name) {
+  DecoderConfig c = testing_util::tiny_test_config(name == "moe" ? 4 : 0);
   if (name == "gemma2") testing_util::use_gemma2_features(c, 3);
   if (name == "gemma3") testing_util::use_gemma3_features(c, 3);
   return c;
@@ -55,14 +55,14 @@ class DeviceModel : public testing::TestWithParam<std::string> {};
 TEST_P(DeviceModel, TrainingStepEqualsTheHost) {
   KernelBackend* dev = testing_util::simulated_device();
   if (dev == nullptr) dev = &backend_for(Device::kCuda);
-  const LlamaConfig cfg = device_test_config(GetParam());
+  const DecoderConfig cfg = device_test_config(GetParam());
   for (bool bf16 : {false, true}) {
     ParamStore host_ps(cfg, bf16, true), dev_ps(cfg, bf16, true, dev->allocator());
     host_ps.init(7, 0.05);
     dev_ps.init(7, 0.05);
     EXPECT_EQ(to_host(dev_ps, dev_ps.params()), to_host(host_ps, host_ps.params()));
     const ModelOptions options(2, 8, bf16);
-    LlamaModel host_model(host_ps, options), dev_model(dev_ps, options);
+    CausalLM host_model(host_ps, options), dev_model(dev_ps, options);
     const Batch batch = random_batch(2, 8, cfg.vocab_size, 3);
     const StepLoss h = host_model.forward_backward(batch, 1.0f);
     const StepLoss d = dev_model.forward_backward(batch, 1.0f);
@@ -85,11 +85,11 @@ TEST_P(DeviceModel, TrainingStepEqualsTheHost) {
 TEST_P(DeviceModel, GreedyDecodingEqualsTheHost) {
   KernelBackend* dev = testing_util::simulated_device();
   if (dev == nullptr) dev = &backend_for(Device::kCuda);
-  const LlamaConfig cfg = device_test_config(GetParam());
+  const DecoderConfig cfg = device_test_config(GetParam());
   ParamStore host_ps(cfg, false, true), dev_ps(cfg, false, true, dev->allocator());
   host_ps.init(11, 0.5);
   dev_ps.init(11, 0.5);
-  LlamaGenerator host_gen(host_ps, cfg.max_seq_len), dev_gen(dev_ps, cfg.max_seq_len);
+  Generator host_gen(host_ps, cfg.max_seq_len), dev_gen(dev_ps, cfg.max_seq_len);
   std::vector<int32_t> prompt = {1, 5, 9, 2, 7};
   const float* hl = host_gen.feed(prompt.data(), static_cast<int64_t>(prompt.size()));
   const float* dl = dev_gen.feed(prompt.data(), static_cast<int64_t>(prompt.size()));

@@ -12,9 +12,11 @@
 #include <vector>
 
 #include "base/error.h"
+#include "convert/family_formats.h"
+#include "convert/hf_config.h"
 #include "kernels/rope.h"
-#include "model/llama_generator.h"
-#include "model/llama_model.h"
+#include "model/causal_lm.h"
+#include "model/generator.h"
 #include "model/param_store.h"
 #include "model_test_util.h"
 
@@ -30,14 +32,14 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
 
 struct FamilyCase {
   const char* name;
-  LlamaConfig config;
+  DecoderConfig config;
 };
 
 std::vector<FamilyCase> family_cases() {
   std::vector<FamilyCase> out;
-  LlamaConfig base = testing_util::tiny_test_config();
+  DecoderConfig base = testing_util::tiny_test_config();
   {
-    LlamaConfig c = base;
+    DecoderConfig c = base;
     c.arch = family_info(DecoderFamily::kQwen2).defaults;
     c.rope_theta = 1000;
     c.rope_scaling.type = RopeScaling::Type::kYarn;
@@ -46,7 +48,7 @@ std::vector<FamilyCase> family_cases() {
     out.push_back({"qwen2-yarn", c});
   }
   {
-    LlamaConfig c = base;
+    DecoderConfig c = base;
     c.arch = family_info(DecoderFamily::kQwen3).defaults;
     c.head_dim = 6;  // not dim / heads
     c.rope_scaling.type = RopeScaling::Type::kLinear;
@@ -54,7 +56,7 @@ std::vector<FamilyCase> family_cases() {
     out.push_back({"qwen3-linear", c});
   }
   {
-    LlamaConfig c = base;
+    DecoderConfig c = base;
     c.head_dim = 8;
     c.rope_theta = 50;
     c.arch.qkv_bias = c.arch.o_bias = true;
@@ -66,12 +68,12 @@ std::vector<FamilyCase> family_cases() {
     out.push_back({"llama3-bias", c});
   }
   {
-    LlamaConfig c = base;  // Mistral v0.1: every layer local
+    DecoderConfig c = base;  // Mistral v0.1: every layer local
     c.arch.sliding_window = 3;
     out.push_back({"mistral-window", c});
   }
   {
-    LlamaConfig c = base;  // Gemma 2's pattern: layer 0 local, layer 1 global
+    DecoderConfig c = base;  // Gemma 2's pattern: layer 0 local, layer 1 global
     c.arch.sliding_window = 2;
     c.arch.sliding_window_pattern = 2;
     out.push_back({"window-pattern", c});
@@ -79,7 +81,7 @@ std::vector<FamilyCase> family_cases() {
   {
     // Gemma 2: post-norms, scores and logits soft-capped (caps small enough to bend these
     // values), query_pre_attn_scalar, every other layer local.
-    LlamaConfig c = base;
+    DecoderConfig c = base;
     c.arch = family_info(DecoderFamily::kGemma2).defaults;
     c.tie_embeddings = true;
     c.head_dim = 6;
@@ -91,7 +93,7 @@ std::vector<FamilyCase> family_cases() {
   }
   {
     // Gemma 3: post-norms, q/k norms, the local layers' own RoPE base.
-    LlamaConfig c = base;
+    DecoderConfig c = base;
     c.arch = family_info(DecoderFamily::kGemma3).defaults;
     c.tie_embeddings = true;
     c.rope_theta = 1000;
@@ -153,7 +155,7 @@ TEST(FamilyFeatures, MemoryPlanMatchesAllocation) {
   for (const FamilyCase& fc : family_cases())
     for (RematPolicy r : {RematPolicy::kNone, RematPolicy::kMinimal, RematPolicy::kFull}) {
       ParamStore ps(fc.config, true);
-      LlamaModel m(ps, {2, 8, true, r});
+      CausalLM m(ps, {2, 8, true, r});
       const MemoryPlan plan = memory_plan(fc.config, 2, 8, true, r);
       EXPECT_EQ(plan.activation_bytes, m.activation_bytes()) << fc.name;
       EXPECT_EQ(plan.scratch_bytes, m.scratch_bytes()) << fc.name;
@@ -165,7 +167,7 @@ TEST(FamilyFeatures, MemoryPlanMatchesAllocation) {
 TEST(FamilyFeatures, GenerationMatchesTheFullForward) {
   for (const FamilyCase& fc : family_cases()) {
     SCOPED_TRACE(fc.name);
-    const LlamaConfig& c = fc.config;
+    const DecoderConfig& c = fc.config;
     ParamStore ps(c, false);
     ps.init(21, 0.3);
     perturb(ps);
@@ -177,40 +179,42 @@ TEST(FamilyFeatures, GenerationMatchesTheFullForward) {
 // present and unique (but for the stacked experts, which share their GGUF tensor), and
 // config.json round-trips the whole shape.
 TEST(FamilyTable, NamesAndConfigRoundTripAgreeForEveryFamily) {
-  std::vector<LlamaConfig> configs;
+  std::vector<DecoderConfig> configs;
   for (DecoderFamily f : {DecoderFamily::kLlama, DecoderFamily::kGemma, DecoderFamily::kQwen2,
                           DecoderFamily::kQwen3, DecoderFamily::kGemma2, DecoderFamily::kGemma3}) {
-    LlamaConfig c = testing_util::tiny_test_config();
+    DecoderConfig c = testing_util::tiny_test_config();
     c.arch = family_info(f).defaults;
     c.tie_embeddings = family_info(f).tied_head;
     configs.push_back(c);
   }
   configs.push_back(testing_util::tiny_test_config(4));  // Mixtral
-  for (const LlamaConfig& c : configs) {
+  for (const DecoderConfig& c : configs) {
     const FamilyInfo& fam = family_info(c.arch.family);
     SCOPED_TRACE(fam.decoder_block);
     EXPECT_EQ(find_family(fam.decoder_block), &fam);
-    EXPECT_EQ(find_family(fam.hf_model_type), &fam);
-    EXPECT_NE(std::string(fam.gguf_arch), "");
-    // The family's own config.json spelling is one the reader accepts, for this family.
-    bool listed = false;
-    for (const HfModelType& m : hf_model_types())
-      listed = listed || (m.family == fam.family && std::string(m.model_type) == fam.hf_model_type &&
-                          std::string(m.architecture) == fam.hf_class);
-    EXPECT_TRUE(listed);
+    const convert::HfModelType& own = convert::hf_model_type(fam.family);
+    EXPECT_EQ(own.family, fam.family);
+    EXPECT_EQ(find_family(own.model_type), &fam);
+    EXPECT_EQ(convert::gguf_arch(fam.family).family, fam.family);
+    EXPECT_NE(std::string(convert::gguf_arch(fam.family).arch), "");
     std::set<std::string> hf, gguf;
-    for (const ParamInfo& p : ParamStore::layout(c)) {
+    const std::vector<ParamInfo> layout = ParamStore::layout(c);
+    const std::vector<std::string> gguf_names = convert::gguf_tensor_names(c, layout);
+    ASSERT_EQ(gguf_names.size(), layout.size());
+    for (size_t i = 0; i < layout.size(); ++i) {
+      const ParamInfo& p = layout[i];
       EXPECT_TRUE(hf.insert(p.name).second) << p.name;
-      EXPECT_FALSE(p.gguf_name.empty()) << p.name;
+      EXPECT_FALSE(gguf_names[i].empty()) << p.name;
       const bool expert = p.name.find(".experts.") != std::string::npos;
-      EXPECT_TRUE(gguf.insert(p.gguf_name).second || expert) << p.gguf_name;
+      EXPECT_TRUE(gguf.insert(gguf_names[i]).second || expert) << gguf_names[i];
       // Both names say the same layer.
       if (p.layer >= 0) {
         EXPECT_EQ(p.name.rfind("model.layers." + std::to_string(p.layer) + ".", 0), 0u);
-        EXPECT_EQ(p.gguf_name.rfind("blk." + std::to_string(p.layer) + ".", 0), 0u);
+        EXPECT_EQ(gguf_names[i].rfind("blk." + std::to_string(p.layer) + ".", 0), 0u);
       }
     }
-    const LlamaConfig back = LlamaConfig::from_hf_json(c.to_hf_json(), "config.json");
+    const DecoderConfig back =
+        convert::decoder_config_from_hf_json(convert::to_hf_config_json(c), "config.json");
     EXPECT_TRUE(back.arch == c.arch);
     EXPECT_EQ(back.total_params(), c.total_params());
     EXPECT_EQ(back.n_experts, c.n_experts);
@@ -218,9 +222,12 @@ TEST(FamilyTable, NamesAndConfigRoundTripAgreeForEveryFamily) {
     EXPECT_EQ(back.rope_theta, c.rope_theta);
     EXPECT_EQ(back.norm_eps, c.norm_eps);
     std::vector<std::string> names, back_names;
-    for (const ParamInfo& p : ParamStore::layout(c)) names.push_back(p.name + " " + p.gguf_name);
-    for (const ParamInfo& p : ParamStore::layout(back))
-      back_names.push_back(p.name + " " + p.gguf_name);
+    for (size_t i = 0; i < layout.size(); ++i)
+      names.push_back(layout[i].name + " " + gguf_names[i]);
+    const std::vector<ParamInfo> back_layout = ParamStore::layout(back);
+    const std::vector<std::string> back_gguf = convert::gguf_tensor_names(back, back_layout);
+    for (size_t i = 0; i < back_layout.size(); ++i)
+      back_names.push_back(back_layout[i].name + " " + back_gguf[i]);
     EXPECT_EQ(back_names, names);
   }
 }
@@ -281,8 +288,8 @@ const char* kQwenBase = R"("vocab_size": 37, "hidden_size": 16, "intermediate_si
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 4,
     "max_position_embeddings": 64)";
 
-LlamaConfig parse(const std::string& body) {
-  return LlamaConfig::from_hf_json("{" + body + "}", "dir/config.json");
+DecoderConfig parse(const std::string& body) {
+  return convert::decoder_config_from_hf_json("{" + body + "}", "dir/config.json");
 }
 
 std::string error_of(const std::string& body) {
@@ -300,27 +307,27 @@ TEST(FamilyConfig, HfJsonRoundTripOfEveryFeature) {
     const bool layer_types = f == DecoderFamily::kGemma2 || f == DecoderFamily::kGemma3;
     if (fc.config.arch.sliding_window_pattern > 0 && !layer_types) {
       // No Hugging Face class of the llama family reads a pattern.
-      EXPECT_THROW(fc.config.to_hf_json(), Error) << fc.name;
+      EXPECT_THROW(convert::to_hf_config_json(fc.config), Error) << fc.name;
       continue;
     }
-    const std::string json = fc.config.to_hf_json();
-    const LlamaConfig back = LlamaConfig::from_hf_json(json, "config.json");
+    const std::string json = convert::to_hf_config_json(fc.config);
+    const DecoderConfig back = convert::decoder_config_from_hf_json(json, "config.json");
     EXPECT_TRUE(back.arch == fc.config.arch) << fc.name << "\n" << json;
     EXPECT_TRUE(back.rope_scaling == fc.config.rope_scaling) << fc.name << "\n" << json;
     EXPECT_EQ(back.head_dim, fc.config.head_dim);
   }
   // Qwen2's biases come with the family (its config.json has no key for them).
-  const LlamaConfig q2 = parse(std::string(R"("model_type": "qwen2", )") + kQwenBase +
-                               R"(, "use_sliding_window": false, "sliding_window": 32)");
+  const DecoderConfig q2 = parse(std::string(R"("model_type": "qwen2", )") + kQwenBase +
+                                 R"(, "use_sliding_window": false, "sliding_window": 32)");
   EXPECT_TRUE(q2.arch.qkv_bias);
   EXPECT_FALSE(q2.arch.o_bias);
   EXPECT_EQ(q2.arch.family, DecoderFamily::kQwen2);
-  const LlamaConfig q3 =
+  const DecoderConfig q3 =
       parse(std::string(R"("architectures": ["Qwen3ForCausalLM"], )") + kQwenBase);
   EXPECT_TRUE(q3.arch.qk_norm);
   EXPECT_FALSE(q3.arch.qkv_bias);
   // Llama's attention_bias: all four projections.
-  const LlamaConfig lb =
+  const DecoderConfig lb =
       parse(std::string(R"("model_type": "llama", "attention_bias": true, )") + kQwenBase);
   EXPECT_TRUE(lb.arch.qkv_bias && lb.arch.o_bias);
 }
@@ -329,17 +336,17 @@ TEST(FamilyConfig, HfJsonRoundTripOfEveryFeature) {
 // a window covering the context is none), transformers 5's layer_types when they agree,
 // Qwen's switched-off window; the training keys; the layer pattern.
 TEST(FamilyConfig, SlidingWindowKeys) {
-  const LlamaConfig m = parse(std::string(R"("model_type": "mistral", "sliding_window": 4, )") +
-                              kQwenBase);
+  const DecoderConfig m =
+      parse(std::string(R"("model_type": "mistral", "sliding_window": 4, )") + kQwenBase);
   EXPECT_EQ(m.arch.sliding_window, 4);
   EXPECT_EQ(m.arch.layer_window(0), 4);
-  EXPECT_NE(m.to_hf_json().find("MistralForCausalLM"), std::string::npos);
-  const LlamaConfig wide = parse(
-      std::string(R"("model_type": "mistral", "sliding_window": 1000000, )") + kQwenBase);
+  EXPECT_NE(convert::to_hf_config_json(m).find("MistralForCausalLM"), std::string::npos);
+  const DecoderConfig wide =
+      parse(std::string(R"("model_type": "mistral", "sliding_window": 1000000, )") + kQwenBase);
   EXPECT_EQ(wide.arch.sliding_window, 0);
-  const LlamaConfig off = parse(std::string(R"("model_type": "qwen2", "sliding_window": 4, )"
-                                            R"("use_sliding_window": false, )") +
-                                kQwenBase);
+  const DecoderConfig off = parse(std::string(R"("model_type": "qwen2", "sliding_window": 4, )"
+                                              R"("use_sliding_window": false, )") +
+                                  kQwenBase);
   EXPECT_EQ(off.arch.sliding_window, 0);
   const std::string mixed = error_of(
       std::string(R"("model_type": "mistral", "sliding_window": 4, )"
@@ -359,12 +366,12 @@ TEST(FamilyConfig, SlidingWindowKeys) {
 
 TEST(FamilyConfig, RopeInBothSpellings) {
   // As Llama 3.2's config.json on the Hub ...
-  const LlamaConfig hub = parse(std::string(R"("model_type": "llama", "rope_theta": 500000.0,
+  const DecoderConfig hub = parse(std::string(R"("model_type": "llama", "rope_theta": 500000.0,
       "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                        "original_max_position_embeddings": 8192, "rope_type": "llama3"}, )") +
                                 kQwenBase);
   // ... and as transformers 5 writes it.
-  const LlamaConfig v5 = parse(std::string(R"("model_type": "llama",
+  const DecoderConfig v5 = parse(std::string(R"("model_type": "llama",
       "rope_parameters": {"rope_type": "llama3", "factor": 32.0, "high_freq_factor": 4.0,
                           "low_freq_factor": 1.0, "original_max_position_embeddings": 8192,
                           "rope_theta": 500000.0}, )") +
@@ -378,13 +385,13 @@ TEST(FamilyConfig, RopeInBothSpellings) {
   EXPECT_EQ(parse(std::string(R"("rope_scaling": {"type": "linear", "factor": 2.0}, )") + kQwenBase)
                 .rope_scaling.type,
             RopeScaling::Type::kLinear);
-  const LlamaConfig d = parse(
+  const DecoderConfig d = parse(
       std::string(R"("rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, )") +
       kQwenBase);
   EXPECT_EQ(d.rope_scaling.type, RopeScaling::Type::kNone);
   EXPECT_EQ(d.rope_theta, 1e6);
   // Per layer type, with only full-attention layers.
-  const LlamaConfig per = parse(std::string(R"("rope_parameters": {"full_attention":
+  const DecoderConfig per = parse(std::string(R"("rope_parameters": {"full_attention":
       {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
        "rope_theta": 1000.0}}, )") +
                                 kQwenBase);

@@ -8,16 +8,16 @@
 #include <random>
 #include <vector>
 
-#include "model/llama_generator.h"
-#include "model/llama_model.h"
+#include "model/causal_lm.h"
+#include "model/generator.h"
 #include "model/param_store.h"
 
 namespace hyperion::testing_util {
 
 // A tiny Llama for device and model tests (vocab 37, dim 16, 2 layers, 4 heads over 2 kv
 // heads, 16 positions); `experts` > 0 makes every layer a top-2 MoE of that many experts.
-inline LlamaConfig tiny_test_config(int64_t experts = 0) {
-  LlamaConfig c;
+inline DecoderConfig tiny_test_config(int64_t experts = 0) {
+  DecoderConfig c;
   c.vocab_size = 37;
   c.dim = 16;
   c.n_layers = 2;
@@ -38,7 +38,7 @@ inline LlamaConfig tiny_test_config(int64_t experts = 0) {
 
 // Gemma 2's features at test scale: post-norms, scores capped at 1 and logits at 3 (so
 // the caps bite), a scale of its own, every other layer local over `window` positions.
-inline void use_gemma2_features(LlamaConfig& c, int64_t window) {
+inline void use_gemma2_features(DecoderConfig& c, int64_t window) {
   c.arch = family_info(DecoderFamily::kGemma2).defaults;
   c.tie_embeddings = true;
   c.arch.sliding_window = window;
@@ -49,7 +49,7 @@ inline void use_gemma2_features(LlamaConfig& c, int64_t window) {
 
 // Gemma 3's: q/k norms, post-norms, every other layer local over `window` positions with
 // a RoPE base of its own.
-inline void use_gemma3_features(LlamaConfig& c, int64_t window) {
+inline void use_gemma3_features(DecoderConfig& c, int64_t window) {
   c.arch = family_info(DecoderFamily::kGemma3).defaults;
   c.tie_embeddings = true;
   c.arch.sliding_window = window;
@@ -104,10 +104,10 @@ inline void expect_generation_matches_forward(const ParamStore& ps,
                                               const std::vector<int32_t>& tokens,
                                               int64_t prefill = 4) {
   const int64_t t = static_cast<int64_t>(tokens.size()), v = ps.config().vocab_size;
-  LlamaModel m(const_cast<ParamStore&>(ps), {1, t, false, RematPolicy::kNone});
+  CausalLM m(const_cast<ParamStore&>(ps), {1, t, false, RematPolicy::kNone});
   std::vector<float> full(static_cast<size_t>(t * v));
   m.forward_logits(tokens.data(), full.data());
-  LlamaGenerator gen(ps, t);
+  Generator gen(ps, t);
   const float* l = gen.feed(tokens.data(), prefill);
   for (int64_t j = 0; j < v; ++j)
     ASSERT_NEAR(l[j], full[static_cast<size_t>((prefill - 1) * v + j)], 1e-4);
@@ -125,7 +125,7 @@ inline void expect_gradients_under_every_remat(ParamStore& ps, int64_t b, int64_
                                                const std::vector<int32_t>& tg) {
   std::vector<float> first;
   for (RematPolicy r : {RematPolicy::kNone, RematPolicy::kMinimal, RematPolicy::kFull}) {
-    LlamaModel m(ps, {b, t, false, r});
+    CausalLM m(ps, {b, t, false, r});
     ps.zero_grads();
     m.forward_backward(in.data(), tg.data(), 1.0f);
     std::vector<float> g(ps.grads(), ps.grads() + ps.size());

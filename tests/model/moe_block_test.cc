@@ -18,8 +18,8 @@
 namespace hyperion {
 namespace {
 
-LlamaConfig moe_config(int64_t e = 4, int64_t k = 2, bool normalize = true) {
-  LlamaConfig c;
+DecoderConfig moe_config(int64_t e = 4, int64_t k = 2, bool normalize = true) {
+  DecoderConfig c;
   c.vocab_size = 11;
   c.dim = 16;
   c.n_layers = 1;
@@ -46,7 +46,7 @@ struct Harness {
   MoeActs m;
   MoeGradScratch sc;
 
-  Harness(const LlamaConfig& c, const MoeOptions& opt, int64_t b, int64_t t) : o(opt) {
+  Harness(const DecoderConfig& c, const MoeOptions& opt, int64_t b, int64_t t) : o(opt) {
     s = moe_shape(c, opt, b, t);
     auto sz = [](int64_t n) { return static_cast<size_t>(n); };
     logits.resize(sz(s.n * s.e));
@@ -84,7 +84,7 @@ struct NaiveResult {
   double lb = 0, z = 0;
 };
 
-NaiveResult naive_forward(const LlamaConfig& c, const ParamStore& ps, const MoeOptions& o,
+NaiveResult naive_forward(const DecoderConfig& c, const ParamStore& ps, const MoeOptions& o,
                           const std::vector<float>& h, int64_t b, int64_t t,
                           const std::vector<char>* kept = nullptr) {
   const int64_t d = c.dim, e = c.n_experts, k = c.n_experts_per_tok, f = c.expert_ffn_dim();
@@ -165,7 +165,7 @@ std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
 class MoeBlockTest : public testing::TestWithParam<bool> {};  // param: norm_topk_prob
 
 TEST_P(MoeBlockTest, DroplessForwardMatchesNaiveLoop) {
-  const LlamaConfig c = moe_config(4, 2, GetParam());
+  const DecoderConfig c = moe_config(4, 2, GetParam());
   ParamStore ps(c, false);
   ps.init(3, 0.3);
   MoeOptions o;
@@ -186,7 +186,7 @@ TEST_P(MoeBlockTest, DroplessForwardMatchesNaiveLoop) {
 // Loss = sum(out * R) + lb + z: the gradient from moe::backward against central
 // differences of the naive loop in double, for the router, every expert and the input.
 TEST_P(MoeBlockTest, GradientsMatchFiniteDifferencesOfNaiveLoop) {
-  const LlamaConfig c = moe_config(4, 2, GetParam());
+  const DecoderConfig c = moe_config(4, 2, GetParam());
   ParamStore ps(c, false);
   ps.init(5, 0.3);
   MoeOptions o;
@@ -240,7 +240,7 @@ TEST_P(MoeBlockTest, GradientsMatchFiniteDifferencesOfNaiveLoop) {
 }
 
 TEST_P(MoeBlockTest, CappedWithLargeCapacityEqualsDropless) {
-  const LlamaConfig c = moe_config(4, 2, GetParam());
+  const DecoderConfig c = moe_config(4, 2, GetParam());
   ParamStore ps(c, false);
   ps.init(9, 0.3);
   const int64_t b = 2, t = 6, n = b * t;
@@ -275,7 +275,7 @@ INSTANTIATE_TEST_SUITE_P(Norm, MoeBlockTest, testing::Bool(),
 // A small capacity: the pairs dropped are exactly those past an expert's capacity in
 // token order within each sequence, and the output is the naive loop without them.
 TEST(MoeBlock, SmallCapacityDropsExactlyThePairsPastCapacity) {
-  const LlamaConfig c = moe_config(4, 2);
+  const DecoderConfig c = moe_config(4, 2);
   ParamStore ps(c, false);
   ps.init(13, 0.6);
   const int64_t b = 2, t = 8, n = b * t, k = 2, e = 4;
@@ -305,7 +305,7 @@ TEST(MoeBlock, SmallCapacityDropsExactlyThePairsPastCapacity) {
 }
 
 TEST(MoeBlock, Bf16CloseToF32) {
-  const LlamaConfig c = moe_config(8, 2);
+  const DecoderConfig c = moe_config(8, 2);
   ParamStore p32(c, false), p16(c, true);
   p32.init(21, 0.3);
   p16.init(21, 0.3);

@@ -9,9 +9,10 @@
 #include <vector>
 
 #include "base/error.h"
+#include "convert/hf_config.h"
 #include "kernels/cross_entropy.h"
-#include "model/llama_generator.h"
-#include "model/llama_model.h"
+#include "model/causal_lm.h"
+#include "model/generator.h"
 #include "model/param_store.h"
 #include "model_test_util.h"
 
@@ -19,8 +20,8 @@ namespace hyperion {
 namespace {
 
 // Two layers: layer 0 dense, layer 1 MoE (interleave step 2), 4 experts, top-2.
-LlamaConfig mixed_config() {
-  LlamaConfig c;
+DecoderConfig mixed_config() {
+  DecoderConfig c;
   c.vocab_size = 29;
   c.dim = 16;
   c.n_layers = 2;
@@ -44,7 +45,7 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
 }
 
 TEST(MoeModel, LayoutNamesAndCounts) {
-  const LlamaConfig c = mixed_config();
+  const DecoderConfig c = mixed_config();
   EXPECT_FALSE(c.is_moe_layer(0));
   EXPECT_TRUE(c.is_moe_layer(1));
   ParamStore ps(c, true);
@@ -73,12 +74,12 @@ TEST(MoeModel, LayoutNamesAndCounts) {
 }
 
 TEST(MoeModel, HfConfigRoundTrip) {
-  LlamaConfig c = mixed_config();
+  DecoderConfig c = mixed_config();
   c.norm_topk_prob = false;
-  const std::string j = c.to_hf_json();
+  const std::string j = convert::to_hf_config_json(c);
   EXPECT_NE(j.find("MixtralForCausalLM"), std::string::npos);
   EXPECT_NE(j.find("\"num_local_experts\": 4"), std::string::npos);
-  const LlamaConfig r = LlamaConfig::from_hf_json(j, "config.json");
+  const DecoderConfig r = convert::decoder_config_from_hf_json(j, "config.json");
   EXPECT_EQ(r.n_experts, 4);
   EXPECT_EQ(r.n_experts_per_tok, 2);
   EXPECT_EQ(r.expert_ffn_dim(), 12);
@@ -87,16 +88,16 @@ TEST(MoeModel, HfConfigRoundTrip) {
   EXPECT_FALSE(r.norm_topk_prob);
   EXPECT_EQ(r.total_params(), c.total_params());
   // An all-MoE config is plain Mixtral: no hyperion_* keys.
-  LlamaConfig all = mixed_config();
+  DecoderConfig all = mixed_config();
   all.moe_layer_step = 1;
-  EXPECT_EQ(all.to_hf_json().find("hyperion_"), std::string::npos);
-  LlamaConfig bad = mixed_config();
+  EXPECT_EQ(convert::to_hf_config_json(all).find("hyperion_"), std::string::npos);
+  DecoderConfig bad = mixed_config();
   bad.n_experts_per_tok = 5;
   EXPECT_THROW(bad.validate("x"), Error);
 }
 
 TEST(MoeModel, Mixtral8x7bParameterCounts) {
-  LlamaConfig c;
+  DecoderConfig c;
   c.vocab_size = 32000;
   c.dim = 4096;
   c.n_layers = 32;
@@ -110,7 +111,7 @@ TEST(MoeModel, Mixtral8x7bParameterCounts) {
   EXPECT_EQ(c.active_non_embedding_params() + c.embedding_params(), 12879925248);
 }
 
-double objective(LlamaModel& m, const std::vector<int32_t>& in, const std::vector<int32_t>& tg) {
+double objective(CausalLM& m, const std::vector<int32_t>& in, const std::vector<int32_t>& tg) {
   const double ce = m.forward_loss(in.data(), tg.data()).loss;
   return ce + m.aux_loss();
 }
@@ -118,7 +119,7 @@ double objective(LlamaModel& m, const std::vector<int32_t>& in, const std::vecto
 class MoeModelTest : public testing::TestWithParam<double> {};  // param: capacity factor
 
 TEST_P(MoeModelTest, GradientsMatchFiniteDifferences) {
-  const LlamaConfig c = mixed_config();
+  const DecoderConfig c = mixed_config();
   ParamStore ps(c, false);
   ps.init(11, 0.4);
   const int64_t b = 2, t = 6;
@@ -126,7 +127,7 @@ TEST_P(MoeModelTest, GradientsMatchFiniteDifferences) {
   mo.moe.capacity_factor = GetParam();
   mo.moe.load_balance_weight = 0.3f;
   mo.moe.z_loss_weight = 0.02f;
-  LlamaModel m(ps, mo);
+  CausalLM m(ps, mo);
   auto in = random_tokens(b * t, c.vocab_size, 5);
   auto tg = random_tokens(b * t, c.vocab_size, 6);
   ps.zero_grads();
@@ -148,7 +149,7 @@ TEST_P(MoeModelTest, GradientsMatchFiniteDifferences) {
 
 TEST_P(MoeModelTest, RematPoliciesGiveIdenticalGradients) {
   for (bool bf16 : {false, true}) {
-    const LlamaConfig c = mixed_config();
+    const DecoderConfig c = mixed_config();
     std::vector<std::vector<float>> grads;
     std::vector<double> losses;
     for (RematPolicy r : {RematPolicy::kNone, RematPolicy::kMinimal, RematPolicy::kFull}) {
@@ -158,7 +159,7 @@ TEST_P(MoeModelTest, RematPoliciesGiveIdenticalGradients) {
       mo.moe.capacity_factor = GetParam();
       mo.moe.load_balance_weight = 0.01f;
       mo.moe.z_loss_weight = 0.001f;
-      LlamaModel m(ps, mo);
+      CausalLM m(ps, mo);
       auto in = random_tokens(16, c.vocab_size, 1);
       auto tg = random_tokens(16, c.vocab_size, 2);
       losses.push_back(m.forward_backward(in.data(), tg.data(), 0.5f).loss + m.aux_loss());
@@ -178,7 +179,7 @@ INSTANTIATE_TEST_SUITE_P(Paths, MoeModelTest, testing::Values(-1.0, 0.75),
                          });
 
 TEST(MoeModel, GeneratorMatchesFullForward) {
-  LlamaConfig c = mixed_config();
+  DecoderConfig c = mixed_config();
   c.max_seq_len = 32;
   ParamStore ps(c, false);
   ps.init(3, 0.3);
@@ -186,13 +187,13 @@ TEST(MoeModel, GeneratorMatchesFullForward) {
 }
 
 TEST(MoeModel, MemoryPlanMatchesAllocation) {
-  const LlamaConfig c = mixed_config();
+  const DecoderConfig c = mixed_config();
   for (double cf : {-1.0, 1.25})
     for (RematPolicy r : {RematPolicy::kNone, RematPolicy::kMinimal, RematPolicy::kFull}) {
       ParamStore ps(c, true);
       ModelOptions mo{2, 8, true, r};
       mo.moe.capacity_factor = cf;
-      LlamaModel m(ps, mo);
+      CausalLM m(ps, mo);
       const MemoryPlan plan = memory_plan(c, 2, 8, true, r, cf);
       EXPECT_EQ(plan.activation_bytes, m.activation_bytes()) << remat_policy_name(r) << " " << cf;
       EXPECT_EQ(plan.scratch_bytes, m.scratch_bytes()) << remat_policy_name(r) << " " << cf;

@@ -11,15 +11,15 @@
 #include "base/threads.h"
 #include "kernels/quantize.h"
 #include "kernels/quantize_train.h"
+#include "model/causal_lm.h"
 #include "model/linear.h"
-#include "model/llama_model.h"
 #include "tensor/convert.h"
 
 namespace hyperion {
 namespace {
 
-LlamaConfig small_config() {
-  LlamaConfig c;
+DecoderConfig small_config() {
+  DecoderConfig c;
   c.vocab_size = 61;
   c.dim = 64;
   c.n_layers = 2;
@@ -305,7 +305,7 @@ TEST(QuantizedMatmul, ModelStepIsBitwiseEqualAtOneAndTwoThreads) {
       ps.init(3, 0.3);
       ModelOptions mo(2, 16, true, RematPolicy::kMinimal);
       mo.quant = opts(mode);
-      LlamaModel m(ps, mo);
+      CausalLM m(ps, mo);
       std::mt19937 rng(4);
       std::vector<int32_t> in(32), tg(32);
       for (auto& t : in) t = int32_t(rng() % 61);

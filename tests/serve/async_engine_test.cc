@@ -55,7 +55,7 @@ std::vector<int32_t> prompt(int64_t n, int32_t first) {
 }
 
 TEST(AsyncEngine, RoundListenerPassesOnEveryEventInOrder) {
-  const LlamaConfig cfg = testing_util::small_serving_config(97, false);
+  const DecoderConfig cfg = testing_util::small_serving_config(97, false);
   auto params = testing_util::small_serving_params(cfg, false, 7);
   constexpr int64_t kTokens = 6;
   const std::vector<GenerationRequest> reqs = {greedy_request(prompt(5, 1), kTokens),
@@ -103,7 +103,7 @@ TEST(AsyncEngine, RoundListenerPassesOnEveryEventInOrder) {
 }
 
 TEST(AsyncEngine, RoundListenerRunsAfterStopEndsRequests) {
-  const LlamaConfig cfg = testing_util::small_serving_config(97, false);
+  const DecoderConfig cfg = testing_util::small_serving_config(97, false);
   auto params = testing_util::small_serving_params(cfg, false, 7);
   Mailbox box;
   Engine engine(*params, nullptr, f32_engine_config());

@@ -98,8 +98,8 @@ TEST(DeviceEngine, RefusesWeightsOnAnotherDevice) {
 // The small serving model as a dense Llama, a MoE, Gemma 2 (post-norms, capped scores
 // and logits, a window on every other layer) and Mistral (a window on every layer, so
 // the engine releases the pages behind it and the device reads past released entries).
-LlamaConfig device_engine_config(const std::string& name) {
-  LlamaConfig c = testing_util::small_serving_config(97, name == "moe");
+DecoderConfig device_engine_config(const std::string& name) {
+  DecoderConfig c = testing_util::small_serving_config(97, name == "moe");
   if (name == "gemma2") {
     testing_util::use_gemma2_features(c, 6);
   } else if (name == "mistral") {
@@ -238,7 +238,7 @@ TEST(DeviceEngine, Bf16AndInt8KvEqualTheHost) {
 // from that count's third step) and without, the device engine gives the host's tokens.
 // On the simulated device (which cannot record) both runs are the plain path.
 TEST(DeviceEngine, RecordedDecodeStepsEqualTheHost) {
-  LlamaConfig c = testing_util::small_serving_config();
+  DecoderConfig c = testing_util::small_serving_config();
   c.dim = 256;
   c.n_heads = 4;
   c.n_kv_heads = 1;
@@ -284,7 +284,7 @@ TEST(DeviceEngine, RecordedDecodeStepsEqualTheHost) {
 // the same greedy choices nearly everywhere on a GPU. Head dim 64 and k % 16 == 0 for the
 // GPU's int8 kernel; decode steps of 1 to 4 rows and prefill chunks of more.
 TEST(DeviceEngine, Int8WeightsEqualTheHost) {
-  LlamaConfig c = testing_util::small_serving_config();
+  DecoderConfig c = testing_util::small_serving_config();
   c.dim = 128;
   c.n_heads = 2;
   c.n_kv_heads = 1;

@@ -12,7 +12,7 @@
 #include "../kernels/simulated_device.h"
 #include "../model/model_test_util.h"
 #include "../test_files.h"
-#include "model/llama_generator.h"
+#include "model/generator.h"
 #include "serve/engine.h"
 #include "serve_test_util.h"
 
@@ -24,17 +24,17 @@ using testing_util::f32_engine_config;
 using testing_util::greedy_request;
 using testing_util::random_prompt;
 
-LlamaConfig small_config(bool moe = false) {
+DecoderConfig small_config(bool moe = false) {
   return testing_util::small_serving_config(97, moe);
 }
 
-std::unique_ptr<ParamStore> make_params(const LlamaConfig& c, bool bf16, uint64_t seed = 7) {
+std::unique_ptr<ParamStore> make_params(const DecoderConfig& c, bool bf16, uint64_t seed = 7) {
   return testing_util::small_serving_params(c, bf16, seed);
 }
 
 std::vector<int32_t> reference(const ParamStore& p, const std::vector<int32_t>& prompt,
                                int64_t max_tokens, SamplingParams sp = {0.0f, 0, 1.0f, 0}) {
-  LlamaGenerator gen(p, p.config().max_seq_len);
+  Generator gen(p, p.config().max_seq_len);
   GenerateOptions o;
   o.sampling = sp;
   o.max_tokens = max_tokens;
@@ -87,7 +87,7 @@ void expect_pool_empty(const Engine& e) {
 }
 
 TEST(Engine, SingleRequestEqualsGeneratorF32) {
-  const LlamaConfig c = small_config();
+  const DecoderConfig c = small_config();
   auto p = make_params(c, false);
   Engine engine(*p, nullptr, f32_engine_config());
   for (int64_t len : {1, 4, 5, 23}) {
@@ -103,7 +103,7 @@ TEST(Engine, SingleRequestEqualsGeneratorF32) {
 }
 
 TEST(Engine, StepCountersSplitPrefillFromDecode) {
-  const LlamaConfig c = small_config();
+  const DecoderConfig c = small_config();
   auto p = make_params(c, false);
   Engine engine(*p, nullptr, f32_engine_config());  // prefill_chunk 7
   run_all(engine, {greedy_request(random_prompt(23, 5), 20)});
@@ -120,7 +120,7 @@ TEST(Engine, StepCountersSplitPrefillFromDecode) {
 }
 
 TEST(Engine, BatchedRequestsEqualSingleRequests) {
-  const LlamaConfig c = small_config();
+  const DecoderConfig c = small_config();
   auto p = make_params(c, false);
   EngineConfig ec = f32_engine_config();
   ec.prefix_caching = false;
@@ -140,7 +140,7 @@ TEST(Engine, BatchedRequestsEqualSingleRequests) {
 }
 
 TEST(Engine, PaddedAttentionEqualsRagged) {
-  const LlamaConfig c = small_config();
+  const DecoderConfig c = small_config();
   auto p = make_params(c, false);
   EngineConfig ec = f32_engine_config();
   ec.padded_attention = true;
@@ -153,7 +153,7 @@ TEST(Engine, PaddedAttentionEqualsRagged) {
 }
 
 TEST(Engine, PrefixCacheReusesPagesWithSameOutput) {
-  const LlamaConfig c = small_config();
+  const DecoderConfig c = small_config();
   auto p = make_params(c, false);
   Engine engine(*p, nullptr, f32_engine_config());
   const auto shared = random_prompt(21, 5);  // 5 full pages of 4
@@ -173,7 +173,7 @@ TEST(Engine, PrefixCacheReusesPagesWithSameOutput) {
 }
 
 TEST(Engine, MoeModelEqualsGenerator) {
-  const LlamaConfig c = small_config(true);
+  const DecoderConfig c = small_config(true);
   auto p = make_params(c, false);
   Engine engine(*p, nullptr, f32_engine_config());
   std::vector<GenerationRequest> reqs;
@@ -185,7 +185,7 @@ TEST(Engine, MoeModelEqualsGenerator) {
 // decoder: the engine's paged batches equal the generator's contiguous cache token for
 // token, and int8 weights keep most greedy tokens.
 TEST(Engine, GemmaModelEqualsGenerator) {
-  LlamaConfig c = small_config();
+  DecoderConfig c = small_config();
   c.arch = family_info(DecoderFamily::kGemma).defaults;
   c.tie_embeddings = true;
   c.head_dim = 24;  // not dim / heads
@@ -209,7 +209,7 @@ TEST(Engine, GemmaModelEqualsGenerator) {
 // long outputs equal the generator token for token. (The prefix cache is off for such a
 // model: a released page that another request shares would free nothing.)
 TEST(Engine, WindowOnEveryLayerReleasesPagesBehindIt) {
-  LlamaConfig c = small_config();
+  DecoderConfig c = small_config();
   c.arch.sliding_window = 8;
   auto p = make_params(c, false);
   for (bool prefix : {false, true}) {
@@ -250,7 +250,7 @@ TEST(Engine, WindowOnEveryLayerReleasesPagesBehindIt) {
   EngineConfig small = f32_engine_config();
   small.kv_pages = 4;
   expect_error([&] { Engine e(*p, nullptr, small); }, {"kv_pages=4", "a sliding window's worth"});
-  LlamaConfig g = c;
+  DecoderConfig g = c;
   g.arch.sliding_window_pattern = 2;
   auto pg = make_params(g, false);
   EngineConfig ec = f32_engine_config();
@@ -261,7 +261,7 @@ TEST(Engine, WindowOnEveryLayerReleasesPagesBehindIt) {
 TEST(Engine, HuggingFaceFamiliesEqualGenerator) {
   for (int which = 0; which < 7; ++which) {
     SCOPED_TRACE(which);
-    LlamaConfig c = small_config();
+    DecoderConfig c = small_config();
     if (which == 0) {
       c.arch = family_info(DecoderFamily::kQwen2).defaults;
       c.rope_scaling.type = RopeScaling::Type::kYarn;
@@ -317,7 +317,7 @@ double top1_agreement(const std::vector<Collected>& a, const std::vector<Collect
 }
 
 TEST(Engine, QuantizedKvAndWeightsAgreeWithBf16) {
-  const LlamaConfig c = small_config();
+  const DecoderConfig c = small_config();
   auto p = make_params(c, true);
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 8; ++i) reqs.push_back(greedy_request(random_prompt(5 + 9 * i, 700 + i), 16));
@@ -339,7 +339,7 @@ TEST(Engine, QuantizedKvAndWeightsAgreeWithBf16) {
 }
 
 TEST(Engine, StopsAtEosUnlessIgnored) {
-  const LlamaConfig c = small_config();
+  const DecoderConfig c = small_config();
   auto p = make_params(c, false);
   Engine engine(*p, nullptr, f32_engine_config());
   // Find a prompt whose greedy continuation contains EOS (id 2) by search.
@@ -359,7 +359,7 @@ TEST(Engine, StopsAtEosUnlessIgnored) {
 }
 
 TEST(Engine, RandomArrivalAndCancelReturnsEveryPage) {
-  const LlamaConfig c = small_config();
+  const DecoderConfig c = small_config();
   auto p = make_params(c, true);
   EngineConfig ec;
   ec.kv_page_tokens = 4;
@@ -397,7 +397,7 @@ TEST(Engine, RandomArrivalAndCancelReturnsEveryPage) {
 }
 
 TEST(Engine, CancelFreesSlotAndPagesOnNextStep) {
-  const LlamaConfig c = small_config();
+  const DecoderConfig c = small_config();
   auto p = make_params(c, false);
   Engine engine(*p, nullptr, f32_engine_config());
   FinishReason fin = FinishReason::kNone;
@@ -413,7 +413,7 @@ TEST(Engine, CancelFreesSlotAndPagesOnNextStep) {
 }
 
 TEST(Engine, RequestErrorsNameTheField) {
-  const LlamaConfig c = small_config();
+  const DecoderConfig c = small_config();
   auto p = make_params(c, false);
   EngineConfig ec = f32_engine_config();
   ec.max_queue = 1;
@@ -444,7 +444,7 @@ TEST(Engine, RequestErrorsNameTheField) {
 }
 
 TEST(EngineConfig, AutomaticSlotsFillHalfTheMemoryBesideTheWeights) {
-  const LlamaConfig model = small_config();
+  const DecoderConfig model = small_config();
   EngineConfig c = parse_engine_config({"max_seq_len=64"});
   EXPECT_EQ(c.max_concurrent_decodes, 0);
   const int64_t slot_bytes =

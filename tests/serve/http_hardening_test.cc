@@ -38,10 +38,10 @@ class HttpHardening : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new testing_util::TempDir();
-    io::TokenizerTrainOptions o;
+    text::TokenizerTrainOptions o;
     o.vocab_size = 400;
-    tok_ = new io::Tokenizer(
-        io::Tokenizer::train(testing_util::corpus_lines(2000), dir_->file("t.model"), o));
+    tok_ = new text::Tokenizer(
+        text::Tokenizer::train(testing_util::corpus_lines(2000), dir_->file("t.model"), o));
     params_ = testing_util::small_serving_params(testing_util::small_serving_config(400), false, 5)
                   .release();
   }
@@ -71,11 +71,11 @@ class HttpHardening : public ::testing::Test {
   }
 
   static testing_util::TempDir* dir_;
-  static io::Tokenizer* tok_;
+  static text::Tokenizer* tok_;
   static ParamStore* params_;
 };
 testing_util::TempDir* HttpHardening::dir_ = nullptr;
-io::Tokenizer* HttpHardening::tok_ = nullptr;
+text::Tokenizer* HttpHardening::tok_ = nullptr;
 ParamStore* HttpHardening::params_ = nullptr;
 
 int status_of(const std::string& response) {

@@ -33,9 +33,10 @@ class HttpServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
-    io::TokenizerTrainOptions o;
+    text::TokenizerTrainOptions o;
     o.vocab_size = 400;
-    tok_ = new io::Tokenizer(io::Tokenizer::train(corpus_lines(2000), dir_->file("t.model"), o));
+    tok_ =
+        new text::Tokenizer(text::Tokenizer::train(corpus_lines(2000), dir_->file("t.model"), o));
     params_ = small_serving_params(small_serving_config(400), false, 11).release();
     stack_ = new Stack(*tok_, *params_, config());
   }
@@ -85,12 +86,12 @@ class HttpServerTest : public ::testing::Test {
   }
 
   static TempDir* dir_;
-  static io::Tokenizer* tok_;
+  static text::Tokenizer* tok_;
   static ParamStore* params_;
   static Stack* stack_;
 };
 TempDir* HttpServerTest::dir_ = nullptr;
-io::Tokenizer* HttpServerTest::tok_ = nullptr;
+text::Tokenizer* HttpServerTest::tok_ = nullptr;
 ParamStore* HttpServerTest::params_ = nullptr;
 Stack* HttpServerTest::stack_ = nullptr;
 

@@ -35,7 +35,7 @@ inline std::vector<std::string> corpus_lines(size_t n) {
 // An engine, its async runner and an HTTP server on a free loopback port, serving until
 // destroyed.
 struct ServedStack {
-  ServedStack(const io::Tokenizer& tok, const ParamStore& params, serve::EngineConfig ec,
+  ServedStack(const text::Tokenizer& tok, const ParamStore& params, serve::EngineConfig ec,
               serve::HttpOptions http = {}, const std::string& model = "test-model")
       : engine(params, &tok, ec), async(engine) {
     serve::ApiContext ctx;

@@ -23,7 +23,7 @@
 
 #include "../test_files.h"
 #include "base/error.h"
-#include "io/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace hyperion::serve {
 namespace {
@@ -449,9 +449,9 @@ std::vector<std::string> tiny_docs() {
 
 TEST(LoadGeneratorPrompts, CorpusPromptsFromBundledAndTinyCorpus) {
   TempDir dir;
-  io::TokenizerTrainOptions o;
+  text::TokenizerTrainOptions o;
   o.vocab_size = 300;
-  const io::Tokenizer tok = io::Tokenizer::train(tiny_docs(), dir.file("t.model"), o);
+  const text::Tokenizer tok = text::Tokenizer::train(tiny_docs(), dir.file("t.model"), o);
 
   const std::string bundled = bundled_corpus_path();
   EXPECT_NE(bundled.find("data/corpus/"), std::string::npos) << bundled;

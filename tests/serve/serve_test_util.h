@@ -8,15 +8,15 @@
 #include <utility>
 #include <vector>
 
-#include "model/llama_config.h"
+#include "model/decoder_config.h"
 #include "model/param_store.h"
 #include "serve/engine_config.h"
 #include "serve/request.h"
 
 namespace hyperion::testing_util {
 
-inline LlamaConfig small_serving_config(int64_t vocab = 97, bool moe = false) {
-  LlamaConfig c;
+inline DecoderConfig small_serving_config(int64_t vocab = 97, bool moe = false) {
+  DecoderConfig c;
   c.vocab_size = vocab;
   c.dim = 64;
   c.n_layers = 2;
@@ -35,7 +35,7 @@ inline LlamaConfig small_serving_config(int64_t vocab = 97, bool moe = false) {
   return c;
 }
 
-inline std::unique_ptr<ParamStore> small_serving_params(const LlamaConfig& c, bool bf16,
+inline std::unique_ptr<ParamStore> small_serving_params(const DecoderConfig& c, bool bf16,
                                                         uint64_t seed) {
   auto p = std::make_unique<ParamStore>(c, bf16);
   p->init(seed, 0.3);

@@ -12,16 +12,16 @@ namespace {
 
 using testing_util::TempDir;
 
-const io::Tokenizer& tokenizer() {
+const text::Tokenizer& tokenizer() {
   static TempDir dir;  // removed at exit; the tokenizer below is never destroyed
-  static io::Tokenizer* tok = [] {
+  static text::Tokenizer* tok = [] {
     std::ifstream in(std::string(HYPERION_SOURCE_DIR) + "/data/corpus/fortunes.txt");
     std::vector<std::string> lines;
     std::string line;
     while (lines.size() < 2000 && std::getline(in, line)) lines.push_back(line);
-    io::TokenizerTrainOptions o;
+    text::TokenizerTrainOptions o;
     o.vocab_size = 400;
-    return new io::Tokenizer(io::Tokenizer::train(lines, dir.file("t.model"), o));
+    return new text::Tokenizer(text::Tokenizer::train(lines, dir.file("t.model"), o));
   }();
   return *tok;
 }
@@ -29,7 +29,7 @@ const io::Tokenizer& tokenizer() {
 // Streams `text`'s tokens after a context token; returns the pieces released.
 std::vector<std::string> stream(const std::string& text, std::vector<std::string> stop,
                                 bool* stopped_at_end, std::string* all) {
-  const io::Tokenizer& tok = tokenizer();
+  const text::Tokenizer& tok = tokenizer();
   const std::vector<int32_t> ids = tok.encode(text);
   TextStream ts(&tok, {tok.bos_id()}, std::move(stop));
   std::vector<std::string> pieces;
@@ -69,7 +69,7 @@ TEST(TextStream, ReassemblesTheDecodedText) {
 // streamed text, which decodes a short window per token, equals decoding all the
 // generated tokens at once after the context token.
 TEST(TextStream, WindowedDecodingEqualsDecodingEverything) {
-  const io::Tokenizer& tok = tokenizer();
+  const text::Tokenizer& tok = tokenizer();
   std::vector<int32_t> byte_ids, other_ids;
   for (int32_t id = 3; id < tok.vocab_size(); ++id)
     (tok.id_to_piece(id).rfind("<0x", 0) == 0 ? byte_ids : other_ids).push_back(id);
@@ -115,7 +115,7 @@ TEST(TextStream, WindowedDecodingEqualsDecodingEverything) {
 // whole sequence, prompt included, after the prompt's text (a word after a special token
 // keeps its leading space, as it has in the whole text).
 TEST(TextStream, SpecialTokensNeverAnchorTheText) {
-  const io::Tokenizer& tok = tokenizer();
+  const text::Tokenizer& tok = tokenizer();
   const std::vector<int32_t> words = tok.encode("Hello there, world of wonders");
   const int32_t bos = tok.bos_id(), eos = tok.eos_id();
   ASSERT_TRUE(tok.decode({bos}).empty());

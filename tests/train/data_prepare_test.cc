@@ -13,9 +13,9 @@
 #include "base/error.h"
 #include "cli/commands.h"
 #include "io/atomic_file.h"
-#include "io/text_input.h"
 #include "io/token_shard.h"
-#include "io/tokenizer.h"
+#include "text/text_input.h"
+#include "text/tokenizer.h"
 
 namespace hyperion::train {
 namespace {
@@ -90,7 +90,7 @@ TEST(DataPrepare, EndToEnd) {
   }
   EXPECT_EQ(r.train_path, dir.file("out/train.bin"));
 
-  const io::Tokenizer tok = io::Tokenizer::load(r.tokenizer_path);
+  const text::Tokenizer tok = text::Tokenizer::load(r.tokenizer_path);
   const std::vector<bool> is_val = split_validation(80, 0.2, 7);
   // Each split holds its documents in input order, framed BOS ... EOS.
   for (bool val : {false, true}) {

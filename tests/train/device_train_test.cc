@@ -15,7 +15,7 @@
 
 #include "../kernels/simulated_device.h"
 #include "../model/model_test_util.h"
-#include "model/llama_model.h"
+#include "model/causal_lm.h"
 #include "model/param_store.h"
 #include "train/checkpoint.h"
 #include "train/optimizer.h"
@@ -42,7 +42,7 @@ Batch batch_for_step(int64_t step, int64_t vocab) {
 
 // One model, its store and optimizer on one backend.
 struct TrainRun {
-  TrainRun(KernelBackend& k, const LlamaConfig& cfg)
+  TrainRun(KernelBackend& k, const DecoderConfig& cfg)
       : params(cfg, true, true, k.allocator()),
         model(params, ModelOptions(2, 8, true)),
         opt(params, OptimizerOptions{}) {}
@@ -57,7 +57,7 @@ struct TrainRun {
     return std::vector<float>(params.host_params(), params.host_params() + params.size());
   }
   ParamStore params;
-  LlamaModel model;
+  CausalLM model;
   AdamW opt;
 };
 
@@ -85,7 +85,7 @@ void expect_same(const std::vector<float>& a, const std::vector<float>& b, const
 }
 
 TEST(DeviceTraining, OptimizerStepsEqualTheHost) {
-  const LlamaConfig cfg = testing_util::tiny_test_config();
+  const DecoderConfig cfg = testing_util::tiny_test_config();
   TrainRun host(host_backend(), cfg), dev(device(), cfg);
   host.params.init(5, 0.05);
   dev.params.init(5, 0.05);
@@ -102,7 +102,7 @@ TEST(DeviceTraining, OptimizerStepsEqualTheHost) {
 
 // Saved on one device, resumed on the other: the next steps equal an unbroken run.
 TEST(DeviceTraining, CheckpointsMoveBetweenHostAndDevice) {
-  const LlamaConfig cfg = testing_util::tiny_test_config();
+  const DecoderConfig cfg = testing_util::tiny_test_config();
   const std::string dir = (fs::temp_directory_path() / "hyperion_device_ckpt").string();
   for (bool from_device : {true, false}) {
     fs::remove_all(dir);

@@ -13,7 +13,7 @@
 #include <fmt/format.h>
 
 #include "base/threads.h"
-#include "model/llama_generator.h"
+#include "model/generator.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/trainer.h"
@@ -85,7 +85,7 @@ TEST_P(MoeTraining, LossFallsAndRoutingIsLogged) {
 
   // The checkpoint: Mixtral names and config, loads back, evaluates and generates.
   const std::string ck = r.checkpoint;
-  const LlamaConfig c = read_checkpoint_config(ck);
+  const DecoderConfig c = read_checkpoint_config(ck);
   EXPECT_EQ(c.n_experts, 4);
   EXPECT_EQ(c.expert_ffn_dim(), 48);
   ParamStore ps(c, false);
@@ -96,7 +96,7 @@ TEST_P(MoeTraining, LossFallsAndRoutingIsLogged) {
   EvalReport e = evaluate_stream(ps, val, 64, 8);
   // Evaluation is dropless (nothing dropped at inference), in f32: near the trainer's.
   EXPECT_NEAR(e.loss, r.eval_loss, cf > 0 ? 0.15 : 0.05);
-  LlamaGenerator gen(ps, 16);
+  Generator gen(ps, 16);
   GenerateOptions go;
   go.sampling.temperature = 0;
   go.max_tokens = 8;

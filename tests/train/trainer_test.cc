@@ -17,8 +17,8 @@
 #include "base/error.h"
 #include "base/threads.h"
 #include "kernels/hardware.h"
-#include "model/llama_generator.h"
-#include "model/llama_model.h"
+#include "model/causal_lm.h"
+#include "model/generator.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/parallel.h"
@@ -87,7 +87,7 @@ TEST_F(Trainer, LossFallsOnBundledCorpusAndArtifactsAreWritten) {
   for (const char* f : {"model.safetensors", "config.json", "tokenizer.model",
                         "optimizer.safetensors", "trainer_state.json"})
     EXPECT_TRUE(fs::exists(ck + "/" + f)) << f;
-  LlamaConfig c = read_checkpoint_config(ck);
+  DecoderConfig c = read_checkpoint_config(ck);
   EXPECT_EQ(c.dim, 64);
   ParamStore ps(c, false);
   load_model_weights(ck, ps);
@@ -205,7 +205,7 @@ TEST_F(Trainer, LargeWeightsAreWrittenInTheShardedLayout) {
     EXPECT_TRUE(fs::exists(ck + "/" + f)) << f;
     EXPECT_LE(fs::file_size(ck + "/" + f), 200000u + 4096u) << f;  // + the header
   }
-  const LlamaConfig c = read_checkpoint_config(ck);
+  const DecoderConfig c = read_checkpoint_config(ck);
   ParamStore from_shards(c, false), from_one(c, false);
   load_model_weights(ck, from_shards);
   load_model_weights(one.checkpoint, from_one);
@@ -476,8 +476,8 @@ TEST(TrainConfig, UnknownKeyInFileNamesKeyAndFile) {
 }
 
 // ---- Generation with a KV cache equals the training forward. ----
-TEST(LlamaGenerator, PrefillAndDecodeMatchFullForward) {
-  LlamaConfig c;
+TEST(Generator, PrefillAndDecodeMatchFullForward) {
+  DecoderConfig c;
   c.vocab_size = 41;
   c.dim = 32;
   c.n_layers = 2;
@@ -491,10 +491,10 @@ TEST(LlamaGenerator, PrefillAndDecodeMatchFullForward) {
   const int64_t t = 12;
   std::vector<int32_t> tok(t);
   for (int64_t i = 0; i < t; ++i) tok[i] = static_cast<int32_t>((i * 7 + 3) % c.vocab_size);
-  LlamaModel m(ps, {1, t, false, RematPolicy::kNone});
+  CausalLM m(ps, {1, t, false, RematPolicy::kNone});
   std::vector<float> full(static_cast<size_t>(t * c.vocab_size));
   m.forward_logits(tok.data(), full.data());
-  LlamaGenerator gen(ps, t);
+  Generator gen(ps, t);
   // Prefill 5 tokens, then decode one at a time.
   const float* l = gen.feed(tok.data(), 5);
   for (int64_t v = 0; v < c.vocab_size; ++v)
@@ -513,7 +513,7 @@ TEST(LlamaGenerator, PrefillAndDecodeMatchFullForward) {
   go.sampling.temperature = 0;
   go.max_tokens = 6;
   go.stop_at_eos = false;
-  LlamaGenerator g1(ps, 20), g2(ps, 20);
+  Generator g1(ps, 20), g2(ps, 20);
   auto a = generate_tokens(g1, {1, 2, 3}, go), b = generate_tokens(g2, {1, 2, 3}, go);
   EXPECT_EQ(a, b);
   EXPECT_EQ(a.size(), 6u);

@@ -17,8 +17,8 @@
 
 #include "base/aligned.h"
 #include "base/error.h"
-#include "kernels/backend.h"
 #include "dist/communicator.h"
+#include "kernels/backend.h"
 #include "model/moe_block.h"
 #include "model/param_store.h"
 #include "mpi_test_env.h"
@@ -33,8 +33,8 @@ using dist::test_comm;
 constexpr int64_t kExperts = 8;  // divides 2 and 4 ranks
 constexpr int64_t kBatch = 2, kSeq = 8;
 
-LlamaConfig ep_config(int64_t e) {
-  LlamaConfig c;
+DecoderConfig ep_config(int64_t e) {
+  DecoderConfig c;
   c.vocab_size = 11;
   c.dim = 32;
   c.n_layers = 1;
@@ -69,7 +69,7 @@ struct MoeRun {
   MoeActs m;
   MoeGradScratch sc;
 
-  MoeRun(const LlamaConfig& c, const MoeOptions& opt, int64_t b, int64_t t, DType act_dtype)
+  MoeRun(const DecoderConfig& c, const MoeOptions& opt, int64_t b, int64_t t, DType act_dtype)
       : o(opt), act(act_dtype) {
     s = moe_shape(c, opt, b, t);
     const auto as = static_cast<int64_t>(dtype_size(act));
@@ -163,7 +163,7 @@ void run_case(const Case& cs) {
   SCOPED_TRACE(cs.name);
   Communicator& comm = test_comm();
   const int world = comm.world_size(), rank = comm.rank();
-  const LlamaConfig c = ep_config(kExperts);
+  const DecoderConfig c = ep_config(kExperts);
   const int64_t n = kBatch * kSeq, d = c.dim;
   ParamStore ps(c, cs.act == DType::kBF16);
   ps.init(7, 0.3);
@@ -256,7 +256,7 @@ TEST(MoeExpertParallel, Bf16MatchesSingleProcess) {
 // results are the same bits.
 TEST(MoeExpertParallel, SingleRankEqualsLocalBitForBit) {
   std::unique_ptr<Communicator> single = dist::make_single_process_communicator();
-  const LlamaConfig c = ep_config(kExperts);
+  const DecoderConfig c = ep_config(kExperts);
   const int64_t n = kBatch * kSeq;
   ParamStore ps(c, false);
   ps.init(11, 0.3);
@@ -292,7 +292,7 @@ TEST(MoeExpertParallel, RejectsUnevenSplitAndMissingState) {
   }
 
   // Both checks run before any collective, so every rank throws alike.
-  const LlamaConfig c = ep_config(kExperts);
+  const DecoderConfig c = ep_config(kExperts);
   ParamStore ps(c, false);
   ps.init(3, 0.3);
   const std::vector<float> h = rank_h(comm.rank(), kBatch * kSeq * c.dim);
