@@ -349,7 +349,7 @@ class TrainingRun {
   std::optional<text::Tokenizer> tokenizer_;
   std::unique_ptr<ParamStore> params_;
   MoeOptions moe_options_;
-  std::unique_ptr<CausalLM> llama_;
+  std::unique_ptr<CausalLM> causal_lm_;
   TrainableModel* model_ = nullptr;  // the model the step loop drives
   std::unique_ptr<GradientSync> sync_;
   std::unique_ptr<AdamW> optimizer_;
@@ -446,12 +446,12 @@ void TrainingRun::setup() {
   moe_options_ = t.moe;
   if (mode_ == ParallelMode::kExpert)
     moe_options_.ep = make_expert_parallel(comm_, static_cast<int>(t.model.n_experts));
-  llama_ = std::make_unique<CausalLM>(params, [&] {
+  causal_lm_ = std::make_unique<CausalLM>(params, [&] {
     ModelOptions mo{t.per_device_batch_size, t.max_target_length, t.bf16, t.remat, moe_options_};
     mo.quant = t.quant;
     return mo;
   }());
-  model_ = llama_.get();
+  model_ = causal_lm_.get();
   sync_ = std::make_unique<GradientSync>(params, *comm_, mode_, t.overlap_communication);
   if (world_ > 1) model_->set_hooks(sync_.get());
   OptimizerOptions oo;
@@ -565,7 +565,7 @@ void TrainingRun::report_setup(const MemoryPlan& mem) {
       t.model.non_embedding_params(), t.model.n_layers, t.model.dim, t.model.n_heads,
       t.model.n_kv_heads, t.model.ffn_dim, t.model.vocab_size);
   if (t.model.is_moe()) {
-    const MoeShape& ms = llama_->moe_shape();
+    const MoeShape& ms = causal_lm_->moe_shape();
     log_info(
         "moe: {} of {} layers, {} experts (ffn {}), top-{}, {} ({} rows per layer), "
         "{} active params per token, load-balance weight {}, z-loss weight {}",
@@ -582,8 +582,8 @@ void TrainingRun::report_setup(const MemoryPlan& mem) {
       format_bytes(mem.weight_bytes), format_bytes(mem.compute_weight_bytes),
       format_bytes(mem.grad_bytes), format_bytes(mem.optimizer_bytes),
       format_bytes(mem.activation_bytes), remat_policy_name(t.remat),
-      format_bytes(mem.scratch_bytes), format_bytes(llama_->activation_bytes()),
-      format_bytes(llama_->scratch_bytes()));
+      format_bytes(mem.scratch_bytes), format_bytes(causal_lm_->activation_bytes()),
+      format_bytes(causal_lm_->scratch_bytes()));
   log_info(
       "train: {} steps x {} tokens (global batch: {} per rank x {} x {} accum x {} ranks), "
       "dtype {}{}, {:.3g} FLOPs/token, peak {:.0f} GFLOP/s (bf16 {:.0f}: EMFU), {} threads "

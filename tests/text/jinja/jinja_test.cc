@@ -5,7 +5,6 @@
 #include <string>
 
 #include "base/error.h"
-#include "text/jinja/value.h"
 
 namespace hyperion::text::jinja {
 namespace {
