@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../test_files.h"
+#include "convert_test_util.h"
 #include "base/error.h"
 #include "convert/gguf_convert.h"
 #include "io/atomic_file.h"
@@ -33,12 +34,6 @@ namespace fs = std::filesystem;
 constexpr int64_t kVocab = 304, kDim = 64, kFf = 80, kLayers = 2, kHeads = 4, kKvHeads = 2;
 constexpr int64_t kExperts = 4, kUsed = 2, kHeadDim = 16;
 
-std::vector<float> randn(size_t n, std::mt19937& rng, float scale) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 std::string expert_name(int64_t layer, int64_t e, const char* w) {
   return fmt::format("model.layers.{}.block_sparse_moe.experts.{}.{}.weight", layer, e, w);
@@ -131,30 +126,13 @@ class ConvertMoeTest : public ::testing::Test {
     spec.push_back({"lm_head.weight", {kVocab, kDim}});
     if (!o.extra.empty()) spec.push_back({o.extra, {kFf, kDim}});
 
-    std::mt19937 rng(31);
-    weights_.clear();
-    bf16_store_.clear();
-    io::SafetensorsWriter w;
-    for (auto& [name, shape] : spec) {
-      if (name == o.drop) continue;
-      if (name == o.reshape) shape[0] += 2;
-      std::vector<float> v = randn(size_t(shape.numel()), rng, 0.5f);
-      if (name == expert_name(1, 2, "w3")) {
-        auto& b = bf16_store_[name];
-        b.resize(v.size());
-        for (size_t k = 0; k < v.size(); ++k) {
-          b[k] = f32_to_bf16(v[k]);
-          v[k] = bf16_to_f32(b[k]);
-        }
-        weights_[name] = std::move(v);
-        w.add(name, DType::kBF16, shape, b.data());
-      } else {
-        weights_[name] = std::move(v);
-        w.add(name, DType::kF32, shape, weights_[name].data());
-      }
-    }
-    w.set_metadata("format", "pt");
-    w.write((fs::path(ckpt_) / "model.safetensors").string());
+    RandomWeights r;
+    r.spec = &spec;
+    r.seed = 31;
+    r.bf16_tensor = expert_name(1, 2, "w3");
+    r.drop = o.drop;
+    r.reshape = o.reshape;
+    weights_ = write_random_weights(r, (fs::path(ckpt_) / "model.safetensors").string());
 
     // What hyperion's convert::to_hf_config_json writes for a MoE model.
     nlohmann::json cfg = {{"architectures", {"MixtralForCausalLM"}},
@@ -221,7 +199,6 @@ class ConvertMoeTest : public ::testing::Test {
   TempDir dir_;
   std::string ckpt_, out_;
   std::map<std::string, std::vector<float>> weights_;
-  std::map<std::string, std::vector<bf16>> bf16_store_;
 };
 
 TEST_F(ConvertMoeTest, F32KeysTensorsAndStackedExperts) {

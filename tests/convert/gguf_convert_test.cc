@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../test_files.h"
+#include "convert_test_util.h"
 #include "../text/bpe_tokenizer_fixture.h"
 #include "base/error.h"
 #include "convert/hf_config.h"
@@ -38,12 +39,6 @@ using namespace hyperion::io;
 
 namespace fs = std::filesystem;
 
-std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 // A SentencePiece BPE model (vocab 300, byte fallback) trained once on generated text.
 class ConvertTest : public ::testing::Test {
@@ -135,31 +130,13 @@ class ConvertTest : public ::testing::Test {
     if (!o.tied || o.write_lm_head) spec.push_back({"lm_head.weight", {o.vocab, o.dim}});
     if (!o.extra.empty()) spec.push_back({o.extra, {4}});
 
-    std::mt19937 rng(17);
-    weights_.clear();
-    bf16_store_.clear();
-    SafetensorsWriter w;
-    for (auto& [name, shape] : spec) {
-      if (name == o.drop) continue;
-      if (name == o.reshape) shape[0] += 2;
-      std::vector<float> v = randn(size_t(shape.numel()), rng, 0.5f);
-      // One tensor is stored as bf16 to exercise the conversion on read.
-      if (name == "model.layers.1.mlp.gate_proj.weight") {
-        auto& b = bf16_store_[name];
-        b.resize(v.size());
-        for (size_t k = 0; k < v.size(); ++k) {
-          b[k] = f32_to_bf16(v[k]);
-          v[k] = bf16_to_f32(b[k]);
-        }
-        weights_[name] = std::move(v);
-        w.add(name, DType::kBF16, shape, b.data());
-      } else {
-        weights_[name] = std::move(v);
-        w.add(name, DType::kF32, shape, weights_[name].data());
-      }
-    }
-    w.set_metadata("format", "pt");
-    w.write((fs::path(ckpt_) / "model.safetensors").string());
+    RandomWeights r;
+    r.spec = &spec;
+    r.seed = 17;
+    r.bf16_tensor = "model.layers.1.mlp.gate_proj.weight";
+    r.drop = o.drop;
+    r.reshape = o.reshape;
+    weights_ = write_random_weights(r, (fs::path(ckpt_) / "model.safetensors").string());
 
     nlohmann::json cfg = {{"architectures", {"LlamaForCausalLM"}},
                           {"model_type", "llama"},
@@ -216,7 +193,6 @@ class ConvertTest : public ::testing::Test {
   Options opt_;
   std::string ckpt_, out_;
   std::map<std::string, std::vector<float>> weights_;
-  std::map<std::string, std::vector<bf16>> bf16_store_;
 };
 
 TEST_F(ConvertTest, F32UntiedMetadataTensorsAndVocab) {

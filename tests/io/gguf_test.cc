@@ -4,7 +4,6 @@
 #include "tensor/quantize_q8_0.h"
 
 #include <gtest/gtest.h>
-#include <hwy/targets.h>
 
 #include <cmath>
 #include <cstring>
@@ -14,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/kernel_test_util.h"
 #include "../test_files.h"
 #include "base/error.h"
 #include "io/atomic_file.h"
@@ -25,24 +25,6 @@ namespace {
 using namespace hyperion::testing_util;
 
 namespace fs = std::filesystem;
-
-// Runs fn under every SIMD target compiled into Highway and supported here.
-template <typename Fn>
-void for_each_target(Fn&& fn) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    SCOPED_TRACE(hwy::TargetName(target));
-    hwy::SetSupportedTargetsForTest(target);
-    fn();
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
-
-std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 // An independent GGUF serializer written from the format description, used to check the
 // writer byte for byte and to build malformed files.
