@@ -17,11 +17,12 @@ declare -A allowed=(
   [model]="base tensor io kernels dist model"
   [convert]="base tensor io text kernels dist model convert"
   [recsys]="base tensor io kernels dist model recsys"
-  [train]="base tensor io text kernels dist model convert monitor recsys train"
-  [serve]="base tensor io text kernels model monitor serve"
+  [diffusion]="base tensor io text kernels dist model diffusion"
+  [train]="base tensor io text kernels dist model convert monitor recsys diffusion train"
+  [serve]="base tensor io text kernels model monitor diffusion serve"
   [launch]="base tensor io dist launch"
   [cases]="base tensor kernels dist model cases"
-  [cli]="base tensor io text kernels dist model convert monitor recsys train serve launch cases cli"
+  [cli]="base tensor io text kernels dist model convert monitor recsys diffusion train serve launch cases cli"
 )
 bad=0
 check_dir() {  # check_dir LAYER DIR
