@@ -20,6 +20,9 @@ PACKAGES=(
   libboost1.81-dev   # Boost.Beast + Asio: the HTTP server of hyperion serve
   libcpp-httplib-dev # HTTP client (bench serve, tests)
   libdw-dev          # elfutils libdw: symbolized stack dumps of crashed and hung ranks
+  libpng-dev libturbojpeg0-dev  # PNG and JPEG images (diffusion datasets and outputs)
+  zlib1g-dev         # gzip: the Fashion-MNIST idx files
+  dataset-fashion-mnist  # the diffusion models' embedded default dataset (/usr/share/datasets)
   libgtest-dev libgmock-dev  # tests
   clang-14 libclang-rt-14-dev  # libFuzzer fuzzers (scripts/fuzz.sh)
   libomp-14-dev      # clang's OpenMP runtime (the fuzz build compiles with clang -fopenmp)
