@@ -36,14 +36,19 @@ Image decode_png(std::string_view bytes, const std::string& origin) {
     png_image_free(&img);
     check_size(w, h, origin);
   }
-  img.format = PNG_FORMAT_RGB;  // gray, palette and alpha converted by libpng
+  // Read as RGBA (gray and palette expanded by libpng), then the alpha dropped, not
+  // composited: what PIL's convert("RGB") gives the training scripts.
+  img.format = PNG_FORMAT_RGBA;
+  std::vector<uint8_t> rgba(size_t(img.width) * img.height * 4);
+  if (!png_image_finish_read(&img, nullptr, rgba.data(), 0, nullptr))
+    fail("{}: corrupt PNG ({})", origin, img.message);
   Image out;
   out.width = img.width;
   out.height = img.height;
   out.channels = 3;
   out.pixels.resize(out.bytes());
-  if (!png_image_finish_read(&img, nullptr, out.pixels.data(), 0, nullptr))
-    fail("{}: corrupt PNG ({})", origin, img.message);
+  for (size_t i = 0, n = size_t(out.width * out.height); i < n; ++i)
+    for (size_t c = 0; c < 3; ++c) out.pixels[i * 3 + c] = rgba[i * 4 + c];
   return out;
 }
 
