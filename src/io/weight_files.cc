@@ -11,10 +11,10 @@ namespace hyperion::io {
 
 namespace fs = std::filesystem;
 
-WeightFiles::WeightFiles(const std::string& dir) {
+WeightFiles::WeightFiles(const std::string& dir, const std::string& file_name) {
   // Symbolic links only within the directory (or a hub snapshot's blobs): io/model_dir_file.h.
-  const std::string single = model_dir_file(dir, "model.safetensors");
-  const std::string index_path = model_dir_file(dir, "model.safetensors.index.json");
+  const std::string single = model_dir_file(dir, file_name);
+  const std::string index_path = model_dir_file(dir, file_name + ".index.json");
   if (fs::exists(single) || !fs::exists(index_path)) {
     files_.push_back(SafetensorsFile::open(single));
   } else {

@@ -1,0 +1,150 @@
+#include "diffusion/nn.h"
+
+#include "base/error.h"
+#include "kernels/activation.h"
+#include "kernels/attention.h"
+#include "kernels/conv2d.h"
+#include "kernels/dense_ops.h"
+#include "kernels/gemm.h"
+#include "kernels/group_norm.h"
+#include "kernels/layer_norm.h"
+
+namespace hyperion::diffusion {
+
+using Init = ParamEntry::Init;
+
+Linear Linear::declare(ParamTable& p, const std::string& name, int64_t in, int64_t out, bool bias) {
+  Linear l;
+  l.in = in;
+  l.out = out;
+  l.w = p.add(name + ".weight", {out, in});
+  if (bias) l.b = p.add(name + ".bias", {out}, Init::kZero);
+  return l;
+}
+
+void Linear::forward(const ParamTable& p, const float* x, int64_t rows, float* y, bool accumulate) const {
+  GemmArgs g = contiguous_gemm_args(Trans::kN, Trans::kT, rows, out, in, x, DType::kF32, p.data(w),
+                                    DType::kF32, y, DType::kF32, accumulate ? 1.0f : 0.0f);
+  if (b >= 0) g.bias = p.data(b);
+  gemm(g);
+}
+
+Conv Conv::declare(ParamTable& p, const std::string& name, int64_t in, int64_t out, int64_t kernel,
+                   int64_t stride, int64_t padding) {
+  Conv c;
+  c.in = in;
+  c.out = out;
+  c.kernel = kernel;
+  c.stride = stride;
+  c.padding = padding < 0 ? kernel / 2 : padding;
+  c.w = p.add(name + ".weight", {out, in, kernel, kernel});
+  c.b = p.add(name + ".bias", {out}, Init::kZero);
+  return c;
+}
+
+Act Conv::forward(const ParamTable& p, const Act& x) const {
+  HYP_CHECK(x.c == in, "conv: input has {} channels, the layer takes {}", x.c, in);
+  Conv2dShape s{x.n, x.h, x.w, in, out, kernel, stride, padding};
+  Act y(x.n, s.out_height(), s.out_width(), out);
+  if (kernel == 1 && stride == 1 && padding == 0) {
+    // A 1x1 convolution is a linear layer over the pixels (weights [O, I, 1, 1] = [O, I]).
+    GemmArgs g = contiguous_gemm_args(Trans::kN, Trans::kT, x.rows(), out, in, x.data(), DType::kF32,
+                                      p.data(w), DType::kF32, y.data(), DType::kF32);
+    g.bias = p.data(b);
+    gemm(g);
+    return y;
+  }
+  conv2d_forward(s, x.data(), p.data(w), p.data(b), y.data());
+  return y;
+}
+
+GroupNorm GroupNorm::declare(ParamTable& p, const std::string& name, int64_t channels, int64_t groups,
+                             float eps) {
+  GroupNorm g;
+  g.channels = channels;
+  g.groups = groups;
+  g.eps = eps;
+  g.gamma = p.add(name + ".weight", {channels}, Init::kOne);
+  g.beta = p.add(name + ".bias", {channels}, Init::kZero);
+  return g;
+}
+
+Act GroupNorm::forward(const ParamTable& p, const Act& x, bool silu) const {
+  HYP_CHECK(x.c == channels, "group_norm: input has {} channels, the layer takes {}", x.c, channels);
+  Act y(x.n, x.h, x.w, x.c);
+  std::vector<float> mean(size_t(x.n * groups)), rstd(mean.size());
+  group_norm_forward({x.n, x.h * x.w, channels, groups}, x.data(), p.data(gamma), p.data(beta), eps,
+                     y.data(), mean.data(), rstd.data());
+  if (silu) activation_forward(Activation::kSilu, y.data(), y.data(), y.numel());
+  return y;
+}
+
+LayerNorm LayerNorm::declare(ParamTable& p, const std::string& name, int64_t channels, float eps) {
+  LayerNorm l;
+  l.channels = channels;
+  l.eps = eps;
+  l.gamma = p.add(name + ".weight", {channels}, Init::kOne);
+  l.beta = p.add(name + ".bias", {channels}, Init::kZero);
+  return l;
+}
+
+void LayerNorm::forward(const ParamTable& p, const float* x, int64_t rows, float* y) const {
+  std::vector<float> mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
+  layer_norm_forward(x, rows, channels, p.data(gamma), p.data(beta), eps, y, mean.data(), rstd.data());
+}
+
+Attention Attention::declare(ParamTable& p, const std::string& name, int64_t dim, int64_t context_dim,
+                             int64_t heads, bool qkv_bias, bool clip_names) {
+  HYP_CHECK(heads > 0 && dim % heads == 0, "{}: {} channels do not split into {} heads", name, dim, heads);
+  Attention a;
+  a.heads = heads;
+  a.head_dim = dim / heads;
+  if (clip_names) {
+    a.k = Linear::declare(p, name + ".k_proj", context_dim, dim, true);
+    a.v = Linear::declare(p, name + ".v_proj", context_dim, dim, true);
+    a.q = Linear::declare(p, name + ".q_proj", dim, dim, true);
+    a.out = Linear::declare(p, name + ".out_proj", dim, dim, true);
+  } else {
+    a.q = Linear::declare(p, name + ".to_q", dim, dim, qkv_bias);
+    a.k = Linear::declare(p, name + ".to_k", context_dim, dim, qkv_bias);
+    a.v = Linear::declare(p, name + ".to_v", context_dim, dim, qkv_bias);
+    a.out = Linear::declare(p, name + ".to_out.0", dim, dim, true);
+  }
+  return a;
+}
+
+void Attention::forward(const ParamTable& p, const float* x, int64_t n, int64_t tq, const float* context,
+                        int64_t tk, float* result) const {
+  const int64_t dim = heads * head_dim;
+  std::vector<float> qs(size_t(n * tq * dim)), ks(size_t(n * tk * dim)), vs(size_t(n * tk * dim)),
+      o(size_t(n * tq * dim)), lse(size_t(n * heads * tq));
+  q.forward(p, x, n * tq, qs.data());
+  k.forward(p, context, n * tk, ks.data());
+  v.forward(p, context, n * tk, vs.data());
+  AttentionParams params;
+  params.causal = causal;
+  attention_forward(TensorView(qs.data(), DType::kF32, {n, tq, heads, head_dim}),
+                    TensorView(ks.data(), DType::kF32, {n, tk, heads, head_dim}),
+                    TensorView(vs.data(), DType::kF32, {n, tk, heads, head_dim}),
+                    TensorView(o.data(), DType::kF32, {n, tq, heads, head_dim}),
+                    TensorView(lse.data(), DType::kF32, {n, heads, tq}), params);
+  out.forward(p, o.data(), n * tq, result, /*accumulate=*/true);
+}
+
+Act concat_channels(const Act& a, const Act& b) {
+  HYP_CHECK(a.n == b.n && a.h == b.h && a.w == b.w, "concat: {}x{}x{} and {}x{}x{} differ in size", a.n, a.h,
+            a.w, b.n, b.h, b.w);
+  Act y(a.n, a.h, a.w, a.c + b.c);
+  for (int64_t r = 0; r < a.rows(); ++r) {
+    std::copy(a.data() + r * a.c, a.data() + (r + 1) * a.c, y.data() + r * y.c);
+    std::copy(b.data() + r * b.c, b.data() + (r + 1) * b.c, y.data() + r * y.c + a.c);
+  }
+  return y;
+}
+
+void add_inplace(Act& a, const Act& b) {
+  HYP_CHECK(a.numel() == b.numel(), "add: {} and {} elements", a.numel(), b.numel());
+  add_to(a.data(), b.data(), a.numel());
+}
+
+}  // namespace hyperion::diffusion

@@ -1,0 +1,121 @@
+#include "diffusion/param_table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "base/error.h"
+#include "io/safetensors.h"
+#include "io/weight_files.h"
+#include "kernels/fill.h"
+#include "kernels/finite.h"
+
+namespace hyperion::diffusion {
+
+int ParamTable::add(const std::string& name, Shape shape, ParamEntry::Init init) {
+  HYP_CHECK(!allocated(), "parameter {} declared after the table was allocated", name);
+  HYP_CHECK(!index_.count(name), "parameter {} declared twice", name);
+  ParamEntry e;
+  e.name = name;
+  e.shape = shape;
+  e.numel = 1;
+  for (int64_t d : shape) e.numel *= d;
+  e.offset = size_;
+  e.init = init;
+  size_ += (e.numel + 15) / 16 * 16;  // 64-byte aligned offsets
+  index_[name] = int(entries_.size());
+  entries_.push_back(std::move(e));
+  return int(entries_.size()) - 1;
+}
+
+void ParamTable::allocate(bool with_grads) {
+  data_.assign(size_t(size_), 0.0f);
+  if (with_grads) grads_.assign(size_t(size_), 0.0f);
+}
+
+int ParamTable::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? -1 : it->second;
+}
+
+void ParamTable::zero_grads() {
+  std::fill(grads_.begin(), grads_.end(), 0.0f);
+}
+
+void ParamTable::init(uint64_t seed) {
+  HYP_CHECK(allocated(), "ParamTable::init before allocate");
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const ParamEntry& e = entries_[i];
+    float* p = data(int(i));
+    switch (e.init) {
+      case ParamEntry::Init::kOne:
+        std::fill(p, p + e.numel, 1.0f);
+        break;
+      case ParamEntry::Init::kZero:
+        std::fill(p, p + e.numel, 0.0f);
+        break;
+      case ParamEntry::Init::kWeight: {
+        const int64_t fan_in = e.shape.rank() == 0 ? 1 : std::max<int64_t>(1, e.numel / e.shape[0]);
+        fill_normal(TensorView(p, DType::kF32, {e.numel}), seed ^ hash_string(e.name.c_str()), 0.0f,
+                    float(1.0 / std::sqrt(double(fan_in))));
+        break;
+      }
+    }
+  }
+}
+
+namespace {
+
+// Shapes equal, or equal once trailing 1s are dropped from both (1x1 conv vs linear).
+bool same_shape(const Shape& a, const Shape& b) {
+  auto strip = [](const Shape& s) {
+    int rank = s.rank();
+    while (rank > 1 && s[rank - 1] == 1) --rank;
+    return Shape(s.begin(), s.begin() + rank);
+  };
+  return a == b || strip(a) == strip(b);
+}
+
+std::string shape_str(const Shape& s) {
+  return s.str();
+}
+
+}  // namespace
+
+std::vector<std::string> ParamTable::load(const io::WeightFiles& files, const std::string& origin,
+                                          const std::string& prefix,
+                                          const std::vector<std::string>& ignored) {
+  HYP_CHECK(allocated(), "ParamTable::load before allocate");
+  std::set<std::string> used;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const ParamEntry& e = entries_[i];
+    const std::string name = prefix + e.name;
+    const io::SafetensorsTensor* t = files.find(name);
+    HYP_CHECK(t != nullptr, "{}: tensor {} is missing (the config expects it with shape {})", origin, name,
+              shape_str(e.shape));
+    HYP_CHECK(same_shape(t->shape, e.shape), "{}: tensor {} has shape {} where the config gives {}", origin,
+              name, shape_str(t->shape), shape_str(e.shape));
+    const TensorView dst(data(int(i)), DType::kF32, t->shape);
+    files.file_of(name)->read_into(name, dst);
+    const int64_t bad = first_nonfinite(TensorView(data(int(i)), DType::kF32, {e.numel}));
+    HYP_CHECK(bad < 0, "{}: tensor {} holds a non-finite value ({}) at element {}", origin, name,
+              data(int(i))[bad], bad);
+    used.insert(name);
+  }
+  std::vector<std::string> unused;
+  for (const std::string& n : files.names()) {
+    if (used.count(n) || n.compare(0, prefix.size(), prefix) != 0) continue;
+    if (std::find(ignored.begin(), ignored.end(), n.substr(prefix.size())) != ignored.end()) continue;
+    unused.push_back(n);
+  }
+  return unused;
+}
+
+void ParamTable::save(const std::string& path, const std::string& prefix) const {
+  io::SafetensorsWriter w;
+  for (size_t i = 0; i < entries_.size(); ++i)
+    w.add(prefix + entries_[i].name, DType::kF32, entries_[i].shape, data(int(i)));
+  w.write(path);
+}
+
+}  // namespace hyperion::diffusion

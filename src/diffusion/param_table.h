@@ -1,0 +1,71 @@
+// The parameters of one diffusion component (a UNet, a VAE, a text encoder): named f32
+// tensors, with diffusers' / transformers' names and shapes, in one flat buffer (and one
+// flat gradient buffer when training), so an optimizer, a gradient reduction or a
+// checkpoint sees one contiguous range. A model declares its tensors while it builds
+// itself from its config (add), then allocates once.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace hyperion::io {
+class WeightFiles;
+}
+
+namespace hyperion::diffusion {
+
+struct ParamEntry {
+  std::string name;
+  Shape shape;
+  int64_t offset = 0, numel = 0;
+  // How a fresh model initialises it: weights normal(0, std) (fan-in scaled), norms' gains 1,
+  // biases and norms' shifts 0.
+  enum class Init : uint8_t { kWeight, kOne, kZero } init = Init::kWeight;
+};
+
+class ParamTable {
+ public:
+  // Declares a tensor (before allocate); returns its index. Names are unique.
+  int add(const std::string& name, Shape shape, ParamEntry::Init init = ParamEntry::Init::kWeight);
+  void allocate(bool with_grads);
+  bool allocated() const { return !data_.empty(); }
+
+  const std::vector<ParamEntry>& entries() const { return entries_; }
+  int find(const std::string& name) const;  // -1 when absent
+  int64_t size() const { return size_; }
+  float* data(int i) { return data_.data() + entries_[size_t(i)].offset; }
+  const float* data(int i) const { return data_.data() + entries_[size_t(i)].offset; }
+  float* grad(int i) { return grads_.data() + entries_[size_t(i)].offset; }
+  float* all() { return data_.data(); }
+  const float* all() const { return data_.data(); }
+  float* all_grads() { return grads_.data(); }
+  bool has_grads() const { return !grads_.empty(); }
+  void zero_grads();
+
+  // Fan-in-scaled normal weights (std 1 / sqrt(fan_in), fan_in = numel / shape[0]), gains
+  // 1, shifts 0; the stream depends on the seed and each tensor's name only.
+  void init(uint64_t seed);
+
+  // Reads every declared tensor `prefix + name` from the files (f32, f16 or bf16, read as
+  // f32). A missing tensor, a shape that differs (a 1x1 convolution's [O, I, 1, 1] stands
+  // for a linear layer's [O, I]) or a non-finite value is an error naming `origin` and the
+  // tensor; tensors of the files the model does not use are returned (the caller warns),
+  // except those in `ignored`.
+  std::vector<std::string> load(const io::WeightFiles& files, const std::string& origin,
+                                const std::string& prefix = "",
+                                const std::vector<std::string>& ignored = {});
+  // Writes every tensor (f32) to a safetensors file, atomically, names prefixed.
+  void save(const std::string& path, const std::string& prefix = "") const;
+
+ private:
+  std::vector<ParamEntry> entries_;
+  std::unordered_map<std::string, int> index_;
+  int64_t size_ = 0;
+  std::vector<float> data_, grads_;
+};
+
+}  // namespace hyperion::diffusion

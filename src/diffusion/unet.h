@@ -1,0 +1,98 @@
+// diffusers' UNet2DConditionModel, built from its config.json: SD 1.x (cross-attention
+// blocks with 1x1-convolution projections, attention_head_dim = heads), SD 2.x
+// (use_linear_projection, heads per block) and SDXL (transformer_layers_per_block per
+// block, addition_embed_type "text_time": pooled text embeddings and size/crop time ids).
+// Parameter names and shapes are diffusers' (unet/diffusion_pytorch_model.safetensors);
+// activations are channels-last. What the config asks for that is not built here (an
+// attention processor, class embeddings, another block type, time_cond_proj_dim ...) is
+// refused naming the file and key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "diffusion/nn.h"
+#include "diffusion/param_table.h"
+
+namespace hyperion::diffusion {
+
+struct UNetConfig {
+  int64_t sample_size = 64, in_channels = 4, out_channels = 4;
+  bool flip_sin_to_cos = true;
+  double freq_shift = 0;
+  std::vector<std::string> down_block_types, up_block_types;  // Down/CrossAttnDown..., Up/CrossAttnUp...
+  std::string mid_block_type = "UNetMidBlock2DCrossAttn";       // or "" (none)
+  std::vector<int64_t> block_out_channels;
+  int64_t layers_per_block = 2;
+  int64_t downsample_padding = 1;
+  int64_t norm_num_groups = 32;
+  double norm_eps = 1e-5;
+  int64_t cross_attention_dim = 768;
+  std::vector<int64_t> transformer_layers_per_block;  // per down block (mid uses the last)
+  std::vector<int64_t> heads;                          // attention heads per down block
+  bool use_linear_projection = false;
+  // SDXL: "text_time" (pooled text + 6 time ids per sample), else none.
+  bool text_time = false;
+  int64_t addition_time_embed_dim = 256;
+  int64_t projection_class_embeddings_input_dim = 0;
+
+  int64_t time_embed_dim() const { return block_out_channels.front() * 4; }
+  // Downsampling factor of the latent (2^(blocks - 1)): sizes must be multiples of it.
+  int64_t size_multiple() const { return int64_t(1) << (block_out_channels.size() - 1); }
+  static UNetConfig from_json(const std::string& text, const std::string& origin);
+  std::string to_json() const;
+};
+
+class UNet {
+ public:
+  explicit UNet(const UNetConfig& config);
+  const UNetConfig& config() const { return config_; }
+  ParamTable& params() { return params_; }
+  const ParamTable& params() const { return params_; }
+
+  // sample [n, h, w, in_channels] at timesteps t [n]; context [n, tokens, cross_attention_dim];
+  // SDXL: text_embeds [n, pooled] and time_ids [n, 6]. Returns [n, h, w, out_channels].
+  Act forward(const Act& sample, const float* timesteps, const float* context, int64_t tokens,
+              const float* text_embeds = nullptr, const float* time_ids = nullptr) const;
+
+ private:
+  struct Resnet {
+    GroupNorm norm1, norm2;
+    Conv conv1, conv2, shortcut;
+    Linear time_proj;
+    bool has_shortcut = false;
+  };
+  struct TransformerBlock {
+    LayerNorm norm1, norm2, norm3;
+    Attention self_attn, cross_attn;
+    Linear ff_in, ff_out;
+  };
+  struct Transformer {
+    GroupNorm norm;
+    Linear proj_in, proj_out;  // 1x1 convolutions or linear layers: the same over NHWC rows
+    std::vector<TransformerBlock> blocks;
+  };
+  struct Block {
+    std::vector<Resnet> resnets;
+    std::vector<Transformer> attentions;  // empty for plain blocks
+    bool has_sampler = false;
+    Conv sampler;  // downsampler (stride 2) or the upsampler's convolution
+  };
+
+  Resnet resnet(const std::string& name, int64_t in, int64_t out);
+  Transformer transformer(const std::string& name, int64_t channels, int64_t heads, int64_t layers);
+  Act run_resnet(const Resnet& r, const Act& x, const std::vector<float>& temb_silu) const;
+  void run_transformer(const Transformer& t, Act& x, const float* context, int64_t tokens) const;
+
+  UNetConfig config_;
+  ParamTable params_;
+  Linear time_linear1, time_linear2, add_linear1, add_linear2;
+  Conv conv_in, conv_out;
+  GroupNorm norm_out;
+  std::vector<Block> down_, up_;
+  Block mid_;
+  bool has_mid_ = false;
+};
+
+}  // namespace hyperion::diffusion
