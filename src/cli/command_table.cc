@@ -32,6 +32,7 @@ const std::vector<Command>& all_commands() {
       {&kWorkloadStatusSpec, cmd_workload_status},
       {&kWorkloadLogsSpec, cmd_workload_logs},
       {&kWorkloadExecSpec, cmd_workload_exec},
+      {&kDiffusionForwardSpec, cmd_diffusion_forward},
       {&kInfoSpec, cmd_info},
   };
   return table;

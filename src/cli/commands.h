@@ -54,6 +54,7 @@ HYPERION_DECLARE_COMMAND(cmd_workload_delete, kWorkloadDeleteSpec)
 HYPERION_DECLARE_COMMAND(cmd_workload_status, kWorkloadStatusSpec)
 HYPERION_DECLARE_COMMAND(cmd_workload_logs, kWorkloadLogsSpec)
 HYPERION_DECLARE_COMMAND(cmd_workload_exec, kWorkloadExecSpec)
+HYPERION_DECLARE_COMMAND(cmd_diffusion_forward, kDiffusionForwardSpec)
 HYPERION_DECLARE_COMMAND(cmd_info, kInfoSpec)
 
 #undef HYPERION_DECLARE_COMMAND

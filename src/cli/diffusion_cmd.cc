@@ -1,0 +1,141 @@
+// `hyperion diffusion forward`: one component of a diffusers directory (a UNet, a VAE or
+// a CLIP text encoder) run on inputs from a safetensors file, its outputs written to
+// another: how a reference implementation (tests/diffusion/torch_reference.py) or a user
+// porting a model checks hyperion's numbers tensor by tensor. Image-like tensors are in
+// PyTorch's NCHW layout in both files (hyperion computes channels-last inside).
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "base/error.h"
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "diffusion/components.h"
+#include "io/safetensors.h"
+
+namespace hyperion::cli {
+
+const CommandSpec kDiffusionForwardSpec = {
+    "diffusion forward",
+    "",
+    "run one diffusion component (unet, vae, text_encoder) on tensors from a safetensors file",
+    {{"component", "KIND", "unet, vae or text_encoder"},
+     {"dir", "DIR", "the component's folder (config.json and its weights)"},
+     {"inputs", "FILE", "safetensors with the inputs (see below)"},
+     {"output", "FILE", "safetensors to write the outputs to"},
+     {"json", "", "print the output tensors' names and shapes as JSON"}},
+    "Inputs and outputs by component (f32; images NCHW as in PyTorch):\n"
+    "  unet          sample [n, c, h, w], timesteps [n], encoder_hidden_states [n, t, d]\n"
+    "                (SDXL: text_embeds [n, p], time_ids [n, 6])  ->  sample\n"
+    "  vae           images [n, 3, H, W] -> moments [n, 2L, H/f, W/f]; latents [n, L, h, w] ->\n"
+    "                decoded [n, 3, h f, w f] (either or both)\n"
+    "  text_encoder  input_ids [n, t] (i32) -> last_hidden_state, penultimate_hidden_state,\n"
+    "                pooled_output (and text_embeds with a projection)",
+    "diffusion forward --component unet --dir sd/unet --inputs in.safetensors --output out.safetensors"};
+
+namespace {
+
+struct Tensor4 {
+  std::vector<float> v;
+  Shape shape;
+};
+
+Tensor4 read_f32(const io::SafetensorsFile& f, const std::string& name) {
+  const io::SafetensorsTensor& t = f.get(name);
+  Tensor4 out;
+  out.shape = t.shape;
+  out.v.resize(size_t(t.shape.numel()));
+  f.read_into(name, TensorView(out.v.data(), DType::kF32, t.shape));
+  return out;
+}
+
+// NCHW -> channels-last activation.
+diffusion::Act to_nhwc(const Tensor4& t, const std::string& name) {
+  HYP_USAGE_CHECK(t.shape.rank() == 4, "diffusion forward: {} must be [n, c, h, w], got {}", name, t.shape.str());
+  const int64_t n = t.shape[0], c = t.shape[1], h = t.shape[2], w = t.shape[3];
+  diffusion::Act a(n, h, w, c);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t p = 0; p < h * w; ++p) a.v[size_t((i * h * w + p) * c + ch)] = t.v[size_t((i * c + ch) * h * w + p)];
+  return a;
+}
+
+std::vector<float> to_nchw(const diffusion::Act& a) {
+  std::vector<float> out(a.v.size());
+  const int64_t hw = a.h * a.w;
+  for (int64_t i = 0; i < a.n; ++i)
+    for (int64_t ch = 0; ch < a.c; ++ch)
+      for (int64_t p = 0; p < hw; ++p) out[size_t((i * a.c + ch) * hw + p)] = a.v[size_t((i * hw + p) * a.c + ch)];
+  return out;
+}
+
+}  // namespace
+
+int cmd_diffusion_forward(const Args& args) {
+  const Flags flags(kDiffusionForwardSpec, args);
+  HYP_USAGE_CHECK(flags.positional().empty(), "diffusion forward: unexpected argument '{}'", flags.positional()[0]);
+  const std::string kind = flags.require("component"), dir = flags.require("dir");
+  const io::SafetensorsFile in = io::SafetensorsFile::open(flags.require("inputs"));
+  const std::string output = flags.require("output");
+  std::map<std::string, std::pair<std::vector<float>, Shape>> outputs;
+  if (kind == "unet") {
+    const auto unet = diffusion::load_unet(dir);
+    const diffusion::Act sample = to_nhwc(read_f32(in, "sample"), "sample");
+    const Tensor4 t = read_f32(in, "timesteps"), ctx = read_f32(in, "encoder_hidden_states");
+    HYP_USAGE_CHECK(t.shape.numel() == sample.n, "diffusion forward: timesteps {} for {} samples", t.shape.str(), sample.n);
+    HYP_USAGE_CHECK(ctx.shape.rank() == 3 && ctx.shape[0] == sample.n &&
+                        ctx.shape[2] == unet->config().cross_attention_dim,
+                    "diffusion forward: encoder_hidden_states {} must be [{}, tokens, {}]", ctx.shape.str(), sample.n,
+                    unet->config().cross_attention_dim);
+    Tensor4 text, ids;
+    if (unet->config().text_time) {
+      text = read_f32(in, "text_embeds");
+      ids = read_f32(in, "time_ids");
+    }
+    const diffusion::Act y = unet->forward(sample, t.v.data(), ctx.v.data(), ctx.shape[1],
+                                           text.v.empty() ? nullptr : text.v.data(),
+                                           ids.v.empty() ? nullptr : ids.v.data());
+    outputs["sample"] = {to_nchw(y), Shape{y.n, y.c, y.h, y.w}};
+  } else if (kind == "vae") {
+    const auto vae = diffusion::load_vae(dir);
+    HYP_USAGE_CHECK(in.find("images") || in.find("latents"), "diffusion forward: {} holds neither images nor latents",
+                    in.path());
+    if (in.find("images")) {
+      const diffusion::Act m = vae->encode(to_nhwc(read_f32(in, "images"), "images"));
+      outputs["moments"] = {to_nchw(m), Shape{m.n, m.c, m.h, m.w}};
+    }
+    if (in.find("latents")) {
+      const diffusion::Act d = vae->decode(to_nhwc(read_f32(in, "latents"), "latents"));
+      outputs["decoded"] = {to_nchw(d), Shape{d.n, d.c, d.h, d.w}};
+    }
+  } else if (kind == "text_encoder") {
+    const auto clip = diffusion::load_clip_text(dir);
+    const io::SafetensorsTensor& t = in.get("input_ids");
+    HYP_USAGE_CHECK(t.shape.rank() == 2, "diffusion forward: input_ids must be [n, tokens], got {}", t.shape.str());
+    HYP_USAGE_CHECK(t.dtype == DType::kI32, "diffusion forward: input_ids must be I32, got {}", dtype_name(t.dtype));
+    std::vector<int32_t> ids(size_t(t.shape.numel()));
+    std::memcpy(ids.data(), t.data, ids.size() * sizeof(int32_t));
+    const diffusion::ClipTextOutput o = clip->forward(ids, t.shape[0]);
+    outputs["last_hidden_state"] = {o.last, Shape{o.n, o.tokens, o.hidden}};
+    outputs["penultimate_hidden_state"] = {o.penultimate, Shape{o.n, o.tokens, o.hidden}};
+    outputs["pooled_output"] = {o.pooled, Shape{o.n, o.hidden}};
+    if (!o.text_embeds.empty())
+      outputs["text_embeds"] = {o.text_embeds, Shape{o.n, int64_t(o.text_embeds.size()) / o.n}};
+  } else {
+    throw UsageError(fmt::format("diffusion forward: --component {} (unet, vae or text_encoder)", kind));
+  }
+  io::SafetensorsWriter w;
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [name, t] : outputs) {
+    w.add(name, DType::kF32, t.second, t.first.data());
+    j[name] = std::vector<int64_t>(t.second.begin(), t.second.end());
+  }
+  w.write(output);
+  if (flags.has("json")) std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+}  // namespace hyperion::cli
