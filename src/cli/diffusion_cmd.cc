@@ -11,9 +11,15 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/log.h"
+#include "base/timer.h"
 #include "cli/commands.h"
+#include "cli/diffusion_cmd.h"
 #include "cli/flags.h"
 #include "diffusion/components.h"
+#include "diffusion/image_dataset.h"
+#include "diffusion/pipeline.h"
+#include "io/image_file.h"
 #include "io/safetensors.h"
 
 namespace hyperion::cli {
@@ -135,6 +141,67 @@ int cmd_diffusion_forward(const Args& args) {
   }
   w.write(output);
   if (flags.has("json")) std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+int generate_image(const Flags& f) {
+  for (const char* flag : {"max-tokens", "temperature", "top-k", "top-p", "ignore-eos", "dtype", "hardware"})
+    HYP_USAGE_CHECK(!f.has(flag), "generate: --{} does not apply to a diffusion model", flag);
+  diffusion::ImageRequest r;
+  r.prompt = f.get("prompt");
+  r.negative_prompt = f.get("negative-prompt");
+  r.width = f.integer("width", 0);
+  r.height = f.integer("height", 0);
+  r.steps = f.integer("steps", 30);
+  r.guidance = f.number("guidance", 7.5);
+  r.sampler = f.get("scheduler");
+  r.karras = f.has("karras");
+  const int64_t seed = f.integer("seed", 0);
+  HYP_USAGE_CHECK(seed >= 0, "generate: --seed must be >= 0, got {}", seed);
+  r.seed = uint64_t(seed);
+  r.count = f.integer("batch", 1);
+  const std::string output = f.require("output");
+  HYP_USAGE_CHECK(output.size() > 4 && output.substr(output.size() - 4) == ".png",
+                  "generate: --output {} must name a .png file", output);
+  HYP_USAGE_CHECK(r.width >= 0 && r.height >= 0, "generate: --width and --height must be positive");
+  const Timer load_timer;
+  const auto pipe = diffusion::DiffusionPipeline::load(f.require("checkpoint"));
+  const double load_seconds = load_timer.seconds();
+  try {
+    r = pipe->resolve(r);
+  } catch (const UsageError& e) {
+    usage_fail("generate: {}", e.what());
+  }
+  const diffusion::GeneratedImages images = pipe->generate(r);
+  std::vector<std::string> files;
+  const int64_t per = images.height * images.width * images.channels;
+  for (int64_t i = 0; i < images.count; ++i) {
+    const std::string path = i == 0 ? output : output.substr(0, output.size() - 4) + "-" + std::to_string(i) + ".png";
+    io::write_png(path, diffusion::to_image(images.pixels.data() + i * per, images.height, images.width,
+                                            images.channels));
+    files.push_back(path);
+  }
+  if (f.has("json")) {
+    nlohmann::ordered_json j;
+    j["files"] = files;
+    j["width"] = images.width;
+    j["height"] = images.height;
+    j["steps"] = r.steps;
+    j["scheduler"] = r.sampler;
+    j["guidance"] = r.guidance;
+    j["seed"] = r.seed;
+    j["truncated_tokens"] = images.truncated_tokens;
+    j["load_seconds"] = load_seconds;
+    j["encode_seconds"] = images.encode_seconds;
+    j["denoise_seconds"] = images.denoise_seconds;
+    j["decode_seconds"] = images.decode_seconds;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    for (const std::string& p : files) std::printf("%s\n", p.c_str());
+    std::fprintf(stderr, "%lldx%lld, %lld steps (%s): %.2f s denoising, %.2f s decoding\n", (long long)images.width,
+                 (long long)images.height, (long long)r.steps, r.sampler.c_str(), images.denoise_seconds,
+                 images.decode_seconds);
+  }
   return 0;
 }
 

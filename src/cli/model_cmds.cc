@@ -6,9 +6,11 @@
 #include "base/error.h"
 #include "base/utf8.h"
 #include "cli/commands.h"
+#include "cli/diffusion_cmd.h"
 #include "cli/flags.h"
 #include "cli/loaded_checkpoint.h"
 #include "convert/gguf_convert.h"
+#include "diffusion/pipeline.h"
 #include "io/atomic_file.h"
 #include "io/file_identity.h"
 #include "io/safetensors.h"
@@ -83,8 +85,20 @@ const CommandSpec kGenerateSpec = {
      {"ignore-eos", "", "keep going past the end-of-sequence token"},
      kDtypeFlag,
      {"hardware", "H", "cpu (default) or gpu: where the model and its KV cache live"},
-     {"json", "", "print the result as one JSON object"}},
-    "",
+     {"json", "", "print the result as one JSON object"},
+     {"output", "FILE.png", "diffusion: where the image goes (FILE-N.png for N > 0 with --batch)"},
+     {"negative-prompt", "TEXT", "diffusion: what to steer away from (default: empty)"},
+     {"width", "W", "diffusion: image width (default: the model's)"},
+     {"height", "H", "diffusion: image height (default: the model's)"},
+     {"steps", "N", "diffusion: denoising steps (default 30)"},
+     {"guidance", "G", "diffusion: classifier-free guidance scale (default 7.5; <= 1: off)"},
+     {"scheduler", "S", "diffusion: ddim, euler, euler_a or dpm++2m (default: the model's scheduler class, else dpm++2m)"},
+     {"karras", "", "diffusion: Karras sigmas (euler, euler_a, dpm++2m)"},
+     {"batch", "N", "diffusion: images of the prompt (default 1)"}},
+    "A checkpoint directory holding model_index.json is a diffusers text-to-image model (Stable "
+    "Diffusion 1.x/2.x, SDXL, or one `hyperion train sd-tiny` wrote): --prompt is the image's "
+    "description and the image is written to --output; the language-model flags do not apply, "
+    "and the diffusion flags apply to nothing else.",
     "generate --checkpoint runs/tiny --prompt \"Once upon a time\" --top-p 0.9 --seed 1"};
 
 const CommandSpec kConvertSpec = {
@@ -137,6 +151,11 @@ int cmd_eval(const Args& args) {
 int cmd_generate(const Args& args) {
   const Flags f(kGenerateSpec, args);
   HYP_USAGE_CHECK(f.positional().empty(), "generate: unexpected argument '{}'", f.positional()[0]);
+  if (diffusion::DiffusionPipeline::is_pipeline_dir(f.require("checkpoint"))) return generate_image(f);
+  for (const char* flag : {"output", "negative-prompt", "width", "height", "steps", "guidance", "scheduler",
+                           "karras", "batch"})
+    HYP_USAGE_CHECK(!f.has(flag), "generate: --{} applies to diffusion models (a directory with model_index.json)",
+                    flag);
   // Every flag is checked before the (slow) checkpoint load, with the ranges and meanings
   // the server gives the same knobs (model/sampler.h: top_k -1 or 0 is off).
   GenerateOptions go;

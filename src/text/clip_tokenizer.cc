@@ -234,4 +234,65 @@ std::string ClipTokenizer::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
+ClipTokenizer ClipTokenizer::for_words(const std::vector<std::string>& words, int64_t max_length) {
+  // bytes_to_unicode's order: the printable bytes first, then the rest.
+  auto printable = [](int b) { return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE; };
+  std::vector<std::string> vocab;
+  for (int pass = 0; pass < 2; ++pass)
+    for (int printable_first = 1; printable_first >= 0; --printable_first)
+      for (int b = 0; b < 256; ++b)
+        if (printable(b) == bool(printable_first)) vocab.push_back(byte_level_char(uint8_t(b)) + (pass ? "</w>" : ""));
+  std::vector<std::string> merges;
+  std::unordered_map<std::string, bool> seen;
+  for (const std::string& w : words) {
+    HYP_CHECK(!w.empty() && w.find(' ') == std::string::npos, "for_words: '{}' is not one word", w);
+    std::vector<std::string> sym;
+    for (unsigned char c : w) sym.push_back(byte_level_char(c));
+    sym.back() += "</w>";
+    std::string left = sym[0];
+    for (size_t i = 1; i < sym.size(); ++i) {
+      const std::string merge = left + " " + sym[i];
+      left += sym[i];
+      if (seen.emplace(merge, true).second) {
+        merges.push_back(merge);
+        vocab.push_back(left);
+      }
+    }
+  }
+  vocab.push_back("<|startoftext|>");
+  vocab.push_back("<|endoftext|>");
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < vocab.size(); ++i) j[vocab[i]] = i;
+  std::string merges_txt = "#version: 0.2\n";
+  for (const std::string& m : merges) merges_txt += m + "\n";
+  return from_files(j.dump(), merges_txt, "words", "", max_length);
+}
+
+std::string ClipTokenizer::vocab_json() const {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < pieces_.size(); ++i) j[pieces_[i]] = i;
+  return j.dump();
+}
+
+std::string ClipTokenizer::merges_txt() const {
+  std::vector<const std::string*> by_rank(ranks_.size());
+  for (const auto& [pair, rank] : ranks_) by_rank[size_t(rank)] = &pair;
+  std::string out = "#version: 0.2\n";
+  for (const std::string* m : by_rank) out += *m + "\n";
+  return out;
+}
+
+void ClipTokenizer::save(const std::string& dir) const {
+  namespace fs = std::filesystem;
+  fs::create_directories(dir);
+  io::write_file_atomic((fs::path(dir) / "vocab.json").string(), vocab_json());
+  io::write_file_atomic((fs::path(dir) / "merges.txt").string(), merges_txt());
+  nlohmann::ordered_json special = {{"bos_token", "<|startoftext|>"}, {"eos_token", "<|endoftext|>"},
+                                    {"pad_token", pieces_[size_t(pad_)]}, {"unk_token", "<|endoftext|>"}};
+  io::write_file_atomic((fs::path(dir) / "special_tokens_map.json").string(), special.dump(2) + "\n");
+  nlohmann::ordered_json config = {{"tokenizer_class", "CLIPTokenizer"}, {"model_max_length", max_length_},
+                                   {"pad_token", pieces_[size_t(pad_)]}, {"do_lower_case", true}};
+  io::write_file_atomic((fs::path(dir) / "tokenizer_config.json").string(), config.dump(2) + "\n");
+}
+
 }  // namespace hyperion::text

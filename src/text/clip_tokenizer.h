@@ -35,6 +35,12 @@ class ClipTokenizer {
                                   const std::string& origin, const std::string& pad_token = "",
                                   int64_t max_length = 77);
 
+  // A CLIP-format tokenizer with CLIP's byte alphabet (512 tokens: bytes, and bytes ending
+  // a word) plus merges that spell each of `words` (lowercase) as one token, then the
+  // start and end tokens: a small vocabulary for a model trained from scratch on a fixed
+  // set of captions (sd-tiny's "a photo of a NAME").
+  static ClipTokenizer for_words(const std::vector<std::string>& words, int64_t max_length = 77);
+
   // The BPE ids of the text, no start/end tokens. The text must be valid UTF-8 (an error
   // names the offset).
   std::vector<int32_t> encode(std::string_view text) const;
@@ -50,6 +56,12 @@ class ClipTokenizer {
   int32_t vocab_size() const { return int32_t(pieces_.size()); }
   const std::string& piece(int32_t id) const { return pieces_.at(size_t(id)); }
   const std::string& origin() const { return origin_; }
+  // The files it was read from, rebuilt (a pipeline saves its tokenizer with them).
+  std::string vocab_json() const;
+  std::string merges_txt() const;
+  // Writes vocab.json, merges.txt and special_tokens_map.json / tokenizer_config.json
+  // (the pad token, model_max_length) into dir, atomically.
+  void save(const std::string& dir) const;
 
  private:
   void bpe(const std::string& word, std::vector<int32_t>& out) const;

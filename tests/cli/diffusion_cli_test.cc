@@ -1,0 +1,71 @@
+// `hyperion generate` on a diffusers directory and `hyperion diffusion forward`, end to end.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+
+#include "cli_test_util.h"
+#include "diffusion/sd_tiny.h"
+#include "io/atomic_file.h"
+#include "io/image_file.h"
+
+namespace hyperion {
+namespace {
+
+namespace fs = std::filesystem;
+using testing_util::run_cli;
+
+std::string saved_sd_tiny() {
+  static const std::string dir = [] {
+    const std::string d = testing::TempDir() + "/diffusion_cli_sd_tiny";
+    fs::remove_all(d);
+    diffusion::make_sd_tiny(11)->save(d);
+    return d;
+  }();
+  return dir;
+}
+
+TEST(DiffusionCli, GenerateWritesSeededPngs) {
+  const std::string dir = saved_sd_tiny(), out = testing::TempDir() + "/diffusion_cli_out.png";
+  fs::remove(out);
+  const auto r = run_cli("generate --checkpoint " + dir + " --prompt 'a photo of a bag' --steps 3 --seed 5 --batch 2 "
+                         "--scheduler euler --output " + out + " --json", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["files"].size(), 2u);
+  EXPECT_EQ(j["files"][1], testing::TempDir() + "/diffusion_cli_out-1.png");
+  EXPECT_EQ(j["scheduler"], "euler");
+  const io::Image img = io::read_image(out);
+  EXPECT_EQ(img.width, 32);
+  EXPECT_EQ(img.height, 32);
+  // The same seed gives the same file.
+  const std::string first = io::read_file(out);
+  ASSERT_EQ(run_cli("generate --checkpoint " + dir + " --prompt 'a photo of a bag' --steps 3 --seed 5 --batch 2 "
+                    "--scheduler euler --output " + out).code, 0);
+  EXPECT_EQ(io::read_file(out), first);
+}
+
+TEST(DiffusionCli, UsageErrorsNameTheFlag) {
+  const std::string dir = saved_sd_tiny(), out = testing::TempDir() + "/diffusion_cli_bad.png";
+  auto r = run_cli("generate --checkpoint " + dir + " --prompt x --output " + out + " --width 30");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("image width 30 must be a multiple of 8"), std::string::npos) << r.out;
+  r = run_cli("generate --checkpoint " + dir + " --prompt x --output " + out + " --temperature 0.5");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--temperature does not apply to a diffusion model"), std::string::npos) << r.out;
+  r = run_cli("generate --checkpoint " + dir + " --prompt x --output " + testing::TempDir() + "/x.jpg");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("must name a .png file"), std::string::npos) << r.out;
+  r = run_cli("generate --checkpoint " + dir + " --prompt x --output " + out + " --scheduler lms");
+  EXPECT_EQ(r.code, 2);
+  r = run_cli("generate --checkpoint no-such-dir --output " + out);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--output applies to diffusion models"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(out));
+  r = run_cli("diffusion forward --component transformer --dir " + dir + "/unet --inputs x --output y");
+  EXPECT_NE(r.code, 0);
+}
+
+}  // namespace
+}  // namespace hyperion
