@@ -19,6 +19,7 @@ const std::vector<Command>& all_commands() {
       {&kBenchServeSpec, cmd_bench_serve},
       {&kBenchDecodeSpec, cmd_bench_decode},
       {&kBenchEmbeddingSpec, cmd_bench_embedding},
+      {&kBenchDiffusionSpec, cmd_bench_diffusion},
       {&kGoodputSpec, cmd_goodput},
       {&kMonitorSpec, cmd_monitor},
       {&kClusterCreateSpec, cmd_cluster_create},

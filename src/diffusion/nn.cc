@@ -1,5 +1,7 @@
 #include "diffusion/nn.h"
 
+#include <atomic>
+
 #include "base/error.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
@@ -12,6 +14,18 @@
 namespace hyperion::diffusion {
 
 using Init = ParamEntry::Init;
+
+namespace {
+std::atomic<int64_t> g_macs{0};
+}
+
+int64_t layer_macs() {
+  return g_macs.load();
+}
+
+void reset_layer_macs() {
+  g_macs = 0;
+}
 
 Linear Linear::declare(ParamTable& p, const std::string& name, int64_t in, int64_t out, bool bias) {
   Linear l;
@@ -27,6 +41,7 @@ void Linear::forward(const ParamTable& p, const float* x, int64_t rows, float* y
                                     DType::kF32, y, DType::kF32, accumulate ? 1.0f : 0.0f);
   if (b >= 0) g.bias = p.data(b);
   gemm(g);
+  g_macs += rows * in * out;
 }
 
 Conv Conv::declare(ParamTable& p, const std::string& name, int64_t in, int64_t out, int64_t kernel,
@@ -52,9 +67,11 @@ Act Conv::forward(const ParamTable& p, const Act& x) const {
                                       p.data(w), DType::kF32, y.data(), DType::kF32);
     g.bias = p.data(b);
     gemm(g);
+    g_macs += x.rows() * in * out;
     return y;
   }
   conv2d_forward(s, x.data(), p.data(w), p.data(b), y.data());
+  g_macs += int64_t(s.macs());
   return y;
 }
 
@@ -128,6 +145,7 @@ void Attention::forward(const ParamTable& p, const float* x, int64_t n, int64_t 
                     TensorView(vs.data(), DType::kF32, {n, tk, heads, head_dim}),
                     TensorView(o.data(), DType::kF32, {n, tq, heads, head_dim}),
                     TensorView(lse.data(), DType::kF32, {n, heads, tq}), params);
+  g_macs += 2 * n * heads * attention_visible_pairs(tq, tk, causal) * head_dim;
   out.forward(p, o.data(), n * tq, result, /*accumulate=*/true);
 }
 

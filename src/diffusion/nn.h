@@ -80,6 +80,11 @@ struct Attention {
                int64_t tk, float* result) const;
 };
 
+// Multiply-adds done by these layers since the last reset (GEMMs, convolutions and the
+// attention products), summed over threads: what a benchmark divides by its time.
+int64_t layer_macs();
+void reset_layer_macs();
+
 // Channel concatenation [a | b] of two activations of one spatial size.
 Act concat_channels(const Act& a, const Act& b);
 // a += b elementwise.

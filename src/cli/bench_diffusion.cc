@@ -1,0 +1,107 @@
+// `hyperion bench diffusion`: one UNet call (a denoising step) of a Stable Diffusion-shaped
+// model with random weights, timed, as achieved FLOP/s and a ratio to the machine's f32 peak.
+#include <sys/resource.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "base/cpu.h"
+#include "base/error.h"
+#include "base/threads.h"
+#include "base/timer.h"
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "diffusion/architectures.h"
+#include "kernels/fill.h"
+#include "kernels/peak.h"
+
+namespace hyperion::cli {
+
+const CommandSpec kBenchDiffusionSpec = {
+    "bench diffusion",
+    "",
+    "time one UNet denoising step of a Stable Diffusion-shaped model (random weights) against the machine's peak",
+    {{"model", "NAME", "sd15 (default), sd21, sdxl or sd-tiny"},
+     {"size", "PX", "image side in pixels (default: the model's; latents are 1/8 of it, sd-tiny 1/4)"},
+     {"batch", "N", "UNet batch (default 2: one image with classifier-free guidance)"},
+     {"iterations", "N", "timed calls after one warm-up (default 3)"},
+     {"json", "", "print the figures as one JSON object"}},
+    "FLOP/s count the multiply-adds of the convolutions, linear layers and attention products "
+    "(2 FLOPs each); the ratio is to `hyperion bench peak`'s f32 figure.",
+    "bench diffusion --model sd15 --iterations 2 --json"};
+
+int cmd_bench_diffusion(const Args& args) {
+  const Flags f(kBenchDiffusionSpec, args);
+  HYP_USAGE_CHECK(f.positional().empty(), "bench diffusion: unexpected argument '{}'", f.positional()[0]);
+  const std::string model = f.get("model", "sd15");
+  const diffusion::UNetConfig config = diffusion::unet_preset(model);
+  const int64_t factor = model == "sd-tiny" ? 4 : 8;
+  const int64_t size = f.integer("size", config.sample_size * factor);
+  const int64_t batch = f.integer("batch", 2), iterations = f.integer("iterations", 3);
+  const int64_t multiple = factor * config.size_multiple();
+  HYP_USAGE_CHECK(size >= multiple && size <= 2048 && size % multiple == 0,
+                  "bench diffusion: --size {} must be a multiple of {} in [{}, 2048]", size, multiple, multiple);
+  HYP_USAGE_CHECK(batch >= 1 && batch <= 64, "bench diffusion: --batch must be in [1, 64]");
+  HYP_USAGE_CHECK(iterations >= 1 && iterations <= 1000, "bench diffusion: --iterations must be in [1, 1000]");
+  const bool json = f.has("json");
+
+  diffusion::UNet unet(config);
+  unet.params().allocate(false);
+  unet.params().init(1);
+  const int64_t latent = size / factor;
+  diffusion::Act x(batch, latent, latent, config.in_channels);
+  fill_normal(TensorView(x.data(), DType::kF32, {x.numel()}), 2, 0.0f, 1.0f);
+  const int64_t tokens = 77;
+  std::vector<float> ctx(size_t(batch * tokens * config.cross_attention_dim)), t(size_t(batch), 500.0f);
+  fill_normal(TensorView(ctx.data(), DType::kF32, {int64_t(ctx.size())}), 3, 0.0f, 1.0f);
+  std::vector<float> pooled, time_ids;
+  if (config.text_time) {
+    pooled.assign(size_t(batch * (config.projection_class_embeddings_input_dim - 6 * config.addition_time_embed_dim)), 0.1f);
+    for (int64_t i = 0; i < batch; ++i)
+      for (float v : {float(size), float(size), 0.0f, 0.0f, float(size), float(size)}) time_ids.push_back(v);
+  }
+  auto call = [&] {
+    return unet.forward(x, t.data(), ctx.data(), tokens, pooled.empty() ? nullptr : pooled.data(),
+                        time_ids.empty() ? nullptr : time_ids.data());
+  };
+  call();  // warm-up: primitives created, buffers touched
+  diffusion::reset_layer_macs();
+  std::vector<double> times;
+  for (int64_t i = 0; i < iterations; ++i) {
+    const Timer timer;
+    call();
+    times.push_back(timer.seconds());
+  }
+  const double macs = double(diffusion::layer_macs()) / double(iterations);
+  std::sort(times.begin(), times.end());
+  const double best = times.front(), median = times[times.size() / 2];
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);  // before the peak measurement's own buffers
+  const double rss_gb = double(ru.ru_maxrss) / (1 << 20);
+  const double gflops = 2.0 * macs / best / 1e9;
+  const double peak = cached_peak().f32_gflops;
+  const double weights_gb = double(unet.params().size()) * 4 / 1e9;
+  if (json) {
+    nlohmann::ordered_json j = {{"model", model},       {"size", size},
+                                {"latent", latent},     {"batch", batch},
+                                {"threads", num_threads()}, {"cpu", cpu_features().model_name},
+                                {"params", unet.params().size()}, {"gflop_per_call", 2 * macs / 1e9},
+                                {"best_seconds", best}, {"median_seconds", median},
+                                {"gflops", gflops},     {"f32_peak_gflops", peak},
+                                {"fraction_of_peak", gflops / peak}, {"max_rss_gb", rss_gb},
+                                {"weights_gb", weights_gb}};
+    print_json(j, 2);
+    return 0;
+  }
+  std::printf("%s UNet, %lldx%lld pixels (%lldx%lld latents), batch %lld, %d threads (%s)\n", model.c_str(),
+              (long long)size, (long long)size, (long long)latent, (long long)latent, (long long)batch, num_threads(),
+              cpu_summary().c_str());
+  std::printf("%.1f GFLOP per call: best %.3f s, median %.3f s; %.1f GFLOP/s = %.2f of the f32 peak (%.1f)\n",
+              2 * macs / 1e9, best, median, gflops, gflops / peak, peak);
+  std::printf("weights %.2f GB, peak resident memory %.2f GB\n", weights_gb, rss_gb);
+  return 0;
+}
+
+}  // namespace hyperion::cli

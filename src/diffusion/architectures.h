@@ -1,0 +1,18 @@
+// UNet architectures by name, as their diffusers configs give them: for benchmarks and
+// for training from scratch. "sd15" (Stable Diffusion 1.x), "sd21" (2.x: linear
+// projections, 5-20 heads, 1024-wide context), "sdxl" (three levels, 1/2/10 transformer
+// layers, text_time), "sd-tiny" (diffusion/sd_tiny.h).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "diffusion/unet.h"
+
+namespace hyperion::diffusion {
+
+// Throws a usage error listing the names for an unknown one.
+UNetConfig unet_preset(const std::string& name);
+const std::vector<std::string>& unet_preset_names();
+
+}  // namespace hyperion::diffusion
