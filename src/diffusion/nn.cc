@@ -133,8 +133,8 @@ Attention Attention::declare(ParamTable& p, const std::string& name, int64_t dim
 void Attention::forward(const ParamTable& p, const float* x, int64_t n, int64_t tq, const float* context,
                         int64_t tk, float* result) const {
   const int64_t dim = heads * head_dim;
-  std::vector<float> qs(size_t(n * tq * dim)), ks(size_t(n * tk * dim)), vs(size_t(n * tk * dim)),
-      o(size_t(n * tq * dim)), lse(size_t(n * heads * tq));
+  FloatBuffer qs(size_t(n * tq * dim)), ks(size_t(n * tk * dim)), vs(size_t(n * tk * dim)), o(size_t(n * tq * dim)),
+      lse(size_t(n * heads * tq));
   q.forward(p, x, n * tq, qs.data());
   k.forward(p, context, n * tk, ks.data());
   v.forward(p, context, n * tk, vs.data());

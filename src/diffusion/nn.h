@@ -15,17 +15,18 @@
 #include <string>
 #include <vector>
 
+#include "diffusion/buffer_pool.h"
 #include "diffusion/param_table.h"
 
 namespace hyperion::diffusion {
 
-// An activation [n, h, w, c] (text tokens: h = sequence length, w = 1).
+// An activation [n, h, w, c] (text tokens: h = sequence length, w = 1), its values
+// uninitialised until written (the layers write every element of their outputs).
 struct Act {
   int64_t n = 0, h = 0, w = 0, c = 0;
-  std::vector<float> v;
+  FloatBuffer v;
   Act() = default;
-  Act(int64_t n_, int64_t h_, int64_t w_, int64_t c_)
-      : n(n_), h(h_), w(w_), c(c_), v(size_t(n_ * h_ * w_ * c_), 0.0f) {}
+  Act(int64_t n_, int64_t h_, int64_t w_, int64_t c_) : n(n_), h(h_), w(w_), c(c_), v(size_t(n_ * h_ * w_ * c_)) {}
   int64_t rows() const { return n * h * w; }
   int64_t numel() const { return rows() * c; }
   float* data() { return v.data(); }

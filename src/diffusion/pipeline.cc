@@ -285,7 +285,7 @@ GeneratedImages DiffusionPipeline::finish(Job& job) const {
   r.height = images.h;
   r.width = images.w;
   r.channels = images.c;
-  r.pixels = images.v;
+  r.pixels.assign(images.v.begin(), images.v.end());
   r.decode_seconds = seconds_since(t0);
   return r;
 }

@@ -254,8 +254,7 @@ Act UNet::run_resnet(const Resnet& r, const Act& x, const std::vector<float>& te
 void UNet::run_transformer(const Transformer& t, Act& x, const float* context, int64_t tokens) const {
   const int64_t rows = x.rows(), c = x.c, seq = x.h * x.w;
   const Act normed = t.norm.forward(params_, x, /*silu=*/false);
-  std::vector<float> h(size_t(rows * c)), tmp(size_t(rows * c)), ff(size_t(rows * c * 8)),
-      geglu(size_t(rows * c * 4));
+  FloatBuffer h(size_t(rows * c)), tmp(size_t(rows * c)), ff(size_t(rows * c * 8)), geglu(size_t(rows * c * 4));
   t.proj_in.forward(params_, normed.data(), rows, h.data());
   for (const TransformerBlock& b : t.blocks) {
     b.norm1.forward(params_, h.data(), rows, tmp.data());

@@ -165,6 +165,7 @@ Act Vae::encode(const Act& images) const {
     if (b.has_sampler) {
       // Zero padding of one pixel on the right and the bottom, then a stride-2 convolution.
       Act padded(h.n, h.h + 1, h.w + 1, h.c);
+      std::fill(padded.v.begin(), padded.v.end(), 0.0f);
       for (int64_t n = 0; n < h.n; ++n)
         for (int64_t y = 0; y < h.h; ++y)
           std::copy(h.data() + ((n * h.h + y) * h.w) * h.c, h.data() + ((n * h.h + y) * h.w + h.w) * h.c,
@@ -215,7 +216,7 @@ Act Vae::encode_latents(const Act& images, const float* noise) const {
 Act Vae::decode_latents(const Act& latents) const {
   Act z = latents;
   const float inv = float(1.0 / config_.scaling_factor), shift = float(config_.shift_factor);
-  for (float& v : z.v) v = v * inv + shift;
+  for (float& x : z.v) x = x * inv + shift;
   return decode(z);
 }
 
