@@ -35,7 +35,8 @@ const CommandSpec kDiffusionForwardSpec = {
      {"json", "", "print the output tensors' names and shapes as JSON"}},
     "Inputs and outputs by component (f32; images NCHW as in PyTorch):\n"
     "  unet          sample [n, c, h, w], timesteps [n], encoder_hidden_states [n, t, d]\n"
-    "                (SDXL: text_embeds [n, p], time_ids [n, 6])  ->  sample\n"
+    "                (SDXL: text_embeds [n, p], time_ids [n, 6])  ->  sample; with grad_sample (the\n"
+    "                output's shape) also grad.NAME, the gradient of sum(grad_sample * sample) per parameter\n"
     "  vae           images [n, 3, H, W] -> moments [n, 2L, H/f, W/f]; latents [n, L, h, w] ->\n"
     "                decoded [n, 3, h f, w f] (either or both)\n"
     "  text_encoder  input_ids [n, t] (i32) -> last_hidden_state, penultimate_hidden_state,\n"
@@ -88,7 +89,10 @@ int cmd_diffusion_forward(const Args& args) {
   const std::string output = flags.require("output");
   std::map<std::string, std::pair<std::vector<float>, Shape>> outputs;
   if (kind == "unet") {
-    const auto unet = diffusion::load_unet(dir);
+    // With grad_sample, also the backward pass: the gradient of sum(grad_sample * sample)
+    // for every parameter, as "grad.NAME".
+    const bool grads = in.find("grad_sample") != nullptr;
+    const auto unet = diffusion::load_unet(dir, grads);
     const diffusion::Act sample = to_nhwc(read_f32(in, "sample"), "sample");
     const Tensor4 t = read_f32(in, "timesteps"), ctx = read_f32(in, "encoder_hidden_states");
     HYP_USAGE_CHECK(t.shape.numel() == sample.n, "diffusion forward: timesteps {} for {} samples", t.shape.str(), sample.n);
@@ -101,10 +105,22 @@ int cmd_diffusion_forward(const Args& args) {
       text = read_f32(in, "text_embeds");
       ids = read_f32(in, "time_ids");
     }
+    std::shared_ptr<diffusion::UNet::Tape> tape;
     const diffusion::Act y = unet->forward(sample, t.v.data(), ctx.v.data(), ctx.shape[1],
                                            text.v.empty() ? nullptr : text.v.data(),
-                                           ids.v.empty() ? nullptr : ids.v.data());
+                                           ids.v.empty() ? nullptr : ids.v.data(), grads ? &tape : nullptr);
     outputs["sample"] = {to_nchw(y), Shape{y.n, y.c, y.h, y.w}};
+    if (grads) {
+      const diffusion::Act dy = to_nhwc(read_f32(in, "grad_sample"), "grad_sample");
+      HYP_USAGE_CHECK(dy.numel() == y.numel(), "diffusion forward: grad_sample must have the output's shape");
+      unet->backward(*tape, dy);
+      const diffusion::ParamTable& p = unet->params();
+      for (size_t i = 0; i < p.entries().size(); ++i) {
+        const diffusion::ParamEntry& e = p.entries()[i];
+        const float* g = const_cast<diffusion::ParamTable&>(p).grad(int(i));
+        outputs["grad." + e.name] = {std::vector<float>(g, g + e.numel), e.shape};
+      }
+    }
   } else if (kind == "vae") {
     const auto vae = diffusion::load_vae(dir);
     HYP_USAGE_CHECK(in.find("images") || in.find("latents"), "diffusion forward: {} holds neither images nor latents",

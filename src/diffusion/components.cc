@@ -31,10 +31,10 @@ std::string read_config(const std::string& dir) {
 
 template <class Model>
 void load_weights(Model& m, const std::string& dir, const std::string& file_name,
-                  const std::vector<std::string>& ignored = {}) {
+                  const std::vector<std::string>& ignored = {}, bool with_grads = false) {
   const std::string name = component_weights_name(dir, file_name);
   const io::WeightFiles files(dir, name);
-  m.params().allocate(/*with_grads=*/false);
+  m.params().allocate(with_grads);
   const std::vector<std::string> unused = m.params().load(files, (fs::path(dir) / name).string(), "", ignored);
   if (!unused.empty())
     log_warn("{}: {} tensors the config does not use (first: {})", dir, unused.size(), unused.front());
@@ -42,9 +42,9 @@ void load_weights(Model& m, const std::string& dir, const std::string& file_name
 
 }  // namespace
 
-std::unique_ptr<UNet> load_unet(const std::string& dir) {
+std::unique_ptr<UNet> load_unet(const std::string& dir, bool with_grads) {
   auto m = std::make_unique<UNet>(UNetConfig::from_json(read_config(dir), (fs::path(dir) / "config.json").string()));
-  load_weights(*m, dir, "diffusion_pytorch_model.safetensors");
+  load_weights(*m, dir, "diffusion_pytorch_model.safetensors", {}, with_grads);
   return m;
 }
 

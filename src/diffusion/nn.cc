@@ -44,6 +44,16 @@ void Linear::forward(const ParamTable& p, const float* x, int64_t rows, float* y
   g_macs += rows * in * out;
 }
 
+void Linear::backward(ParamTable& p, const float* x, const float* dy, int64_t rows, float* dx,
+                      bool accumulate_dx) const {
+  if (dx)
+    gemm_contiguous(Trans::kN, Trans::kN, rows, in, out, dy, DType::kF32, p.data(w), DType::kF32, dx, DType::kF32,
+                    accumulate_dx ? 1.0f : 0.0f);
+  gemm_contiguous(Trans::kT, Trans::kN, out, in, rows, dy, DType::kF32, x, DType::kF32, p.grad(w), DType::kF32, 1.0f);
+  if (b >= 0) column_sums(dy, rows, out, p.grad(b), /*accumulate=*/true);
+  g_macs += 2 * rows * in * out;
+}
+
 Conv Conv::declare(ParamTable& p, const std::string& name, int64_t in, int64_t out, int64_t kernel,
                    int64_t stride, int64_t padding) {
   Conv c;
@@ -75,6 +85,23 @@ Act Conv::forward(const ParamTable& p, const Act& x) const {
   return y;
 }
 
+void Conv::backward(ParamTable& p, const Act& x, const Act& dy, Act* dx) const {
+  if (kernel == 1 && stride == 1 && padding == 0) {
+    Linear l;
+    l.w = w;
+    l.b = b;
+    l.in = in;
+    l.out = out;
+    if (dx) *dx = Act(x.n, x.h, x.w, in);
+    l.backward(p, x.data(), dy.data(), x.rows(), dx ? dx->data() : nullptr);
+    return;
+  }
+  Conv2dShape s{x.n, x.h, x.w, in, out, kernel, stride, padding};
+  if (dx) *dx = Act(x.n, x.h, x.w, in);
+  conv2d_backward(s, dy.data(), x.data(), p.data(w), dx ? dx->data() : nullptr, p.grad(w), p.grad(b));
+  g_macs += 2 * int64_t(s.macs());
+}
+
 GroupNorm GroupNorm::declare(ParamTable& p, const std::string& name, int64_t channels, int64_t groups,
                              float eps) {
   GroupNorm g;
@@ -96,6 +123,29 @@ Act GroupNorm::forward(const ParamTable& p, const Act& x, bool silu) const {
   return y;
 }
 
+Act GroupNorm::forward(const ParamTable& p, const Act& x, bool silu, Saved* saved) const {
+  if (!saved) return forward(p, x, silu);
+  HYP_CHECK(x.c == channels, "group_norm: input has {} channels, the layer takes {}", x.c, channels);
+  saved->pre = Act(x.n, x.h, x.w, x.c);
+  saved->mean = FloatBuffer(size_t(x.n * groups));
+  saved->rstd = FloatBuffer(size_t(x.n * groups));
+  group_norm_forward({x.n, x.h * x.w, channels, groups}, x.data(), p.data(gamma), p.data(beta), eps,
+                     saved->pre.data(), saved->mean.data(), saved->rstd.data());
+  if (!silu) return saved->pre;
+  Act y(x.n, x.h, x.w, x.c);
+  activation_forward(Activation::kSilu, saved->pre.data(), y.data(), y.numel());
+  return y;
+}
+
+Act GroupNorm::backward(ParamTable& p, const Act& x, const Saved& saved, bool silu, const Act& dy) const {
+  Act d(x.n, x.h, x.w, x.c);
+  if (silu) activation_backward(Activation::kSilu, dy.data(), saved.pre.data(), d.data(), d.numel());
+  else std::copy(dy.v.begin(), dy.v.end(), d.v.begin());
+  group_norm_backward({x.n, x.h * x.w, channels, groups}, d.data(), x.data(), p.data(gamma), saved.mean.data(),
+                      saved.rstd.data(), d.data(), p.grad(gamma), p.grad(beta));
+  return d;
+}
+
 LayerNorm LayerNorm::declare(ParamTable& p, const std::string& name, int64_t channels, float eps) {
   LayerNorm l;
   l.channels = channels;
@@ -105,9 +155,19 @@ LayerNorm LayerNorm::declare(ParamTable& p, const std::string& name, int64_t cha
   return l;
 }
 
-void LayerNorm::forward(const ParamTable& p, const float* x, int64_t rows, float* y) const {
-  std::vector<float> mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
-  layer_norm_forward(x, rows, channels, p.data(gamma), p.data(beta), eps, y, mean.data(), rstd.data());
+void LayerNorm::forward(const ParamTable& p, const float* x, int64_t rows, float* y, float* mean,
+                        float* rstd) const {
+  if (mean && rstd) {
+    layer_norm_forward(x, rows, channels, p.data(gamma), p.data(beta), eps, y, mean, rstd);
+    return;
+  }
+  std::vector<float> m(static_cast<size_t>(rows)), r(static_cast<size_t>(rows));
+  layer_norm_forward(x, rows, channels, p.data(gamma), p.data(beta), eps, y, m.data(), r.data());
+}
+
+void LayerNorm::backward(ParamTable& p, const float* x, int64_t rows, const float* mean, const float* rstd,
+                         const float* dy, float* dx) const {
+  layer_norm_backward(dy, x, rows, channels, p.data(gamma), mean, rstd, dx, p.grad(gamma), p.grad(beta));
 }
 
 Attention Attention::declare(ParamTable& p, const std::string& name, int64_t dim, int64_t context_dim,
@@ -132,9 +192,20 @@ Attention Attention::declare(ParamTable& p, const std::string& name, int64_t dim
 
 void Attention::forward(const ParamTable& p, const float* x, int64_t n, int64_t tq, const float* context,
                         int64_t tk, float* result) const {
+  forward(p, x, n, tq, context, tk, result, nullptr);
+}
+
+void Attention::forward(const ParamTable& p, const float* x, int64_t n, int64_t tq, const float* context,
+                        int64_t tk, float* result, Saved* saved) const {
   const int64_t dim = heads * head_dim;
-  FloatBuffer qs(size_t(n * tq * dim)), ks(size_t(n * tk * dim)), vs(size_t(n * tk * dim)), o(size_t(n * tq * dim)),
-      lse(size_t(n * heads * tq));
+  Saved local;
+  Saved& sv = saved ? *saved : local;
+  sv.q = FloatBuffer(size_t(n * tq * dim));
+  sv.k = FloatBuffer(size_t(n * tk * dim));
+  sv.v = FloatBuffer(size_t(n * tk * dim));
+  sv.o = FloatBuffer(size_t(n * tq * dim));
+  sv.lse = FloatBuffer(size_t(n * heads * tq));
+  FloatBuffer &qs = sv.q, &ks = sv.k, &vs = sv.v, &o = sv.o, &lse = sv.lse;
   q.forward(p, x, n * tq, qs.data());
   k.forward(p, context, n * tk, ks.data());
   v.forward(p, context, n * tk, vs.data());
@@ -147,6 +218,30 @@ void Attention::forward(const ParamTable& p, const float* x, int64_t n, int64_t 
                     TensorView(lse.data(), DType::kF32, {n, heads, tq}), params);
   g_macs += 2 * n * heads * attention_visible_pairs(tq, tk, causal) * head_dim;
   out.forward(p, o.data(), n * tq, result, /*accumulate=*/true);
+}
+
+void Attention::backward(ParamTable& p, const float* x, int64_t n, int64_t tq, const float* context, int64_t tk,
+                         const Saved& sv, const float* dresult, float* dx, float* dcontext) const {
+  const int64_t dim = heads * head_dim;
+  FloatBuffer d_o(size_t(n * tq * dim)), dq(size_t(n * tq * dim)), dk(size_t(n * tk * dim)), dv(size_t(n * tk * dim));
+  out.backward(p, sv.o.data(), dresult, n * tq, d_o.data());
+  AttentionParams params;
+  params.causal = causal;
+  const TensorView qv(const_cast<float*>(sv.q.data()), DType::kF32, {n, tq, heads, head_dim});
+  const TensorView kv(const_cast<float*>(sv.k.data()), DType::kF32, {n, tk, heads, head_dim});
+  const TensorView vv(const_cast<float*>(sv.v.data()), DType::kF32, {n, tk, heads, head_dim});
+  attention_backward(qv, kv, vv, TensorView(const_cast<float*>(sv.o.data()), DType::kF32, {n, tq, heads, head_dim}),
+                     TensorView(d_o.data(), DType::kF32, {n, tq, heads, head_dim}),
+                     TensorView(const_cast<float*>(sv.lse.data()), DType::kF32, {n, heads, tq}),
+                     TensorView(dq.data(), DType::kF32, {n, tq, heads, head_dim}),
+                     TensorView(dk.data(), DType::kF32, {n, tk, heads, head_dim}),
+                     TensorView(dv.data(), DType::kF32, {n, tk, heads, head_dim}), params);
+  g_macs += 5 * n * heads * attention_visible_pairs(tq, tk, causal) * head_dim;
+  const bool self = context == x;
+  float* dctx = self ? dx : dcontext;
+  q.backward(p, x, dq.data(), n * tq, dx, /*accumulate_dx=*/true);
+  k.backward(p, context, dk.data(), n * tk, dctx, /*accumulate_dx=*/true);
+  v.backward(p, context, dv.data(), n * tk, dctx, /*accumulate_dx=*/true);
 }
 
 Act concat_channels(const Act& a, const Act& b) {

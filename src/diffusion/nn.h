@@ -33,12 +33,17 @@ struct Act {
   const float* data() const { return v.data(); }
 };
 
+// Backward passes ACCUMULATE parameter gradients into the table's gradient buffer (dW +=)
+// and write (or, where a flag says so, add to) the input gradient.
 struct Linear {
   int w = -1, b = -1;
   int64_t in = 0, out = 0;
   static Linear declare(ParamTable& p, const std::string& name, int64_t in, int64_t out, bool bias = true);
   // y [rows, out] = x [rows, in] W^T + b; with accumulate, y += instead.
   void forward(const ParamTable& p, const float* x, int64_t rows, float* y, bool accumulate = false) const;
+  // dx [rows, in] = dy W (null: skipped; accumulate_dx: +=), dW += dy^T x, db += sum_rows dy.
+  void backward(ParamTable& p, const float* x, const float* dy, int64_t rows, float* dx,
+                bool accumulate_dx = false) const;
 };
 
 struct Conv {
@@ -47,6 +52,8 @@ struct Conv {
   static Conv declare(ParamTable& p, const std::string& name, int64_t in, int64_t out, int64_t kernel,
                       int64_t stride = 1, int64_t padding = -1);
   Act forward(const ParamTable& p, const Act& x) const;
+  // dx (null: skipped) from dy; dW, db accumulated.
+  void backward(ParamTable& p, const Act& x, const Act& dy, Act* dx) const;
 };
 
 struct GroupNorm {
@@ -56,6 +63,14 @@ struct GroupNorm {
   static GroupNorm declare(ParamTable& p, const std::string& name, int64_t channels, int64_t groups,
                            float eps);
   Act forward(const ParamTable& p, const Act& x, bool silu) const;
+  // Training: also keeps the normalised values before the SiLU (pre) and the statistics.
+  struct Saved {
+    Act pre;
+    FloatBuffer mean, rstd;
+  };
+  Act forward(const ParamTable& p, const Act& x, bool silu, Saved* saved) const;
+  // dy: the gradient of the forward's output (after the SiLU when silu); returns dx.
+  Act backward(ParamTable& p, const Act& x, const Saved& saved, bool silu, const Act& dy) const;
 };
 
 struct LayerNorm {
@@ -63,8 +78,12 @@ struct LayerNorm {
   int64_t channels = 0;
   float eps = 1e-5f;
   static LayerNorm declare(ParamTable& p, const std::string& name, int64_t channels, float eps);
-  // y [rows, channels]
-  void forward(const ParamTable& p, const float* x, int64_t rows, float* y) const;
+  // y [rows, channels]; mean and rstd [rows] kept when given (training).
+  void forward(const ParamTable& p, const float* x, int64_t rows, float* y, float* mean = nullptr,
+               float* rstd = nullptr) const;
+  // dx [rows, channels] (overwritten; may alias dy); gains and shifts accumulated.
+  void backward(ParamTable& p, const float* x, int64_t rows, const float* mean, const float* rstd, const float* dy,
+                float* dx) const;
 };
 
 struct Attention {
@@ -79,6 +98,18 @@ struct Attention {
   // the result is ADDED to out [n, tq, dim] (the residual connection).
   void forward(const ParamTable& p, const float* x, int64_t n, int64_t tq, const float* context,
                int64_t tk, float* result) const;
+  // Training: the projections, the attention output and its log-sum-exps are kept.
+  struct Saved {
+    FloatBuffer q, k, v, o, lse;
+  };
+  void forward(const ParamTable& p, const float* x, int64_t n, int64_t tq, const float* context, int64_t tk,
+               float* result, Saved* saved) const;
+  // dresult: the gradient of what forward added to `result`. Adds the gradient of x to dx;
+  // with a separate context (cross-attention) its gradient goes to dcontext (null: not
+  // computed, the context being a frozen encoder's output); for self-attention (context
+  // == x) both paths add to dx.
+  void backward(ParamTable& p, const float* x, int64_t n, int64_t tq, const float* context, int64_t tk,
+                const Saved& saved, const float* dresult, float* dx, float* dcontext) const;
 };
 
 // Multiply-adds done by these layers since the last reset (GEMMs, convolutions and the

@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "diffusion/json_fields.h"
+#include "diffusion/unet_tape.h"
 #include "kernels/activation.h"
 #include "kernels/dense_ops.h"
 #include "kernels/timestep_embedding.h"
@@ -236,35 +237,75 @@ UNet::UNet(const UNetConfig& config) : config_(config) {
   conv_out = Conv::declare(params_, "conv_out", c0, c.out_channels, 3);
 }
 
-Act UNet::run_resnet(const Resnet& r, const Act& x, const std::vector<float>& temb_silu) const {
-  Act h = r.conv1.forward(params_, r.norm1.forward(params_, x, /*silu=*/true));
+Act UNet::run_resnet(const Resnet& r, const Act& x, const FloatBuffer& temb_silu, ResnetTape* tape) const {
+  GroupNorm::Saved* n1 = tape ? &tape->n1 : nullptr;
+  GroupNorm::Saved* n2 = tape ? &tape->n2 : nullptr;
+  Act a1 = r.norm1.forward(params_, x, /*silu=*/true, n1);
+  Act h = r.conv1.forward(params_, a1);
   // + time_emb_proj(silu(temb)) per image, broadcast over pixels.
-  std::vector<float> t(size_t(x.n * h.c));
+  FloatBuffer t(size_t(x.n * h.c));
   r.time_proj.forward(params_, temb_silu.data(), x.n, t.data());
-  for (int64_t n = 0; n < x.n; ++n) {
-    const int64_t pixels = h.h * h.w;
+  const int64_t pixels = h.h * h.w;
+  for (int64_t n = 0; n < x.n; ++n)
     for (int64_t p = 0; p < pixels; ++p) add_to(h.data() + (n * pixels + p) * h.c, t.data() + n * h.c, h.c);
+  Act a2 = r.norm2.forward(params_, h, /*silu=*/true, n2);
+  Act y = r.conv2.forward(params_, a2);
+  if (r.has_shortcut) add_inplace(y, r.shortcut.forward(params_, x));
+  else add_inplace(y, x);
+  if (tape) {
+    tape->x = x;
+    tape->a1 = std::move(a1);
+    tape->h1 = std::move(h);
+    tape->a2 = std::move(a2);
   }
-  h = r.conv2.forward(params_, r.norm2.forward(params_, h, /*silu=*/true));
-  if (r.has_shortcut) add_inplace(h, r.shortcut.forward(params_, x));
-  else add_inplace(h, x);
-  return h;
+  return y;
 }
 
-void UNet::run_transformer(const Transformer& t, Act& x, const float* context, int64_t tokens) const {
+void UNet::run_transformer(const Transformer& t, Act& x, const float* context, int64_t tokens,
+                           TransformerTape* tape) const {
   const int64_t rows = x.rows(), c = x.c, seq = x.h * x.w;
-  const Act normed = t.norm.forward(params_, x, /*silu=*/false);
+  if (tape) {
+    tape->x = x;
+    tape->blocks.resize(t.blocks.size());
+  }
+  const Act normed = t.norm.forward(params_, x, /*silu=*/false, tape ? &tape->gn : nullptr);
   FloatBuffer h(size_t(rows * c)), tmp(size_t(rows * c)), ff(size_t(rows * c * 8)), geglu(size_t(rows * c * 4));
   t.proj_in.forward(params_, normed.data(), rows, h.data());
-  for (const TransformerBlock& b : t.blocks) {
-    b.norm1.forward(params_, h.data(), rows, tmp.data());
-    b.self_attn.forward(params_, tmp.data(), x.n, seq, tmp.data(), seq, h.data());
-    b.norm2.forward(params_, h.data(), rows, tmp.data());
-    b.cross_attn.forward(params_, tmp.data(), x.n, seq, context, tokens, h.data());
-    b.norm3.forward(params_, h.data(), rows, tmp.data());
+  for (size_t i = 0; i < t.blocks.size(); ++i) {
+    const TransformerBlock& b = t.blocks[i];
+    BlockTape* bt = tape ? &tape->blocks[i] : nullptr;
+    auto keep = [&](FloatBuffer* dst, const FloatBuffer& src) {
+      if (bt) *dst = src;
+    };
+    auto stats = [&](FloatBuffer* m, FloatBuffer* r) {
+      if (bt) {
+        *m = FloatBuffer(size_t(rows));
+        *r = FloatBuffer(size_t(rows));
+      }
+    };
+    keep(bt ? &bt->h0 : nullptr, h);
+    stats(bt ? &bt->m1 : nullptr, bt ? &bt->r1 : nullptr);
+    b.norm1.forward(params_, h.data(), rows, tmp.data(), bt ? bt->m1.data() : nullptr, bt ? bt->r1.data() : nullptr);
+    keep(bt ? &bt->n1 : nullptr, tmp);
+    b.self_attn.forward(params_, tmp.data(), x.n, seq, tmp.data(), seq, h.data(), bt ? &bt->a1 : nullptr);
+    keep(bt ? &bt->h1 : nullptr, h);
+    stats(bt ? &bt->m2 : nullptr, bt ? &bt->r2 : nullptr);
+    b.norm2.forward(params_, h.data(), rows, tmp.data(), bt ? bt->m2.data() : nullptr, bt ? bt->r2.data() : nullptr);
+    keep(bt ? &bt->n2 : nullptr, tmp);
+    b.cross_attn.forward(params_, tmp.data(), x.n, seq, context, tokens, h.data(), bt ? &bt->a2 : nullptr);
+    keep(bt ? &bt->h2 : nullptr, h);
+    stats(bt ? &bt->m3 : nullptr, bt ? &bt->r3 : nullptr);
+    b.norm3.forward(params_, h.data(), rows, tmp.data(), bt ? bt->m3.data() : nullptr, bt ? bt->r3.data() : nullptr);
+    keep(bt ? &bt->n3 : nullptr, tmp);
     b.ff_in.forward(params_, tmp.data(), rows, ff.data());
     geglu_rows_forward(ff.data(), rows, c * 4, geglu.data());
+    keep(bt ? &bt->ff : nullptr, ff);
+    keep(bt ? &bt->geglu : nullptr, geglu);
     b.ff_out.forward(params_, geglu.data(), rows, h.data(), /*accumulate=*/true);
+  }
+  if (tape) {
+    tape->normed = normed;
+    tape->h = h;
   }
   // x += proj_out(h): the block's residual connection.
   t.proj_out.forward(params_, h.data(), rows, x.data(), /*accumulate=*/true);
@@ -272,66 +313,110 @@ void UNet::run_transformer(const Transformer& t, Act& x, const float* context, i
 
 Act UNet::forward(const Act& sample, const float* timesteps, const float* context, int64_t tokens,
                   const float* text_embeds, const float* time_ids) const {
+  return forward(sample, timesteps, context, tokens, text_embeds, time_ids, nullptr);
+}
+
+Act UNet::forward(const Act& sample, const float* timesteps, const float* context, int64_t tokens,
+                  const float* text_embeds, const float* time_ids, std::shared_ptr<Tape>* tape_out) const {
   const UNetConfig& c = config_;
   HYP_CHECK(sample.c == c.in_channels, "unet: the sample has {} channels, the model takes {}", sample.c,
             c.in_channels);
   HYP_CHECK(sample.h % c.size_multiple() == 0 && sample.w % c.size_multiple() == 0,
             "unet: latent size {}x{} must be a multiple of {}", sample.h, sample.w, c.size_multiple());
   HYP_CHECK(!c.text_time || (text_embeds && time_ids), "unet: an SDXL UNet needs text_embeds and time_ids");
+  std::shared_ptr<Tape> tape_holder = tape_out ? std::make_shared<Tape>() : nullptr;
+  Tape* tape = tape_holder.get();
   const int64_t n = sample.n, c0 = c.block_out_channels.front(), temb_dim = c.time_embed_dim();
   // Time embedding: sinusoidal -> linear -> silu -> linear (+ SDXL's added embedding).
-  std::vector<float> tproj(size_t(n * c0)), hidden(size_t(n * temb_dim)), temb(size_t(n * temb_dim));
+  FloatBuffer tproj(size_t(n * c0)), hidden(size_t(n * temb_dim)), hidden_silu(size_t(n * temb_dim)),
+      temb(size_t(n * temb_dim));
   timestep_embedding(timesteps, n, {c0, c.flip_sin_to_cos, float(c.freq_shift)}, tproj.data());
   time_linear1.forward(params_, tproj.data(), n, hidden.data());
-  activation_forward(Activation::kSilu, hidden.data(), hidden.data(), int64_t(hidden.size()));
-  time_linear2.forward(params_, hidden.data(), n, temb.data());
+  activation_forward(Activation::kSilu, hidden.data(), hidden_silu.data(), int64_t(hidden.size()));
+  time_linear2.forward(params_, hidden_silu.data(), n, temb.data());
+  FloatBuffer add_in, add_hidden, add_hidden_silu;
   if (c.text_time) {
     const int64_t td = c.addition_time_embed_dim, in = c.projection_class_embeddings_input_dim;
     const int64_t pooled = in - 6 * td;
-    std::vector<float> time_emb(size_t(n * 6 * td)), add_in(size_t(n * in));
+    FloatBuffer time_emb(size_t(n * 6 * td));
+    add_in = FloatBuffer(size_t(n * in));
+    add_hidden = FloatBuffer(size_t(n * temb_dim));
+    add_hidden_silu = FloatBuffer(size_t(n * temb_dim));
     timestep_embedding(time_ids, n * 6, {td, c.flip_sin_to_cos, float(c.freq_shift)}, time_emb.data());
     for (int64_t i = 0; i < n; ++i) {
       std::copy(text_embeds + i * pooled, text_embeds + (i + 1) * pooled, add_in.data() + i * in);
       std::copy(time_emb.data() + i * 6 * td, time_emb.data() + (i + 1) * 6 * td, add_in.data() + i * in + pooled);
     }
-    add_linear1.forward(params_, add_in.data(), n, hidden.data());
-    activation_forward(Activation::kSilu, hidden.data(), hidden.data(), int64_t(hidden.size()));
-    add_linear2.forward(params_, hidden.data(), n, temb.data(), /*accumulate=*/true);
+    add_linear1.forward(params_, add_in.data(), n, add_hidden.data());
+    activation_forward(Activation::kSilu, add_hidden.data(), add_hidden_silu.data(), int64_t(add_hidden.size()));
+    add_linear2.forward(params_, add_hidden_silu.data(), n, temb.data(), /*accumulate=*/true);
   }
-  std::vector<float> temb_silu(temb.size());
+  FloatBuffer temb_silu(temb.size());
   activation_forward(Activation::kSilu, temb.data(), temb_silu.data(), int64_t(temb.size()));
 
   Act h = conv_in.forward(params_, sample);
   std::vector<Act> skips = {h};
+  auto rt = [&]() -> ResnetTape* {
+    if (!tape) return nullptr;
+    tape->resnets.emplace_back();
+    return &tape->resnets.back();
+  };
+  auto tt = [&]() -> TransformerTape* {
+    if (!tape) return nullptr;
+    tape->transformers.emplace_back();
+    return &tape->transformers.back();
+  };
   for (const Block& b : down_) {
     for (size_t j = 0; j < b.resnets.size(); ++j) {
-      h = run_resnet(b.resnets[j], h, temb_silu);
-      if (!b.attentions.empty()) run_transformer(b.attentions[j], h, context, tokens);
+      h = run_resnet(b.resnets[j], h, temb_silu, rt());
+      if (!b.attentions.empty()) run_transformer(b.attentions[j], h, context, tokens, tt());
       skips.push_back(h);
     }
     if (b.has_sampler) {
+      if (tape) tape->sampler_inputs.push_back(h);
       h = b.sampler.forward(params_, h);
       skips.push_back(h);
     }
   }
   if (has_mid_) {
-    h = run_resnet(mid_.resnets[0], h, temb_silu);
-    run_transformer(mid_.attentions[0], h, context, tokens);
-    h = run_resnet(mid_.resnets[1], h, temb_silu);
+    h = run_resnet(mid_.resnets[0], h, temb_silu, rt());
+    run_transformer(mid_.attentions[0], h, context, tokens, tt());
+    h = run_resnet(mid_.resnets[1], h, temb_silu, rt());
   }
   for (const Block& b : up_) {
     for (size_t j = 0; j < b.resnets.size(); ++j) {
-      h = run_resnet(b.resnets[j], concat_channels(h, skips.back()), temb_silu);
+      if (tape) tape->skip_channels.push_back(skips.back().c);
+      h = run_resnet(b.resnets[j], concat_channels(h, skips.back()), temb_silu, rt());
       skips.pop_back();
-      if (!b.attentions.empty()) run_transformer(b.attentions[j], h, context, tokens);
+      if (!b.attentions.empty()) run_transformer(b.attentions[j], h, context, tokens, tt());
     }
     if (b.has_sampler) {
       Act up(h.n, h.h * 2, h.w * 2, h.c);
       upsample_nearest_forward(h.data(), h.n, h.h, h.w, h.c, 2, up.data());
       h = b.sampler.forward(params_, up);
+      if (tape) tape->sampler_inputs.push_back(std::move(up));
     }
   }
-  return conv_out.forward(params_, norm_out.forward(params_, h, /*silu=*/true));
+  GroupNorm::Saved* out_saved = tape ? &tape->norm_out : nullptr;
+  Act a_out = norm_out.forward(params_, h, /*silu=*/true, out_saved);
+  Act y = conv_out.forward(params_, a_out);
+  if (tape) {
+    tape->sample = &sample;
+    tape->context = context;
+    tape->tokens = tokens;
+    tape->tproj = std::move(tproj);
+    tape->hidden = std::move(hidden);
+    tape->hidden_silu = std::move(hidden_silu);
+    tape->temb = std::move(temb);
+    tape->temb_silu = std::move(temb_silu);
+    tape->add_in = std::move(add_in);
+    tape->add_hidden = std::move(add_hidden);
+    tape->add_hidden_silu = std::move(add_hidden_silu);
+    tape->h_out = std::move(h);
+    tape->a_out = std::move(a_out);
+    *tape_out = tape_holder;
+  }
+  return y;
 }
 
 }  // namespace hyperion::diffusion

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,17 @@ class UNet {
   Act forward(const Act& sample, const float* timesteps, const float* context, int64_t tokens,
               const float* text_embeds = nullptr, const float* time_ids = nullptr) const;
 
+  // Training: the forward pass keeping what the backward pass reads (every block's
+  // inputs, normalisation statistics and attention projections) in *tape; the inputs
+  // must outlive the tape.
+  struct Tape;
+  Act forward(const Act& sample, const float* timesteps, const float* context, int64_t tokens,
+              const float* text_embeds, const float* time_ids, std::shared_ptr<Tape>* tape) const;
+  // ACCUMULATES the gradient of sum(dout * output) into params()'s gradients (allocated
+  // with gradients). The inputs (latents, text, time) get no gradient: they come from
+  // frozen encoders.
+  void backward(const Tape& tape, const Act& dout);
+
  private:
   struct Resnet {
     GroupNorm norm1, norm2;
@@ -80,10 +92,18 @@ class UNet {
     Conv sampler;  // downsampler (stride 2) or the upsampler's convolution
   };
 
+  struct ResnetTape;
+  struct BlockTape;
+  struct TransformerTape;
   Resnet resnet(const std::string& name, int64_t in, int64_t out);
   Transformer transformer(const std::string& name, int64_t channels, int64_t heads, int64_t layers);
-  Act run_resnet(const Resnet& r, const Act& x, const std::vector<float>& temb_silu) const;
-  void run_transformer(const Transformer& t, Act& x, const float* context, int64_t tokens) const;
+  Act run_resnet(const Resnet& r, const Act& x, const FloatBuffer& temb_silu, ResnetTape* tape) const;
+  void run_transformer(const Transformer& t, Act& x, const float* context, int64_t tokens,
+                       TransformerTape* tape) const;
+  Act resnet_backward(const Resnet& r, const ResnetTape& tape, const Act& dout, const FloatBuffer& temb_silu,
+                      FloatBuffer& dtemb_silu);
+  void transformer_backward(const Transformer& t, const TransformerTape& tape, Act& dx, const float* context,
+                            int64_t tokens);
 
   UNetConfig config_;
   ParamTable params_;

@@ -19,7 +19,9 @@ time ids) UNets, a VAE, and CLIP text encoders with and without projection, it:
      [O, I, 1, 1]);
   2. runs `hyperion diffusion forward` on random inputs;
   3. requires every output within 1e-5 of the reference's largest magnitude (hyperion
-     computes in f32: the error is f32 rounding through the layers).
+     computes in f32: the error is f32 rounding through the layers);
+  4. for the UNets, the backward pass: every parameter's gradient of sum(R * output) for
+     a random R (autograd in float64 here) within 5e-5 of that tensor's largest value.
 """
 
 import argparse
@@ -40,6 +42,7 @@ except ImportError:
 
 torch.set_default_dtype(torch.float64)
 TOLERANCE = 1e-5
+GRAD_TOLERANCE = 5e-5
 
 
 # ---------------------------------------------------------------- safetensors I/O
@@ -355,6 +358,21 @@ def compare(case, got, want):
     return worst <= TOLERANCE
 
 
+def compare_grads(case, got, want):
+    """Every parameter's gradient, each tensor's error relative to its own largest value
+    (or to a thousandth of the largest gradient of all, for tensors of tiny gradients)."""
+    scale = max(v.abs().max().item() for v in want.values())
+    worst, worst_name = 0.0, ""
+    for name, ref in want.items():
+        assert name in got, f"{case}: hyperion wrote no {name}"
+        out = got[name].reshape(ref.shape)
+        err = (out - ref).abs().max().item() / max(ref.abs().max().item(), 1e-3 * scale)
+        if err > worst:
+            worst, worst_name = err, name
+    print(f"  {case:28s} {len(want)} parameter gradients, worst {worst:.2e} ({worst_name})")
+    return worst <= GRAD_TOLERANCE
+
+
 def write_component(folder, cfg, params, weights_name, shards=1, conv1x1=()):
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "config.json"), "w") as f:
@@ -417,13 +435,24 @@ def main():
                           time_ids=torch.tensor([[16.0, 16.0, 0.0, 0.0, 16.0, 16.0], [24.0, 16.0, 4.0, 0.0, 16.0, 16.0]]))
                 inputs.update(kw)
             want = unet_forward(P, cfg, sample, t, ctx, **kw)
+            # The backward pass: gradients of sum(R * output) for every parameter.
+            for v in P.p.values():
+                v.requires_grad_(True)
+            want = unet_forward(P, cfg, sample, t, ctx, **kw)
+            R = torch.randn(want.shape, generator=g)
+            (want * R).sum().backward()
+            inputs["grad_sample"] = R
+            grads = {"grad." + k: v.grad for k, v in P.p.items()}
+            want = want.detach()
             folder = os.path.join(work, case)
             write_component(folder, cfg, P.p, "diffusion_pytorch_model.safetensors", shards=2,
                             conv1x1=() if cfg["use_linear_projection"] else (".proj_in.weight", ".proj_out.weight"))
             write_safetensors(os.path.join(work, case + "_in.safetensors"), inputs)
             run(args.hyperion, ["--component", "unet", "--dir", folder, "--inputs", os.path.join(work, case + "_in.safetensors"),
                                 "--output", os.path.join(work, case + "_out.safetensors")])
-            ok &= compare(case, read_safetensors(os.path.join(work, case + "_out.safetensors")), {"sample": want})
+            got = read_safetensors(os.path.join(work, case + "_out.safetensors"))
+            ok &= compare(case, got, {"sample": want})
+            ok &= compare_grads(case, got, grads)
 
         cfg = dict(_class_name="AutoencoderKL", in_channels=3, out_channels=3, latent_channels=4,
                    block_out_channels=[16, 32], layers_per_block=1, norm_num_groups=8, sample_size=16,
