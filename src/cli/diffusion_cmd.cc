@@ -38,7 +38,8 @@ const CommandSpec kDiffusionForwardSpec = {
     "                (SDXL: text_embeds [n, p], time_ids [n, 6])  ->  sample; with grad_sample (the\n"
     "                output's shape) also grad.NAME, the gradient of sum(grad_sample * sample) per parameter\n"
     "  vae           images [n, 3, H, W] -> moments [n, 2L, H/f, W/f]; latents [n, L, h, w] ->\n"
-    "                decoded [n, 3, h f, w f] (either or both)\n"
+    "                decoded [n, 3, h f, w f] (either or both); with grad_moments / grad_decoded also\n"
+    "                grad.NAME per parameter and grad_latents\n"
     "  text_encoder  input_ids [n, t] (i32) -> last_hidden_state, penultimate_hidden_state,\n"
     "                pooled_output (and text_embeds with a projection)",
     "diffusion forward --component unet --dir sd/unet --inputs in.safetensors --output out.safetensors"};
@@ -79,6 +80,14 @@ std::vector<float> to_nchw(const diffusion::Act& a) {
   return out;
 }
 
+void add_param_grads(diffusion::ParamTable& p, std::map<std::string, std::pair<std::vector<float>, Shape>>& outputs) {
+  for (size_t i = 0; i < p.entries().size(); ++i) {
+    const diffusion::ParamEntry& e = p.entries()[i];
+    const float* g = p.grad(int(i));
+    outputs["grad." + e.name] = {std::vector<float>(g, g + e.numel), e.shape};
+  }
+}
+
 }  // namespace
 
 int cmd_diffusion_forward(const Args& args) {
@@ -114,25 +123,33 @@ int cmd_diffusion_forward(const Args& args) {
       const diffusion::Act dy = to_nhwc(read_f32(in, "grad_sample"), "grad_sample");
       HYP_USAGE_CHECK(dy.numel() == y.numel(), "diffusion forward: grad_sample must have the output's shape");
       unet->backward(*tape, dy);
-      const diffusion::ParamTable& p = unet->params();
-      for (size_t i = 0; i < p.entries().size(); ++i) {
-        const diffusion::ParamEntry& e = p.entries()[i];
-        const float* g = const_cast<diffusion::ParamTable&>(p).grad(int(i));
-        outputs["grad." + e.name] = {std::vector<float>(g, g + e.numel), e.shape};
-      }
+      add_param_grads(unet->params(), outputs);
     }
   } else if (kind == "vae") {
-    const auto vae = diffusion::load_vae(dir);
+    // With grad_moments / grad_decoded, also the backward passes: grad.NAME per parameter
+    // and grad_latents, the gradients of sum(grad_moments * moments) + sum(grad_decoded * decoded).
+    const bool grads = in.find("grad_moments") || in.find("grad_decoded");
+    const auto vae = diffusion::load_vae(dir, grads);
     HYP_USAGE_CHECK(in.find("images") || in.find("latents"), "diffusion forward: {} holds neither images nor latents",
                     in.path());
     if (in.find("images")) {
-      const diffusion::Act m = vae->encode(to_nhwc(read_f32(in, "images"), "images"));
+      const diffusion::Act images = to_nhwc(read_f32(in, "images"), "images");
+      std::shared_ptr<diffusion::Vae::Tape> tape;
+      const diffusion::Act m = vae->encode(images, in.find("grad_moments") ? &tape : nullptr);
       outputs["moments"] = {to_nchw(m), Shape{m.n, m.c, m.h, m.w}};
+      if (tape) vae->encode_backward(*tape, to_nhwc(read_f32(in, "grad_moments"), "grad_moments"));
     }
     if (in.find("latents")) {
-      const diffusion::Act d = vae->decode(to_nhwc(read_f32(in, "latents"), "latents"));
+      const diffusion::Act z = to_nhwc(read_f32(in, "latents"), "latents");
+      std::shared_ptr<diffusion::Vae::Tape> tape;
+      const diffusion::Act d = vae->decode(z, in.find("grad_decoded") ? &tape : nullptr);
       outputs["decoded"] = {to_nchw(d), Shape{d.n, d.c, d.h, d.w}};
+      if (tape) {
+        const diffusion::Act dz = vae->decode_backward(*tape, to_nhwc(read_f32(in, "grad_decoded"), "grad_decoded"));
+        outputs["grad_latents"] = {to_nchw(dz), Shape{dz.n, dz.c, dz.h, dz.w}};
+      }
     }
+    if (grads) add_param_grads(vae->params(), outputs);
   } else if (kind == "text_encoder") {
     const auto clip = diffusion::load_clip_text(dir);
     const io::SafetensorsTensor& t = in.get("input_ids");

@@ -48,9 +48,9 @@ std::unique_ptr<UNet> load_unet(const std::string& dir, bool with_grads) {
   return m;
 }
 
-std::unique_ptr<Vae> load_vae(const std::string& dir) {
+std::unique_ptr<Vae> load_vae(const std::string& dir, bool with_grads) {
   auto m = std::make_unique<Vae>(VaeConfig::from_json(read_config(dir), (fs::path(dir) / "config.json").string()));
-  load_weights(*m, dir, "diffusion_pytorch_model.safetensors");
+  load_weights(*m, dir, "diffusion_pytorch_model.safetensors", {}, with_grads);
   return m;
 }
 

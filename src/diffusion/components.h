@@ -15,7 +15,7 @@ namespace hyperion::diffusion {
 
 // with_grads: the parameter table also holds gradients (training, gradient checks).
 std::unique_ptr<UNet> load_unet(const std::string& dir, bool with_grads = false);
-std::unique_ptr<Vae> load_vae(const std::string& dir);
+std::unique_ptr<Vae> load_vae(const std::string& dir, bool with_grads = false);
 std::unique_ptr<ClipTextModel> load_clip_text(const std::string& dir);
 
 // The weights file of a component folder, given its default name

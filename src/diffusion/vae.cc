@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "diffusion/json_fields.h"
+#include "diffusion/vae_tape.h"
 #include "kernels/upsample.h"
 
 namespace hyperion::diffusion {
@@ -136,32 +137,54 @@ Vae::Vae(const VaeConfig& config) : config_(config) {
   dec_conv_out = Conv::declare(params_, "decoder.conv_out", c0, c.out_channels, 3);
 }
 
-Act Vae::run_resnet(const Resnet& r, const Act& x) const {
-  Act h = r.conv1.forward(params_, r.norm1.forward(params_, x, true));
-  h = r.conv2.forward(params_, r.norm2.forward(params_, h, true));
-  if (r.has_shortcut) add_inplace(h, r.shortcut.forward(params_, x));
-  else add_inplace(h, x);
-  return h;
+Act Vae::run_resnet(const Resnet& r, const Act& x, ResnetTape* tape) const {
+  Act a1 = r.norm1.forward(params_, x, true, tape ? &tape->n1 : nullptr);
+  Act h = r.conv1.forward(params_, a1);
+  Act a2 = r.norm2.forward(params_, h, true, tape ? &tape->n2 : nullptr);
+  Act y = r.conv2.forward(params_, a2);
+  if (r.has_shortcut) add_inplace(y, r.shortcut.forward(params_, x));
+  else add_inplace(y, x);
+  if (tape) {
+    tape->x = x;
+    tape->a1 = std::move(a1);
+    tape->h1 = std::move(h);
+    tape->a2 = std::move(a2);
+  }
+  return y;
 }
 
-Act Vae::run_mid(const Mid& m, const Act& x) const {
-  Act h = run_resnet(m.first, x);
+Act Vae::run_mid(const Mid& m, const Act& x, MidTape* tape) const {
+  Act h = run_resnet(m.first, x, tape ? &tape->first : nullptr);
   if (m.has_attention) {
-    const Act normed = m.attention.norm.forward(params_, h, false);
+    const Act normed = m.attention.norm.forward(params_, h, false, tape ? &tape->gn : nullptr);
     const int64_t seq = h.h * h.w;
-    m.attention.attn.forward(params_, normed.data(), h.n, seq, normed.data(), seq, h.data());
+    if (tape) tape->h = h;
+    m.attention.attn.forward(params_, normed.data(), h.n, seq, normed.data(), seq, h.data(),
+                             tape ? &tape->attn : nullptr);
+    if (tape) tape->normed = normed;
   }
-  return run_resnet(m.second, h);
+  return run_resnet(m.second, h, tape ? &tape->second : nullptr);
 }
 
 Act Vae::encode(const Act& images) const {
+  return encode(images, nullptr);
+}
+
+Act Vae::encode(const Act& images, std::shared_ptr<Tape>* tape_out) const {
   const VaeConfig& c = config_;
   HYP_CHECK(images.c == c.in_channels, "vae: images have {} channels, the encoder takes {}", images.c, c.in_channels);
   HYP_CHECK(images.h % c.downscale() == 0 && images.w % c.downscale() == 0,
             "vae: image size {}x{} must be a multiple of {}", images.h, images.w, c.downscale());
+  std::shared_ptr<Tape> holder = tape_out ? std::make_shared<Tape>() : nullptr;
+  Tape* tape = holder.get();
+  auto rt = [&]() -> ResnetTape* {
+    if (!tape) return nullptr;
+    tape->resnets.emplace_back();
+    return &tape->resnets.back();
+  };
   Act h = enc_conv_in.forward(params_, images);
   for (const Block& b : enc_blocks_) {
-    for (const Resnet& r : b.resnets) h = run_resnet(r, h);
+    for (const Resnet& r : b.resnets) h = run_resnet(r, h, rt());
     if (b.has_sampler) {
       // Zero padding of one pixel on the right and the bottom, then a stride-2 convolution.
       Act padded(h.n, h.h + 1, h.w + 1, h.c);
@@ -171,30 +194,62 @@ Act Vae::encode(const Act& images) const {
           std::copy(h.data() + ((n * h.h + y) * h.w) * h.c, h.data() + ((n * h.h + y) * h.w + h.w) * h.c,
                     padded.data() + ((n * padded.h + y) * padded.w) * h.c);
       h = b.sampler.forward(params_, padded);
+      if (tape) tape->sampler_inputs.push_back(std::move(padded));
     }
   }
-  h = run_mid(enc_mid_, h);
-  h = enc_conv_out.forward(params_, enc_norm_out.forward(params_, h, true));
-  if (c.use_quant_conv) h = quant_conv.forward(params_, h);
-  return h;
+  h = run_mid(enc_mid_, h, tape ? &tape->mid : nullptr);
+  Act a = enc_norm_out.forward(params_, h, true, tape ? &tape->norm_out : nullptr);
+  Act y = enc_conv_out.forward(params_, a);
+  if (tape) {
+    tape->input = &images;
+    tape->h_out = std::move(h);
+    tape->a_out = std::move(a);
+  }
+  if (c.use_quant_conv) {
+    if (tape) tape->quant_in = y;
+    y = quant_conv.forward(params_, y);
+  }
+  if (tape_out) *tape_out = holder;
+  return y;
 }
 
 Act Vae::decode(const Act& latents) const {
+  return decode(latents, nullptr);
+}
+
+Act Vae::decode(const Act& latents, std::shared_ptr<Tape>* tape_out) const {
   const VaeConfig& c = config_;
   HYP_CHECK(latents.c == c.latent_channels, "vae: latents have {} channels, the decoder takes {}", latents.c,
             c.latent_channels);
+  std::shared_ptr<Tape> holder = tape_out ? std::make_shared<Tape>() : nullptr;
+  Tape* tape = holder.get();
+  auto rt = [&]() -> ResnetTape* {
+    if (!tape) return nullptr;
+    tape->resnets.emplace_back();
+    return &tape->resnets.back();
+  };
   Act h = c.use_post_quant_conv ? post_quant_conv.forward(params_, latents) : latents;
+  if (tape) tape->conv_in_input = h;
   h = dec_conv_in.forward(params_, h);
-  h = run_mid(dec_mid_, h);
+  h = run_mid(dec_mid_, h, tape ? &tape->mid : nullptr);
   for (const Block& b : dec_blocks_) {
-    for (const Resnet& r : b.resnets) h = run_resnet(r, h);
+    for (const Resnet& r : b.resnets) h = run_resnet(r, h, rt());
     if (b.has_sampler) {
       Act up(h.n, h.h * 2, h.w * 2, h.c);
       upsample_nearest_forward(h.data(), h.n, h.h, h.w, h.c, 2, up.data());
       h = b.sampler.forward(params_, up);
+      if (tape) tape->sampler_inputs.push_back(std::move(up));
     }
   }
-  return dec_conv_out.forward(params_, dec_norm_out.forward(params_, h, true));
+  Act a = dec_norm_out.forward(params_, h, true, tape ? &tape->norm_out : nullptr);
+  Act y = dec_conv_out.forward(params_, a);
+  if (tape) {
+    tape->input = &latents;
+    tape->h_out = std::move(h);
+    tape->a_out = std::move(a);
+    *tape_out = holder;
+  }
+  return y;
 }
 
 Act Vae::encode_latents(const Act& images, const float* noise) const {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,16 @@ class Vae {
   Act encode(const Act& images) const;
   // latents [n, h, w, latent_channels] -> images [n, h f, w f, out_channels].
   Act decode(const Act& latents) const;
+  // Training: the passes keeping what their backward passes read (the inputs must outlive
+  // the tapes), and the backward passes, which ACCUMULATE into params()'s gradients.
+  struct Tape;
+  Act encode(const Act& images, std::shared_ptr<Tape>* tape) const;
+  Act decode(const Act& latents, std::shared_ptr<Tape>* tape) const;
+  // The encoder's backward from the gradient of its moments (the images get none).
+  void encode_backward(const Tape& tape, const Act& dmoments);
+  // The decoder's backward; returns the gradient of the latents.
+  Act decode_backward(const Tape& tape, const Act& dimages);
+
   // What a pipeline trains on: (mean + exp(logvar / 2) noise - shift) * scaling_factor,
   // noise [n * h * w * latent_channels] standard normals (null: the mean alone).
   Act encode_latents(const Act& images, const float* noise) const;
@@ -66,10 +77,14 @@ class Vae {
     bool has_attention = true;
     MidAttention attention;
   };
+  struct ResnetTape;
+  struct MidTape;
   Resnet resnet(const std::string& name, int64_t in, int64_t out);
   Mid mid(const std::string& name, int64_t channels);
-  Act run_resnet(const Resnet& r, const Act& x) const;
-  Act run_mid(const Mid& m, const Act& x) const;
+  Act run_resnet(const Resnet& r, const Act& x, ResnetTape* tape) const;
+  Act run_mid(const Mid& m, const Act& x, MidTape* tape) const;
+  Act resnet_backward(const Resnet& r, const ResnetTape& t, const Act& dout);
+  Act mid_backward(const Mid& m, const MidTape& t, const Act& dout);
 
   VaeConfig config_;
   ParamTable params_;

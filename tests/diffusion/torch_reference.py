@@ -20,7 +20,7 @@ time ids) UNets, a VAE, and CLIP text encoders with and without projection, it:
   2. runs `hyperion diffusion forward` on random inputs;
   3. requires every output within 1e-5 of the reference's largest magnitude (hyperion
      computes in f32: the error is f32 rounding through the layers);
-  4. for the UNets, the backward pass: every parameter's gradient of sum(R * output) for
+  4. for the UNets and the VAE, the backward passes: every parameter's gradient of sum(R * output) for
      a random R (autograd in float64 here) within 5e-5 of that tensor's largest value.
 """
 
@@ -462,12 +462,25 @@ def main():
         images = torch.rand(2, 3, 16, 16, generator=g) * 2 - 1
         latents = torch.randn(2, 4, 6, 6, generator=g)
         want = {"moments": vae_encode(P, cfg, images), "decoded": vae_decode(P, cfg, latents)}
+        # Both backward passes at once: gradients of sum(R1 * moments) + sum(R2 * decoded).
+        for v in P.p.values():
+            v.requires_grad_(True)
+        latents.requires_grad_(True)
+        m, d = vae_encode(P, cfg, images), vae_decode(P, cfg, latents)
+        r1, r2 = torch.randn(m.shape, generator=g), torch.randn(d.shape, generator=g)
+        ((m * r1).sum() + (d * r2).sum()).backward()
+        grads = {"grad." + k: v.grad for k, v in P.p.items()}
+        grads["grad_latents"] = latents.grad
+        latents = latents.detach()
         folder = os.path.join(work, "vae")
         write_component(folder, cfg, P.p, "diffusion_pytorch_model.safetensors")
-        write_safetensors(os.path.join(work, "vae_in.safetensors"), {"images": images, "latents": latents})
+        write_safetensors(os.path.join(work, "vae_in.safetensors"),
+                          {"images": images, "latents": latents, "grad_moments": r1, "grad_decoded": r2})
         run(args.hyperion, ["--component", "vae", "--dir", folder, "--inputs", os.path.join(work, "vae_in.safetensors"),
                             "--output", os.path.join(work, "vae_out.safetensors")])
-        ok &= compare("vae", read_safetensors(os.path.join(work, "vae_out.safetensors")), want)
+        got = read_safetensors(os.path.join(work, "vae_out.safetensors"))
+        ok &= compare("vae", got, want)
+        ok &= compare_grads("vae", got, grads)
 
         for case, act, arch in [("clip_text", "quick_gelu", "CLIPTextModel"),
                                 ("clip_text_projection", "gelu", "CLIPTextModelWithProjection")]:
