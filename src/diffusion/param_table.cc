@@ -33,6 +33,12 @@ void ParamTable::allocate(bool with_grads) {
   if (with_grads) grads_.assign(size_t(size_), 0.0f);
 }
 
+void ParamTable::set_grads(bool with_grads) {
+  HYP_CHECK(allocated(), "ParamTable::set_grads before allocate");
+  if (with_grads) grads_.assign(size_t(size_), 0.0f);
+  else std::vector<float>().swap(grads_);
+}
+
 int ParamTable::find(const std::string& name) const {
   auto it = index_.find(name);
   return it == index_.end() ? -1 : it->second;

@@ -32,6 +32,8 @@ class ParamTable {
   // Declares a tensor (before allocate); returns its index. Names are unique.
   int add(const std::string& name, Shape shape, ParamEntry::Init init = ParamEntry::Init::kWeight);
   void allocate(bool with_grads);
+  // Adds (zeroed) or frees the gradient buffer, keeping the values.
+  void set_grads(bool with_grads);
   bool allocated() const { return !data_.empty(); }
 
   const std::vector<ParamEntry>& entries() const { return entries_; }

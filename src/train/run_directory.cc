@@ -157,7 +157,7 @@ std::string open_run_directory(const TrainConfig& t, const std::string& resume,
       nlohmann::ordered_json marker;
       marker["format"] = 1;
       marker["created"] = timestamp();
-      marker["model_type"] = t.dlrm_model ? "dlrm" : "decoder";
+      marker["model_type"] = t.dlrm_model ? "dlrm" : t.diffusion_model ? "diffusion" : "decoder";
       io::write_file_atomic(dir + "/" + kRunMarker, marker.dump(2) + "\n");
     }
   }

@@ -9,6 +9,7 @@
 #include "base/source_dir.h"
 #include "io/atomic_file.h"
 #include "kernels/hardware.h"
+#include "diffusion/train_config.h"
 #include "recsys/dlrm_config.h"
 #include "text/tokenizer.h"
 #include "train/checkpoint.h"
@@ -48,8 +49,8 @@ std::vector<ConfigKey> train_config_schema() {
       // Model (MaxText names; Hugging Face config.json equivalents in the help).
       {"model_name", T::kString, "", "preset name, for logs"},
       {"model_type", T::kString, "decoder",
-       "decoder (a language model: the keys below) or dlrm (a DLRM-V2 recommender: the dlrm.* "
-       "keys)"},
+       "decoder (a language model: the keys below), dlrm (a DLRM-V2 recommender: the dlrm.* "
+       "keys) or diffusion (a latent diffusion model: the diffusion.* keys)"},
       {"decoder_block", T::kString, "llama2",
        "decoder family: llama2 (also llama3, mistral, mixtral), gemma ((1 + w) RMSNorm, "
        "GELU-tanh MLP, embeddings scaled by sqrt(base_emb_dim), head tied to the embedding), "
@@ -204,6 +205,7 @@ std::vector<ConfigKey> train_config_schema() {
        "fault injection: the run's first process aborts after this step (0: off)"},
   };
   for (ConfigKey& k : recsys::dlrm_config_schema()) keys.push_back(std::move(k));
+  for (ConfigKey& k : diffusion::diffusion_config_schema()) keys.push_back(std::move(k));
   return keys;
 }
 
@@ -339,10 +341,12 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
   t.name = c.get_string("model_name").empty() ? name : c.get_string("model_name");
   auto where = [&](const char* key) { return std::string(key) + " (" + c.source_of(key) + ")"; };
   const std::string& model_type = c.get_string("model_type");
-  HYP_CHECK(model_type == "decoder" || model_type == "dlrm",
-            "config key {} must be decoder or dlrm, got '{}'", where("model_type"), model_type);
+  HYP_CHECK(model_type == "decoder" || model_type == "dlrm" || model_type == "diffusion",
+            "config key {} must be decoder, dlrm or diffusion, got '{}'", where("model_type"), model_type);
   t.dlrm_model = model_type == "dlrm";
   if (t.dlrm_model) t.dlrm = recsys::parse_dlrm_config(c);
+  t.diffusion_model = model_type == "diffusion";
+  if (t.diffusion_model) t.diffusion = diffusion::parse_diffusion_config(c);
   auto positive = [&](const char* key) {
     const int64_t v = c.get_int(key);
     HYP_CHECK(v > 0, "config key {} must be > 0, got {}", where(key), v);

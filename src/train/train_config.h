@@ -14,6 +14,7 @@
 #include "model/decoder_config.h"
 #include "model/moe_block.h"
 #include "model/quantized_matmul.h"
+#include "diffusion/train_config.h"
 #include "recsys/dlrm_config.h"
 #include "train/schedule.h"
 
@@ -72,6 +73,9 @@ struct TrainConfig {
   // model keys are then unused.
   bool dlrm_model = false;
   recsys::DlrmConfig dlrm;
+  // model_type: diffusion trains a latent diffusion model (train/diffusion_trainer.h).
+  bool diffusion_model = false;
+  diffusion::DiffusionTrainConfig diffusion;
   DecoderConfig model;
   MoeOptions moe;  // capacity factor and aux-loss weights of the MoE layers
   // Data.

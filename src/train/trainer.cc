@@ -40,6 +40,7 @@
 #include "train/optimizer.h"
 #include "train/parallel.h"
 #include "train/rank_heartbeat.h"
+#include "train/diffusion_trainer.h"
 #include "train/recsys_trainer.h"
 #include "train/run_directory.h"
 #include "train/stop_signal.h"
@@ -852,6 +853,7 @@ void TrainingRun::finish() {
 TrainResult train_ranks(const Config& config, TrainConfig t, const TrainOptions& options,
                         dist::Communicator& comm, double process_start) {
   if (t.dlrm_model) return run_recsys_training(config, t, options, comm, process_start);
+  if (t.diffusion_model) return run_diffusion_training(config, t, options, comm, process_start);
   TrainingRun run(config, std::move(t), options, comm, process_start);
   return run.run();
 }

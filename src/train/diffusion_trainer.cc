@@ -1,0 +1,314 @@
+#include "train/diffusion_trainer.h"
+
+#include <sys/resource.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <random>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "base/timer.h"
+#include "diffusion/image_dataset.h"
+#include "diffusion/pipeline.h"
+#include "diffusion/sd_tiny.h"
+#include "diffusion/training.h"
+#include "io/atomic_file.h"
+#include "io/directory_lock.h"
+#include "io/image_file.h"
+#include "io/safetensors.h"
+#include "kernels/fill.h"
+#include "train/metrics_writer.h"
+#include "train/run_directory.h"
+#include "train/stop_signal.h"
+
+namespace hyperion {
+
+namespace fs = std::filesystem;
+using diffusion::Act;
+
+namespace {
+
+// A batch of images [count, S, S, C] picked by index.
+Act image_batch(const diffusion::ImageDataset& ds, const std::vector<int64_t>& idx) {
+  const int64_t per = ds.resolution * ds.resolution * ds.channels;
+  Act a(int64_t(idx.size()), ds.resolution, ds.resolution, ds.channels);
+  for (size_t i = 0; i < idx.size(); ++i) std::copy(ds.image(idx[i]), ds.image(idx[i]) + per, a.data() + i * per);
+  return a;
+}
+
+std::vector<int64_t> random_indices(std::mt19937_64& rng, int64_t count, int64_t n) {
+  std::uniform_int_distribution<int64_t> pick(0, count - 1);
+  std::vector<int64_t> out(static_cast<size_t>(n));
+  for (int64_t& v : out) v = pick(rng);
+  return out;
+}
+
+double peak_rss_mib() {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_maxrss) / 1024.0;
+}
+
+}  // namespace
+
+TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, const TrainOptions& options,
+                                   dist::Communicator& comm, double process_start) {
+  const diffusion::DiffusionTrainConfig& d = t.diffusion;
+  HYP_CHECK(comm.world_size() == 1,
+            "diffusion training runs in one process here ({} ranks asked): data parallel over MPI is not built "
+            "for diffusion models yet",
+            comm.world_size());
+  HYP_CHECK(options.resume.empty(), "diffusion training cannot resume yet: start a new run (another run_name)");
+  const Timer total;
+  std::optional<io::DirectoryLock> lock;
+  TrainResult result;
+  result.run_dir = open_run_directory(t, options.resume, comm, lock);
+  MetricsWriter metrics(result.run_dir, true, 0);
+  StopSignalScope stop_signals;
+  std::mt19937_64 rng(t.data_shuffle_seed ^ 0x5eedull);
+
+  // Data.
+  const bool fmnist = d.dataset == "fashion-mnist";
+  diffusion::ImageDataset train, held_out;
+  if (fmnist) {
+    train = diffusion::load_fashion_mnist(diffusion::kFashionMnistDir, "train", d.resolution, d.max_images);
+    held_out = diffusion::load_fashion_mnist(diffusion::kFashionMnistDir, "test", d.resolution, 256);
+  } else {
+    diffusion::ImageFolderOptions o;
+    o.resolution = d.resolution;
+    o.limit = d.max_images;
+    train = diffusion::load_image_folder(d.dataset, o);
+    held_out = train;  // a small fine-tuning set has no separate split
+  }
+  log_info("data: {} training images ({}x{}x{}), {} held out", train.count(), d.resolution, d.resolution,
+           train.channels, held_out.count());
+
+  // Model: sd-tiny from scratch or a diffusers directory.
+  std::unique_ptr<diffusion::DiffusionPipeline> pipe =
+      d.pretrained.empty() ? diffusion::make_sd_tiny(t.init_weights_seed) : diffusion::DiffusionPipeline::load(d.pretrained);
+  HYP_CHECK(!pipe->xl(), "fine-tuning an SDXL pipeline is not supported yet");
+  auto& vae = const_cast<diffusion::Vae&>(pipe->vae());
+  auto& unet = const_cast<diffusion::UNet&>(pipe->unet());
+  HYP_CHECK(vae.config().in_channels == train.channels,
+            "the VAE takes {} channels, the images have {} (sd-tiny is gray; a pretrained SD VAE is RGB)",
+            vae.config().in_channels, train.channels);
+  const int64_t batch = t.per_device_batch_size;
+
+  // 1. The VAE.
+  if (d.vae_steps > 0) {
+    vae.params().set_grads(true);
+    diffusion::AdamWState opt(vae.params());
+    const int64_t lat = d.resolution / vae.config().downscale() * (d.resolution / vae.config().downscale()) *
+                        vae.config().latent_channels;
+    std::vector<float> noise(size_t(batch * lat));
+    for (int64_t s = 0; s < d.vae_steps && !stop_signal_received(); ++s) {
+      const Timer step_timer;
+      const Act images = image_batch(train, random_indices(rng, train.count(), batch));
+      fill_normal(TensorView(noise.data(), DType::kF32, {int64_t(noise.size())}), rng(), 0.0f, 1.0f);
+      const diffusion::VaeLoss l = diffusion::vae_loss_backward(vae, images, noise.data(), d.kl_weight);
+      const double lr = d.vae_learning_rate * std::min(1.0, double(s + 1) / 50.0);
+      const double norm = opt.step(vae.params(), lr, t.adam_b1, t.adam_b2, t.adam_eps, 0.0, t.gradient_clipping_threshold);
+      if (!options.quiet && ((s + 1) % t.log_period == 0 || s == 0))
+        log_info("vae   step {:>5}/{}  reconstruction {:.5f}  kl {:.3f}  grad_norm {:.3f}  {:.3f} s", s + 1,
+                 d.vae_steps, l.reconstruction, l.kl, norm, step_timer.seconds());
+    }
+  }
+  // 2. Latents and text embeddings, computed once (the VAE and text encoder are frozen
+  // from here on).
+  const std::string cache_dir = d.dataset_save_location.empty() ? result.run_dir + "/dataset_cache" : d.dataset_save_location;
+  fs::create_directories(cache_dir);
+  auto encode_all = [&](const diffusion::ImageDataset& ds, uint64_t seed) {
+    const int64_t f = vae.config().downscale(), L = vae.config().latent_channels;
+    const int64_t h = ds.resolution / f, per = h * h * L;
+    Act all(ds.count(), h, h, L);
+    std::vector<float> noise(size_t(64 * per));
+    for (int64_t b = 0; b < ds.count(); b += 64) {
+      std::vector<int64_t> idx;
+      for (int64_t i = b; i < std::min(ds.count(), b + 64); ++i) idx.push_back(i);
+      fill_normal(TensorView(noise.data(), DType::kF32, {int64_t(noise.size())}), seed + uint64_t(b), 0.0f, 1.0f);
+      const Act z = vae.encode_latents(image_batch(ds, idx), noise.data());
+      std::copy(z.v.begin(), z.v.end(), all.data() + b * per);
+    }
+    return all;
+  };
+  if (d.vae_steps > 0) {
+    // scaling_factor = 1 / std of the unscaled latents (as SD's 0.18215 was chosen).
+    auto& cfg = const_cast<diffusion::VaeConfig&>(vae.config());
+    cfg.scaling_factor = 1.0;
+    cfg.shift_factor = 0.0;
+    diffusion::ImageDataset probe = train;
+    const int64_t n_probe = std::min<int64_t>(train.count(), 1024);
+    probe.pixels.resize(size_t(n_probe * train.resolution * train.resolution * train.channels));
+    probe.captions.resize(size_t(n_probe));
+    probe.labels.resize(size_t(n_probe));
+    const Act z = encode_all(probe, 1);
+    double sum = 0, sq = 0;
+    for (float v : z.v) {
+      sum += v;
+      sq += double(v) * v;
+    }
+    const double mean = sum / double(z.numel()), var = sq / double(z.numel()) - mean * mean;
+    cfg.scaling_factor = 1.0 / std::sqrt(std::max(var, 1e-12));
+    log_info("vae   latents std {:.4f}: scaling_factor {:.5f}", std::sqrt(var), cfg.scaling_factor);
+  }
+  vae.params().set_grads(false);
+  const Timer encode_timer;
+  const Act latents = encode_all(train, 2), held_latents = encode_all(held_out, 3);
+  std::map<std::string, std::vector<float>> text;  // caption -> context [tokens, d]
+  int64_t tokens = 0;
+  auto context_of = [&](const std::string& caption) -> const std::vector<float>& {
+    auto it = text.find(caption);
+    if (it == text.end()) {
+      const auto c = pipe->encode_prompt(caption, false);
+      tokens = c.tokens;
+      it = text.emplace(caption, c.context).first;
+    }
+    return it->second;
+  };
+  context_of("");
+  for (const std::string& cap : train.captions) context_of(cap);
+  {
+    io::SafetensorsWriter w;
+    w.add("latents", DType::kF32, {latents.n, latents.h, latents.w, latents.c}, latents.data());
+    w.write(cache_dir + "/latents.safetensors");
+  }
+  log_info("cache: {} latents and {} caption embeddings in {:.1f} s ({})", latents.n, text.size(),
+           encode_timer.seconds(), cache_dir);
+
+  // 3. The UNet.
+  unet.params().set_grads(true);
+  diffusion::AdamWState opt(unet.params());
+  diffusion::ParamEma ema(unet.params());
+  LrSchedule schedule = t.schedule;
+  schedule.total_steps = t.steps;
+  const int64_t per = latents.h * latents.w * latents.c, ctx_dim = unet.config().cross_attention_dim;
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::uniform_int_distribution<int64_t> pick_t(0, pipe->schedule().train_timesteps - 1);
+  // Held-out loss: fixed images, timesteps and noise, so the curve is comparable.
+  const int64_t n_eval = std::min<int64_t>(held_latents.n, 128);
+  std::vector<int64_t> eval_t(static_cast<size_t>(n_eval));
+  std::vector<float> eval_noise(size_t(n_eval * per)), eval_ctx(size_t(n_eval * tokens * ctx_dim));
+  {
+    std::mt19937_64 erng(7);
+    for (int64_t& v : eval_t) v = std::uniform_int_distribution<int64_t>(0, pipe->schedule().train_timesteps - 1)(erng);
+    fill_normal(TensorView(eval_noise.data(), DType::kF32, {int64_t(eval_noise.size())}), 8, 0.0f, 1.0f);
+    for (int64_t i = 0; i < n_eval; ++i) {
+      const auto& c = context_of(held_out.captions[size_t(i)]);
+      std::copy(c.begin(), c.end(), eval_ctx.begin() + i * tokens * ctx_dim);
+    }
+  }
+  Act eval_x(n_eval, held_latents.h, held_latents.w, held_latents.c);
+  std::copy(held_latents.data(), held_latents.data() + n_eval * per, eval_x.data());
+  auto held_out_loss = [&] {
+    double sum = 0;
+    for (int64_t b = 0; b < n_eval; b += 32) {
+      const int64_t m = std::min<int64_t>(32, n_eval - b);
+      Act x(m, eval_x.h, eval_x.w, eval_x.c);
+      std::copy(eval_x.data() + b * per, eval_x.data() + (b + m) * per, x.data());
+      const std::vector<int64_t> ts(eval_t.begin() + b, eval_t.begin() + b + m);
+      sum += double(m) * diffusion::denoising_loss(unet, pipe->schedule(), x, ts, eval_noise.data() + b * per,
+                                                   eval_ctx.data() + b * tokens * ctx_dim, tokens, 0.0, false);
+    }
+    return sum / double(n_eval);
+  };
+  std::vector<float> noise(size_t(batch * per)), ctx(size_t(batch * tokens * ctx_dim));
+  double samples_per_s_sum = 0;
+  int64_t timed = 0;
+  for (int64_t s = 0; s < t.steps; ++s) {
+    if (stop_signal_received()) {
+      result.stopped_by_signal = stop_signal_received();
+      break;
+    }
+    const Timer step_timer;
+    const std::vector<int64_t> idx = random_indices(rng, latents.n, batch);
+    Act x(batch, latents.h, latents.w, latents.c);
+    std::vector<int64_t> ts(static_cast<size_t>(batch));
+    for (int64_t i = 0; i < batch; ++i) {
+      std::copy(latents.data() + idx[size_t(i)] * per, latents.data() + (idx[size_t(i)] + 1) * per, x.data() + i * per);
+      ts[size_t(i)] = pick_t(rng);
+      const std::string& cap = unit(rng) < d.caption_dropout ? std::string() : train.captions[size_t(idx[size_t(i)])];
+      const auto& c = context_of(cap);
+      std::copy(c.begin(), c.end(), ctx.begin() + i * tokens * ctx_dim);
+    }
+    fill_normal(TensorView(noise.data(), DType::kF32, {int64_t(noise.size())}), rng(), 0.0f, 1.0f);
+    const double loss = diffusion::denoising_loss(unet, pipe->schedule(), x, ts, noise.data(), ctx.data(), tokens,
+                                                  d.snr_gamma, true);
+    const double lr = schedule.lr(s);
+    const double norm = opt.step(unet.params(), lr, t.adam_b1, t.adam_b2, t.adam_eps, t.weight_decay,
+                                 t.gradient_clipping_threshold);
+    if (d.ema_decay > 0) ema.update(unet.params(), d.ema_decay);
+    StepMetrics m;
+    m.step = s + 1;
+    m.loss = m.lm_loss = loss;
+    m.grad_norm = norm;
+    m.lr = lr;
+    m.step_s = step_timer.seconds();
+    m.samples_per_s = m.tokens_per_s = double(batch) / m.step_s;
+    if (s > 0) {
+      samples_per_s_sum += m.samples_per_s;
+      ++timed;
+    }
+    const bool eval = (t.eval_interval > 0 && (s + 1) % t.eval_interval == 0) || s + 1 == t.steps;
+    if (eval) {
+      m.eval_loss = held_out_loss();
+      result.eval_loss = m.eval_loss;
+      result.eval_tokens = n_eval;
+    }
+    metrics.write(m, (s + 1) * batch, false, false);
+    result.history.push_back(m);
+    if (!options.quiet && ((s + 1) % t.log_period == 0 || s == 0 || eval))
+      log_info("unet  step {:>5}/{}  loss {:.4f}  grad_norm {:.3f}  lr {:.2e}  {:.0f} images/s{}", s + 1, t.steps,
+               loss, norm, lr, m.samples_per_s, eval ? fmt::format("  held-out {:.4f}", m.eval_loss) : "");
+    result.steps = s + 1;
+  }
+
+  // 4. The EMA weights into the UNet, saved as a diffusers directory.
+  if (d.ema_decay > 0 && result.steps > 0) ema.copy_to(unet.params());
+  const std::string ckpt = result.run_dir + "/checkpoints/" + std::to_string(result.steps);
+  pipe->save(ckpt);
+  result.checkpoint = ckpt;
+  log_info("saved {} (a diffusers directory: hyperion generate --checkpoint {} ...)", ckpt, ckpt);
+  if (fmnist && d.samples_per_class > 0 && !result.stopped_by_signal) {
+    // One row per class, samples_per_class seeds each.
+    const int64_t S = pipe->default_size(), k = d.samples_per_class;
+    const auto& classes = diffusion::fashion_mnist_classes();
+    io::Image grid;
+    grid.width = k * S;
+    grid.height = int64_t(classes.size()) * S;
+    grid.channels = 1;
+    grid.pixels.assign(grid.bytes(), 0);
+    for (size_t c = 0; c < classes.size(); ++c) {
+      diffusion::ImageRequest r;
+      r.prompt = diffusion::fashion_mnist_caption(int32_t(c));
+      r.steps = d.sample_steps;
+      r.guidance = d.sample_guidance;
+      r.sampler = "ddim";
+      r.seed = 1000 + c;
+      r.count = k;
+      const diffusion::GeneratedImages g = pipe->generate(r);
+      for (int64_t i = 0; i < k; ++i) {
+        const io::Image img = diffusion::to_image(g.pixels.data() + i * S * S, S, S, 1);
+        for (int64_t y = 0; y < S; ++y)
+          std::copy(img.pixels.begin() + y * S, img.pixels.begin() + (y + 1) * S,
+                    grid.pixels.begin() + (int64_t(c) * S + y) * grid.width + i * S);
+      }
+    }
+    io::write_png(result.run_dir + "/samples.png", grid);
+    log_info("samples: {} ({} classes x {} seeds, {} DDIM steps, guidance {})", result.run_dir + "/samples.png",
+             classes.size(), k, d.sample_steps, d.sample_guidance);
+  }
+  result.seconds = total.seconds();
+  result.mean_samples_per_s = timed > 0 ? samples_per_s_sum / double(timed) : 0;
+  result.peak_rss_mib = peak_rss_mib();
+  (void)config;
+  (void)process_start;
+  return result;
+}
+
+}  // namespace hyperion
