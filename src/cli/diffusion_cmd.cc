@@ -19,6 +19,7 @@
 #include "diffusion/components.h"
 #include "diffusion/image_dataset.h"
 #include "diffusion/pipeline.h"
+#include "diffusion/single_file.h"
 #include "io/image_file.h"
 #include "io/safetensors.h"
 
@@ -198,7 +199,12 @@ int generate_image(const Flags& f) {
                   "generate: --output {} must name a .png file", output);
   HYP_USAGE_CHECK(r.width >= 0 && r.height >= 0, "generate: --width and --height must be positive");
   const Timer load_timer;
-  const auto pipe = diffusion::DiffusionPipeline::load(f.require("checkpoint"));
+  const std::string checkpoint = f.require("checkpoint");
+  HYP_USAGE_CHECK(!diffusion::DiffusionPipeline::is_pipeline_dir(checkpoint) || !f.has("config"),
+                  "generate: --config applies to single-file checkpoints; {} is a diffusers directory", checkpoint);
+  const auto pipe = diffusion::DiffusionPipeline::is_pipeline_dir(checkpoint)
+                        ? diffusion::DiffusionPipeline::load(checkpoint)
+                        : diffusion::load_single_file(checkpoint, f.require("config"));
   const double load_seconds = load_timer.seconds();
   try {
     r = pipe->resolve(r);

@@ -11,6 +11,7 @@
 #include "cli/loaded_checkpoint.h"
 #include "convert/gguf_convert.h"
 #include "diffusion/pipeline.h"
+#include "diffusion/single_file.h"
 #include "io/atomic_file.h"
 #include "io/file_identity.h"
 #include "io/safetensors.h"
@@ -94,7 +95,8 @@ const CommandSpec kGenerateSpec = {
      {"guidance", "G", "diffusion: classifier-free guidance scale (default 7.5; <= 1: off)"},
      {"scheduler", "S", "diffusion: ddim, euler, euler_a or dpm++2m (default: the model's scheduler class, else dpm++2m)"},
      {"karras", "", "diffusion: Karras sigmas (euler, euler_a, dpm++2m)"},
-     {"batch", "N", "diffusion: images of the prompt (default 1)"}},
+     {"batch", "N", "diffusion: images of the prompt (default 1)"},
+     {"config", "DIR", "diffusion, with a single-file checkpoint (--checkpoint FILE.safetensors in the original SD 1.x layout): the diffusers directory of the same model whose configs and tokenizer it uses"}},
     "A checkpoint directory holding model_index.json is a diffusers text-to-image model (Stable "
     "Diffusion 1.x/2.x, SDXL, or one `hyperion train sd-tiny` wrote): --prompt is the image's "
     "description and the image is written to --output; the language-model flags do not apply, "
@@ -151,9 +153,11 @@ int cmd_eval(const Args& args) {
 int cmd_generate(const Args& args) {
   const Flags f(kGenerateSpec, args);
   HYP_USAGE_CHECK(f.positional().empty(), "generate: unexpected argument '{}'", f.positional()[0]);
-  if (diffusion::DiffusionPipeline::is_pipeline_dir(f.require("checkpoint"))) return generate_image(f);
+  if (diffusion::DiffusionPipeline::is_pipeline_dir(f.require("checkpoint")) ||
+      diffusion::is_single_file_checkpoint(f.require("checkpoint")))
+    return generate_image(f);
   for (const char* flag : {"output", "negative-prompt", "width", "height", "steps", "guidance", "scheduler",
-                           "karras", "batch"})
+                           "karras", "batch", "config"})
     HYP_USAGE_CHECK(!f.has(flag), "generate: --{} applies to diffusion models (a directory with model_index.json)",
                     flag);
   // Every flag is checked before the (slow) checkpoint load, with the ranges and meanings

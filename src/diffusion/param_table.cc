@@ -91,11 +91,22 @@ std::string shape_str(const Shape& s) {
 std::vector<std::string> ParamTable::load(const io::WeightFiles& files, const std::string& origin,
                                           const std::string& prefix,
                                           const std::vector<std::string>& ignored) {
+  std::vector<std::string> unused =
+      load_mapped(files, origin, [&](const std::string& n) { return prefix + n; }, prefix);
+  std::erase_if(unused, [&](const std::string& n) {
+    return std::find(ignored.begin(), ignored.end(), n.substr(prefix.size())) != ignored.end();
+  });
+  return unused;
+}
+
+std::vector<std::string> ParamTable::load_mapped(const io::WeightFiles& files, const std::string& origin,
+                                                 const std::function<std::string(const std::string&)>& name_of,
+                                                 const std::string& unused_prefix) {
   HYP_CHECK(allocated(), "ParamTable::load before allocate");
   std::set<std::string> used;
   for (size_t i = 0; i < entries_.size(); ++i) {
     const ParamEntry& e = entries_[i];
-    const std::string name = prefix + e.name;
+    const std::string name = name_of(e.name);
     const io::SafetensorsTensor* t = files.find(name);
     HYP_CHECK(t != nullptr, "{}: tensor {} is missing (the config expects it with shape {})", origin, name,
               shape_str(e.shape));
@@ -109,11 +120,8 @@ std::vector<std::string> ParamTable::load(const io::WeightFiles& files, const st
     used.insert(name);
   }
   std::vector<std::string> unused;
-  for (const std::string& n : files.names()) {
-    if (used.count(n) || n.compare(0, prefix.size(), prefix) != 0) continue;
-    if (std::find(ignored.begin(), ignored.end(), n.substr(prefix.size())) != ignored.end()) continue;
-    unused.push_back(n);
-  }
+  for (const std::string& n : files.names())
+    if (!used.count(n) && n.compare(0, unused_prefix.size(), unused_prefix) == 0) unused.push_back(n);
   return unused;
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -60,6 +61,12 @@ class ParamTable {
   std::vector<std::string> load(const io::WeightFiles& files, const std::string& origin,
                                 const std::string& prefix = "",
                                 const std::vector<std::string>& ignored = {});
+  // The same with each tensor's file name given by `name_of(declared name)` (a single-file
+  // checkpoint's original names); the unused tensors returned are those starting with
+  // `unused_prefix`.
+  std::vector<std::string> load_mapped(const io::WeightFiles& files, const std::string& origin,
+                                       const std::function<std::string(const std::string&)>& name_of,
+                                       const std::string& unused_prefix);
   // Writes every tensor (f32) to a safetensors file, atomically, names prefixed.
   void save(const std::string& path, const std::string& prefix = "") const;
 

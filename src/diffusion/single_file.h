@@ -1,0 +1,35 @@
+// Stable Diffusion 1.x single-file checkpoints: the original CompVis layout most users
+// download (one .safetensors with model.diffusion_model.* for the UNet,
+// first_stage_model.* for the VAE and cond_stage_model.transformer.* for the CLIP text
+// encoder), read into the diffusers-layout models by a name table: each diffusers tensor
+// name maps to its original name through per-block rules (the resnet and attention
+// suffixes below, and the block index arithmetic of the original UNet's input_blocks /
+// output_blocks and the VAE's down / up levels), never by code per tensor.
+//
+// A single file holds no configs and no tokenizer: they come from a diffusers directory
+// of the same model (`config_dir`: its model_index.json, component config.json files,
+// tokenizer and scheduler; its weights are not read), as diffusers' from_single_file
+// takes them from the hub.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "diffusion/pipeline.h"
+
+namespace hyperion::diffusion {
+
+// True when path is a file (not a directory) holding model.diffusion_model.* tensors.
+bool is_single_file_checkpoint(const std::string& path);
+
+enum class Component : uint8_t { kUNet, kVae, kTextEncoder };
+// The original layout's name of a diffusers tensor name of `component` (the UNet's name
+// needs its config for the block indices). Throws naming the tensor when no rule covers it.
+std::string original_name(Component component, const std::string& diffusers_name, const UNetConfig& unet,
+                           const VaeConfig& vae);
+
+// Loads the pipeline: configs and tokenizer from config_dir, weights from file. Errors
+// name the file and the tensor (missing, mis-shaped, non-finite).
+std::unique_ptr<DiffusionPipeline> load_single_file(const std::string& file, const std::string& config_dir);
+
+}  // namespace hyperion::diffusion

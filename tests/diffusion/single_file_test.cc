@@ -1,0 +1,99 @@
+#include "diffusion/single_file.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "base/error.h"
+#include "diffusion/architectures.h"
+#include "diffusion/sd_tiny.h"
+#include "io/safetensors.h"
+
+namespace hyperion::diffusion {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Names of Stable Diffusion 1.5's original checkpoint, as the file on the hub spells them.
+TEST(SingleFile, NamesFollowTheOriginalLayout) {
+  const UNetConfig u = unet_preset("sd15");
+  VaeConfig v;  // SD's: 4 levels
+  auto unet = [&](const char* n) { return original_name(Component::kUNet, n, u, v); };
+  auto vae = [&](const char* n) { return original_name(Component::kVae, n, u, v); };
+  const std::string m = "model.diffusion_model.";
+  EXPECT_EQ(unet("conv_in.weight"), m + "input_blocks.0.0.weight");
+  EXPECT_EQ(unet("time_embedding.linear_1.weight"), m + "time_embed.0.weight");
+  EXPECT_EQ(unet("down_blocks.0.resnets.0.norm1.weight"), m + "input_blocks.1.0.in_layers.0.weight");
+  EXPECT_EQ(unet("down_blocks.0.attentions.1.proj_in.weight"), m + "input_blocks.2.1.proj_in.weight");
+  EXPECT_EQ(unet("down_blocks.0.downsamplers.0.conv.weight"), m + "input_blocks.3.0.op.weight");
+  EXPECT_EQ(unet("down_blocks.1.resnets.0.conv_shortcut.bias"), m + "input_blocks.4.0.skip_connection.bias");
+  EXPECT_EQ(unet("down_blocks.3.resnets.1.conv2.bias"), m + "input_blocks.11.0.out_layers.3.bias");
+  EXPECT_EQ(unet("mid_block.resnets.1.time_emb_proj.weight"), m + "middle_block.2.emb_layers.1.weight");
+  EXPECT_EQ(unet("mid_block.attentions.0.transformer_blocks.0.ff.net.2.weight"),
+            m + "middle_block.1.transformer_blocks.0.ff.net.2.weight");
+  EXPECT_EQ(unet("up_blocks.0.resnets.2.conv1.weight"), m + "output_blocks.2.0.in_layers.2.weight");
+  EXPECT_EQ(unet("up_blocks.0.upsamplers.0.conv.weight"), m + "output_blocks.2.1.conv.weight");
+  EXPECT_EQ(unet("up_blocks.1.upsamplers.0.conv.weight"), m + "output_blocks.5.2.conv.weight");
+  EXPECT_EQ(unet("up_blocks.3.attentions.2.transformer_blocks.0.attn2.to_k.weight"),
+            m + "output_blocks.11.1.transformer_blocks.0.attn2.to_k.weight");
+  EXPECT_EQ(unet("conv_norm_out.bias"), m + "out.0.bias");
+  EXPECT_EQ(unet("conv_out.weight"), m + "out.2.weight");
+  const std::string f = "first_stage_model.";
+  EXPECT_EQ(vae("encoder.down_blocks.0.downsamplers.0.conv.weight"), f + "encoder.down.0.downsample.conv.weight");
+  EXPECT_EQ(vae("encoder.down_blocks.1.resnets.0.conv_shortcut.weight"), f + "encoder.down.1.block.0.nin_shortcut.weight");
+  EXPECT_EQ(vae("encoder.mid_block.attentions.0.to_q.weight"), f + "encoder.mid.attn_1.q.weight");
+  EXPECT_EQ(vae("encoder.mid_block.attentions.0.to_out.0.bias"), f + "encoder.mid.attn_1.proj_out.bias");
+  EXPECT_EQ(vae("decoder.mid_block.resnets.1.norm2.weight"), f + "decoder.mid.block_2.norm2.weight");
+  EXPECT_EQ(vae("decoder.up_blocks.0.resnets.0.conv1.weight"), f + "decoder.up.3.block.0.conv1.weight");
+  EXPECT_EQ(vae("decoder.up_blocks.1.upsamplers.0.conv.bias"), f + "decoder.up.2.upsample.conv.bias");
+  EXPECT_EQ(vae("encoder.conv_norm_out.weight"), f + "encoder.norm_out.weight");
+  EXPECT_EQ(vae("post_quant_conv.weight"), f + "post_quant_conv.weight");
+  EXPECT_EQ(original_name(Component::kTextEncoder, "text_model.final_layer_norm.weight", u, v),
+            "cond_stage_model.transformer.text_model.final_layer_norm.weight");
+  // Every tensor of a full SD 1.5 UNet maps to a distinct original name.
+  UNet full(u);
+  std::set<std::string> seen;
+  for (const ParamEntry& e : full.params().entries()) EXPECT_TRUE(seen.insert(unet(e.name.c_str())).second) << e.name;
+}
+
+// The same weights as a diffusers directory and as one original-layout file load to the
+// same images.
+TEST(SingleFile, LoadsToTheSameImagesAsTheDiffusersDirectory) {
+  const auto pipe = make_sd_tiny(21);
+  const std::string dir = testing::TempDir() + "/single_file_cfg", file = testing::TempDir() + "/sd_tiny_single.safetensors";
+  fs::remove_all(dir);
+  pipe->save(dir);
+  io::SafetensorsWriter w;
+  std::vector<std::vector<float>> keep;
+  auto add = [&](Component c, const ParamTable& p) {
+    for (size_t i = 0; i < p.entries().size(); ++i) {
+      const ParamEntry& e = p.entries()[i];
+      Shape shape = e.shape;
+      const std::string name = original_name(c, e.name, pipe->unet().config(), pipe->vae().config());
+      // The original VAE attention's q/k/v/proj_out are 1x1 convolutions.
+      if (name.find(".mid.attn_1.") != std::string::npos && shape.rank() == 2) shape = {shape[0], shape[1], 1, 1};
+      w.add(name, DType::kF32, shape, p.data(int(i)));
+    }
+  };
+  add(Component::kUNet, pipe->unet().params());
+  add(Component::kVae, pipe->vae().params());
+  add(Component::kTextEncoder, pipe->text_encoder().params());
+  w.write(file);
+  ASSERT_TRUE(is_single_file_checkpoint(file));
+  EXPECT_FALSE(is_single_file_checkpoint(dir));
+  const auto loaded = load_single_file(file, dir);
+  ImageRequest r;
+  r.prompt = "a photo of a coat";
+  r.steps = 3;
+  r.seed = 9;
+  EXPECT_EQ(loaded->generate(r).pixels, pipe->generate(r).pixels);
+  try {
+    load_single_file(file, testing::TempDir());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("come from a diffusers directory"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace hyperion::diffusion
