@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "diffusion/architectures.h"
+#include "diffusion/buffer_pool.h"
 #include "kernels/fill.h"
 #include "kernels/peak.h"
 
@@ -27,6 +28,8 @@ const CommandSpec kBenchDiffusionSpec = {
      {"size", "PX", "image side in pixels (default: the model's; latents are 1/8 of it, sd-tiny 1/4)"},
      {"batch", "N", "UNet batch (default 2: one image with classifier-free guidance)"},
      {"iterations", "N", "timed calls after one warm-up (default 3)"},
+     {"image", "", "time a whole image instead (sd15, sd21): text encoding, --steps UNet steps with guidance, VAE decoding; with peak memory against the weights and the activations' high-water mark"},
+     {"steps", "N", "--image: denoising steps (default 20)"},
      {"json", "", "print the figures as one JSON object"}},
     "FLOP/s count the multiply-adds of the convolutions, linear layers and attention products "
     "(2 FLOPs each); the ratio is to `hyperion bench peak`'s f32 figure.",
@@ -46,6 +49,46 @@ int cmd_bench_diffusion(const Args& args) {
   HYP_USAGE_CHECK(batch >= 1 && batch <= 64, "bench diffusion: --batch must be in [1, 64]");
   HYP_USAGE_CHECK(iterations >= 1 && iterations <= 1000, "bench diffusion: --iterations must be in [1, 1000]");
   const bool json = f.has("json");
+  if (f.has("image")) {
+    const int64_t steps = f.integer("steps", 20);
+    HYP_USAGE_CHECK(steps >= 1 && steps <= 1000, "bench diffusion: --steps must be in [1, 1000]");
+    const auto pipe = diffusion::random_pipeline(model, 1);
+    const double weights_gb = double(pipe->unet().params().size() + pipe->vae().params().size() +
+                                     pipe->text_encoder().params().size()) * 4 / 1e9;
+    diffusion::ImageRequest r;
+    r.prompt = "a photo of an astronaut riding a horse";
+    r.width = r.height = size;
+    r.steps = steps;
+    r.sampler = "dpm++2m";
+    r.guidance = 7.5;
+    diffusion::reset_peak_live_bytes();
+    const Timer timer;
+    const diffusion::GeneratedImages g = pipe->generate(r);
+    const double seconds = timer.seconds();
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    const double rss_gb = double(ru.ru_maxrss) / (1 << 20) * 1.073741824;  // GiB -> GB
+    const double act_gb = double(diffusion::peak_live_bytes()) / 1e9;
+    const double bound = 1.3 * (weights_gb + act_gb);
+    if (json) {
+      nlohmann::ordered_json j = {{"model", model}, {"size", size}, {"steps", steps}, {"threads", num_threads()},
+                                  {"cpu", cpu_features().model_name}, {"seconds", seconds},
+                                  {"encode_seconds", g.encode_seconds}, {"denoise_seconds", g.denoise_seconds},
+                                  {"decode_seconds", g.decode_seconds}, {"weights_gb", weights_gb},
+                                  {"activations_peak_gb", act_gb}, {"max_rss_gb", rss_gb},
+                                  {"rss_bound_gb", bound}, {"within_bound", rss_gb <= bound}};
+      print_json(j, 2);
+      return 0;
+    }
+    std::printf("%s, one %lldx%lld image, %lld dpm++2m steps with guidance (UNet batch 2), %d threads (%s)\n",
+                model.c_str(), (long long)size, (long long)size, (long long)steps, num_threads(),
+                cpu_summary().c_str());
+    std::printf("%.1f s: text %.2f s, denoising %.1f s (%.2f s/step), VAE decode %.1f s\n", seconds, g.encode_seconds,
+                g.denoise_seconds, g.denoise_seconds / double(steps), g.decode_seconds);
+    std::printf("memory: weights %.2f GB + activations' high-water %.2f GB; peak resident %.2f GB (bound 1.3x: %.2f GB, %s)\n",
+                weights_gb, act_gb, rss_gb, bound, rss_gb <= bound ? "within" : "OVER");
+    return 0;
+  }
 
   diffusion::UNet unet(config);
   unet.params().allocate(false);

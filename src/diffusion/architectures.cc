@@ -47,4 +47,36 @@ UNetConfig unet_preset(const std::string& name) {
   return c;
 }
 
+std::unique_ptr<DiffusionPipeline> random_pipeline(const std::string& name, uint64_t seed) {
+  HYP_USAGE_CHECK(name == "sd15" || name == "sd21", "a whole random pipeline is built for sd15 and sd21, not '{}'",
+                  name);
+  auto tok = std::make_unique<text::ClipTokenizer>(
+      text::ClipTokenizer::for_words({"a", "photo", "of", "an", "astronaut", "riding", "horse"}, 77));
+  ClipTextConfig tc;
+  tc.vocab_size = 49408;
+  tc.max_positions = 77;
+  tc.eos_token_id = tok->eos_id();
+  if (name == "sd15") {
+    tc.hidden_size = 768, tc.intermediate_size = 3072, tc.layers = 12, tc.heads = 12;
+    tc.act = Activation::kQuickGelu;
+  } else {
+    tc.hidden_size = 1024, tc.intermediate_size = 4096, tc.layers = 23, tc.heads = 16;
+    tc.act = Activation::kGelu;
+  }
+  VaeConfig vc;
+  vc.block_out_channels = {128, 256, 512, 512};
+  vc.layers_per_block = 2;
+  vc.norm_num_groups = 32;
+  vc.sample_size = name == "sd15" ? 512 : 768;
+  auto text = std::make_unique<ClipTextModel>(tc);
+  auto unet = std::make_unique<UNet>(unet_preset(name));
+  auto vae = std::make_unique<Vae>(vc);
+  for (ParamTable* p : {&text->params(), &unet->params(), &vae->params()}) {
+    p->allocate(false);
+    p->init(seed);
+  }
+  return std::make_unique<DiffusionPipeline>("StableDiffusionPipeline", std::move(text), std::move(tok),
+                                             std::move(unet), std::move(vae), NoiseSchedule::stable_diffusion());
+}
+
 }  // namespace hyperion::diffusion

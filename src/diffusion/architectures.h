@@ -4,9 +4,12 @@
 // layers, text_time), "sd-tiny" (diffusion/sd_tiny.h).
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "diffusion/pipeline.h"
 #include "diffusion/unet.h"
 
 namespace hyperion::diffusion {
@@ -14,5 +17,10 @@ namespace hyperion::diffusion {
 // Throws a usage error listing the names for an unknown one.
 UNetConfig unet_preset(const std::string& name);
 const std::vector<std::string>& unet_preset_names();
+
+// A whole pipeline of that shape with random weights (for benchmarks): "sd15" (CLIP
+// ViT-L/14's text encoder, SD's VAE) or "sd21" (OpenCLIP ViT-H's 23 layers); the
+// tokenizer knows only a few words (the text encoder's vocabulary is full size).
+std::unique_ptr<DiffusionPipeline> random_pipeline(const std::string& name, uint64_t seed);
 
 }  // namespace hyperion::diffusion

@@ -14,6 +14,7 @@ struct Pool {
   std::mutex mutex;
   std::multimap<size_t, float*> free;  // by element count
   size_t bytes = 0;
+  size_t live = 0, peak = 0;  // bytes handed out and not yet given back
 };
 
 Pool& pool() {
@@ -26,6 +27,8 @@ float* acquire(size_t n) {
   Pool& p = pool();
   {
     std::lock_guard<std::mutex> lock(p.mutex);
+    p.live += n * sizeof(float);
+    p.peak = std::max(p.peak, p.live);
     auto it = p.free.find(n);
     if (it != p.free.end()) {
       float* b = it->second;
@@ -42,6 +45,7 @@ void give_back(float* b, size_t n) {
   Pool& p = pool();
   {
     std::lock_guard<std::mutex> lock(p.mutex);
+    p.live -= n * sizeof(float);
     if (p.bytes + n * sizeof(float) <= kPoolBytes) {
       p.free.emplace(n, b);
       p.bytes += n * sizeof(float);
@@ -52,6 +56,21 @@ void give_back(float* b, size_t n) {
 }
 
 }  // namespace
+
+size_t live_bytes() {
+  std::lock_guard<std::mutex> lock(pool().mutex);
+  return pool().live;
+}
+
+size_t peak_live_bytes() {
+  std::lock_guard<std::mutex> lock(pool().mutex);
+  return pool().peak;
+}
+
+void reset_peak_live_bytes() {
+  std::lock_guard<std::mutex> lock(pool().mutex);
+  pool().peak = pool().live;
+}
 
 size_t pooled_bytes() {
   std::lock_guard<std::mutex> lock(pool().mutex);

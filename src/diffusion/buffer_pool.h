@@ -46,5 +46,10 @@ class FloatBuffer {
 
 // Bytes the pool holds for reuse (for tests and benchmarks).
 size_t pooled_bytes();
+// Bytes of FloatBuffers alive now, and the most alive at once since the last reset: a
+// step's activation high-water mark (`bench diffusion` prints it beside the weights).
+size_t live_bytes();
+size_t peak_live_bytes();
+void reset_peak_live_bytes();
 
 }  // namespace hyperion::diffusion

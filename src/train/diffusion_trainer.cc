@@ -23,6 +23,7 @@
 #include "io/image_file.h"
 #include "io/safetensors.h"
 #include "kernels/fill.h"
+#include "kernels/peak.h"
 #include "train/metrics_writer.h"
 #include "train/run_directory.h"
 #include "train/stop_signal.h"
@@ -218,14 +219,17 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
     return sum / double(n_eval);
   };
   std::vector<float> noise(size_t(batch * per)), ctx(size_t(batch * tokens * ctx_dim));
-  double samples_per_s_sum = 0;
+  double samples_per_s_sum = 0, mfu_sum = 0;
   int64_t timed = 0;
+  const double peak = cached_peak().f32_gflops;
+  result.peak_gflops = result.peak_bf16_gflops = peak;
   for (int64_t s = 0; s < t.steps; ++s) {
     if (stop_signal_received()) {
       result.stopped_by_signal = stop_signal_received();
       break;
     }
     const Timer step_timer;
+    const int64_t macs_before = diffusion::layer_macs();
     const std::vector<int64_t> idx = random_indices(rng, latents.n, batch);
     Act x(batch, latents.h, latents.w, latents.c);
     std::vector<int64_t> ts(static_cast<size_t>(batch));
@@ -250,8 +254,12 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
     m.lr = lr;
     m.step_s = step_timer.seconds();
     m.samples_per_s = m.tokens_per_s = double(batch) / m.step_s;
+    // FLOPs of the step's convolutions, linear layers and attention (forward and backward).
+    m.tflops = 2.0 * double(diffusion::layer_macs() - macs_before) / m.step_s / 1e12;
+    m.mfu = m.emfu = m.tflops * 1e3 / peak;
     if (s > 0) {
       samples_per_s_sum += m.samples_per_s;
+      mfu_sum += m.mfu;
       ++timed;
     }
     const bool eval = (t.eval_interval > 0 && (s + 1) % t.eval_interval == 0) || s + 1 == t.steps;
@@ -305,6 +313,7 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
   }
   result.seconds = total.seconds();
   result.mean_samples_per_s = timed > 0 ? samples_per_s_sum / double(timed) : 0;
+  result.mean_mfu = result.mean_emfu = timed > 0 ? mfu_sum / double(timed) : 0;
   result.peak_rss_mib = peak_rss_mib();
   (void)config;
   (void)process_start;
