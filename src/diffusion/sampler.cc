@@ -94,9 +94,9 @@ Sampler::Sampler(const NoiseSchedule& schedule, SamplerKind kind, int64_t steps,
       break;
     }
     case TimestepSpacing::kTrailing: {
+      // np.arange(T, 0, -T / steps), rounded, minus one.
       const double ratio = double(T) / double(steps);
-      for (double t = double(T); t > 0 && int64_t(ts.size()) < steps; t -= ratio)
-        ts.push_back(std::round(t) - 1.0);
+      for (int64_t i = 0; i < steps; ++i) ts.push_back(std::round(double(T) - double(i) * ratio) - 1.0);
       break;
     }
     case TimestepSpacing::kLinspace: {

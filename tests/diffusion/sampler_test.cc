@@ -193,8 +193,8 @@ TEST(DiffusionSampler, GuidanceAndNames) {
   EXPECT_EQ(sampler_for_class("PNDMScheduler", SamplerKind::kDpmSolver2M), SamplerKind::kDpmSolver2M);
   const NoiseSchedule s = NoiseSchedule::stable_diffusion();
   try {
-    Sampler(s, SamplerKind::kEuler, 0, false);
-    FAIL();
+    const Sampler bad(s, SamplerKind::kEuler, 0, false);
+    FAIL() << bad.steps();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("steps 0 must be in [1, 1000]"), std::string::npos);
   }
