@@ -156,7 +156,7 @@ TEST(RecsysTrain, RejectsBadKeys) {
            {"dlrm.table_rows=10,x", "'10,x' is not a comma-separated list of positive integers"},
            {"dlrm.pooling=max", "unknown pooling 'max'"},
            {"dlrm.sharding=column", "must be table or row"},
-           {"model_type=bert", "must be decoder or dlrm"}}) {
+           {"model_type=bert", "must be decoder, dlrm or diffusion"}}) {
     try {
       Config c = load_train_config(dlrm_tiny(), {kv});
       parse_train_config(c, "dlrm-tiny");
