@@ -1,7 +1,7 @@
 #include "diffusion/single_file.h"
 
 #include <filesystem>
-#include <regex>
+#include <vector>
 
 #include "base/error.h"
 #include "base/log.h"
@@ -50,66 +50,98 @@ std::string rename(const std::string& rest, const Rename (&table)[N], const std:
   return rename_suffix(rest, table, N, whole);
 }
 
+// "a.b.c" -> {"a", "b", "c"}.
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t begin = 0;
+  for (size_t dot; (dot = s.find('.', begin)) != std::string::npos; begin = dot + 1) out.push_back(s.substr(begin, dot - begin));
+  out.push_back(s.substr(begin));
+  return out;
+}
+
+// parts[from..] joined with dots.
+std::string join(const std::vector<std::string>& parts, size_t from) {
+  std::string out;
+  for (size_t i = from; i < parts.size(); ++i) out += (i > from ? "." : "") + parts[i];
+  return out;
+}
+
+int64_t index_at(const std::vector<std::string>& parts, size_t i, const std::string& whole) {
+  HYP_CHECK(i < parts.size() && !parts[i].empty() && parts[i].find_first_not_of("0123456789") == std::string::npos,
+            "single-file checkpoint: no rule for tensor {}", whole);
+  return std::stoll(parts[i]);
+}
+
 std::string unet_name(const std::string& name, const UNetConfig& c) {
   const std::string p = "model.diffusion_model.";
   const int64_t lpb = c.layers_per_block;
-  std::smatch m;
-  static const std::regex down_res(R"(down_blocks\.(\d+)\.resnets\.(\d+)\.(.*))");
-  static const std::regex down_attn(R"(down_blocks\.(\d+)\.attentions\.(\d+)\.(.*))");
-  static const std::regex down_sample(R"(down_blocks\.(\d+)\.downsamplers\.0\.conv\.(.*))");
-  static const std::regex up_res(R"(up_blocks\.(\d+)\.resnets\.(\d+)\.(.*))");
-  static const std::regex up_attn(R"(up_blocks\.(\d+)\.attentions\.(\d+)\.(.*))");
-  static const std::regex up_sample(R"(up_blocks\.(\d+)\.upsamplers\.0\.conv\.(.*))");
-  static const std::regex mid_res(R"(mid_block\.resnets\.(\d+)\.(.*))");
-  static const std::regex mid_attn(R"(mid_block\.attentions\.0\.(.*))");
-  auto idx = [&](int k) { return std::stoll(m[k].str()); };
-  // input_blocks: [conv_in], then per level lpb (resnet, attention) blocks and a downsampler.
-  if (std::regex_match(name, m, down_res))
-    return p + "input_blocks." + std::to_string(1 + idx(1) * (lpb + 1) + idx(2)) + ".0." + rename(m[3], kUNetResnet, name);
-  if (std::regex_match(name, m, down_attn))
-    return p + "input_blocks." + std::to_string(1 + idx(1) * (lpb + 1) + idx(2)) + ".1." + m[3].str();
-  if (std::regex_match(name, m, down_sample))
-    return p + "input_blocks." + std::to_string(1 + idx(1) * (lpb + 1) + lpb) + ".0.op." + m[2].str();
-  // output_blocks: per level lpb + 1 blocks; the upsampler sits in the level's last one,
-  // after its attention when the level has one.
-  if (std::regex_match(name, m, up_res))
-    return p + "output_blocks." + std::to_string(idx(1) * (lpb + 1) + idx(2)) + ".0." + rename(m[3], kUNetResnet, name);
-  if (std::regex_match(name, m, up_attn))
-    return p + "output_blocks." + std::to_string(idx(1) * (lpb + 1) + idx(2)) + ".1." + m[3].str();
-  if (std::regex_match(name, m, up_sample)) {
-    const bool attn = c.up_block_types.at(size_t(idx(1))).rfind("CrossAttn", 0) == 0;
-    return p + "output_blocks." + std::to_string(idx(1) * (lpb + 1) + lpb) + (attn ? ".2" : ".1") + ".conv." +
-           m[2].str();
+  const std::vector<std::string> s = split(name);
+  auto part = [&](size_t i) { return i < s.size() ? s[i] : std::string(); };
+  if (part(0) == "down_blocks" || part(0) == "up_blocks") {
+    const bool down = part(0) == "down_blocks";
+    const int64_t level = index_at(s, 1, name);
+    const std::string kind = part(2);
+    if (kind == "resnets" || kind == "attentions") {
+      const int64_t j = index_at(s, 3, name);
+      // input_blocks: [conv_in], then per level lpb (resnet, attention) blocks and a
+      // downsampler; output_blocks: per level lpb + 1 blocks.
+      const int64_t block = down ? 1 + level * (lpb + 1) + j : level * (lpb + 1) + j;
+      const std::string rest = join(s, 4);
+      return p + (down ? "input_blocks." : "output_blocks.") + std::to_string(block) +
+             (kind == "resnets" ? ".0." + rename(rest, kUNetResnet, name) : ".1." + rest);
+    }
+    if (down && kind == "downsamplers" && part(3) == "0" && part(4) == "conv")
+      return p + "input_blocks." + std::to_string(1 + level * (lpb + 1) + lpb) + ".0.op." + join(s, 5);
+    if (!down && kind == "upsamplers" && part(3) == "0" && part(4) == "conv") {
+      // The upsampler sits in the level's last block, after its attention when it has one.
+      HYP_CHECK(level < int64_t(c.up_block_types.size()), "single-file checkpoint: no rule for tensor {}", name);
+      const bool attn = c.up_block_types[size_t(level)].rfind("CrossAttn", 0) == 0;
+      return p + "output_blocks." + std::to_string(level * (lpb + 1) + lpb) + (attn ? ".2" : ".1") + ".conv." +
+             join(s, 5);
+    }
+    fail("single-file checkpoint: no rule for tensor {}", name);
   }
-  if (std::regex_match(name, m, mid_res))
-    return p + "middle_block." + (idx(1) == 0 ? "0." : "2.") + rename(m[2], kUNetResnet, name);
-  if (std::regex_match(name, m, mid_attn)) return p + "middle_block.1." + m[1].str();
+  if (part(0) == "mid_block") {
+    if (part(1) == "resnets")
+      return p + "middle_block." + (index_at(s, 2, name) == 0 ? "0." : "2.") + rename(join(s, 3), kUNetResnet, name);
+    if (part(1) == "attentions" && part(2) == "0") return p + "middle_block.1." + join(s, 3);
+    fail("single-file checkpoint: no rule for tensor {}", name);
+  }
   return p + rename(name, kUNetTop, name);
 }
 
 std::string vae_name(const std::string& name, const VaeConfig& c) {
   const std::string p = "first_stage_model.";
   const int64_t levels = int64_t(c.block_out_channels.size());
-  std::smatch m;
-  static const std::regex enc_res(R"(encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.(.*))");
-  static const std::regex enc_down(R"(encoder\.down_blocks\.(\d+)\.downsamplers\.0\.conv\.(.*))");
-  static const std::regex dec_res(R"(decoder\.up_blocks\.(\d+)\.resnets\.(\d+)\.(.*))");
-  static const std::regex dec_up(R"(decoder\.up_blocks\.(\d+)\.upsamplers\.0\.conv\.(.*))");
-  static const std::regex mid_res(R"((encoder|decoder)\.mid_block\.resnets\.(\d+)\.(.*))");
-  static const std::regex mid_attn(R"((encoder|decoder)\.mid_block\.attentions\.0\.(.*))");
-  auto idx = [&](int k) { return std::stoll(m[k].str()); };
-  if (std::regex_match(name, m, enc_res))
-    return p + "encoder.down." + m[1].str() + ".block." + m[2].str() + "." + rename(m[3], kVaeResnet, name);
-  if (std::regex_match(name, m, enc_down)) return p + "encoder.down." + m[1].str() + ".downsample.conv." + m[2].str();
-  // The original decoder numbers its levels from the lowest resolution up.
-  if (std::regex_match(name, m, dec_res))
-    return p + "decoder.up." + std::to_string(levels - 1 - idx(1)) + ".block." + m[2].str() + "." +
-           rename(m[3], kVaeResnet, name);
-  if (std::regex_match(name, m, dec_up))
-    return p + "decoder.up." + std::to_string(levels - 1 - idx(1)) + ".upsample.conv." + m[2].str();
-  if (std::regex_match(name, m, mid_res))
-    return p + m[1].str() + ".mid.block_" + std::to_string(idx(2) + 1) + "." + rename(m[3], kVaeResnet, name);
-  if (std::regex_match(name, m, mid_attn)) return p + m[1].str() + ".mid.attn_1." + rename(m[2], kVaeAttention, name);
+  const std::vector<std::string> s = split(name);
+  auto part = [&](size_t i) { return i < s.size() ? s[i] : std::string(); };
+  const std::string side = part(0);
+  if (side == "encoder" && part(1) == "down_blocks") {
+    const int64_t level = index_at(s, 2, name);
+    if (part(3) == "resnets")
+      return p + "encoder.down." + std::to_string(level) + ".block." + std::to_string(index_at(s, 4, name)) + "." +
+             rename(join(s, 5), kVaeResnet, name);
+    if (part(3) == "downsamplers" && part(4) == "0" && part(5) == "conv")
+      return p + "encoder.down." + std::to_string(level) + ".downsample.conv." + join(s, 6);
+    fail("single-file checkpoint: no rule for tensor {}", name);
+  }
+  if (side == "decoder" && part(1) == "up_blocks") {
+    // The original decoder numbers its levels from the lowest resolution up.
+    const int64_t level = levels - 1 - index_at(s, 2, name);
+    if (part(3) == "resnets")
+      return p + "decoder.up." + std::to_string(level) + ".block." + std::to_string(index_at(s, 4, name)) + "." +
+             rename(join(s, 5), kVaeResnet, name);
+    if (part(3) == "upsamplers" && part(4) == "0" && part(5) == "conv")
+      return p + "decoder.up." + std::to_string(level) + ".upsample.conv." + join(s, 6);
+    fail("single-file checkpoint: no rule for tensor {}", name);
+  }
+  if ((side == "encoder" || side == "decoder") && part(1) == "mid_block") {
+    if (part(2) == "resnets")
+      return p + side + ".mid.block_" + std::to_string(index_at(s, 3, name) + 1) + "." +
+             rename(join(s, 4), kVaeResnet, name);
+    if (part(2) == "attentions" && part(3) == "0") return p + side + ".mid.attn_1." + rename(join(s, 4), kVaeAttention, name);
+    fail("single-file checkpoint: no rule for tensor {}", name);
+  }
   for (const Rename& r : kVaeTop)
     if (name.rfind(r.diffusers, 0) == 0) return p + r.original + name.substr(std::string(r.diffusers).size());
   // conv_in, conv_out, quant_conv, post_quant_conv keep their names.

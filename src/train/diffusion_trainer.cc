@@ -74,6 +74,16 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
   StopSignalScope stop_signals;
   std::mt19937_64 rng(t.data_shuffle_seed ^ 0x5eedull);
 
+  // Model: sd-tiny from scratch or a diffusers directory.
+  std::unique_ptr<diffusion::DiffusionPipeline> pipe =
+      d.pretrained.empty() ? diffusion::make_sd_tiny(t.init_weights_seed) : diffusion::DiffusionPipeline::load(d.pretrained);
+  HYP_CHECK(!pipe->xl(), "fine-tuning an SDXL pipeline is not supported yet");
+  auto& vae = const_cast<diffusion::Vae&>(pipe->vae());
+  auto& unet = const_cast<diffusion::UNet&>(pipe->unet());
+  const int64_t multiple = vae.config().downscale() * unet.config().size_multiple();
+  HYP_CHECK(d.resolution % multiple == 0, "config key diffusion.resolution = {} must be a multiple of {} for this model",
+            d.resolution, multiple);
+
   // Data.
   const bool fmnist = d.dataset == "fashion-mnist";
   diffusion::ImageDataset train, held_out;
@@ -84,21 +94,20 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
     diffusion::ImageFolderOptions o;
     o.resolution = d.resolution;
     o.limit = d.max_images;
+    // Gray or RGB, as the VAE takes them (sd-tiny's is gray).
+    HYP_CHECK(vae.config().in_channels == 1 || vae.config().in_channels == 3,
+              "the VAE takes {} channels; image folders give 1 (gray) or 3 (RGB)", vae.config().in_channels);
+    o.channels = vae.config().in_channels;
     train = diffusion::load_image_folder(d.dataset, o);
     held_out = train;  // a small fine-tuning set has no separate split
   }
+  HYP_CHECK(vae.config().in_channels == train.channels,
+            "the VAE takes {} channels, the images have {} (Fashion-MNIST is gray: a pretrained RGB VAE needs an "
+            "image folder)",
+            vae.config().in_channels, train.channels);
   log_info("data: {} training images ({}x{}x{}), {} held out", train.count(), d.resolution, d.resolution,
            train.channels, held_out.count());
 
-  // Model: sd-tiny from scratch or a diffusers directory.
-  std::unique_ptr<diffusion::DiffusionPipeline> pipe =
-      d.pretrained.empty() ? diffusion::make_sd_tiny(t.init_weights_seed) : diffusion::DiffusionPipeline::load(d.pretrained);
-  HYP_CHECK(!pipe->xl(), "fine-tuning an SDXL pipeline is not supported yet");
-  auto& vae = const_cast<diffusion::Vae&>(pipe->vae());
-  auto& unet = const_cast<diffusion::UNet&>(pipe->unet());
-  HYP_CHECK(vae.config().in_channels == train.channels,
-            "the VAE takes {} channels, the images have {} (sd-tiny is gray; a pretrained SD VAE is RGB)",
-            vae.config().in_channels, train.channels);
   const int64_t batch = t.per_device_batch_size;
 
   // 1. The VAE.

@@ -96,5 +96,43 @@ TEST(DiffusionCli, SdTinyTrainsAndWritesADiffusersDirectory) {
   EXPECT_NE(resumed.out.find(base + "/t"), std::string::npos) << resumed.out;
 }
 
+// The Dreambooth case: a few captioned images fine-tune a diffusers directory; the VAE
+// (diffusion.vae_steps=0) and the text encoder stay as they were, the UNet moves.
+TEST(DiffusionCli, FineTunesADiffusersDirectoryOnAnImageFolder) {
+  const std::string base = testing::TempDir() + "/diffusion_cli_finetune", pretrained = base + "/pretrained",
+                    images = base + "/images";
+  fs::remove_all(base);
+  diffusion::make_sd_tiny(12)->save(pretrained);
+  fs::create_directories(images);
+  std::string meta;
+  for (int i = 0; i < 4; ++i) {
+    io::Image img;
+    img.width = img.height = 40;
+    img.channels = 3;
+    img.pixels.resize(img.bytes());
+    for (size_t k = 0; k < img.pixels.size(); ++k) img.pixels[k] = uint8_t((k * 7 + size_t(i) * 31) % 256);
+    io::write_png(images + "/" + std::to_string(i) + ".png", img);
+    meta += "{\"file_name\": \"" + std::to_string(i) + ".png\", \"text\": \"a photo of a bag\"}\n";
+  }
+  io::write_file_atomic(images + "/metadata.jsonl", meta);
+  const auto r = run_cli("train sd-tiny diffusion.pretrained=" + pretrained + " diffusion.dataset=" + images +
+                             " diffusion.vae_steps=0 steps=4 per_device_batch_size=2 diffusion.samples_per_class=0 "
+                             "base_output_directory=" + base + " run_name=ft --json",
+                         false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string ckpt = nlohmann::json::parse(r.out)["checkpoint"];
+  EXPECT_EQ(io::read_file(ckpt + "/vae/diffusion_pytorch_model.safetensors"),
+            io::read_file(pretrained + "/vae/diffusion_pytorch_model.safetensors"));
+  EXPECT_EQ(io::read_file(ckpt + "/text_encoder/model.safetensors"),
+            io::read_file(pretrained + "/text_encoder/model.safetensors"));
+  EXPECT_NE(io::read_file(ckpt + "/unet/diffusion_pytorch_model.safetensors"),
+            io::read_file(pretrained + "/unet/diffusion_pytorch_model.safetensors"));
+  // A resolution the model cannot take is named before any work.
+  const auto bad = run_cli("train sd-tiny diffusion.pretrained=" + pretrained + " diffusion.dataset=" + images +
+                           " diffusion.resolution=36 base_output_directory=" + base + " run_name=bad");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("diffusion.resolution"), std::string::npos) << bad.out;
+}
+
 }  // namespace
 }  // namespace hyperion

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "../test_paths.h"
@@ -125,6 +126,30 @@ TEST(DiffusionPipeline, BadRequestsAndDirectoriesAreRefusedByName) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("_class_name \"StableDiffusion3Pipeline\" is not supported"),
               std::string::npos);
+  }
+}
+
+TEST(DiffusionPipeline, LongPromptsAreTruncatedAndCounted) {
+  const auto pipe = make_sd_tiny(6);  // its tokenizer reads 16 tokens: start, 14, end
+  ImageRequest r = small_request("a photo of a bag a photo of a bag a photo of a bag a photo of a bag", 1);
+  r.steps = 1;
+  const GeneratedImages g = pipe->generate(r);
+  EXPECT_EQ(g.truncated_tokens, 20 - 14);
+  EXPECT_EQ(pipe->generate(small_request("a photo of a bag", 1)).truncated_tokens, 0);
+}
+
+TEST(DiffusionPipeline, NonFiniteWeightsAreRefusedNamingTheTensor) {
+  const auto pipe = make_sd_tiny(7);
+  const_cast<UNet&>(pipe->unet()).params().data(0)[3] = std::nanf("");
+  const std::string dir = testing::TempDir() + "/sd_tiny_nan";
+  fs::remove_all(dir);
+  pipe->save(dir);
+  try {
+    DiffusionPipeline::load(dir);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor conv_in.weight holds a non-finite value"), std::string::npos)
+        << e.what();
   }
 }
 
