@@ -10,6 +10,7 @@
 #include "kernels/gemm.h"
 #include "kernels/group_norm.h"
 #include "kernels/layer_norm.h"
+#include "kernels/upsample.h"
 
 namespace hyperion::diffusion {
 
@@ -242,6 +243,18 @@ void Attention::backward(ParamTable& p, const float* x, int64_t n, int64_t tq, c
   q.backward(p, x, dq.data(), n * tq, dx, /*accumulate_dx=*/true);
   k.backward(p, context, dk.data(), n * tk, dctx, /*accumulate_dx=*/true);
   v.backward(p, context, dv.data(), n * tk, dctx, /*accumulate_dx=*/true);
+}
+
+Act upsample2x(const Act& x) {
+  Act up(x.n, x.h * 2, x.w * 2, x.c);
+  upsample_nearest_forward(x.data(), x.n, x.h, x.w, x.c, 2, up.data());
+  return up;
+}
+
+Act upsample2x_backward(const Act& dup) {
+  Act d(dup.n, dup.h / 2, dup.w / 2, dup.c);
+  upsample_nearest_backward(dup.data(), d.n, d.h, d.w, d.c, 2, d.data());
+  return d;
 }
 
 Act concat_channels(const Act& a, const Act& b) {

@@ -117,6 +117,12 @@ struct Attention {
 int64_t layer_macs();
 void reset_layer_macs();
 
+// Nearest-neighbour upsampling by 2 (the first half of diffusers' Upsample2D, whose
+// convolution follows), and its backward: the gradient of the upsampled map summed back
+// onto each source pixel.
+Act upsample2x(const Act& x);
+Act upsample2x_backward(const Act& dup);
+
 // Channel concatenation [a | b] of two activations of one spatial size.
 Act concat_channels(const Act& a, const Act& b);
 // a += b elementwise.

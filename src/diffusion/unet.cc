@@ -8,7 +8,6 @@
 #include "kernels/activation.h"
 #include "kernels/dense_ops.h"
 #include "kernels/timestep_embedding.h"
-#include "kernels/upsample.h"
 
 namespace hyperion::diffusion {
 
@@ -391,8 +390,7 @@ Act UNet::forward(const Act& sample, const float* timesteps, const float* contex
       if (!b.attentions.empty()) run_transformer(b.attentions[j], h, context, tokens, tt());
     }
     if (b.has_sampler) {
-      Act up(h.n, h.h * 2, h.w * 2, h.c);
-      upsample_nearest_forward(h.data(), h.n, h.h, h.w, h.c, 2, up.data());
+      Act up = upsample2x(h);
       h = b.sampler.forward(params_, up);
       if (tape) tape->sampler_inputs.push_back(std::move(up));
     }

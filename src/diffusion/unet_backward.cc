@@ -4,7 +4,6 @@
 #include "diffusion/unet_tape.h"
 #include "kernels/activation.h"
 #include "kernels/dense_ops.h"
-#include "kernels/upsample.h"
 
 namespace hyperion::diffusion {
 
@@ -93,9 +92,7 @@ void UNet::backward(const Tape& t, const Act& dout) {
       const Act& up = t.sampler_inputs[--si];
       Act dup;
       b.sampler.backward(params_, up, dh, &dup);
-      Act d(dh.n, up.h / 2, up.w / 2, up.c);
-      upsample_nearest_backward(dup.data(), d.n, d.h, d.w, d.c, 2, d.data());
-      dh = std::move(d);
+      dh = upsample2x_backward(dup);
     }
     for (size_t j = b.resnets.size(); j-- > 0;) {
       if (!b.attentions.empty()) transformer_backward(b.attentions[j], t.transformers[--ti], dh, t.context, t.tokens);

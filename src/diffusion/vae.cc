@@ -8,7 +8,6 @@
 #include "base/error.h"
 #include "diffusion/json_fields.h"
 #include "diffusion/vae_tape.h"
-#include "kernels/upsample.h"
 
 namespace hyperion::diffusion {
 
@@ -235,8 +234,7 @@ Act Vae::decode(const Act& latents, std::shared_ptr<Tape>* tape_out) const {
   for (const Block& b : dec_blocks_) {
     for (const Resnet& r : b.resnets) h = run_resnet(r, h, rt());
     if (b.has_sampler) {
-      Act up(h.n, h.h * 2, h.w * 2, h.c);
-      upsample_nearest_forward(h.data(), h.n, h.h, h.w, h.c, 2, up.data());
+      Act up = upsample2x(h);
       h = b.sampler.forward(params_, up);
       if (tape) tape->sampler_inputs.push_back(std::move(up));
     }

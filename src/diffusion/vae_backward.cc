@@ -2,7 +2,6 @@
 #include "base/error.h"
 #include "diffusion/vae.h"
 #include "diffusion/vae_tape.h"
-#include "kernels/upsample.h"
 
 namespace hyperion::diffusion {
 
@@ -82,9 +81,7 @@ Act Vae::decode_backward(const Tape& t, const Act& dimages) {
       const Act& up = t.sampler_inputs[--si];
       Act dup;
       b.sampler.backward(params_, up, dh, &dup);
-      Act d(dup.n, up.h / 2, up.w / 2, up.c);
-      upsample_nearest_backward(dup.data(), d.n, d.h, d.w, d.c, 2, d.data());
-      dh = std::move(d);
+      dh = upsample2x_backward(dup);
     }
     for (size_t j = b.resnets.size(); j-- > 0;) dh = resnet_backward(b.resnets[j], t.resnets[--ri], dh);
   }
