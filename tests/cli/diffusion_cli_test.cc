@@ -5,6 +5,8 @@
 
 #include <filesystem>
 
+#include <unistd.h>
+
 #include "cli_test_util.h"
 #include "diffusion/sd_tiny.h"
 #include "io/atomic_file.h"
@@ -18,7 +20,9 @@ using testing_util::run_cli;
 
 std::string saved_sd_tiny() {
   static const std::string dir = [] {
-    const std::string d = testing::TempDir() + "/diffusion_cli_sd_tiny";
+    // One directory per test process: CTest runs this file's tests in parallel processes
+    // that share TempDir(), and two of them saving one directory race on its renames.
+    const std::string d = testing::TempDir() + "/diffusion_cli_sd_tiny." + std::to_string(::getpid());
     fs::remove_all(d);
     diffusion::make_sd_tiny(11)->save(d);
     return d;
