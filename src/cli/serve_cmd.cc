@@ -15,11 +15,14 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/loaded_checkpoint.h"
+#include "diffusion/pipeline.h"
+#include "diffusion/single_file.h"
 #include "io/atomic_file.h"
 #include "model/param_store.h"
 #include "serve/async_engine.h"
 #include "serve/engine.h"
 #include "serve/http_server.h"
+#include "serve/image_engine.h"
 #include "text/chat_template.h"
 
 namespace hyperion::cli {
@@ -37,14 +40,83 @@ const CommandSpec kServeSpec = {
      {"header-timeout", "S", "seconds a client has to send a request head (default 10)"},
      {"request-timeout", "S", "seconds a client has to send a request body (default 60)"},
      {"idle-timeout", "S", "seconds an idle keep-alive connection stays open (default 60)"},
-     {"io-threads", "N", "threads serving the HTTP connections (default 2)"}},
+     {"io-threads", "N", "threads serving the HTTP connections (default 2)"},
+     {"config", "DIR",
+      "with a single-file Stable Diffusion checkpoint: the diffusers directory whose configs and "
+      "tokenizer it uses"}},
     "Routes: POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize; GET /v1/models,\n"
     "/health, /metrics.\n"
+    "On a diffusion checkpoint (a directory with model_index.json, or a single file with --config):\n"
+    "POST /v1/images/generations (OpenAI's; also seed, steps, guidance_scale, negative_prompt,\n"
+    "scheduler), GET /v1/models, /health, /metrics; concurrent requests are denoised together,\n"
+    "a request joining at the next step. Its keys: max_batch_images (8), max_queue (64),\n"
+    "model_name. Guide: docs/DIFFUSION.md.\n"
     "SIGTERM or SIGINT drains: no new connections or requests (503), running requests finish\n"
     "within --drain-timeout, the rest end with an error event and [DONE]; exit status 0.\n"
     "Guide: docs/SERVING.md.",
     "serve runs/tiny --port 8000 kv_dtype=int8 max_concurrent_decodes=32",
     serve::engine_config_schema};
+
+namespace {
+
+// Serves until run() returns: the first SIGINT/SIGTERM drains (on a thread of its own),
+// a second one stops at once.
+void run_until_signalled(serve::HttpServer& server, sigset_t& signals, double drain_s) {
+  std::atomic<bool> serving{true};
+  std::thread drainer;
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (!serving) return;  // woken by run() returning on its own
+    log_info("serve: signal {}: draining (up to {} s for running requests; a second signal "
+             "stops at once)",
+             sig, drain_s);
+    drainer = std::thread([&] {
+      const int64_t cut = server.drain(drain_s);
+      log_info("serve: drained; {} requests were cut short", cut);
+    });
+    sigwait(&signals, &sig);
+    if (!serving) return;
+    log_warn("serve: second signal {}: stopping now, without waiting for running requests", sig);
+    die_by_signal(sig);
+  });
+  server.run();
+  serving = false;
+  pthread_kill(waiter.native_handle(), SIGTERM);  // wake the signal thread if still waiting
+  waiter.join();
+  if (drainer.joinable()) drainer.join();
+}
+
+// `serve` on a diffusion checkpoint: the image routes on an ImageEngine.
+int serve_images(const Flags& f, const std::string& checkpoint, const std::vector<std::string>& overrides,
+                 const std::string& host, int port, const serve::HttpOptions& http, double drain_s,
+                 sigset_t& signals) {
+  serve::ImageEngineConfig ic = serve::parse_image_engine_config(overrides);
+  HYP_USAGE_CHECK(!diffusion::DiffusionPipeline::is_pipeline_dir(checkpoint) || !f.has("config"),
+                  "serve: --config applies to single-file checkpoints; {} is a diffusers directory", checkpoint);
+  const auto pipe = diffusion::DiffusionPipeline::is_pipeline_dir(checkpoint)
+                        ? diffusion::DiffusionPipeline::load(checkpoint)
+                        : diffusion::load_single_file(checkpoint, f.require("config"));
+  if (ic.model_name.empty()) {
+    std::filesystem::path p(checkpoint);
+    if (!p.has_filename()) p = p.parent_path();
+    ic.model_name = p.has_extension() ? p.stem().string() : p.filename().string();
+  }
+  serve::ApiContext ctx;
+  ctx.model_name = ic.model_name;
+  release_thread_pool();  // the engine thread runs every parallel region from here on
+  serve::ImageEngine engine(*pipe, ic);
+  serve::HttpServer server(engine, ctx, http);
+  const int bound = server.bind(host, port);
+  log_info("serve: {} ({}) on http://{}:{}  images {}x{} by default, {} denoised together, {} may wait",
+           ic.model_name, checkpoint, host, bound, pipe->default_size(), pipe->default_size(), ic.max_batch_images,
+           ic.max_queue);
+  run_until_signalled(server, signals, drain_s);
+  engine.stop();
+  return 0;
+}
+
+}  // namespace
 
 int cmd_serve(const Args& args) {
   // SIGINT/SIGTERM are handled by one thread (sigwait), so no handler runs inside the
@@ -60,7 +132,8 @@ int cmd_serve(const Args& args) {
   const auto [checkpoint, overrides] = split_positional(f, "CHECKPOINT");
   HYP_USAGE_CHECK(!checkpoint.empty(),
                   "serve: expected a CHECKPOINT directory (or a training run directory)");
-  serve::EngineConfig ec = serve::parse_engine_config(overrides);
+  const bool images = diffusion::DiffusionPipeline::is_pipeline_dir(checkpoint) || f.has("config");
+  serve::EngineConfig ec = images ? serve::EngineConfig{} : serve::parse_engine_config(overrides);
   const std::string host = f.get("host", "127.0.0.1");
   const int64_t port = f.integer("port", 8000);
   HYP_USAGE_CHECK(port >= 0 && port <= 65535, "serve: --port must be in [0, 65535], got {}", port);
@@ -81,6 +154,7 @@ int cmd_serve(const Args& args) {
   // Fail before the (slow) load when the port is taken.
   serve::check_port_available(host, static_cast<int>(port));
   serve::raise_open_file_limit(http.max_connections + 64);
+  if (images) return serve_images(f, checkpoint, overrides, host, static_cast<int>(port), http, drain_s, signals);
 
   // The weights and the KV cache together, before the (slow) load of the weights: both
   // are sized by config.json, checked against the weight files by then. (The engine
@@ -135,30 +209,7 @@ int cmd_serve(const Args& args) {
   log_info("serve: weights read per token {:.1f} MiB ({} B); KV cache backed by memory in {:.2f} s",
            double(runner.weight_bytes()) / (1 << 20), runner.weight_bytes(),
            runner.kv_commit_seconds());
-  // The first signal drains (on a thread of its own); a second one stops at once.
-  std::atomic<bool> serving{true};
-  std::thread drainer;
-  std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    if (!serving) return;  // woken by run() returning on its own
-    log_info("serve: signal {}: draining (up to {} s for running requests; a second signal "
-             "stops at once)",
-             sig, drain_s);
-    drainer = std::thread([&] {
-      const int64_t cut = server.drain(drain_s);
-      log_info("serve: drained; {} requests were cut short", cut);
-    });
-    sigwait(&signals, &sig);
-    if (!serving) return;
-    log_warn("serve: second signal {}: stopping now, without waiting for running requests", sig);
-    die_by_signal(sig);
-  });
-  server.run();
-  serving = false;
-  pthread_kill(waiter.native_handle(), SIGTERM);  // wake the signal thread if still waiting
-  waiter.join();
-  if (drainer.joinable()) drainer.join();
+  run_until_signalled(server, signals, drain_s);
   async.stop();
   return 0;
 }

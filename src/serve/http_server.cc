@@ -13,10 +13,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <thread>
 
 #include "base/log.h"
 #include "serve/http_connection.h"
+#include "serve/image_api.h"
 #include "serve/metrics.h"
 
 namespace hyperion::serve {
@@ -76,25 +79,33 @@ constexpr Route kRoutes[] = {
     {"/v1/models", http::verb::get},       {"/tokenize", http::verb::post},
     {"/detokenize", http::verb::post},     {"/health", http::verb::get},
     {"/metrics", http::verb::get}};
+constexpr Route kImageRoutes[] = {{"/v1/images/generations", http::verb::post},
+                                  {"/v1/models", http::verb::get},
+                                  {"/health", http::verb::get},
+                                  {"/metrics", http::verb::get}};
 
 }  // namespace
 
 struct HttpServer::Impl : HttpApplication {
-  Impl(AsyncEngine& e, ApiContext c, HttpOptions o)
-      : engine(e), ctx(std::move(c)), options(o), metrics_(registry) {
+  Impl(AsyncEngine* e, ImageEngine* i, ApiContext c, HttpOptions o)
+      : engine(e), images(i), ctx(std::move(c)), options(o), metrics_(registry) {
     limits.header_timeout_s = o.header_timeout_s;
     limits.request_timeout_s = o.request_timeout_s;
     limits.idle_timeout_s = o.idle_timeout_s;
     limits.write_timeout_s = o.write_timeout_s;
-    engine.set_round_listener([this] { deliver_round(); });
+    if (engine) engine->set_round_listener([this] { deliver_round(); });
+    if (images) image_metrics_.emplace(registry);
   }
 
-  AsyncEngine& engine;
+  // Exactly one of the two: a text engine or an image engine.
+  AsyncEngine* engine;
+  ImageEngine* images;
   ApiContext ctx;
   HttpOptions options;
   HttpLimits limits;
   MetricsRegistry registry;
   ServerMetrics metrics_;
+  std::optional<ImageMetrics> image_metrics_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> connections{0};
   std::mutex mu;  // guards: live, active, next_completion; metrics sync at scrape
@@ -193,7 +204,7 @@ struct HttpServer::Impl : HttpApplication {
     if (const size_t q = path.find('?'); q != std::string::npos) path.resize(q);
     std::string allow;
     bool found = false;
-    for (const Route& r : kRoutes) {
+    for (const Route& r : images ? std::span<const Route>(kImageRoutes) : std::span<const Route>(kRoutes)) {
       if (path != r.path) continue;
       found = true;
       if (r.method == req.method()) {
@@ -205,8 +216,11 @@ struct HttpServer::Impl : HttpApplication {
     if (!found)
       return send_error(
           *conn,
-          make_error(404, fmt::format("no route {} {}", std::string(req.method_string()), path), "",
-                     "not_found_error"));
+          make_error(404,
+                     fmt::format("no route {} {}{}", std::string(req.method_string()), path,
+                                 images ? " (this server serves an image model: POST /v1/images/generations)"
+                                        : ""),
+                     "", "not_found_error"));
     if (!allow.empty())
       return send_error(*conn,
                         make_error(405,
@@ -233,6 +247,7 @@ struct HttpServer::Impl : HttpApplication {
         return send_error(*conn, make_error(400, e.what()));
       }
     }
+    if (path == "/v1/images/generations") return handle_images(conn, req.body());
     handle_generate(conn, req.body(), path == "/v1/chat/completions");
   }
 
@@ -242,18 +257,22 @@ struct HttpServer::Impl : HttpApplication {
   }
 
   std::string models_json() {
-    const EngineConfig& c = engine.engine().config();
-    nlohmann::json m = {{"id", ctx.model_name},
-                        {"object", "model"},
-                        {"created", 0},
-                        {"owned_by", "hyperion"},
-                        {"max_model_len", c.max_seq_len}};
+    nlohmann::json m = {{"id", ctx.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "hyperion"}};
+    if (images) {
+      const int64_t side = images->pipeline().default_size();
+      m["default_size"] = fmt::format("{}x{}", side, side);
+      m["max_image_side"] = diffusion::kMaxImageSide;
+      m["max_batch_images"] = images->config().max_batch_images;
+    } else {
+      m["max_model_len"] = engine->engine().config().max_seq_len;
+    }
     return nlohmann::json({{"object", "list"}, {"data", nlohmann::json::array({m})}}).dump();
   }
 
   std::string render_metrics() {
     std::lock_guard<std::mutex> lock(mu);
-    const EngineStats st = engine.stats();
+    if (images) return render_image_metrics();
+    const EngineStats st = engine->stats();
     ServerMetrics& m = metrics_;
     m.requests_running.set(double(st.running));
     m.requests_waiting.set(double(st.waiting));
@@ -265,10 +284,6 @@ struct HttpServer::Impl : HttpApplication {
     m.kv_pages_total.set(double(st.pages_total));
     m.prefix_cache_hit_rate.set(
         st.prefix_queries > 0 ? double(st.prefix_hits) / double(st.prefix_queries) : 0.0);
-    auto sync = [](Counter& c, double total) {
-      const double delta = total - c.value();
-      if (delta > 0) c.inc(delta);
-    };
     sync(m.prefix_cache_queries, st.prefix_queries);
     sync(m.prefix_cache_hits, st.prefix_hits);
     sync(m.prompt_tokens, st.prompt_tokens);
@@ -279,6 +294,90 @@ struct HttpServer::Impl : HttpApplication {
     sync(m.prefill_step_seconds, st.prefill_step_seconds);
     sync(m.forward_seconds, st.forward_seconds);
     return registry.render();
+  }
+
+  static void sync(Counter& c, double total) {
+    const double delta = total - c.value();
+    if (delta > 0) c.inc(delta);
+  }
+
+  std::string render_image_metrics() {
+    const ImageEngineStats st = images->stats();
+    metrics_.requests_running.set(double(st.running));
+    metrics_.requests_waiting.set(double(st.waiting));
+    ImageMetrics& m = *image_metrics_;
+    m.images_running.set(double(st.running_images));
+    sync(m.images_generated, double(st.images_generated));
+    sync(m.steps, double(st.unet_steps));
+    sync(m.step_images, double(st.unet_step_images));
+    sync(m.step_seconds, st.step_seconds);
+    sync(m.encode_seconds, st.encode_seconds);
+    sync(m.decode_seconds, st.decode_seconds);
+    return registry.render();
+  }
+
+  // POST /v1/images/generations: checked here, run by the image engine, answered (PNG
+  // and base64 encoding) on the connection's strand.
+  void handle_images(const std::shared_ptr<HttpConnection>& conn, const std::string& body) {
+    diffusion::ImageRequest request;
+    try {
+      request = parse_image_request(body, ctx);
+    } catch (const ApiException& e) {
+      metrics_.rejected_invalid.inc();
+      return send_error(*conn, e.error);
+    }
+    const uint64_t seed = request.seed;
+    const auto arrival = Clock::now();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++active;  // before submit: the result may arrive before submit returns
+    }
+    int64_t id = 0;
+    try {
+      id = images->submit(std::move(request), [this, conn, seed, arrival](ImageResult&& result) {
+        // Engine thread: metrics, then the rest on the connection's strand.
+        metrics_.e2e.observe(seconds_since(arrival));
+        metrics_.finished(result.cancelled ? "abort" : !result.error.empty() ? "error" : "stop").inc();
+        if (!result.cancelled && result.error.empty()) image_metrics_->queue.observe(result.queue_seconds);
+        auto shared = std::make_shared<ImageResult>(std::move(result));
+        try {
+          conn->post([this, conn, shared, seed] { answer_images(*conn, *shared, seed); });
+        } catch (...) {
+          request_done();  // out of memory: the client gets nothing, drain must not wait
+        }
+      });
+    } catch (const RequestError& e) {
+      request_done();
+      metrics_.rejected_invalid.inc();
+      return send_error(*conn, make_error(400, e.what(), e.param));
+    } catch (const QueueFullError& e) {
+      request_done();
+      metrics_.rejected_queue_full.inc();
+      return send_error(*conn, make_error(429, e.what()), {{"Retry-After", "1"}});
+    } catch (const std::exception& e) {
+      request_done();
+      return send_error(*conn, make_error(503, e.what()));
+    }
+    // A client that goes away stops its images at the engine's next step.
+    conn->set_cancel_hook([this, id] { images->cancel(id); });
+  }
+
+  void answer_images(HttpConnection& conn, const ImageResult& result, uint64_t seed) {
+    request_done();
+    if (result.cancelled) return send_error(conn, make_error(503, "the request was cancelled"));
+    if (!result.error.empty()) {
+      const bool shutting = result.error.find("shutting down") != std::string::npos;
+      return send_error(conn, make_error(shutting ? 503 : 500,
+                                         shutting ? result.error : "image generation failed: " + result.error));
+    }
+    try {
+      const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count();
+      conn.respond(200, "application/json", image_response(result.images, seed, created));
+    } catch (const std::exception& e) {
+      send_error(conn, make_error(500, fmt::format("encoding the images failed: {}", e.what())));
+    }
   }
 
   // Records latency metrics for one event (engine thread).
@@ -318,7 +417,7 @@ struct HttpServer::Impl : HttpApplication {
     }
     try {
       // Engine thread: record metrics, then hand the event to the connection's strand.
-      id = engine.submit(gen->api.gen, [this, conn, gen, tracker](const TokenEvent& ev) {
+      id = engine->submit(gen->api.gen, [this, conn, gen, tracker](const TokenEvent& ev) {
         try {
           observe(*tracker, ev);
           std::lock_guard<std::mutex> lock(outbox_mu);
@@ -351,7 +450,7 @@ struct HttpServer::Impl : HttpApplication {
                                   std::chrono::system_clock::now().time_since_epoch())
                                   .count();
     // A client that goes away frees its slot and pages at the engine's next step.
-    conn->set_cancel_hook([this, id] { engine.cancel(id); });
+    conn->set_cancel_hook([this, id] { engine->cancel(id); });
     if (gen->api.stream) conn->begin_stream("text/event-stream");
   }
 
@@ -397,7 +496,7 @@ struct HttpServer::Impl : HttpApplication {
   void lost(const Delivery& d) noexcept {
     try {
       if (d.ev.finish != FinishReason::kNone) return request_done();
-      if (const int64_t id = d.gen->request_id.load()) engine.cancel(id);
+      if (const int64_t id = d.gen->request_id.load()) engine->cancel(id);
     } catch (...) {
       // Nothing more can be done without memory; the request ends at its own pace.
     }
@@ -456,6 +555,11 @@ struct HttpServer::Impl : HttpApplication {
     if (last) conn.stream_end();
   }
 
+  void stop_engine() {
+    if (engine) engine->stop("the server is shutting down");
+    if (images) images->stop("the server is shutting down");
+  }
+
   std::vector<std::shared_ptr<HttpConnection>> live_connections() {
     std::vector<std::shared_ptr<HttpConnection>> out;
     std::lock_guard<std::mutex> lock(mu);
@@ -466,14 +570,17 @@ struct HttpServer::Impl : HttpApplication {
 };
 
 HttpServer::HttpServer(AsyncEngine& engine, ApiContext context, HttpOptions options)
-    : impl_(std::make_shared<Impl>(engine, std::move(context), options)) {}
+    : impl_(std::make_shared<Impl>(&engine, nullptr, std::move(context), options)) {}
+
+HttpServer::HttpServer(ImageEngine& images, ApiContext context, HttpOptions options)
+    : impl_(std::make_shared<Impl>(nullptr, &images, std::move(context), options)) {}
 
 HttpServer::~HttpServer() {
   stop();
   // No engine callback may outlive the server: they hold its connections and metrics.
   if (impl_) {
-    impl_->engine.stop("the server is shutting down");
-    impl_->engine.set_round_listener(nullptr);
+    impl_->stop_engine();
+    if (impl_->engine) impl_->engine->set_round_listener(nullptr);
   }
 }
 
@@ -571,7 +678,7 @@ int64_t HttpServer::drain(double grace_s) {
   if (cut > 0)
     log_warn("serve: drain: {} requests still running after {} s; ending them", cut, grace_s);
   // Ends whatever is left with an error event (streams also get [DONE]).
-  s->engine.stop("the server is shutting down");
+  s->stop_engine();
   {
     // Let those last replies reach their clients (bounded).
     std::unique_lock<std::mutex> lock(s->mu);

@@ -5,6 +5,10 @@
 //   POST /v1/completions, POST /v1/chat/completions   (stream: true -> server-sent events)
 //   GET  /v1/models (with max_model_len), GET /health, GET /metrics (Prometheus 0.0.4)
 //
+// On an ImageEngine (a diffusion checkpoint) instead: POST /v1/images/generations
+// (serve/image_api.h), GET /v1/models, /health, /metrics; the PNGs are encoded on the I/O
+// threads, never the engine's.
+//
 // Status codes: 400 for a bad request (the JSON body names the field) or malformed HTTP
 // (conflicting or negative Content-Length, bad chunking), 404 for an unknown route or
 // model, 405 with `Allow` for a wrong method on a real route, 413 for a body over 8 MiB,
@@ -30,6 +34,7 @@
 #include <string>
 
 #include "serve/async_engine.h"
+#include "serve/image_engine.h"
 #include "serve/openai_api.h"
 
 namespace hyperion::serve {
@@ -53,6 +58,8 @@ void raise_open_file_limit(int64_t wanted);
 class HttpServer {
  public:
   HttpServer(AsyncEngine& engine, ApiContext context, HttpOptions options = {});
+  // The image routes on a diffusion pipeline (context: model_name only).
+  HttpServer(ImageEngine& images, ApiContext context, HttpOptions options = {});
   ~HttpServer();
 
   // Binds host:port (port 0 picks a free one) and starts listening; returns the port.

@@ -78,6 +78,20 @@ ServerMetrics::ServerMetrics(MetricsRegistry& r)
       e2e(r.histogram("hyperion_e2e_request_latency_seconds",
                       "Time from request arrival to its finish.", kE2eBuckets)) {}
 
+ImageMetrics::ImageMetrics(MetricsRegistry& r)
+    : images_running(r.gauge("hyperion_images_running", "Images being denoised.")),
+      images_generated(r.counter("hyperion_images_generated_total", "Images generated and returned.")),
+      steps(r.counter("hyperion_diffusion_steps_total", "UNet calls (one denoising step of a batch).")),
+      step_images(r.counter("hyperion_diffusion_step_images_total",
+                            "Images over all UNet calls (divided by the calls: the mean batch).")),
+      step_seconds(r.counter("hyperion_diffusion_step_seconds_total", "Wall seconds of UNet calls.")),
+      encode_seconds(
+          r.counter("hyperion_diffusion_encode_seconds_total", "Wall seconds of prompt encoding.")),
+      decode_seconds(
+          r.counter("hyperion_diffusion_decode_seconds_total", "Wall seconds of VAE decoding.")),
+      queue(r.histogram("hyperion_image_queue_seconds", "Time from request arrival to its first step.",
+                        kE2eBuckets)) {}
+
 Counter& ServerMetrics::finished(std::string_view reason) {
   if (reason == "stop") return finished_stop;
   if (reason == "length") return finished_length;

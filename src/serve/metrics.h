@@ -72,4 +72,19 @@ struct ServerMetrics {
   Counter& finished(std::string_view reason);
 };
 
+// The image server's own metrics (serve on a diffusion checkpoint), beside ServerMetrics'
+// request, rejection, HTTP and latency ones; refreshed from ImageEngineStats at a scrape.
+struct ImageMetrics {
+  explicit ImageMetrics(MetricsRegistry& r);
+  Gauge& images_running;        // hyperion_images_running: images being denoised
+  Counter& images_generated;    // hyperion_images_generated_total: images returned
+  Counter& steps;               // hyperion_diffusion_steps_total: UNet calls
+  Counter& step_images;         // hyperion_diffusion_step_images_total: images over those
+                                // calls (/ steps = the mean batch)
+  Counter& step_seconds;        // hyperion_diffusion_step_seconds_total: their wall seconds
+  Counter& encode_seconds;      // hyperion_diffusion_encode_seconds_total: text encoders
+  Counter& decode_seconds;      // hyperion_diffusion_decode_seconds_total: VAE decoder
+  Histogram& queue;             // hyperion_image_queue_seconds: arrival -> first step
+};
+
 }  // namespace hyperion::serve
