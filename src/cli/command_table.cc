@@ -20,6 +20,7 @@ const std::vector<Command>& all_commands() {
       {&kBenchDecodeSpec, cmd_bench_decode},
       {&kBenchEmbeddingSpec, cmd_bench_embedding},
       {&kBenchDiffusionSpec, cmd_bench_diffusion},
+      {&kBenchImagesSpec, cmd_bench_images},
       {&kGoodputSpec, cmd_goodput},
       {&kMonitorSpec, cmd_monitor},
       {&kClusterCreateSpec, cmd_cluster_create},

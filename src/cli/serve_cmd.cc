@@ -100,7 +100,8 @@ int serve_images(const Flags& f, const std::string& checkpoint, const std::vecto
   if (ic.model_name.empty()) {
     std::filesystem::path p(checkpoint);
     if (!p.has_filename()) p = p.parent_path();
-    ic.model_name = p.has_extension() ? p.stem().string() : p.filename().string();
+    // A single file is named without its extension (v1-5-pruned.safetensors: v1-5-pruned).
+    ic.model_name = std::filesystem::is_regular_file(p) ? p.stem().string() : p.filename().string();
   }
   serve::ApiContext ctx;
   ctx.model_name = ic.model_name;

@@ -5,12 +5,16 @@
 
 #include <filesystem>
 
+#include <httplib.h>
+
 #include <unistd.h>
 
 #include "cli_test_util.h"
+#include "server_process.h"
 #include "diffusion/sd_tiny.h"
 #include "io/atomic_file.h"
 #include "io/image_file.h"
+#include "serve/image_api.h"
 
 namespace hyperion {
 namespace {
@@ -48,6 +52,46 @@ TEST(DiffusionCli, GenerateWritesSeededPngs) {
   ASSERT_EQ(run_cli("generate --checkpoint " + dir + " --prompt 'a photo of a bag' --steps 3 --seed 5 --batch 2 "
                     "--scheduler euler --output " + out).code, 0);
   EXPECT_EQ(io::read_file(out), first);
+}
+
+// `hyperion serve` on the diffusers directory: the image a request gets is, byte for byte,
+// the PNG `generate` writes for the same seed and settings.
+TEST(DiffusionCli, ServeAnswersImageGenerationsAsGenerateWritesThem) {
+  const std::string dir = saved_sd_tiny(), out = testing::TempDir() + "/diffusion_cli_served.png",
+                    log = testing::TempDir() + "/diffusion_cli_serve." + std::to_string(::getpid()) + ".log";
+  ASSERT_EQ(run_cli("generate --checkpoint " + dir + " --prompt 'a photo of a coat' --steps 3 --seed 9 "
+                    "--guidance 4 --scheduler euler_a --output " + out).code, 0);
+  testing_util::ServerProcess server(dir, {"max_batch_images=2"}, log);
+  ASSERT_GT(server.port(), 0);
+  httplib::Client c("127.0.0.1", server.port());
+  c.set_read_timeout(60, 0);
+  const auto r = c.Post("/v1/images/generations",
+                        R"({"prompt": "a photo of a coat", "steps": 3, "seed": 9, "guidance_scale": 4,
+                            "scheduler": "euler_a", "response_format": "b64_json"})",
+                        "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const nlohmann::json j = nlohmann::json::parse(r->body);
+  EXPECT_EQ(j["data"][0]["b64_json"], serve::base64_encode(io::read_file(out)));
+  const auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_NE(models->body.find(fs::path(dir).filename().string()), std::string::npos) << models->body;
+  // bench images against it: every request answered, figures per level.
+  const auto b = run_cli("bench images --url http://127.0.0.1:" + std::to_string(server.port()) +
+                             " --concurrency 1,2 --requests 2 --steps 2 --json",
+                         false);
+  ASSERT_EQ(b.code, 0) << b.out;
+  const nlohmann::json bj = nlohmann::json::parse(b.out);
+  ASSERT_EQ(bj["levels"].size(), 2u);
+  EXPECT_EQ(bj["levels"][1]["concurrency"], 2);
+  EXPECT_EQ(bj["levels"][1]["images"], 2);
+  EXPECT_GT(bj["levels"][1]["images_per_minute"].get<double>(), 0);
+  EXPECT_EQ(bj["failed"], 0);
+  EXPECT_EQ(server.stop(), 0);
+  // Keys of the text engine are refused by name before anything loads.
+  const auto bad = run_cli("serve " + dir + " --port 0 kv_dtype=int8");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("kv_dtype"), std::string::npos) << bad.out;
 }
 
 TEST(DiffusionCli, UsageErrorsNameTheFlag) {

@@ -19,6 +19,7 @@
 
 #include "../test_files.h"
 #include "cli_test_util.h"
+#include "server_process.h"
 
 namespace {
 
@@ -26,6 +27,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 using Result = hyperion::testing_util::CliResult;
+using hyperion::testing_util::ServerProcess;
 
 Result run(const std::string& args, bool with_stderr = false) {
   return hyperion::testing_util::run_cli(args, with_stderr);
@@ -37,68 +39,6 @@ std::string read_file(const std::string& path) {
   ss << in.rdbuf();
   return ss.str();
 }
-
-// A server process on a free port; stops it (SIGTERM) at the end.
-class ServerProcess {
- public:
-  ServerProcess(const std::string& checkpoint, const std::vector<std::string>& keys,
-                const std::string& log) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      std::FILE* f = std::freopen(log.c_str(), "w", stderr);
-      (void)f;
-      std::vector<std::string> args = {HYPERION_CLI_PATH, "--threads", "1", "serve",
-                                       checkpoint,        "--port",    "0"};
-      args.insert(args.end(), keys.begin(), keys.end());
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    // The log names the bound port once the server listens (bounded wait).
-    for (int i = 0; i < 600 && port_ == 0; ++i) {
-      const std::string text = read_file(log);
-      const size_t at = text.find("http://127.0.0.1:");
-      if (at != std::string::npos) port_ = std::atoi(text.c_str() + at + 17);
-      int status = 0;
-      if (port_ == 0 && waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        ADD_FAILURE() << "server exited: " << text;
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  }
-  ~ServerProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      int status = 0;
-      waitpid(pid_, &status, 0);
-    }
-  }
-  // SIGTERM and the exit code.
-  int stop() {
-    kill(pid_, SIGTERM);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-  int port() const { return port_; }
-  // Sends `sig` without waiting; then wait() for the raw wait status.
-  void signal(int sig) const { kill(pid_, sig); }
-  int wait() {
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return status;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int port_ = 0;
-};
 
 class ServeCli : public testing::Test {
  protected:
