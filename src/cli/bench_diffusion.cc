@@ -15,6 +15,7 @@
 #include "cli/flags.h"
 #include "diffusion/architectures.h"
 #include "diffusion/buffer_pool.h"
+#include "diffusion/single_file.h"
 #include "kernels/fill.h"
 #include "kernels/peak.h"
 
@@ -30,6 +31,8 @@ const CommandSpec kBenchDiffusionSpec = {
      {"iterations", "N", "timed calls after one warm-up (default 3)"},
      {"image", "", "time a whole image instead (sd15, sd21): text encoding, --steps UNet steps with guidance, VAE decoding; with peak memory against the weights and the activations' high-water mark"},
      {"steps", "N", "--image: denoising steps (default 20)"},
+     {"save", "DIR", "write the random-weight pipeline (sd15, sd21) as a diffusers directory and stop (to serve it, or time it with bench images)"},
+     {"save-single-file", "FILE", "write it (sd15) as one SD 1.x original-layout safetensors file and stop (to time a peer on the same weights)"},
      {"json", "", "print the figures as one JSON object"}},
     "FLOP/s count the multiply-adds of the convolutions, linear layers and attention products "
     "(2 FLOPs each); the ratio is to `hyperion bench peak`'s f32 figure.",
@@ -49,6 +52,18 @@ int cmd_bench_diffusion(const Args& args) {
   HYP_USAGE_CHECK(batch >= 1 && batch <= 64, "bench diffusion: --batch must be in [1, 64]");
   HYP_USAGE_CHECK(iterations >= 1 && iterations <= 1000, "bench diffusion: --iterations must be in [1, 1000]");
   const bool json = f.has("json");
+  if (f.has("save") || f.has("save-single-file")) {
+    const auto pipe = diffusion::random_pipeline(model, 1);
+    if (f.has("save")) {
+      pipe->save(f.get("save"));
+      std::printf("%s\n", f.get("save").c_str());
+    }
+    if (f.has("save-single-file")) {
+      diffusion::save_single_file(*pipe, f.get("save-single-file"));
+      std::printf("%s\n", f.get("save-single-file").c_str());
+    }
+    return 0;
+  }
   if (f.has("image")) {
     const int64_t steps = f.integer("steps", 20);
     HYP_USAGE_CHECK(steps >= 1 && steps <= 1000, "bench diffusion: --steps must be in [1, 1000]");

@@ -225,4 +225,23 @@ std::unique_ptr<DiffusionPipeline> load_single_file(const std::string& file, con
                                              std::move(unet), std::move(vae), std::move(schedule));
 }
 
+void save_single_file(const DiffusionPipeline& pipeline, const std::string& file) {
+  HYP_USAGE_CHECK(!pipeline.xl(), "{}: SDXL pipelines have no single-file writer", file);
+  io::SafetensorsWriter w;
+  auto add = [&](Component c, const ParamTable& p) {
+    for (size_t i = 0; i < p.entries().size(); ++i) {
+      const ParamEntry& e = p.entries()[i];
+      Shape shape = e.shape;
+      const std::string name = original_name(c, e.name, pipeline.unet().config(), pipeline.vae().config());
+      // The original VAE attention's q/k/v/proj_out are 1x1 convolutions.
+      if (name.find(".mid.attn_1.") != std::string::npos && shape.rank() == 2) shape = {shape[0], shape[1], 1, 1};
+      w.add(name, DType::kF32, shape, p.data(static_cast<int>(i)));
+    }
+  };
+  add(Component::kUNet, pipeline.unet().params());
+  add(Component::kVae, pipeline.vae().params());
+  add(Component::kTextEncoder, pipeline.text_encoder().params());
+  w.write(file);
+}
+
 }  // namespace hyperion::diffusion

@@ -32,4 +32,9 @@ std::string original_name(Component component, const std::string& diffusers_name
 // name the file and the tensor (missing, mis-shaped, non-finite).
 std::unique_ptr<DiffusionPipeline> load_single_file(const std::string& file, const std::string& config_dir);
 
+// Writes an SD 1.x pipeline's weights as one original-layout file (f32), atomically: what
+// other Stable Diffusion programs load (and how the tests and benchmarks hand a peer the
+// same weights).
+void save_single_file(const DiffusionPipeline& pipeline, const std::string& file);
+
 }  // namespace hyperion::diffusion

@@ -41,6 +41,11 @@ class AdamWState {
   double step(ParamTable& params, double lr, double beta1, double beta2, double eps, double weight_decay,
               double clip);
   int64_t steps() const { return t_; }
+  // The moments and the step count, for checkpoints (restore: write into m() and v(),
+  // then set_steps).
+  std::vector<float>& m() { return m_; }
+  std::vector<float>& v() { return v_; }
+  void set_steps(int64_t t) { t_ = t; }
 
  private:
   std::vector<float> m_, v_;
@@ -55,6 +60,10 @@ class ParamEma {
   void update(const ParamTable& params, double decay);
   // Copies the average into params (what a checkpoint saves).
   void copy_to(ParamTable& params) const;
+  // For checkpoints.
+  std::vector<float>& shadow() { return shadow_; }
+  int64_t updates() const { return updates_; }
+  void set_updates(int64_t n) { updates_ = n; }
 
  private:
   std::vector<float> shadow_;

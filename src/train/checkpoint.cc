@@ -292,8 +292,10 @@ void CheckpointManager::write(const Snapshot& s) {
 }
 
 bool has_model_weights(const std::string& dir) {
+  // A diffusion run's checkpoint is a diffusers directory (model_index.json).
   return fs::exists(fs::path(dir) / "model.safetensors") ||
-         fs::exists(fs::path(dir) / "model.safetensors.index.json");
+         fs::exists(fs::path(dir) / "model.safetensors.index.json") ||
+         fs::exists(fs::path(dir) / "model_index.json");
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
@@ -330,6 +332,10 @@ DecoderConfig read_checkpoint_config(const std::string& dir) {
               "language-model checkpoints (with a config.json); a DLRM run resumes with "
               "`hyperion train --resume {}`",
               dir, dir);
+    HYP_CHECK(model_type != "diffusion",
+              "{} is a diffusion checkpoint (a diffusers directory): generate and serve take it as "
+              "--checkpoint {} / serve {}; a diffusion run resumes with `hyperion train --resume {}`",
+              dir, dir, dir, dir);
     fail("{}: no config.json: not a language-model checkpoint (hyperion train writes "
          "config.json, model.safetensors and the tokenizer into each checkpoint)",
          dir);

@@ -49,8 +49,43 @@ bool is_trainer_checkpoint_file(const std::string& name) {
                                        "generation_config.json"};
   for (const char* n : kNames)
     if (name == n) return true;
+  // A diffusion checkpoint's (train/diffusion_checkpoint.h) files beside its components.
+  if (name == "model_index.json" || name == "training_state.safetensors") return true;
   return is_shard_name(name, "model") || is_shard_name(name, "optimizer");
 }
+
+namespace {
+
+// A diffusion checkpoint's component folders and the files hyperion writes in them:
+// removed with the checkpoint; anything else in them is kept, as are the folders then.
+bool is_diffusers_component(const std::string& name) {
+  for (const char* n : {"unet", "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "scheduler"})
+    if (name == n) return true;
+  return false;
+}
+
+bool is_diffusers_file(const std::string& name) {
+  for (const char* n : {"config.json", "diffusion_pytorch_model.safetensors", "model.safetensors", "vocab.json",
+                        "merges.txt", "scheduler_config.json", "special_tokens_map.json", "tokenizer_config.json"})
+    if (name == n) return true;
+  return false;
+}
+
+// Removes a component folder's own files, then the folder when empty; false when it
+// holds something else.
+bool remove_component(const fs::path& dir) {
+  bool all = true;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (is_diffusers_file(e.path().filename().string()) && e.is_regular_file() && !e.is_symlink())
+      fs::remove(e.path());
+    else
+      all = false;
+  }
+  if (all) fs::remove(dir);
+  return all;
+}
+
+}  // namespace
 
 bool parse_step_name(const std::string& name, int64_t* step) {
   if (name.empty() || name.size() > 18 || !all_digits(name, 0, name.size())) return false;
@@ -78,7 +113,7 @@ std::vector<std::string> remove_checkpoint(const fs::path& dir) {
     // Only regular files of ours: a directory or link under one of our names is not.
     if (is_trainer_checkpoint_file(name) && e.is_regular_file() && !e.is_symlink())
       fs::remove(e.path());
-    else
+    else if (!(is_diffusers_component(name) && e.is_directory() && !e.is_symlink() && remove_component(e.path())))
       kept.push_back(name);
   }
   std::sort(kept.begin(), kept.end());

@@ -24,6 +24,8 @@
 #include "io/safetensors.h"
 #include "kernels/fill.h"
 #include "kernels/peak.h"
+#include "train/checkpoint.h"
+#include "train/diffusion_checkpoint.h"
 #include "train/metrics_writer.h"
 #include "train/run_directory.h"
 #include "train/stop_signal.h"
@@ -61,22 +63,45 @@ double peak_rss_mib() {
 TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, const TrainOptions& options,
                                    dist::Communicator& comm, double process_start) {
   const diffusion::DiffusionTrainConfig& d = t.diffusion;
-  HYP_CHECK(comm.world_size() == 1,
-            "diffusion training runs in one process here ({} ranks asked): data parallel over MPI is not built "
-            "for diffusion models yet",
-            comm.world_size());
-  HYP_CHECK(options.resume.empty(), "diffusion training cannot resume yet: start a new run (another run_name)");
+  // Data parallel: every rank holds the whole model (the same initial weights, from the
+  // same seed or directory) and draws the same global batch (world x per_device_batch_size
+  // images, timesteps, caption drops and noise, from one seed), of which it computes its
+  // own slice; the gradients are averaged over the ranks before each optimizer step. So
+  // the weights stay identical across ranks, and N ranks train as one process with N
+  // times the batch does. Rank 0 writes the run directory.
+  const int rank = comm.rank(), world = comm.world_size();
   const Timer total;
   std::optional<io::DirectoryLock> lock;
   TrainResult result;
   result.run_dir = open_run_directory(t, options.resume, comm, lock);
-  MetricsWriter metrics(result.run_dir, true, 0);
+  // Resume: --resume, or the run directory's latest checkpoint (a run started again).
+  std::optional<std::string> from;
+  if (!options.resume.empty())
+    from = resolve_checkpoint_dir(options.resume);
+  else if (t.enable_checkpointing)
+    from = latest_checkpoint(result.run_dir);
+  std::optional<MetricsWriter> metrics;
   StopSignalScope stop_signals;
   std::mt19937_64 rng(t.data_shuffle_seed ^ 0x5eedull);
+  // Gradients averaged over the ranks; a stop signal on any rank stops them all at the
+  // same step (a rank leaving alone would hang the others in the next all-reduce).
+  auto average_grads = [&](diffusion::ParamTable& p) {
+    if (world > 1) comm.all_reduce(p.all_grads(), size_t(p.size()), dist::ReduceOp::kAvg);
+  };
+  auto any_stop = [&] {
+    float stop = stop_signal_received() ? 1.0f : 0.0f;
+    if (world > 1) comm.all_reduce(&stop, 1, dist::ReduceOp::kMax);
+    return stop > 0;
+  };
+  if (world > 1) log_info("data parallel over {} ranks: {} images per rank per step", world, t.per_device_batch_size);
 
   // Model: sd-tiny from scratch or a diffusers directory.
+  // A resumed run takes everything from its checkpoint: the trained VAE (its
+  // scaling_factor) and text encoder, and the UNet (its training weights below).
   std::unique_ptr<diffusion::DiffusionPipeline> pipe =
-      d.pretrained.empty() ? diffusion::make_sd_tiny(t.init_weights_seed) : diffusion::DiffusionPipeline::load(d.pretrained);
+      from                   ? diffusion::DiffusionPipeline::load(*from)
+      : d.pretrained.empty() ? diffusion::make_sd_tiny(t.init_weights_seed)
+                             : diffusion::DiffusionPipeline::load(d.pretrained);
   HYP_CHECK(!pipe->xl(), "fine-tuning an SDXL pipeline is not supported yet");
   auto& vae = const_cast<diffusion::Vae&>(pipe->vae());
   auto& unet = const_cast<diffusion::UNet&>(pipe->unet());
@@ -110,18 +135,23 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
 
   const int64_t batch = t.per_device_batch_size;
 
-  // 1. The VAE.
-  if (d.vae_steps > 0) {
+  // 1. The VAE (done already in a resumed run).
+  const bool train_vae = d.vae_steps > 0 && !from;
+  if (train_vae) {
     vae.params().set_grads(true);
     diffusion::AdamWState opt(vae.params());
     const int64_t lat = d.resolution / vae.config().downscale() * (d.resolution / vae.config().downscale()) *
                         vae.config().latent_channels;
-    std::vector<float> noise(size_t(batch * lat));
-    for (int64_t s = 0; s < d.vae_steps && !stop_signal_received(); ++s) {
+    std::vector<float> noise(size_t(batch * world * lat));
+    for (int64_t s = 0; s < d.vae_steps && !any_stop(); ++s) {
       const Timer step_timer;
-      const Act images = image_batch(train, random_indices(rng, train.count(), batch));
+      const std::vector<int64_t> all = random_indices(rng, train.count(), batch * world);
+      const Act images =
+          image_batch(train, std::vector<int64_t>(all.begin() + rank * batch, all.begin() + (rank + 1) * batch));
       fill_normal(TensorView(noise.data(), DType::kF32, {int64_t(noise.size())}), rng(), 0.0f, 1.0f);
-      const diffusion::VaeLoss l = diffusion::vae_loss_backward(vae, images, noise.data(), d.kl_weight);
+      const diffusion::VaeLoss l =
+          diffusion::vae_loss_backward(vae, images, noise.data() + rank * batch * lat, d.kl_weight);
+      average_grads(vae.params());
       const double lr = d.vae_learning_rate * std::min(1.0, double(s + 1) / 50.0);
       const double norm = opt.step(vae.params(), lr, t.adam_b1, t.adam_b2, t.adam_eps, 0.0, t.gradient_clipping_threshold);
       if (!options.quiet && ((s + 1) % t.log_period == 0 || s == 0))
@@ -147,7 +177,7 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
     }
     return all;
   };
-  if (d.vae_steps > 0) {
+  if (train_vae) {
     // scaling_factor = 1 / std of the unscaled latents (as SD's 0.18215 was chosen).
     auto& cfg = const_cast<diffusion::VaeConfig&>(vae.config());
     cfg.scaling_factor = 1.0;
@@ -183,7 +213,7 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
   };
   context_of("");
   for (const std::string& cap : train.captions) context_of(cap);
-  {
+  if (rank == 0) {
     io::SafetensorsWriter w;
     w.add("latents", DType::kF32, {latents.n, latents.h, latents.w, latents.c}, latents.data());
     w.write(cache_dir + "/latents.safetensors");
@@ -195,6 +225,22 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
   unet.params().set_grads(true);
   diffusion::AdamWState opt(unet.params());
   diffusion::ParamEma ema(unet.params());
+  DiffusionTrainingState state{&opt, d.ema_decay > 0 ? &ema : nullptr, &rng, 0};
+  if (from) {
+    restore_diffusion_checkpoint(*from, *pipe, state);
+    log_info("resume: from {} at step {}", *from, state.step);
+  }
+  const int64_t start = state.step;
+  bool stopped_early = false;
+  result.start_step = start;
+  result.steps = start;
+  metrics.emplace(result.run_dir, rank == 0, start);
+  int64_t saved_step = from ? start : -1;
+  auto save = [&](int64_t step) {
+    state.step = step;
+    if (rank == 0) save_diffusion_checkpoint(result.run_dir, config, *pipe, state, t.checkpoints_to_keep);
+    saved_step = step;
+  };
   LrSchedule schedule = t.schedule;
   schedule.total_steps = t.steps;
   const int64_t per = latents.h * latents.w * latents.c, ctx_dim = unet.config().cross_attention_dim;
@@ -227,31 +273,42 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
     }
     return sum / double(n_eval);
   };
-  std::vector<float> noise(size_t(batch * per)), ctx(size_t(batch * tokens * ctx_dim));
+  std::vector<float> noise(size_t(batch * world * per)), ctx(size_t(batch * tokens * ctx_dim));
   double samples_per_s_sum = 0, mfu_sum = 0;
   int64_t timed = 0;
   const double peak = cached_peak().f32_gflops;
   result.peak_gflops = result.peak_bf16_gflops = peak;
-  for (int64_t s = 0; s < t.steps; ++s) {
-    if (stop_signal_received()) {
-      result.stopped_by_signal = stop_signal_received();
+  for (int64_t s = start; s < t.steps; ++s) {
+    if (any_stop()) {
+      result.stopped_by_signal = true;
       break;
     }
     const Timer step_timer;
     const int64_t macs_before = diffusion::layer_macs();
-    const std::vector<int64_t> idx = random_indices(rng, latents.n, batch);
+    // The global batch's draws, in one order on every rank; this rank's slice kept.
+    const std::vector<int64_t> idx = random_indices(rng, latents.n, batch * world);
     Act x(batch, latents.h, latents.w, latents.c);
     std::vector<int64_t> ts(static_cast<size_t>(batch));
-    for (int64_t i = 0; i < batch; ++i) {
-      std::copy(latents.data() + idx[size_t(i)] * per, latents.data() + (idx[size_t(i)] + 1) * per, x.data() + i * per);
-      ts[size_t(i)] = pick_t(rng);
-      const std::string& cap = unit(rng) < d.caption_dropout ? std::string() : train.captions[size_t(idx[size_t(i)])];
-      const auto& c = context_of(cap);
+    for (int64_t g = 0; g < batch * world; ++g) {
+      const int64_t timestep = pick_t(rng);
+      const bool drop = unit(rng) < d.caption_dropout;
+      const int64_t i = g - rank * batch;
+      if (i < 0 || i >= batch) continue;
+      const int64_t img = idx[size_t(g)];
+      std::copy(latents.data() + img * per, latents.data() + (img + 1) * per, x.data() + i * per);
+      ts[size_t(i)] = timestep;
+      const auto& c = context_of(drop ? std::string() : train.captions[size_t(img)]);
       std::copy(c.begin(), c.end(), ctx.begin() + i * tokens * ctx_dim);
     }
     fill_normal(TensorView(noise.data(), DType::kF32, {int64_t(noise.size())}), rng(), 0.0f, 1.0f);
-    const double loss = diffusion::denoising_loss(unet, pipe->schedule(), x, ts, noise.data(), ctx.data(), tokens,
-                                                  d.snr_gamma, true);
+    double loss = diffusion::denoising_loss(unet, pipe->schedule(), x, ts, noise.data() + rank * batch * per,
+                                            ctx.data(), tokens, d.snr_gamma, true);
+    average_grads(unet.params());
+    if (world > 1) {
+      float l = float(loss);
+      comm.all_reduce(&l, 1, dist::ReduceOp::kAvg);
+      loss = l;
+    }
     const double lr = schedule.lr(s);
     const double norm = opt.step(unet.params(), lr, t.adam_b1, t.adam_b2, t.adam_eps, t.weight_decay,
                                  t.gradient_clipping_threshold);
@@ -262,7 +319,7 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
     m.grad_norm = norm;
     m.lr = lr;
     m.step_s = step_timer.seconds();
-    m.samples_per_s = m.tokens_per_s = double(batch) / m.step_s;
+    m.samples_per_s = m.tokens_per_s = double(batch * world) / m.step_s;
     // FLOPs of the step's convolutions, linear layers and attention (forward and backward).
     m.tflops = 2.0 * double(diffusion::layer_macs() - macs_before) / m.step_s / 1e12;
     m.mfu = m.emfu = m.tflops * 1e3 / peak;
@@ -277,21 +334,29 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
       result.eval_loss = m.eval_loss;
       result.eval_tokens = n_eval;
     }
-    metrics.write(m, (s + 1) * batch, false, false);
+    metrics->write(m, (s + 1) * batch * world, false, false);
     result.history.push_back(m);
     if (!options.quiet && ((s + 1) % t.log_period == 0 || s == 0 || eval))
       log_info("unet  step {:>5}/{}  loss {:.4f}  grad_norm {:.3f}  lr {:.2e}  {:.0f} images/s{}", s + 1, t.steps,
                loss, norm, lr, m.samples_per_s, eval ? fmt::format("  held-out {:.4f}", m.eval_loss) : "");
     result.steps = s + 1;
+    if (t.enable_checkpointing && t.checkpoint_period > 0 && (s + 1) % t.checkpoint_period == 0 && s + 1 < t.steps)
+      save(s + 1);
+    if (options.stop_at > 0 && s + 1 >= options.stop_at && s + 1 < t.steps) {
+      log_info("stopping after step {} (--stop-at); resume with: hyperion train --resume {}", s + 1, result.run_dir);
+      stopped_early = true;  // as if interrupted: no samples
+      break;
+    }
   }
 
-  // 4. The EMA weights into the UNet, saved as a diffusers directory.
-  if (d.ema_decay > 0 && result.steps > 0) ema.copy_to(unet.params());
+  // 4. The checkpoint: a diffusers directory with the EMA UNet, and the state to resume.
   const std::string ckpt = result.run_dir + "/checkpoints/" + std::to_string(result.steps);
-  pipe->save(ckpt);
   result.checkpoint = ckpt;
-  log_info("saved {} (a diffusers directory: hyperion generate --checkpoint {} ...)", ckpt, ckpt);
-  if (fmnist && d.samples_per_class > 0 && !result.stopped_by_signal) {
+  if (saved_step != result.steps) save(result.steps);
+  if (rank == 0)
+    log_info("saved {} (a diffusers directory: hyperion generate --checkpoint {} ...)", ckpt, ckpt);
+  if (d.ema_decay > 0 && result.steps > 0) ema.copy_to(unet.params());  // the samples use the EMA
+  if (rank == 0 && fmnist && d.samples_per_class > 0 && !result.stopped_by_signal && !stopped_early) {
     // One row per class, samples_per_class seeds each.
     const int64_t S = pipe->default_size(), k = d.samples_per_class;
     const auto& classes = diffusion::fashion_mnist_classes();

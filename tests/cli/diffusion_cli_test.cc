@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <sstream>
 
 #include <httplib.h>
 
@@ -138,10 +139,45 @@ TEST(DiffusionCli, SdTinyTrainsAndWritesADiffusersDirectory) {
   const std::string out = testing::TempDir() + "/diffusion_cli_trained.png";
   EXPECT_EQ(run_cli("generate --checkpoint " + ckpt + " --prompt 'a photo of a bag' --steps 4 --output " + out).code, 0);
   EXPECT_TRUE(fs::exists(out));
-  // Resuming is not built for diffusion runs yet: refused, naming the run.
-  const auto resumed = run_cli("train --resume " + base + "/t");
-  EXPECT_NE(resumed.code, 0);
-  EXPECT_NE(resumed.out.find(base + "/t"), std::string::npos) << resumed.out;
+  // A language-model command on it says what it is.
+  const auto eval = run_cli("eval --checkpoint " + ckpt + " --text " + ckpt + "/model_index.json");
+  EXPECT_NE(eval.code, 0);
+  EXPECT_NE(eval.out.find("is a diffusion checkpoint"), std::string::npos) << eval.out;
+}
+
+// A run stopped at step 3 and resumed equals the run made in one go: the same losses and,
+// bit for bit, the same UNet, EMA and optimizer state at the end.
+TEST(DiffusionCli, ResumedRunEqualsTheRunMadeInOneGo) {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist")) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  const std::string base = testing::TempDir() + "/diffusion_cli_resume." + std::to_string(::getpid());
+  fs::remove_all(base);
+  const std::string args = "train sd-tiny steps=6 diffusion.vae_steps=2 diffusion.max_images=64 "
+                           "per_device_batch_size=8 eval_interval=3 diffusion.samples_per_class=0 log_period=100 "
+                           "max_num_checkpoints_to_keep=1 base_output_directory=" + base;
+  ASSERT_EQ(run_cli(args + " run_name=whole").code, 0);
+  const auto first = run_cli(args + " run_name=split --stop-at 3");
+  ASSERT_EQ(first.code, 0) << first.out;
+  EXPECT_TRUE(fs::exists(base + "/split/checkpoints/3/training_state.safetensors"));
+  EXPECT_TRUE(fs::exists(base + "/split/checkpoints/3/unet/config.json"));
+  const auto second = run_cli("train --resume " + base + "/split --json", false);
+  ASSERT_EQ(second.code, 0) << second.out;
+  EXPECT_EQ(nlohmann::json::parse(second.out)["steps"], 6);
+  auto lines = [](const std::string& run) {
+    std::vector<std::string> out;
+    std::istringstream in(io::read_file(run + "/metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      nlohmann::json j = nlohmann::json::parse(line);
+      out.push_back(std::to_string(j["step"].get<int64_t>()) + " " + j["loss"].dump() + " " + j.value("eval_loss", nlohmann::json()).dump());
+    }
+    return out;
+  };
+  EXPECT_EQ(lines(base + "/whole"), lines(base + "/split"));
+  for (const char* file : {"/training_state.safetensors", "/unet/diffusion_pytorch_model.safetensors",
+                           "/vae/diffusion_pytorch_model.safetensors"})
+    EXPECT_EQ(io::read_file(base + "/whole/checkpoints/6" + file), io::read_file(base + "/split/checkpoints/6" + file))
+        << file;
+  // max_num_checkpoints_to_keep=1: step 3's checkpoint went, components and all.
+  EXPECT_FALSE(fs::exists(base + "/split/checkpoints/3"));
 }
 
 // The Dreambooth case: a few captioned images fine-tune a diffusers directory; the VAE

@@ -63,22 +63,7 @@ TEST(SingleFile, LoadsToTheSameImagesAsTheDiffusersDirectory) {
   const std::string dir = testing::TempDir() + "/single_file_cfg", file = testing::TempDir() + "/sd_tiny_single.safetensors";
   fs::remove_all(dir);
   pipe->save(dir);
-  io::SafetensorsWriter w;
-  std::vector<std::vector<float>> keep;
-  auto add = [&](Component c, const ParamTable& p) {
-    for (size_t i = 0; i < p.entries().size(); ++i) {
-      const ParamEntry& e = p.entries()[i];
-      Shape shape = e.shape;
-      const std::string name = original_name(c, e.name, pipe->unet().config(), pipe->vae().config());
-      // The original VAE attention's q/k/v/proj_out are 1x1 convolutions.
-      if (name.find(".mid.attn_1.") != std::string::npos && shape.rank() == 2) shape = {shape[0], shape[1], 1, 1};
-      w.add(name, DType::kF32, shape, p.data(int(i)));
-    }
-  };
-  add(Component::kUNet, pipe->unet().params());
-  add(Component::kVae, pipe->vae().params());
-  add(Component::kTextEncoder, pipe->text_encoder().params());
-  w.write(file);
+  save_single_file(*pipe, file);
   ASSERT_TRUE(is_single_file_checkpoint(file));
   EXPECT_FALSE(is_single_file_checkpoint(dir));
   const auto loaded = load_single_file(file, dir);
