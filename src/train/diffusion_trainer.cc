@@ -69,6 +69,28 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
   // own slice; the gradients are averaged over the ranks before each optimizer step. So
   // the weights stay identical across ranks, and N ranks train as one process with N
   // times the batch does. Rank 0 writes the run directory.
+  // The language-model keys the diffusion models do not honour yet, refused when a config
+  // or the command line sets them (their defaults are the language models'; a resumed
+  // run's saved config repeats them and is accepted as it was).
+  auto set_here = [&](const char* key) {
+    const std::string& src = config.source_of(key);
+    return src != "default" && src.find("trainer_state.json") == std::string::npos;
+  };
+  HYP_USAGE_CHECK(t.hardware == Device::kHost,
+                  "config key hardware={} ({}): the diffusion models have no GPU kernels yet; they train on the "
+                  "CPU (hardware=cpu)",
+                  config.get_string("hardware"), config.source_of("hardware"));
+  HYP_USAGE_CHECK(!set_here("dtype") || !t.bf16,
+                  "config key dtype=bfloat16 ({}): the diffusion models compute in float32 (bf16 is not built for "
+                  "them yet); set dtype=float32",
+                  config.source_of("dtype"));
+  HYP_USAGE_CHECK(!set_here("remat_policy") || t.remat == RematPolicy::kNone,
+                  "config key remat_policy={} ({}): the diffusion trainer keeps every activation of a step (no "
+                  "remat yet); set remat_policy=none",
+                  config.get_string("remat_policy"), config.source_of("remat_policy"));
+  HYP_USAGE_CHECK(!set_here("quantization") || config.get_string("quantization").empty(),
+                  "config key quantization={} ({}): quantized training applies to language models",
+                  config.get_string("quantization"), config.source_of("quantization"));
   const int rank = comm.rank(), world = comm.world_size();
   const Timer total;
   std::optional<io::DirectoryLock> lock;
@@ -389,7 +411,6 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
   result.mean_samples_per_s = timed > 0 ? samples_per_s_sum / double(timed) : 0;
   result.mean_mfu = result.mean_emfu = timed > 0 ? mfu_sum / double(timed) : 0;
   result.peak_rss_mib = peak_rss_mib();
-  (void)config;
   (void)process_start;
   return result;
 }

@@ -112,6 +112,15 @@ TEST(DiffusionCli, UsageErrorsNameTheFlag) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("--output applies to diffusion models"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(out));
+  // Language-model keys the diffusion trainer does not honour are refused by name, before
+  // anything is written.
+  const std::string runs = testing::TempDir() + "/diffusion_cli_refused." + std::to_string(::getpid());
+  for (const char* key : {"dtype=bfloat16", "remat_policy=full", "quantization=int8"}) {
+    r = run_cli(std::string("train sd-tiny ") + key + " base_output_directory=" + runs);
+    EXPECT_EQ(r.code, 2) << key << ": " << r.out;
+    EXPECT_NE(r.out.find(key), std::string::npos) << r.out;
+  }
+  EXPECT_FALSE(fs::exists(runs + "/sd-tiny"));
   r = run_cli("diffusion forward --component transformer --dir " + dir + "/unet --inputs x --output y");
   EXPECT_NE(r.code, 0);
 }
