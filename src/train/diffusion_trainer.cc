@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -50,6 +51,18 @@ std::vector<int64_t> random_indices(std::mt19937_64& rng, int64_t count, int64_t
   std::vector<int64_t> out(static_cast<size_t>(n));
   for (int64_t& v : out) v = pick(rng);
   return out;
+}
+
+// A 64-bit digest of floats (the latent cache's key): word-wise multiply-xor, fast enough
+// for a VAE's weights or a dataset's pixels (hundreds of MB) in a fraction of a second.
+uint64_t digest(const float* p, size_t n, uint64_t h) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, p + i, 4);
+    h = (h ^ bits) * 0x100000001b3ull;
+    h ^= h >> 29;
+  }
+  return h;
 }
 
 double peak_rss_mib() {
@@ -221,7 +234,37 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
   }
   vae.params().set_grads(false);
   const Timer encode_timer;
-  const Act latents = encode_all(train, 2), held_latents = encode_all(held_out, 3);
+  // The latents are cached (MaxDiffusion's dataset_save_location) under a key of what
+  // they are made from: the decoded pixels, the VAE's weights and scaling, the noise seed;
+  // a later run (a resumed one, another fine-tune of the same VAE on the same images) reads
+  // them back instead of encoding again.
+  const uint64_t vae_key = digest(vae.params().all(), size_t(vae.params().size()),
+                                  std::hash<std::string>{}(fmt::format("{}/{}", vae.config().scaling_factor,
+                                                                       vae.config().shift_factor)));
+  auto cached_latents = [&](const diffusion::ImageDataset& ds, uint64_t seed, const char* what) {
+    const uint64_t key = digest(ds.pixels.data(), ds.pixels.size(), vae_key ^ (seed * 0x9e3779b97f4a7c15ull));
+    const std::string path = fmt::format("{}/latents-{}-{:016x}.safetensors", cache_dir, what, key);
+    const int64_t f = vae.config().downscale(), h = ds.resolution / f, L = vae.config().latent_channels;
+    if (fs::exists(path)) {
+      try {
+        const io::SafetensorsFile file = io::SafetensorsFile::open(path);
+        Act z(ds.count(), h, h, L);
+        file.read_into("latents", TensorView(z.data(), DType::kF32, {z.n, z.h, z.w, z.c}));
+        log_info("cache: {} latents read from {}", z.n, path);
+        return z;
+      } catch (const std::exception& e) {
+        log_warn("cache: {} cannot be used ({}); encoding again", path, e.what());
+      }
+    }
+    Act z = encode_all(ds, seed);
+    if (rank == 0) {
+      io::SafetensorsWriter w;
+      w.add("latents", DType::kF32, {z.n, z.h, z.w, z.c}, z.data());
+      w.write(path);
+    }
+    return z;
+  };
+  const Act latents = cached_latents(train, 2, "train"), held_latents = cached_latents(held_out, 3, "held-out");
   std::map<std::string, std::vector<float>> text;  // caption -> context [tokens, d]
   int64_t tokens = 0;
   auto context_of = [&](const std::string& caption) -> const std::vector<float>& {
@@ -235,11 +278,6 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
   };
   context_of("");
   for (const std::string& cap : train.captions) context_of(cap);
-  if (rank == 0) {
-    io::SafetensorsWriter w;
-    w.add("latents", DType::kF32, {latents.n, latents.h, latents.w, latents.c}, latents.data());
-    w.write(cache_dir + "/latents.safetensors");
-  }
   log_info("cache: {} latents and {} caption embeddings in {:.1f} s ({})", latents.n, text.size(),
            encode_timer.seconds(), cache_dir);
 

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <map>
 #include <sstream>
 
 #include <httplib.h>
@@ -168,9 +169,19 @@ TEST(DiffusionCli, ResumedRunEqualsTheRunMadeInOneGo) {
   ASSERT_EQ(first.code, 0) << first.out;
   EXPECT_TRUE(fs::exists(base + "/split/checkpoints/3/training_state.safetensors"));
   EXPECT_TRUE(fs::exists(base + "/split/checkpoints/3/unet/config.json"));
+  // The latent cache: written by the first part, read back (not rewritten) by the second.
+  auto cache = [&] {
+    std::map<std::string, fs::file_time_type> files;
+    for (const auto& e : fs::directory_iterator(base + "/split/dataset_cache"))
+      files[e.path().filename().string()] = fs::last_write_time(e.path());
+    return files;
+  };
+  const auto cached = cache();
+  EXPECT_EQ(cached.size(), 2u);
   const auto second = run_cli("train --resume " + base + "/split --json", false);
   ASSERT_EQ(second.code, 0) << second.out;
   EXPECT_EQ(nlohmann::json::parse(second.out)["steps"], 6);
+  EXPECT_EQ(cache(), cached);
   auto lines = [](const std::string& run) {
     std::vector<std::string> out;
     std::istringstream in(io::read_file(run + "/metrics.jsonl"));
