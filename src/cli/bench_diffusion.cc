@@ -46,7 +46,7 @@ int cmd_bench_diffusion(const Args& args) {
   const int64_t factor = model == "sd-tiny" ? 4 : 8;
   const int64_t size = f.integer("size", config.sample_size * factor);
   const int64_t batch = f.integer("batch", 2), iterations = f.integer("iterations", 3);
-  const int64_t multiple = factor * config.size_multiple();
+  const int64_t multiple = factor;
   HYP_USAGE_CHECK(size >= multiple && size <= 2048 && size % multiple == 0,
                   "bench diffusion: --size {} must be a multiple of {} in [{}, 2048]", size, multiple, multiple);
   HYP_USAGE_CHECK(batch >= 1 && batch <= 64, "bench diffusion: --batch must be in [1, 64]");

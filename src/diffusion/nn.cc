@@ -257,6 +257,18 @@ Act upsample2x_backward(const Act& dup) {
   return d;
 }
 
+Act upsample_to(const Act& x, int64_t h, int64_t w) {
+  Act up(x.n, h, w, x.c);
+  upsample_nearest_to_forward(x.data(), x.n, x.h, x.w, x.c, h, w, up.data());
+  return up;
+}
+
+Act upsample_to_backward(const Act& dup, int64_t h, int64_t w) {
+  Act d(dup.n, h, w, dup.c);
+  upsample_nearest_to_backward(dup.data(), d.n, h, w, d.c, dup.h, dup.w, d.data());
+  return d;
+}
+
 Act concat_channels(const Act& a, const Act& b) {
   HYP_CHECK(a.n == b.n && a.h == b.h && a.w == b.w, "concat: {}x{}x{} and {}x{}x{} differ in size", a.n, a.h,
             a.w, b.n, b.h, b.w);

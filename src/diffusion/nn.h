@@ -122,6 +122,11 @@ void reset_layer_macs();
 // onto each source pixel.
 Act upsample2x(const Act& x);
 Act upsample2x_backward(const Act& dup);
+// To a size (diffusers' upsample_size: a UNet on latents whose sides are not a multiple of
+// its downsampling upsamples each map to its skip's size), and its backward onto the
+// original h x w.
+Act upsample_to(const Act& x, int64_t h, int64_t w);
+Act upsample_to_backward(const Act& dup, int64_t h, int64_t w);
 
 // Channel concatenation [a | b] of two activations of one spatial size.
 Act concat_channels(const Act& a, const Act& b);

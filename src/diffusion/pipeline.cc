@@ -119,7 +119,9 @@ int64_t DiffusionPipeline::default_size() const {
 ImageRequest DiffusionPipeline::resolve(ImageRequest r) const {
   if (r.width == 0) r.width = default_size();
   if (r.height == 0) r.height = default_size();
-  const int64_t multiple = vae_->config().downscale() * unet_->config().size_multiple();
+  // Any multiple of the VAE's factor: a latent side the UNet's downsampling does not
+  // divide is upsampled back to its skip's size (diffusers' upsample_size).
+  const int64_t multiple = vae_->config().downscale();
   for (auto [name, v] : {std::pair<const char*, int64_t>{"width", r.width}, {"height", r.height}}) {
     HYP_USAGE_CHECK(v >= multiple && v <= kMaxImageSide && v % multiple == 0,
                     "image {} {} must be a multiple of {} in [{}, {}]", name, v, multiple, multiple, kMaxImageSide);

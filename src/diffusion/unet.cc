@@ -320,8 +320,6 @@ Act UNet::forward(const Act& sample, const float* timesteps, const float* contex
   const UNetConfig& c = config_;
   HYP_CHECK(sample.c == c.in_channels, "unet: the sample has {} channels, the model takes {}", sample.c,
             c.in_channels);
-  HYP_CHECK(sample.h % c.size_multiple() == 0 && sample.w % c.size_multiple() == 0,
-            "unet: latent size {}x{} must be a multiple of {}", sample.h, sample.w, c.size_multiple());
   HYP_CHECK(!c.text_time || (text_embeds && time_ids), "unet: an SDXL UNet needs text_embeds and time_ids");
   std::shared_ptr<Tape> tape_holder = tape_out ? std::make_shared<Tape>() : nullptr;
   Tape* tape = tape_holder.get();
@@ -390,7 +388,10 @@ Act UNet::forward(const Act& sample, const float* timesteps, const float* contex
       if (!b.attentions.empty()) run_transformer(b.attentions[j], h, context, tokens, tt());
     }
     if (b.has_sampler) {
-      Act up = upsample2x(h);
+      // To the next skip's size: twice this map's, or one less where a downsampling
+      // rounded an odd side up (diffusers' upsample_size).
+      if (tape) tape->upsampled_from.emplace_back(h.h, h.w);
+      Act up = upsample_to(h, skips.back().h, skips.back().w);
       h = b.sampler.forward(params_, up);
       if (tape) tape->sampler_inputs.push_back(std::move(up));
     }

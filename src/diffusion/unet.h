@@ -40,7 +40,6 @@ struct UNetConfig {
 
   int64_t time_embed_dim() const { return block_out_channels.front() * 4; }
   // Downsampling factor of the latent (2^(blocks - 1)): sizes must be multiples of it.
-  int64_t size_multiple() const { return int64_t(1) << (block_out_channels.size() - 1); }
   static UNetConfig from_json(const std::string& text, const std::string& origin);
   std::string to_json() const;
 };

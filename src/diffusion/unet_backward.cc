@@ -73,7 +73,7 @@ void UNet::backward(const Tape& t, const Act& dout) {
 
   // Walk the tape from its end.
   size_t ri = t.resnets.size(), ti = t.transformers.size(), si = t.sampler_inputs.size(),
-         ki = t.skip_channels.size();
+         ki = t.skip_channels.size(), ui = t.upsampled_from.size();
   // Gradients of the skip connections, by the index the forward pushed them at.
   const size_t skips = 1 + [&] {
     size_t k = 0;
@@ -92,7 +92,8 @@ void UNet::backward(const Tape& t, const Act& dout) {
       const Act& up = t.sampler_inputs[--si];
       Act dup;
       b.sampler.backward(params_, up, dh, &dup);
-      dh = upsample2x_backward(dup);
+      const auto [from_h, from_w] = t.upsampled_from[--ui];
+      dh = upsample_to_backward(dup, from_h, from_w);
     }
     for (size_t j = b.resnets.size(); j-- > 0;) {
       if (!b.attentions.empty()) transformer_backward(b.attentions[j], t.transformers[--ti], dh, t.context, t.tokens);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <deque>
+#include <utility>
 #include <vector>
 
 #include "diffusion/unet.h"
@@ -41,6 +42,7 @@ struct UNet::Tape {
   std::deque<TransformerTape> transformers;  // in forward order
   std::vector<Act> sampler_inputs;           // down samplers' inputs, then the upsampled maps
   std::vector<int64_t> skip_channels;        // per up resnet: the skip's channels
+  std::vector<std::pair<int64_t, int64_t>> upsampled_from;  // per up sampler: the map's size before
   GroupNorm::Saved norm_out;
   Act h_out, a_out;
 };

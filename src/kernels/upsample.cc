@@ -20,7 +20,59 @@ void check(const char* op, int64_t batch, int64_t height, int64_t width, int64_t
   HYP_CHECK(factor >= 1 && factor <= 16, "{}: factor {} must be in [1, 16]", op, factor);
 }
 
+void check_to(const char* op, int64_t batch, int64_t in_h, int64_t in_w, int64_t channels, int64_t out_h,
+              int64_t out_w) {
+  HYP_CHECK(batch > 0 && in_h > 0 && in_w > 0 && channels > 0, "{}: size {}x{}x{}x{} must be positive", op, batch,
+            in_h, in_w, channels);
+  HYP_CHECK(out_h >= in_h && out_w >= in_w && out_h <= 16 * in_h && out_w <= 16 * in_w,
+            "{}: output {}x{} must be 1 to 16 times the input {}x{}", op, out_h, out_w, in_h, in_w);
+}
+
+// The source index of output index i (integer floor(i in / out): PyTorch's float
+// computation agrees wherever a UNet uses it, out being 2 in or 2 in - 1).
+inline int64_t source(int64_t i, int64_t in, int64_t out) {
+  return i * in / out;
+}
+
 }  // namespace
+
+void upsample_nearest_to_forward(const float* x, int64_t batch, int64_t in_h, int64_t in_w, int64_t channels,
+                                 int64_t out_h, int64_t out_w, float* y) {
+  check_to("upsample_nearest_to_forward", batch, in_h, in_w, channels, out_h, out_w);
+  if (out_h == 2 * in_h && out_w == 2 * in_w)
+    return upsample_nearest_forward(x, batch, in_h, in_w, channels, 2, y);
+  const int64_t C = channels;
+  const size_t row_bytes = size_t(C) * sizeof(float);
+  parallel_chunks(batch * out_h, std::max<int64_t>(1, 4096 / (out_w * C)), [&](int64_t b, int64_t e) {
+    for (int64_t row = b; row < e; ++row) {
+      const int64_t n = row / out_h, i = row % out_h;
+      const float* src = x + (n * in_h + source(i, in_h, out_h)) * in_w * C;
+      float* dst = y + row * out_w * C;
+      for (int64_t j = 0; j < out_w; ++j) std::memcpy(dst + j * C, src + source(j, in_w, out_w) * C, row_bytes);
+    }
+  });
+}
+
+void upsample_nearest_to_backward(const float* dy, int64_t batch, int64_t in_h, int64_t in_w, int64_t channels,
+                                  int64_t out_h, int64_t out_w, float* dx) {
+  check_to("upsample_nearest_to_backward", batch, in_h, in_w, channels, out_h, out_w);
+  if (out_h == 2 * in_h && out_w == 2 * in_w)
+    return upsample_nearest_backward(dy, batch, in_h, in_w, channels, 2, dx);
+  const int64_t C = channels;
+  // Threads take input rows; each sums the output rows that copied it, in order.
+  parallel_chunks(batch * in_h, std::max<int64_t>(1, 4096 / (in_w * C)), [&](int64_t b, int64_t e) {
+    for (int64_t row = b; row < e; ++row) {
+      const int64_t n = row / in_h, h = row % in_h;
+      float* out = dx + row * in_w * C;
+      std::fill(out, out + in_w * C, 0.0f);
+      // Output rows i with floor(i in_h / out_h) == h: from ceil(h out_h / in_h).
+      for (int64_t i = (h * out_h + in_h - 1) / in_h; i < out_h && source(i, in_h, out_h) == h; ++i) {
+        const float* src = dy + (n * out_h + i) * out_w * C;
+        for (int64_t j = 0; j < out_w; ++j) add_to(out + source(j, in_w, out_w) * C, src + j * C, C);
+      }
+    }
+  });
+}
 
 void upsample_nearest_forward(const float* x, int64_t batch, int64_t height, int64_t width,
                               int64_t channels, int64_t factor, float* y) {
@@ -59,6 +111,28 @@ void upsample_nearest_backward(const float* dy, int64_t batch, int64_t height, i
 }
 
 namespace ref {
+
+void upsample_nearest_to_forward(const float* x, int64_t batch, int64_t in_h, int64_t in_w, int64_t channels,
+                                 int64_t out_h, int64_t out_w, float* y) {
+  for (int64_t n = 0; n < batch; ++n)
+    for (int64_t i = 0; i < out_h; ++i)
+      for (int64_t j = 0; j < out_w; ++j)
+        for (int64_t c = 0; c < channels; ++c)
+          y[((n * out_h + i) * out_w + j) * channels + c] =
+              x[((n * in_h + i * in_h / out_h) * in_w + j * in_w / out_w) * channels + c];
+}
+
+void upsample_nearest_to_backward(const float* dy, int64_t batch, int64_t in_h, int64_t in_w, int64_t channels,
+                                  int64_t out_h, int64_t out_w, float* dx) {
+  std::vector<double> acc(size_t(batch * in_h * in_w * channels), 0.0);
+  for (int64_t n = 0; n < batch; ++n)
+    for (int64_t i = 0; i < out_h; ++i)
+      for (int64_t j = 0; j < out_w; ++j)
+        for (int64_t c = 0; c < channels; ++c)
+          acc[size_t(((n * in_h + i * in_h / out_h) * in_w + j * in_w / out_w) * channels + c)] +=
+              dy[((n * out_h + i) * out_w + j) * channels + c];
+  for (size_t i = 0; i < acc.size(); ++i) dx[i] = float(acc[i]);
+}
 
 void upsample_nearest_forward(const float* x, int64_t batch, int64_t height, int64_t width,
                               int64_t channels, int64_t factor, float* y) {

@@ -140,7 +140,7 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
   HYP_CHECK(!pipe->xl(), "fine-tuning an SDXL pipeline is not supported yet");
   auto& vae = const_cast<diffusion::Vae&>(pipe->vae());
   auto& unet = const_cast<diffusion::UNet&>(pipe->unet());
-  const int64_t multiple = vae.config().downscale() * unet.config().size_multiple();
+  const int64_t multiple = vae.config().downscale();
   HYP_CHECK(d.resolution % multiple == 0, "config key diffusion.resolution = {} must be a multiple of {} for this model",
             d.resolution, multiple);
 

@@ -100,7 +100,7 @@ TEST(DiffusionCli, UsageErrorsNameTheFlag) {
   const std::string dir = saved_sd_tiny(), out = testing::TempDir() + "/diffusion_cli_bad.png";
   auto r = run_cli("generate --checkpoint " + dir + " --prompt x --output " + out + " --width 30");
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("image width 30 must be a multiple of 8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("image width 30 must be a multiple of 4"), std::string::npos) << r.out;
   r = run_cli("generate --checkpoint " + dir + " --prompt x --output " + out + " --temperature 0.5");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("--temperature does not apply to a diffusion model"), std::string::npos) << r.out;

@@ -258,7 +258,9 @@ def unet_forward(P, cfg, sample, t, ctx, text_embeds=None, time_ids=None):
             if kind.startswith("CrossAttn"):
                 h = transformer2d(P, f"up_blocks.{i}.attentions.{j}", h, ctx, heads[r], tl[r], g, lin)
         if i + 1 < nb:
-            h = F.interpolate(h, scale_factor=2.0, mode="nearest")
+            # diffusers passes upsample_size (the next skip's size) when a latent side is
+            # not a multiple of 2**(levels - 1); otherwise that size is twice h's anyway.
+            h = F.interpolate(h, size=tuple(skips[-1].shape[2:]), mode="nearest")
             h = conv(P, f"up_blocks.{i}.upsamplers.0.conv", h, ch[r], ch[r], 3)
     h = F.silu(group_norm(P, "conv_norm_out", h, g, eps))
     return conv(P, "conv_out", h, ch[0], cfg["out_channels"], 3)
@@ -411,6 +413,10 @@ UNETS = {
                       use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=8,
                       projection_class_embeddings_input_dim=12 + 6 * 8),
 }
+# An SD 2.x-shaped UNet on 9 x 7 latents: 9 -> 5 -> 3 and 7 -> 4 -> 2 down, and each map
+# upsampled back to its skip's size (not twice its own).
+UNETS["unet_sd2_odd"] = UNETS["unet_sd2"]
+SIZES = {"unet_sd2_odd": (9, 7)}
 
 
 def main():
@@ -424,8 +430,8 @@ def main():
             cfg = dict(_class_name="UNet2DConditionModel", in_channels=4, out_channels=4, sample_size=8,
                        norm_num_groups=8, norm_eps=1e-5, flip_sin_to_cos=True, freq_shift=0, **extra)
             P = Params(len(case) * 31 + ord(case[-1]))
-            n, size = 2, 8
-            sample = torch.randn(n, 4, size, size, generator=g)
+            n, (hgt, wid) = 2, SIZES.get(case, (8, 8))
+            sample = torch.randn(n, 4, hgt, wid, generator=g)
             t = torch.tensor([999.0, 14.5])
             ctx = torch.randn(n, 5, cfg["cross_attention_dim"], generator=g)
             inputs = {"sample": sample, "timesteps": t, "encoder_hidden_states": ctx}

@@ -191,7 +191,7 @@ TEST_F(ImageHttpTest, BadFieldsAre400sNamingThemAndAFullQueueIs429) {
   expect_error(json{{"n", 1}}, 400, "prompt");
   expect_error(json{{"prompt", 3}}, 400, "prompt");
   json b = body("x", 1);
-  b["size"] = "100x100";  // not a multiple of 8
+  b["size"] = "102x102";  // not a multiple of the VAE factor 4
   expect_error(b, 400, "size");
   b["size"] = "big";
   expect_error(b, 400, "size");
