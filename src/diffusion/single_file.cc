@@ -1,5 +1,7 @@
 #include "diffusion/single_file.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <vector>
 
@@ -148,6 +150,68 @@ std::string vae_name(const std::string& name, const VaeConfig& c) {
   return p + name;
 }
 
+// SD 2.x's OpenCLIP text encoder (cond_stage_model.model.*): diffusers' CLIPTextModel name
+// -> the OpenCLIP name, and which third of a fused q/k/v tensor (in_proj_weight [3d, d],
+// in_proj_bias [3d]) it is (-1: the whole tensor).
+struct OpenClipSource {
+  std::string name;
+  int part = -1;
+};
+constexpr Rename kOpenClipLayer[] = {{"layer_norm1.", "ln_1."},   {"layer_norm2.", "ln_2."},
+                                     {"self_attn.out_proj.", "attn.out_proj."},
+                                     {"mlp.fc1.", "mlp.c_fc."}, {"mlp.fc2.", "mlp.c_proj."}};
+OpenClipSource open_clip_source(const std::string& name) {
+  if (name == "text_model.embeddings.token_embedding.weight") return {"token_embedding.weight"};
+  if (name == "text_model.embeddings.position_embedding.weight") return {"positional_embedding"};
+  const std::string final_norm = "text_model.final_layer_norm.", layers = "text_model.encoder.layers.";
+  if (name.rfind(final_norm, 0) == 0) return {"ln_final." + name.substr(final_norm.size())};
+  if (name.rfind(layers, 0) == 0) {
+    const size_t dot = name.find('.', layers.size());
+    HYP_CHECK(dot != std::string::npos, "single-file checkpoint: no rule for tensor {}", name);
+    const std::string block = "transformer.resblocks." + name.substr(layers.size(), dot - layers.size()) + ".";
+    const std::string rest = name.substr(dot + 1);
+    for (int i = 0; i < 3; ++i) {
+      const std::string proj = std::string("self_attn.") + "qkv"[i] + "_proj.";
+      if (rest.rfind(proj, 0) == 0)
+        return {block + "attn.in_proj_" + rest.substr(proj.size()), i};  // in_proj_weight / in_proj_bias
+    }
+    return {block + rename(rest, kOpenClipLayer, name)};
+  }
+  fail("single-file checkpoint: no rule for tensor {} in the OpenCLIP layout", name);
+}
+
+// Reads every tensor of an SD 2.x OpenCLIP text encoder, slicing the fused q/k/v ones.
+// (The file's last resblock, which SD 2.x's penultimate-layer conditioning never reads,
+// is absent from diffusers' 23-layer config and left unread.)
+void load_open_clip(ParamTable& params, const io::WeightFiles& files, const std::string& file) {
+  const std::string prefix = "cond_stage_model.model.";
+  params.allocate(false);
+  std::vector<float> fused;
+  for (size_t i = 0; i < params.entries().size(); ++i) {
+    const ParamEntry& e = params.entries()[i];
+    const OpenClipSource src = open_clip_source(e.name);
+    const std::string name = prefix + src.name;
+    const io::SafetensorsTensor* t = files.find(name);
+    HYP_CHECK(t != nullptr, "{}: tensor {} is missing (for the text encoder's {}, shape {})", file, name, e.name,
+              e.shape.str());
+    Shape want = e.shape;
+    if (src.part >= 0) want = want.rank() == 2 ? Shape{3 * e.shape[0], e.shape[1]} : Shape{3 * e.shape[0]};
+    HYP_CHECK(t->shape == want, "{}: tensor {} has shape {} where the config gives {}", file, name, t->shape.str(),
+              want.str());
+    float* dst = params.data(static_cast<int>(i));
+    if (src.part < 0) {
+      files.file_of(name)->read_into(name, TensorView(dst, DType::kF32, e.shape));
+    } else {
+      fused.resize(static_cast<size_t>(want.numel()));
+      files.file_of(name)->read_into(name, TensorView(fused.data(), DType::kF32, want));
+      std::copy_n(fused.data() + src.part * e.numel, e.numel, dst);
+    }
+    for (int64_t k = 0; k < e.numel; ++k)
+      HYP_CHECK(std::isfinite(dst[k]), "{}: tensor {} holds a non-finite value ({}) at element {}", file, name,
+                dst[k], k);
+  }
+}
+
 }  // namespace
 
 std::string original_name(Component component, const std::string& name, const UNetConfig& unet, const VaeConfig& vae) {
@@ -190,23 +254,28 @@ std::unique_ptr<DiffusionPipeline> load_single_file(const std::string& file, con
   const auto [te_text, te_path] = config_of("text_encoder");
   const UNetConfig unet_config = UNetConfig::from_json(unet_text, unet_path);
   const VaeConfig vae_config = VaeConfig::from_json(vae_text, vae_path);
-  HYP_CHECK(!unet_config.text_time, "{}: SDXL single-file checkpoints are not supported (SD 1.x only)", file);
+  HYP_CHECK(!unet_config.text_time, "{}: SDXL single-file checkpoints are not supported (SD 1.x and 2.x are)", file);
   auto unet = std::make_unique<UNet>(unet_config);
   auto vae = std::make_unique<Vae>(vae_config);
   auto text = std::make_unique<ClipTextModel>(ClipTextConfig::from_json(te_text, te_path));
   const io::WeightFiles files(fs::path(file).parent_path().string(), fs::path(file).filename().string());
-  HYP_CHECK(files.find("cond_stage_model.transformer.text_model.embeddings.token_embedding.weight") != nullptr,
-            "{}: no cond_stage_model.transformer.* (an SD 1.x CLIP text encoder); SD 2.x's OpenCLIP layout "
-            "(cond_stage_model.model.*) is not supported",
+  // SD 1.x: OpenAI's CLIP as transformers names it; SD 2.x: OpenCLIP's layout.
+  const bool open_clip = files.find("cond_stage_model.model.token_embedding.weight") != nullptr;
+  HYP_CHECK(open_clip ||
+                files.find("cond_stage_model.transformer.text_model.embeddings.token_embedding.weight") != nullptr,
+            "{}: no text encoder: neither cond_stage_model.transformer.* (SD 1.x's CLIP) nor "
+            "cond_stage_model.model.* (SD 2.x's OpenCLIP)",
             file);
   struct Part {
     ParamTable* params;
     Component component;
     const char* prefix;
   };
+  if (open_clip) load_open_clip(text->params(), files, file);
   for (const Part& part : {Part{&unet->params(), Component::kUNet, "model.diffusion_model."},
                            Part{&vae->params(), Component::kVae, "first_stage_model."},
                            Part{&text->params(), Component::kTextEncoder, "cond_stage_model.transformer."}}) {
+    if (part.component == Component::kTextEncoder && open_clip) continue;
     part.params->allocate(false);
     std::vector<std::string> unused = part.params->load_mapped(
         files, file, [&](const std::string& n) { return original_name(part.component, n, unet_config, vae_config); },

@@ -1,10 +1,12 @@
-// Stable Diffusion 1.x single-file checkpoints: the original CompVis layout most users
-// download (one .safetensors with model.diffusion_model.* for the UNet,
-// first_stage_model.* for the VAE and cond_stage_model.transformer.* for the CLIP text
-// encoder), read into the diffusers-layout models by a name table: each diffusers tensor
-// name maps to its original name through per-block rules (the resnet and attention
-// suffixes below, and the block index arithmetic of the original UNet's input_blocks /
-// output_blocks and the VAE's down / up levels), never by code per tensor.
+// Stable Diffusion 1.x and 2.x single-file checkpoints: the original CompVis / Stability
+// layout most users download (one .safetensors with model.diffusion_model.* for the UNet,
+// first_stage_model.* for the VAE, and cond_stage_model.transformer.* for SD 1.x's CLIP
+// text encoder or cond_stage_model.model.* for SD 2.x's OpenCLIP one, whose q/k/v are one
+// fused in_proj tensor), read into the diffusers-layout models by a name table: each
+// diffusers tensor name maps to its original name through per-block rules (the resnet and
+// attention suffixes below, the block index arithmetic of the original UNet's
+// input_blocks / output_blocks and the VAE's down / up levels, and a third of a fused
+// tensor), never by code per tensor.
 //
 // A single file holds no configs and no tokenizer: they come from a diffusers directory
 // of the same model (`config_dir`: its model_index.json, component config.json files,

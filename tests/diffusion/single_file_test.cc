@@ -80,5 +80,67 @@ TEST(SingleFile, LoadsToTheSameImagesAsTheDiffusersDirectory) {
   }
 }
 
+// SD 2.x's layout: the text encoder as OpenCLIP names it (resblocks, ln_1, c_fc, one fused
+// in_proj for q, k and v, positional_embedding, ln_final), written here independently of
+// the loader's table; it loads to the same images as the diffusers directory.
+TEST(SingleFile, OpenClipTextEncodersOfSd2Load) {
+  const auto pipe = make_sd_tiny(23);
+  const std::string dir = testing::TempDir() + "/single_file_sd2_cfg", file = testing::TempDir() + "/sd2_single.safetensors";
+  fs::remove_all(dir);
+  pipe->save(dir);
+  io::SafetensorsWriter w;
+  std::vector<std::vector<float>> keep;
+  auto add_table = [&](Component c, const ParamTable& p) {
+    for (size_t i = 0; i < p.entries().size(); ++i) {
+      const ParamEntry& e = p.entries()[i];
+      w.add(original_name(c, e.name, pipe->unet().config(), pipe->vae().config()), DType::kF32, e.shape,
+            p.data(int(i)));
+    }
+  };
+  add_table(Component::kUNet, pipe->unet().params());
+  add_table(Component::kVae, pipe->vae().params());
+  const ParamTable& t = pipe->text_encoder().params();
+  auto tensor = [&](const std::string& n) {
+    const int i = t.find(n);
+    EXPECT_GE(i, 0) << n;
+    return std::pair{t.data(i), t.entries()[size_t(i)]};
+  };
+  const std::string m = "cond_stage_model.model.";
+  auto put = [&](const std::string& name, const std::string& from) {
+    const auto [data, e] = tensor(from);
+    w.add(m + name, DType::kF32, e.shape, data);
+  };
+  put("token_embedding.weight", "text_model.embeddings.token_embedding.weight");
+  put("positional_embedding", "text_model.embeddings.position_embedding.weight");
+  put("ln_final.weight", "text_model.final_layer_norm.weight");
+  put("ln_final.bias", "text_model.final_layer_norm.bias");
+  const int64_t layers = pipe->text_encoder().config().layers;
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string d = "text_model.encoder.layers." + std::to_string(l) + ".",
+                      o = "transformer.resblocks." + std::to_string(l) + ".";
+    for (auto [from, to] : {std::pair<const char*, const char*>{"layer_norm1", "ln_1"}, {"layer_norm2", "ln_2"},
+                            {"self_attn.out_proj", "attn.out_proj"}, {"mlp.fc1", "mlp.c_fc"}, {"mlp.fc2", "mlp.c_proj"}})
+      for (const char* kind : {".weight", ".bias"}) put(o + to + kind, d + from + kind);
+    for (const char* kind : {"weight", "bias"}) {
+      std::vector<float> fused;
+      Shape shape;
+      for (const char* x : {"q", "k", "v"}) {
+        const auto [data, e] = tensor(d + "self_attn." + x + "_proj." + kind);
+        fused.insert(fused.end(), data, data + e.numel);
+        shape = e.shape.rank() == 2 ? Shape{3 * e.shape[0], e.shape[1]} : Shape{3 * e.shape[0]};
+      }
+      keep.push_back(std::move(fused));
+      w.add(m + o + "attn.in_proj_" + kind, DType::kF32, shape, keep.back().data());
+    }
+  }
+  w.write(file);
+  const auto loaded = load_single_file(file, dir);
+  ImageRequest r;
+  r.prompt = "a photo of a dress";
+  r.steps = 3;
+  r.seed = 4;
+  EXPECT_EQ(loaded->generate(r).pixels, pipe->generate(r).pixels);
+}
+
 }  // namespace
 }  // namespace hyperion::diffusion
