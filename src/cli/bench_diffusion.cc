@@ -15,6 +15,8 @@
 #include "cli/flags.h"
 #include "diffusion/architectures.h"
 #include "diffusion/buffer_pool.h"
+#include "diffusion/noise_schedule.h"
+#include "diffusion/training.h"
 #include "diffusion/single_file.h"
 #include "kernels/fill.h"
 #include "kernels/peak.h"
@@ -31,6 +33,8 @@ const CommandSpec kBenchDiffusionSpec = {
      {"iterations", "N", "timed calls after one warm-up (default 3)"},
      {"image", "", "time a whole image instead (sd15, sd21): text encoding, --steps UNet steps with guidance, VAE decoding; with peak memory against the weights and the activations' high-water mark"},
      {"steps", "N", "--image: denoising steps (default 20)"},
+     {"train", "", "time a training step instead (sd15, sd21, sd-tiny): the denoising loss, the UNet's forward and backward, with the activations' high-water mark"},
+     {"remat", "", "--train: with remat_policy=full (each block recomputed in the backward pass)"},
      {"save", "DIR", "write the random-weight pipeline (sd15, sd21) as a diffusers directory and stop (to serve it, or time it with bench images)"},
      {"save-single-file", "FILE", "write it (sd15) as one SD 1.x original-layout safetensors file and stop (to time a peer on the same weights)"},
      {"json", "", "print the figures as one JSON object"}},
@@ -106,9 +110,56 @@ int cmd_bench_diffusion(const Args& args) {
   }
 
   diffusion::UNet unet(config);
-  unet.params().allocate(false);
+  unet.params().allocate(f.has("train"));
   unet.params().init(1);
   const int64_t latent = size / factor;
+  if (f.has("train")) {
+    HYP_USAGE_CHECK(!config.text_time, "bench diffusion: --train takes sd15, sd21 or sd-tiny (SDXL training is not built)");
+    unet.set_remat(f.has("remat"));
+    diffusion::Act x0(batch, latent, latent, config.in_channels);
+    fill_normal(TensorView(x0.data(), DType::kF32, {x0.numel()}), 2, 0.0f, 1.0f);
+    std::vector<float> noise(size_t(x0.numel())), ctx(size_t(batch * 77 * config.cross_attention_dim));
+    fill_normal(TensorView(noise.data(), DType::kF32, {int64_t(noise.size())}), 4, 0.0f, 1.0f);
+    fill_normal(TensorView(ctx.data(), DType::kF32, {int64_t(ctx.size())}), 3, 0.0f, 1.0f);
+    std::vector<int64_t> ts(static_cast<size_t>(batch));
+    for (int64_t i = 0; i < batch; ++i) ts[size_t(i)] = 100 + 800 * i / std::max<int64_t>(1, batch);
+    const diffusion::NoiseSchedule schedule = diffusion::NoiseSchedule::stable_diffusion();
+    auto train_step = [&] {
+      return diffusion::denoising_loss(unet, schedule, x0, ts, noise.data(), ctx.data(), 77, 5.0, true);
+    };
+    train_step();  // warm-up
+    diffusion::reset_layer_macs();
+    diffusion::reset_peak_live_bytes();
+    std::vector<double> times;
+    for (int64_t i = 0; i < iterations; ++i) {
+      const Timer timer;
+      train_step();
+      times.push_back(timer.seconds());
+    }
+    const double macs = double(diffusion::layer_macs()) / double(iterations);
+    const double act_gb = double(diffusion::peak_live_bytes()) / 1e9;
+    std::sort(times.begin(), times.end());
+    const double gflops = 2.0 * macs / times.front() / 1e9, peak = cached_peak().f32_gflops;
+    const double weights_gb = double(unet.params().size()) * 4 / 1e9;
+    if (json) {
+      nlohmann::ordered_json j = {{"model", model}, {"size", size}, {"latent", latent}, {"batch", batch},
+                                  {"remat", f.has("remat")}, {"threads", num_threads()},
+                                  {"cpu", cpu_features().model_name}, {"gflop_per_step", 2 * macs / 1e9},
+                                  {"best_seconds", times.front()}, {"gflops", gflops}, {"f32_peak_gflops", peak},
+                                  {"fraction_of_peak", gflops / peak}, {"activations_peak_gb", act_gb},
+                                  {"weights_gb", weights_gb}, {"grads_gb", weights_gb}};
+      print_json(j, 2);
+      return 0;
+    }
+    std::printf("%s UNet training step, %lldx%lld latents, batch %lld, remat %s, %d threads (%s)\n", model.c_str(),
+                (long long)latent, (long long)latent, (long long)batch, f.has("remat") ? "full" : "none", num_threads(),
+                cpu_summary().c_str());
+    std::printf("%.1f GFLOP per step (forward, backward%s): best %.3f s; %.1f GFLOP/s = %.2f of the f32 peak\n",
+                2 * macs / 1e9, f.has("remat") ? ", recomputation" : "", times.front(), gflops, gflops / peak);
+    std::printf("activations' high-water %.2f GB beside %.2f GB of weights and as much of gradients\n", act_gb,
+                weights_gb);
+    return 0;
+  }
   diffusion::Act x(batch, latent, latent, config.in_channels);
   fill_normal(TensorView(x.data(), DType::kF32, {x.numel()}), 2, 0.0f, 1.0f);
   const int64_t tokens = 77;

@@ -363,10 +363,30 @@ Act UNet::forward(const Act& sample, const float* timesteps, const float* contex
     tape->transformers.emplace_back();
     return &tape->transformers.back();
   };
+  // Remat: what each block kept beyond its input goes as soon as the block is done
+  // (the backward pass recomputes it).
+  auto drop_resnet = [&] {
+    if (!tape || !remat_) return;
+    ResnetTape& r = tape->resnets.back();
+    r.a1 = Act();
+    r.h1 = Act();
+    r.a2 = Act();
+  };
+  auto drop_transformer = [&] {
+    if (!tape || !remat_) return;
+    TransformerTape& t = tape->transformers.back();
+    t.normed = Act();
+    t.blocks.clear();
+    t.h = FloatBuffer();
+  };
   for (const Block& b : down_) {
     for (size_t j = 0; j < b.resnets.size(); ++j) {
       h = run_resnet(b.resnets[j], h, temb_silu, rt());
-      if (!b.attentions.empty()) run_transformer(b.attentions[j], h, context, tokens, tt());
+      drop_resnet();
+      if (!b.attentions.empty()) {
+        run_transformer(b.attentions[j], h, context, tokens, tt());
+        drop_transformer();
+      }
       skips.push_back(h);
     }
     if (b.has_sampler) {
@@ -377,15 +397,22 @@ Act UNet::forward(const Act& sample, const float* timesteps, const float* contex
   }
   if (has_mid_) {
     h = run_resnet(mid_.resnets[0], h, temb_silu, rt());
+    drop_resnet();
     run_transformer(mid_.attentions[0], h, context, tokens, tt());
+    drop_transformer();
     h = run_resnet(mid_.resnets[1], h, temb_silu, rt());
+    drop_resnet();
   }
   for (const Block& b : up_) {
     for (size_t j = 0; j < b.resnets.size(); ++j) {
       if (tape) tape->skip_channels.push_back(skips.back().c);
       h = run_resnet(b.resnets[j], concat_channels(h, skips.back()), temb_silu, rt());
+      drop_resnet();
       skips.pop_back();
-      if (!b.attentions.empty()) run_transformer(b.attentions[j], h, context, tokens, tt());
+      if (!b.attentions.empty()) {
+        run_transformer(b.attentions[j], h, context, tokens, tt());
+        drop_transformer();
+      }
     }
     if (b.has_sampler) {
       // To the next skip's size: twice this map's, or one less where a downsampling

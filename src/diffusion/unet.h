@@ -66,6 +66,12 @@ class UNet {
   // with gradients). The inputs (latents, text, time) get no gradient: they come from
   // frozen encoders.
   void backward(const Tape& tape, const Act& dout);
+  // Remat (remat_policy: full): the training forward keeps only each resnet's and
+  // transformer's input, and the backward pass runs that block's forward again before its
+  // backward: the same gradients, bit for bit, for one more forward's compute and a
+  // fraction of the activation memory.
+  void set_remat(bool remat) { remat_ = remat; }
+  bool remat() const { return remat_; }
 
  private:
   struct Resnet {
@@ -105,6 +111,7 @@ class UNet {
                             int64_t tokens);
 
   UNetConfig config_;
+  bool remat_ = false;
   ParamTable params_;
   Linear time_linear1, time_linear2, add_linear1, add_linear2;
   Conv conv_in, conv_out;

@@ -7,8 +7,12 @@
 
 namespace hyperion::diffusion {
 
-Act UNet::resnet_backward(const Resnet& r, const ResnetTape& t, const Act& dout, const FloatBuffer& temb_silu,
+Act UNet::resnet_backward(const Resnet& r, const ResnetTape& saved, const Act& dout, const FloatBuffer& temb_silu,
                           FloatBuffer& dtemb_silu) {
+  // Under remat the forward kept only the block's input: its activations again, now.
+  ResnetTape recomputed;
+  if (saved.a1.v.empty()) run_resnet(r, saved.x, temb_silu, &recomputed);
+  const ResnetTape& t = saved.a1.v.empty() ? recomputed : saved;
   Act da2;
   r.conv2.backward(params_, t.a2, dout, &da2);
   Act dh1 = r.norm2.backward(params_, t.h1, t.n2, /*silu=*/true, da2);
@@ -30,8 +34,14 @@ Act UNet::resnet_backward(const Resnet& r, const ResnetTape& t, const Act& dout,
   return dx;
 }
 
-void UNet::transformer_backward(const Transformer& tr, const TransformerTape& t, Act& dx, const float* context,
+void UNet::transformer_backward(const Transformer& tr, const TransformerTape& saved, Act& dx, const float* context,
                                 int64_t tokens) {
+  TransformerTape recomputed;
+  if (saved.blocks.empty() && !tr.blocks.empty()) {
+    Act x = saved.x;
+    run_transformer(tr, x, context, tokens, &recomputed);
+  }
+  const TransformerTape& t = saved.blocks.empty() && !tr.blocks.empty() ? recomputed : saved;
   // Forward: x_out = x + proj_out(h), h from the blocks over proj_in(GroupNorm(x)).
   const int64_t rows = dx.rows(), c = dx.c, seq = dx.h * dx.w, n = dx.n;
   FloatBuffer dh(size_t(rows * c)), dn(size_t(rows * c)), dff(size_t(rows * c * 8)), dgeglu(size_t(rows * c * 4));

@@ -97,10 +97,13 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
                   "config key dtype=bfloat16 ({}): the diffusion models compute in float32 (bf16 is not built for "
                   "them yet); set dtype=float32",
                   config.source_of("dtype"));
-  HYP_USAGE_CHECK(!set_here("remat_policy") || t.remat == RematPolicy::kNone,
-                  "config key remat_policy={} ({}): the diffusion trainer keeps every activation of a step (no "
-                  "remat yet); set remat_policy=none",
-                  config.get_string("remat_policy"), config.source_of("remat_policy"));
+  // remat_policy: none keeps every activation of a step; full keeps each UNet block's
+  // input only and recomputes the rest in the backward pass. (The language models' default,
+  // minimal, means none here; set explicitly it is refused.)
+  HYP_USAGE_CHECK(!set_here("remat_policy") || t.remat != RematPolicy::kMinimal,
+                  "config key remat_policy=minimal ({}): a diffusion UNet takes none (keep every activation) or "
+                  "full (recompute each block in the backward pass)",
+                  config.source_of("remat_policy"));
   HYP_USAGE_CHECK(!set_here("quantization") || config.get_string("quantization").empty(),
                   "config key quantization={} ({}): quantized training applies to language models",
                   config.get_string("quantization"), config.source_of("quantization"));
@@ -283,6 +286,7 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
 
   // 3. The UNet.
   unet.params().set_grads(true);
+  unet.set_remat(t.remat == RematPolicy::kFull);
   diffusion::AdamWState opt(unet.params());
   diffusion::ParamEma ema(unet.params());
   DiffusionTrainingState state{&opt, d.ema_decay > 0 ? &ema : nullptr, &rng, 0};

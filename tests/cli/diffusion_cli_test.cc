@@ -116,7 +116,7 @@ TEST(DiffusionCli, UsageErrorsNameTheFlag) {
   // Language-model keys the diffusion trainer does not honour are refused by name, before
   // anything is written.
   const std::string runs = testing::TempDir() + "/diffusion_cli_refused." + std::to_string(::getpid());
-  for (const char* key : {"dtype=bfloat16", "remat_policy=full", "quantization=int8"}) {
+  for (const char* key : {"dtype=bfloat16", "remat_policy=minimal", "quantization=int8"}) {
     r = run_cli(std::string("train sd-tiny ") + key + " base_output_directory=" + runs);
     EXPECT_EQ(r.code, 2) << key << ": " << r.out;
     EXPECT_NE(r.out.find(key), std::string::npos) << r.out;
