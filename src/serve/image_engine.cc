@@ -142,13 +142,23 @@ void ImageEngine::deliver(Request& r, ImageResult&& result) {
     ++work_.requests_finished;
     work_.images_generated += result.images.count;
   }
+  {
+    // Counted and published before the callback: whoever the result wakes sees it in
+    // stats() and outstanding(). (The request has left running_ / waiting_ already.)
+    work_.running = int64_t(running_.size());
+    work_.waiting = int64_t(waiting_.size());
+    work_.running_images = 0;
+    for (const Request& q : running_) work_.running_images += q.request.count;
+    std::lock_guard<std::mutex> lock(mu_);
+    --outstanding_;
+    stats_ = work_;
+    stats_.waiting += int64_t(inbox_.size());
+  }
   try {
     r.callback(std::move(result));
   } catch (const std::exception& e) {
     log_warn("serve: image request {}: its callback failed: {}", r.id, e.what());
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  --outstanding_;
 }
 
 void ImageEngine::loop() {
