@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
-"""PyTorch (CPU, float32) timing of one Stable Diffusion-shaped UNet call, the peer of
+"""PyTorch (CPU) timing of one Stable Diffusion-shaped UNet call, the peer of
 `hyperion bench diffusion` in the same run (docs/PERFORMANCE.md).
 
-    /usr/bin/python3 bench/torch_sd_unet.py --model sd15 --threads 2 [--iterations 2] [--json]
+    /usr/bin/python3 bench/torch_sd_unet.py --model sd15 --threads 2 [--iterations 2] [--dtype bfloat16] [--json]
+
+float32 by default; --dtype bfloat16 runs the call under torch.autocast("cpu",
+dtype=torch.bfloat16), the peer of `bench diffusion --dtype bfloat16` (convolutions and
+linear layers in bf16, f32 weights).
 
 The model is tests/diffusion/torch_reference.py's functional UNet (torch.nn.functional
 convolutions, group/layer norms, linear layers and softmax attention, the same layers
@@ -57,6 +61,7 @@ def main():
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--iterations", type=int, default=2)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -73,7 +78,8 @@ def main():
     ctx = torch.randn(a.batch, 77, cfg["cross_attention_dim"], generator=g)
     t = torch.full((a.batch,), 500.0)
     times = []
-    with torch.no_grad():
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bfloat16")
+    with torch.no_grad(), autocast:
         ref.unet_forward(P, cfg, x, t, ctx)  # creates the weights; warm-up
         for _ in range(a.iterations):
             t0 = time.perf_counter()
@@ -81,12 +87,12 @@ def main():
             times.append(time.perf_counter() - t0)
     times.sort()
     result = {"model": a.model, "size": size, "batch": a.batch, "threads": a.threads, "torch": torch.__version__,
-              "best_seconds": times[0], "median_seconds": times[len(times) // 2],
+              "dtype": a.dtype, "best_seconds": times[0], "median_seconds": times[len(times) // 2],
               "sdpa": hasattr(F, "scaled_dot_product_attention")}
     if a.json:
         print(json.dumps(result))
     else:
-        print(f"torch {torch.__version__} {a.model} UNet {size}x{size} batch {a.batch}, {a.threads} threads: "
+        print(f"torch {torch.__version__} {a.model} UNet {size}x{size} batch {a.batch}, {a.dtype}, {a.threads} threads: "
               f"best {times[0]:.3f} s, median {times[len(times) // 2]:.3f} s")
 
 

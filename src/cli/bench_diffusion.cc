@@ -37,9 +37,13 @@ const CommandSpec kBenchDiffusionSpec = {
      {"remat", "", "--train: with remat_policy=full (each block recomputed in the backward pass)"},
      {"save", "DIR", "write the random-weight pipeline (sd15, sd21) as a diffusers directory and stop (to serve it, or time it with bench images)"},
      {"save-single-file", "FILE", "write it (sd15) as one SD 1.x original-layout safetensors file and stop (to time a peer on the same weights)"},
+     {"dtype", "T",
+      "float32 (default) or bfloat16: mixed precision, the convolutions and linear layers in bf16 with f32 "
+      "accumulation"},
      {"json", "", "print the figures as one JSON object"}},
     "FLOP/s count the multiply-adds of the convolutions, linear layers and attention products "
-    "(2 FLOPs each); the ratio is to `hyperion bench peak`'s f32 figure.",
+    "(2 FLOPs each); the ratio is to `hyperion bench peak`'s f32 figure (and, with --dtype "
+    "bfloat16, to its bf16 figure as well).",
     "bench diffusion --model sd15 --iterations 2 --json"};
 
 int cmd_bench_diffusion(const Args& args) {
@@ -56,6 +60,12 @@ int cmd_bench_diffusion(const Args& args) {
   HYP_USAGE_CHECK(batch >= 1 && batch <= 64, "bench diffusion: --batch must be in [1, 64]");
   HYP_USAGE_CHECK(iterations >= 1 && iterations <= 1000, "bench diffusion: --iterations must be in [1, 1000]");
   const bool json = f.has("json");
+  const std::string dtype = f.get("dtype", "float32");
+  HYP_USAGE_CHECK(dtype == "float32" || dtype == "bfloat16",
+                  "bench diffusion: --dtype must be float32 or bfloat16, got '{}'", dtype);
+  const bool mixed = dtype == "bfloat16";
+  HYP_USAGE_CHECK(!mixed || (!f.has("save") && !f.has("save-single-file")),
+                  "bench diffusion: --dtype applies to timings; --save writes the f32 weights");
   if (f.has("save") || f.has("save-single-file")) {
     const auto pipe = diffusion::random_pipeline(model, 1);
     if (f.has("save")) {
@@ -72,8 +82,12 @@ int cmd_bench_diffusion(const Args& args) {
     const int64_t steps = f.integer("steps", 20);
     HYP_USAGE_CHECK(steps >= 1 && steps <= 1000, "bench diffusion: --steps must be in [1, 1000]");
     const auto pipe = diffusion::random_pipeline(model, 1);
-    const double weights_gb = double(pipe->unet().params().size() + pipe->vae().params().size() +
-                                     pipe->text_encoder().params().size()) * 4 / 1e9;
+    pipe->set_compute_dtype(mixed ? DType::kBF16 : DType::kF32);
+    // The f32 weights, and under mixed precision the bf16 copy of the matmul weights.
+    double weights_gb = 0;
+    for (const diffusion::ParamTable* p :
+         {&pipe->unet().params(), &pipe->vae().params(), &pipe->text_encoder().params()})
+      weights_gb += (double(p->size()) * 4 + (mixed ? double(p->bf16_size()) * 2 : 0.0)) / 1e9;
     diffusion::ImageRequest r;
     r.prompt = "a photo of an astronaut riding a horse";
     r.width = r.height = size;
@@ -90,7 +104,8 @@ int cmd_bench_diffusion(const Args& args) {
     const double act_gb = double(diffusion::peak_live_bytes()) / 1e9;
     const double bound = 1.3 * (weights_gb + act_gb);
     if (json) {
-      nlohmann::ordered_json j = {{"model", model}, {"size", size}, {"steps", steps}, {"threads", num_threads()},
+      nlohmann::ordered_json j = {{"model", model}, {"size", size}, {"steps", steps}, {"dtype", dtype},
+                                  {"threads", num_threads()},
                                   {"cpu", cpu_features().model_name}, {"seconds", seconds},
                                   {"encode_seconds", g.encode_seconds}, {"denoise_seconds", g.denoise_seconds},
                                   {"decode_seconds", g.decode_seconds}, {"weights_gb", weights_gb},
@@ -99,8 +114,8 @@ int cmd_bench_diffusion(const Args& args) {
       print_json(j, 2);
       return 0;
     }
-    std::printf("%s, one %lldx%lld image, %lld dpm++2m steps with guidance (UNet batch 2), %d threads (%s)\n",
-                model.c_str(), (long long)size, (long long)size, (long long)steps, num_threads(),
+    std::printf("%s, one %lldx%lld image, %lld dpm++2m steps with guidance (UNet batch 2), %s, %d threads (%s)\n",
+                model.c_str(), (long long)size, (long long)size, (long long)steps, dtype.c_str(), num_threads(),
                 cpu_summary().c_str());
     std::printf("%.1f s: text %.2f s, denoising %.1f s (%.2f s/step), VAE decode %.1f s\n", seconds, g.encode_seconds,
                 g.denoise_seconds, g.denoise_seconds / double(steps), g.decode_seconds);
@@ -112,7 +127,22 @@ int cmd_bench_diffusion(const Args& args) {
   diffusion::UNet unet(config);
   unet.params().allocate(f.has("train"));
   unet.params().init(1);
+  unet.params().set_bf16_compute(mixed);
   const int64_t latent = size / factor;
+  const double weights_gb =
+      (double(unet.params().size()) * 4 + (mixed ? double(unet.params().bf16_size()) * 2 : 0.0)) / 1e9;
+  const double bf16_peak = mixed ? cached_peak().bf16_gflops : 0.0;
+  // The figures every UNet timing reports beside its own.
+  auto precision_json = [&](nlohmann::ordered_json& j, double gflops) {
+    j["dtype"] = dtype;
+    if (mixed) {
+      j["bf16_peak_gflops"] = bf16_peak;
+      j["fraction_of_bf16_peak"] = gflops / bf16_peak;
+    }
+  };
+  auto precision_text = [&](double gflops) {
+    if (mixed) std::printf("bf16 mixed precision: %.2f of the bf16 peak (%.1f)\n", gflops / bf16_peak, bf16_peak);
+  };
   if (f.has("train")) {
     HYP_USAGE_CHECK(!config.text_time, "bench diffusion: --train takes sd15, sd21 or sd-tiny (SDXL training is not built)");
     unet.set_remat(f.has("remat"));
@@ -140,14 +170,15 @@ int cmd_bench_diffusion(const Args& args) {
     const double act_gb = double(diffusion::peak_live_bytes()) / 1e9;
     std::sort(times.begin(), times.end());
     const double gflops = 2.0 * macs / times.front() / 1e9, peak = cached_peak().f32_gflops;
-    const double weights_gb = double(unet.params().size()) * 4 / 1e9;
+    const double grads_gb = double(unet.params().size()) * 4 / 1e9;
     if (json) {
       nlohmann::ordered_json j = {{"model", model}, {"size", size}, {"latent", latent}, {"batch", batch},
                                   {"remat", f.has("remat")}, {"threads", num_threads()},
                                   {"cpu", cpu_features().model_name}, {"gflop_per_step", 2 * macs / 1e9},
                                   {"best_seconds", times.front()}, {"gflops", gflops}, {"f32_peak_gflops", peak},
                                   {"fraction_of_peak", gflops / peak}, {"activations_peak_gb", act_gb},
-                                  {"weights_gb", weights_gb}, {"grads_gb", weights_gb}};
+                                  {"weights_gb", weights_gb}, {"grads_gb", grads_gb}};
+      precision_json(j, gflops);
       print_json(j, 2);
       return 0;
     }
@@ -156,8 +187,9 @@ int cmd_bench_diffusion(const Args& args) {
                 cpu_summary().c_str());
     std::printf("%.1f GFLOP per step (forward, backward%s): best %.3f s; %.1f GFLOP/s = %.2f of the f32 peak\n",
                 2 * macs / 1e9, f.has("remat") ? ", recomputation" : "", times.front(), gflops, gflops / peak);
-    std::printf("activations' high-water %.2f GB beside %.2f GB of weights and as much of gradients\n", act_gb,
-                weights_gb);
+    precision_text(gflops);
+    std::printf("activations' high-water %.2f GB beside %.2f GB of weights and %.2f GB of gradients\n", act_gb,
+                weights_gb, grads_gb);
     return 0;
   }
   diffusion::Act x(batch, latent, latent, config.in_channels);
@@ -191,7 +223,6 @@ int cmd_bench_diffusion(const Args& args) {
   const double rss_gb = double(ru.ru_maxrss) / (1 << 20);
   const double gflops = 2.0 * macs / best / 1e9;
   const double peak = cached_peak().f32_gflops;
-  const double weights_gb = double(unet.params().size()) * 4 / 1e9;
   if (json) {
     nlohmann::ordered_json j = {{"model", model},       {"size", size},
                                 {"latent", latent},     {"batch", batch},
@@ -201,6 +232,7 @@ int cmd_bench_diffusion(const Args& args) {
                                 {"gflops", gflops},     {"f32_peak_gflops", peak},
                                 {"fraction_of_peak", gflops / peak}, {"max_rss_gb", rss_gb},
                                 {"weights_gb", weights_gb}};
+    precision_json(j, gflops);
     print_json(j, 2);
     return 0;
   }
@@ -209,6 +241,7 @@ int cmd_bench_diffusion(const Args& args) {
               cpu_summary().c_str());
   std::printf("%.1f GFLOP per call: best %.3f s, median %.3f s; %.1f GFLOP/s = %.2f of the f32 peak (%.1f)\n",
               2 * macs / 1e9, best, median, gflops, gflops / peak, peak);
+  precision_text(gflops);
   std::printf("weights %.2f GB, peak resident memory %.2f GB\n", weights_gb, rss_gb);
   return 0;
 }

@@ -179,7 +179,7 @@ int cmd_diffusion_forward(const Args& args) {
 }
 
 int generate_image(const Flags& f) {
-  for (const char* flag : {"max-tokens", "temperature", "top-k", "top-p", "ignore-eos", "dtype", "hardware"})
+  for (const char* flag : {"max-tokens", "temperature", "top-k", "top-p", "ignore-eos", "hardware"})
     HYP_USAGE_CHECK(!f.has(flag), "generate: --{} does not apply to a diffusion model", flag);
   diffusion::ImageRequest r;
   r.prompt = f.get("prompt");
@@ -194,6 +194,9 @@ int generate_image(const Flags& f) {
   HYP_USAGE_CHECK(seed >= 0, "generate: --seed must be >= 0, got {}", seed);
   r.seed = uint64_t(seed);
   r.count = f.integer("batch", 1);
+  const std::string dtype = f.get("dtype", "float32");
+  HYP_USAGE_CHECK(dtype == "float32" || dtype == "bfloat16", "generate: --dtype must be float32 or bfloat16, got '{}'",
+                  dtype);
   const std::string output = f.require("output");
   HYP_USAGE_CHECK(output.size() > 4 && output.substr(output.size() - 4) == ".png",
                   "generate: --output {} must name a .png file", output);
@@ -205,6 +208,7 @@ int generate_image(const Flags& f) {
   const auto pipe = diffusion::DiffusionPipeline::is_pipeline_dir(checkpoint)
                         ? diffusion::DiffusionPipeline::load(checkpoint)
                         : diffusion::load_single_file(checkpoint, f.require("config"));
+  pipe->set_compute_dtype(dtype == "bfloat16" ? DType::kBF16 : DType::kF32);
   const double load_seconds = load_timer.seconds();
   try {
     r = pipe->resolve(r);
@@ -229,6 +233,7 @@ int generate_image(const Flags& f) {
     j["scheduler"] = r.sampler;
     j["guidance"] = r.guidance;
     j["seed"] = r.seed;
+    j["dtype"] = dtype;
     j["truncated_tokens"] = images.truncated_tokens;
     j["load_seconds"] = load_seconds;
     j["encode_seconds"] = images.encode_seconds;

@@ -97,6 +97,7 @@ int serve_images(const Flags& f, const std::string& checkpoint, const std::vecto
   const auto pipe = diffusion::DiffusionPipeline::is_pipeline_dir(checkpoint)
                         ? diffusion::DiffusionPipeline::load(checkpoint)
                         : diffusion::load_single_file(checkpoint, f.require("config"));
+  pipe->set_compute_dtype(ic.compute_dtype);
   if (ic.model_name.empty()) {
     std::filesystem::path p(checkpoint);
     if (!p.has_filename()) p = p.parent_path();
@@ -109,9 +110,9 @@ int serve_images(const Flags& f, const std::string& checkpoint, const std::vecto
   serve::ImageEngine engine(*pipe, ic);
   serve::HttpServer server(engine, ctx, http);
   const int bound = server.bind(host, port);
-  log_info("serve: {} ({}) on http://{}:{}  images {}x{} by default, {} denoised together, {} may wait",
+  log_info("serve: {} ({}) on http://{}:{}  images {}x{} by default, {} denoised together, {} may wait, {}",
            ic.model_name, checkpoint, host, bound, pipe->default_size(), pipe->default_size(), ic.max_batch_images,
-           ic.max_queue);
+           ic.max_queue, ic.compute_dtype == DType::kBF16 ? "bf16 mixed precision" : "float32");
   run_until_signalled(server, signals, drain_s);
   engine.stop();
   return 0;

@@ -1,6 +1,7 @@
 #include "diffusion/nn.h"
 
 #include <atomic>
+#include <vector>
 
 #include "base/error.h"
 #include "kernels/activation.h"
@@ -11,6 +12,7 @@
 #include "kernels/group_norm.h"
 #include "kernels/layer_norm.h"
 #include "kernels/upsample.h"
+#include "tensor/convert.h"
 
 namespace hyperion::diffusion {
 
@@ -18,7 +20,18 @@ using Init = ParamEntry::Init;
 
 namespace {
 std::atomic<int64_t> g_macs{0};
+
+// Activations rounded to bf16 for a mixed-precision matmul or convolution, in thread-local
+// scratch reused call to call (two slots: a backward reads two at once).
+const bf16* to_bf16(const float* x, int64_t n, int slot) {
+  thread_local std::vector<bf16> scratch[2];
+  std::vector<bf16>& b = scratch[slot];
+  if (b.size() < size_t(n)) b.resize(size_t(n));
+  convert_f32_to_bf16(x, b.data(), size_t(n));
+  return b.data();
 }
+
+}  // namespace
 
 int64_t layer_macs() {
   return g_macs.load();
@@ -33,13 +46,18 @@ Linear Linear::declare(ParamTable& p, const std::string& name, int64_t in, int64
   l.in = in;
   l.out = out;
   l.w = p.add(name + ".weight", {out, in});
+  p.keep_bf16(l.w);
   if (bias) l.b = p.add(name + ".bias", {out}, Init::kZero);
   return l;
 }
 
 void Linear::forward(const ParamTable& p, const float* x, int64_t rows, float* y, bool accumulate) const {
-  GemmArgs g = contiguous_gemm_args(Trans::kN, Trans::kT, rows, out, in, x, DType::kF32, p.data(w),
-                                    DType::kF32, y, DType::kF32, accumulate ? 1.0f : 0.0f);
+  const bool mixed = p.bf16_compute();
+  GemmArgs g = mixed ? contiguous_gemm_args(Trans::kN, Trans::kT, rows, out, in, to_bf16(x, rows * in, 0),
+                                            DType::kBF16, p.data_bf16(w), DType::kBF16, y, DType::kF32,
+                                            accumulate ? 1.0f : 0.0f)
+                     : contiguous_gemm_args(Trans::kN, Trans::kT, rows, out, in, x, DType::kF32, p.data(w),
+                                            DType::kF32, y, DType::kF32, accumulate ? 1.0f : 0.0f);
   if (b >= 0) g.bias = p.data(b);
   gemm(g);
   g_macs += rows * in * out;
@@ -47,10 +65,21 @@ void Linear::forward(const ParamTable& p, const float* x, int64_t rows, float* y
 
 void Linear::backward(ParamTable& p, const float* x, const float* dy, int64_t rows, float* dx,
                       bool accumulate_dx) const {
-  if (dx)
-    gemm_contiguous(Trans::kN, Trans::kN, rows, in, out, dy, DType::kF32, p.data(w), DType::kF32, dx, DType::kF32,
-                    accumulate_dx ? 1.0f : 0.0f);
-  gemm_contiguous(Trans::kT, Trans::kN, out, in, rows, dy, DType::kF32, x, DType::kF32, p.grad(w), DType::kF32, 1.0f);
+  const ParamTable& values = p;  // reads only (the gradients are p's)
+  if (values.bf16_compute()) {
+    const bf16* dy16 = to_bf16(dy, rows * out, 0);
+    if (dx)
+      gemm_contiguous(Trans::kN, Trans::kN, rows, in, out, dy16, DType::kBF16, values.data_bf16(w), DType::kBF16,
+                      dx, DType::kF32, accumulate_dx ? 1.0f : 0.0f);
+    gemm_contiguous(Trans::kT, Trans::kN, out, in, rows, dy16, DType::kBF16, to_bf16(x, rows * in, 1),
+                    DType::kBF16, p.grad(w), DType::kF32, 1.0f);
+  } else {
+    if (dx)
+      gemm_contiguous(Trans::kN, Trans::kN, rows, in, out, dy, DType::kF32, values.data(w), DType::kF32, dx,
+                      DType::kF32, accumulate_dx ? 1.0f : 0.0f);
+    gemm_contiguous(Trans::kT, Trans::kN, out, in, rows, dy, DType::kF32, x, DType::kF32, p.grad(w), DType::kF32,
+                    1.0f);
+  }
   if (b >= 0) column_sums(dy, rows, out, p.grad(b), /*accumulate=*/true);
   g_macs += 2 * rows * in * out;
 }
@@ -64,6 +93,7 @@ Conv Conv::declare(ParamTable& p, const std::string& name, int64_t in, int64_t o
   c.stride = stride;
   c.padding = padding < 0 ? kernel / 2 : padding;
   c.w = p.add(name + ".weight", {out, in, kernel, kernel});
+  if (c.is_pointwise()) p.keep_bf16(c.w);  // runs as a GEMM
   c.b = p.add(name + ".bias", {out}, Init::kZero);
   return c;
 }
@@ -72,34 +102,40 @@ Act Conv::forward(const ParamTable& p, const Act& x) const {
   HYP_CHECK(x.c == in, "conv: input has {} channels, the layer takes {}", x.c, in);
   Conv2dShape s{x.n, x.h, x.w, in, out, kernel, stride, padding};
   Act y(x.n, s.out_height(), s.out_width(), out);
-  if (kernel == 1 && stride == 1 && padding == 0) {
+  if (is_pointwise()) {
     // A 1x1 convolution is a linear layer over the pixels (weights [O, I, 1, 1] = [O, I]).
-    GemmArgs g = contiguous_gemm_args(Trans::kN, Trans::kT, x.rows(), out, in, x.data(), DType::kF32,
-                                      p.data(w), DType::kF32, y.data(), DType::kF32);
-    g.bias = p.data(b);
-    gemm(g);
-    g_macs += x.rows() * in * out;
+    as_linear().forward(p, x.data(), x.rows(), y.data());
     return y;
   }
-  conv2d_forward(s, x.data(), p.data(w), p.data(b), y.data());
+  if (p.bf16_compute()) conv2d_forward_bf16(s, to_bf16(x.data(), x.numel(), 0), p.data(w), p.data(b), y.data());
+  else conv2d_forward(s, x.data(), p.data(w), p.data(b), y.data());
   g_macs += int64_t(s.macs());
   return y;
 }
 
+Linear Conv::as_linear() const {
+  Linear l;
+  l.w = w;
+  l.b = b;
+  l.in = in;
+  l.out = out;
+  return l;
+}
+
 void Conv::backward(ParamTable& p, const Act& x, const Act& dy, Act* dx) const {
-  if (kernel == 1 && stride == 1 && padding == 0) {
-    Linear l;
-    l.w = w;
-    l.b = b;
-    l.in = in;
-    l.out = out;
+  if (is_pointwise()) {
     if (dx) *dx = Act(x.n, x.h, x.w, in);
-    l.backward(p, x.data(), dy.data(), x.rows(), dx ? dx->data() : nullptr);
+    as_linear().backward(p, x.data(), dy.data(), x.rows(), dx ? dx->data() : nullptr);
     return;
   }
   Conv2dShape s{x.n, x.h, x.w, in, out, kernel, stride, padding};
   if (dx) *dx = Act(x.n, x.h, x.w, in);
-  conv2d_backward(s, dy.data(), x.data(), p.data(w), dx ? dx->data() : nullptr, p.grad(w), p.grad(b));
+  const ParamTable& values = p;  // reads only (the gradients are p's)
+  if (values.bf16_compute())
+    conv2d_backward_bf16(s, to_bf16(dy.data(), dy.numel(), 0), to_bf16(x.data(), x.numel(), 1), values.data(w),
+                         dx ? dx->data() : nullptr, p.grad(w), p.grad(b));
+  else
+    conv2d_backward(s, dy.data(), x.data(), values.data(w), dx ? dx->data() : nullptr, p.grad(w), p.grad(b));
   g_macs += 2 * int64_t(s.macs());
 }
 

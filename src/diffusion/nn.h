@@ -9,6 +9,11 @@
 //   LayerNorm                                   (kernels/layer_norm.h)
 //   Attention  multi-head, self or cross, q/k/v/out projections as diffusers' Attention
 //              and CLIP's attention name them  (kernels/attention.h)
+//
+// Mixed precision (the table's set_bf16_compute, torch.autocast's rule): the linear layers
+// and convolutions read bf16 activations and weights and accumulate in f32; everything
+// else (norms, activations, attention's softmax products, residuals, what backward keeps)
+// stays f32.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +57,9 @@ struct Conv {
   static Conv declare(ParamTable& p, const std::string& name, int64_t in, int64_t out, int64_t kernel,
                       int64_t stride = 1, int64_t padding = -1);
   Act forward(const ParamTable& p, const Act& x) const;
+  // A 1x1 convolution, stride 1, no padding: a linear layer over the pixels.
+  bool is_pointwise() const { return kernel == 1 && stride == 1 && padding == 0; }
+  Linear as_linear() const;
   // dx (null: skipped) from dy; dW, db accumulated.
   void backward(ParamTable& p, const Act& x, const Act& dy, Act* dx) const;
 };

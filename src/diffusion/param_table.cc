@@ -9,6 +9,7 @@
 #include "io/weight_files.h"
 #include "kernels/fill.h"
 #include "kernels/finite.h"
+#include "tensor/convert.h"
 
 namespace hyperion::diffusion {
 
@@ -28,9 +29,38 @@ int ParamTable::add(const std::string& name, Shape shape, ParamEntry::Init init)
   return int(entries_.size()) - 1;
 }
 
+void ParamTable::keep_bf16(int i) {
+  HYP_CHECK(!allocated(), "parameter {} marked bf16 after the table was allocated", entries_[size_t(i)].name);
+  ParamEntry& e = entries_[size_t(i)];
+  if (e.bf16_offset >= 0) return;
+  e.bf16_offset = bf16_size_;
+  bf16_size_ += (e.numel + 31) / 32 * 32;  // 64-byte aligned offsets
+}
+
 void ParamTable::allocate(bool with_grads) {
   data_.assign(size_t(size_), 0.0f);
   if (with_grads) grads_.assign(size_t(size_), 0.0f);
+  ++version_;
+}
+
+void ParamTable::set_bf16_compute(bool on) {
+  bf16_on_ = on;
+  if (on) bf16_.assign(size_t(bf16_size_), bf16{});
+  else std::vector<bf16>().swap(bf16_);
+  bf16_version_ = 0;
+}
+
+const bf16* ParamTable::data_bf16(int i) const {
+  const ParamEntry& e = entries_[size_t(i)];
+  HYP_CHECK(bf16_on_ && e.bf16_offset >= 0, "parameter {} has no bf16 copy (mixed precision {})", e.name,
+            bf16_on_ ? "on, but it is not a matmul weight" : "off");
+  if (bf16_version_ != version_) {
+    for (const ParamEntry& t : entries_)
+      if (t.bf16_offset >= 0)
+        convert_f32_to_bf16(data_.data() + t.offset, bf16_.data() + t.bf16_offset, size_t(t.numel));
+    bf16_version_ = version_;
+  }
+  return bf16_.data() + e.bf16_offset;
 }
 
 void ParamTable::set_grads(bool with_grads) {
@@ -50,6 +80,7 @@ void ParamTable::zero_grads() {
 
 void ParamTable::init(uint64_t seed) {
   HYP_CHECK(allocated(), "ParamTable::init before allocate");
+  mark_written();
   for (size_t i = 0; i < entries_.size(); ++i) {
     const ParamEntry& e = entries_[i];
     float* p = data(int(i));
@@ -103,6 +134,7 @@ std::vector<std::string> ParamTable::load_mapped(const io::WeightFiles& files, c
                                                  const std::function<std::string(const std::string&)>& name_of,
                                                  const std::string& unused_prefix) {
   HYP_CHECK(allocated(), "ParamTable::load before allocate");
+  mark_written();
   std::set<std::string> used;
   for (size_t i = 0; i < entries_.size(); ++i) {
     const ParamEntry& e = entries_[i];

@@ -3,6 +3,16 @@
 // flat gradient buffer when training), so an optimizer, a gradient reduction or a
 // checkpoint sees one contiguous range. A model declares its tensors while it builds
 // itself from its config (add), then allocates once.
+//
+// Mixed precision (set_bf16_compute): the matmul weights (those declared keep_bf16: a
+// linear layer's, a 1x1 convolution's) get a bf16 copy that the GEMMs read, as
+// torch.autocast casts them; the f32 values stay the master (optimizer, checkpoints,
+// norms, convolutions, which round their weights as oneDNN reorders them). The copy is
+// refreshed lazily: a load, an init, every non-const all() (the optimizer's, the EMA's, a
+// checkpoint's restore) and mark_written() count as writes, and the next data_bf16()
+// converts again. Code writing one tensor through data(i) calls mark_written() after.
+// The refresh runs on the calling thread; a table is not shared between threads while it
+// is written.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tensor/dtype.h"
 #include "tensor/tensor.h"
 
 namespace hyperion::io {
@@ -23,6 +34,7 @@ struct ParamEntry {
   std::string name;
   Shape shape;
   int64_t offset = 0, numel = 0;
+  int64_t bf16_offset = -1;  // into the bf16 copy (keep_bf16 tensors only)
   // How a fresh model initialises it: weights normal(0, std) (fan-in scaled), norms' gains 1,
   // biases and norms' shifts 0.
   enum class Init : uint8_t { kWeight, kOne, kZero } init = Init::kWeight;
@@ -32,6 +44,9 @@ class ParamTable {
  public:
   // Declares a tensor (before allocate); returns its index. Names are unique.
   int add(const std::string& name, Shape shape, ParamEntry::Init init = ParamEntry::Init::kWeight);
+  // Marks tensor i (declared, not yet allocated) as a matmul weight read in bf16 under
+  // mixed precision.
+  void keep_bf16(int i);
   void allocate(bool with_grads);
   // Adds (zeroed) or frees the gradient buffer, keeping the values.
   void set_grads(bool with_grads);
@@ -43,8 +58,19 @@ class ParamTable {
   float* data(int i) { return data_.data() + entries_[size_t(i)].offset; }
   const float* data(int i) const { return data_.data() + entries_[size_t(i)].offset; }
   float* grad(int i) { return grads_.data() + entries_[size_t(i)].offset; }
-  float* all() { return data_.data(); }
+  float* all() {  // counts as a write (the bf16 copy is refreshed before its next use)
+    ++version_;
+    return data_.data();
+  }
   const float* all() const { return data_.data(); }
+
+  // Mixed precision on or off (the copy is allocated or freed). On, tensor i's bf16 copy
+  // (i must be keep_bf16), converted again first when the values changed since.
+  void set_bf16_compute(bool on);
+  void mark_written() { ++version_; }
+  bool bf16_compute() const { return bf16_on_; }
+  const bf16* data_bf16(int i) const;
+  int64_t bf16_size() const { return bf16_size_; }  // elements in the copy
   float* all_grads() { return grads_.data(); }
   bool has_grads() const { return !grads_.empty(); }
   void zero_grads();
@@ -73,8 +99,12 @@ class ParamTable {
  private:
   std::vector<ParamEntry> entries_;
   std::unordered_map<std::string, int> index_;
-  int64_t size_ = 0;
+  int64_t size_ = 0, bf16_size_ = 0;
   std::vector<float> data_, grads_;
+  bool bf16_on_ = false;
+  uint64_t version_ = 1;  // bumped by every (possible) write of the values
+  mutable uint64_t bf16_version_ = 0;
+  mutable std::vector<bf16> bf16_;
 };
 
 }  // namespace hyperion::diffusion

@@ -112,6 +112,20 @@ std::unique_ptr<DiffusionPipeline> DiffusionPipeline::load(const std::string& di
   return p;
 }
 
+void DiffusionPipeline::set_compute_dtype(DType dtype) {
+  HYP_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "diffusion: compute dtype {} (float32 or bfloat16)",
+            dtype_name(dtype));
+  const bool mixed = dtype == DType::kBF16;
+  for (ClipTextModel* t : {text_encoder_.get(), text_encoder_2_.get()})
+    if (t) t->params().set_bf16_compute(mixed);
+  unet_->params().set_bf16_compute(mixed);
+  vae_->params().set_bf16_compute(mixed);
+}
+
+DType DiffusionPipeline::compute_dtype() const {
+  return unet_->params().bf16_compute() ? DType::kBF16 : DType::kF32;
+}
+
 int64_t DiffusionPipeline::default_size() const {
   return unet_->config().sample_size * vae_->config().downscale();
 }

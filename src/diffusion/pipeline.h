@@ -79,6 +79,11 @@ class DiffusionPipeline {
   // scheduler's config), atomically per file.
   void save(const std::string& dir) const;
 
+  // Mixed precision for every component (bf16 matmuls and convolutions with f32
+  // accumulation, nn.h) or f32 throughout: DType::kBF16 or DType::kF32.
+  void set_compute_dtype(DType dtype);
+  DType compute_dtype() const;
+
   const UNet& unet() const { return *unet_; }
   const Vae& vae() const { return *vae_; }
   const ClipTextModel& text_encoder() const { return *text_encoder_; }

@@ -10,12 +10,21 @@
 // [Cout, Cin, KH, KW] (OIHW), as checkpoints store them, so loading needs no transpose.
 // OH = (H + 2p - KH) / s + 1, likewise OW. All arrays f32, contiguous.
 //
+// Mixed precision (the _bf16 forms, what torch.autocast(dtype=bfloat16) does to a
+// convolution): activations and output gradients in bf16, weights given f32 and rounded to
+// bf16 by the same reorder that puts them in oneDNN's layout (no bf16 copy kept), f32
+// accumulation, and y, dx, dw, dbias f32. Twice the f32 rate on AVX512-BF16 and AMX; on
+// CPUs without bf16 dot products, the same numbers at the f32 rate (the f32 primitive on
+// the widened values).
+//
 // The work is oneDNN's (convolution_forward / backward_data / backward_weights, primitives
 // cached per shape, weights reordered into the layout oneDNN picks on each call); ref::
 // is a plain loop in double.
 #pragma once
 
 #include <cstdint>
+
+#include "tensor/dtype.h"
 
 namespace hyperion {
 
@@ -48,6 +57,18 @@ void conv2d_forward(const Conv2dShape& s, const float* x, const float* w, const 
 // accumulation over micro-batches needs no extra buffer.
 void conv2d_backward(const Conv2dShape& s, const float* dy, const float* x, const float* w,
                      float* dx, float* dw, float* dbias);
+
+// Mixed precision: x and dy bf16, everything else as above.
+void conv2d_forward_bf16(const Conv2dShape& s, const bf16* x, const float* w, const float* bias,
+                         float* y);
+void conv2d_backward_bf16(const Conv2dShape& s, const bf16* dy, const bf16* x, const float* w,
+                          float* dx, float* dw, float* dbias);
+
+// The path of CPUs without bf16 dot products (public so tests cover it on any CPU).
+void conv2d_forward_bf16_emulated(const Conv2dShape& s, const bf16* x, const float* w,
+                                  const float* bias, float* y);
+void conv2d_backward_bf16_emulated(const Conv2dShape& s, const bf16* dy, const bf16* x,
+                                   const float* w, float* dx, float* dw, float* dbias);
 
 namespace ref {
 void conv2d_forward(const Conv2dShape& s, const float* x, const float* w, const float* bias,

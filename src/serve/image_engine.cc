@@ -40,6 +40,9 @@ std::vector<ConfigKey> image_engine_config_schema() {
        "with guidance)"},
       {"max_queue", ConfigType::kInt, "64", "requests waiting to join before 429"},
       {"model_name", ConfigType::kString, "", "model id for /v1/models"},
+      {"dtype", ConfigType::kString, "float32",
+       "compute: float32 | bfloat16 (mixed precision: convolutions and linear layers in bf16, f32 "
+       "accumulation)"},
   };
 }
 
@@ -50,6 +53,10 @@ ImageEngineConfig parse_image_engine_config(const std::vector<std::string>& over
   c.max_batch_images = cfg.get_int("max_batch_images");
   c.max_queue = cfg.get_int("max_queue");
   c.model_name = cfg.get_string("model_name");
+  const std::string dtype = cfg.get_string("dtype");
+  HYP_USAGE_CHECK(dtype == "float32" || dtype == "bfloat16", "serve: dtype must be float32 or bfloat16, got '{}'",
+                  dtype);
+  c.compute_dtype = dtype == "bfloat16" ? DType::kBF16 : DType::kF32;
   HYP_USAGE_CHECK(c.max_batch_images >= 1 && c.max_batch_images <= 256,
                   "serve: max_batch_images must be in [1, 256], got {}", c.max_batch_images);
   HYP_USAGE_CHECK(c.max_queue >= 0 && c.max_queue <= 100000, "serve: max_queue must be in [0, 100000], got {}",

@@ -34,6 +34,7 @@ struct ImageEngineConfig {
   int64_t max_batch_images = 8;  // images denoised together (each request's n counts)
   int64_t max_queue = 64;        // requests waiting to join before 429
   std::string model_name;        // /v1/models id
+  DType compute_dtype = DType::kF32;  // kBF16: mixed precision (the caller sets it on the pipeline)
 };
 
 // The `key=value` keys of `hyperion serve` on a diffusion checkpoint.

@@ -61,6 +61,7 @@ void save_diffusion_checkpoint(const std::string& run_dir, const Config& config,
   j["optimizer_steps"] = state.optimizer->steps();
   j["ema_updates"] = state.ema ? state.ema->updates() : 0;
   j["rng"] = rng.str();
+  j["compute_dtype"] = state.bf16 ? "bfloat16" : "float32";
   nlohmann::ordered_json cfg = nlohmann::ordered_json::object();
   for (const auto& [k, val] : config.values()) cfg[k] = val;
   j["config"] = cfg;
@@ -81,6 +82,10 @@ void restore_diffusion_checkpoint(const std::string& dir, diffusion::DiffusionPi
     std::istringstream rng(j.at("rng").get<std::string>());
     rng >> *state.rng;
     HYP_CHECK(!rng.fail(), "{}: 'rng' is not a saved generator state", json_path);
+    const std::string dtype = j.value("compute_dtype", std::string("float32"));
+    HYP_CHECK(dtype == "float32" || dtype == "bfloat16", "{}: compute_dtype '{}' (float32 or bfloat16)", json_path,
+              dtype);
+    state.bf16 = dtype == "bfloat16";
   } catch (const nlohmann::json::exception& e) {
     fail("{}: {}", json_path, e.what());
   }

@@ -7,7 +7,8 @@
 //   - training_state.safetensors: the UNet's own weights (unet.NAME), AdamW's moments
 //     (adam_m.NAME, adam_v.NAME) and the EMA (ema.NAME);
 //   - trainer_state.json: model_type "diffusion", the step, AdamW's and the EMA's update
-//     counts, the data RNG's state, and the run's config (what --resume restores).
+//     counts, the data RNG's state, the compute dtype and the run's config (what --resume
+//     restores).
 //
 // Written into checkpoints/.tmp-*, then published by rename (train/checkpoint_files.h),
 // keeping checkpoints_to_keep.
@@ -28,6 +29,7 @@ struct DiffusionTrainingState {
   diffusion::ParamEma* ema = nullptr;  // nullptr: no EMA (the UNet is saved as it is)
   std::mt19937_64* rng = nullptr;
   int64_t step = 0;
+  bool bf16 = false;  // mixed precision (saved as trainer_state.json's compute_dtype)
 };
 
 // Rank 0 only. The pipeline's UNet holds its training weights before and after.

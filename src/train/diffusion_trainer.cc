@@ -93,10 +93,10 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
                   "config key hardware={} ({}): the diffusion models have no GPU kernels yet; they train on the "
                   "CPU (hardware=cpu)",
                   config.get_string("hardware"), config.source_of("hardware"));
-  HYP_USAGE_CHECK(!set_here("dtype") || !t.bf16,
-                  "config key dtype=bfloat16 ({}): the diffusion models compute in float32 (bf16 is not built for "
-                  "them yet); set dtype=float32",
-                  config.source_of("dtype"));
+  // dtype: float32 unless set here; bfloat16 is mixed precision (the UNet's convolutions and
+  // linear layers in bf16 with f32 accumulation, f32 master weights, optimizer and
+  // gradients; the frozen VAE and text encoder fill the cache in f32). The language
+  // models' default (bfloat16) is not the diffusion models' one: a run asks for it.
   // remat_policy: none keeps every activation of a step; full keeps each UNet block's
   // input only and recomputes the rest in the backward pass. (The language models' default,
   // minimal, means none here; set explicitly it is refused.)
@@ -290,10 +290,14 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
   diffusion::AdamWState opt(unet.params());
   diffusion::ParamEma ema(unet.params());
   DiffusionTrainingState state{&opt, d.ema_decay > 0 ? &ema : nullptr, &rng, 0};
+  state.bf16 = set_here("dtype") && t.bf16;
   if (from) {
-    restore_diffusion_checkpoint(*from, *pipe, state);
+    restore_diffusion_checkpoint(*from, *pipe, state);  // the run's own dtype, unless set here
+    if (set_here("dtype")) state.bf16 = t.bf16;
     log_info("resume: from {} at step {}", *from, state.step);
   }
+  unet.params().set_bf16_compute(state.bf16);
+  if (state.bf16) log_info("dtype: bfloat16 mixed precision (f32 master weights, gradients and optimizer)");
   const int64_t start = state.step;
   bool stopped_early = false;
   result.start_step = start;
@@ -340,7 +344,7 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
   std::vector<float> noise(size_t(batch * world * per)), ctx(size_t(batch * tokens * ctx_dim));
   double samples_per_s_sum = 0, mfu_sum = 0;
   int64_t timed = 0;
-  const double peak = cached_peak().f32_gflops;
+  const double peak = state.bf16 ? cached_peak().bf16_gflops : cached_peak().f32_gflops;
   result.peak_gflops = result.peak_bf16_gflops = peak;
   for (int64_t s = start; s < t.steps; ++s) {
     if (any_stop()) {
@@ -420,6 +424,7 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
   if (rank == 0)
     log_info("saved {} (a diffusers directory: hyperion generate --checkpoint {} ...)", ckpt, ckpt);
   if (d.ema_decay > 0 && result.steps > 0) ema.copy_to(unet.params());  // the samples use the EMA
+  pipe->set_compute_dtype(state.bf16 ? DType::kBF16 : DType::kF32);  // and the run's dtype
   if (rank == 0 && fmnist && d.samples_per_class > 0 && !result.stopped_by_signal && !stopped_early) {
     // One row per class, samples_per_class seeds each.
     const int64_t S = pipe->default_size(), k = d.samples_per_class;

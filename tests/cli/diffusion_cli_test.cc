@@ -54,6 +54,15 @@ TEST(DiffusionCli, GenerateWritesSeededPngs) {
   ASSERT_EQ(run_cli("generate --checkpoint " + dir + " --prompt 'a photo of a bag' --steps 3 --seed 5 --batch 2 "
                     "--scheduler euler --output " + out).code, 0);
   EXPECT_EQ(io::read_file(out), first);
+  // Mixed precision (bf16 matmuls and convolutions): the same image size, and it says so.
+  const auto mixed = run_cli("generate --checkpoint " + dir + " --prompt 'a photo of a bag' --steps 3 --seed 5 "
+                             "--dtype bfloat16 --output " + out + " --json", false);
+  ASSERT_EQ(mixed.code, 0) << mixed.out;
+  EXPECT_EQ(nlohmann::json::parse(mixed.out)["dtype"], "bfloat16");
+  EXPECT_EQ(io::read_image(out).width, 32);
+  const auto bad = run_cli("generate --checkpoint " + dir + " --prompt p --dtype float16 --output " + out);
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("--dtype"), std::string::npos) << bad.out;
 }
 
 // `hyperion serve` on the diffusers directory: the image a request gets is, byte for byte,
@@ -116,7 +125,7 @@ TEST(DiffusionCli, UsageErrorsNameTheFlag) {
   // Language-model keys the diffusion trainer does not honour are refused by name, before
   // anything is written.
   const std::string runs = testing::TempDir() + "/diffusion_cli_refused." + std::to_string(::getpid());
-  for (const char* key : {"dtype=bfloat16", "remat_policy=minimal", "quantization=int8"}) {
+  for (const char* key : {"remat_policy=minimal", "quantization=int8"}) {
     r = run_cli(std::string("train sd-tiny ") + key + " base_output_directory=" + runs);
     EXPECT_EQ(r.code, 2) << key << ": " << r.out;
     EXPECT_NE(r.out.find(key), std::string::npos) << r.out;
@@ -236,6 +245,41 @@ TEST(DiffusionCli, FineTunesADiffusersDirectoryOnAnImageFolder) {
                            " diffusion.resolution=36 base_output_directory=" + base + " run_name=bad");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("diffusion.resolution"), std::string::npos) << bad.out;
+}
+
+// dtype=bfloat16: mixed precision training; the checkpoint records it and a resumed run
+// keeps it without being told again.
+TEST(DiffusionCli, Bf16RunRecordsItsDtypeAndItsResumeKeepsIt) {
+  const std::string base = testing::TempDir() + "/diffusion_cli_bf16." + std::to_string(::getpid()),
+                    pretrained = base + "/pretrained", images = base + "/images";
+  fs::remove_all(base);
+  diffusion::make_sd_tiny(13)->save(pretrained);
+  fs::create_directories(images);
+  std::string meta;
+  for (int i = 0; i < 2; ++i) {
+    io::Image img;
+    img.width = img.height = 32;
+    img.channels = 3;
+    img.pixels.resize(img.bytes());
+    for (size_t k = 0; k < img.pixels.size(); ++k) img.pixels[k] = uint8_t((k * 5 + size_t(i) * 17) % 256);
+    io::write_png(images + "/" + std::to_string(i) + ".png", img);
+    meta += "{\"file_name\": \"" + std::to_string(i) + ".png\", \"text\": \"a photo of a bag\"}\n";
+  }
+  io::write_file_atomic(images + "/metadata.jsonl", meta);
+  const auto first = run_cli("train sd-tiny diffusion.pretrained=" + pretrained + " diffusion.dataset=" + images +
+                             " diffusion.vae_steps=0 steps=4 per_device_batch_size=2 diffusion.samples_per_class=0 "
+                             "dtype=bfloat16 base_output_directory=" + base + " run_name=bf --stop-at 2");
+  ASSERT_EQ(first.code, 0) << first.out;
+  EXPECT_NE(first.out.find("bfloat16 mixed precision"), std::string::npos) << first.out;
+  auto dtype_at = [&](int step) {
+    return nlohmann::json::parse(io::read_file(base + "/bf/checkpoints/" + std::to_string(step) +
+                                               "/trainer_state.json"))["compute_dtype"];
+  };
+  EXPECT_EQ(dtype_at(2), "bfloat16");
+  const auto second = run_cli("train --resume " + base + "/bf --json", false);
+  ASSERT_EQ(second.code, 0) << second.out;
+  EXPECT_EQ(nlohmann::json::parse(second.out)["steps"], 4);
+  EXPECT_EQ(dtype_at(4), "bfloat16");
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "finite_difference.h"
+#include "tensor/convert.h"
 #include "kernel_test_util.h"
 
 namespace hyperion {
@@ -96,6 +97,64 @@ TEST(Conv2d, ReferenceBackwardMatchesFiniteDifferences) {
     const auto fdb = finite_difference(wrt_b, b, dy, cb);
     for (size_t i = 0; i < cb.size(); ++i)
       EXPECT_NEAR(db[cb[i]], fdb[i], 2e-3 * std::max(1.0, std::fabs(fdb[i]))) << "db " << cb[i];
+  }
+}
+
+// Mixed precision: bf16 activations and output gradients, f32 weights rounded to bf16 by
+// the kernel, f32 accumulation. Against the reference on the same rounded values, the
+// only differences left are f32 summation order (the reference sums in double).
+std::vector<float> rounded(const std::vector<float>& v) {
+  std::vector<float> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = bf16_to_f32(f32_to_bf16(v[i]));
+  return r;
+}
+
+std::vector<bf16> as_bf16(const std::vector<float>& v) {
+  std::vector<bf16> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = f32_to_bf16(v[i]);
+  return r;
+}
+
+TEST(Conv2d, Bf16ForwardMatchesReferenceOnRoundedInputs) {
+  std::mt19937 rng(4);
+  for (const Conv2dShape& s : kShapes) {
+    SCOPED_TRACE(testing::Message() << s.batch << "x" << s.height << "x" << s.width << "x" << s.in_channels << "->"
+                                    << s.out_channels << " k" << s.kernel << " s" << s.stride);
+    const auto x = randn(size_t(s.x_numel()), rng), w = randn(size_t(s.w_numel()), rng, 0.2f);
+    const auto b = randn(size_t(s.out_channels), rng);
+    std::vector<float> y(size_t(s.y_numel())), y_emulated(y.size()), y_ref(y.size()), y_f32(y.size());
+    conv2d_forward_bf16(s, as_bf16(x).data(), w.data(), b.data(), y.data());
+    conv2d_forward_bf16_emulated(s, as_bf16(x).data(), w.data(), b.data(), y_emulated.data());
+    ref::conv2d_forward(s, rounded(x).data(), rounded(w).data(), b.data(), y_ref.data());
+    EXPECT_LT(max_rel_error(y, y_ref), 2e-6);
+    EXPECT_LT(max_rel_error(y_emulated, y_ref), 2e-6);
+    // And within bf16's rounding of the unrounded f32 result.
+    ref::conv2d_forward(s, x.data(), w.data(), b.data(), y_f32.data());
+    EXPECT_LT(max_rel_error(y, y_f32), 2e-2);
+  }
+}
+
+TEST(Conv2d, Bf16BackwardMatchesReferenceOnRoundedInputsAndAccumulates) {
+  std::mt19937 rng(5);
+  for (const Conv2dShape& s : kShapes) {
+    SCOPED_TRACE(testing::Message() << s.batch << "x" << s.height << "x" << s.width << "x" << s.in_channels << "->"
+                                    << s.out_channels << " k" << s.kernel << " s" << s.stride);
+    const auto x = randn(size_t(s.x_numel()), rng), w = randn(size_t(s.w_numel()), rng, 0.2f);
+    const auto dy = randn(size_t(s.y_numel()), rng);
+    const auto dw0 = randn(w.size(), rng), db0 = randn(size_t(s.out_channels), rng);
+    std::vector<float> dx(x.size()), dx_ref(x.size()), dw = dw0, dw_ref = dw0, db = db0, db_ref = db0;
+    conv2d_backward_bf16(s, as_bf16(dy).data(), as_bf16(x).data(), w.data(), dx.data(), dw.data(), db.data());
+    ref::conv2d_backward(s, rounded(dy).data(), rounded(x).data(), rounded(w).data(), dx_ref.data(), dw_ref.data(),
+                         db_ref.data());
+    EXPECT_LT(max_rel_error(dx, dx_ref), 2e-6);
+    EXPECT_LT(max_rel_error(dw, dw_ref), 2e-6);
+    EXPECT_LT(max_rel_error(db, db_ref), 2e-6);
+    std::vector<float> dx_e(x.size()), dw_e = dw0, db_e = db0;
+    conv2d_backward_bf16_emulated(s, as_bf16(dy).data(), as_bf16(x).data(), w.data(), dx_e.data(), dw_e.data(),
+                                  db_e.data());
+    EXPECT_LT(max_rel_error(dx_e, dx_ref), 2e-6);
+    EXPECT_LT(max_rel_error(dw_e, dw_ref), 2e-6);
+    EXPECT_LT(max_rel_error(db_e, db_ref), 2e-6);
   }
 }
 
