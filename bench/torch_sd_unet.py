@@ -68,6 +68,12 @@ def main():
     torch.set_default_dtype(torch.float32)
     if hasattr(F, "scaled_dot_product_attention"):
         ref.attention = sdpa_attention
+    if a.dtype == "bfloat16":
+        # Norms in f32, as autocast means them to be (this torch's CPU autocast leaves
+        # group_norm / layer_norm to fail on a bf16 input with f32 weights).
+        gn, ln = ref.group_norm, ref.layer_norm
+        ref.group_norm = lambda P, name, x, groups, eps: gn(P, name, x.float(), groups, eps)
+        ref.layer_norm = lambda P, name, x, eps: ln(P, name, x.float(), eps)
     cfg = dict(in_channels=4, out_channels=4, norm_num_groups=32, norm_eps=1e-5, **PRESETS[a.model])
     size = a.size or cfg["sample_size"] * 8
     latent = size // 8

@@ -60,6 +60,21 @@ DiffusionPipeline::DiffusionPipeline(std::string class_name, std::unique_ptr<Cli
 
 DiffusionPipeline::~DiffusionPipeline() = default;
 
+void DiffusionPipeline::add_second_text_encoder(std::unique_ptr<ClipTextModel> text_encoder_2,
+                                                std::unique_ptr<text::ClipTokenizer> tokenizer_2,
+                                                bool force_zeros_for_empty_prompt) {
+  HYP_CHECK(text_encoder_2->config().with_projection, "an SDXL pipeline's second text encoder has a projection");
+  HYP_CHECK(unet_->config().text_time, "an SDXL pipeline needs a UNet with addition_embed_type text_time");
+  const int64_t ctx = text_encoder_->config().hidden_size + text_encoder_2->config().hidden_size;
+  HYP_CHECK(ctx == unet_->config().cross_attention_dim,
+            "the text encoders give {} features, the UNet's cross_attention_dim is {}", ctx,
+            unet_->config().cross_attention_dim);
+  class_name_ = "StableDiffusionXLPipeline";
+  text_encoder_2_ = std::move(text_encoder_2);
+  tokenizer_2_ = std::move(tokenizer_2);
+  force_zeros_for_empty_prompt_ = force_zeros_for_empty_prompt;
+}
+
 std::unique_ptr<DiffusionPipeline> DiffusionPipeline::load(const std::string& dir) {
   const std::string index_path = (fs::path(dir) / "model_index.json").string();
   HYP_CHECK(fs::exists(index_path), "{}: not a diffusers pipeline (no model_index.json)", dir);
@@ -313,7 +328,6 @@ GeneratedImages DiffusionPipeline::generate(const ImageRequest& request) const {
 }
 
 void DiffusionPipeline::save(const std::string& dir) const {
-  HYP_CHECK(!xl(), "saving an SDXL pipeline is not supported");
   fs::create_directories(dir);
   nlohmann::ordered_json index;
   index["_class_name"] = class_name_;
@@ -326,6 +340,14 @@ void DiffusionPipeline::save(const std::string& dir) const {
   index["tokenizer"] = {"transformers", "CLIPTokenizer"};
   index["unet"] = {"diffusers", "UNet2DConditionModel"};
   index["vae"] = {"diffusers", "AutoencoderKL"};
+  if (xl()) {
+    index.erase("feature_extractor");
+    index.erase("requires_safety_checker");
+    index.erase("safety_checker");
+    index["force_zeros_for_empty_prompt"] = force_zeros_for_empty_prompt_;
+    index["text_encoder_2"] = {"transformers", "CLIPTextModelWithProjection"};
+    index["tokenizer_2"] = {"transformers", "CLIPTokenizer"};
+  }
   auto sub = [&](const char* name) {
     const std::string d = (fs::path(dir) / name).string();
     fs::create_directories(d);
@@ -340,6 +362,12 @@ void DiffusionPipeline::save(const std::string& dir) const {
   io::write_file_atomic((fs::path(te_dir) / "config.json").string(), text_encoder_->config().to_json());
   text_encoder_->params().save((fs::path(te_dir) / "model.safetensors").string());
   tokenizer_->save(sub("tokenizer"));
+  if (xl()) {
+    const std::string te2_dir = sub("text_encoder_2");
+    io::write_file_atomic((fs::path(te2_dir) / "config.json").string(), text_encoder_2_->config().to_json());
+    text_encoder_2_->params().save((fs::path(te2_dir) / "model.safetensors").string());
+    tokenizer_2_->save(sub("tokenizer_2"));
+  }
   io::write_file_atomic((fs::path(sched_dir) / "scheduler_config.json").string(), schedule_.to_json());
   // The index last: a directory with model_index.json is complete.
   io::write_file_atomic((fs::path(dir) / "model_index.json").string(), index.dump(2) + "\n");

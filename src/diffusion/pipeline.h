@@ -59,6 +59,11 @@ class DiffusionPipeline {
                     std::unique_ptr<text::ClipTokenizer> tokenizer, std::unique_ptr<UNet> unet,
                     std::unique_ptr<Vae> vae, NoiseSchedule schedule);
   ~DiffusionPipeline();
+  // Makes it an SDXL pipeline (StableDiffusionXLPipeline): the second text encoder (with
+  // projection: its pooled embedding feeds the UNet's text_time embedding) and its
+  // tokenizer. The UNet must be text_time and attend to both encoders' widths.
+  void add_second_text_encoder(std::unique_ptr<ClipTextModel> text_encoder_2,
+                               std::unique_ptr<text::ClipTokenizer> tokenizer_2, bool force_zeros_for_empty_prompt);
 
   // Checks a request (sizes, steps, guidance, sampler) and fills its defaults; usage
   // errors name the field.
@@ -75,8 +80,8 @@ class DiffusionPipeline {
   GeneratedImages finish(Job& job) const;
 
   // Writes the pipeline as a diffusers directory (model_index.json, each component's
-  // config.json and safetensors, the tokenizer's vocab.json and merges.txt, the
-  // scheduler's config), atomically per file.
+  // config.json and safetensors, the tokenizers' vocab.json and merges.txt, the
+  // scheduler's config; SDXL's text_encoder_2 and tokenizer_2 too), atomically per file.
   void save(const std::string& dir) const;
 
   // Mixed precision for every component (bf16 matmuls and convolutions with f32

@@ -1,5 +1,6 @@
 #include "diffusion/sd_tiny.h"
 
+#include <algorithm>
 #include <set>
 #include <sstream>
 
@@ -79,6 +80,39 @@ std::unique_ptr<DiffusionPipeline> make_sd_tiny(uint64_t seed) {
   schedule.finish();
   return std::make_unique<DiffusionPipeline>("StableDiffusionPipeline", std::move(text), std::move(tok), std::move(unet),
                                              std::move(vae), std::move(schedule));
+}
+
+std::unique_ptr<DiffusionPipeline> make_sd_tiny_xl(uint64_t seed) {
+  auto pipe = make_sd_tiny(seed);
+  // The UNet again, SDXL-shaped: text_time embedding of the second encoder's pooled
+  // projection and 6 size / crop ids, attending to both encoders' widths.
+  UNetConfig uc = sd_tiny_unet_config();
+  ClipTextConfig tc2 = sd_tiny_text_config(pipe->tokenizer().vocab_size(), pipe->tokenizer().eos_id());
+  tc2.act = Activation::kGelu;  // OpenCLIP's
+  tc2.with_projection = true;
+  tc2.projection_dim = 32;
+  uc.cross_attention_dim = pipe->text_encoder().config().hidden_size + tc2.hidden_size;
+  uc.text_time = true;
+  uc.addition_time_embed_dim = 8;
+  uc.projection_class_embeddings_input_dim = tc2.projection_dim + 6 * uc.addition_time_embed_dim;
+  auto unet = std::make_unique<UNet>(uc);
+  auto text2 = std::make_unique<ClipTextModel>(tc2);
+  for (ParamTable* p : {&text2->params(), &unet->params()}) {
+    p->allocate(false);
+    p->init(seed + 1);
+  }
+  auto vae = std::make_unique<Vae>(sd_tiny_vae_config());
+  vae->params().allocate(false);
+  std::copy(pipe->vae().params().all(), pipe->vae().params().all() + pipe->vae().params().size(), vae->params().all());
+  auto text = std::make_unique<ClipTextModel>(pipe->text_encoder().config());
+  text->params().allocate(false);
+  std::copy(pipe->text_encoder().params().all(),
+            pipe->text_encoder().params().all() + pipe->text_encoder().params().size(), text->params().all());
+  auto xl = std::make_unique<DiffusionPipeline>(
+      "StableDiffusionPipeline", std::move(text), std::make_unique<text::ClipTokenizer>(pipe->tokenizer()),
+      std::move(unet), std::move(vae), pipe->schedule());
+  xl->add_second_text_encoder(std::move(text2), std::make_unique<text::ClipTokenizer>(pipe->tokenizer()), true);
+  return xl;
 }
 
 }  // namespace hyperion::diffusion

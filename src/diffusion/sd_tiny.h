@@ -24,5 +24,8 @@ std::vector<std::string> sd_tiny_words();
 
 // A randomly initialised sd-tiny pipeline (DDPM's scaled_linear schedule, 1000 steps).
 std::unique_ptr<DiffusionPipeline> make_sd_tiny(uint64_t seed);
+// sd-tiny shaped as SDXL (StableDiffusionXLPipeline): a second text encoder with a
+// projection, a text_time UNet attending to both; for tests of the SDXL paths.
+std::unique_ptr<DiffusionPipeline> make_sd_tiny_xl(uint64_t seed);
 
 }  // namespace hyperion::diffusion

@@ -53,7 +53,9 @@ VaeLoss vae_loss_backward(Vae& vae, const Act& images, const float* noise, doubl
 
 double denoising_loss(UNet& unet, const NoiseSchedule& schedule, const Act& latents,
                       const std::vector<int64_t>& timesteps, const float* noise, const float* context, int64_t tokens,
-                      double snr_gamma, bool backward) {
+                      double snr_gamma, bool backward, const float* text_embeds, const float* time_ids) {
+  HYP_CHECK(!unet.config().text_time || (text_embeds && time_ids),
+            "denoising loss: an SDXL UNet (text_time) needs text_embeds and time_ids");
   const int64_t n = latents.n, per = latents.h * latents.w * latents.c;
   HYP_CHECK(int64_t(timesteps.size()) == n, "denoising loss: {} timesteps for {} latents", timesteps.size(), n);
   Act xt(latents.n, latents.h, latents.w, latents.c);
@@ -67,7 +69,7 @@ double denoising_loss(UNet& unet, const NoiseSchedule& schedule, const Act& late
     w[size_t(i)] = schedule.min_snr_weight(timesteps[size_t(i)], snr_gamma);
   }
   std::shared_ptr<UNet::Tape> tape;
-  const Act pred = unet.forward(xt, t.data(), context, tokens, nullptr, nullptr, backward ? &tape : nullptr);
+  const Act pred = unet.forward(xt, t.data(), context, tokens, text_embeds, time_ids, backward ? &tape : nullptr);
   double loss = 0;
   Act dpred;
   if (backward) dpred = Act(pred.n, pred.h, pred.w, pred.c);

@@ -27,10 +27,12 @@ struct VaeLoss {
 VaeLoss vae_loss_backward(Vae& vae, const Act& images, const float* noise, double kl_weight);
 
 // latents x0 [n, h, w, c] (scaled), timesteps [n], noise like latents, context
-// [n, tokens, d]. With backward false only the loss (held-out evaluation).
+// [n, tokens, d]; an SDXL UNet also takes text_embeds [n, pooled] and time_ids [n, 6].
+// With backward false only the loss (held-out evaluation).
 double denoising_loss(UNet& unet, const NoiseSchedule& schedule, const Act& latents,
                       const std::vector<int64_t>& timesteps, const float* noise, const float* context,
-                      int64_t tokens, double snr_gamma, bool backward);
+                      int64_t tokens, double snr_gamma, bool backward, const float* text_embeds = nullptr,
+                      const float* time_ids = nullptr);
 
 // AdamW (torch.optim.AdamW) over a whole ParamTable, with global-norm gradient clipping.
 class AdamWState {

@@ -140,7 +140,6 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
       from                   ? diffusion::DiffusionPipeline::load(*from)
       : d.pretrained.empty() ? diffusion::make_sd_tiny(t.init_weights_seed)
                              : diffusion::DiffusionPipeline::load(d.pretrained);
-  HYP_CHECK(!pipe->xl(), "fine-tuning an SDXL pipeline is not supported yet");
   auto& vae = const_cast<diffusion::Vae&>(pipe->vae());
   auto& unet = const_cast<diffusion::UNet&>(pipe->unet());
   const int64_t multiple = vae.config().downscale();
@@ -268,19 +267,31 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
     return z;
   };
   const Act latents = cached_latents(train, 2, "train"), held_latents = cached_latents(held_out, 3, "held-out");
-  std::map<std::string, std::vector<float>> text;  // caption -> context [tokens, d]
+  // caption -> context [tokens, d] (and SDXL's pooled embedding [pooled_dim])
+  std::map<std::string, diffusion::DiffusionPipeline::Conditioning> text;
   int64_t tokens = 0;
-  auto context_of = [&](const std::string& caption) -> const std::vector<float>& {
+  auto context_of = [&](const std::string& caption) -> const diffusion::DiffusionPipeline::Conditioning& {
     auto it = text.find(caption);
     if (it == text.end()) {
-      const auto c = pipe->encode_prompt(caption, false);
+      auto c = pipe->encode_prompt(caption, false);
       tokens = c.tokens;
-      it = text.emplace(caption, c.context).first;
+      it = text.emplace(caption, std::move(c)).first;
     }
     return it->second;
   };
-  context_of("");
+  const int64_t pooled_dim = int64_t(context_of("").pooled.size());
   for (const std::string& cap : train.captions) context_of(cap);
+  // SDXL's size and crop conditioning (original size, crop top-left, target size): the
+  // images are resized and center-cropped to the resolution, and conditioned as generation
+  // conditions them by default, uncropped at that size.
+  const std::vector<float> image_time_ids = {float(d.resolution), float(d.resolution), 0.0f, 0.0f,
+                                             float(d.resolution), float(d.resolution)};
+  auto sdxl_rows = [&](const diffusion::DiffusionPipeline::Conditioning& c, int64_t row, std::vector<float>& pooled,
+                       std::vector<float>& time_ids) {
+    if (pooled_dim == 0) return;
+    std::copy(c.pooled.begin(), c.pooled.end(), pooled.begin() + row * pooled_dim);
+    std::copy(image_time_ids.begin(), image_time_ids.end(), time_ids.begin() + row * 6);
+  };
   log_info("cache: {} latents and {} caption embeddings in {:.1f} s ({})", latents.n, text.size(),
            encode_timer.seconds(), cache_dir);
 
@@ -317,14 +328,16 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
   // Held-out loss: fixed images, timesteps and noise, so the curve is comparable.
   const int64_t n_eval = std::min<int64_t>(held_latents.n, 128);
   std::vector<int64_t> eval_t(static_cast<size_t>(n_eval));
-  std::vector<float> eval_noise(size_t(n_eval * per)), eval_ctx(size_t(n_eval * tokens * ctx_dim));
+  std::vector<float> eval_noise(size_t(n_eval * per)), eval_ctx(size_t(n_eval * tokens * ctx_dim)),
+      eval_pooled(size_t(n_eval * pooled_dim)), eval_time_ids(pooled_dim ? size_t(n_eval * 6) : 0);
   {
     std::mt19937_64 erng(7);
     for (int64_t& v : eval_t) v = std::uniform_int_distribution<int64_t>(0, pipe->schedule().train_timesteps - 1)(erng);
     fill_normal(TensorView(eval_noise.data(), DType::kF32, {int64_t(eval_noise.size())}), 8, 0.0f, 1.0f);
     for (int64_t i = 0; i < n_eval; ++i) {
       const auto& c = context_of(held_out.captions[size_t(i)]);
-      std::copy(c.begin(), c.end(), eval_ctx.begin() + i * tokens * ctx_dim);
+      std::copy(c.context.begin(), c.context.end(), eval_ctx.begin() + i * tokens * ctx_dim);
+      sdxl_rows(c, i, eval_pooled, eval_time_ids);
     }
   }
   Act eval_x(n_eval, held_latents.h, held_latents.w, held_latents.c);
@@ -337,11 +350,14 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
       std::copy(eval_x.data() + b * per, eval_x.data() + (b + m) * per, x.data());
       const std::vector<int64_t> ts(eval_t.begin() + b, eval_t.begin() + b + m);
       sum += double(m) * diffusion::denoising_loss(unet, pipe->schedule(), x, ts, eval_noise.data() + b * per,
-                                                   eval_ctx.data() + b * tokens * ctx_dim, tokens, 0.0, false);
+                                                   eval_ctx.data() + b * tokens * ctx_dim, tokens, 0.0, false,
+                                                   pooled_dim ? eval_pooled.data() + b * pooled_dim : nullptr,
+                                                   pooled_dim ? eval_time_ids.data() + b * 6 : nullptr);
     }
     return sum / double(n_eval);
   };
-  std::vector<float> noise(size_t(batch * world * per)), ctx(size_t(batch * tokens * ctx_dim));
+  std::vector<float> noise(size_t(batch * world * per)), ctx(size_t(batch * tokens * ctx_dim)),
+      pooled(size_t(batch * pooled_dim)), time_ids(pooled_dim ? size_t(batch * 6) : 0);
   double samples_per_s_sum = 0, mfu_sum = 0;
   int64_t timed = 0;
   const double peak = state.bf16 ? cached_peak().bf16_gflops : cached_peak().f32_gflops;
@@ -366,11 +382,13 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
       std::copy(latents.data() + img * per, latents.data() + (img + 1) * per, x.data() + i * per);
       ts[size_t(i)] = timestep;
       const auto& c = context_of(drop ? std::string() : train.captions[size_t(img)]);
-      std::copy(c.begin(), c.end(), ctx.begin() + i * tokens * ctx_dim);
+      std::copy(c.context.begin(), c.context.end(), ctx.begin() + i * tokens * ctx_dim);
+      sdxl_rows(c, i, pooled, time_ids);
     }
     fill_normal(TensorView(noise.data(), DType::kF32, {int64_t(noise.size())}), rng(), 0.0f, 1.0f);
     double loss = diffusion::denoising_loss(unet, pipe->schedule(), x, ts, noise.data() + rank * batch * per,
-                                            ctx.data(), tokens, d.snr_gamma, true);
+                                            ctx.data(), tokens, d.snr_gamma, true,
+                                            pooled_dim ? pooled.data() : nullptr, pooled_dim ? time_ids.data() : nullptr);
     average_grads(unet.params());
     if (world > 1) {
       float l = float(loss);

@@ -247,6 +247,45 @@ TEST(DiffusionCli, FineTunesADiffusersDirectoryOnAnImageFolder) {
   EXPECT_NE(bad.out.find("diffusion.resolution"), std::string::npos) << bad.out;
 }
 
+// SDXL fine-tuning: the second text encoder's pooled embedding and the size ids condition
+// the UNet; the checkpoint is an SDXL diffusers directory that generates; the frozen
+// encoders are written back unchanged.
+TEST(DiffusionCli, FineTunesAnSdxlDirectory) {
+  const std::string base = testing::TempDir() + "/diffusion_cli_sdxl." + std::to_string(::getpid()),
+                    pretrained = base + "/pretrained", images = base + "/images";
+  fs::remove_all(base);
+  diffusion::make_sd_tiny_xl(14)->save(pretrained);
+  fs::create_directories(images);
+  std::string meta;
+  for (int i = 0; i < 2; ++i) {
+    io::Image img;
+    img.width = img.height = 32;
+    img.channels = 3;
+    img.pixels.resize(img.bytes());
+    for (size_t k = 0; k < img.pixels.size(); ++k) img.pixels[k] = uint8_t((k * 3 + size_t(i) * 29) % 256);
+    io::write_png(images + "/" + std::to_string(i) + ".png", img);
+    meta += "{\"file_name\": \"" + std::to_string(i) + ".png\", \"text\": \"a photo of a coat\"}\n";
+  }
+  io::write_file_atomic(images + "/metadata.jsonl", meta);
+  const auto r = run_cli("train sd-tiny diffusion.pretrained=" + pretrained + " diffusion.dataset=" + images +
+                             " diffusion.vae_steps=0 steps=3 per_device_batch_size=2 diffusion.samples_per_class=0 "
+                             "base_output_directory=" + base + " run_name=xl --json",
+                         false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string ckpt = nlohmann::json::parse(r.out)["checkpoint"];
+  const nlohmann::json index = nlohmann::json::parse(io::read_file(ckpt + "/model_index.json"));
+  EXPECT_EQ(index["_class_name"], "StableDiffusionXLPipeline");
+  for (const char* file : {"/text_encoder/model.safetensors", "/text_encoder_2/model.safetensors",
+                           "/tokenizer_2/vocab.json", "/vae/diffusion_pytorch_model.safetensors"})
+    EXPECT_EQ(io::read_file(ckpt + file), io::read_file(pretrained + file)) << file;
+  EXPECT_NE(io::read_file(ckpt + "/unet/diffusion_pytorch_model.safetensors"),
+            io::read_file(pretrained + "/unet/diffusion_pytorch_model.safetensors"));
+  const std::string out = base + "/xl.png";
+  const auto g = run_cli("generate --checkpoint " + ckpt + " --prompt 'a photo of a coat' --steps 2 --output " + out);
+  ASSERT_EQ(g.code, 0) << g.out;
+  EXPECT_EQ(io::read_image(out).width, 32);
+}
+
 // dtype=bfloat16: mixed precision training; the checkpoint records it and a resumed run
 // keeps it without being told again.
 TEST(DiffusionCli, Bf16RunRecordsItsDtypeAndItsResumeKeepsIt) {

@@ -101,6 +101,21 @@ TEST(DiffusionPipeline, SavedDirectoryLoadsToTheSameImages) {
   EXPECT_EQ(loaded->tokenizer().encode("a photo of a t-shirt"), pipe->tokenizer().encode("a photo of a t-shirt"));
 }
 
+TEST(DiffusionPipeline, SavedSdxlDirectoryLoadsToTheSameImages) {
+  const auto pipe = make_sd_tiny_xl(3);
+  ASSERT_TRUE(pipe->xl());
+  const std::string dir = testing::TempDir() + "/sd_tiny_xl_saved";
+  fs::remove_all(dir);
+  pipe->save(dir);
+  for (const char* f : {"text_encoder_2/config.json", "text_encoder_2/model.safetensors", "tokenizer_2/vocab.json"})
+    EXPECT_TRUE(fs::exists(fs::path(dir) / f)) << f;
+  const auto loaded = DiffusionPipeline::load(dir);
+  ASSERT_TRUE(loaded->xl());
+  ImageRequest r = small_request("a photo of a coat", 6);
+  r.negative_prompt = "";  // SDXL: zeros for the empty negative prompt (force_zeros_for_empty_prompt)
+  EXPECT_EQ(loaded->generate(r).pixels, pipe->generate(r).pixels);
+}
+
 TEST(DiffusionPipeline, BadRequestsAndDirectoriesAreRefusedByName) {
   const auto pipe = make_sd_tiny(4);
   auto error = [&](ImageRequest r) {
