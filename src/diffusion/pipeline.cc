@@ -146,28 +146,32 @@ int64_t DiffusionPipeline::default_size() const {
 }
 
 ImageRequest DiffusionPipeline::resolve(ImageRequest r) const {
+  // Each refusal names the ImageRequest field at fault (a server maps it to its own).
+  auto check = [](bool ok, const char* field, std::string message) {
+    if (!ok) throw ImageRequestError(field, std::move(message));
+  };
   if (r.width == 0) r.width = default_size();
   if (r.height == 0) r.height = default_size();
   // Any multiple of the VAE's factor: a latent side the UNet's downsampling does not
   // divide is upsampled back to its skip's size (diffusers' upsample_size).
   const int64_t multiple = vae_->config().downscale();
-  for (auto [name, v] : {std::pair<const char*, int64_t>{"width", r.width}, {"height", r.height}}) {
-    HYP_USAGE_CHECK(v >= multiple && v <= kMaxImageSide && v % multiple == 0,
-                    "image {} {} must be a multiple of {} in [{}, {}]", name, v, multiple, multiple, kMaxImageSide);
-  }
-  HYP_USAGE_CHECK(r.steps >= 1 && r.steps <= schedule_.train_timesteps, "steps {} must be in [1, {}]", r.steps,
-                  schedule_.train_timesteps);
-  HYP_USAGE_CHECK(std::isfinite(r.guidance) && r.guidance >= 0 && r.guidance <= 100,
-                  "guidance scale {} must be in [0, 100]", r.guidance);
-  HYP_USAGE_CHECK(r.count >= 1 && r.count <= 16, "image count {} must be in [1, 16]", r.count);
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"width", r.width}, {"height", r.height}})
+    check(v >= multiple && v <= kMaxImageSide && v % multiple == 0, name,
+          fmt::format("image {} {} must be a multiple of {} in [{}, {}]", name, v, multiple, multiple, kMaxImageSide));
+  check(r.steps >= 1 && r.steps <= schedule_.train_timesteps, "steps",
+        fmt::format("steps {} must be in [1, {}]", r.steps, schedule_.train_timesteps));
+  check(std::isfinite(r.guidance) && r.guidance >= 0 && r.guidance <= 100, "guidance",
+        fmt::format("guidance scale {} must be in [0, 100]", r.guidance));
+  check(r.count >= 1 && r.count <= 16, "count", fmt::format("image count {} must be in [1, 16]", r.count));
   if (r.sampler.empty()) r.sampler = sampler_name(sampler_for_class(schedule_.class_name, SamplerKind::kDpmSolver2M));
   SamplerKind kind;
-  HYP_USAGE_CHECK(parse_sampler(r.sampler, &kind), "scheduler '{}' is not one of ddim, euler, euler_a, dpm++2m",
-                  r.sampler);
+  check(parse_sampler(r.sampler, &kind), "sampler",
+        fmt::format("scheduler '{}' is not one of ddim, euler, euler_a, dpm++2m", r.sampler));
   r.sampler = sampler_name(kind);
-  HYP_USAGE_CHECK(!(r.karras && kind == SamplerKind::kDdim), "ddim has no Karras sigmas");
-  for (const std::string* text : {&r.prompt, &r.negative_prompt})
-    HYP_USAGE_CHECK(utf8_invalid_at(*text) == std::string::npos, "prompt is not valid UTF-8");
+  check(!(r.karras && kind == SamplerKind::kDdim), "karras", "ddim has no Karras sigmas");
+  check(utf8_invalid_at(r.prompt) == std::string::npos, "prompt", "prompt is not valid UTF-8");
+  check(utf8_invalid_at(r.negative_prompt) == std::string::npos, "negative_prompt",
+        "negative prompt is not valid UTF-8");
   return r;
 }
 

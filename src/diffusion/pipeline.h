@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "diffusion/clip_text.h"
 #include "diffusion/noise_schedule.h"
 #include "diffusion/sampler.h"
@@ -44,6 +45,15 @@ struct GeneratedImages {
   double encode_seconds = 0, denoise_seconds = 0, decode_seconds = 0;
 };
 
+// A request refused by DiffusionPipeline::resolve: a usage error naming the ImageRequest
+// field at fault ("width", "height", "steps", "guidance", "count", "sampler", "karras",
+// "prompt", "negative_prompt").
+class ImageRequestError : public UsageError {
+ public:
+  ImageRequestError(std::string field_, const std::string& message) : UsageError(message), field(std::move(field_)) {}
+  std::string field;
+};
+
 // The largest image side generated.
 constexpr int64_t kMaxImageSide = 2048;
 
@@ -65,8 +75,8 @@ class DiffusionPipeline {
   void add_second_text_encoder(std::unique_ptr<ClipTextModel> text_encoder_2,
                                std::unique_ptr<text::ClipTokenizer> tokenizer_2, bool force_zeros_for_empty_prompt);
 
-  // Checks a request (sizes, steps, guidance, sampler) and fills its defaults; usage
-  // errors name the field.
+  // Checks a request (sizes, steps, guidance, sampler) and fills its defaults; throws
+  // ImageRequestError naming the field.
   ImageRequest resolve(ImageRequest r) const;
   GeneratedImages generate(const ImageRequest& request) const;
 

@@ -18,17 +18,17 @@ double seconds_since(Clock::time_point t) {
 
 // The request field a DiffusionPipeline::resolve message is about (its messages name the
 // pipeline's fields; the API's are OpenAI's).
-std::string field_of(const std::string& message) {
-  for (auto [word, field] : {std::pair<const char*, const char*>{"width", "size"},
-                             {"height", "size"},
-                             {"steps", "steps"},
-                             {"guidance", "guidance_scale"},
-                             {"image count", "n"},
-                             {"scheduler", "scheduler"},
-                             {"Karras", "scheduler"},
-                             {"prompt", "prompt"}})
-    if (message.find(word) != std::string::npos) return field;
-  return "";
+// The API field of a refused ImageRequest field (image_api.cc reads size, n,
+// guidance_scale and scheduler into width/height, count, guidance and sampler/karras).
+std::string api_field(const std::string& field) {
+  for (auto [ours, api] : {std::pair<const char*, const char*>{"width", "size"},
+                           {"height", "size"},
+                           {"count", "n"},
+                           {"guidance", "guidance_scale"},
+                           {"sampler", "scheduler"},
+                           {"karras", "karras"}})
+    if (field == ours) return api;
+  return field;  // steps, prompt, negative_prompt
 }
 
 }  // namespace
@@ -76,8 +76,8 @@ ImageEngine::~ImageEngine() {
 int64_t ImageEngine::submit(diffusion::ImageRequest request, ImageCallback callback) {
   try {
     request = pipeline_.resolve(std::move(request));
-  } catch (const UsageError& e) {
-    throw RequestError(field_of(e.what()), e.what());
+  } catch (const diffusion::ImageRequestError& e) {
+    throw RequestError(api_field(e.field), e.what());
   }
   if (request.count > config_.max_batch_images)
     throw RequestError("n", fmt::format("n {} is more than the server's max_batch_images={}", request.count,

@@ -36,6 +36,23 @@ std::string saved_sd_tiny() {
   return dir;
 }
 
+// An image folder (metadata.jsonl with file_name and text) of `count` deterministic RGB
+// PNGs of side x side pixels, each captioned `caption`.
+void write_image_folder(const std::string& dir, int count, int64_t side, const std::string& caption, size_t salt) {
+  fs::create_directories(dir);
+  std::string meta;
+  for (int i = 0; i < count; ++i) {
+    io::Image img;
+    img.width = img.height = side;
+    img.channels = 3;
+    img.pixels.resize(img.bytes());
+    for (size_t k = 0; k < img.pixels.size(); ++k) img.pixels[k] = uint8_t((k * salt + size_t(i) * 31) % 256);
+    io::write_png(dir + "/" + std::to_string(i) + ".png", img);
+    meta += "{\"file_name\": \"" + std::to_string(i) + ".png\", \"text\": \"" + caption + "\"}\n";
+  }
+  io::write_file_atomic(dir + "/metadata.jsonl", meta);
+}
+
 TEST(DiffusionCli, GenerateWritesSeededPngs) {
   const std::string dir = saved_sd_tiny(), out = testing::TempDir() + "/diffusion_cli_out.png";
   fs::remove(out);
@@ -216,18 +233,7 @@ TEST(DiffusionCli, FineTunesADiffusersDirectoryOnAnImageFolder) {
                     images = base + "/images";
   fs::remove_all(base);
   diffusion::make_sd_tiny(12)->save(pretrained);
-  fs::create_directories(images);
-  std::string meta;
-  for (int i = 0; i < 4; ++i) {
-    io::Image img;
-    img.width = img.height = 40;
-    img.channels = 3;
-    img.pixels.resize(img.bytes());
-    for (size_t k = 0; k < img.pixels.size(); ++k) img.pixels[k] = uint8_t((k * 7 + size_t(i) * 31) % 256);
-    io::write_png(images + "/" + std::to_string(i) + ".png", img);
-    meta += "{\"file_name\": \"" + std::to_string(i) + ".png\", \"text\": \"a photo of a bag\"}\n";
-  }
-  io::write_file_atomic(images + "/metadata.jsonl", meta);
+  write_image_folder(images, 4, 40, "a photo of a bag", 7);
   const auto r = run_cli("train sd-tiny diffusion.pretrained=" + pretrained + " diffusion.dataset=" + images +
                              " diffusion.vae_steps=0 steps=4 per_device_batch_size=2 diffusion.samples_per_class=0 "
                              "base_output_directory=" + base + " run_name=ft --json",
@@ -255,18 +261,7 @@ TEST(DiffusionCli, FineTunesAnSdxlDirectory) {
                     pretrained = base + "/pretrained", images = base + "/images";
   fs::remove_all(base);
   diffusion::make_sd_tiny_xl(14)->save(pretrained);
-  fs::create_directories(images);
-  std::string meta;
-  for (int i = 0; i < 2; ++i) {
-    io::Image img;
-    img.width = img.height = 32;
-    img.channels = 3;
-    img.pixels.resize(img.bytes());
-    for (size_t k = 0; k < img.pixels.size(); ++k) img.pixels[k] = uint8_t((k * 3 + size_t(i) * 29) % 256);
-    io::write_png(images + "/" + std::to_string(i) + ".png", img);
-    meta += "{\"file_name\": \"" + std::to_string(i) + ".png\", \"text\": \"a photo of a coat\"}\n";
-  }
-  io::write_file_atomic(images + "/metadata.jsonl", meta);
+  write_image_folder(images, 2, 32, "a photo of a coat", 3);
   const auto r = run_cli("train sd-tiny diffusion.pretrained=" + pretrained + " diffusion.dataset=" + images +
                              " diffusion.vae_steps=0 steps=3 per_device_batch_size=2 diffusion.samples_per_class=0 "
                              "base_output_directory=" + base + " run_name=xl --json",
@@ -293,18 +288,7 @@ TEST(DiffusionCli, Bf16RunRecordsItsDtypeAndItsResumeKeepsIt) {
                     pretrained = base + "/pretrained", images = base + "/images";
   fs::remove_all(base);
   diffusion::make_sd_tiny(13)->save(pretrained);
-  fs::create_directories(images);
-  std::string meta;
-  for (int i = 0; i < 2; ++i) {
-    io::Image img;
-    img.width = img.height = 32;
-    img.channels = 3;
-    img.pixels.resize(img.bytes());
-    for (size_t k = 0; k < img.pixels.size(); ++k) img.pixels[k] = uint8_t((k * 5 + size_t(i) * 17) % 256);
-    io::write_png(images + "/" + std::to_string(i) + ".png", img);
-    meta += "{\"file_name\": \"" + std::to_string(i) + ".png\", \"text\": \"a photo of a bag\"}\n";
-  }
-  io::write_file_atomic(images + "/metadata.jsonl", meta);
+  write_image_folder(images, 2, 32, "a photo of a bag", 5);
   const auto first = run_cli("train sd-tiny diffusion.pretrained=" + pretrained + " diffusion.dataset=" + images +
                              " diffusion.vae_steps=0 steps=4 per_device_batch_size=2 diffusion.samples_per_class=0 "
                              "dtype=bfloat16 base_output_directory=" + base + " run_name=bf --stop-at 2");

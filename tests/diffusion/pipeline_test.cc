@@ -129,6 +129,22 @@ TEST(DiffusionPipeline, BadRequestsAndDirectoriesAreRefusedByName) {
   ImageRequest r = small_request("x", 0);
   r.width = 30;
   EXPECT_NE(error(r).find("image width 30 must be a multiple of 4"), std::string::npos) << error(r);
+  // The error names the request's field, for a server to name its own.
+  auto field = [&](ImageRequest q) {
+    try {
+      pipe->resolve(q);
+    } catch (const ImageRequestError& e) {
+      return e.field;
+    }
+    return std::string();
+  };
+  EXPECT_EQ(field(r), "width");
+  ImageRequest q = small_request("x", 0);
+  q.guidance = -1;
+  EXPECT_EQ(field(q), "guidance");
+  q = small_request("x", 0);
+  q.negative_prompt = "\xff";
+  EXPECT_EQ(field(q), "negative_prompt");
   r.width = 4096;
   EXPECT_NE(error(r).find("image width 4096"), std::string::npos);
   r = small_request("x", 0);
