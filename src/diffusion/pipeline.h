@@ -102,6 +102,7 @@ class DiffusionPipeline {
   const UNet& unet() const { return *unet_; }
   const Vae& vae() const { return *vae_; }
   const ClipTextModel& text_encoder() const { return *text_encoder_; }
+  const ClipTextModel& text_encoder_2() const { return *text_encoder_2_; }  // SDXL only
   const text::ClipTokenizer& tokenizer() const { return *tokenizer_; }
   const NoiseSchedule& schedule() const { return schedule_; }
   bool xl() const { return text_encoder_2_ != nullptr; }

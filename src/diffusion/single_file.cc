@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <vector>
 
 #include "base/error.h"
 #include "base/log.h"
 #include "diffusion/components.h"
+#include "diffusion/json_fields.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "io/weight_files.h"
@@ -17,6 +19,11 @@ namespace hyperion::diffusion {
 namespace fs = std::filesystem;
 
 namespace {
+
+// Where the text encoders sit: SD 1.x's CLIP, and SDXL's CLIP ViT-L and OpenCLIP ViT-bigG.
+constexpr const char* kSdClip = "cond_stage_model.transformer.";
+constexpr const char* kSdxlClip = "conditioner.embedders.0.transformer.";
+constexpr const char* kSdxlOpenClip = "conditioner.embedders.1.model.";
 
 // Suffix tables: diffusers' name of a tensor inside a block -> the original's.
 struct Rename {
@@ -34,6 +41,8 @@ constexpr Rename kVaeAttention[] = {{"group_norm.", "norm."}, {"to_q.", "q."},  
 constexpr Rename kUNetTop[] = {{"conv_in.", "input_blocks.0.0."},
                                {"time_embedding.linear_1.", "time_embed.0."},
                                {"time_embedding.linear_2.", "time_embed.2."},
+                               {"add_embedding.linear_1.", "label_emb.0.0."},  // SDXL's text_time
+                               {"add_embedding.linear_2.", "label_emb.0.2."},
                                {"conv_norm_out.", "out.0."},
                                {"conv_out.", "out.2."}};
 constexpr Rename kVaeTop[] = {{"encoder.conv_norm_out.", "encoder.norm_out."},
@@ -150,12 +159,15 @@ std::string vae_name(const std::string& name, const VaeConfig& c) {
   return p + name;
 }
 
-// SD 2.x's OpenCLIP text encoder (cond_stage_model.model.*): diffusers' CLIPTextModel name
-// -> the OpenCLIP name, and which third of a fused q/k/v tensor (in_proj_weight [3d, d],
-// in_proj_bias [3d]) it is (-1: the whole tensor).
+// An OpenCLIP text encoder (SD 2.x's cond_stage_model.model.*, SDXL's
+// conditioner.embedders.1.model.*): diffusers' CLIPTextModel name -> the OpenCLIP name,
+// which third of a fused q/k/v tensor (in_proj_weight [3d, d], in_proj_bias [3d]) it is
+// (-1: the whole tensor), and whether it is stored transposed (OpenCLIP's text_projection
+// [d, p] multiplies from the right; transformers' text_projection.weight is [p, d]).
 struct OpenClipSource {
   std::string name;
   int part = -1;
+  bool transposed = false;
 };
 constexpr Rename kOpenClipLayer[] = {{"layer_norm1.", "ln_1."},   {"layer_norm2.", "ln_2."},
                                      {"self_attn.out_proj.", "attn.out_proj."},
@@ -163,6 +175,7 @@ constexpr Rename kOpenClipLayer[] = {{"layer_norm1.", "ln_1."},   {"layer_norm2.
 OpenClipSource open_clip_source(const std::string& name) {
   if (name == "text_model.embeddings.token_embedding.weight") return {"token_embedding.weight"};
   if (name == "text_model.embeddings.position_embedding.weight") return {"positional_embedding"};
+  if (name == "text_projection.weight") return {"text_projection", -1, true};
   const std::string final_norm = "text_model.final_layer_norm.", layers = "text_model.encoder.layers.";
   if (name.rfind(final_norm, 0) == 0) return {"ln_final." + name.substr(final_norm.size())};
   if (name.rfind(layers, 0) == 0) {
@@ -180,11 +193,11 @@ OpenClipSource open_clip_source(const std::string& name) {
   fail("single-file checkpoint: no rule for tensor {} in the OpenCLIP layout", name);
 }
 
-// Reads every tensor of an SD 2.x OpenCLIP text encoder, slicing the fused q/k/v ones.
-// (The file's last resblock, which SD 2.x's penultimate-layer conditioning never reads,
-// is absent from diffusers' 23-layer config and left unread.)
-void load_open_clip(ParamTable& params, const io::WeightFiles& files, const std::string& file) {
-  const std::string prefix = "cond_stage_model.model.";
+// Reads every tensor of an OpenCLIP text encoder under `prefix`, slicing the fused q/k/v
+// ones and transposing the projection. (SD 2.x's last resblock, which its penultimate-layer
+// conditioning never reads, is absent from diffusers' 23-layer config and left unread.)
+void load_open_clip(ParamTable& params, const io::WeightFiles& files, const std::string& file,
+                    const std::string& prefix) {
   params.allocate(false);
   std::vector<float> fused;
   for (size_t i = 0; i < params.entries().size(); ++i) {
@@ -196,10 +209,16 @@ void load_open_clip(ParamTable& params, const io::WeightFiles& files, const std:
               e.shape.str());
     Shape want = e.shape;
     if (src.part >= 0) want = want.rank() == 2 ? Shape{3 * e.shape[0], e.shape[1]} : Shape{3 * e.shape[0]};
+    if (src.transposed) want = Shape{e.shape[1], e.shape[0]};
     HYP_CHECK(t->shape == want, "{}: tensor {} has shape {} where the config gives {}", file, name, t->shape.str(),
               want.str());
     float* dst = params.data(static_cast<int>(i));
-    if (src.part < 0) {
+    if (src.transposed) {
+      fused.resize(static_cast<size_t>(want.numel()));
+      files.file_of(name)->read_into(name, TensorView(fused.data(), DType::kF32, want));
+      for (int64_t r = 0; r < e.shape[0]; ++r)
+        for (int64_t c = 0; c < e.shape[1]; ++c) dst[r * e.shape[1] + c] = fused[size_t(c * e.shape[0] + r)];
+    } else if (src.part < 0) {
       files.file_of(name)->read_into(name, TensorView(dst, DType::kF32, e.shape));
     } else {
       fused.resize(static_cast<size_t>(want.numel()));
@@ -209,6 +228,36 @@ void load_open_clip(ParamTable& params, const io::WeightFiles& files, const std:
     for (int64_t k = 0; k < e.numel; ++k)
       HYP_CHECK(std::isfinite(dst[k]), "{}: tensor {} holds a non-finite value ({}) at element {}", file, name,
                 dst[k], k);
+  }
+  params.mark_written();
+}
+
+// The inverse, for the writer: OpenCLIP's tensors of `params` under `prefix`, q/k/v fused
+// again and the projection transposed, into `w` (the buffers kept in `keep` until written).
+void add_open_clip(io::SafetensorsWriter& w, const ParamTable& params, const std::string& prefix,
+                   std::map<std::string, std::vector<float>>& keep) {
+  std::map<std::string, int> thirds;  // of each fused tensor, filled so far
+  for (size_t i = 0; i < params.entries().size(); ++i) {
+    const ParamEntry& e = params.entries()[i];
+    const OpenClipSource src = open_clip_source(e.name);
+    const float* v = params.data(static_cast<int>(i));
+    const std::string name = prefix + src.name;
+    if (src.transposed) {
+      std::vector<float>& t = keep[name];
+      t.resize(size_t(e.numel));
+      for (int64_t r = 0; r < e.shape[0]; ++r)
+        for (int64_t c = 0; c < e.shape[1]; ++c) t[size_t(c * e.shape[0] + r)] = v[r * e.shape[1] + c];
+      w.add(name, DType::kF32, Shape{e.shape[1], e.shape[0]}, t.data());
+    } else if (src.part < 0) {
+      w.add(name, DType::kF32, e.shape, v);
+    } else {
+      std::vector<float>& f = keep[name];
+      f.resize(size_t(3 * e.numel));
+      std::copy_n(v, e.numel, f.data() + src.part * e.numel);
+      if (++thirds[name] == 3)
+        w.add(name, DType::kF32, e.shape.rank() == 2 ? Shape{3 * e.shape[0], e.shape[1]} : Shape{3 * e.shape[0]},
+              f.data());
+    }
   }
 }
 
@@ -221,7 +270,7 @@ std::string original_name(Component component, const std::string& name, const UN
     case Component::kVae:
       return vae_name(name, vae);
     case Component::kTextEncoder:
-      return "cond_stage_model.transformer." + name;
+      return kSdClip + name;
   }
   return name;
 }
@@ -254,49 +303,74 @@ std::unique_ptr<DiffusionPipeline> load_single_file(const std::string& file, con
   const auto [te_text, te_path] = config_of("text_encoder");
   const UNetConfig unet_config = UNetConfig::from_json(unet_text, unet_path);
   const VaeConfig vae_config = VaeConfig::from_json(vae_text, vae_path);
-  HYP_CHECK(!unet_config.text_time, "{}: SDXL single-file checkpoints are not supported (SD 1.x and 2.x are)", file);
   auto unet = std::make_unique<UNet>(unet_config);
   auto vae = std::make_unique<Vae>(vae_config);
   auto text = std::make_unique<ClipTextModel>(ClipTextConfig::from_json(te_text, te_path));
   const io::WeightFiles files(fs::path(file).parent_path().string(), fs::path(file).filename().string());
-  // SD 1.x: OpenAI's CLIP as transformers names it; SD 2.x: OpenCLIP's layout.
+  // SD 1.x: OpenAI's CLIP as transformers names it; SD 2.x: OpenCLIP's layout; SDXL: both,
+  // as conditioner.embedders.0 (CLIP ViT-L) and .1 (OpenCLIP ViT-bigG).
+  const bool xl = files.find(std::string(kSdxlClip) + "text_model.embeddings.token_embedding.weight") != nullptr;
   const bool open_clip = files.find("cond_stage_model.model.token_embedding.weight") != nullptr;
-  HYP_CHECK(open_clip ||
+  HYP_CHECK(xl || open_clip ||
                 files.find("cond_stage_model.transformer.text_model.embeddings.token_embedding.weight") != nullptr,
-            "{}: no text encoder: neither cond_stage_model.transformer.* (SD 1.x's CLIP) nor "
-            "cond_stage_model.model.* (SD 2.x's OpenCLIP)",
+            "{}: no text encoder: neither cond_stage_model.transformer.* (SD 1.x's CLIP), cond_stage_model.model.* "
+            "(SD 2.x's OpenCLIP) nor conditioner.embedders.* (SDXL's two)",
             file);
+  HYP_CHECK(xl == unet_config.text_time,
+            "{}: {} but {} describes {} (addition_embed_type {})", file,
+            xl ? "an SDXL file (conditioner.embedders.*)" : "an SD 1.x / 2.x file", unet_path,
+            unet_config.text_time ? "an SDXL UNet" : "an SD 1.x / 2.x UNet",
+            unet_config.text_time ? "text_time" : "none");
+  std::unique_ptr<ClipTextModel> text2;
+  if (xl) {
+    const auto [te2_text, te2_path] = config_of("text_encoder_2");
+    text2 = std::make_unique<ClipTextModel>(ClipTextConfig::from_json(te2_text, te2_path));
+    load_open_clip(text2->params(), files, file, kSdxlOpenClip);
+  } else if (open_clip) {
+    load_open_clip(text->params(), files, file, "cond_stage_model.model.");
+  }
   struct Part {
     ParamTable* params;
     Component component;
     const char* prefix;
   };
-  if (open_clip) load_open_clip(text->params(), files, file);
   for (const Part& part : {Part{&unet->params(), Component::kUNet, "model.diffusion_model."},
                            Part{&vae->params(), Component::kVae, "first_stage_model."},
-                           Part{&text->params(), Component::kTextEncoder, "cond_stage_model.transformer."}}) {
-    if (part.component == Component::kTextEncoder && open_clip) continue;
+                           Part{&text->params(), Component::kTextEncoder, xl ? kSdxlClip : kSdClip}}) {
+    if (part.component == Component::kTextEncoder && open_clip && !xl) continue;
     part.params->allocate(false);
     std::vector<std::string> unused = part.params->load_mapped(
-        files, file, [&](const std::string& n) { return original_name(part.component, n, unet_config, vae_config); },
+        files, file,
+        [&](const std::string& n) {
+          return part.component == Component::kTextEncoder ? part.prefix + n
+                                                              : original_name(part.component, n, unet_config, vae_config);
+        },
         part.prefix);
     std::erase_if(unused, [](const std::string& n) { return n.find("position_ids") != std::string::npos; });
     if (!unused.empty())
       log_warn("{}: {} tensors under {} the config does not use (first: {})", file, unused.size(), part.prefix,
                unused.front());
   }
-  auto tokenizer = std::make_unique<text::ClipTokenizer>(
-      text::ClipTokenizer::load((fs::path(config_dir) / "tokenizer").string()));
+  auto tokenizer_of = [&](const char* folder) {
+    return std::make_unique<text::ClipTokenizer>(text::ClipTokenizer::load((fs::path(config_dir) / folder).string()));
+  };
   const std::string sched_path = (fs::path(config_dir) / "scheduler" / "scheduler_config.json").string();
   HYP_CHECK(fs::exists(sched_path), "{}: scheduler/scheduler_config.json is missing", config_dir);
   NoiseSchedule schedule = NoiseSchedule::from_json(io::read_file(sched_path, 1 << 20), sched_path);
-  return std::make_unique<DiffusionPipeline>("StableDiffusionPipeline", std::move(text), std::move(tokenizer),
-                                             std::move(unet), std::move(vae), std::move(schedule));
+  auto pipe = std::make_unique<DiffusionPipeline>("StableDiffusionPipeline", std::move(text), tokenizer_of("tokenizer"),
+                                                  std::move(unet), std::move(vae), std::move(schedule));
+  if (xl) {
+    const std::string index_path = (fs::path(config_dir) / "model_index.json").string();
+    const JsonFields index(io::read_file(index_path, 1 << 20), index_path);
+    pipe->add_second_text_encoder(std::move(text2), tokenizer_of("tokenizer_2"),
+                                  index.boolean("force_zeros_for_empty_prompt", true));
+  }
+  return pipe;
 }
 
 void save_single_file(const DiffusionPipeline& pipeline, const std::string& file) {
-  HYP_USAGE_CHECK(!pipeline.xl(), "{}: SDXL pipelines have no single-file writer", file);
   io::SafetensorsWriter w;
+  std::map<std::string, std::vector<float>> keep;  // fused and transposed tensors, alive until written
   auto add = [&](Component c, const ParamTable& p) {
     for (size_t i = 0; i < p.entries().size(); ++i) {
       const ParamEntry& e = p.entries()[i];
@@ -309,7 +383,14 @@ void save_single_file(const DiffusionPipeline& pipeline, const std::string& file
   };
   add(Component::kUNet, pipeline.unet().params());
   add(Component::kVae, pipeline.vae().params());
-  add(Component::kTextEncoder, pipeline.text_encoder().params());
+  if (pipeline.xl()) {
+    const ParamTable& te = pipeline.text_encoder().params();
+    for (size_t i = 0; i < te.entries().size(); ++i)
+      w.add(kSdxlClip + te.entries()[i].name, DType::kF32, te.entries()[i].shape, te.data(static_cast<int>(i)));
+    add_open_clip(w, pipeline.text_encoder_2().params(), kSdxlOpenClip, keep);
+  } else {
+    add(Component::kTextEncoder, pipeline.text_encoder().params());
+  }
   w.write(file);
 }
 

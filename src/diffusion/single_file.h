@@ -1,8 +1,11 @@
-// Stable Diffusion 1.x and 2.x single-file checkpoints: the original CompVis / Stability
-// layout most users download (one .safetensors with model.diffusion_model.* for the UNet,
-// first_stage_model.* for the VAE, and cond_stage_model.transformer.* for SD 1.x's CLIP
-// text encoder or cond_stage_model.model.* for SD 2.x's OpenCLIP one, whose q/k/v are one
-// fused in_proj tensor), read into the diffusers-layout models by a name table: each
+// Stable Diffusion 1.x, 2.x and SDXL single-file checkpoints: the original CompVis /
+// Stability layout most users download (one .safetensors with model.diffusion_model.* for
+// the UNet, first_stage_model.* for the VAE, and cond_stage_model.transformer.* for SD
+// 1.x's CLIP text encoder, cond_stage_model.model.* for SD 2.x's OpenCLIP one, whose q/k/v
+// are one fused in_proj tensor, or SDXL's conditioner.embedders.0.transformer.* (CLIP) and
+// conditioner.embedders.1.model.* (OpenCLIP, its text_projection transposed), with the
+// UNet's text_time embedding as label_emb.0.*), read into the diffusers-layout models by a
+// name table: each
 // diffusers tensor name maps to its original name through per-block rules (the resnet and
 // attention suffixes below, the block index arithmetic of the original UNet's
 // input_blocks / output_blocks and the VAE's down / up levels, and a third of a fused
@@ -34,7 +37,8 @@ std::string original_name(Component component, const std::string& diffusers_name
 // name the file and the tensor (missing, mis-shaped, non-finite).
 std::unique_ptr<DiffusionPipeline> load_single_file(const std::string& file, const std::string& config_dir);
 
-// Writes an SD 1.x pipeline's weights as one original-layout file (f32), atomically: what
+// Writes an SD 1.x or SDXL pipeline's weights as one original-layout file (f32; an SD 2.x
+// pipeline's text encoder goes in SD 1.x's CLIP layout), atomically: what
 // other Stable Diffusion programs load (and how the tests and benchmarks hand a peer the
 // same weights).
 void save_single_file(const DiffusionPipeline& pipeline, const std::string& file);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <set>
 
 #include "base/error.h"
 #include "diffusion/architectures.h"
@@ -54,6 +55,65 @@ TEST(SingleFile, NamesFollowTheOriginalLayout) {
   UNet full(u);
   std::set<std::string> seen;
   for (const ParamEntry& e : full.params().entries()) EXPECT_TRUE(seen.insert(unet(e.name.c_str())).second) << e.name;
+}
+
+// SDXL's original names (sd_xl_base_1.0.safetensors): three levels, the first without
+// attention, ten transformer layers deep at the last, the text_time embedding as label_emb.
+TEST(SingleFile, SdxlNamesFollowTheOriginalLayout) {
+  const UNetConfig u = unet_preset("sdxl");
+  VaeConfig v;
+  auto unet = [&](const char* n) { return original_name(Component::kUNet, n, u, v); };
+  const std::string m = "model.diffusion_model.";
+  EXPECT_EQ(unet("add_embedding.linear_1.weight"), m + "label_emb.0.0.weight");
+  EXPECT_EQ(unet("add_embedding.linear_2.bias"), m + "label_emb.0.2.bias");
+  EXPECT_EQ(unet("down_blocks.0.resnets.1.conv1.weight"), m + "input_blocks.2.0.in_layers.2.weight");
+  EXPECT_EQ(unet("down_blocks.1.attentions.0.transformer_blocks.1.attn2.to_k.weight"),
+            m + "input_blocks.4.1.transformer_blocks.1.attn2.to_k.weight");
+  EXPECT_EQ(unet("down_blocks.2.attentions.1.transformer_blocks.9.ff.net.2.bias"),
+            m + "input_blocks.8.1.transformer_blocks.9.ff.net.2.bias");
+  EXPECT_EQ(unet("up_blocks.0.upsamplers.0.conv.weight"), m + "output_blocks.2.2.conv.weight");
+  EXPECT_EQ(unet("up_blocks.1.upsamplers.0.conv.weight"), m + "output_blocks.5.2.conv.weight");
+  EXPECT_EQ(unet("up_blocks.2.resnets.2.conv2.weight"), m + "output_blocks.8.0.out_layers.3.weight");
+  UNet full(u);
+  std::set<std::string> seen;
+  for (const ParamEntry& e : full.params().entries()) EXPECT_TRUE(seen.insert(unet(e.name.c_str())).second) << e.name;
+}
+
+// An SDXL single file: both text encoders under conditioner.embedders (the second in
+// OpenCLIP's layout, q/k/v fused and the projection transposed) load to the same images as
+// the diffusers directory; a file and a config of different families are refused.
+TEST(SingleFile, SdxlLoadsToTheSameImagesAsTheDiffusersDirectory) {
+  const auto pipe = make_sd_tiny_xl(22);
+  const std::string dir = testing::TempDir() + "/single_file_xl_cfg",
+                    file = testing::TempDir() + "/sd_tiny_xl_single.safetensors";
+  fs::remove_all(dir);
+  pipe->save(dir);
+  save_single_file(*pipe, file);
+  ASSERT_TRUE(is_single_file_checkpoint(file));
+  const io::SafetensorsFile f = io::SafetensorsFile::open(file);
+  const int64_t d2 = pipe->text_encoder_2().config().hidden_size, p2 = pipe->text_encoder_2().config().projection_dim;
+  EXPECT_EQ(f.get("conditioner.embedders.1.model.text_projection").shape, (Shape{d2, p2}));
+  EXPECT_EQ(f.get("conditioner.embedders.1.model.transformer.resblocks.0.attn.in_proj_weight").shape,
+            (Shape{3 * d2, d2}));
+  EXPECT_NE(f.find("conditioner.embedders.0.transformer.text_model.final_layer_norm.weight"), nullptr);
+  EXPECT_NE(f.find("model.diffusion_model.label_emb.0.0.weight"), nullptr);
+  const auto loaded = load_single_file(file, dir);
+  ASSERT_TRUE(loaded->xl());
+  ImageRequest r;
+  r.prompt = "a photo of a coat";
+  r.steps = 3;
+  r.seed = 9;
+  EXPECT_EQ(loaded->generate(r).pixels, pipe->generate(r).pixels);
+  // An SD 1.x config for the SDXL file.
+  const std::string sd1 = testing::TempDir() + "/single_file_xl_sd1_cfg";
+  fs::remove_all(sd1);
+  make_sd_tiny(22)->save(sd1);
+  try {
+    load_single_file(file, sd1);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("an SDXL file"), std::string::npos) << e.what();
+  }
 }
 
 // The same weights as a diffusers directory and as one original-layout file load to the
