@@ -147,8 +147,8 @@ int64_t DiffusionPipeline::default_size() const {
 
 ImageRequest DiffusionPipeline::resolve(ImageRequest r) const {
   // Each refusal names the ImageRequest field at fault (a server maps it to its own).
-  auto check = [](bool ok, const char* field, std::string message) {
-    if (!ok) throw ImageRequestError(field, std::move(message));
+  auto check = [](bool ok, const char* field, const std::string& message) {
+    if (!ok) throw ImageRequestError(field, message);
   };
   if (r.width == 0) r.width = default_size();
   if (r.height == 0) r.height = default_size();
