@@ -53,6 +53,16 @@ void write_image_folder(const std::string& dir, int count, int64_t side, const s
   io::write_file_atomic(dir + "/metadata.jsonl", meta);
 }
 
+// `hyperion train` fine-tuning `pretrained` on the image folder `images` for `steps` steps
+// at batch 2, the VAE kept, no sample grid, into base/run_name (more keys appended).
+std::string fine_tune_command(const std::string& pretrained, const std::string& images, int steps,
+                              const std::string& base, const std::string& run_name) {
+  return "train sd-tiny diffusion.pretrained=" + pretrained + " diffusion.dataset=" + images +
+         " diffusion.vae_steps=0 steps=" + std::to_string(steps) +
+         " per_device_batch_size=2 diffusion.samples_per_class=0 base_output_directory=" + base +
+         " run_name=" + run_name;
+}
+
 TEST(DiffusionCli, GenerateWritesSeededPngs) {
   const std::string dir = saved_sd_tiny(), out = testing::TempDir() + "/diffusion_cli_out.png";
   fs::remove(out);
@@ -234,10 +244,7 @@ TEST(DiffusionCli, FineTunesADiffusersDirectoryOnAnImageFolder) {
   fs::remove_all(base);
   diffusion::make_sd_tiny(12)->save(pretrained);
   write_image_folder(images, 4, 40, "a photo of a bag", 7);
-  const auto r = run_cli("train sd-tiny diffusion.pretrained=" + pretrained + " diffusion.dataset=" + images +
-                             " diffusion.vae_steps=0 steps=4 per_device_batch_size=2 diffusion.samples_per_class=0 "
-                             "base_output_directory=" + base + " run_name=ft --json",
-                         false);
+  const auto r = run_cli(fine_tune_command(pretrained, images, 4, base, "ft") + " --json", false);
   ASSERT_EQ(r.code, 0) << r.out;
   const std::string ckpt = nlohmann::json::parse(r.out)["checkpoint"];
   EXPECT_EQ(io::read_file(ckpt + "/vae/diffusion_pytorch_model.safetensors"),
@@ -262,10 +269,7 @@ TEST(DiffusionCli, FineTunesAnSdxlDirectory) {
   fs::remove_all(base);
   diffusion::make_sd_tiny_xl(14)->save(pretrained);
   write_image_folder(images, 2, 32, "a photo of a coat", 3);
-  const auto r = run_cli("train sd-tiny diffusion.pretrained=" + pretrained + " diffusion.dataset=" + images +
-                             " diffusion.vae_steps=0 steps=3 per_device_batch_size=2 diffusion.samples_per_class=0 "
-                             "base_output_directory=" + base + " run_name=xl --json",
-                         false);
+  const auto r = run_cli(fine_tune_command(pretrained, images, 3, base, "xl") + " --json", false);
   ASSERT_EQ(r.code, 0) << r.out;
   const std::string ckpt = nlohmann::json::parse(r.out)["checkpoint"];
   const nlohmann::json index = nlohmann::json::parse(io::read_file(ckpt + "/model_index.json"));
@@ -289,9 +293,7 @@ TEST(DiffusionCli, Bf16RunRecordsItsDtypeAndItsResumeKeepsIt) {
   fs::remove_all(base);
   diffusion::make_sd_tiny(13)->save(pretrained);
   write_image_folder(images, 2, 32, "a photo of a bag", 5);
-  const auto first = run_cli("train sd-tiny diffusion.pretrained=" + pretrained + " diffusion.dataset=" + images +
-                             " diffusion.vae_steps=0 steps=4 per_device_batch_size=2 diffusion.samples_per_class=0 "
-                             "dtype=bfloat16 base_output_directory=" + base + " run_name=bf --stop-at 2");
+  const auto first = run_cli(fine_tune_command(pretrained, images, 4, base, "bf") + " dtype=bfloat16 --stop-at 2");
   ASSERT_EQ(first.code, 0) << first.out;
   EXPECT_NE(first.out.find("bfloat16 mixed precision"), std::string::npos) << first.out;
   auto dtype_at = [&](int step) {
