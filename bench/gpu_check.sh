@@ -25,6 +25,13 @@ timeout 300 "$BIN/hyperion_tests" \
   --gtest_filter='*BackendParity*:*DeviceModel*:DeviceTraining*:CudaBackend*' > "$DEST/tests.log" 2>&1
 echo "device tests: exit $?"
 grep -E "^\[  (FAILED|PASSED|SKIPPED) " "$DEST/tests.log"
+# The diffusion layers, then again with a 1 KiB column budget so that the convolutions
+# run the chunked path (each chunk a few output rows).
+timeout 120 "$BIN/hyperion_tests" --gtest_filter='*DiffusionOps*' > "$DEST/diffusion_ops.log" 2>&1
+echo "diffusion ops: exit $?"
+HYPERION_CUDA_CONV_CHUNK_BYTES=1024 timeout 120 "$BIN/hyperion_tests" \
+  --gtest_filter='*DiffusionOps*Conv2d*' >> "$DEST/diffusion_ops.log" 2>&1
+echo "diffusion ops, chunked convolutions: exit $?"
 
 common=(hardware=gpu eval_interval=0 eval_batches=1 sample_count=0 peak_tflops=989
   enable_checkpointing=false base_output_directory=/tmp/gpu_check "steps=$STEPS" log_period=1)

@@ -194,12 +194,7 @@ LayerNorm LayerNorm::declare(ParamTable& p, const std::string& name, int64_t cha
 
 void LayerNorm::forward(const ParamTable& p, const float* x, int64_t rows, float* y, float* mean,
                         float* rstd) const {
-  if (mean && rstd) {
-    layer_norm_forward(x, rows, channels, p.data(gamma), p.data(beta), eps, y, mean, rstd);
-    return;
-  }
-  std::vector<float> m(static_cast<size_t>(rows)), r(static_cast<size_t>(rows));
-  layer_norm_forward(x, rows, channels, p.data(gamma), p.data(beta), eps, y, m.data(), r.data());
+  layer_norm_forward(x, rows, channels, p.data(gamma), p.data(beta), eps, y, mean, rstd);
 }
 
 void LayerNorm::backward(ParamTable& p, const float* x, int64_t rows, const float* mean, const float* rstd,

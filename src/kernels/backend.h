@@ -21,15 +21,19 @@
 #include <vector>
 
 #include "base/allocator.h"
+#include "kernels/activation.h"
 #include "kernels/adamw.h"
 #include "kernels/argmax.h"
 #include "kernels/attention.h"
+#include "kernels/conv2d.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/gated_activation.h"
 #include "kernels/gemm.h"
+#include "kernels/group_norm.h"
 #include "kernels/paged_attention.h"
 #include "kernels/rope.h"
 #include "kernels/softcap.h"
+#include "kernels/timestep_embedding.h"
 #include "tensor/tensor.h"
 
 namespace hyperion {
@@ -195,6 +199,53 @@ class KernelBackend {
                           const TensorView& params_bf16) = 0;
   virtual double global_l2_norm(std::span<const TensorView> buffers) = 0;
   virtual void scale_buffers(std::span<const TensorView> buffers, float s) = 0;
+  // The diffusion models' layers, on channels-last activations (the views' shapes are
+  // checked against the sizes given; kernels/diffusion_op_checks.h). Weight gradients
+  // (dw, dbias, dgamma, dbeta) ACCUMULATE, input gradients are overwritten, as the host
+  // kernels do.
+  // 2-D convolution (kernels/conv2d.h): x [N, H, W, Cin] and dy [N, OH, OW, Cout] f32, or
+  // bf16 for mixed precision (both of one call alike); w [Cout, Cin, K, K], bias [Cout]
+  // (may be empty), y, dx f32. dx, dw, dbias may be empty (not computed).
+  virtual void conv2d_forward(const Conv2dShape& s, const TensorView& x, const TensorView& w,
+                              const TensorView& bias, const TensorView& y) = 0;
+  virtual void conv2d_backward(const Conv2dShape& s, const TensorView& dy, const TensorView& x,
+                               const TensorView& w, const TensorView& dx, const TensorView& dw,
+                               const TensorView& dbias) = 0;
+  // GroupNorm (kernels/group_norm.h): x, y [N, P, C]; mean, rstd [N, G]; y may alias x.
+  virtual void group_norm_forward(const GroupNormShape& s, const TensorView& x,
+                                  const TensorView& gamma, const TensorView& beta, float eps,
+                                  const TensorView& y, const TensorView& mean,
+                                  const TensorView& rstd) = 0;
+  virtual void group_norm_backward(const GroupNormShape& s, const TensorView& dy,
+                                   const TensorView& x, const TensorView& gamma,
+                                   const TensorView& mean, const TensorView& rstd,
+                                   const TensorView& dx, const TensorView& dgamma,
+                                   const TensorView& dbeta) = 0;
+  // LayerNorm over the last dimension (kernels/layer_norm.h): x, y [R, C]; mean, rstd [R]
+  // (may be empty in the forward: inference); dgamma, dbeta may be empty.
+  virtual void layer_norm_forward(const TensorView& x, const TensorView& gamma,
+                                  const TensorView& beta, float eps, const TensorView& y,
+                                  const TensorView& mean, const TensorView& rstd) = 0;
+  virtual void layer_norm_backward(const TensorView& dy, const TensorView& x,
+                                   const TensorView& gamma, const TensorView& mean,
+                                   const TensorView& rstd, const TensorView& dx,
+                                   const TensorView& dgamma, const TensorView& dbeta) = 0;
+  // Nearest upsampling x [N, H, W, C] -> y [N, OH, OW, C], OH >= H, OW >= W
+  // (kernels/upsample.h's sized form; an integer factor is its special case), and its
+  // backward dy [N, OH, OW, C] -> dx [N, H, W, C].
+  virtual void upsample_nearest_forward(const TensorView& x, const TensorView& y) = 0;
+  virtual void upsample_nearest_backward(const TensorView& dy, const TensorView& dx) = 0;
+  // t [n] f32 -> out [n, dim] (kernels/timestep_embedding.h).
+  virtual void timestep_embedding(const TensorView& t, const TimestepEmbeddingParams& p,
+                                  const TensorView& out) = 0;
+  // Pointwise SiLU / GELU / QuickGELU and GEGLU's rows (kernels/activation.h), f32; y may
+  // alias x, dx may alias dy. GEGLU: x [R, 2F] -> h [R, F].
+  virtual void activation_forward(Activation a, const TensorView& x, const TensorView& y) = 0;
+  virtual void activation_backward(Activation a, const TensorView& dy, const TensorView& x,
+                                   const TensorView& dx) = 0;
+  virtual void geglu_forward(const TensorView& x, const TensorView& h) = 0;
+  virtual void geglu_backward(const TensorView& dh, const TensorView& x,
+                              const TensorView& dx) = 0;
   // Per-row absmax int8 quantisation (kernels/quantize.h, quantize_rows): x [rows, cols]
   // f32|bf16 -> q [rows, cols] i8, scales [rows] f32 in this backend's memory. With the
   // GEMM's a_scale / b_scale (kernels/gemm.h) it is the int8-weight matmul's other half.

@@ -7,12 +7,15 @@
 #include "base/threads.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/diffusion_op_checks.h"
 #include "kernels/embedding.h"
 #include "kernels/global_norm.h"
 #include "kernels/grouped_gemm.h"
+#include "kernels/layer_norm.h"
 #include "kernels/moe_routing.h"
 #include "kernels/quantize.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/upsample.h"
 #include "tensor/convert.h"
 
 namespace hyperion {
@@ -200,6 +203,118 @@ class HostBackend final : public KernelBackend {
     check_host("cross_entropy_fused", {&logits, &targets, &dlogits});
     return hyperion::cross_entropy_fused(logits, targets, dlogits, dloss, TensorView(),
                                          kIgnoreIndex, softcap);
+  }
+  void conv2d_forward(const Conv2dShape& s, const TensorView& x, const TensorView& w,
+                      const TensorView& bias, const TensorView& y) override {
+    check_host("conv2d_forward", {&x, &w, &bias, &y});
+    check_conv2d_forward_views(s, x, w, bias, y);
+    if (x.dtype == DType::kBF16)
+      hyperion::conv2d_forward_bf16(s, x.as<bf16>(), w.as<float>(), bias.as<float>(),
+                                    y.as<float>());
+    else
+      hyperion::conv2d_forward(s, x.as<float>(), w.as<float>(), bias.as<float>(), y.as<float>());
+  }
+  void conv2d_backward(const Conv2dShape& s, const TensorView& dy, const TensorView& x,
+                       const TensorView& w, const TensorView& dx, const TensorView& dw,
+                       const TensorView& dbias) override {
+    check_host("conv2d_backward", {&dy, &x, &w, &dx, &dw, &dbias});
+    check_conv2d_backward_views(s, dy, x, w, dx, dw, dbias);
+    if (x.dtype == DType::kBF16)
+      hyperion::conv2d_backward_bf16(s, dy.as<bf16>(), x.as<bf16>(), w.as<float>(), dx.as<float>(),
+                                     dw.as<float>(), dbias.as<float>());
+    else
+      hyperion::conv2d_backward(s, dy.as<float>(), x.as<float>(), w.as<float>(), dx.as<float>(),
+                                dw.as<float>(), dbias.as<float>());
+  }
+  void group_norm_forward(const GroupNormShape& s, const TensorView& x, const TensorView& gamma,
+                          const TensorView& beta, float eps, const TensorView& y,
+                          const TensorView& mean, const TensorView& rstd) override {
+    check_host("group_norm_forward", {&x, &gamma, &beta, &y, &mean, &rstd});
+    check_group_norm_forward_views(s, x, gamma, beta, y, mean, rstd);
+    hyperion::group_norm_forward(s, x.as<float>(), gamma.as<float>(), beta.as<float>(), eps,
+                                 y.as<float>(), mean.as<float>(), rstd.as<float>());
+  }
+  void group_norm_backward(const GroupNormShape& s, const TensorView& dy, const TensorView& x,
+                           const TensorView& gamma, const TensorView& mean, const TensorView& rstd,
+                           const TensorView& dx, const TensorView& dgamma,
+                           const TensorView& dbeta) override {
+    check_host("group_norm_backward", {&dy, &x, &gamma, &mean, &rstd, &dx, &dgamma, &dbeta});
+    check_group_norm_backward_views(s, dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
+    hyperion::group_norm_backward(s, dy.as<float>(), x.as<float>(), gamma.as<float>(),
+                                  mean.as<float>(), rstd.as<float>(), dx.as<float>(),
+                                  dgamma.as<float>(), dbeta.as<float>());
+  }
+  void layer_norm_forward(const TensorView& x, const TensorView& gamma, const TensorView& beta,
+                          float eps, const TensorView& y, const TensorView& mean,
+                          const TensorView& rstd) override {
+    check_host("layer_norm_forward", {&x, &gamma, &beta, &y, &mean, &rstd});
+    const RowsCols rc = check_layer_norm_forward_views(x, gamma, beta, y, mean, rstd);
+    hyperion::layer_norm_forward(x.as<float>(), rc.rows, rc.cols, gamma.as<float>(),
+                                 beta.as<float>(), eps, y.as<float>(), mean.as<float>(),
+                                 rstd.as<float>());
+  }
+  void layer_norm_backward(const TensorView& dy, const TensorView& x, const TensorView& gamma,
+                           const TensorView& mean, const TensorView& rstd, const TensorView& dx,
+                           const TensorView& dgamma, const TensorView& dbeta) override {
+    check_host("layer_norm_backward", {&dy, &x, &gamma, &mean, &rstd, &dx, &dgamma, &dbeta});
+    const RowsCols rc =
+        check_layer_norm_backward_views(dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
+    hyperion::layer_norm_backward(dy.as<float>(), x.as<float>(), rc.rows, rc.cols,
+                                  gamma.as<float>(), mean.as<float>(), rstd.as<float>(),
+                                  dx.as<float>(), dgamma.as<float>(), dbeta.as<float>());
+  }
+  void upsample_nearest_forward(const TensorView& x, const TensorView& y) override {
+    check_host("upsample_nearest_forward", {&x, &y});
+    check_upsample_views("upsample_nearest_forward", x, y);
+    const auto& a = x.shape;
+    const auto& b = y.shape;
+    if (b[1] % a[1] == 0 && b[1] / a[1] == b[2] / a[2] && b[2] % a[2] == 0)
+      hyperion::upsample_nearest_forward(x.as<float>(), a[0], a[1], a[2], a[3], b[1] / a[1],
+                                         y.as<float>());
+    else
+      hyperion::upsample_nearest_to_forward(x.as<float>(), a[0], a[1], a[2], a[3], b[1], b[2],
+                                            y.as<float>());
+  }
+  void upsample_nearest_backward(const TensorView& dy, const TensorView& dx) override {
+    check_host("upsample_nearest_backward", {&dy, &dx});
+    check_upsample_views("upsample_nearest_backward", dx, dy);
+    const auto& a = dx.shape;
+    const auto& b = dy.shape;
+    if (b[1] % a[1] == 0 && b[1] / a[1] == b[2] / a[2] && b[2] % a[2] == 0)
+      hyperion::upsample_nearest_backward(dy.as<float>(), a[0], a[1], a[2], a[3], b[1] / a[1],
+                                          dx.as<float>());
+    else
+      hyperion::upsample_nearest_to_backward(dy.as<float>(), a[0], a[1], a[2], a[3], b[1], b[2],
+                                             dx.as<float>());
+  }
+  void timestep_embedding(const TensorView& t, const TimestepEmbeddingParams& p,
+                          const TensorView& out) override {
+    check_host("timestep_embedding", {&t, &out});
+    check_timestep_embedding_views(t, p.dim, out);
+    hyperion::timestep_embedding(t.as<float>(), t.numel(), p, out.as<float>());
+  }
+  void activation_forward(Activation a, const TensorView& x, const TensorView& y) override {
+    check_host("activation_forward", {&x, &y});
+    check_activation_views("activation_forward", x, y);
+    hyperion::activation_forward(a, x.as<float>(), y.as<float>(), x.numel());
+  }
+  void activation_backward(Activation a, const TensorView& dy, const TensorView& x,
+                           const TensorView& dx) override {
+    check_host("activation_backward", {&dy, &x, &dx});
+    check_activation_views("activation_backward", x, dy);
+    check_activation_views("activation_backward", x, dx);
+    hyperion::activation_backward(a, dy.as<float>(), x.as<float>(), dx.as<float>(), x.numel());
+  }
+  void geglu_forward(const TensorView& x, const TensorView& h) override {
+    check_host("geglu_forward", {&x, &h});
+    const RowsCols rc = check_geglu_views("geglu_forward", x, h);
+    hyperion::geglu_rows_forward(x.as<float>(), rc.rows, rc.cols, h.as<float>());
+  }
+  void geglu_backward(const TensorView& dh, const TensorView& x, const TensorView& dx) override {
+    check_host("geglu_backward", {&dh, &x, &dx});
+    const RowsCols rc = check_geglu_views("geglu_backward", x, dh);
+    check_geglu_views("geglu_backward", dx, dh);
+    hyperion::geglu_rows_backward(dh.as<float>(), x.as<float>(), rc.rows, rc.cols, dx.as<float>());
   }
   void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) override {
     const size_t si = dtype_size(src_dtype), di = dtype_size(dst_dtype);

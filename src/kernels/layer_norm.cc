@@ -43,8 +43,8 @@ void ForwardRows(const float* x, int64_t rows, int64_t cols, const float* gamma,
     const float m = RowSum(d, xr, C, 0.0f, false) / float(C);
     const float var = RowSum(d, xr, C, m, true) / float(C);
     const float rs = 1.0f / std::sqrt(var + eps);
-    mean[r] = m;
-    rstd[r] = rs;
+    if (mean != nullptr) mean[r] = m;
+    if (rstd != nullptr) rstd[r] = rs;
     const VF vm = hn::Set(d, m), vr = hn::Set(d, rs);
     size_t c = 0;
     for (; c + L <= C; c += L) {
@@ -135,7 +135,8 @@ void layer_norm_forward(const float* x, int64_t rows, int64_t cols, const float*
   parallel_for_dynamic(blocks, [&](int64_t b) {
     const int64_t r0 = b * kRowBlock, n = std::min(kRowBlock, rows - r0);
     HWY_DYNAMIC_DISPATCH(ForwardRows)(x + r0 * cols, n, cols, gamma, beta, eps, y + r0 * cols,
-                                      mean + r0, rstd + r0);
+                                      mean != nullptr ? mean + r0 : nullptr,
+                                      rstd != nullptr ? rstd + r0 : nullptr);
   });
 }
 
@@ -173,8 +174,8 @@ void layer_norm_forward(const float* x, int64_t rows, int64_t cols, const float*
     m /= double(cols);
     for (int64_t c = 0; c < cols; ++c) v += (xr[c] - m) * (xr[c] - m);
     const double rs = 1.0 / std::sqrt(v / double(cols) + double(eps));
-    mean[r] = float(m);
-    rstd[r] = float(rs);
+    if (mean != nullptr) mean[r] = float(m);
+    if (rstd != nullptr) rstd[r] = float(rs);
     for (int64_t c = 0; c < cols; ++c)
       y[r * cols + c] = float((xr[c] - m) * rs * gamma[c] + beta[c]);
   }

@@ -18,7 +18,7 @@
 
 namespace hyperion {
 
-// y may alias x.
+// y may alias x; mean and rstd may be null (inference keeps no statistics).
 void layer_norm_forward(const float* x, int64_t rows, int64_t cols, const float* gamma,
                         const float* beta, float eps, float* y, float* mean, float* rstd);
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "device_staging.h"
 #include "kernel_test_util.h"
 #include "kernels/adamw.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -42,55 +43,6 @@ void expect_error(const std::function<void()>& fn, std::initializer_list<std::st
   for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << msg;
 }
 
-// A copy of host data in a backend's memory, tagged with its device.
-class Dev {
- public:
-  Dev(KernelBackend& k, const Tensor& t) : Dev(k, t.dtype(), t.shape()) {
-    k.upload(t.data(), buf_.data(), t.nbytes());
-  }
-  // Zero-filled.
-  Dev(KernelBackend& k, DType dtype, Shape shape)
-      : k_(&k),
-        dtype_(dtype),
-        shape_(shape),
-        buf_(k.allocator(), std::max<size_t>(TensorView(nullptr, dtype, shape).nbytes(), 64)) {
-    k.zero(buf_.data(), buf_.bytes());
-  }
-  template <typename T>
-  Dev(KernelBackend& k, const std::vector<T>& v)
-      : Dev(k, DTypeOf<T>::value, Shape{static_cast<int64_t>(v.size())}) {
-    k.upload(v.data(), buf_.data(), v.size() * sizeof(T));
-  }
-  TensorView view() const {
-    TensorView v(buf_.data(), dtype_, shape_);
-    v.device = k_->device();
-    return v;
-  }
-  operator TensorView() const { return view(); }
-  void* data() const { return buf_.data(); }
-  template <typename T>
-  T* as() const {
-    return buf_.as<T>();
-  }
-  Tensor host() const {
-    Tensor t(dtype_, shape_);
-    k_->download(buf_.data(), t.data(), t.nbytes());
-    return t;
-  }
-  template <typename T>
-  std::vector<T> vec() const {
-    std::vector<T> v(static_cast<size_t>(shape_.numel()));
-    k_->download(buf_.data(), v.data(), v.size() * sizeof(T));
-    return v;
-  }
-
- private:
-  KernelBackend* k_;
-  DType dtype_;
-  Shape shape_;
-  DeviceBuffer buf_;
-};
-
 class BackendParity : public testing::TestWithParam<KernelBackend*> {
  protected:
   KernelBackend& k() { return *GetParam(); }
@@ -101,18 +53,6 @@ class BackendParity : public testing::TestWithParam<KernelBackend*> {
     return Dev(k(), v);
   }
 };
-
-// |got - want| <= rel * |want| + abs, element by element.
-void expect_close(const Tensor& got, const Tensor& want, double rel, double abs,
-                  const std::string& what) {
-  ASSERT_EQ(got.numel(), want.numel()) << what;
-  for (int64_t i = 0; i < got.numel(); ++i)
-    ASSERT_NEAR(at(got, i), at(want, i), rel * std::fabs(at(want, i)) + abs) << what << " " << i;
-}
-void expect_close(const Dev& got, const Tensor& want, double rel, double abs,
-                  const std::string& what) {
-  expect_close(got.host(), want, rel, abs, what);
-}
 
 TEST_P(BackendParity, Gemm) {
   std::mt19937 rng(1);

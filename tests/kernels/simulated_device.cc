@@ -339,6 +339,63 @@ class SimBackend final : public KernelBackend {
     for (const TensorView& b : bufs) hb.push_back(H(b));
     run([&] { h().scale_buffers(hb, s); });
   }
+  void conv2d_forward(const Conv2dShape& s, const TensorView& x, const TensorView& w,
+                      const TensorView& b, const TensorView& y) override {
+    run([&] { h().conv2d_forward(s, H(x), H(w), H(b), H(y)); });
+  }
+  void conv2d_backward(const Conv2dShape& s, const TensorView& dy, const TensorView& x,
+                       const TensorView& w, const TensorView& dx, const TensorView& dw,
+                       const TensorView& db) override {
+    run([&] { h().conv2d_backward(s, H(dy), H(x), H(w), H(dx), H(dw), H(db)); });
+  }
+  void group_norm_forward(const GroupNormShape& s, const TensorView& x, const TensorView& g,
+                          const TensorView& b, float eps, const TensorView& y,
+                          const TensorView& mean, const TensorView& rstd) override {
+    run([&] { h().group_norm_forward(s, H(x), H(g), H(b), eps, H(y), H(mean), H(rstd)); });
+  }
+  void group_norm_backward(const GroupNormShape& s, const TensorView& dy, const TensorView& x,
+                           const TensorView& g, const TensorView& mean, const TensorView& rstd,
+                           const TensorView& dx, const TensorView& dg,
+                           const TensorView& db) override {
+    run([&] {
+      h().group_norm_backward(s, H(dy), H(x), H(g), H(mean), H(rstd), H(dx), H(dg), H(db));
+    });
+  }
+  void layer_norm_forward(const TensorView& x, const TensorView& g, const TensorView& b,
+                          float eps, const TensorView& y, const TensorView& mean,
+                          const TensorView& rstd) override {
+    run([&] { h().layer_norm_forward(H(x), H(g), H(b), eps, H(y), H(mean), H(rstd)); });
+  }
+  void layer_norm_backward(const TensorView& dy, const TensorView& x, const TensorView& g,
+                           const TensorView& mean, const TensorView& rstd, const TensorView& dx,
+                           const TensorView& dg, const TensorView& db) override {
+    run([&] {
+      h().layer_norm_backward(H(dy), H(x), H(g), H(mean), H(rstd), H(dx), H(dg), H(db));
+    });
+  }
+  void upsample_nearest_forward(const TensorView& x, const TensorView& y) override {
+    run([&] { h().upsample_nearest_forward(H(x), H(y)); });
+  }
+  void upsample_nearest_backward(const TensorView& dy, const TensorView& dx) override {
+    run([&] { h().upsample_nearest_backward(H(dy), H(dx)); });
+  }
+  void timestep_embedding(const TensorView& t, const TimestepEmbeddingParams& p,
+                          const TensorView& out) override {
+    run([&] { h().timestep_embedding(H(t), p, H(out)); });
+  }
+  void activation_forward(Activation a, const TensorView& x, const TensorView& y) override {
+    run([&] { h().activation_forward(a, H(x), H(y)); });
+  }
+  void activation_backward(Activation a, const TensorView& dy, const TensorView& x,
+                           const TensorView& dx) override {
+    run([&] { h().activation_backward(a, H(dy), H(x), H(dx)); });
+  }
+  void geglu_forward(const TensorView& x, const TensorView& o) override {
+    run([&] { h().geglu_forward(H(x), H(o)); });
+  }
+  void geglu_backward(const TensorView& dh, const TensorView& x, const TensorView& dx) override {
+    run([&] { h().geglu_backward(H(dh), H(x), H(dx)); });
+  }
   void upload(const void* src, void* dst, size_t bytes) override {
     run([&] { h().copy(src, D(dst), bytes); });
   }

@@ -336,14 +336,18 @@ AttentionShape CudaBackend::attention_shape(const char* op, const TensorView& q,
                 q.shape[3] == k.shape[3],
             "{}: q {}, k {} and v {} must be [B, Tq, Hq, D] and [B, Tk, Hkv, D]", op, q.str(),
             k.str(), v.str());
-  AttentionShape s{q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], 0, true};
+  // Causal (the decoders) or not (a diffusion UNet's self- and cross-attention, where
+  // Tq and Tk are any sizes: 4096 latent pixels against 77 text tokens).
+  AttentionShape s{q.shape[0], q.shape[1], k.shape[1], q.shape[2],
+                   k.shape[2], q.shape[3], 0,          params.causal};
   HYP_CHECK(s.hkv > 0 && s.hq % s.hkv == 0, "{}: {} query heads are not a multiple of {} kv heads",
             op, s.hq, s.hkv);
-  HYP_CHECK(s.tq <= s.tk, "{}: causal attention needs Tq={} <= Tk={}", op, s.tq, s.tk);
+  HYP_CHECK(!s.causal || s.tq <= s.tk, "{}: causal attention needs Tq={} <= Tk={}", op, s.tq,
+            s.tk);
   HYP_CHECK(s.d >= 1 && s.d <= 256, "{}: head_dim {} is not in [1, 256] on the cuda backend", op,
             s.d);
-  HYP_CHECK(params.causal, "{}: the cuda backend runs causal attention only", op);
-  HYP_CHECK(params.window >= 0, "{}: window must be >= 0, got {}", op, params.window);
+  HYP_CHECK(params.window >= 0 && (s.causal || params.window == 0),
+            "{}: window must be >= 0 and needs causal attention, got {}", op, params.window);
   check_softcap(op, params.softcap);
   s.window = params.window;
   s.softcap = params.softcap;

@@ -108,6 +108,35 @@ class CudaBackend final : public KernelBackend {
     }
     launched("scale_buffers");
   }
+  // The diffusion layers (cuda_diffusion_ops.cc, diffusion_ops.cu).
+  void conv2d_forward(const Conv2dShape& s, const TensorView& x, const TensorView& w,
+                      const TensorView& bias, const TensorView& y) override;
+  void conv2d_backward(const Conv2dShape& s, const TensorView& dy, const TensorView& x,
+                       const TensorView& w, const TensorView& dx, const TensorView& dw,
+                       const TensorView& dbias) override;
+  void group_norm_forward(const GroupNormShape& s, const TensorView& x, const TensorView& gamma,
+                          const TensorView& beta, float eps, const TensorView& y,
+                          const TensorView& mean, const TensorView& rstd) override;
+  void group_norm_backward(const GroupNormShape& s, const TensorView& dy, const TensorView& x,
+                           const TensorView& gamma, const TensorView& mean, const TensorView& rstd,
+                           const TensorView& dx, const TensorView& dgamma,
+                           const TensorView& dbeta) override;
+  void layer_norm_forward(const TensorView& x, const TensorView& gamma, const TensorView& beta,
+                          float eps, const TensorView& y, const TensorView& mean,
+                          const TensorView& rstd) override;
+  void layer_norm_backward(const TensorView& dy, const TensorView& x, const TensorView& gamma,
+                           const TensorView& mean, const TensorView& rstd, const TensorView& dx,
+                           const TensorView& dgamma, const TensorView& dbeta) override;
+  void upsample_nearest_forward(const TensorView& x, const TensorView& y) override;
+  void upsample_nearest_backward(const TensorView& dy, const TensorView& dx) override;
+  void timestep_embedding(const TensorView& t, const TimestepEmbeddingParams& p,
+                          const TensorView& out) override;
+  void activation_forward(Activation a, const TensorView& x, const TensorView& y) override;
+  void activation_backward(Activation a, const TensorView& dy, const TensorView& x,
+                           const TensorView& dx) override;
+  void geglu_forward(const TensorView& x, const TensorView& h) override;
+  void geglu_backward(const TensorView& dh, const TensorView& x, const TensorView& dx) override;
+
   void upload(const void* host_src, void* dst, size_t bytes) override {
     if (bytes == 0) return;
     not_recording("upload");
@@ -570,6 +599,9 @@ class CudaBackend final : public KernelBackend {
   cudaStream_t stream_ = nullptr;
   DeviceScratch scratch_;
   DeviceScratch fp8_scratch_{alloc_};
+  // The convolution's column matrix (and its gradient), its weights as rows (in the
+  // GEMM's dtype) and their gradient: separate, as one call holds them together.
+  DeviceScratch conv_col_{alloc_}, conv_dcol_{alloc_}, conv_w_{alloc_}, conv_dw_{alloc_};
   DeviceBuffer workspace_, error_, results_;
   PinnedStage stage_;  // small uploads
   std::mutex stage_mutex_;

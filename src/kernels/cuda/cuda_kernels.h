@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "kernels/cuda/conv_columns.h"
+
 namespace hyperion::cuda {
 
 enum class Elem : int32_t { kF32 = 0, kBF16 = 1 };
@@ -198,6 +200,57 @@ void int8_linear_quantising(cudaStream_t s, int64_t m, int64_t k, const void* x,
                             const int8_t* const* w, const float* const* scales,
                             const int64_t* out, void* const* y, const float* beta, int count,
                             Elem ct);
+
+// ---- diffusion_ops.cu: the diffusion models' layers (kernels/conv2d.h, group_norm.h,
+// layer_norm.h, upsample.h, timestep_embedding.h, activation.h), channels-last, f32
+// unless an Elem says otherwise.
+// ConvGeometry and the column matrix's index arithmetic: conv_columns.h.
+// col[r - r0, (ky K + kx) Ci + i] = x[n, oy s - p + ky, ox s - p + kx, i] (0 in the
+// padding) for the output rows r = (n OH + oy) OW + ox in [r0, r0 + rows).
+void conv_im2col(cudaStream_t s, const ConvGeometry& g, const void* x, Elem xt, int64_t r0,
+                 int64_t rows, void* col, Elem ct);
+// wr[o, (ky K + kx) Ci + i] = w[o, i, ky, kx] (the weights as rows of the column matrix's
+// order), stored as wt.
+void conv_weight_to_rows(cudaStream_t s, const ConvGeometry& g, const float* w, void* wr, Elem wt);
+// dw[o, i, ky, kx] += dwr[o, (ky K + kx) Ci + i].
+void conv_weight_rows_add(cudaStream_t s, const ConvGeometry& g, const float* dwr, float* dw);
+// dx += the column gradient dcol [rows, K K Ci] of output rows [r0, r0 + rows), each input
+// element summing the entries that read it (no atomics).
+void conv_col2im_add(cudaStream_t s, const ConvGeometry& g, const float* dcol, int64_t r0,
+                     int64_t rows, float* dx);
+// out[j] += sum over rows of a[r, j]; scratch: column_sums_scratch_floats(rows, cols).
+int64_t column_sums_scratch_floats(int64_t rows, int64_t cols);
+void column_sums_add(cudaStream_t s, const void* a, Elem at, int64_t rows, int64_t cols,
+                     float* scratch, float* out);
+void group_norm_forward(cudaStream_t s, const float* x, const float* gamma, const float* beta,
+                        float eps, int64_t batch, int64_t pixels, int64_t channels,
+                        int64_t groups, float* y, float* mean, float* rstd);
+// scratch: column_sums_scratch_floats(batch * pixels, channels); dgamma, dbeta accumulated.
+void group_norm_backward(cudaStream_t s, const float* dy, const float* x, const float* gamma,
+                         const float* mean, const float* rstd, int64_t batch, int64_t pixels,
+                         int64_t channels, int64_t groups, float* dx, float* dgamma,
+                         float* dbeta, float* scratch);
+// mean, rstd may be null (not kept).
+void layer_norm_forward(cudaStream_t s, const float* x, const float* gamma, const float* beta,
+                        float eps, int64_t rows, int64_t cols, float* y, float* mean, float* rstd);
+// scratch: column_sums_scratch_floats(rows, cols); dgamma, dbeta (either may be null)
+// accumulated.
+void layer_norm_backward(cudaStream_t s, const float* dy, const float* x, const float* gamma,
+                         const float* mean, const float* rstd, int64_t rows, int64_t cols,
+                         float* dx, float* dgamma, float* dbeta, float* scratch);
+void upsample_nearest_forward(cudaStream_t s, const float* x, int64_t n, int64_t h, int64_t w,
+                              int64_t c, int64_t oh, int64_t ow, float* y);
+void upsample_nearest_backward(cudaStream_t s, const float* dy, int64_t n, int64_t h, int64_t w,
+                               int64_t c, int64_t oh, int64_t ow, float* dx);
+void timestep_embedding(cudaStream_t s, const float* t, int64_t n, int64_t dim, bool flip,
+                        float freq_shift, float scale, float max_period, float* out);
+// act: kernels/activation.h's Activation value (0 silu, 1 gelu, 2 quick_gelu).
+void activation_forward(cudaStream_t s, int act, const float* x, float* y, int64_t n);
+void activation_backward(cudaStream_t s, int act, const float* dy, const float* x, float* dx,
+                         int64_t n);
+void geglu_forward(cudaStream_t s, const float* x, int64_t rows, int64_t f, float* h);
+void geglu_backward(cudaStream_t s, const float* dh, const float* x, int64_t rows, int64_t f,
+                    float* dx);
 
 // ---- profiling (cuda_backend.cc, HYPERION_CUDA_OP_TIMES): a kernel that holds the stream
 // for `nanoseconds`, so that the ops queued behind it run back to back and the events
