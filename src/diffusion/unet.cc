@@ -139,17 +139,9 @@ std::string UNetConfig::to_json() const {
   return j.dump(2) + "\n";
 }
 
-UNet::Resnet UNet::resnet(const std::string& name, int64_t in, int64_t out) {
-  const float eps = float(config_.norm_eps);
-  Resnet r;
-  r.norm1 = GroupNorm::declare(params_, name + ".norm1", in, config_.norm_num_groups, eps);
-  r.conv1 = Conv::declare(params_, name + ".conv1", in, out, 3);
-  r.time_proj = Linear::declare(params_, name + ".time_emb_proj", config_.time_embed_dim(), out);
-  r.norm2 = GroupNorm::declare(params_, name + ".norm2", out, config_.norm_num_groups, eps);
-  r.conv2 = Conv::declare(params_, name + ".conv2", out, out, 3);
-  r.has_shortcut = in != out;
-  if (r.has_shortcut) r.shortcut = Conv::declare(params_, name + ".conv_shortcut", in, out, 1);
-  return r;
+ResnetBlock UNet::resnet(const std::string& name, int64_t in, int64_t out) {
+  return ResnetBlock::declare(params_, name, in, out, config_.norm_num_groups, float(config_.norm_eps),
+                              config_.time_embed_dim());
 }
 
 UNet::Transformer UNet::transformer(const std::string& name, int64_t channels, int64_t heads, int64_t layers) {
@@ -234,30 +226,6 @@ UNet::UNet(const UNetConfig& config) : config_(config) {
   }
   norm_out = GroupNorm::declare(params_, "conv_norm_out", c0, c.norm_num_groups, float(c.norm_eps));
   conv_out = Conv::declare(params_, "conv_out", c0, c.out_channels, 3);
-}
-
-Act UNet::run_resnet(const Resnet& r, const Act& x, const FloatBuffer& temb_silu, ResnetTape* tape) const {
-  GroupNorm::Saved* n1 = tape ? &tape->n1 : nullptr;
-  GroupNorm::Saved* n2 = tape ? &tape->n2 : nullptr;
-  Act a1 = r.norm1.forward(params_, x, /*silu=*/true, n1);
-  Act h = r.conv1.forward(params_, a1);
-  // + time_emb_proj(silu(temb)) per image, broadcast over pixels.
-  FloatBuffer t(size_t(x.n * h.c));
-  r.time_proj.forward(params_, temb_silu.data(), x.n, t.data());
-  const int64_t pixels = h.h * h.w;
-  for (int64_t n = 0; n < x.n; ++n)
-    for (int64_t p = 0; p < pixels; ++p) add_to(h.data() + (n * pixels + p) * h.c, t.data() + n * h.c, h.c);
-  Act a2 = r.norm2.forward(params_, h, /*silu=*/true, n2);
-  Act y = r.conv2.forward(params_, a2);
-  if (r.has_shortcut) add_inplace(y, r.shortcut.forward(params_, x));
-  else add_inplace(y, x);
-  if (tape) {
-    tape->x = x;
-    tape->a1 = std::move(a1);
-    tape->h1 = std::move(h);
-    tape->a2 = std::move(a2);
-  }
-  return y;
 }
 
 void UNet::run_transformer(const Transformer& t, Act& x, const float* context, int64_t tokens,
@@ -353,7 +321,7 @@ Act UNet::forward(const Act& sample, const float* timesteps, const float* contex
 
   Act h = conv_in.forward(params_, sample);
   std::vector<Act> skips = {h};
-  auto rt = [&]() -> ResnetTape* {
+  auto rt = [&]() -> ResnetBlock::Tape* {
     if (!tape) return nullptr;
     tape->resnets.emplace_back();
     return &tape->resnets.back();
@@ -366,11 +334,7 @@ Act UNet::forward(const Act& sample, const float* timesteps, const float* contex
   // Remat: what each block kept beyond its input goes as soon as the block is done
   // (the backward pass recomputes it).
   auto drop_resnet = [&] {
-    if (!tape || !remat_) return;
-    ResnetTape& r = tape->resnets.back();
-    r.a1 = Act();
-    r.h1 = Act();
-    r.a2 = Act();
+    if (tape && remat_) tape->resnets.back().drop();
   };
   auto drop_transformer = [&] {
     if (!tape || !remat_) return;
@@ -381,7 +345,7 @@ Act UNet::forward(const Act& sample, const float* timesteps, const float* contex
   };
   for (const Block& b : down_) {
     for (size_t j = 0; j < b.resnets.size(); ++j) {
-      h = run_resnet(b.resnets[j], h, temb_silu, rt());
+      h = b.resnets[j].forward(params_, h, temb_silu.data(), rt());
       drop_resnet();
       if (!b.attentions.empty()) {
         run_transformer(b.attentions[j], h, context, tokens, tt());
@@ -396,17 +360,17 @@ Act UNet::forward(const Act& sample, const float* timesteps, const float* contex
     }
   }
   if (has_mid_) {
-    h = run_resnet(mid_.resnets[0], h, temb_silu, rt());
+    h = mid_.resnets[0].forward(params_, h, temb_silu.data(), rt());
     drop_resnet();
     run_transformer(mid_.attentions[0], h, context, tokens, tt());
     drop_transformer();
-    h = run_resnet(mid_.resnets[1], h, temb_silu, rt());
+    h = mid_.resnets[1].forward(params_, h, temb_silu.data(), rt());
     drop_resnet();
   }
   for (const Block& b : up_) {
     for (size_t j = 0; j < b.resnets.size(); ++j) {
       if (tape) tape->skip_channels.push_back(skips.back().c);
-      h = run_resnet(b.resnets[j], concat_channels(h, skips.back()), temb_silu, rt());
+      h = b.resnets[j].forward(params_, concat_channels(h, skips.back()), temb_silu.data(), rt());
       drop_resnet();
       skips.pop_back();
       if (!b.attentions.empty()) {

@@ -15,6 +15,7 @@
 
 #include "diffusion/nn.h"
 #include "diffusion/param_table.h"
+#include "diffusion/resnet_block.h"
 
 namespace hyperion::diffusion {
 
@@ -74,12 +75,6 @@ class UNet {
   bool remat() const { return remat_; }
 
  private:
-  struct Resnet {
-    GroupNorm norm1, norm2;
-    Conv conv1, conv2, shortcut;
-    Linear time_proj;
-    bool has_shortcut = false;
-  };
   struct TransformerBlock {
     LayerNorm norm1, norm2, norm3;
     Attention self_attn, cross_attn;
@@ -91,22 +86,18 @@ class UNet {
     std::vector<TransformerBlock> blocks;
   };
   struct Block {
-    std::vector<Resnet> resnets;
+    std::vector<ResnetBlock> resnets;
     std::vector<Transformer> attentions;  // empty for plain blocks
     bool has_sampler = false;
     Conv sampler;  // downsampler (stride 2) or the upsampler's convolution
   };
 
-  struct ResnetTape;
   struct BlockTape;
   struct TransformerTape;
-  Resnet resnet(const std::string& name, int64_t in, int64_t out);
+  ResnetBlock resnet(const std::string& name, int64_t in, int64_t out);
   Transformer transformer(const std::string& name, int64_t channels, int64_t heads, int64_t layers);
-  Act run_resnet(const Resnet& r, const Act& x, const FloatBuffer& temb_silu, ResnetTape* tape) const;
   void run_transformer(const Transformer& t, Act& x, const float* context, int64_t tokens,
                        TransformerTape* tape) const;
-  Act resnet_backward(const Resnet& r, const ResnetTape& tape, const Act& dout, const FloatBuffer& temb_silu,
-                      FloatBuffer& dtemb_silu);
   void transformer_backward(const Transformer& t, const TransformerTape& tape, Act& dx, const float* context,
                             int64_t tokens);
 

@@ -7,33 +7,6 @@
 
 namespace hyperion::diffusion {
 
-Act UNet::resnet_backward(const Resnet& r, const ResnetTape& saved, const Act& dout, const FloatBuffer& temb_silu,
-                          FloatBuffer& dtemb_silu) {
-  // Under remat the forward kept only the block's input: its activations again, now.
-  ResnetTape recomputed;
-  if (saved.a1.v.empty()) run_resnet(r, saved.x, temb_silu, &recomputed);
-  const ResnetTape& t = saved.a1.v.empty() ? recomputed : saved;
-  Act da2;
-  r.conv2.backward(params_, t.a2, dout, &da2);
-  Act dh1 = r.norm2.backward(params_, t.h1, t.n2, /*silu=*/true, da2);
-  // The time projection was broadcast over the pixels: its gradient sums them.
-  const int64_t n = dh1.n, pixels = dh1.h * dh1.w, c = dh1.c;
-  FloatBuffer dtp(size_t(n * c));
-  for (int64_t i = 0; i < n; ++i) column_sums(dh1.data() + i * pixels * c, pixels, c, dtp.data() + i * c, false);
-  r.time_proj.backward(params_, temb_silu.data(), dtp.data(), n, dtemb_silu.data(), /*accumulate_dx=*/true);
-  Act da1;
-  r.conv1.backward(params_, t.a1, dh1, &da1);
-  Act dx = r.norm1.backward(params_, t.x, t.n1, /*silu=*/true, da1);
-  if (r.has_shortcut) {
-    Act ds;
-    r.shortcut.backward(params_, t.x, dout, &ds);
-    add_inplace(dx, ds);
-  } else {
-    add_inplace(dx, dout);
-  }
-  return dx;
-}
-
 void UNet::transformer_backward(const Transformer& tr, const TransformerTape& saved, Act& dx, const float* context,
                                 int64_t tokens) {
   TransformerTape recomputed;
@@ -107,7 +80,7 @@ void UNet::backward(const Tape& t, const Act& dout) {
     }
     for (size_t j = b.resnets.size(); j-- > 0;) {
       if (!b.attentions.empty()) transformer_backward(b.attentions[j], t.transformers[--ti], dh, t.context, t.tokens);
-      const Act dcat = resnet_backward(b.resnets[j], t.resnets[--ri], dh, t.temb_silu, dtemb_silu);
+      const Act dcat = b.resnets[j].backward(params_, t.resnets[--ri], dh, t.temb_silu.data(), dtemb_silu.data());
       const int64_t skip_c = t.skip_channels[--ki], main_c = dcat.c - skip_c;
       Act dmain(dcat.n, dcat.h, dcat.w, main_c), ds(dcat.n, dcat.h, dcat.w, skip_c);
       for (int64_t r = 0; r < dcat.rows(); ++r) {
@@ -119,9 +92,9 @@ void UNet::backward(const Tape& t, const Act& dout) {
     }
   }
   if (has_mid_) {
-    dh = resnet_backward(mid_.resnets[1], t.resnets[--ri], dh, t.temb_silu, dtemb_silu);
+    dh = mid_.resnets[1].backward(params_, t.resnets[--ri], dh, t.temb_silu.data(), dtemb_silu.data());
     transformer_backward(mid_.attentions[0], t.transformers[--ti], dh, t.context, t.tokens);
-    dh = resnet_backward(mid_.resnets[0], t.resnets[--ri], dh, t.temb_silu, dtemb_silu);
+    dh = mid_.resnets[0].backward(params_, t.resnets[--ri], dh, t.temb_silu.data(), dtemb_silu.data());
   }
   size_t k = skips;
   for (size_t bi = down_.size(); bi-- > 0;) {
@@ -135,7 +108,7 @@ void UNet::backward(const Tape& t, const Act& dout) {
     for (size_t j = b.resnets.size(); j-- > 0;) {
       add_inplace(dh, dskip[--k]);
       if (!b.attentions.empty()) transformer_backward(b.attentions[j], t.transformers[--ti], dh, t.context, t.tokens);
-      dh = resnet_backward(b.resnets[j], t.resnets[--ri], dh, t.temb_silu, dtemb_silu);
+      dh = b.resnets[j].backward(params_, t.resnets[--ri], dh, t.temb_silu.data(), dtemb_silu.data());
     }
   }
   add_inplace(dh, dskip[--k]);

@@ -10,14 +10,6 @@
 
 namespace hyperion::diffusion {
 
-struct UNet::ResnetTape {
-  Act x;   // the block's input
-  Act a1;  // silu(norm1(x)): conv1's input
-  Act h1;  // conv1's output plus the time projection: norm2's input
-  Act a2;  // silu(norm2(h1)): conv2's input
-  GroupNorm::Saved n1, n2;
-};
-
 struct UNet::BlockTape {
   // The residual stream before each sub-layer (h0, h1, h2), each LayerNorm's output (n1..n3)
   // and statistics, the attentions' projections, and the feed-forward's GEGLU input / output.
@@ -38,7 +30,7 @@ struct UNet::Tape {
   const float* context = nullptr;
   int64_t tokens = 0;
   FloatBuffer tproj, hidden, hidden_silu, temb, temb_silu, add_in, add_hidden, add_hidden_silu;
-  std::deque<ResnetTape> resnets;            // in forward order
+  std::deque<ResnetBlock::Tape> resnets;            // in forward order
   std::deque<TransformerTape> transformers;  // in forward order
   std::vector<Act> sampler_inputs;           // down samplers' inputs, then the upsampled maps
   std::vector<int64_t> skip_channels;        // per up resnet: the skip's channels

@@ -70,15 +70,8 @@ std::string VaeConfig::to_json() const {
   return j.dump(2) + "\n";
 }
 
-Vae::Resnet Vae::resnet(const std::string& name, int64_t in, int64_t out) {
-  Resnet r;
-  r.norm1 = GroupNorm::declare(params_, name + ".norm1", in, config_.norm_num_groups, 1e-6f);
-  r.conv1 = Conv::declare(params_, name + ".conv1", in, out, 3);
-  r.norm2 = GroupNorm::declare(params_, name + ".norm2", out, config_.norm_num_groups, 1e-6f);
-  r.conv2 = Conv::declare(params_, name + ".conv2", out, out, 3);
-  r.has_shortcut = in != out;
-  if (r.has_shortcut) r.shortcut = Conv::declare(params_, name + ".conv_shortcut", in, out, 1);
-  return r;
+ResnetBlock Vae::resnet(const std::string& name, int64_t in, int64_t out) {
+  return ResnetBlock::declare(params_, name, in, out, config_.norm_num_groups, 1e-6f, /*time_dim=*/0);
 }
 
 Vae::Mid Vae::mid(const std::string& name, int64_t ch) {
@@ -136,24 +129,8 @@ Vae::Vae(const VaeConfig& config) : config_(config) {
   dec_conv_out = Conv::declare(params_, "decoder.conv_out", c0, c.out_channels, 3);
 }
 
-Act Vae::run_resnet(const Resnet& r, const Act& x, ResnetTape* tape) const {
-  Act a1 = r.norm1.forward(params_, x, true, tape ? &tape->n1 : nullptr);
-  Act h = r.conv1.forward(params_, a1);
-  Act a2 = r.norm2.forward(params_, h, true, tape ? &tape->n2 : nullptr);
-  Act y = r.conv2.forward(params_, a2);
-  if (r.has_shortcut) add_inplace(y, r.shortcut.forward(params_, x));
-  else add_inplace(y, x);
-  if (tape) {
-    tape->x = x;
-    tape->a1 = std::move(a1);
-    tape->h1 = std::move(h);
-    tape->a2 = std::move(a2);
-  }
-  return y;
-}
-
 Act Vae::run_mid(const Mid& m, const Act& x, MidTape* tape) const {
-  Act h = run_resnet(m.first, x, tape ? &tape->first : nullptr);
+  Act h = m.first.forward(params_, x, nullptr, tape ? &tape->first : nullptr);
   if (m.has_attention) {
     const Act normed = m.attention.norm.forward(params_, h, false, tape ? &tape->gn : nullptr);
     const int64_t seq = h.h * h.w;
@@ -162,7 +139,7 @@ Act Vae::run_mid(const Mid& m, const Act& x, MidTape* tape) const {
                              tape ? &tape->attn : nullptr);
     if (tape) tape->normed = normed;
   }
-  return run_resnet(m.second, h, tape ? &tape->second : nullptr);
+  return m.second.forward(params_, h, nullptr, tape ? &tape->second : nullptr);
 }
 
 Act Vae::encode(const Act& images) const {
@@ -176,14 +153,14 @@ Act Vae::encode(const Act& images, std::shared_ptr<Tape>* tape_out) const {
             "vae: image size {}x{} must be a multiple of {}", images.h, images.w, c.downscale());
   std::shared_ptr<Tape> holder = tape_out ? std::make_shared<Tape>() : nullptr;
   Tape* tape = holder.get();
-  auto rt = [&]() -> ResnetTape* {
+  auto rt = [&]() -> ResnetBlock::Tape* {
     if (!tape) return nullptr;
     tape->resnets.emplace_back();
     return &tape->resnets.back();
   };
   Act h = enc_conv_in.forward(params_, images);
   for (const Block& b : enc_blocks_) {
-    for (const Resnet& r : b.resnets) h = run_resnet(r, h, rt());
+    for (const ResnetBlock& r : b.resnets) h = r.forward(params_, h, nullptr, rt());
     if (b.has_sampler) {
       // Zero padding of one pixel on the right and the bottom, then a stride-2 convolution.
       Act padded(h.n, h.h + 1, h.w + 1, h.c);
@@ -222,7 +199,7 @@ Act Vae::decode(const Act& latents, std::shared_ptr<Tape>* tape_out) const {
             c.latent_channels);
   std::shared_ptr<Tape> holder = tape_out ? std::make_shared<Tape>() : nullptr;
   Tape* tape = holder.get();
-  auto rt = [&]() -> ResnetTape* {
+  auto rt = [&]() -> ResnetBlock::Tape* {
     if (!tape) return nullptr;
     tape->resnets.emplace_back();
     return &tape->resnets.back();
@@ -232,7 +209,7 @@ Act Vae::decode(const Act& latents, std::shared_ptr<Tape>* tape_out) const {
   h = dec_conv_in.forward(params_, h);
   h = run_mid(dec_mid_, h, tape ? &tape->mid : nullptr);
   for (const Block& b : dec_blocks_) {
-    for (const Resnet& r : b.resnets) h = run_resnet(r, h, rt());
+    for (const ResnetBlock& r : b.resnets) h = r.forward(params_, h, nullptr, rt());
     if (b.has_sampler) {
       Act up = upsample2x(h);
       h = b.sampler.forward(params_, up);

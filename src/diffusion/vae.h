@@ -13,6 +13,7 @@
 
 #include "diffusion/nn.h"
 #include "diffusion/param_table.h"
+#include "diffusion/resnet_block.h"
 
 namespace hyperion::diffusion {
 
@@ -58,32 +59,24 @@ class Vae {
   Act decode_latents(const Act& latents) const;
 
  private:
-  struct Resnet {
-    GroupNorm norm1, norm2;
-    Conv conv1, conv2, shortcut;
-    bool has_shortcut = false;
-  };
   struct MidAttention {
     GroupNorm norm;
     Attention attn;
   };
   struct Block {
-    std::vector<Resnet> resnets;
+    std::vector<ResnetBlock> resnets;
     bool has_sampler = false;
     Conv sampler;
   };
   struct Mid {
-    Resnet first, second;
+    ResnetBlock first, second;
     bool has_attention = true;
     MidAttention attention;
   };
-  struct ResnetTape;
   struct MidTape;
-  Resnet resnet(const std::string& name, int64_t in, int64_t out);
+  ResnetBlock resnet(const std::string& name, int64_t in, int64_t out);
   Mid mid(const std::string& name, int64_t channels);
-  Act run_resnet(const Resnet& r, const Act& x, ResnetTape* tape) const;
   Act run_mid(const Mid& m, const Act& x, MidTape* tape) const;
-  Act resnet_backward(const Resnet& r, const ResnetTape& t, const Act& dout);
   Act mid_backward(const Mid& m, const MidTape& t, const Act& dout);
 
   VaeConfig config_;

@@ -5,24 +5,8 @@
 
 namespace hyperion::diffusion {
 
-Act Vae::resnet_backward(const Resnet& r, const ResnetTape& t, const Act& dout) {
-  Act da2, da1;
-  r.conv2.backward(params_, t.a2, dout, &da2);
-  const Act dh1 = r.norm2.backward(params_, t.h1, t.n2, true, da2);
-  r.conv1.backward(params_, t.a1, dh1, &da1);
-  Act dx = r.norm1.backward(params_, t.x, t.n1, true, da1);
-  if (r.has_shortcut) {
-    Act ds;
-    r.shortcut.backward(params_, t.x, dout, &ds);
-    add_inplace(dx, ds);
-  } else {
-    add_inplace(dx, dout);
-  }
-  return dx;
-}
-
 Act Vae::mid_backward(const Mid& m, const MidTape& t, const Act& dout) {
-  Act dh = resnet_backward(m.second, t.second, dout);
+  Act dh = m.second.backward(params_, t.second, dout, nullptr, nullptr);
   if (m.has_attention) {
     // h_out = h + attn(norm(h)): dh flows through both.
     const int64_t seq = dh.h * dh.w;
@@ -32,7 +16,7 @@ Act Vae::mid_backward(const Mid& m, const MidTape& t, const Act& dout) {
                               dnormed.data(), nullptr);
     add_inplace(dh, m.attention.norm.backward(params_, t.h, t.gn, false, dnormed));
   }
-  return resnet_backward(m.first, t.first, dh);
+  return m.first.backward(params_, t.first, dh, nullptr, nullptr);
 }
 
 void Vae::encode_backward(const Tape& t, const Act& dmoments) {
@@ -63,7 +47,7 @@ void Vae::encode_backward(const Tape& t, const Act& dmoments) {
                     d.data() + ((n * d.h + y) * d.w) * d.c);
       dh = std::move(d);
     }
-    for (size_t j = b.resnets.size(); j-- > 0;) dh = resnet_backward(b.resnets[j], t.resnets[--ri], dh);
+    for (size_t j = b.resnets.size(); j-- > 0;) dh = b.resnets[j].backward(params_, t.resnets[--ri], dh, nullptr, nullptr);
   }
   HYP_CHECK(ri == 0 && si == 0, "vae backward: the tape does not match the encoder");
   enc_conv_in.backward(params_, *t.input, dh, nullptr);
@@ -83,7 +67,7 @@ Act Vae::decode_backward(const Tape& t, const Act& dimages) {
       b.sampler.backward(params_, up, dh, &dup);
       dh = upsample2x_backward(dup);
     }
-    for (size_t j = b.resnets.size(); j-- > 0;) dh = resnet_backward(b.resnets[j], t.resnets[--ri], dh);
+    for (size_t j = b.resnets.size(); j-- > 0;) dh = b.resnets[j].backward(params_, t.resnets[--ri], dh, nullptr, nullptr);
   }
   HYP_CHECK(ri == 0 && si == 0, "vae backward: the tape does not match the decoder");
   dh = mid_backward(dec_mid_, t.mid, dh);

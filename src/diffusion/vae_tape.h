@@ -9,13 +9,8 @@
 
 namespace hyperion::diffusion {
 
-struct Vae::ResnetTape {
-  Act x, a1, h1, a2;  // input, conv1's input, norm2's input, conv2's input
-  GroupNorm::Saved n1, n2;
-};
-
 struct Vae::MidTape {
-  ResnetTape first, second;
+  ResnetBlock::Tape first, second;
   Act h, normed;  // the attention's residual input and its GroupNorm output
   GroupNorm::Saved gn;
   Attention::Saved attn;
@@ -23,7 +18,7 @@ struct Vae::MidTape {
 
 struct Vae::Tape {
   const Act* input = nullptr;      // images (encoder) or latents (decoder)
-  std::deque<ResnetTape> resnets;  // the blocks' resnets in forward order
+  std::deque<ResnetBlock::Tape> resnets;  // the blocks' resnets in forward order
   std::vector<Act> sampler_inputs; // padded maps (encoder) or upsampled maps (decoder)
   MidTape mid;
   GroupNorm::Saved norm_out;
