@@ -132,11 +132,12 @@ void check_upsample_views(const char* op, const TensorView& small, const TensorV
   expect(op, "the output", big, DType::kF32, big.numel());
 }
 
-void check_timestep_embedding_views(const TensorView& t, int64_t dim, const TensorView& out) {
+void check_timestep_embedding_views(const TensorView& t, const TimestepEmbeddingParams& p,
+                                    const TensorView& out) {
   const char* op = "timestep_embedding";
-  HYP_CHECK(dim >= 1, "{}: dim must be positive, got {}", op, dim);
+  check_timestep_embedding_params(p);
   expect(op, "t", t, DType::kF32, t.numel());
-  expect(op, "out", out, DType::kF32, t.numel() * dim);
+  expect(op, "out", out, DType::kF32, t.numel() * p.dim);
 }
 
 void check_activation_views(const char* op, const TensorView& a, const TensorView& b) {

@@ -7,6 +7,7 @@
 
 #include "kernels/conv2d.h"
 #include "kernels/group_norm.h"
+#include "kernels/timestep_embedding.h"
 #include "tensor/tensor.h"
 
 namespace hyperion {
@@ -42,7 +43,9 @@ RowsCols check_layer_norm_backward_views(const TensorView& dy, const TensorView&
                                          const TensorView& dgamma, const TensorView& dbeta);
 // small [N, H, W, C] and big [N, OH, OW, C], OH >= H and OW >= W.
 void check_upsample_views(const char* op, const TensorView& small, const TensorView& big);
-void check_timestep_embedding_views(const TensorView& t, int64_t dim, const TensorView& out);
+// Also the parameters (kernels/timestep_embedding.h's check).
+void check_timestep_embedding_views(const TensorView& t, const TimestepEmbeddingParams& p,
+                                    const TensorView& out);
 void check_activation_views(const char* op, const TensorView& a, const TensorView& b);
 // x [R, 2F] and h [R, F] (h the forward's output or the backward's dh); returns {R, F}.
 RowsCols check_geglu_views(const char* op, const TensorView& x, const TensorView& h);

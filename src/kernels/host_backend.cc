@@ -290,7 +290,7 @@ class HostBackend final : public KernelBackend {
   void timestep_embedding(const TensorView& t, const TimestepEmbeddingParams& p,
                           const TensorView& out) override {
     check_host("timestep_embedding", {&t, &out});
-    check_timestep_embedding_views(t, p.dim, out);
+    check_timestep_embedding_views(t, p, out);
     hyperion::timestep_embedding(t.as<float>(), t.numel(), p, out.as<float>());
   }
   void activation_forward(Activation a, const TensorView& x, const TensorView& y) override {

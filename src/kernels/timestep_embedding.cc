@@ -6,19 +6,16 @@
 #include "base/error.h"
 
 namespace hyperion {
-namespace {
 
-void check(const TimestepEmbeddingParams& p) {
+void check_timestep_embedding_params(const TimestepEmbeddingParams& p) {
   HYP_CHECK(p.dim >= 2, "timestep_embedding: dim {} must be at least 2", p.dim);
   HYP_CHECK(float(p.dim / 2) != p.freq_shift,
             "timestep_embedding: freq_shift {} equals half the dim {} (division by zero)",
             p.freq_shift, p.dim);
 }
 
-}  // namespace
-
 void timestep_embedding(const float* t, int64_t n, const TimestepEmbeddingParams& p, float* out) {
-  check(p);
+  check_timestep_embedding_params(p);
   const int64_t half = p.dim / 2;
   std::vector<float> freq(static_cast<size_t>(half));
   const float log_period = std::log(p.max_period);
@@ -39,7 +36,7 @@ void timestep_embedding(const float* t, int64_t n, const TimestepEmbeddingParams
 namespace ref {
 
 void timestep_embedding(const float* t, int64_t n, const TimestepEmbeddingParams& p, float* out) {
-  check(p);
+  check_timestep_embedding_params(p);
   const int64_t half = p.dim / 2;
   for (int64_t r = 0; r < n; ++r)
     for (int64_t i = 0; i < half; ++i) {

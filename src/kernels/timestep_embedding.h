@@ -23,6 +23,8 @@ struct TimestepEmbeddingParams {
   float max_period = 10000.0f;
 };
 
+// Throws naming the field when dim < 2 or freq_shift is half the dim (a division by zero).
+void check_timestep_embedding_params(const TimestepEmbeddingParams& p);
 // t [n] (fractional timesteps allowed: the Euler schedulers use them), out [n, dim].
 void timestep_embedding(const float* t, int64_t n, const TimestepEmbeddingParams& p, float* out);
 

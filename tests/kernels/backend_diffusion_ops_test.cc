@@ -296,6 +296,18 @@ TEST_P(DiffusionOps, WrongViewsAreRefusedByName) {
   Dev odd = zeros({3, 5}), half = zeros({3, 2});
   msg = error_message([&] { k().geglu_forward(odd, half); });
   EXPECT_NE(msg.find("geglu_forward"), std::string::npos) << msg;
+  TimestepEmbeddingParams one;
+  one.dim = 1;  // no sin / cos pair
+  Dev t = zeros({2}), emb = zeros({2, 1});
+  msg = error_message([&] { k().timestep_embedding(t, one, emb); });
+  EXPECT_NE(msg.find("dim 1"), std::string::npos) << msg;
+  // Queries with no keys to attend to.
+  AttentionParams cross;
+  cross.causal = false;
+  Dev q(k(), DType::kF32, {1, 3, 1, 8}), kv(k(), DType::kF32, {1, 0, 1, 8}),
+      out(k(), DType::kF32, {1, 3, 1, 8}), lse(k(), DType::kF32, {1, 1, 3});
+  msg = error_message([&] { k().attention_forward(q, kv, kv, out, lse, cross); });
+  EXPECT_FALSE(msg.empty()) << "3 queries against 0 keys were not refused";
 }
 
 INSTANTIATE_TEST_SUITE_P(Built, DiffusionOps, testing::ValuesIn(backends()),

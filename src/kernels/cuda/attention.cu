@@ -1,4 +1,4 @@
-// Causal GQA attention, forward and backward (kernels/attention.h semantics and layout),
+// GQA attention, causal or not, forward and backward (kernels/attention.h semantics and layout),
 // flash-attention style: no Tq x Tk matrix is stored. One warp per query row (forward,
 // dQ) or key row (dK, dV); the other operand streams through shared memory in tiles of
 // kTile rows, shared by the block's warps. The backward recomputes the probabilities

@@ -1,4 +1,4 @@
-// Causal GQA flash attention on the tensor cores (mma.sync m16n8k16, bf16 in, f32
+// GQA flash attention (causal or not) on the tensor cores (mma.sync m16n8k16, bf16 in, f32
 // accumulate; sm_80 and later), forward and backward, for bf16 q/k/v with head_dim 64 or
 // 128: the shapes of every Llama preset. attention.cu keeps the portable kernels for the
 // rest (f32, other head dims) and calls these first.

@@ -5,6 +5,8 @@
 #include <dlfcn.h>
 
 #include <array>
+#include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -65,7 +67,7 @@ struct PlanCache {
     Descs d;
     cublasLtMatmulAlgo_t algo{};
   };
-  using Key = std::array<int64_t, 15>;
+  using Key = std::array<int64_t, 16>;
   struct Hash {
     size_t operator()(const Key& k) const {
       uint64_t h = 1469598103934665603ull;
@@ -143,6 +145,13 @@ void CublasLt::matmul(const GemmArgs& mm, cudaStream_t stream, void* workspace,
                       size_t workspace_bytes) {
   auto* cache = static_cast<PlanCache*>(plans_);
   const bool batched = mm.batch > 1;
+  // The operands' alignment (the largest power of two up to 256 dividing every address):
+  // the heuristic assumes 256 bytes unless told, and a plan chosen for aligned operands may
+  // not run on a row slice (a convolution's later chunks start mid-buffer).
+  uint64_t align = 256;
+  for (const void* p : {static_cast<const void*>(mm.a), static_cast<const void*>(mm.b),
+                        static_cast<const void*>(mm.c)})
+    while (align > 1 && reinterpret_cast<uintptr_t>(p) % align != 0) align /= 2;
   const PlanCache::Key key = {static_cast<int64_t>(mm.trans_a),
                               static_cast<int64_t>(mm.trans_b),
                               static_cast<int64_t>(mm.a_dtype),
@@ -157,7 +166,8 @@ void CublasLt::matmul(const GemmArgs& mm, cudaStream_t stream, void* workspace,
                               batched ? mm.batch : 1,
                               batched ? mm.stride_a : 0,
                               batched ? mm.stride_b ^ (mm.stride_c << 32) : 0,
-                              static_cast<int64_t>(workspace_bytes)};
+                              static_cast<int64_t>(workspace_bytes),
+                              static_cast<int64_t>(align)};
   std::lock_guard<std::mutex> lock(cache->mutex);
   // A bounded cache: a run sees a few dozen shapes; one that sees thousands starts over.
   if (cache->plans.size() >= 4096) cache->plans.clear();
@@ -204,6 +214,11 @@ void CublasLt::matmul(const GemmArgs& mm, cudaStream_t stream, void* workspace,
     const uint64_t ws = workspace_bytes;
     check(api.pref_set(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
           "workspace preference", mm);
+    const uint32_t align32 = static_cast<uint32_t>(align);
+    for (const auto attr :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      check(api.pref_set(d.pref, attr, &align32, sizeof(align32)), "alignment preference", mm);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     check(api.heuristic(static_cast<cublasLtHandle_t>(handle_), d.op, d.a, d.b, d.c, d.c, d.pref,

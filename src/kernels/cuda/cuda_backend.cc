@@ -344,6 +344,7 @@ AttentionShape CudaBackend::attention_shape(const char* op, const TensorView& q,
             op, s.hq, s.hkv);
   HYP_CHECK(!s.causal || s.tq <= s.tk, "{}: causal attention needs Tq={} <= Tk={}", op, s.tq,
             s.tk);
+  HYP_CHECK(s.tk > 0 || s.tq == 0, "{}: {} queries attend to no keys", op, s.tq);
   HYP_CHECK(s.d >= 1 && s.d <= 256, "{}: head_dim {} is not in [1, 256] on the cuda backend", op,
             s.d);
   HYP_CHECK(params.window >= 0 && (s.causal || params.window == 0),

@@ -216,7 +216,7 @@ void CudaBackend::timestep_embedding(const TensorView& t, const TimestepEmbeddin
                                      const TensorView& out) {
   const char* op = "timestep_embedding";
   check(op, {&t, &out});
-  check_timestep_embedding_views(t, p.dim, out);
+  check_timestep_embedding_views(t, p, out);
   cuda::timestep_embedding(stream_, t.as<float>(), t.numel(), p.dim, p.flip_sin_to_cos,
                            p.freq_shift, p.scale, p.max_period, out.as<float>());
   launched(op);
