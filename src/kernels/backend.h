@@ -261,6 +261,11 @@ class KernelBackend {
   // Memory: dtype conversion of n elements, copies and zeroing (bytes).
   virtual void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) = 0;
   virtual void copy(const void* src, void* dst, size_t bytes) = 0;
+  // `rows` rows of `row_bytes` each, from rows `src_pitch` bytes apart to rows `dst_pitch`
+  // bytes apart (both >= row_bytes; the ranges must not overlap): a channel concatenation
+  // of channels-last maps, or a map copied into a padded one.
+  virtual void copy_2d(const void* src, size_t src_pitch, void* dst, size_t dst_pitch,
+                       size_t row_bytes, size_t rows) = 0;
   virtual void zero(void* dst, size_t bytes) = 0;
 
   // Recording (a CUDA graph on a GPU): the ops queued between record_begin() and

@@ -145,6 +145,12 @@ void check_activation_views(const char* op, const TensorView& a, const TensorVie
   expect(op, "the output", b, DType::kF32, a.numel());
 }
 
+void check_copy_2d(size_t src_pitch, size_t dst_pitch, size_t row_bytes) {
+  HYP_CHECK(row_bytes <= src_pitch && row_bytes <= dst_pitch,
+            "copy_2d: rows of {} bytes are wider than the pitches (source {}, destination {})",
+            row_bytes, src_pitch, dst_pitch);
+}
+
 RowsCols check_geglu_views(const char* op, const TensorView& x, const TensorView& h) {
   HYP_CHECK(!empty(x) && !empty(h) && x.rank() >= 1 && h.rank() >= 1 && x.shape.dim(-1) >= 2 &&
                 x.shape.dim(-1) % 2 == 0 && h.shape.dim(-1) * 2 == x.shape.dim(-1) &&

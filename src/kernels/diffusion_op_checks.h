@@ -47,6 +47,8 @@ void check_upsample_views(const char* op, const TensorView& small, const TensorV
 void check_timestep_embedding_views(const TensorView& t, const TimestepEmbeddingParams& p,
                                     const TensorView& out);
 void check_activation_views(const char* op, const TensorView& a, const TensorView& b);
+// copy_2d: rows no wider than either pitch.
+void check_copy_2d(size_t src_pitch, size_t dst_pitch, size_t row_bytes);
 // x [R, 2F] and h [R, F] (h the forward's output or the backward's dh); returns {R, F}.
 RowsCols check_geglu_views(const char* op, const TensorView& x, const TensorView& h);
 

@@ -1,5 +1,6 @@
 // The host backend: the Highway and oneDNN kernels of this directory behind the
 // KernelBackend interface, multi-threaded by base/threads.
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 
@@ -329,6 +330,18 @@ class HostBackend final : public KernelBackend {
     parallel_chunks(static_cast<int64_t>(bytes), 1 << 18, [&](int64_t b, int64_t e) {
       std::memcpy(static_cast<unsigned char*>(dst) + b, static_cast<const unsigned char*>(src) + b,
                   static_cast<size_t>(e - b));
+    });
+  }
+  void copy_2d(const void* src, size_t src_pitch, void* dst, size_t dst_pitch, size_t row_bytes,
+               size_t rows) override {
+    check_copy_2d(src_pitch, dst_pitch, row_bytes);
+    if (row_bytes == 0 || rows == 0) return;
+    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / static_cast<int64_t>(row_bytes));
+    parallel_chunks(static_cast<int64_t>(rows), grain, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r)
+        std::memcpy(static_cast<unsigned char*>(dst) + static_cast<size_t>(r) * dst_pitch,
+                    static_cast<const unsigned char*>(src) + static_cast<size_t>(r) * src_pitch,
+                    row_bytes);
     });
   }
   void adamw_step(const TensorView& params, const TensorView& grads, const TensorView& m,

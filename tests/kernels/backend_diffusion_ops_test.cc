@@ -1,6 +1,6 @@
 // The diffusion layers' ops (kernels/backend.h: conv2d, group and layer norm, nearest
-// upsampling, timestep embedding, activations, GEGLU, and non-causal attention with
-// Tq != Tk) on every backend this process has: the host, the simulated device where no
+// upsampling, timestep embedding, activations, GEGLU, non-causal attention with Tq !=
+// Tk, and the strided copy that concatenates channels) on every backend this process has: the host, the simulated device where no
 // GPU is usable (device discipline: the ops touch only device memory), and the CUDA
 // backend where one is. Each result is checked against the scalar ref:: kernels on odd
 // shapes. The weight gradients must accumulate onto what the buffers held. f32 math
@@ -274,6 +274,27 @@ TEST_P(DiffusionOps, NonCausalAttentionMatchesTheReference) {
     expect_close(gdk, dk, 1e-3, 1e-4, "cross-attention dk");
     expect_close(gdv, dv, 1e-3, 1e-4, "cross-attention dv");
   }
+}
+
+// A UNet up block's channel concatenation [a | b] of two channels-last maps, and a map
+// copied into a larger one: strided rows, as copy_2d moves them.
+TEST_P(DiffusionOps, Copy2dConcatenatesChannels) {
+  const int64_t pixels = 7, ca = 3, cb = 2;
+  std::vector<float> a(static_cast<size_t>(pixels * ca)), b(static_cast<size_t>(pixels * cb));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = float(i);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = 100.0f + float(i);
+  Dev da = dev(a, {pixels, ca}), db = dev(b, {pixels, cb}), cat = zeros({pixels, ca + cb});
+  const size_t f = sizeof(float);
+  k().copy_2d(da.data(), ca * f, cat.data(), (ca + cb) * f, ca * f, pixels);
+  k().copy_2d(db.data(), cb * f, cat.as<float>() + ca, (ca + cb) * f, cb * f, pixels);
+  const std::vector<float> got = cat.vec<float>();
+  for (int64_t p = 0; p < pixels; ++p) {
+    for (int64_t c = 0; c < ca; ++c) EXPECT_EQ(got[size_t(p * (ca + cb) + c)], a[size_t(p * ca + c)]);
+    for (int64_t c = 0; c < cb; ++c) EXPECT_EQ(got[size_t(p * (ca + cb) + ca + c)], b[size_t(p * cb + c)]);
+  }
+  const std::string msg =
+      error_message([&] { k().copy_2d(da.data(), f, cat.data(), (ca + cb) * f, ca * f, pixels); });
+  EXPECT_NE(msg.find("copy_2d"), std::string::npos) << msg;
 }
 
 TEST_P(DiffusionOps, WrongViewsAreRefusedByName) {

@@ -409,6 +409,9 @@ class SimBackend final : public KernelBackend {
   void copy(const void* src, void* dst, size_t bytes) override {
     run([&] { h().copy(D(src), D(dst), bytes); });
   }
+  void copy_2d(const void* src, size_t sp, void* dst, size_t dp, size_t row, size_t rows) override {
+    run([&] { h().copy_2d(D(src), sp, D(dst), dp, row, rows); });
+  }
   void zero(void* dst, size_t bytes) override {
     run([&] { h().zero(D(dst), bytes); });
   }

@@ -26,6 +26,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_runtime_util.h"
 #include "kernels/cuda/op_profiler.h"
+#include "kernels/diffusion_op_checks.h"
 
 namespace hyperion::cuda {
 
@@ -494,6 +495,15 @@ class CudaBackend final : public KernelBackend {
     if (src == dst || bytes == 0) return;
     check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
     launched("copy");
+  }
+  void copy_2d(const void* src, size_t src_pitch, void* dst, size_t dst_pitch, size_t row_bytes,
+               size_t rows) override {
+    check_copy_2d(src_pitch, dst_pitch, row_bytes);
+    if (row_bytes == 0 || rows == 0) return;
+    check_cuda(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows,
+                                 cudaMemcpyDeviceToDevice, stream_),
+               "copy_2d");
+    launched("copy_2d");
   }
   void zero(void* dst, size_t bytes) override {
     if (bytes == 0) return;
