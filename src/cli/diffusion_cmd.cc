@@ -22,6 +22,7 @@
 #include "diffusion/single_file.h"
 #include "io/image_file.h"
 #include "io/safetensors.h"
+#include "kernels/hardware.h"
 
 namespace hyperion::cli {
 
@@ -179,7 +180,7 @@ int cmd_diffusion_forward(const Args& args) {
 }
 
 int generate_image(const Flags& f) {
-  for (const char* flag : {"max-tokens", "temperature", "top-k", "top-p", "ignore-eos", "hardware"})
+  for (const char* flag : {"max-tokens", "temperature", "top-k", "top-p", "ignore-eos"})
     HYP_USAGE_CHECK(!f.has(flag), "generate: --{} does not apply to a diffusion model", flag);
   diffusion::ImageRequest r;
   r.prompt = f.get("prompt");
@@ -197,6 +198,10 @@ int generate_image(const Flags& f) {
   const std::string dtype = f.get("dtype", "float32");
   HYP_USAGE_CHECK(dtype == "float32" || dtype == "bfloat16", "generate: --dtype must be float32 or bfloat16, got '{}'",
                   dtype);
+  const std::string hw = f.get("hardware", "cpu");
+  HYP_USAGE_CHECK(hw == "cpu" || hw == "gpu", "generate: --hardware must be cpu or gpu, got '{}'", hw);
+  const Device device = parse_hardware(hw, "generate: --hardware");
+  require_hardware(device, "generate: --hardware");
   const std::string output = f.require("output");
   HYP_USAGE_CHECK(output.size() > 4 && output.substr(output.size() - 4) == ".png",
                   "generate: --output {} must name a .png file", output);
@@ -208,6 +213,7 @@ int generate_image(const Flags& f) {
   const auto pipe = diffusion::DiffusionPipeline::is_pipeline_dir(checkpoint)
                         ? diffusion::DiffusionPipeline::load(checkpoint)
                         : diffusion::load_single_file(checkpoint, f.require("config"));
+  pipe->to_device(device);
   pipe->set_compute_dtype(dtype == "bfloat16" ? DType::kBF16 : DType::kF32);
   const double load_seconds = load_timer.seconds();
   try {
@@ -234,6 +240,7 @@ int generate_image(const Flags& f) {
     j["guidance"] = r.guidance;
     j["seed"] = r.seed;
     j["dtype"] = dtype;
+    j["hardware"] = hw;
     j["truncated_tokens"] = images.truncated_tokens;
     j["load_seconds"] = load_seconds;
     j["encode_seconds"] = images.encode_seconds;

@@ -85,7 +85,7 @@ const CommandSpec kGenerateSpec = {
      {"seed", "S", "random seed (default 0)"},
      {"ignore-eos", "", "keep going past the end-of-sequence token"},
      kDtypeFlag,
-     {"hardware", "H", "cpu (default) or gpu: where the model and its KV cache live"},
+     {"hardware", "H", "cpu (default) or gpu: where the model (and a language model's KV cache) lives"},
      {"json", "", "print the result as one JSON object"},
      {"output", "FILE.png", "diffusion: where the image goes (FILE-N.png for N > 0 with --batch)"},
      {"negative-prompt", "TEXT", "diffusion: what to steer away from (default: empty)"},

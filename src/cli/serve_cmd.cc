@@ -18,6 +18,7 @@
 #include "diffusion/pipeline.h"
 #include "diffusion/single_file.h"
 #include "io/atomic_file.h"
+#include "kernels/hardware.h"
 #include "model/param_store.h"
 #include "serve/async_engine.h"
 #include "serve/engine.h"
@@ -97,6 +98,7 @@ int serve_images(const Flags& f, const std::string& checkpoint, const std::vecto
   const auto pipe = diffusion::DiffusionPipeline::is_pipeline_dir(checkpoint)
                         ? diffusion::DiffusionPipeline::load(checkpoint)
                         : diffusion::load_single_file(checkpoint, f.require("config"));
+  pipe->to_device(ic.hardware);
   pipe->set_compute_dtype(ic.compute_dtype);
   if (ic.model_name.empty()) {
     std::filesystem::path p(checkpoint);
@@ -110,9 +112,10 @@ int serve_images(const Flags& f, const std::string& checkpoint, const std::vecto
   serve::ImageEngine engine(*pipe, ic);
   serve::HttpServer server(engine, ctx, http);
   const int bound = server.bind(host, port);
-  log_info("serve: {} ({}) on http://{}:{}  images {}x{} by default, {} denoised together, {} may wait, {}",
+  log_info("serve: {} ({}) on http://{}:{}  images {}x{} by default, {} denoised together, {} may wait, {}, on the {}",
            ic.model_name, checkpoint, host, bound, pipe->default_size(), pipe->default_size(), ic.max_batch_images,
-           ic.max_queue, ic.compute_dtype == DType::kBF16 ? "bf16 mixed precision" : "float32");
+           ic.max_queue, ic.compute_dtype == DType::kBF16 ? "bf16 mixed precision" : "float32",
+           hardware_name(ic.hardware));
   run_until_signalled(server, signals, drain_s);
   engine.stop();
   return 0;

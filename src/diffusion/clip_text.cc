@@ -4,7 +4,7 @@
 
 #include "base/error.h"
 #include "diffusion/json_fields.h"
-#include "kernels/dense_ops.h"
+#include "kernels/backend.h"
 
 namespace hyperion::diffusion {
 
@@ -83,33 +83,45 @@ ClipTextOutput ClipTextModel::forward(const std::vector<int32_t>& ids, int64_t n
   HYP_CHECK(n > 0 && int64_t(ids.size()) % n == 0, "text encoder: {} ids for {} sequences", ids.size(), n);
   const int64_t t = int64_t(ids.size()) / n, d = c.hidden_size, rows = n * t;
   HYP_CHECK(t >= 1 && t <= c.max_positions, "text encoder: {} tokens per sequence (at most {})", t, c.max_positions);
-  ClipTextOutput out;
-  out.n = n;
-  out.tokens = t;
-  out.hidden = d;
-  std::vector<float> h(size_t(rows * d)), tmp(h.size()), mlp(size_t(rows * c.intermediate_size));
   for (int64_t r = 0; r < rows; ++r) {
     const int32_t id = ids[size_t(r)];
     HYP_CHECK(id >= 0 && id < c.vocab_size, "text encoder: token id {} outside the vocabulary [0, {})", id,
               c.vocab_size);
-    const float* tok = params_.data(token_embedding_) + int64_t(id) * d;
-    const float* pos = params_.data(position_embedding_) + (r % t) * d;
-    std::copy(tok, tok + d, h.data() + r * d);
-    add_to(h.data() + r * d, pos, d);
   }
+  ClipTextOutput out;
+  out.n = n;
+  out.tokens = t;
+  out.hidden = d;
+  // Runs where the weights are; the outputs come back to the host.
+  const Device device = params_.device();
+  DeviceScope scope(device);
+  KernelBackend& be = backend_for(device);
+  auto f32 = [&](const float* p, Shape shape) { return be.view(const_cast<float*>(p), DType::kF32, shape); };
+  auto download = [&](const FloatBuffer& src, std::vector<float>* dst) {
+    dst->resize(src.size());
+    be.download(src.data(), dst->data(), src.size() * sizeof(float));
+  };
+  FloatBuffer h(size_t(rows * d)), tmp(h.size()), mlp(size_t(rows * c.intermediate_size));
+  // Token embeddings, then each sequence's position embeddings added.
+  DeviceBuffer ids_dev(be.allocator(), ids.size() * sizeof(int32_t));
+  be.upload(ids.data(), ids_dev.data(), ids.size() * sizeof(int32_t));
+  be.embedding_forward(f32(params_.data(token_embedding_), {c.vocab_size, d}),
+                       be.view(ids_dev.data(), DType::kI32, {rows}), f32(h.data(), {rows, d}), 1.0f);
+  for (int64_t i = 0; i < n; ++i)
+    be.residual_add(f32(params_.data(position_embedding_), {t * d}), f32(h.data() + i * t * d, {t * d}));
   for (size_t l = 0; l < layers_.size(); ++l) {
-    if (l + 1 == layers_.size()) out.penultimate = h;  // the input of the last layer
+    if (l + 1 == layers_.size()) download(h, &out.penultimate);  // the input of the last layer
     const Layer& layer = layers_[l];
     layer.norm1.forward(params_, h.data(), rows, tmp.data());
     layer.attn.forward(params_, tmp.data(), n, t, tmp.data(), t, h.data());
     layer.norm2.forward(params_, h.data(), rows, tmp.data());
     layer.fc1.forward(params_, tmp.data(), rows, mlp.data());
-    activation_forward(c.act, mlp.data(), mlp.data(), int64_t(mlp.size()));
+    be.activation_forward(c.act, f32(mlp.data(), {rows * c.intermediate_size}),
+                          f32(mlp.data(), {rows * c.intermediate_size}));
     layer.fc2.forward(params_, mlp.data(), rows, h.data(), /*accumulate=*/true);
   }
-  if (layers_.size() == 1) out.penultimate = out.penultimate.empty() ? h : out.penultimate;
-  out.last.resize(h.size());
-  final_norm_.forward(params_, h.data(), rows, out.last.data());
+  final_norm_.forward(params_, h.data(), rows, tmp.data());
+  download(tmp, &out.last);
   out.pooled.resize(size_t(n * d));
   for (int64_t i = 0; i < n; ++i) {
     int64_t at = t - 1;
@@ -121,12 +133,14 @@ ClipTextOutput ClipTextModel::forward(const std::vector<int32_t>& ids, int64_t n
     std::copy(out.last.data() + (i * t + at) * d, out.last.data() + (i * t + at + 1) * d, out.pooled.data() + i * d);
   }
   if (c.with_projection) {
-    out.text_embeds.resize(size_t(n * c.projection_dim));
     Linear proj;
     proj.w = projection_;
     proj.in = d;
     proj.out = c.projection_dim;
-    proj.forward(params_, out.pooled.data(), n, out.text_embeds.data());
+    const FloatBuffer pooled = to_device(out.pooled.data(), n * d, device);
+    FloatBuffer embeds(size_t(n * c.projection_dim));
+    proj.forward(params_, pooled.data(), n, embeds.data());
+    download(embeds, &out.text_embeds);
   }
   return out;
 }

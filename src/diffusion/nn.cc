@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
+#include "kernels/backend.h"
 #include "kernels/conv2d.h"
 #include "kernels/dense_ops.h"
 #include "kernels/gemm.h"
@@ -31,6 +32,32 @@ const bf16* to_bf16(const float* x, int64_t n, int slot) {
   return b.data();
 }
 
+// The same in the memory of the backend that runs the layer: the host's thread-local
+// scratch there, a pooled buffer (kept alive by the returned holder) on a device.
+struct Bf16Rows {
+  FloatBuffer storage;
+  const bf16* data = nullptr;
+};
+Bf16Rows to_bf16(KernelBackend& be, const float* x, int64_t n) {
+  Bf16Rows r;
+  if (be.device() == Device::kHost) {
+    r.data = to_bf16(x, n, 0);
+    return r;
+  }
+  r.storage = FloatBuffer(size_t(n + 1) / 2);
+  be.convert(x, DType::kF32, r.storage.data(), DType::kBF16, size_t(n));
+  r.data = reinterpret_cast<const bf16*>(r.storage.data());
+  return r;
+}
+
+KernelBackend& backend_of(const ParamTable& p) {
+  return backend_for(p.device());
+}
+
+TensorView f32_view(KernelBackend& be, const float* x, Shape shape) {
+  return be.view(const_cast<float*>(x), DType::kF32, shape);
+}
+
 }  // namespace
 
 int64_t layer_macs() {
@@ -52,14 +79,17 @@ Linear Linear::declare(ParamTable& p, const std::string& name, int64_t in, int64
 }
 
 void Linear::forward(const ParamTable& p, const float* x, int64_t rows, float* y, bool accumulate) const {
+  KernelBackend& be = backend_of(p);
+  DeviceScope scope(be.device());
   const bool mixed = p.bf16_compute();
-  GemmArgs g = mixed ? contiguous_gemm_args(Trans::kN, Trans::kT, rows, out, in, to_bf16(x, rows * in, 0),
-                                            DType::kBF16, p.data_bf16(w), DType::kBF16, y, DType::kF32,
-                                            accumulate ? 1.0f : 0.0f)
+  Bf16Rows x16;
+  if (mixed) x16 = to_bf16(be, x, rows * in);
+  GemmArgs g = mixed ? contiguous_gemm_args(Trans::kN, Trans::kT, rows, out, in, x16.data, DType::kBF16,
+                                            p.data_bf16(w), DType::kBF16, y, DType::kF32, accumulate ? 1.0f : 0.0f)
                      : contiguous_gemm_args(Trans::kN, Trans::kT, rows, out, in, x, DType::kF32, p.data(w),
                                             DType::kF32, y, DType::kF32, accumulate ? 1.0f : 0.0f);
   if (b >= 0) g.bias = p.data(b);
-  gemm(g);
+  be.gemm(g);
   g_macs += rows * in * out;
 }
 
@@ -100,6 +130,8 @@ Conv Conv::declare(ParamTable& p, const std::string& name, int64_t in, int64_t o
 
 Act Conv::forward(const ParamTable& p, const Act& x) const {
   HYP_CHECK(x.c == in, "conv: input has {} channels, the layer takes {}", x.c, in);
+  KernelBackend& be = backend_of(p);
+  DeviceScope scope(be.device());
   Conv2dShape s{x.n, x.h, x.w, in, out, kernel, stride, padding};
   Act y(x.n, s.out_height(), s.out_width(), out);
   if (is_pointwise()) {
@@ -107,8 +139,14 @@ Act Conv::forward(const ParamTable& p, const Act& x) const {
     as_linear().forward(p, x.data(), x.rows(), y.data());
     return y;
   }
-  if (p.bf16_compute()) conv2d_forward_bf16(s, to_bf16(x.data(), x.numel(), 0), p.data(w), p.data(b), y.data());
-  else conv2d_forward(s, x.data(), p.data(w), p.data(b), y.data());
+  const TensorView wv = f32_view(be, p.data(w), {out, in, kernel, kernel}), bv = f32_view(be, p.data(b), {out});
+  const TensorView yv = f32_view(be, y.data(), {y.n, y.h, y.w, out});
+  if (p.bf16_compute()) {
+    const Bf16Rows x16 = to_bf16(be, x.data(), x.numel());
+    be.conv2d_forward(s, be.view(const_cast<bf16*>(x16.data), DType::kBF16, {x.n, x.h, x.w, in}), wv, bv, yv);
+  } else {
+    be.conv2d_forward(s, f32_view(be, x.data(), {x.n, x.h, x.w, in}), wv, bv, yv);
+  }
   g_macs += int64_t(s.macs());
   return y;
 }
@@ -151,26 +189,32 @@ GroupNorm GroupNorm::declare(ParamTable& p, const std::string& name, int64_t cha
 }
 
 Act GroupNorm::forward(const ParamTable& p, const Act& x, bool silu) const {
-  HYP_CHECK(x.c == channels, "group_norm: input has {} channels, the layer takes {}", x.c, channels);
-  Act y(x.n, x.h, x.w, x.c);
-  std::vector<float> mean(size_t(x.n * groups)), rstd(mean.size());
-  group_norm_forward({x.n, x.h * x.w, channels, groups}, x.data(), p.data(gamma), p.data(beta), eps,
-                     y.data(), mean.data(), rstd.data());
-  if (silu) activation_forward(Activation::kSilu, y.data(), y.data(), y.numel());
-  return y;
+  return forward(p, x, silu, nullptr);
 }
 
 Act GroupNorm::forward(const ParamTable& p, const Act& x, bool silu, Saved* saved) const {
-  if (!saved) return forward(p, x, silu);
   HYP_CHECK(x.c == channels, "group_norm: input has {} channels, the layer takes {}", x.c, channels);
-  saved->pre = Act(x.n, x.h, x.w, x.c);
-  saved->mean = FloatBuffer(size_t(x.n * groups));
-  saved->rstd = FloatBuffer(size_t(x.n * groups));
-  group_norm_forward({x.n, x.h * x.w, channels, groups}, x.data(), p.data(gamma), p.data(beta), eps,
-                     saved->pre.data(), saved->mean.data(), saved->rstd.data());
-  if (!silu) return saved->pre;
+  KernelBackend& be = backend_of(p);
+  DeviceScope scope(be.device());
+  Saved local;
+  Saved& sv = saved ? *saved : local;
+  sv.pre = Act(x.n, x.h, x.w, x.c);
+  sv.mean = FloatBuffer(size_t(x.n * groups));
+  sv.rstd = FloatBuffer(size_t(x.n * groups));
+  const Shape shape{x.n, x.h * x.w, channels}, stats{x.n, groups};
+  be.group_norm_forward({x.n, x.h * x.w, channels, groups}, f32_view(be, x.data(), shape),
+                        f32_view(be, p.data(gamma), {channels}), f32_view(be, p.data(beta), {channels}), eps,
+                        f32_view(be, sv.pre.data(), shape), f32_view(be, sv.mean.data(), stats),
+                        f32_view(be, sv.rstd.data(), stats));
+  if (!silu) return sv.pre;
+  if (!saved) {  // inference: the SiLU in place
+    be.activation_forward(Activation::kSilu, f32_view(be, sv.pre.data(), {x.numel()}),
+                          f32_view(be, sv.pre.data(), {x.numel()}));
+    return std::move(sv.pre);
+  }
   Act y(x.n, x.h, x.w, x.c);
-  activation_forward(Activation::kSilu, saved->pre.data(), y.data(), y.numel());
+  be.activation_forward(Activation::kSilu, f32_view(be, sv.pre.data(), {x.numel()}),
+                        f32_view(be, y.data(), {x.numel()}));
   return y;
 }
 
@@ -194,7 +238,11 @@ LayerNorm LayerNorm::declare(ParamTable& p, const std::string& name, int64_t cha
 
 void LayerNorm::forward(const ParamTable& p, const float* x, int64_t rows, float* y, float* mean,
                         float* rstd) const {
-  layer_norm_forward(x, rows, channels, p.data(gamma), p.data(beta), eps, y, mean, rstd);
+  KernelBackend& be = backend_of(p);
+  const TensorView none;
+  be.layer_norm_forward(f32_view(be, x, {rows, channels}), f32_view(be, p.data(gamma), {channels}),
+                        f32_view(be, p.data(beta), {channels}), eps, f32_view(be, y, {rows, channels}),
+                        mean ? f32_view(be, mean, {rows}) : none, rstd ? f32_view(be, rstd, {rows}) : none);
 }
 
 void LayerNorm::backward(ParamTable& p, const float* x, int64_t rows, const float* mean, const float* rstd,
@@ -229,6 +277,8 @@ void Attention::forward(const ParamTable& p, const float* x, int64_t n, int64_t 
 
 void Attention::forward(const ParamTable& p, const float* x, int64_t n, int64_t tq, const float* context,
                         int64_t tk, float* result, Saved* saved) const {
+  KernelBackend& be = backend_of(p);
+  DeviceScope scope(be.device());
   const int64_t dim = heads * head_dim;
   Saved local;
   Saved& sv = saved ? *saved : local;
@@ -243,11 +293,9 @@ void Attention::forward(const ParamTable& p, const float* x, int64_t n, int64_t 
   v.forward(p, context, n * tk, vs.data());
   AttentionParams params;
   params.causal = causal;
-  attention_forward(TensorView(qs.data(), DType::kF32, {n, tq, heads, head_dim}),
-                    TensorView(ks.data(), DType::kF32, {n, tk, heads, head_dim}),
-                    TensorView(vs.data(), DType::kF32, {n, tk, heads, head_dim}),
-                    TensorView(o.data(), DType::kF32, {n, tq, heads, head_dim}),
-                    TensorView(lse.data(), DType::kF32, {n, heads, tq}), params);
+  be.attention_forward(f32_view(be, qs.data(), {n, tq, heads, head_dim}), f32_view(be, ks.data(), {n, tk, heads, head_dim}),
+                       f32_view(be, vs.data(), {n, tk, heads, head_dim}), f32_view(be, o.data(), {n, tq, heads, head_dim}),
+                       f32_view(be, lse.data(), {n, heads, tq}), params);
   g_macs += 2 * n * heads * attention_visible_pairs(tq, tk, causal) * head_dim;
   out.forward(p, o.data(), n * tq, result, /*accumulate=*/true);
 }
@@ -277,9 +325,7 @@ void Attention::backward(ParamTable& p, const float* x, int64_t n, int64_t tq, c
 }
 
 Act upsample2x(const Act& x) {
-  Act up(x.n, x.h * 2, x.w * 2, x.c);
-  upsample_nearest_forward(x.data(), x.n, x.h, x.w, x.c, 2, up.data());
-  return up;
+  return upsample_to(x, x.h * 2, x.w * 2);
 }
 
 Act upsample2x_backward(const Act& dup) {
@@ -289,8 +335,10 @@ Act upsample2x_backward(const Act& dup) {
 }
 
 Act upsample_to(const Act& x, int64_t h, int64_t w) {
+  KernelBackend& be = x.v.backend();
+  DeviceScope scope(be.device());
   Act up(x.n, h, w, x.c);
-  upsample_nearest_to_forward(x.data(), x.n, x.h, x.w, x.c, h, w, up.data());
+  be.upsample_nearest_forward(f32_view(be, x.data(), {x.n, x.h, x.w, x.c}), f32_view(be, up.data(), {x.n, h, w, x.c}));
   return up;
 }
 
@@ -303,17 +351,45 @@ Act upsample_to_backward(const Act& dup, int64_t h, int64_t w) {
 Act concat_channels(const Act& a, const Act& b) {
   HYP_CHECK(a.n == b.n && a.h == b.h && a.w == b.w, "concat: {}x{}x{} and {}x{}x{} differ in size", a.n, a.h,
             a.w, b.n, b.h, b.w);
+  HYP_CHECK(a.v.device() == b.v.device(), "concat: one map on the {}, the other on the {}", device_name(a.v.device()),
+            device_name(b.v.device()));
+  KernelBackend& be = a.v.backend();
+  DeviceScope scope(be.device());
   Act y(a.n, a.h, a.w, a.c + b.c);
-  for (int64_t r = 0; r < a.rows(); ++r) {
-    std::copy(a.data() + r * a.c, a.data() + (r + 1) * a.c, y.data() + r * y.c);
-    std::copy(b.data() + r * b.c, b.data() + (r + 1) * b.c, y.data() + r * y.c + a.c);
+  const size_t f = sizeof(float), pitch = size_t(y.c) * f;
+  if (a.rows() > 0) {
+    be.copy_2d(a.data(), size_t(a.c) * f, y.data(), pitch, size_t(a.c) * f, size_t(a.rows()));
+    be.copy_2d(b.data(), size_t(b.c) * f, y.data() + a.c, pitch, size_t(b.c) * f, size_t(b.rows()));
   }
   return y;
 }
 
 void add_inplace(Act& a, const Act& b) {
   HYP_CHECK(a.numel() == b.numel(), "add: {} and {} elements", a.numel(), b.numel());
-  add_to(a.data(), b.data(), a.numel());
+  KernelBackend& be = a.v.backend();
+  be.residual_add(f32_view(be, b.data(), {b.numel()}), f32_view(be, a.data(), {a.numel()}));
+}
+
+Act to_device(const Act& x, Device device) {
+  if (x.v.device() == device) return x;
+  Act y;
+  {
+    DeviceScope scope(device);
+    y = Act(x.n, x.h, x.w, x.c);
+  }
+  if (x.numel() == 0) return y;
+  const size_t bytes = size_t(x.numel()) * sizeof(float);
+  if (device == Device::kHost) x.v.backend().download(x.data(), y.data(), bytes);
+  else if (x.v.device() == Device::kHost) backend_for(device).upload(x.data(), y.data(), bytes);
+  else fail("diffusion: an activation from the {} to the {}", device_name(x.v.device()), device_name(device));
+  return y;
+}
+
+FloatBuffer to_device(const float* host, int64_t n, Device device) {
+  DeviceScope scope(device);
+  FloatBuffer b(static_cast<size_t>(n));
+  if (n > 0) backend_for(device).upload(host, b.data(), size_t(n) * sizeof(float));
+  return b;
 }
 
 }  // namespace hyperion::diffusion

@@ -10,6 +10,10 @@
 //   Attention  multi-head, self or cross, q/k/v/out projections as diffusers' Attention
 //              and CLIP's attention name them  (kernels/attention.h)
 //
+// On a device (the table moved there, ParamTable::to_device) every forward runs on that
+// device's backend, its activations in that device's memory (DeviceScope); the backward
+// passes are the host's (training stays on the host).
+//
 // Mixed precision (the table's set_bf16_compute, torch.autocast's rule): the linear layers
 // and convolutions read bf16 activations and weights and accumulate in f32; everything
 // else (norms, activations, attention's softmax products, residuals, what backward keeps)
@@ -140,5 +144,10 @@ Act upsample_to_backward(const Act& dup, int64_t h, int64_t w);
 Act concat_channels(const Act& a, const Act& b);
 // a += b elementwise.
 void add_inplace(Act& a, const Act& b);
+
+// Copies between the host and a device (an activation already there is copied as is):
+// what a pipeline running its models on a device uploads and downloads.
+Act to_device(const Act& x, Device device);
+FloatBuffer to_device(const float* host, int64_t n, Device device);
 
 }  // namespace hyperion::diffusion

@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "io/safetensors.h"
 #include "io/weight_files.h"
+#include "kernels/backend.h"
 #include "kernels/fill.h"
 #include "kernels/finite.h"
 #include "tensor/convert.h"
@@ -43,10 +44,48 @@ void ParamTable::allocate(bool with_grads) {
   ++version_;
 }
 
+void ParamTable::require_host(const char* what) const {
+  HYP_CHECK(device_ == Device::kHost, "diffusion parameters: {} of a model on the {} (only on the host)", what,
+            device_name(device_));
+}
+
+void ParamTable::to_device(Device device) {
+  HYP_CHECK(allocated(), "ParamTable::to_device before allocate");
+  if (device == device_) return;
+  HYP_CHECK(grads_.empty(), "diffusion parameters: a model with gradients (training) stays on the host");
+  const size_t bytes = size_t(size_) * sizeof(float);
+  if (device != Device::kHost) {
+    HYP_CHECK(device_ == Device::kHost, "diffusion parameters: from the {} to the {}", device_name(device_),
+              device_name(device));
+    KernelBackend& be = backend_for(device);
+    DeviceBuffer values(be.allocator(), bytes);
+    be.upload(data_.data(), values.data(), bytes);
+    be.synchronize();  // the host copy goes next
+    device_values_ = std::move(values);
+    std::vector<float>().swap(data_);
+    std::vector<bf16>().swap(bf16_);
+  } else {
+    KernelBackend& be = backend_for(device_);
+    data_.resize(size_t(size_));
+    be.download(device_values_.data(), data_.data(), bytes);
+    device_values_ = DeviceBuffer();
+    device_bf16_ = DeviceBuffer();
+    if (bf16_on_) bf16_.assign(size_t(bf16_size_), bf16{});
+  }
+  device_ = device;
+  bf16_version_ = 0;
+}
+
 void ParamTable::set_bf16_compute(bool on) {
   bf16_on_ = on;
-  if (on) bf16_.assign(size_t(bf16_size_), bf16{});
-  else std::vector<bf16>().swap(bf16_);
+  if (device_ != Device::kHost) {
+    device_bf16_ = on ? DeviceBuffer(backend_for(device_).allocator(), size_t(bf16_size_) * sizeof(bf16))
+                      : DeviceBuffer();
+  } else if (on) {
+    bf16_.assign(size_t(bf16_size_), bf16{});
+  } else {
+    std::vector<bf16>().swap(bf16_);
+  }
   bf16_version_ = 0;
 }
 
@@ -54,17 +93,27 @@ const bf16* ParamTable::data_bf16(int i) const {
   const ParamEntry& e = entries_[size_t(i)];
   HYP_CHECK(bf16_on_ && e.bf16_offset >= 0, "parameter {} has no bf16 copy (mixed precision {})", e.name,
             bf16_on_ ? "on, but it is not a matmul weight" : "off");
+  const bool host = device_ == Device::kHost;
+  if (!host && device_bf16_.empty())
+    device_bf16_ = DeviceBuffer(backend_for(device_).allocator(), size_t(bf16_size_) * sizeof(bf16));
+  bf16* base = host ? bf16_.data() : device_bf16_.as<bf16>();
   if (bf16_version_ != version_) {
-    for (const ParamEntry& t : entries_)
-      if (t.bf16_offset >= 0)
-        convert_f32_to_bf16(data_.data() + t.offset, bf16_.data() + t.bf16_offset, size_t(t.numel));
+    for (const ParamEntry& t : entries_) {
+      if (t.bf16_offset < 0) continue;
+      if (host)
+        convert_f32_to_bf16(data_.data() + t.offset, base + t.bf16_offset, size_t(t.numel));
+      else
+        backend_for(device_).convert(values() + t.offset, DType::kF32, base + t.bf16_offset, DType::kBF16,
+                                     size_t(t.numel));
+    }
     bf16_version_ = version_;
   }
-  return bf16_.data() + e.bf16_offset;
+  return base + e.bf16_offset;
 }
 
 void ParamTable::set_grads(bool with_grads) {
   HYP_CHECK(allocated(), "ParamTable::set_grads before allocate");
+  require_host("gradients");
   if (with_grads) grads_.assign(size_t(size_), 0.0f);
   else std::vector<float>().swap(grads_);
 }
@@ -75,6 +124,7 @@ int ParamTable::find(const std::string& name) const {
 }
 
 void ParamTable::zero_grads() {
+  require_host("gradients");
   std::fill(grads_.begin(), grads_.end(), 0.0f);
 }
 
@@ -158,6 +208,7 @@ std::vector<std::string> ParamTable::load_mapped(const io::WeightFiles& files, c
 }
 
 void ParamTable::save(const std::string& path, const std::string& prefix) const {
+  require_host("saving");
   io::SafetensorsWriter w;
   for (size_t i = 0; i < entries_.size(); ++i)
     w.add(prefix + entries_[i].name, DType::kF32, entries_[i].shape, data(int(i)));

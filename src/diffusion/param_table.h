@@ -13,6 +13,12 @@
 // converts again. Code writing one tensor through data(i) calls mark_written() after.
 // The refresh runs on the calling thread; a table is not shared between threads while it
 // is written.
+//
+// A table can move to a device (to_device: inference there, generation and serving): its
+// values, and the bf16 copy under mixed precision, then live in that backend's memory,
+// data(i) and data_bf16(i) point there, and the host copy is released. Loading, saving,
+// initialising and training need the values on the host (they refuse a device table by
+// name).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/allocator.h"
 #include "tensor/dtype.h"
 #include "tensor/tensor.h"
 
@@ -50,19 +57,28 @@ class ParamTable {
   void allocate(bool with_grads);
   // Adds (zeroed) or frees the gradient buffer, keeping the values.
   void set_grads(bool with_grads);
-  bool allocated() const { return !data_.empty(); }
+  bool allocated() const { return !data_.empty() || !device_values_.empty(); }
+  // Moves the values (and the bf16 copy) to `device`'s memory, or back to the host. No
+  // gradients (a device table is for inference).
+  void to_device(Device device);
+  Device device() const { return device_; }
 
   const std::vector<ParamEntry>& entries() const { return entries_; }
   int find(const std::string& name) const;  // -1 when absent
   int64_t size() const { return size_; }
-  float* data(int i) { return data_.data() + entries_[size_t(i)].offset; }
-  const float* data(int i) const { return data_.data() + entries_[size_t(i)].offset; }
+  // Writable values: host tables only.
+  float* data(int i) {
+    require_host("writing a parameter");
+    return data_.data() + entries_[size_t(i)].offset;
+  }
+  const float* data(int i) const { return values() + entries_[size_t(i)].offset; }
   float* grad(int i) { return grads_.data() + entries_[size_t(i)].offset; }
   float* all() {  // counts as a write (the bf16 copy is refreshed before its next use)
+    require_host("writing the parameters");
     ++version_;
     return data_.data();
   }
-  const float* all() const { return data_.data(); }
+  const float* all() const { return values(); }
 
   // Mixed precision on or off (the copy is allocated or freed). On, tensor i's bf16 copy
   // (i must be keep_bf16), converted again first when the values changed since.
@@ -97,6 +113,10 @@ class ParamTable {
   void save(const std::string& path, const std::string& prefix = "") const;
 
  private:
+  const float* values() const {
+    return device_ == Device::kHost ? data_.data() : device_values_.as<float>();
+  }
+  void require_host(const char* what) const;
   std::vector<ParamEntry> entries_;
   std::unordered_map<std::string, int> index_;
   int64_t size_ = 0, bf16_size_ = 0;
@@ -105,6 +125,9 @@ class ParamTable {
   uint64_t version_ = 1;  // bumped by every (possible) write of the values
   mutable uint64_t bf16_version_ = 0;
   mutable std::vector<bf16> bf16_;
+  Device device_ = Device::kHost;
+  DeviceBuffer device_values_;          // the values on device_ (not the host)
+  mutable DeviceBuffer device_bf16_;    // the bf16 copy there, under mixed precision
 };
 
 }  // namespace hyperion::diffusion

@@ -284,8 +284,21 @@ void DiffusionPipeline::step(const std::vector<Job*>& jobs) const {
         }
       }
   }
-  const Act out = unet_->forward(x, t.data(), ctx.data(), tokens, xl() ? pooled.data() : nullptr,
-                                 xl() ? time_ids.data() : nullptr);
+  const Device device = unet_->params().device();
+  Act out;
+  if (device == Device::kHost) {
+    out = unet_->forward(x, t.data(), ctx.data(), tokens, xl() ? pooled.data() : nullptr,
+                         xl() ? time_ids.data() : nullptr);
+  } else {
+    // The UNet's inputs up, its prediction down; the samplers step on the host (a few
+    // elementwise passes over the latents).
+    const FloatBuffer t_dev = diffusion::to_device(t.data(), rows, device), ctx_dev = diffusion::to_device(ctx.data(), int64_t(ctx.size()), device);
+    const FloatBuffer pooled_dev = diffusion::to_device(pooled.data(), int64_t(pooled.size()), device),
+                      time_ids_dev = diffusion::to_device(time_ids.data(), int64_t(time_ids.size()), device);
+    out = diffusion::to_device(unet_->forward(diffusion::to_device(x, device), t_dev.data(), ctx_dev.data(), tokens,
+                                   xl() ? pooled_dev.data() : nullptr, xl() ? time_ids_dev.data() : nullptr),
+                    Device::kHost);
+  }
   std::vector<float> guided(static_cast<size_t>(per)), noise(static_cast<size_t>(per));
   row = 0;
   for (Job* j : jobs) {
@@ -331,7 +344,18 @@ GeneratedImages DiffusionPipeline::generate(const ImageRequest& request) const {
   return finish(*job);
 }
 
+void DiffusionPipeline::to_device(Device device) {
+  for (ParamTable* p : {&unet_->params(), &vae_->params(), &text_encoder_->params()}) p->to_device(device);
+  if (text_encoder_2_) text_encoder_2_->params().to_device(device);
+}
+
+Device DiffusionPipeline::device() const {
+  return unet_->params().device();
+}
+
 void DiffusionPipeline::save(const std::string& dir) const {
+  HYP_CHECK(device() == Device::kHost, "diffusion: saving a pipeline whose models are on the {}",
+            device_name(device()));
   fs::create_directories(dir);
   nlohmann::ordered_json index;
   index["_class_name"] = class_name_;

@@ -94,6 +94,12 @@ class DiffusionPipeline {
   // scheduler's config; SDXL's text_encoder_2 and tokenizer_2 too), atomically per file.
   void save(const std::string& dir) const;
 
+  // Moves every model (UNet, VAE, text encoders) to `device`'s memory, or back to the host:
+  // generation then runs there, the samplers and the tokenizers on the host. Inference
+  // only (training keeps its models on the host).
+  void to_device(Device device);
+  Device device() const;
+
   // Mixed precision for every component (bf16 matmuls and convolutions with f32
   // accumulation, nn.h) or f32 throughout: DType::kBF16 or DType::kF32.
   void set_compute_dtype(DType dtype);

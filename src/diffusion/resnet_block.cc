@@ -1,6 +1,9 @@
 #include "diffusion/resnet_block.h"
 
+#include <vector>
+
 #include "base/error.h"
+#include "kernels/backend.h"
 #include "kernels/dense_ops.h"
 
 namespace hyperion::diffusion {
@@ -25,13 +28,22 @@ Act ResnetBlock::forward(const ParamTable& p, const Act& x, const float* temb_si
   Act h = conv1.forward(p, a1);
   if (has_time) {
     HYP_CHECK(temb_silu != nullptr, "resnet block: the time embedding is missing");
-    // + time_emb_proj(silu(temb)) per image, broadcast over its pixels.
+    // + time_emb_proj(silu(temb)) per image, broadcast over its pixels: a rank-1 product
+    // ones[pixels] x t[image] added to each image's map (one batched GEMM on any device;
+    // 1 * t is exact, so the sum is the plain addition's).
+    DeviceScope scope(p.device());
     FloatBuffer t(static_cast<size_t>(x.n * h.c));
     time_proj.forward(p, temb_silu, x.n, t.data());
     const int64_t pixels = h.h * h.w;
-    for (int64_t n = 0; n < x.n; ++n)
-      for (int64_t px = 0; px < pixels; ++px)
-        add_to(h.data() + (n * pixels + px) * h.c, t.data() + n * h.c, h.c);
+    const std::vector<float> ones_host(static_cast<size_t>(pixels), 1.0f);
+    const FloatBuffer ones = to_device(ones_host.data(), pixels, p.device());
+    GemmArgs g = contiguous_gemm_args(Trans::kN, Trans::kN, pixels, h.c, 1, ones.data(), DType::kF32, t.data(),
+                                      DType::kF32, h.data(), DType::kF32, 1.0f);
+    g.batch = x.n;
+    g.stride_a = 0;
+    g.stride_b = h.c;
+    g.stride_c = pixels * h.c;
+    backend_for(p.device()).gemm(g);
   }
   Act a2 = norm2.forward(p, h, /*silu=*/true, tape ? &tape->n2 : nullptr);
   Act y = conv2.forward(p, a2);

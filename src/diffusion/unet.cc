@@ -6,6 +6,7 @@
 #include "diffusion/json_fields.h"
 #include "diffusion/unet_tape.h"
 #include "kernels/activation.h"
+#include "kernels/backend.h"
 #include "kernels/dense_ops.h"
 #include "kernels/timestep_embedding.h"
 
@@ -265,7 +266,8 @@ void UNet::run_transformer(const Transformer& t, Act& x, const float* context, i
     b.norm3.forward(params_, h.data(), rows, tmp.data(), bt ? bt->m3.data() : nullptr, bt ? bt->r3.data() : nullptr);
     keep(bt ? &bt->n3 : nullptr, tmp);
     b.ff_in.forward(params_, tmp.data(), rows, ff.data());
-    geglu_rows_forward(ff.data(), rows, c * 4, geglu.data());
+    KernelBackend& be = backend_for(params_.device());
+    be.geglu_forward(be.view(ff.data(), DType::kF32, {rows, c * 8}), be.view(geglu.data(), DType::kF32, {rows, c * 4}));
     keep(bt ? &bt->ff : nullptr, ff);
     keep(bt ? &bt->geglu : nullptr, geglu);
     b.ff_out.forward(params_, geglu.data(), rows, h.data(), /*accumulate=*/true);
@@ -289,15 +291,21 @@ Act UNet::forward(const Act& sample, const float* timesteps, const float* contex
   HYP_CHECK(sample.c == c.in_channels, "unet: the sample has {} channels, the model takes {}", sample.c,
             c.in_channels);
   HYP_CHECK(!c.text_time || (text_embeds && time_ids), "unet: an SDXL UNet needs text_embeds and time_ids");
+  HYP_CHECK(sample.v.device() == params_.device(), "unet: the sample is on the {}, the model on the {}",
+            device_name(sample.v.device()), device_name(params_.device()));
+  // Every buffer below lives where the weights do; so do the inputs (the caller uploads).
+  DeviceScope scope(params_.device());
+  KernelBackend& be = backend_for(params_.device());
+  auto f32 = [&](const float* p, Shape shape) { return be.view(const_cast<float*>(p), DType::kF32, shape); };
   std::shared_ptr<Tape> tape_holder = tape_out ? std::make_shared<Tape>() : nullptr;
   Tape* tape = tape_holder.get();
   const int64_t n = sample.n, c0 = c.block_out_channels.front(), temb_dim = c.time_embed_dim();
   // Time embedding: sinusoidal -> linear -> silu -> linear (+ SDXL's added embedding).
   FloatBuffer tproj(size_t(n * c0)), hidden(size_t(n * temb_dim)), hidden_silu(size_t(n * temb_dim)),
       temb(size_t(n * temb_dim));
-  timestep_embedding(timesteps, n, {c0, c.flip_sin_to_cos, float(c.freq_shift)}, tproj.data());
+  be.timestep_embedding(f32(timesteps, {n}), {c0, c.flip_sin_to_cos, float(c.freq_shift)}, f32(tproj.data(), {n, c0}));
   time_linear1.forward(params_, tproj.data(), n, hidden.data());
-  activation_forward(Activation::kSilu, hidden.data(), hidden_silu.data(), int64_t(hidden.size()));
+  be.activation_forward(Activation::kSilu, f32(hidden.data(), {n * temb_dim}), f32(hidden_silu.data(), {n * temb_dim}));
   time_linear2.forward(params_, hidden_silu.data(), n, temb.data());
   FloatBuffer add_in, add_hidden, add_hidden_silu;
   if (c.text_time) {
@@ -307,17 +315,20 @@ Act UNet::forward(const Act& sample, const float* timesteps, const float* contex
     add_in = FloatBuffer(size_t(n * in));
     add_hidden = FloatBuffer(size_t(n * temb_dim));
     add_hidden_silu = FloatBuffer(size_t(n * temb_dim));
-    timestep_embedding(time_ids, n * 6, {td, c.flip_sin_to_cos, float(c.freq_shift)}, time_emb.data());
-    for (int64_t i = 0; i < n; ++i) {
-      std::copy(text_embeds + i * pooled, text_embeds + (i + 1) * pooled, add_in.data() + i * in);
-      std::copy(time_emb.data() + i * 6 * td, time_emb.data() + (i + 1) * 6 * td, add_in.data() + i * in + pooled);
-    }
+    be.timestep_embedding(f32(time_ids, {n * 6}), {td, c.flip_sin_to_cos, float(c.freq_shift)},
+                          f32(time_emb.data(), {n * 6, td}));
+    // add_in rows: [pooled text embedding | the six time ids' embeddings].
+    const size_t f = sizeof(float);
+    be.copy_2d(text_embeds, size_t(pooled) * f, add_in.data(), size_t(in) * f, size_t(pooled) * f, size_t(n));
+    be.copy_2d(time_emb.data(), size_t(6 * td) * f, add_in.data() + pooled, size_t(in) * f, size_t(6 * td) * f,
+               size_t(n));
     add_linear1.forward(params_, add_in.data(), n, add_hidden.data());
-    activation_forward(Activation::kSilu, add_hidden.data(), add_hidden_silu.data(), int64_t(add_hidden.size()));
+    be.activation_forward(Activation::kSilu, f32(add_hidden.data(), {n * temb_dim}),
+                          f32(add_hidden_silu.data(), {n * temb_dim}));
     add_linear2.forward(params_, add_hidden_silu.data(), n, temb.data(), /*accumulate=*/true);
   }
   FloatBuffer temb_silu(temb.size());
-  activation_forward(Activation::kSilu, temb.data(), temb_silu.data(), int64_t(temb.size()));
+  be.activation_forward(Activation::kSilu, f32(temb.data(), {n * temb_dim}), f32(temb_silu.data(), {n * temb_dim}));
 
   Act h = conv_in.forward(params_, sample);
   std::vector<Act> skips = {h};

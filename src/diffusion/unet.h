@@ -54,6 +54,7 @@ class UNet {
 
   // sample [n, h, w, in_channels] at timesteps t [n]; context [n, tokens, cross_attention_dim];
   // SDXL: text_embeds [n, pooled] and time_ids [n, 6]. Returns [n, h, w, out_channels].
+  // Every input lives where the parameters do (params().device()), as does the result.
   Act forward(const Act& sample, const float* timesteps, const float* context, int64_t tokens,
               const float* text_embeds = nullptr, const float* time_ids = nullptr) const;
 

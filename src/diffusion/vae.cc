@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "diffusion/json_fields.h"
 #include "diffusion/vae_tape.h"
+#include "kernels/backend.h"
 
 namespace hyperion::diffusion {
 
@@ -151,6 +152,9 @@ Act Vae::encode(const Act& images, std::shared_ptr<Tape>* tape_out) const {
   HYP_CHECK(images.c == c.in_channels, "vae: images have {} channels, the encoder takes {}", images.c, c.in_channels);
   HYP_CHECK(images.h % c.downscale() == 0 && images.w % c.downscale() == 0,
             "vae: image size {}x{} must be a multiple of {}", images.h, images.w, c.downscale());
+  HYP_CHECK(images.v.device() == params_.device(), "vae: the images are on the {}, the model on the {}",
+            device_name(images.v.device()), device_name(params_.device()));
+  DeviceScope scope(params_.device());
   std::shared_ptr<Tape> holder = tape_out ? std::make_shared<Tape>() : nullptr;
   Tape* tape = holder.get();
   auto rt = [&]() -> ResnetBlock::Tape* {
@@ -164,11 +168,12 @@ Act Vae::encode(const Act& images, std::shared_ptr<Tape>* tape_out) const {
     if (b.has_sampler) {
       // Zero padding of one pixel on the right and the bottom, then a stride-2 convolution.
       Act padded(h.n, h.h + 1, h.w + 1, h.c);
-      std::fill(padded.v.begin(), padded.v.end(), 0.0f);
-      for (int64_t n = 0; n < h.n; ++n)
-        for (int64_t y = 0; y < h.h; ++y)
-          std::copy(h.data() + ((n * h.h + y) * h.w) * h.c, h.data() + ((n * h.h + y) * h.w + h.w) * h.c,
-                    padded.data() + ((n * padded.h + y) * padded.w) * h.c);
+      KernelBackend& be = backend_for(params_.device());
+      const size_t f = sizeof(float), row = size_t(h.w * h.c) * f;
+      be.zero(padded.data(), size_t(padded.numel()) * f);
+      for (int64_t n = 0; n < h.n; ++n)  // each image's rows into the wider rows
+        be.copy_2d(h.data() + n * h.h * h.w * h.c, row, padded.data() + n * padded.h * padded.w * h.c,
+                   size_t(padded.w * h.c) * f, row, size_t(h.h));
       h = b.sampler.forward(params_, padded);
       if (tape) tape->sampler_inputs.push_back(std::move(padded));
     }
@@ -197,6 +202,9 @@ Act Vae::decode(const Act& latents, std::shared_ptr<Tape>* tape_out) const {
   const VaeConfig& c = config_;
   HYP_CHECK(latents.c == c.latent_channels, "vae: latents have {} channels, the decoder takes {}", latents.c,
             c.latent_channels);
+  HYP_CHECK(latents.v.device() == params_.device(), "vae: the latents are on the {}, the model on the {}",
+            device_name(latents.v.device()), device_name(params_.device()));
+  DeviceScope scope(params_.device());
   std::shared_ptr<Tape> holder = tape_out ? std::make_shared<Tape>() : nullptr;
   Tape* tape = holder.get();
   auto rt = [&]() -> ResnetBlock::Tape* {
@@ -228,7 +236,9 @@ Act Vae::decode(const Act& latents, std::shared_ptr<Tape>* tape_out) const {
 }
 
 Act Vae::encode_latents(const Act& images, const float* noise) const {
-  const Act moments = encode(images);
+  const Act moments = params_.device() == Device::kHost
+                          ? encode(images)
+                          : to_device(encode(to_device(images, params_.device())), Device::kHost);
   const int64_t L = config_.latent_channels;
   Act z(moments.n, moments.h, moments.w, L);
   const float scale = float(config_.scaling_factor), shift = float(config_.shift_factor);
@@ -247,7 +257,8 @@ Act Vae::decode_latents(const Act& latents) const {
   Act z = latents;
   const float inv = float(1.0 / config_.scaling_factor), shift = float(config_.shift_factor);
   for (float& x : z.v) x = x * inv + shift;
-  return decode(z);
+  if (params_.device() == Device::kHost) return decode(z);
+  return to_device(decode(to_device(z, params_.device())), Device::kHost);
 }
 
 }  // namespace hyperion::diffusion

@@ -53,9 +53,11 @@ class Vae {
   Act decode_backward(const Tape& tape, const Act& dimages);
 
   // What a pipeline trains on: (mean + exp(logvar / 2) noise - shift) * scaling_factor,
-  // noise [n * h * w * latent_channels] standard normals (null: the mean alone).
+  // noise [n * h * w * latent_channels] standard normals (null: the mean alone). Host
+  // images in, host latents out, as decode_latents.
   Act encode_latents(const Act& images, const float* noise) const;
-  // latents / scaling_factor + shift, decoded.
+  // latents / scaling_factor + shift, decoded. Host latents in, host images out, wherever
+  // the model runs (the other calls take and return activations on the model's device).
   Act decode_latents(const Act& latents) const;
 
  private:

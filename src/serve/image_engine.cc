@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "kernels/hardware.h"
 #include "serve/engine.h"
 
 namespace hyperion::serve {
@@ -43,6 +44,8 @@ std::vector<ConfigKey> image_engine_config_schema() {
       {"dtype", ConfigType::kString, "float32",
        "compute: float32 | bfloat16 (mixed precision: convolutions and linear layers in bf16, f32 "
        "accumulation)"},
+      {"hardware", ConfigType::kString, "cpu",
+       "cpu | gpu: where the UNet, VAE and text encoders run (docs/GPU.md)"},
   };
 }
 
@@ -57,6 +60,8 @@ ImageEngineConfig parse_image_engine_config(const std::vector<std::string>& over
   HYP_USAGE_CHECK(dtype == "float32" || dtype == "bfloat16", "serve: dtype must be float32 or bfloat16, got '{}'",
                   dtype);
   c.compute_dtype = dtype == "bfloat16" ? DType::kBF16 : DType::kF32;
+  c.hardware = parse_hardware(cfg.get_string("hardware"), "serve: hardware");
+  require_hardware(c.hardware, "hardware");
   HYP_USAGE_CHECK(c.max_batch_images >= 1 && c.max_batch_images <= 256,
                   "serve: max_batch_images must be in [1, 256], got {}", c.max_batch_images);
   HYP_USAGE_CHECK(c.max_queue >= 0 && c.max_queue <= 100000, "serve: max_queue must be in [0, 100000], got {}",

@@ -35,6 +35,7 @@ struct ImageEngineConfig {
   int64_t max_queue = 64;        // requests waiting to join before 429
   std::string model_name;        // /v1/models id
   DType compute_dtype = DType::kF32;  // kBF16: mixed precision (the caller sets it on the pipeline)
+  Device hardware = Device::kHost;     // where the models run (the caller moves the pipeline there)
 };
 
 // The `key=value` keys of `hyperion serve` on a diffusion checkpoint.

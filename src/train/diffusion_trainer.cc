@@ -90,8 +90,8 @@ TrainResult run_diffusion_training(const Config& config, const TrainConfig& t, c
     return src != "default" && src.find("trainer_state.json") == std::string::npos;
   };
   HYP_USAGE_CHECK(t.hardware == Device::kHost,
-                  "config key hardware={} ({}): the diffusion models have no GPU kernels yet; they train on the "
-                  "CPU (hardware=cpu)",
+                  "config key hardware={} ({}): diffusion training runs on the CPU (hardware=cpu); generation "
+                  "and serving run on a GPU (generate --hardware gpu, serve hardware=gpu)",
                   config.get_string("hardware"), config.source_of("hardware"));
   // dtype: float32 unless set here; bfloat16 is mixed precision (the UNet's convolutions and
   // linear layers in bf16 with f32 accumulation, f32 master weights, optimizer and

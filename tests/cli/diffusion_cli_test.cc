@@ -16,6 +16,7 @@
 #include "diffusion/sd_tiny.h"
 #include "io/atomic_file.h"
 #include "io/image_file.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "serve/image_api.h"
 
 namespace hyperion {
@@ -160,6 +161,20 @@ TEST(DiffusionCli, UsageErrorsNameTheFlag) {
   EXPECT_FALSE(fs::exists(runs)) << "a refused run wrote " << runs;
   r = run_cli("diffusion forward --component transformer --dir " + dir + "/unet --inputs x --output y");
   EXPECT_NE(r.code, 0);
+  // The device: a bad value is a usage error; a GPU this process cannot use is refused by
+  // name before the checkpoint loads, and nothing is written.
+  r = run_cli("generate --checkpoint " + dir + " --prompt x --output " + out + " --hardware tpu");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--hardware must be cpu or gpu"), std::string::npos) << r.out;
+  if (!cuda_status().available) {  // (the hyperion binary has no simulated device)
+    r = run_cli("generate --checkpoint " + dir + " --prompt x --output " + out + " --hardware gpu");
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.out.find("no usable GPU"), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(out));
+    r = run_cli("train sd-tiny hardware=gpu base_output_directory=" + runs);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("diffusion training runs on the CPU"), std::string::npos) << r.out;
+  }
 }
 
 // A short sd-tiny run: the VAE and then the UNet train (the held-out denoising loss falls

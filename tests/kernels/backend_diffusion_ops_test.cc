@@ -276,6 +276,24 @@ TEST_P(DiffusionOps, NonCausalAttentionMatchesTheReference) {
   }
 }
 
+// A VAE's mid-block attention: one head of 512 channels, wider than the CUDA flash
+// kernels' 256 (the CUDA backend runs it through materialised scores in row chunks).
+TEST_P(DiffusionOps, WideHeadAttentionForwardMatchesTheReference) {
+  std::mt19937 rng(13);
+  const int64_t b = 2, t = 37, h = 1, d = 512;
+  Tensor q = random_tensor(DType::kF32, {b, t, h, d}, rng), kk = random_tensor(DType::kF32, {b, t, h, d}, rng),
+         v = random_tensor(DType::kF32, {b, t, h, d}, rng);
+  AttentionParams params;
+  params.causal = false;
+  Tensor out = Tensor::zeros(DType::kF32, {b, t, h, d}), lse = Tensor::zeros(DType::kF32, {b, h, t});
+  ref::attention_forward(q, kk, v, out, lse, params);
+  Dev gq(k(), q), gk(k(), kk), gv(k(), v);
+  Dev gout(k(), DType::kF32, {b, t, h, d}), glse(k(), DType::kF32, {b, h, t});
+  k().attention_forward(gq, gk, gv, gout, glse, params);
+  expect_close(gout, out, 1e-4, 1e-5, "wide-head attention out");
+  expect_close(glse, lse, 1e-4, 1e-5, "wide-head attention lse");
+}
+
 // A UNet up block's channel concatenation [a | b] of two channels-last maps, and a map
 // copied into a larger one: strided rows, as copy_2d moves them.
 TEST_P(DiffusionOps, Copy2dConcatenatesChannels) {

@@ -345,8 +345,10 @@ AttentionShape CudaBackend::attention_shape(const char* op, const TensorView& q,
   HYP_CHECK(!s.causal || s.tq <= s.tk, "{}: causal attention needs Tq={} <= Tk={}", op, s.tq,
             s.tk);
   HYP_CHECK(s.tk > 0 || s.tq == 0, "{}: {} queries attend to no keys", op, s.tq);
-  HYP_CHECK(s.d >= 1 && s.d <= 256, "{}: head_dim {} is not in [1, 256] on the cuda backend", op,
-            s.d);
+  HYP_CHECK(s.d >= 1 && s.d <= 256,
+            "{}: head_dim {} is not in [1, 256] on the cuda backend (wider heads: the forward "
+            "pass only, non-causal f32)",
+            op, s.d);
   HYP_CHECK(params.window >= 0 && (s.causal || params.window == 0),
             "{}: window must be >= 0 and needs causal attention, got {}", op, params.window);
   check_softcap(op, params.softcap);
@@ -356,6 +358,81 @@ AttentionShape CudaBackend::attention_shape(const char* op, const TensorView& q,
             "{}: scale must be finite and positive, got {}", op, params.scale);
   s.scale = params.scale > 0.0f ? params.scale : 1.0f / std::sqrt(static_cast<float>(s.d));
   return s;
+}
+
+void CudaBackend::wide_head_attention_forward(const TensorView& q, const TensorView& k,
+                                              const TensorView& v, const TensorView& out,
+                                              const TensorView& lse,
+                                              const AttentionParams& params) {
+  const char* op = "attention_forward";
+  HYP_CHECK(k.rank() == 4 && k.shape == v.shape && q.shape[0] == k.shape[0] &&
+                q.shape[3] == k.shape[3] && out.shape == q.shape,
+            "{}: q {}, k {}, v {} and out {} must be [B, Tq, Hq, D], [B, Tk, Hkv, D] and q's", op,
+            q.str(), k.str(), v.str(), out.str());
+  const int64_t b = q.shape[0], tq = q.shape[1], hq = q.shape[2], d = q.shape[3];
+  const int64_t tk = k.shape[1], hkv = k.shape[2];
+  HYP_CHECK(hkv > 0 && hq % hkv == 0, "{}: {} query heads are not a multiple of {} kv heads", op,
+            hq, hkv);
+  HYP_CHECK(!params.causal && params.window == 0 && params.softcap == 0.0f,
+            "{}: head_dim {} (over 256) runs without a causal mask, window or softcap on the cuda "
+            "backend",
+            op, d);
+  for (const TensorView* t : {&q, &k, &v, &out})
+    HYP_CHECK(t->dtype == DType::kF32, "{}: head_dim {} (over 256) runs in f32 on the cuda backend, got {}",
+              op, d, t->str());
+  HYP_CHECK(lse.numel() == b * hq * tq, "{}: lse {} must be [{}, {}, {}]", op, lse.str(), b, hq, tq);
+  HYP_CHECK(tk > 0 || tq == 0, "{}: {} queries attend to no keys", op, tq);
+  HYP_CHECK(params.scale == 0.0f || (std::isfinite(params.scale) && params.scale > 0.0f),
+            "{}: scale must be finite and positive, got {}", op, params.scale);
+  const float scale = params.scale > 0.0f ? params.scale : 1.0f / std::sqrt(static_cast<float>(d));
+  if (b * tq == 0) return;
+  // Query rows per chunk: the chunk's scores within 256 MiB.
+  const int64_t budget = int64_t{256} << 20;
+  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(tq, budget / (tk * 4)));
+  auto* scores = static_cast<float*>(scratch_.get(static_cast<size_t>(rows * tk) * sizeof(float)));
+  const auto* qp = q.as<float>();
+  const auto* kp = k.as<float>();
+  const auto* vp = v.as<float>();
+  auto* op_out = out.as<float>();
+  auto* lp = f32(op, lse);
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t h = 0; h < hq; ++h) {
+      const int64_t kvh = h / (hq / hkv);
+      const float* kh = kp + (bi * tk * hkv + kvh) * d;
+      const float* vh = vp + (bi * tk * hkv + kvh) * d;
+      for (int64_t r0 = 0; r0 < tq; r0 += rows) {
+        const int64_t n = std::min(rows, tq - r0);
+        GemmArgs s{};
+        s.trans_a = Trans::kN;
+        s.trans_b = Trans::kT;
+        s.m = n;
+        s.n = tk;
+        s.k = d;
+        s.a = qp + ((bi * tq + r0) * hq + h) * d;
+        s.lda = hq * d;
+        s.b = kh;
+        s.ldb = hkv * d;
+        s.c = scores;
+        s.ldc = tk;
+        s.alpha = scale;
+        gemm(s);
+        cuda::softmax_rows(stream_, scores, n, tk, lp + (bi * hq + h) * tq + r0);
+        launched(op);
+        GemmArgs o{};
+        o.trans_a = Trans::kN;
+        o.trans_b = Trans::kN;
+        o.m = n;
+        o.n = d;
+        o.k = tk;
+        o.a = scores;
+        o.lda = tk;
+        o.b = vh;
+        o.ldb = hkv * d;
+        o.c = op_out + ((bi * tq + r0) * hq + h) * d;
+        o.ldc = hq * d;
+        gemm(o);
+      }
+    }
 }
 
 PagedCacheArgs CudaBackend::cache_args(const char* op, const PagedKvCache& cache) {

@@ -249,6 +249,10 @@ class CudaBackend final : public KernelBackend {
                          const AttentionParams& params) override {
     const char* op = "attention_forward";
     check(op, {&q, &k, &v, &out, &lse});
+    if (q.rank() == 4 && q.shape[3] > 256) {
+      wide_head_attention_forward(q, k, v, out, lse, params);
+      return;
+    }
     const AttentionShape sh = attention_shape(op, q, k, v, params);
     HYP_CHECK(out.shape == q.shape, "{}: out {} must have q's shape {}", op, out.str(), q.str());
     HYP_CHECK(lse.numel() == sh.b * sh.hq * sh.tq, "{}: lse {} must be [{}, {}, {}]", op, lse.str(),
@@ -566,6 +570,12 @@ class CudaBackend final : public KernelBackend {
   AttentionShape attention_shape(const char* op, const TensorView& q, const TensorView& k,
                                  const TensorView& v,
                                  const AttentionParams& params);
+  // Heads wider than the flash kernels' 256 (a VAE's mid-block attention: one head of 512
+  // channels): the scores of a chunk of query rows in scratch (scale Q K^T on cuBLASLt),
+  // softmax in place with the log-sum-exps, then P V. Forward only, f32, no mask.
+  void wide_head_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& out, const TensorView& lse,
+                                   const AttentionParams& params);
   PagedCacheArgs cache_args(const char* op, const PagedKvCache& cache);
   const int32_t* upload_indices(const int32_t* a, int64_t na, const int32_t* b = nullptr,
                                 int64_t nb = 0);

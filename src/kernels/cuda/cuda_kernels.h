@@ -231,6 +231,8 @@ void group_norm_backward(cudaStream_t s, const float* dy, const float* x, const 
                          int64_t channels, int64_t groups, float* dx, float* dgamma,
                          float* dbeta, float* scratch);
 // mean, rstd may be null (not kept).
+// x [rows, cols] f32 := softmax of each row, in place; lse[r] = its log-sum-exp.
+void softmax_rows(cudaStream_t s, float* x, int64_t rows, int64_t cols, float* lse);
 void layer_norm_forward(cudaStream_t s, const float* x, const float* gamma, const float* beta,
                         float eps, int64_t rows, int64_t cols, float* y, float* mean, float* rstd);
 // scratch: column_sums_scratch_floats(rows, cols); dgamma, dbeta (either may be null)

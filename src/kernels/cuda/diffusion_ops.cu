@@ -179,6 +179,23 @@ __global__ void layer_norm_forward_kernel(const float* x, const float* gamma, co
   if (threadIdx.x == 0 && mean != nullptr) mean[blockIdx.x] = mu, rstd[blockIdx.x] = r;
 }
 
+// ---- Row softmax in place with each row's log-sum-exp (the wide-head attention's
+// probabilities): one block per row, max then sum, as the host's attention kernel.
+__global__ void softmax_rows_kernel(float* x, int64_t cols, float* lse) {
+  __shared__ float shared[32];
+  float* row = x + blockIdx.x * cols;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, row[j]);
+  m = block_max(m, shared);
+  __syncthreads();
+  float s = 0;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) s += expf(row[j] - m);
+  s = block_sum(s, shared);
+  const float inv = 1.0f / s;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) row[j] = expf(row[j] - m) * inv;
+  if (threadIdx.x == 0) lse[blockIdx.x] = m + logf(s);
+}
+
 __global__ void layer_norm_dx_kernel(const float* dy, const float* x, const float* gamma,
                                      const float* mean, const float* rstd, int64_t cols,
                                      float* dx) {
@@ -386,6 +403,11 @@ void group_norm_backward(cudaStream_t s, const float* dy, const float* x, const 
                                                         channels, dbeta);
   group_norm_dx_kernel<<<static_cast<unsigned>(batch * groups), kThreads, 0, s>>>(
       dy, x, gamma, mean, rstd, pixels, channels, groups, dx);
+}
+
+void softmax_rows(cudaStream_t s, float* x, int64_t rows, int64_t cols, float* lse) {
+  if (rows <= 0) return;
+  softmax_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, cols, lse);
 }
 
 void layer_norm_forward(cudaStream_t s, const float* x, const float* gamma, const float* beta,
