@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU session in one command, for a machine with one NVIDIA GPU (docs/GPU.md, "On a
-# GPU machine"): the device tests, then training throughput of llama-110m and llama-1b
-# on the GPU, then PyTorch (eager and torch.compile) on the same shapes in the same run.
+# GPU machine"): the device tests, the diffusion pipelines and an SD 1.5 UNet step on the
+# GPU, then training throughput of llama-110m and llama-1b on the GPU, then PyTorch (eager and torch.compile) on the same shapes in the same run.
 # Run from a checkout (the tests read the corpus and configs from it), with the binaries
 # built elsewhere and their shared libraries on LD_LIBRARY_PATH.
 #
@@ -32,6 +32,18 @@ echo "diffusion ops: exit $?"
 HYPERION_CUDA_CONV_CHUNK_BYTES=1024 timeout 120 "$BIN/hyperion_tests" \
   --gtest_filter='*DiffusionOps*Conv2d*' >> "$DEST/diffusion_ops.log" 2>&1
 echo "diffusion ops, chunked convolutions: exit $?"
+# The diffusion pipelines on the device against the host's images, then one SD 1.5-shaped
+# UNet step (512 x 512, batch 2) and a whole 20-step image on the GPU, f32 and bf16.
+timeout 180 "$BIN/hyperion_tests" --gtest_filter='DevicePipeline.*' > "$DEST/diffusion_device.log" 2>&1
+echo "diffusion pipelines on the device: exit $?"
+for dtype in float32 bfloat16; do
+  timeout 120 "$H" bench diffusion --model sd15 --hardware gpu --iterations 5 --dtype "$dtype" --json \
+    >> "$DEST/diffusion_bench.log" 2>>"$DEST/diffusion_bench.err"
+  echo "sd15 UNet step on the GPU ($dtype): exit $?"
+  timeout 120 "$H" bench diffusion --model sd15 --hardware gpu --image --steps 20 --dtype "$dtype" --json \
+    >> "$DEST/diffusion_bench.log" 2>>"$DEST/diffusion_bench.err"
+  echo "sd15 image on the GPU ($dtype): exit $?"
+done
 
 common=(hardware=gpu eval_interval=0 eval_batches=1 sample_count=0 peak_tflops=989
   enable_checkpointing=false base_output_directory=/tmp/gpu_check "steps=$STEPS" log_period=1)

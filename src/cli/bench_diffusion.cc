@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 
 #include "base/cpu.h"
 #include "base/error.h"
@@ -18,7 +19,9 @@
 #include "diffusion/noise_schedule.h"
 #include "diffusion/training.h"
 #include "diffusion/single_file.h"
+#include "kernels/backend.h"
 #include "kernels/fill.h"
+#include "kernels/hardware.h"
 #include "kernels/peak.h"
 
 namespace hyperion::cli {
@@ -40,6 +43,9 @@ const CommandSpec kBenchDiffusionSpec = {
      {"dtype", "T",
       "float32 (default) or bfloat16: mixed precision, the convolutions and linear layers in bf16 with f32 "
       "accumulation"},
+     {"hardware", "H",
+      "cpu (default) or gpu: where the models run (a UNet step, or --image); on a GPU the ratio is to its "
+      "measured cuBLASLt matmul rate"},
      {"json", "", "print the figures as one JSON object"}},
     "FLOP/s count the multiply-adds of the convolutions, linear layers and attention products "
     "(2 FLOPs each); the ratio is to `hyperion bench peak`'s f32 figure (and, with --dtype "
@@ -64,6 +70,12 @@ int cmd_bench_diffusion(const Args& args) {
   HYP_USAGE_CHECK(dtype == "float32" || dtype == "bfloat16",
                   "bench diffusion: --dtype must be float32 or bfloat16, got '{}'", dtype);
   const bool mixed = dtype == "bfloat16";
+  const std::string hw = f.get("hardware", "cpu");
+  HYP_USAGE_CHECK(hw == "cpu" || hw == "gpu", "bench diffusion: --hardware must be cpu or gpu, got '{}'", hw);
+  const Device device = parse_hardware(hw, "bench diffusion: --hardware");
+  HYP_USAGE_CHECK(device == Device::kHost || !f.has("train"),
+                  "bench diffusion: --train runs on the CPU (diffusion training is not on the GPU yet)");
+  require_hardware(device, "bench diffusion: --hardware");
   HYP_USAGE_CHECK(!mixed || (!f.has("save") && !f.has("save-single-file")),
                   "bench diffusion: --dtype applies to timings; --save writes the f32 weights");
   if (f.has("save") || f.has("save-single-file")) {
@@ -82,6 +94,7 @@ int cmd_bench_diffusion(const Args& args) {
     const int64_t steps = f.integer("steps", 20);
     HYP_USAGE_CHECK(steps >= 1 && steps <= 1000, "bench diffusion: --steps must be in [1, 1000]");
     const auto pipe = diffusion::random_pipeline(model, 1);
+    pipe->to_device(device);
     pipe->set_compute_dtype(mixed ? DType::kBF16 : DType::kF32);
     // The f32 weights, and under mixed precision the bf16 copy of the matmul weights.
     double weights_gb = 0;
@@ -105,7 +118,7 @@ int cmd_bench_diffusion(const Args& args) {
     const double bound = 1.3 * (weights_gb + act_gb);
     if (json) {
       nlohmann::ordered_json j = {{"model", model}, {"size", size}, {"steps", steps}, {"dtype", dtype},
-                                  {"threads", num_threads()},
+                                  {"hardware", hw}, {"threads", num_threads()},
                                   {"cpu", cpu_features().model_name}, {"seconds", seconds},
                                   {"encode_seconds", g.encode_seconds}, {"denoise_seconds", g.denoise_seconds},
                                   {"decode_seconds", g.decode_seconds}, {"weights_gb", weights_gb},
@@ -114,9 +127,9 @@ int cmd_bench_diffusion(const Args& args) {
       print_json(j, 2);
       return 0;
     }
-    std::printf("%s, one %lldx%lld image, %lld dpm++2m steps with guidance (UNet batch 2), %s, %d threads (%s)\n",
-                model.c_str(), (long long)size, (long long)size, (long long)steps, dtype.c_str(), num_threads(),
-                cpu_summary().c_str());
+    std::printf("%s, one %lldx%lld image, %lld dpm++2m steps with guidance (UNet batch 2), %s, %s, %d threads (%s)\n",
+                model.c_str(), (long long)size, (long long)size, (long long)steps, dtype.c_str(), hw.c_str(),
+                num_threads(), cpu_summary().c_str());
     std::printf("%.1f s: text %.2f s, denoising %.1f s (%.2f s/step), VAE decode %.1f s\n", seconds, g.encode_seconds,
                 g.denoise_seconds, g.denoise_seconds / double(steps), g.decode_seconds);
     std::printf("memory: weights %.2f GB + activations' high-water %.2f GB; peak resident %.2f GB (bound 1.3x: %.2f GB, %s)\n",
@@ -217,12 +230,31 @@ int cmd_bench_diffusion(const Args& args) {
     return unet.forward(x, t.data(), ctx.data(), tokens, pooled.empty() ? nullptr : pooled.data(),
                         time_ids.empty() ? nullptr : time_ids.data());
   };
-  call();  // warm-up: primitives created, buffers touched
+  std::function<diffusion::Act()> run = call;
+  // On a GPU: the weights and inputs in its memory, each call waited for.
+  diffusion::Act x_dev;
+  diffusion::FloatBuffer t_dev, ctx_dev, pooled_dev, time_ids_dev;
+  if (device != Device::kHost) {
+    unet.params().to_device(device);
+    x_dev = diffusion::to_device(x, device);
+    t_dev = diffusion::to_device(t.data(), int64_t(t.size()), device);
+    ctx_dev = diffusion::to_device(ctx.data(), int64_t(ctx.size()), device);
+    pooled_dev = diffusion::to_device(pooled.data(), int64_t(pooled.size()), device);
+    time_ids_dev = diffusion::to_device(time_ids.data(), int64_t(time_ids.size()), device);
+    run = [&] {
+      diffusion::Act y = unet.forward(x_dev, t_dev.data(), ctx_dev.data(), tokens,
+                                      pooled.empty() ? nullptr : pooled_dev.data(),
+                                      time_ids.empty() ? nullptr : time_ids_dev.data());
+      backend_for(device).synchronize();
+      return y;
+    };
+  }
+  run();  // warm-up: primitives created, buffers touched
   diffusion::reset_layer_macs();
   std::vector<double> times;
   for (int64_t i = 0; i < iterations; ++i) {
     const Timer timer;
-    call();
+    run();
     times.push_back(timer.seconds());
   }
   const double macs = double(diffusion::layer_macs()) / double(iterations);
@@ -232,10 +264,32 @@ int cmd_bench_diffusion(const Args& args) {
   getrusage(RUSAGE_SELF, &ru);  // before the peak measurement's own buffers
   const double rss_gb = double(ru.ru_maxrss) / (1 << 20);
   const double gflops = 2.0 * macs / best / 1e9;
+  if (device != Device::kHost) {
+    // Against the GPU's own matmul rate in this dtype (8192^3 GEMMs in its memory).
+    const double device_peak =
+        measure_backend_gemm_gflops(backend_for(device), mixed ? DType::kBF16 : DType::kF32, 8192);
+    const double device_mib = double(backend_for(device).allocator().peak_bytes()) / (1 << 20);
+    if (json) {
+      nlohmann::ordered_json j = {{"model", model}, {"size", size}, {"latent", latent}, {"batch", batch},
+                                  {"hardware", hw}, {"dtype", dtype}, {"params", unet.params().size()},
+                                  {"gflop_per_call", 2 * macs / 1e9}, {"best_seconds", best},
+                                  {"median_seconds", median}, {"gflops", gflops},
+                                  {"device_peak_gflops", device_peak}, {"fraction_of_device_peak", gflops / device_peak},
+                                  {"device_peak_mib", device_mib}, {"weights_gb", weights_gb}};
+      print_json(j, 2);
+      return 0;
+    }
+    std::printf("%s UNet on the GPU, %lldx%lld pixels, batch %lld, %s\n", model.c_str(), (long long)size,
+                (long long)size, (long long)batch, dtype.c_str());
+    std::printf("%.1f GFLOP per call: best %.4f s, median %.4f s; %.1f GFLOP/s = %.2f of the GPU's %s matmul rate "
+                "(%.1f); %.0f MiB of device memory at most\n",
+                2 * macs / 1e9, best, median, gflops, gflops / device_peak, dtype.c_str(), device_peak, device_mib);
+    return 0;
+  }
   const double peak = cached_peak().f32_gflops;
   if (json) {
     nlohmann::ordered_json j = {{"model", model},       {"size", size},
-                                {"latent", latent},     {"batch", batch},
+                                {"latent", latent},     {"batch", batch}, {"hardware", hw},
                                 {"threads", num_threads()}, {"cpu", cpu_features().model_name},
                                 {"params", unet.params().size()}, {"gflop_per_call", 2 * macs / 1e9},
                                 {"best_seconds", best}, {"median_seconds", median},
