@@ -6,6 +6,7 @@
 #include <future>
 #include <thread>
 
+#include "../kernels/simulated_device.h"
 #include "diffusion/sd_tiny.h"
 #include "serve/engine.h"
 #include "serve/image_engine.h"
@@ -159,9 +160,39 @@ TEST_F(ImageEngineTest, CancelledAndShutDownRequestsAreEndedOnce) {
   EXPECT_EQ(engine.outstanding(), 0);
 }
 
+// The engine thread on a pipeline whose models are on the device (the simulated one where
+// no GPU is usable): concurrent requests batched there equal the host pipeline's images.
+TEST(ImageEngineOnDevice, ConcurrentRequestsEqualTheHostsImages) {
+  testing_util::simulated_device();
+  const auto host = diffusion::make_sd_tiny(5), dev = diffusion::make_sd_tiny(5);
+  dev->to_device(Device::kCuda);
+  ImageEngineConfig c;
+  c.max_batch_images = 4;
+  c.hardware = Device::kCuda;
+  ImageEngine engine(*dev, c);
+  ImageRequest a = request("a photo of a coat", 3), b = request("a photo of a sneaker", 4);
+  b.count = 2;
+  engine.set_paused(true);
+  auto fa = submit(engine, a), fb = submit(engine, b);
+  engine.set_paused(false);
+  const ImageResult ra = fa.get(), rb = fb.get();
+  ASSERT_TRUE(ra.error.empty()) << ra.error;
+  ASSERT_TRUE(rb.error.empty()) << rb.error;
+  const double tol = testing_util::simulated_device() != nullptr ? 1e-4 : 2e-3;
+  for (auto [got, want] : {std::pair(&ra.images, host->generate(a)), std::pair(&rb.images, host->generate(b))}) {
+    ASSERT_EQ(got->pixels.size(), want.pixels.size());
+    for (size_t i = 0; i < want.pixels.size(); ++i) ASSERT_NEAR(got->pixels[i], want.pixels[i], tol) << i;
+  }
+  EXPECT_EQ(engine.stats().max_step_requests, 2);
+}
+
 TEST(ImageEngineConfigTest, KeysAreCheckedByName) {
   EXPECT_EQ(parse_image_engine_config({"max_batch_images=3"}).max_batch_images, 3);
-  for (const char* bad : {"max_batch_images=0", "max_queue=-1", "kv_dtype=int8", "max_batch_images=x"}) {
+  EXPECT_EQ(parse_image_engine_config({}).hardware, Device::kHost);
+  testing_util::simulated_device();  // registers where no GPU is usable
+  EXPECT_EQ(parse_image_engine_config({"hardware=gpu"}).hardware, Device::kCuda);
+  for (const char* bad :
+       {"max_batch_images=0", "max_queue=-1", "kv_dtype=int8", "max_batch_images=x", "hardware=tpu"}) {
     try {
       parse_image_engine_config({bad});
       ADD_FAILURE() << bad << " was accepted";
