@@ -130,7 +130,16 @@ std::vector<ConfigKey> train_config_schema() {
       {"per_device_batch_size", T::kInt, "8", "sequences per micro-batch"},
       {"gradient_accumulation_steps", T::kInt, "1", "micro-batches per optimizer step"},
       {"data_shuffle_seed", T::kInt, "0", "seed of the per-epoch sequence order"},
-      {"eval_fraction", T::kFloat, "0.05", "held-out fraction of documents when preparing"},
+      {"eval_fraction", T::kFloat, "0.05",
+       "held-out fraction of documents when preparing (use_sft: of the conversations, the file's last)"},
+      {"use_sft", T::kBool, "false",
+       "supervised fine-tuning: dataset_path is a JSONL file of conversations (messages, or "
+       "prompt and completion), rendered with the tokenizer's chat template (docs/POST_TRAINING.md)"},
+      {"sft_train_on_completion_only", T::kBool, "true",
+       "use_sft: the loss on the assistant's tokens only (false: on every token)"},
+      {"packing", T::kBool, "false",
+       "use_sft: several conversations per sequence (not built yet: each sequence is one "
+       "conversation, padded)"},
       // Optimizer and schedule.
       {"steps", T::kInt, "100", "optimizer steps"},
       {"learning_rate", T::kFloat, "3e-4", "peak learning rate"},
@@ -508,6 +517,24 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
   t.eval_fraction = c.get_float("eval_fraction");
   HYP_CHECK(t.eval_fraction > 0 && t.eval_fraction < 1, "config key {} must be in (0, 1), got {}",
             where("eval_fraction"), t.eval_fraction);
+  t.use_sft = c.get_bool("use_sft");
+  t.sft_completion_only = c.get_bool("sft_train_on_completion_only");
+  t.packing = c.get_bool("packing");
+  if (t.use_sft) {
+    HYP_USAGE_CHECK(!t.dataset_path.empty(),
+                    "config key {}: use_sft needs dataset_path, a JSONL file of conversations", where("use_sft"));
+    HYP_USAGE_CHECK(!t.tokenizer_path.empty(),
+                    "config key {}: use_sft needs a tokenizer with a chat template (tokenizer_path, or "
+                    "load_parameters_path's)",
+                    where("use_sft"));
+    HYP_USAGE_CHECK(!t.packing,
+                    "config key {}: packing conversations into one sequence needs document masking in "
+                    "attention, not built yet; use packing=false",
+                    where("packing"));
+  } else {
+    for (const char* key : {"sft_train_on_completion_only", "packing"})
+      HYP_USAGE_CHECK(c.source_of(key) == "default", "config key {} applies with use_sft=true", where(key));
+  }
 
   t.steps = positive("steps");
   LrSchedule& s = t.schedule;

@@ -90,6 +90,11 @@ struct TrainConfig {
   int64_t gradient_accumulation_steps = 1;
   uint64_t data_shuffle_seed = 0;
   double eval_fraction = 0.05;
+  // Supervised fine-tuning on conversations (train/sft_data.h): use_sft, and MaxText's
+  // sft_train_on_completion_only and packing.
+  bool use_sft = false;
+  bool sft_completion_only = true;
+  bool packing = false;
   // Optimisation.
   int64_t steps = 100;
   LrSchedule schedule;

@@ -35,6 +35,7 @@
 #include "text/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/data_loader.h"
+#include "train/sft_data.h"
 #include "train/data_prepare.h"
 #include "train/link_check.h"
 #include "train/optimizer.h"
@@ -321,6 +322,14 @@ class TrainingRun {
     fs::remove_all(run_dir_, ec);
     if (!ec) log_info("run directory {}: removed (the run was refused before it started)", run_dir_);
   }
+  void prepare_dataset(PreparedDataset& data);
+  void setup_model(const PreparedDataset& data, const MemoryPlan& mem);
+  // The id padded sequences' inputs carry (their targets are ignored): the tokenizer's
+  // pad token, else its end of sequence, else 0.
+  int32_t pad_id() const {
+    if (tokenizer_->pad_id() >= 0) return tokenizer_->pad_id();
+    return std::max<int32_t>(tokenizer_->eos_id(), 0);
+  }
   void report_setup(const MemoryPlan& mem);
   void step();
   EvalResult evaluate(int64_t max_batches);
@@ -354,7 +363,8 @@ class TrainingRun {
   TrainableModel* model_ = nullptr;  // the model the step loop drives
   std::unique_ptr<GradientSync> sync_;
   std::unique_ptr<AdamW> optimizer_;
-  std::unique_ptr<train::DataLoader> loader_, val_loader_;
+  std::unique_ptr<train::SequenceBatcher> loader_, val_loader_;
+  std::shared_ptr<const train::SftData> sft_;  // use_sft: the tokenized conversations
   std::unique_ptr<CheckpointManager> ckpt_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::map<std::string, std::string> config_values_;
@@ -403,7 +413,24 @@ void TrainingRun::setup() {
   // mismatch found after preparing the data leaves an empty run behind).
   if (!t.tokenizer_path.empty())
     check_tokenizer_size(text::Tokenizer::load(t.tokenizer_path), t.tokenizer_path, config_, t);
-  if (rank_ == 0) check_dataset_tokenizer(t);
+  if (rank_ == 0 && !t.use_sft) check_dataset_tokenizer(t);
+  if (t.use_sft) {
+    // The conversations, tokenized with the chat template, before anything is written (a
+    // bad line is refused by path:line with no run directory left behind). Every rank
+    // reads them: the same file gives the same examples.
+    tokenizer_.emplace(text::Tokenizer::load(t.tokenizer_path));
+    const std::optional<text::ChatTemplate> chat = text::ChatTemplate::of(*tokenizer_);
+    HYP_USAGE_CHECK(chat.has_value(), "config key use_sft: the tokenizer {} has no chat_template",
+                    t.tokenizer_path);
+    train::SftReadOptions ro;
+    ro.max_tokens = t.max_target_length + 1;
+    ro.assistant_only = t.sft_completion_only;
+    sft_ = std::make_shared<const train::SftData>(train::read_sft_jsonl(t.dataset_path, *tokenizer_, *chat, ro));
+    log_info("sft: {} conversations from {} ({} trained tokens{}); {} truncated to {} tokens, {} dropped with no "
+             "trained token inside them",
+             sft_->examples.size(), t.dataset_path, sft_->trained_tokens,
+             t.sft_completion_only ? ", the assistant's" : "", sft_->truncated, ro.max_tokens, sft_->dropped);
+  }
 
   // Run directory: base_output_directory/run_name, or the directory being resumed.
   run_dir_ = open_run_directory(t, options_.resume, *comm_, lock_, &run_dir_created_);
@@ -417,12 +444,26 @@ void TrainingRun::setup() {
   monitor_ = std::make_unique<TrainingMonitor>(t_, *comm_, run_dir_, process_start_);
   if (world_ > 1 && t_.check_links) links_ = check_links(*comm_);
 
-  // Rank 0 prepares the dataset (tokenizer training, sharding); the others wait for its
-  // files outside any collective (preparing a large corpus can outlast
-  // collective_timeout_s; a failure on rank 0 aborts them all).
-  // The paths and key are rank 0's (another rank's view of the input, its absolute path,
-  // inode or modification time, may differ: a per-node copy, another working directory).
   PreparedDataset data;
+  if (t.use_sft) {
+    data.tokenizer = t.tokenizer_path;
+  } else {
+    prepare_dataset(data);
+  }
+  check_tokenizer_size(*tokenizer_, data.tokenizer, config_, t);
+  // A tokenizer without a BOS (Qwen) leaves the model's bos_token_id as configured.
+  if (tokenizer_->bos_id() >= 0) t_.model.bos_id = tokenizer_->bos_id();
+  t_.model.eos_id = tokenizer_->eos_id();
+  setup_model(data, mem);
+}
+
+// Rank 0 prepares the dataset (tokenizer training, sharding); the others wait for its
+// files outside any collective (preparing a large corpus can outlast
+// collective_timeout_s; a failure on rank 0 aborts them all).
+// The paths and key are rank 0's (another rank's view of the input, its absolute path,
+// inode or modification time, may differ: a per-node copy, another working directory).
+void TrainingRun::prepare_dataset(PreparedDataset& data) {
+  const TrainConfig& t = t_;
   if (rank_ == 0) data = resolve_dataset(t, false);
   data.dir = agree_on_rank0(*comm_, data.dir);
   data.key = agree_on_rank0(*comm_, data.key);
@@ -435,10 +476,10 @@ void TrainingRun::setup() {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   comm_->barrier();
   tokenizer_.emplace(text::Tokenizer::load(data.tokenizer));
-  check_tokenizer_size(*tokenizer_, data.tokenizer, config_, t);
-  // A tokenizer without a BOS (Qwen) leaves the model's bos_token_id as configured.
-  if (tokenizer_->bos_id() >= 0) t_.model.bos_id = tokenizer_->bos_id();
-  t_.model.eos_id = tokenizer_->eos_id();
+}
+
+void TrainingRun::setup_model(const PreparedDataset& data, const MemoryPlan& mem) {
+  const TrainConfig& t = t_;
 
   // Weights, gradients and optimizer state live on the run's device (hardware).
   params_ =
@@ -463,9 +504,22 @@ void TrainingRun::setup() {
   oo.exclude_norms_and_embeddings = t.weight_decay_exclude_norms_and_embeddings;
   oo.clip_norm = t.gradient_clipping_threshold;
   optimizer_ = std::make_unique<AdamW>(params, oo, sync_->owned_ranges(), comm_);
-  loader_ = std::make_unique<train::DataLoader>(
-      std::vector<std::string>{data.train}, t.per_device_batch_size, t.max_target_length,
-      t.data_shuffle_seed, true, comm_->rank(), comm_->world_size());
+  // use_sft: the file's last eval_fraction of the conversations are held out (at least
+  // one, and only while a training step's worth remain).
+  int64_t sft_train = 0;
+  if (t.use_sft) {
+    const auto n = static_cast<int64_t>(sft_->examples.size());
+    const int64_t held = std::min<int64_t>(n - t.per_device_batch_size * world_,
+                                           std::max<int64_t>(1, static_cast<int64_t>(double(n) * t.eval_fraction)));
+    sft_train = n - std::max<int64_t>(held, 0);
+    loader_ = std::make_unique<train::SftLoader>(sft_, 0, sft_train, t.per_device_batch_size, t.max_target_length,
+                                                 t.data_shuffle_seed, true, pad_id(), comm_->rank(),
+                                                 comm_->world_size());
+  } else {
+    loader_ = std::make_unique<train::DataLoader>(
+        std::vector<std::string>{data.train}, t.per_device_batch_size, t.max_target_length,
+        t.data_shuffle_seed, true, comm_->rank(), comm_->world_size());
+  }
   batch_ = model_->make_batch();
 
   resume_from_ = options_.resume.empty()
@@ -524,8 +578,13 @@ void TrainingRun::setup() {
 
   // Held-out evaluation uses its own loader over val.bin (in order, no shuffle).
   try {
-    val_loader_ = std::make_unique<train::DataLoader>(
-        std::vector<std::string>{data.val}, t.per_device_batch_size, t.max_target_length, 0, false);
+    if (t.use_sft)
+      val_loader_ = std::make_unique<train::SftLoader>(
+          sft_, sft_train, static_cast<int64_t>(sft_->examples.size()) - sft_train, t.per_device_batch_size,
+          t.max_target_length, 0, false, pad_id());
+    else
+      val_loader_ = std::make_unique<train::DataLoader>(
+          std::vector<std::string>{data.val}, t.per_device_batch_size, t.max_target_length, 0, false);
   } catch (const Error& e) {
     log_warn("eval: held-out split unusable, skipping evaluation: {}", e.what());
   }
@@ -637,7 +696,7 @@ void TrainingRun::save() {
 // Held-out loss on a forward-only model (no backward buffers; FSDP gathers bucket by
 // bucket through the hooks). Built per evaluation so training steps never hold it.
 EvalResult TrainingRun::evaluate(int64_t max_batches) {
-  train::DataLoader& loader = *val_loader_;
+  train::SequenceBatcher& loader = *val_loader_;
   ForwardModel model(*params_, t_.per_device_batch_size, t_.max_target_length, moe_options_);
   model.set_hooks(world_ > 1 ? sync_.get() : nullptr);
   const int64_t n = model.tokens_per_batch();

@@ -1,0 +1,116 @@
+#include "train/sft_data.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "kernels/cross_entropy.h"
+#include "text/chat_masks.h"
+
+namespace hyperion::train {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// A prompt or completion: a string becomes one message of `role`, a list is taken as is.
+void append_turns(const json& v, const char* role, const char* field, json& messages) {
+  if (v.is_string()) {
+    messages.push_back(json{{"role", role}, {"content", v}});
+  } else if (v.is_array()) {
+    for (const json& m : v) messages.push_back(m);
+  } else {
+    throw_usage_error(fmt::format("\"{}\" must be a string or a list of messages", field));
+  }
+}
+
+}  // namespace
+
+SftData read_sft_jsonl(const std::string& path, const text::Tokenizer& tokenizer,
+                       const text::ChatTemplate& chat_template, const SftReadOptions& options) {
+  std::ifstream in(path);
+  HYP_USAGE_CHECK(in.good(), "sft data {}: cannot open the file", path);
+  const text::ChatMasker masker(chat_template, tokenizer);
+  SftData data;
+  data.path = path;
+  std::string line;
+  int64_t number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      json j;
+      try {
+        j = json::parse(line);
+      } catch (const json::exception& e) {
+        throw_usage_error(fmt::format("not JSON ({})", e.what()));
+      }
+      if (!j.is_object()) throw_usage_error("a line must be a JSON object");
+      json messages = json::array();
+      if (j.contains("messages")) {
+        messages = j["messages"];
+      } else if (j.contains("prompt") && j.contains("completion")) {
+        append_turns(j["prompt"], "user", "prompt", messages);
+        append_turns(j["completion"], "assistant", "completion", messages);
+      } else {
+        throw_usage_error("a line needs \"messages\", or \"prompt\" and \"completion\"");
+      }
+      const json* tools = j.contains("tools") && !j["tools"].is_null() ? &j["tools"] : nullptr;
+      text::ChatTokens ct = masker.tokenize(messages, tools, options.assistant_only);
+      ++data.lines;
+      const auto n = static_cast<int64_t>(ct.tokens.size());
+      if (n > options.max_tokens) {
+        ct.tokens.resize(static_cast<size_t>(options.max_tokens));
+        ct.trained.resize(static_cast<size_t>(options.max_tokens));
+        ++data.truncated;
+      }
+      // Targets are tokens 1..n-1: the first token is never predicted.
+      int64_t trained = 0;
+      for (size_t i = 1; i < ct.trained.size(); ++i) trained += ct.trained[i];
+      if (trained == 0) {
+        ++data.dropped;
+        continue;
+      }
+      data.trained_tokens += trained;
+      data.examples.push_back({std::move(ct.tokens), std::move(ct.trained), number});
+    } catch (const UsageError& e) {
+      throw_usage_error(fmt::format("sft data {}:{}: {}", path, number, e.what()));
+    }
+  }
+  HYP_USAGE_CHECK(!data.examples.empty(),
+                  "sft data {}: no conversation to train on ({} read, {} without an assistant token within the "
+                  "first {} tokens)",
+                  path, data.lines, data.dropped, options.max_tokens);
+  return data;
+}
+
+SftLoader::SftLoader(std::shared_ptr<const SftData> data, int64_t first, int64_t count, int64_t batch,
+                     int64_t seq_len, uint64_t seed, bool shuffle, int32_t pad_id, int rank, int world)
+    : SequenceBatcher(batch, seq_len, seed, shuffle, rank, world, "sft loader"),
+      data_(std::move(data)),
+      first_(first),
+      pad_id_(pad_id) {
+  HYP_CHECK(first >= 0 && count >= 0 && first + count <= static_cast<int64_t>(data_->examples.size()),
+            "sft loader: examples [{}, {}) of {}", first, first + count, data_->examples.size());
+  HYP_USAGE_CHECK(count >= batch * world,
+                  "{} holds {} conversations, fewer than the batch * world = {} * {} = {} one step needs",
+                  describe(), count, batch, world, batch * world);
+  set_sequences(count);
+}
+
+std::string SftLoader::describe() const {
+  return fmt::format("sft data '{}'", data_->path);
+}
+
+void SftLoader::fill(int64_t sequence, int32_t* inputs, int32_t* targets) {
+  const SftExample& e = data_->examples[static_cast<size_t>(first_ + sequence)];
+  const int64_t T = seq_len_;
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(e.tokens.size()), T + 1);
+  for (int64_t j = 0; j < T; ++j) {
+    const bool real = j + 1 < n;
+    inputs[j] = j < n ? e.tokens[static_cast<size_t>(j)] : pad_id_;
+    targets[j] = real && e.trained[static_cast<size_t>(j + 1)] ? e.tokens[static_cast<size_t>(j + 1)] : kIgnoreIndex;
+  }
+}
+
+}  // namespace hyperion::train

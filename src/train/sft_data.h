@@ -1,0 +1,71 @@
+// Supervised fine-tuning data (`use_sft`): a JSONL file of conversations, each rendered
+// with the model's chat template and tokenized with the assistant tokens marked
+// (text/chat_masks.h), and the loader that hands them out one conversation per sequence.
+//
+// A line is either
+//   {"messages": [{"role": ..., "content": ...}, ...], "tools": [...]?}   (chat format)
+//   {"prompt": P, "completion": C}   P, C strings (a user turn and the assistant's answer)
+//                                     or lists of messages (TRL's conversational form)
+// Blank lines are skipped. Each conversation keeps at most max_target_length + 1 tokens
+// (the inputs and their next-token targets); one left with no trained token inside that
+// window is dropped and counted, never trained on as an empty row.
+//
+// Rows are not packed: each sequence is one conversation, padded with `pad_id` inputs
+// whose targets, like every untrained token's, are the ignore index (the loss is the mean
+// over the trained tokens).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+#include "train/sequence_batcher.h"
+
+namespace hyperion::train {
+
+struct SftExample {
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> trained;  // per token: 1 when the loss covers it as a target
+  int64_t line = 0;              // 1-based line of the file
+};
+
+struct SftData {
+  std::string path;
+  std::vector<SftExample> examples;
+  int64_t lines = 0;      // conversations read
+  int64_t truncated = 0;  // conversations cut to max_tokens
+  int64_t dropped = 0;    // conversations without a trained token within max_tokens
+  int64_t trained_tokens = 0;
+};
+
+struct SftReadOptions {
+  int64_t max_tokens = 2049;    // max_target_length + 1
+  bool assistant_only = true;   // false: every token of the conversation trains
+};
+
+// Reads and tokenizes the file. Throws hyperion::UsageError naming "path:line" and what is
+// wrong with the line (not JSON, neither form, a role the template refuses, no assistant
+// turn), or the file when no conversation is left to train on.
+SftData read_sft_jsonl(const std::string& path, const text::Tokenizer& tokenizer,
+                       const text::ChatTemplate& chat_template, const SftReadOptions& options);
+
+// One conversation per sequence, in the shared epoch order (train/sequence_batcher.h).
+class SftLoader final : public SequenceBatcher {
+ public:
+  // examples[first, first + count) of `data`; throws naming the file when they are fewer
+  // than batch * world.
+  SftLoader(std::shared_ptr<const SftData> data, int64_t first, int64_t count, int64_t batch,
+            int64_t seq_len, uint64_t seed, bool shuffle, int32_t pad_id, int rank = 0, int world = 1);
+
+ private:
+  void fill(int64_t sequence, int32_t* inputs, int32_t* targets) override;
+  std::string describe() const override;
+  std::shared_ptr<const SftData> data_;
+  int64_t first_;
+  int32_t pad_id_;
+};
+
+}  // namespace hyperion::train
