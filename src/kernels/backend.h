@@ -117,6 +117,9 @@ class KernelBackend {
                             const RopeTable& table) = 0;
   virtual void rope_backward(const TensorView& dy, const TensorView& dx, int64_t start_pos,
                              const RopeTable& table) = 0;
+  // One position per row (packed sequences: each document's positions start at 0).
+  virtual void rope_backward(const TensorView& dy, const TensorView& dx, const TensorView& positions,
+                             const RopeTable& table) = 0;
   // Causal attention (kernels/attention.h): the params' scale, window and softcap are the
   // model's (causal stays on; schedule and force_portable are host tuning).
   virtual void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,

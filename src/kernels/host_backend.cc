@@ -74,6 +74,11 @@ class HostBackend final : public KernelBackend {
     check_host("rope_backward", {&dy, &dx});
     hyperion::rope_backward(dy, dx, start_pos, table);
   }
+  void rope_backward(const TensorView& dy, const TensorView& dx, const TensorView& positions,
+                     const RopeTable& table) override {
+    check_host("rope_backward", {&dy, &dx, &positions});
+    hyperion::rope_backward(dy, dx, positions, table);
+  }
   void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const TensorView& lse,
                          const AttentionParams& params) override {

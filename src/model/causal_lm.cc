@@ -165,7 +165,7 @@ CausalLM::CausalLM(ParamStore& params, const ModelOptions& options)
         n * per_token * cfg_.n_layers + (options.quant.quantize_logits ? n * (d + 4) : 0);
   }
   if (decoder_.kernels().device() != Device::kHost)
-    tokens_dev_ = static_cast<int32_t*>(alloc(2 * n * 4, scr));
+    tokens_dev_ = static_cast<int32_t*>(alloc(3 * n * 4, scr));  // inputs, targets, positions
   x_final_ = static_cast<float*>(alloc(n * d * 4, act));
   hf_ = alloc(n * d * a, scr);
   rstd_f_ = static_cast<float*>(alloc(n * 4, scr));
@@ -326,6 +326,33 @@ StepLoss CausalLM::forward_backward(const Batch& batch, float dloss) {
                 batch.targets.size() == batch.inputs.size(),
             "model: a batch of {} x {} tokens for a model of {} x {}", batch.rows, batch.seq_len,
             options_.batch, options_.seq_len);
+  if (batch.positions.empty()) {
+    const CrossEntropyResult r = forward_backward(batch.inputs.data(), batch.targets.data(), dloss);
+    return {r.loss, r.count, aux_loss()};
+  }
+  // Packed rows: a document starts at each row's first token and wherever the position
+  // goes back to 0; within one the positions count up by one.
+  const int64_t t = options_.seq_len;
+  HYP_CHECK(static_cast<int64_t>(batch.positions.size()) == tokens_per_batch(),
+            "model: a packed batch has {} positions for {} tokens", batch.positions.size(), tokens_per_batch());
+  packed_docs_.clear();
+  for (int64_t i = 0; i < tokens_per_batch(); ++i) {
+    const int32_t p = batch.positions[static_cast<size_t>(i)];
+    if (i % t == 0 || p == 0) {
+      HYP_CHECK(p == 0, "model: packed position {} at token {} starts a row; documents start at 0", p, i);
+      packed_docs_.push_back({i, 0});
+    } else {
+      HYP_CHECK(p == batch.positions[static_cast<size_t>(i - 1)] + 1,
+                "model: packed positions must count up by one within a document (token {}: {} after {})", i, p,
+                batch.positions[static_cast<size_t>(i - 1)]);
+    }
+    ++packed_docs_.back().length;
+  }
+  packed_positions_ = on_device(batch.positions.data(), 2);
+  struct Unpack {
+    const int32_t*& p;
+    ~Unpack() { p = nullptr; }
+  } unpack{packed_positions_};
   const CrossEntropyResult r = forward_backward(batch.inputs.data(), batch.targets.data(), dloss);
   return {r.loss, r.count, aux_loss()};
 }

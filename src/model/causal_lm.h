@@ -123,7 +123,16 @@ class CausalLM final : public TrainableModel {
   // Forward through every layer, with the hooks (backward: keep the last layer).
   void forward_layers(const int32_t* inputs, bool backward);
 
-  PassRows rows() const { return PassRows{options_.batch, options_.seq_len}; }
+  PassRows rows() const {
+    PassRows r{options_.batch, options_.seq_len};
+    r.positions = packed_positions_;
+    r.documents = packed_positions_ != nullptr ? &packed_docs_ : nullptr;
+    return r;
+  }
+  // A packed batch (Batch::positions) during its forward_backward: the positions in the
+  // backend's memory and the documents they delimit; null outside one.
+  const int32_t* packed_positions_ = nullptr;
+  std::vector<PackedDocument> packed_docs_;
 
   BucketHooks* hooks_ = nullptr;
   ParamStore& params_;

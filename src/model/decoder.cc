@@ -9,10 +9,34 @@
 
 namespace hyperion {
 
+namespace {
+
+// A packed document's rows of a [N, heads, hd] activation.
+void* doc_rows(const void* base, DType dt, const PackedDocument& doc, int64_t heads, int64_t hd) {
+  return const_cast<char*>(static_cast<const char*>(base)) +
+         static_cast<size_t>(doc.start * heads * hd) * dtype_size(dt);
+}
+
+}  // namespace
+
 void SelfAttentionOnly::attend(const Decoder& dec, int l, const PassRows& rows, DecoderActs& s) {
   const DecoderConfig& c = dec.config();
   const DType a = dec.act();
   const int64_t b = rows.b, t = rows.t, hq = c.n_heads, hkv = c.n_kv_heads, hd = c.head_dim;
+  if (rows.documents != nullptr) {
+    // Packed rows: each document is its own causal sequence (a batch of one), its lse
+    // rows the [Hq, length] block at start * Hq (the documents partition the tokens).
+    KernelBackend& k = dec.kernels();
+    for (const PackedDocument& d : *rows.documents) {
+      const int64_t len = d.length;
+      k.attention_forward(k.view(doc_rows(s.q, a, d, hq, hd), a, {1, len, hq, hd}),
+                          k.view(doc_rows(s.k, a, d, hkv, hd), a, {1, len, hkv, hd}),
+                          k.view(doc_rows(s.v, a, d, hkv, hd), a, {1, len, hkv, hd}),
+                          k.view(doc_rows(s.att, a, d, hq, hd), a, {1, len, hq, hd}),
+                          k.view(s.lse + d.start * hq, DType::kF32, {1, hq, len}), dec.attention_params(l));
+    }
+    return;
+  }
   dec.kernels().attention_forward(
       dec.kernels().view(s.q, a, {b, t, hq, hd}), dec.kernels().view(s.k, a, {b, t, hkv, hd}),
       dec.kernels().view(s.v, a, {b, t, hkv, hd}), dec.kernels().view(s.att, a, {b, t, hq, hd}),
@@ -104,7 +128,7 @@ void Decoder::rope(int l, const PassRows& rows, void* q, void* k) const {
   const int64_t hd = cfg_.head_dim;
   const TensorView qv = k_.view(q, act_, {b, t, hq, hd}), kv = k_.view(k, act_, {b, t, hkv, hd});
   if (rows.positions != nullptr) {
-    const TensorView pos = k_.view(const_cast<int32_t*>(rows.positions), DType::kI32, {rows.n()});
+    const TensorView pos = k_.view(const_cast<int32_t*>(rows.positions), DType::kI32, {rows.b, rows.t});
     k_.rope_forward(qv, qv, pos, table);
     k_.rope_forward(kv, kv, pos, table);
   } else {
@@ -337,13 +361,31 @@ void Decoder::layer_backward(int l, const PassRows& rows, DecoderActs& s, const 
   matmul_backward(l, 1, p.o, g_out, s.att, gr.datt, act_, n, 0.0f);
   const TensorView dqv = k_.view(gr.dq, act_, {b, t, hq, hd});
   const TensorView dkv = k_.view(gr.dk, act_, {b, t, hkv, hd});
-  k_.attention_backward(k_.view(s.q, act_, {b, t, hq, hd}), k_.view(s.k, act_, {b, t, hkv, hd}),
-                        k_.view(s.v, act_, {b, t, hkv, hd}), k_.view(s.att, act_, {b, t, hq, hd}),
-                        k_.view(gr.datt, act_, {b, t, hq, hd}),
-                        k_.view(s.lse, DType::kF32, {b, hq, t}), dqv, dkv,
-                        k_.view(gr.dv, act_, {b, t, hkv, hd}), attention_params(l));
-  k_.rope_backward(dqv, dqv, rows.position, rope_table(l));
-  k_.rope_backward(dkv, dkv, rows.position, rope_table(l));
+  if (rows.documents != nullptr) {
+    for (const PackedDocument& d : *rows.documents) {
+      const int64_t len = d.length;
+      auto v = [&](const void* base, int64_t heads) {
+        return k_.view(doc_rows(base, act_, d, heads, hd), act_, {1, len, heads, hd});
+      };
+      k_.attention_backward(v(s.q, hq), v(s.k, hkv), v(s.v, hkv), v(s.att, hq), v(gr.datt, hq),
+                            k_.view(s.lse + d.start * hq, DType::kF32, {1, hq, len}), v(gr.dq, hq),
+                            v(gr.dk, hkv), v(gr.dv, hkv), attention_params(l));
+    }
+  } else {
+    k_.attention_backward(k_.view(s.q, act_, {b, t, hq, hd}), k_.view(s.k, act_, {b, t, hkv, hd}),
+                          k_.view(s.v, act_, {b, t, hkv, hd}), k_.view(s.att, act_, {b, t, hq, hd}),
+                          k_.view(gr.datt, act_, {b, t, hq, hd}),
+                          k_.view(s.lse, DType::kF32, {b, hq, t}), dqv, dkv,
+                          k_.view(gr.dv, act_, {b, t, hkv, hd}), attention_params(l));
+  }
+  if (rows.positions != nullptr) {
+    const TensorView pos = k_.view(const_cast<int32_t*>(rows.positions), DType::kI32, {rows.b, rows.t});
+    k_.rope_backward(dqv, dqv, pos, rope_table(l));
+    k_.rope_backward(dkv, dkv, pos, rope_table(l));
+  } else {
+    k_.rope_backward(dqv, dqv, rows.position, rope_table(l));
+    k_.rope_backward(dkv, dkv, rows.position, rope_table(l));
+  }
   if (p.q_norm >= 0) {
     HYP_CHECK(s.q_pre != nullptr && s.k_pre != nullptr && s.rstd_q != nullptr &&
                   s.rstd_k != nullptr,

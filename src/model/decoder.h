@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/rope.h"
@@ -86,13 +87,22 @@ inline DecoderActs in_place_acts(float* x, float* rstd, void* h, void* q, void* 
   return s;
 }
 
+// A document of a packed training row: `length` tokens from row-major token `start`,
+// never across rows.
+struct PackedDocument {
+  int64_t start = 0, length = 0;
+};
+
 // The rows one pass runs on: b sequences of t tokens (training), or n rows of one
 // sequence from `position` on (generation), or n rows each at its own position
-// (serving: `positions`, [n]).
+// (serving: `positions`, [n]). Packed training rows (several documents per sequence) have
+// both: each token's position within its document (`positions`, this backend's memory)
+// and the documents (`documents`, host memory), each attending causally to itself only.
 struct PassRows {
   int64_t b = 1, t = 1;
   int64_t position = 0;
   const int32_t* positions = nullptr;
+  const std::vector<PackedDocument>* documents = nullptr;
   int64_t n() const { return b * t; }
 };
 

@@ -33,6 +33,10 @@ struct Batch {
   int64_t rows = 0;                      // sequences or examples
   int64_t seq_len = 0;                   // tokens per sequence (language models)
   std::vector<int32_t> inputs, targets;  // [rows * seq_len] token ids, next-token targets
+  // Packed rows (several documents per sequence): each token's position within its
+  // document, 0 where one starts; a document attends to itself only. Empty: each row is
+  // one sequence from position 0.
+  std::vector<int32_t> positions;
   std::vector<float> dense;              // [rows, dense features]
   // Bags in table-major order: bag (table t, example b) is sparse_ids[sparse_offsets[t *
   // rows + b] .. sparse_offsets[t * rows + b + 1]) (kernels/embedding_bag.h).

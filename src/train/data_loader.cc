@@ -57,7 +57,7 @@ void DataLoader::read_tokens(int64_t begin, int64_t n, int32_t* out) const {
   }
 }
 
-void DataLoader::fill(int64_t sequence, int32_t* inputs, int32_t* targets) {
+void DataLoader::fill(int64_t sequence, int32_t* inputs, int32_t* targets, int32_t* /*positions*/) {
   const int64_t T = seq_len_;
   read_tokens(sequence * T, T + 1, scratch_.data());
   std::memcpy(inputs, scratch_.data(), static_cast<size_t>(T) * sizeof(int32_t));

@@ -29,7 +29,7 @@ class DataLoader final : public SequenceBatcher {
   int32_t vocab_size() const { return vocab_size_; }
 
  private:
-  void fill(int64_t sequence, int32_t* inputs, int32_t* targets) override;
+  void fill(int64_t sequence, int32_t* inputs, int32_t* targets, int32_t* positions) override;
   std::string describe() const override;
   void read_tokens(int64_t begin, int64_t n, int32_t* out) const;
 

@@ -67,10 +67,13 @@ void SequenceBatcher::next(Batch& batch) {
                 batch.targets.size() == batch.inputs.size(),
             "data loader: a batch of {} x {} tokens for a loader of {} x {}", batch.rows, batch.seq_len, batch_,
             seq_len_);
-  next(batch.inputs.data(), batch.targets.data());
+  if (packs()) batch.positions.resize(batch.inputs.size());
+  else batch.positions.clear();
+  next(batch.inputs.data(), batch.targets.data(), packs() ? batch.positions.data() : nullptr);
 }
 
-void SequenceBatcher::next(int32_t* inputs, int32_t* targets) {
+void SequenceBatcher::next(int32_t* inputs, int32_t* targets, int32_t* positions) {
+  HYP_CHECK(!packs() || positions != nullptr, "{}: packed rows need their positions", describe());
   const int64_t T = seq_len_;
   for (int64_t b = 0; b < batch_; ++b) {
     // Position in the endless stream of epochs; one step spans at most two epochs because
@@ -81,7 +84,7 @@ void SequenceBatcher::next(int32_t* inputs, int32_t* targets) {
       pos -= sequences_;
       ++epoch;
     }
-    fill(sequence_at(epoch, pos), inputs + b * T, targets + b * T);
+    fill(sequence_at(epoch, pos), inputs + b * T, targets + b * T, positions ? positions + b * T : nullptr);
   }
   index_ += batch_ * world_;
   if (index_ >= sequences_) {

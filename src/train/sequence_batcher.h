@@ -30,10 +30,14 @@ class SequenceBatcher {
  public:
   virtual ~SequenceBatcher() = default;
 
-  // Fills inputs and targets, each [batch * seq_len] row-major, and advances.
-  void next(int32_t* inputs, int32_t* targets);
-  // The same into a token batch of batch x seq_len (Batch::tokens).
+  // Fills inputs and targets, each [batch * seq_len] row-major, and advances (a packing
+  // loader: positions too, else null).
+  void next(int32_t* inputs, int32_t* targets, int32_t* positions = nullptr);
+  // The same into a token batch of batch x seq_len (Batch::tokens); a packing loader
+  // fills Batch::positions, the others leave it empty.
   void next(Batch& batch);
+  // Whether rows hold several documents (Batch::positions).
+  virtual bool packs() const { return false; }
 
   DataLoaderState state() const { return {epoch_, static_cast<uint64_t>(index_)}; }
   // Resumes at `s`; throws naming the data when s.index is not a sequence of it.
@@ -57,8 +61,9 @@ class SequenceBatcher {
   // The derived loader's sequence count, known once its data is read (>= batch * world:
   // the derived loader checks that with its own words).
   void set_sequences(int64_t n) { sequences_ = n; }
-  // Sequence `sequence`'s row: seq_len inputs and seq_len targets.
-  virtual void fill(int64_t sequence, int32_t* inputs, int32_t* targets) = 0;
+  // Sequence `sequence`'s row: seq_len inputs and seq_len targets, and with packs() the
+  // positions within each document.
+  virtual void fill(int64_t sequence, int32_t* inputs, int32_t* targets, int32_t* positions) = 0;
   // The data, for messages ("token shard 'a.bin'").
   virtual std::string describe() const = 0;
 

@@ -85,31 +85,72 @@ SftData read_sft_jsonl(const std::string& path, const text::Tokenizer& tokenizer
 }
 
 SftLoader::SftLoader(std::shared_ptr<const SftData> data, int64_t first, int64_t count, int64_t batch,
-                     int64_t seq_len, uint64_t seed, bool shuffle, int32_t pad_id, int rank, int world)
+                     int64_t seq_len, uint64_t seed, bool shuffle, int32_t pad_id, int rank, int world, bool packing)
     : SequenceBatcher(batch, seq_len, seed, shuffle, rank, world, "sft loader"),
       data_(std::move(data)),
       first_(first),
-      pad_id_(pad_id) {
+      count_(count),
+      pad_id_(pad_id),
+      packing_(packing) {
   HYP_CHECK(first >= 0 && count >= 0 && first + count <= static_cast<int64_t>(data_->examples.size()),
             "sft loader: examples [{}, {}) of {}", first, first + count, data_->examples.size());
-  HYP_USAGE_CHECK(count >= batch * world,
-                  "{} holds {} conversations, fewer than the batch * world = {} * {} = {} one step needs",
-                  describe(), count, batch, world, batch * world);
-  set_sequences(count);
+  int64_t sequences = count;
+  if (packing_) {
+    // First fit in file order: a new row when the next conversation does not fit.
+    int64_t used = seq_len;  // forces a row for the first conversation
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t len =
+          std::min<int64_t>(static_cast<int64_t>(data_->examples[static_cast<size_t>(first + i)].tokens.size()), seq_len);
+      if (used + len > seq_len) {
+        row_start_.push_back(i);
+        used = 0;
+      }
+      used += len;
+    }
+    row_start_.push_back(count);
+    sequences = static_cast<int64_t>(row_start_.size()) - 1;
+  }
+  HYP_USAGE_CHECK(sequences >= batch * world,
+                  "{} holds {} conversations{}, fewer than the batch * world = {} * {} = {} one step needs",
+                  describe(), count, packing_ ? fmt::format(" in {} packed sequences", sequences) : "", batch,
+                  world, batch * world);
+  set_sequences(sequences);
+}
+
+double SftLoader::conversations_per_sequence() const {
+  return packing_ ? double(count_) / double(sequences_per_epoch()) : 1.0;
 }
 
 std::string SftLoader::describe() const {
   return fmt::format("sft data '{}'", data_->path);
 }
 
-void SftLoader::fill(int64_t sequence, int32_t* inputs, int32_t* targets) {
-  const SftExample& e = data_->examples[static_cast<size_t>(first_ + sequence)];
+int64_t SftLoader::put(const SftExample& e, int32_t* inputs, int32_t* targets, int32_t* positions,
+                       int64_t room) const {
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(e.tokens.size()), room);
+  for (int64_t j = 0; j < n; ++j) {
+    inputs[j] = e.tokens[static_cast<size_t>(j)];
+    const bool next = j + 1 < static_cast<int64_t>(e.tokens.size()) && j + 1 < (packing_ ? n : room + 1);
+    targets[j] = next && e.trained[static_cast<size_t>(j + 1)] ? e.tokens[static_cast<size_t>(j + 1)] : kIgnoreIndex;
+    if (positions) positions[j] = static_cast<int32_t>(j);
+  }
+  return n;
+}
+
+void SftLoader::fill(int64_t sequence, int32_t* inputs, int32_t* targets, int32_t* positions) {
   const int64_t T = seq_len_;
-  const int64_t n = std::min<int64_t>(static_cast<int64_t>(e.tokens.size()), T + 1);
-  for (int64_t j = 0; j < T; ++j) {
-    const bool real = j + 1 < n;
-    inputs[j] = j < n ? e.tokens[static_cast<size_t>(j)] : pad_id_;
-    targets[j] = real && e.trained[static_cast<size_t>(j + 1)] ? e.tokens[static_cast<size_t>(j + 1)] : kIgnoreIndex;
+  int64_t at = 0;
+  if (!packing_) {
+    at = put(data_->examples[static_cast<size_t>(first_ + sequence)], inputs, targets, nullptr, T);
+  } else {
+    for (int64_t i = row_start_[static_cast<size_t>(sequence)]; i < row_start_[static_cast<size_t>(sequence) + 1]; ++i)
+      at += put(data_->examples[static_cast<size_t>(first_ + i)], inputs + at, targets + at, positions + at, T - at);
+  }
+  // The tail: padding, with ignored targets (packed: a document of its own).
+  for (int64_t j = at; j < T; ++j) {
+    inputs[j] = pad_id_;
+    targets[j] = kIgnoreIndex;
+    if (positions) positions[j] = static_cast<int32_t>(j - at);
   }
 }
 

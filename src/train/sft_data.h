@@ -10,9 +10,13 @@
 // (the inputs and their next-token targets); one left with no trained token inside that
 // window is dropped and counted, never trained on as an empty row.
 //
-// Rows are not packed: each sequence is one conversation, padded with `pad_id` inputs
-// whose targets, like every untrained token's, are the ignore index (the loss is the mean
-// over the trained tokens).
+// Unpacked, each sequence is one conversation, padded with `pad_id` inputs whose targets,
+// like every untrained token's, are the ignore index (the loss is the mean over the
+// trained tokens). Packed (`packing`), conversations of at most seq_len tokens fill each
+// sequence in file order (a new sequence when the next does not fit), each with its own
+// positions from 0 and attending to itself only (model/decoder.h's packed rows); the last
+// token of one has no target (the next conversation's first token is not its
+// continuation), and the row's tail is padding with ignored targets.
 #pragma once
 
 #include <cstdint>
@@ -57,15 +61,25 @@ class SftLoader final : public SequenceBatcher {
  public:
   // examples[first, first + count) of `data`; throws naming the file when they are fewer
   // than batch * world.
+  // Packed: the sequences are the packed rows, at least batch * world of them.
   SftLoader(std::shared_ptr<const SftData> data, int64_t first, int64_t count, int64_t batch,
-            int64_t seq_len, uint64_t seed, bool shuffle, int32_t pad_id, int rank = 0, int world = 1);
+            int64_t seq_len, uint64_t seed, bool shuffle, int32_t pad_id, int rank = 0, int world = 1,
+            bool packing = false);
+  bool packs() const override { return packing_; }
+  // Packed: conversations per row, on average (1 unpacked).
+  double conversations_per_sequence() const;
 
  private:
-  void fill(int64_t sequence, int32_t* inputs, int32_t* targets) override;
+  void fill(int64_t sequence, int32_t* inputs, int32_t* targets, int32_t* positions) override;
   std::string describe() const override;
+  // One conversation's tokens into a row from `at` (at most `room` of them); returns how
+  // many.
+  int64_t put(const SftExample& e, int32_t* inputs, int32_t* targets, int32_t* positions, int64_t room) const;
   std::shared_ptr<const SftData> data_;
-  int64_t first_;
+  int64_t first_, count_;
   int32_t pad_id_;
+  bool packing_;
+  std::vector<int64_t> row_start_;  // packed: row r holds examples [row_start_[r], row_start_[r + 1])
 };
 
 }  // namespace hyperion::train

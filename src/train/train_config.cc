@@ -138,8 +138,8 @@ std::vector<ConfigKey> train_config_schema() {
       {"sft_train_on_completion_only", T::kBool, "true",
        "use_sft: the loss on the assistant's tokens only (false: on every token)"},
       {"packing", T::kBool, "false",
-       "use_sft: several conversations per sequence (not built yet: each sequence is one "
-       "conversation, padded)"},
+       "use_sft: several conversations per sequence, each attending to itself only (false: one "
+       "conversation per sequence, padded)"},
       // Optimizer and schedule.
       {"steps", T::kInt, "100", "optimizer steps"},
       {"learning_rate", T::kFloat, "3e-4", "peak learning rate"},
@@ -527,10 +527,6 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
                     "config key {}: use_sft needs a tokenizer with a chat template (tokenizer_path, or "
                     "load_parameters_path's)",
                     where("use_sft"));
-    HYP_USAGE_CHECK(!t.packing,
-                    "config key {}: packing conversations into one sequence needs document masking in "
-                    "attention, not built yet; use packing=false",
-                    where("packing"));
   } else {
     for (const char* key : {"sft_train_on_completion_only", "packing"})
       HYP_USAGE_CHECK(c.source_of(key) == "default", "config key {} applies with use_sft=true", where(key));

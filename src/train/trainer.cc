@@ -423,7 +423,9 @@ void TrainingRun::setup() {
     HYP_USAGE_CHECK(chat.has_value(), "config key use_sft: the tokenizer {} has no chat_template",
                     t.tokenizer_path);
     train::SftReadOptions ro;
-    ro.max_tokens = t.max_target_length + 1;
+    // Unpacked, a row's T inputs and T targets are T + 1 tokens; packed, a conversation
+    // brings its own tokens only (its last has no target).
+    ro.max_tokens = t.max_target_length + (t.packing ? 0 : 1);
     ro.assistant_only = t.sft_completion_only;
     sft_ = std::make_shared<const train::SftData>(train::read_sft_jsonl(t.dataset_path, *tokenizer_, *chat, ro));
     log_info("sft: {} conversations from {} ({} trained tokens{}); {} truncated to {} tokens, {} dropped with no "
@@ -512,9 +514,13 @@ void TrainingRun::setup_model(const PreparedDataset& data, const MemoryPlan& mem
     const int64_t held = std::min<int64_t>(n - t.per_device_batch_size * world_,
                                            std::max<int64_t>(1, static_cast<int64_t>(double(n) * t.eval_fraction)));
     sft_train = n - std::max<int64_t>(held, 0);
-    loader_ = std::make_unique<train::SftLoader>(sft_, 0, sft_train, t.per_device_batch_size, t.max_target_length,
-                                                 t.data_shuffle_seed, true, pad_id(), comm_->rank(),
-                                                 comm_->world_size());
+    auto sft = std::make_unique<train::SftLoader>(sft_, 0, sft_train, t.per_device_batch_size,
+                                                  t.max_target_length, t.data_shuffle_seed, true, pad_id(),
+                                                  comm_->rank(), comm_->world_size(), t.packing);
+    if (t.packing)
+      log_info("sft: {} conversations packed into {} sequences of {} tokens ({:.2f} per sequence)", sft_train,
+               sft->sequences_per_epoch(), t.max_target_length, sft->conversations_per_sequence());
+    loader_ = std::move(sft);
   } else {
     loader_ = std::make_unique<train::DataLoader>(
         std::vector<std::string>{data.train}, t.per_device_batch_size, t.max_target_length,

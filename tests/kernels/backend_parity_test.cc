@@ -317,6 +317,15 @@ TEST_P(BackendParity, RopeByStartAndByPosition) {
   k().rope_backward(dx_in, dx, 7, table);
   ref::rope_backward(x, dx_ref, positions_bt, table);
   expect_close(dx, dx_ref, 1e-5, 1e-6, "backward");
+  // The backward by position (packed documents): positions restarting mid-row.
+  std::vector<int32_t> restart;
+  for (int64_t i = 0; i < b * t; ++i) restart.push_back(static_cast<int32_t>(i < 3 ? i : i - 3));
+  Tensor restart_t = make_i32(restart);
+  Tensor dx_ref2(DType::kF32, x.shape());
+  ref::rope_backward(x, dx_ref2, TensorView(restart_t.data(), DType::kI32, {b, t}), table);
+  Dev dx2 = dev(DType::kF32, {1, b * t, heads, hd}), drestart = dev(restart_t);
+  k().rope_backward(flat_dev, dx2, drestart, table);
+  expect_close(dx2, dx_ref2, 1e-5, 1e-6, "backward by position");
 }
 
 // The element-wise ops at the model's aligned sizes (rows of a multiple of 8 elements,

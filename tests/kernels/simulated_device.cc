@@ -200,6 +200,10 @@ class SimBackend final : public KernelBackend {
                      const RopeTable& t) override {
     run([&] { h().rope_backward(H(dy), H(dx), start, t); });
   }
+  void rope_backward(const TensorView& dy, const TensorView& dx, const TensorView& pos,
+                     const RopeTable& t) override {
+    run([&] { h().rope_backward(H(dy), H(dx), H(pos), t); });
+  }
   void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const TensorView& lse,
                          const AttentionParams& w) override {

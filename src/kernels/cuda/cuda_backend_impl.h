@@ -243,6 +243,12 @@ class CudaBackend final : public KernelBackend {
                      const RopeTable& table) override {
     rope("rope_backward", dy, dx, start_pos, nullptr, table, true);
   }
+  void rope_backward(const TensorView& dy, const TensorView& dx, const TensorView& positions,
+                     const RopeTable& table) override {
+    check("rope_backward", {&positions});
+    positions.check_dtype(DType::kI32, "rope_backward");
+    rope("rope_backward", dy, dx, 0, &positions, table, true);
+  }
 
   void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const TensorView& lse,
