@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/simulated_device.h"
 #include "base/error.h"
 #include "kernels/cross_entropy.h"
 #include "train/trainer.h"
@@ -229,6 +230,27 @@ TEST(SftTraining, HeldOutLossOnTheAssistantsTokensFalls) {
   ASSERT_EQ(p.history.size(), 40u);
   EXPECT_LT(p.history.back().loss, 0.5 * p.history.front().loss);
   EXPECT_LT(p.eval_loss, 0.5 * p.history.front().loss);
+  // A short packed run on the host and on the device (the simulated one where no GPU is
+  // usable: the same kernels, so the same losses bit for bit; a GPU's within its
+  // tolerance).
+  testing_util::simulated_device();
+  auto short_run = [&](const char* hardware) {
+    return run_training(
+        load_train_config("tiny", {"use_sft=true", "packing=true", std::string("hardware=") + hardware,
+                                   "dataset_path=" + data, "tokenizer_path=" + llama_dir(), "vocab_size=128256",
+                                   "base_emb_dim=64", "base_num_decoder_layers=2", "base_num_query_heads=4",
+                                   "base_num_kv_heads=2", "base_mlp_dim=128", "max_target_length=96",
+                                   "per_device_batch_size=4", "steps=4", "learning_rate=1e-2", "dtype=float32",
+                                   "eval_interval=0", "eval_fraction=0.1", "eval_batches=1", "sample_count=0",
+                                   "log_period=1000", "peak_tflops=1", "base_output_directory=" + root,
+                                   std::string("run_name=sft_packed_") + hardware}),
+        "test", opts);
+  };
+  const TrainResult hc = short_run("cpu"), g = short_run("gpu");
+  ASSERT_EQ(g.history.size(), 4u);
+  const bool simulated = testing_util::simulated_device() != nullptr;
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_NEAR(g.history[i].loss, hc.history[i].loss, simulated ? 0.0 : 1e-3 * hc.history[i].loss) << "step " << i;
   // A bad line: refused by path:line, and no run directory is left behind.
   const std::string bad = write_lines("repeat_bad.jsonl", {lines[0], R"({"messages": []})"});
   const std::string e = error_of([&] {
