@@ -12,98 +12,69 @@
 namespace hyperion::diffusion {
 namespace {
 
+// Freed blocks by element count, at most kPoolBytes kept, over one memory: the host's
+// (aligned_malloc; the live and peak bytes counted) or one device backend's allocator.
 struct Pool {
-  std::mutex mutex;
-  std::multimap<size_t, float*> free;  // by element count
-  size_t bytes = 0;
-  size_t live = 0, peak = 0;  // bytes handed out and not yet given back
-};
-
-Pool& pool() {
-  static Pool* p = new Pool();  // never destroyed: buffers may be released at exit
-  return *p;
-}
-
-thread_local KernelBackend* t_placement = nullptr;  // null: the host
-
-// One device's pool: freed blocks by element count, at most kPoolBytes kept.
-struct DevicePool {
+  KernelBackend* backend = nullptr;  // null: the host
   std::mutex mutex;
   std::multimap<size_t, float*> free;
   size_t bytes = 0;
+  size_t live = 0, peak = 0;  // bytes handed out and not yet given back
+
+  float* acquire(size_t n) {
+    if (n == 0) return nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      live += n * sizeof(float);
+      peak = std::max(peak, live);
+      auto it = free.find(n);
+      if (it != free.end()) {
+        float* b = it->second;
+        free.erase(it);
+        bytes -= n * sizeof(float);
+        return b;
+      }
+    }
+    void* p = backend ? backend->allocator().allocate(n * sizeof(float)) : aligned_malloc(n * sizeof(float));
+    return static_cast<float*>(p);
+  }
+
+  void give_back(float* b, size_t n) {
+    if (b == nullptr) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      live -= n * sizeof(float);
+      if (bytes + n * sizeof(float) <= kPoolBytes) {
+        free.emplace(n, b);
+        bytes += n * sizeof(float);
+        return;
+      }
+    }
+    if (backend) backend->allocator().deallocate(b, n * sizeof(float));
+    else aligned_free(b);
+  }
 };
 
-DevicePool& device_pool(KernelBackend* backend) {
+// Never destroyed: buffers may be released at exit.
+Pool& pool_of(KernelBackend* backend) {
+  static Pool* host = new Pool();
+  if (backend == nullptr) return *host;
   static std::mutex mu;
-  static auto* pools = new std::map<KernelBackend*, DevicePool*>();  // never destroyed, as above
+  static auto* devices = new std::map<KernelBackend*, Pool*>();
   std::lock_guard<std::mutex> lock(mu);
-  DevicePool*& p = (*pools)[backend];
-  if (p == nullptr) p = new DevicePool();
+  Pool*& p = (*devices)[backend];
+  if (p == nullptr) {
+    p = new Pool();
+    p->backend = backend;
+  }
   return *p;
 }
 
-float* device_acquire(KernelBackend* backend, size_t n) {
-  if (n == 0) return nullptr;
-  DevicePool& p = device_pool(backend);
-  {
-    std::lock_guard<std::mutex> lock(p.mutex);
-    auto it = p.free.find(n);
-    if (it != p.free.end()) {
-      float* b = it->second;
-      p.free.erase(it);
-      p.bytes -= n * sizeof(float);
-      return b;
-    }
-  }
-  return static_cast<float*>(backend->allocator().allocate(n * sizeof(float)));
+Pool& pool() {
+  return pool_of(nullptr);
 }
 
-void device_give_back(KernelBackend* backend, float* b, size_t n) {
-  if (b == nullptr) return;
-  DevicePool& p = device_pool(backend);
-  {
-    std::lock_guard<std::mutex> lock(p.mutex);
-    if (p.bytes + n * sizeof(float) <= kPoolBytes) {
-      p.free.emplace(n, b);
-      p.bytes += n * sizeof(float);
-      return;
-    }
-  }
-  backend->allocator().deallocate(b, n * sizeof(float));
-}
-
-float* acquire(size_t n) {
-  if (n == 0) return nullptr;
-  Pool& p = pool();
-  {
-    std::lock_guard<std::mutex> lock(p.mutex);
-    p.live += n * sizeof(float);
-    p.peak = std::max(p.peak, p.live);
-    auto it = p.free.find(n);
-    if (it != p.free.end()) {
-      float* b = it->second;
-      p.free.erase(it);
-      p.bytes -= n * sizeof(float);
-      return b;
-    }
-  }
-  return static_cast<float*>(aligned_malloc(n * sizeof(float)));
-}
-
-void give_back(float* b, size_t n) {
-  if (b == nullptr) return;
-  Pool& p = pool();
-  {
-    std::lock_guard<std::mutex> lock(p.mutex);
-    p.live -= n * sizeof(float);
-    if (p.bytes + n * sizeof(float) <= kPoolBytes) {
-      p.free.emplace(n, b);
-      p.bytes += n * sizeof(float);
-      return;
-    }
-  }
-  aligned_free(b);
-}
+thread_local KernelBackend* t_placement = nullptr;  // null: the host
 
 }  // namespace
 
@@ -139,9 +110,7 @@ size_t pooled_bytes() {
   return pool().bytes;
 }
 
-FloatBuffer::FloatBuffer(size_t n) : size_(n), backend_(t_placement) {
-  data_ = backend_ ? device_acquire(backend_, n) : acquire(n);
-}
+FloatBuffer::FloatBuffer(size_t n) : data_(pool_of(t_placement).acquire(n)), size_(n), backend_(t_placement) {}
 
 FloatBuffer::FloatBuffer(size_t n, float value) : FloatBuffer(n) {
   if (backend_ == nullptr) {
@@ -152,8 +121,8 @@ FloatBuffer::FloatBuffer(size_t n, float value) : FloatBuffer(n) {
   if (n > 0) backend_->zero(data_, n * sizeof(float));
 }
 
-FloatBuffer::FloatBuffer(const FloatBuffer& o) : size_(o.size_), backend_(o.backend_) {
-  data_ = backend_ ? device_acquire(backend_, size_) : acquire(size_);
+FloatBuffer::FloatBuffer(const FloatBuffer& o)
+    : data_(pool_of(o.backend_).acquire(o.size_)), size_(o.size_), backend_(o.backend_) {
   if (size_ == 0) return;
   if (backend_) backend_->copy(o.data_, data_, size_ * sizeof(float));
   else std::memcpy(data_, o.data_, size_ * sizeof(float));
@@ -180,8 +149,7 @@ FloatBuffer& FloatBuffer::operator=(FloatBuffer&& o) noexcept {
 }
 
 void FloatBuffer::release() {
-  if (backend_) device_give_back(backend_, data_, size_);
-  else give_back(data_, size_);
+  pool_of(backend_).give_back(data_, size_);
   data_ = nullptr;
   size_ = 0;
 }

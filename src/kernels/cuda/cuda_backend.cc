@@ -360,6 +360,30 @@ AttentionShape CudaBackend::attention_shape(const char* op, const TensorView& q,
   return s;
 }
 
+namespace {
+
+// C[m, n] = alpha * A[m, k] op(B) (B [k, n], or [n, k] transposed), f32, leading
+// dimensions given: the wide-head attention's two products.
+GemmArgs f32_gemm(Trans trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                  int64_t ldb, float* c, int64_t ldc, float alpha) {
+  GemmArgs g{};
+  g.trans_a = Trans::kN;
+  g.trans_b = trans_b;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a;
+  g.lda = lda;
+  g.b = b;
+  g.ldb = ldb;
+  g.c = c;
+  g.ldc = ldc;
+  g.alpha = alpha;
+  return g;
+}
+
+}  // namespace
+
 void CudaBackend::wide_head_attention_forward(const TensorView& q, const TensorView& k,
                                               const TensorView& v, const TensorView& out,
                                               const TensorView& lse,
@@ -402,35 +426,13 @@ void CudaBackend::wide_head_attention_forward(const TensorView& q, const TensorV
       const float* vh = vp + (bi * tk * hkv + kvh) * d;
       for (int64_t r0 = 0; r0 < tq; r0 += rows) {
         const int64_t n = std::min(rows, tq - r0);
-        GemmArgs s{};
-        s.trans_a = Trans::kN;
-        s.trans_b = Trans::kT;
-        s.m = n;
-        s.n = tk;
-        s.k = d;
-        s.a = qp + ((bi * tq + r0) * hq + h) * d;
-        s.lda = hq * d;
-        s.b = kh;
-        s.ldb = hkv * d;
-        s.c = scores;
-        s.ldc = tk;
-        s.alpha = scale;
-        gemm(s);
+        // Scores [n, tk] = scale * Q K^T, softmax in place, then out rows = P V.
+        gemm(f32_gemm(Trans::kT, n, tk, d, qp + ((bi * tq + r0) * hq + h) * d, hq * d, kh, hkv * d, scores, tk,
+                      scale));
         cuda::softmax_rows(stream_, scores, n, tk, lp + (bi * hq + h) * tq + r0);
         launched(op);
-        GemmArgs o{};
-        o.trans_a = Trans::kN;
-        o.trans_b = Trans::kN;
-        o.m = n;
-        o.n = d;
-        o.k = tk;
-        o.a = scores;
-        o.lda = tk;
-        o.b = vh;
-        o.ldb = hkv * d;
-        o.c = op_out + ((bi * tq + r0) * hq + h) * d;
-        o.ldc = hq * d;
-        gemm(o);
+        gemm(f32_gemm(Trans::kN, n, d, tk, scores, tk, vh, hkv * d, op_out + ((bi * tq + r0) * hq + h) * d,
+                      hq * d, 1.0f));
       }
     }
 }
