@@ -53,14 +53,15 @@ std::string ChatMasker::render(const json& messages, const json* tools, bool gen
   return template_.render(in);
 }
 
-ChatTokens ChatMasker::tokenize(const json& messages, const json* tools, bool assistant_only) const {
+ChatTokens ChatMasker::tokenize(const json& messages, const json* tools, bool assistant_only,
+                                size_t from_message) const {
   if (!messages.is_array() || messages.empty()) throw_usage_error("messages must be a non-empty list");
   size_t assistants = 0;
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& m = messages[i];
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
       throw_usage_error(fmt::format("message {} has no \"role\" string", i));
-    if (m["role"] == "assistant") ++assistants;
+    if (m["role"] == "assistant" && i >= from_message) ++assistants;
   }
   if (assistants == 0) throw_usage_error("the conversation has no assistant turn to train on");
   const std::string whole = render(messages, tools, false);
@@ -78,7 +79,7 @@ ChatTokens ChatMasker::tokenize(const json& messages, const json* tools, bool as
   // [start, end) of each assistant turn in the whole render.
   std::vector<std::pair<size_t, size_t>> spans;
   for (size_t i = 0; i < messages.size(); ++i) {
-    if (messages[i]["role"] != "assistant") continue;
+    if (messages[i]["role"] != "assistant" || i < from_message) continue;
     if (i == 0) throw_usage_error("the conversation starts with an assistant turn (message 0): there is no prompt");
     const std::string before = render(first(messages, i), tools, true);
     if (!starts_with(whole, before))

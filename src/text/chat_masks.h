@@ -44,9 +44,11 @@ class ChatMasker {
   // format) with at least one assistant turn; tools: null or the tools list the template
   // reads. Throws hyperion::UsageError saying what is wrong (no assistant turn, a role or
   // order the template refuses, a template whose renders are not prefixes); the caller
-  // names the line. assistant_only = false trains on every token.
+  // names the line. assistant_only = false trains on every token. from_message > 0 trains
+  // the assistant turns from that message on only (a preference pair's completion after
+  // a prompt that may hold earlier assistant turns); there must be one.
   ChatTokens tokenize(const nlohmann::ordered_json& messages, const nlohmann::ordered_json* tools,
-                      bool assistant_only = true) const;
+                      bool assistant_only = true, size_t from_message = 0) const;
 
   // The text the template writes after an assistant's content ("<|eot_id|>",
   // "<|im_end|>\n", "<end_of_turn>\n").

@@ -68,6 +68,12 @@ void MetricsWriter::write(const StepMetrics& m, int64_t tokens_seen, bool multi_
     j["expert_load_max"] = m.moe.load_max;
     j["expert_load_cv"] = m.moe.load_cv;
   }
+  if (m.dpo) {
+    j["rewards/chosen"] = m.rewards_chosen;
+    j["rewards/rejected"] = m.rewards_rejected;
+    j["rewards/accuracies"] = m.rewards_accuracies;
+    j["rewards/margins"] = m.rewards_margins;
+  }
   if (m.samples_per_s > 0) j["samples_per_s"] = m.samples_per_s;
   if (m.auc >= 0) j["auc"] = m.auc;
   if (m.eval_loss >= 0) j["eval_loss"] = m.eval_loss;

@@ -7,7 +7,8 @@
 // skipped: true for a step whose update was skipped; on a device (hardware=gpu)
 // device_peak_mib, the most device memory the process had allocated so far. Recommender
 // runs (model_type: dlrm) add samples_per_s, and at evaluation steps auc and eval_loss
-// (held-out).
+// (held-out). DPO runs add rewards/chosen, rewards/rejected, rewards/accuracies and
+// rewards/margins (TRL's names).
 #pragma once
 
 #include <cstdint>
@@ -45,6 +46,10 @@ struct StepMetrics {
   double auc = -1, eval_loss = -1;
   // MoE models: averages over the step's micro-batches (see MoeStats).
   MoeStats moe;
+  // DPO runs (use_dpo): TRL's rewards/chosen, rewards/rejected, rewards/accuracies and
+  // rewards/margins, means over the step's pairs.
+  bool dpo = false;
+  double rewards_chosen = 0, rewards_rejected = 0, rewards_accuracies = 0, rewards_margins = 0;
 };
 
 class MetricsWriter {

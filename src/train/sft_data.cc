@@ -117,6 +117,14 @@ SftLoader::SftLoader(std::shared_ptr<const SftData> data, int64_t first, int64_t
   set_sequences(sequences);
 }
 
+void sft_row(const SftExample& e, int64_t seq_len, int32_t pad_id, int32_t* inputs, int32_t* targets) {
+  const auto n = static_cast<int64_t>(e.tokens.size());
+  for (int64_t j = 0; j < seq_len; ++j) {
+    inputs[j] = j < n ? e.tokens[static_cast<size_t>(j)] : pad_id;
+    targets[j] = j + 1 < n && e.trained[static_cast<size_t>(j + 1)] ? e.tokens[static_cast<size_t>(j + 1)] : kIgnoreIndex;
+  }
+}
+
 double SftLoader::conversations_per_sequence() const {
   return packing_ ? double(count_) / double(sequences_per_epoch()) : 1.0;
 }
@@ -130,27 +138,29 @@ int64_t SftLoader::put(const SftExample& e, int32_t* inputs, int32_t* targets, i
   const int64_t n = std::min<int64_t>(static_cast<int64_t>(e.tokens.size()), room);
   for (int64_t j = 0; j < n; ++j) {
     inputs[j] = e.tokens[static_cast<size_t>(j)];
-    const bool next = j + 1 < static_cast<int64_t>(e.tokens.size()) && j + 1 < (packing_ ? n : room + 1);
-    targets[j] = next && e.trained[static_cast<size_t>(j + 1)] ? e.tokens[static_cast<size_t>(j + 1)] : kIgnoreIndex;
-    if (positions) positions[j] = static_cast<int32_t>(j);
+    // The conversation's last token here has no target: the next one is another's.
+    targets[j] = j + 1 < n && e.trained[static_cast<size_t>(j + 1)] ? e.tokens[static_cast<size_t>(j + 1)] : kIgnoreIndex;
+    positions[j] = static_cast<int32_t>(j);
   }
   return n;
 }
 
 void SftLoader::fill(int64_t sequence, int32_t* inputs, int32_t* targets, int32_t* positions) {
   const int64_t T = seq_len_;
-  int64_t at = 0;
   if (!packing_) {
-    at = put(data_->examples[static_cast<size_t>(first_ + sequence)], inputs, targets, nullptr, T);
-  } else {
+    sft_row(data_->examples[static_cast<size_t>(first_ + sequence)], T, pad_id_, inputs, targets);
+    return;
+  }
+  int64_t at = 0;
+  {
     for (int64_t i = row_start_[static_cast<size_t>(sequence)]; i < row_start_[static_cast<size_t>(sequence) + 1]; ++i)
       at += put(data_->examples[static_cast<size_t>(first_ + i)], inputs + at, targets + at, positions + at, T - at);
   }
-  // The tail: padding, with ignored targets (packed: a document of its own).
+  // The tail: padding, with ignored targets (a document of its own).
   for (int64_t j = at; j < T; ++j) {
     inputs[j] = pad_id_;
     targets[j] = kIgnoreIndex;
-    if (positions) positions[j] = static_cast<int32_t>(j - at);
+    positions[j] = static_cast<int32_t>(j - at);
   }
 }
 

@@ -56,6 +56,10 @@ struct SftReadOptions {
 SftData read_sft_jsonl(const std::string& path, const text::Tokenizer& tokenizer,
                        const text::ChatTemplate& chat_template, const SftReadOptions& options);
 
+// One conversation as an unpacked row: seq_len inputs (its tokens, then pad_id) and their
+// targets (the next token where it is trained, else the ignore index).
+void sft_row(const SftExample& e, int64_t seq_len, int32_t pad_id, int32_t* inputs, int32_t* targets);
+
 // One conversation per sequence, in the shared epoch order (train/sequence_batcher.h).
 class SftLoader final : public SequenceBatcher {
  public:
@@ -72,7 +76,7 @@ class SftLoader final : public SequenceBatcher {
  private:
   void fill(int64_t sequence, int32_t* inputs, int32_t* targets, int32_t* positions) override;
   std::string describe() const override;
-  // One conversation's tokens into a row from `at` (at most `room` of them); returns how
+  // Packed: one conversation's tokens into a row (at most `room` of them); returns how
   // many.
   int64_t put(const SftExample& e, int32_t* inputs, int32_t* targets, int32_t* positions, int64_t room) const;
   std::shared_ptr<const SftData> data_;

@@ -137,6 +137,11 @@ std::vector<ConfigKey> train_config_schema() {
        "prompt and completion), rendered with the tokenizer's chat template (docs/POST_TRAINING.md)"},
       {"sft_train_on_completion_only", T::kBool, "true",
        "use_sft: the loss on the assistant's tokens only (false: on every token)"},
+      {"use_dpo", T::kBool, "false",
+       "direct preference optimisation: dataset_path is a JSONL file of prompt, chosen and rejected "
+       "(strings or messages), rendered with the tokenizer's chat template (docs/POST_TRAINING.md)"},
+      {"dpo_beta", T::kFloat, "0.1", "use_dpo: the loss's beta (how far from the reference)"},
+      {"dpo_label_smoothing", T::kFloat, "0", "use_dpo: in [0, 0.5), the chance a preference is flipped"},
       {"packing", T::kBool, "false",
        "use_sft: several conversations per sequence, each attending to itself only (false: one "
        "conversation per sequence, padded)"},
@@ -520,6 +525,27 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
   t.use_sft = c.get_bool("use_sft");
   t.sft_completion_only = c.get_bool("sft_train_on_completion_only");
   t.packing = c.get_bool("packing");
+  t.use_dpo = c.get_bool("use_dpo");
+  t.dpo_beta = c.get_float("dpo_beta");
+  t.dpo_label_smoothing = c.get_float("dpo_label_smoothing");
+  if (t.use_dpo) {
+    HYP_USAGE_CHECK(!t.use_sft, "config key {}: use_sft and use_dpo are two runs; set one", where("use_dpo"));
+    HYP_USAGE_CHECK(!t.dataset_path.empty(),
+                    "config key {}: use_dpo needs dataset_path, a JSONL file of prompt, chosen and rejected",
+                    where("use_dpo"));
+    HYP_USAGE_CHECK(!t.tokenizer_path.empty(),
+                    "config key {}: use_dpo needs a tokenizer with a chat template (tokenizer_path, or "
+                    "load_parameters_path's)",
+                    where("use_dpo"));
+    HYP_USAGE_CHECK(!t.packing, "config key {}: use_dpo runs unpacked rows; remove packing", where("packing"));
+    HYP_USAGE_CHECK(std::isfinite(t.dpo_beta) && t.dpo_beta > 0, "config key {} must be > 0, got {}",
+                    where("dpo_beta"), t.dpo_beta);
+    HYP_USAGE_CHECK(t.dpo_label_smoothing >= 0 && t.dpo_label_smoothing < 0.5,
+                    "config key {} must be in [0, 0.5), got {}", where("dpo_label_smoothing"), t.dpo_label_smoothing);
+  } else {
+    for (const char* key : {"dpo_beta", "dpo_label_smoothing"})
+      HYP_USAGE_CHECK(c.source_of(key) == "default", "config key {} applies with use_dpo=true", where(key));
+  }
   if (t.use_sft) {
     HYP_USAGE_CHECK(!t.dataset_path.empty(),
                     "config key {}: use_sft needs dataset_path, a JSONL file of conversations", where("use_sft"));
@@ -527,7 +553,7 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
                     "config key {}: use_sft needs a tokenizer with a chat template (tokenizer_path, or "
                     "load_parameters_path's)",
                     where("use_sft"));
-  } else {
+  } else if (!t.use_dpo) {
     for (const char* key : {"sft_train_on_completion_only", "packing"})
       HYP_USAGE_CHECK(c.source_of(key) == "default", "config key {} applies with use_sft=true", where(key));
   }

@@ -95,6 +95,10 @@ struct TrainConfig {
   bool use_sft = false;
   bool sft_completion_only = true;
   bool packing = false;
+  // Direct preference optimisation (train/dpo.h): MaxText's use_dpo, dpo_beta and
+  // dpo_label_smoothing.
+  bool use_dpo = false;
+  double dpo_beta = 0.1, dpo_label_smoothing = 0.0;
   // Optimisation.
   int64_t steps = 100;
   LrSchedule schedule;

@@ -35,6 +35,7 @@
 #include "text/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/data_loader.h"
+#include "train/dpo.h"
 #include "train/sft_data.h"
 #include "train/data_prepare.h"
 #include "train/link_check.h"
@@ -365,6 +366,16 @@ class TrainingRun {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<train::SequenceBatcher> loader_, val_loader_;
   std::shared_ptr<const train::SftData> sft_;  // use_sft: the tokenized conversations
+  // use_dpo: the pairs, their loaders (loader_ and val_loader_, typed), the reference
+  // log-probabilities per pair (chosen, rejected), the pairs' batch and the last step's means.
+  std::shared_ptr<const train::DpoData> dpo_;
+  train::DpoLoader* dpo_loader_ = nullptr;
+  train::DpoLoader* dpo_val_ = nullptr;
+  std::vector<double> dpo_ref_;
+  Batch pair_batch_;
+  train::DpoStepStats dpo_stats_;
+  void prepare_dpo_reference();
+  EvalResult evaluate_dpo(int64_t max_batches);
   std::unique_ptr<CheckpointManager> ckpt_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::map<std::string, std::string> config_values_;
@@ -433,6 +444,18 @@ void TrainingRun::setup() {
              sft_->examples.size(), t.dataset_path, sft_->trained_tokens,
              t.sft_completion_only ? ", the assistant's" : "", sft_->truncated, ro.max_tokens, sft_->dropped);
   }
+  if (t.use_dpo) {
+    HYP_USAGE_CHECK(world_ == 1, "config key use_dpo: one process for now, got {} ranks", world_);
+    tokenizer_.emplace(text::Tokenizer::load(t.tokenizer_path));
+    const std::optional<text::ChatTemplate> chat = text::ChatTemplate::of(*tokenizer_);
+    HYP_USAGE_CHECK(chat.has_value(), "config key use_dpo: the tokenizer {} has no chat_template",
+                    t.tokenizer_path);
+    train::SftReadOptions ro;
+    ro.max_tokens = t.max_target_length + 1;
+    dpo_ = std::make_shared<const train::DpoData>(train::read_dpo_jsonl(t.dataset_path, *tokenizer_, *chat, ro));
+    log_info("dpo: {} pairs from {}; {} truncated to {} tokens, {} dropped with a completion cut away", dpo_->pairs.size(),
+             t.dataset_path, dpo_->truncated, ro.max_tokens, dpo_->dropped);
+  }
 
   // Run directory: base_output_directory/run_name, or the directory being resumed.
   run_dir_ = open_run_directory(t, options_.resume, *comm_, lock_, &run_dir_created_);
@@ -447,7 +470,7 @@ void TrainingRun::setup() {
   if (world_ > 1 && t_.check_links) links_ = check_links(*comm_);
 
   PreparedDataset data;
-  if (t.use_sft) {
+  if (t.use_sft || t.use_dpo) {
     data.tokenizer = t.tokenizer_path;
   } else {
     prepare_dataset(data);
@@ -491,7 +514,8 @@ void TrainingRun::setup_model(const PreparedDataset& data, const MemoryPlan& mem
   if (mode_ == ParallelMode::kExpert)
     moe_options_.ep = make_expert_parallel(comm_, static_cast<int>(t.model.n_experts));
   causal_lm_ = std::make_unique<CausalLM>(params, [&] {
-    ModelOptions mo{t.per_device_batch_size, t.max_target_length, t.bf16, t.remat, moe_options_};
+    // DPO runs its pairs' rows one at a time (each row's backward has its own weight).
+    ModelOptions mo{t.use_dpo ? 1 : t.per_device_batch_size, t.max_target_length, t.bf16, t.remat, moe_options_};
     mo.quant = t.quant;
     return mo;
   }());
@@ -509,7 +533,17 @@ void TrainingRun::setup_model(const PreparedDataset& data, const MemoryPlan& mem
   // use_sft: the file's last eval_fraction of the conversations are held out (at least
   // one, and only while a training step's worth remain).
   int64_t sft_train = 0;
-  if (t.use_sft) {
+  if (t.use_dpo) {
+    const auto n = static_cast<int64_t>(dpo_->pairs.size());
+    const int64_t held = std::min<int64_t>(n - t.per_device_batch_size,
+                                           std::max<int64_t>(1, static_cast<int64_t>(double(n) * t.eval_fraction)));
+    sft_train = n - std::max<int64_t>(held, 0);
+    auto dl = std::make_unique<train::DpoLoader>(dpo_, 0, sft_train, t.per_device_batch_size, t.max_target_length,
+                                                 t.data_shuffle_seed, true, pad_id());
+    dpo_loader_ = dl.get();
+    loader_ = std::move(dl);
+    pair_batch_ = Batch::tokens(t.per_device_batch_size, 2 * t.max_target_length);
+  } else if (t.use_sft) {
     const auto n = static_cast<int64_t>(sft_->examples.size());
     const int64_t held = std::min<int64_t>(n - t.per_device_batch_size * world_,
                                            std::max<int64_t>(1, static_cast<int64_t>(double(n) * t.eval_fraction)));
@@ -578,13 +612,19 @@ void TrainingRun::setup_model(const PreparedDataset& data, const MemoryPlan& mem
     sync_->release_unowned();
   }
   result_.start_step = state_.step;
+  if (t.use_dpo) prepare_dpo_reference();
   // Rank 0 writes the metrics (the loss is averaged over ranks first).
   metrics_ = std::make_unique<MetricsWriter>(run_dir_, rank_ == 0, resume_from_ ? state_.step : 0);
   report_setup(mem);
 
   // Held-out evaluation uses its own loader over val.bin (in order, no shuffle).
   try {
-    if (t.use_sft)
+    if (t.use_dpo) {
+      auto dl = std::make_unique<train::DpoLoader>(dpo_, sft_train, static_cast<int64_t>(dpo_->pairs.size()) - sft_train,
+                                                   1, t.max_target_length, 0, false, pad_id());
+      dpo_val_ = dl.get();
+      val_loader_ = std::move(dl);
+    } else if (t.use_sft)
       val_loader_ = std::make_unique<train::SftLoader>(
           sft_, sft_train, static_cast<int64_t>(sft_->examples.size()) - sft_train, t.per_device_batch_size,
           t.max_target_length, 0, false, pad_id());
@@ -701,7 +741,60 @@ void TrainingRun::save() {
 
 // Held-out loss on a forward-only model (no backward buffers; FSDP gathers bucket by
 // bucket through the hooks). Built per evaluation so training steps never hold it.
+// The reference log-probabilities: the starting weights' (the loaded model's, or the
+// initialisation's), computed once and kept in the run directory, where a resumed run
+// reads them back (its weights are no longer the starting ones).
+void TrainingRun::prepare_dpo_reference() {
+  const std::string path = run_dir_ + "/dpo_reference.json";
+  const size_t n = dpo_->pairs.size();
+  if (resume_from_) {
+    HYP_CHECK(fs::exists(path), "resume: {} is missing; a DPO run's reference log-probabilities live there", path);
+    const nlohmann::json j = nlohmann::json::parse(io::read_file(path));
+    HYP_CHECK(j.value("pairs", int64_t{-1}) == static_cast<int64_t>(n) && j["logprobs"].size() == 2 * n,
+              "resume: {} holds the reference of {} pairs; {} has {}", path, j.value("pairs", int64_t{-1}),
+              t_.dataset_path, n);
+    dpo_ref_ = j["logprobs"].get<std::vector<double>>();
+    log_info("dpo: reference log-probabilities of {} pairs from {}", n, path);
+    return;
+  }
+  Timer timer;
+  dpo_ref_.assign(2 * n, 0.0);
+  std::vector<int32_t> in(static_cast<size_t>(t_.max_target_length)), tg(in.size());
+  for (size_t i = 0; i < n; ++i) {
+    const train::DpoPair& p = dpo_->pairs[i];
+    int side = 0;
+    for (const train::SftExample* e : {&p.chosen, &p.rejected}) {
+      train::sft_row(*e, t_.max_target_length, pad_id(), in.data(), tg.data());
+      dpo_ref_[2 * i + static_cast<size_t>(side++)] = train::row_logprob(*causal_lm_, in.data(), tg.data());
+    }
+  }
+  nlohmann::json j;
+  j["pairs"] = n;
+  j["logprobs"] = dpo_ref_;
+  if (rank_ == 0) io::write_file_atomic(path, j.dump());
+  log_info("dpo: reference log-probabilities of {} pairs in {:.1f} s, kept in {}", n, timer.seconds(), path);
+}
+
+// Held-out pairs: the mean loss against their reference, forward only.
+EvalResult TrainingRun::evaluate_dpo(int64_t max_batches) {
+  const int64_t pairs = dpo_val_->sequences_per_epoch();
+  const int64_t n = max_batches > 0 ? std::min(max_batches * t_.per_device_batch_size, pairs) : pairs;
+  dpo_val_->restore({0, 0});
+  Batch b = Batch::tokens(1, 2 * t_.max_target_length);
+  const int64_t t = t_.max_target_length;
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    dpo_val_->next(b);
+    const auto id = static_cast<size_t>(dpo_val_->last_pairs().front());
+    const double pc = train::row_logprob(*causal_lm_, b.inputs.data(), b.targets.data());
+    const double pr = train::row_logprob(*causal_lm_, b.inputs.data() + t, b.targets.data() + t);
+    sum += train::dpo_terms(pc, pr, dpo_ref_[2 * id], dpo_ref_[2 * id + 1], t_.dpo_beta, t_.dpo_label_smoothing).loss;
+  }
+  return {n > 0 ? sum / double(n) : 0.0, n};
+}
+
 EvalResult TrainingRun::evaluate(int64_t max_batches) {
+  if (t_.use_dpo) return evaluate_dpo(max_batches);
   train::SequenceBatcher& loader = *val_loader_;
   ForwardModel model(*params_, t_.per_device_batch_size, t_.max_target_length, moe_options_);
   model.set_hooks(world_ > 1 ? sync_.get() : nullptr);
@@ -737,8 +830,32 @@ void TrainingRun::step() {
   sync_->zero_grads();
   const double comm_before = comm_->seconds(), wait_before = comm_->wait_seconds();
   const uint64_t bytes_before = comm_->bytes_sent();
+  dpo_stats_ = {};
   for (int64_t micro = 0; micro < t.gradient_accumulation_steps; ++micro) {
     Timer dt;
+    if (t.use_dpo) {
+      dpo_loader_->next(pair_batch_);
+      data_wait += dt.seconds();
+      std::vector<double> ref;
+      for (int64_t id : dpo_loader_->last_pairs()) {
+        ref.push_back(dpo_ref_[static_cast<size_t>(2 * id)]);
+        ref.push_back(dpo_ref_[static_cast<size_t>(2 * id + 1)]);
+      }
+      sync_->begin_micro_batch(micro + 1 == t.gradient_accumulation_steps);
+      // The step's loss: the mean over its pairs (each micro-batch's mean, averaged).
+      const train::DpoStepStats st = train::dpo_accumulate(*causal_lm_, pair_batch_, ref, t.dpo_beta,
+                                                           t.dpo_label_smoothing,
+                                                           dmean / double(t.per_device_batch_size));
+      sync_->end_micro_batch();
+      loss += st.loss * dmean;
+      dpo_stats_.loss += st.loss * dmean;
+      dpo_stats_.rewards_chosen += st.rewards_chosen * dmean;
+      dpo_stats_.rewards_rejected += st.rewards_rejected * dmean;
+      dpo_stats_.accuracies += st.accuracies * dmean;
+      dpo_stats_.margins += st.margins * dmean;
+      dpo_stats_.pairs += st.pairs;
+      continue;
+    }
     loader_->next(batch_);
     data_wait += dt.seconds();
     sync_->begin_micro_batch(micro + 1 == t.gradient_accumulation_steps);
@@ -792,6 +909,13 @@ void TrainingRun::step() {
   m.comm_bytes = comm_->bytes_sent() - bytes_before;
   m.skipped = opt.skipped;
   m.device_peak_mib = device_peak_mib();
+  if (t.use_dpo) {
+    m.dpo = true;
+    m.rewards_chosen = dpo_stats_.rewards_chosen;
+    m.rewards_rejected = dpo_stats_.rewards_rejected;
+    m.rewards_accuracies = dpo_stats_.accuracies;
+    m.rewards_margins = dpo_stats_.margins;
+  }
   if (opt.skipped && skipped_lines_())
     log_warn("step {}: non-finite gradient norm, update skipped ({} so far; this line is "
              "logged at the 1st, 2nd, 4th, 8th... skip; every one is counted in "
@@ -826,8 +950,11 @@ void TrainingRun::step() {
     monitor_->eval_started();
     EvalResult e = evaluate(t.eval_batches);
     monitor_->eval_done();
-    log_info("eval  step {:>5}  held-out loss {:.4f}  perplexity {:.2f}", state_.step, e.loss,
-             std::exp(e.loss));
+    if (t.use_dpo)
+      log_info("eval  step {:>5}  held-out DPO loss {:.4f} over {} pairs", state_.step, e.loss, e.tokens);
+    else
+      log_info("eval  step {:>5}  held-out loss {:.4f}  perplexity {:.2f}", state_.step, e.loss,
+               std::exp(e.loss));
   }
 }
 
@@ -874,8 +1001,11 @@ void TrainingRun::finish() {
     result_.eval_loss = e.loss;
     result_.eval_perplexity = std::exp(e.loss);
     result_.eval_tokens = e.tokens;
-    log_info("eval: held-out loss {:.4f}, perplexity {:.2f} over {} tokens", e.loss,
-             result_.eval_perplexity, e.tokens);
+    if (t.use_dpo)
+      log_info("eval: held-out DPO loss {:.4f} over {} pairs", e.loss, e.tokens);
+    else
+      log_info("eval: held-out loss {:.4f}, perplexity {:.2f} over {} tokens", e.loss,
+               result_.eval_perplexity, e.tokens);
   }
   // Sampling runs on rank 0 alone, outside the parallel model: it needs every expert.
   if (t.sample_count > 0 && t.sample_max_tokens > 0) sync_->gather_all(true);
