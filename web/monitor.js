@@ -107,7 +107,8 @@
 
   // The server's JSON objects come with sorted keys: charts go in the order of
   // metrics.jsonl's and ranks.jsonl's writers, then the rest alphabetically.
-  const STEP_ORDER = ['loss', 'lm_loss', 'grad_norm', 'lr', 'step_s', 'tokens_per_s', 'tflops',
+  const STEP_ORDER = ['loss', 'lm_loss', 'rewards/accuracies', 'rewards/margins', 'rewards/chosen',
+                      'rewards/rejected', 'grad_norm', 'lr', 'step_s', 'tokens_per_s', 'tflops',
                       'mfu', 'emfu', 'data_wait_s', 'comm_s', 'comm_exposed_s', 'comm_bytes_sent',
                       'tokens_seen'];
   const RANK_ORDER = ['step_s', 'compute_s', 'data_wait_s', 'comm_exposed_s', 'tokens_per_s',
