@@ -543,8 +543,11 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
     HYP_USAGE_CHECK(t.dpo_label_smoothing >= 0 && t.dpo_label_smoothing < 0.5,
                     "config key {} must be in [0, 0.5), got {}", where("dpo_label_smoothing"), t.dpo_label_smoothing);
   } else {
-    for (const char* key : {"dpo_beta", "dpo_label_smoothing"})
-      HYP_USAGE_CHECK(c.source_of(key) == "default", "config key {} applies with use_dpo=true", where(key));
+    // Refused when they would change something (a resumed run's saved config repeats
+    // every key at its value, defaults included).
+    HYP_USAGE_CHECK(t.dpo_beta == 0.1, "config key {} applies with use_dpo=true", where("dpo_beta"));
+    HYP_USAGE_CHECK(t.dpo_label_smoothing == 0.0, "config key {} applies with use_dpo=true",
+                    where("dpo_label_smoothing"));
   }
   if (t.use_sft) {
     HYP_USAGE_CHECK(!t.dataset_path.empty(),
@@ -554,8 +557,9 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
                     "load_parameters_path's)",
                     where("use_sft"));
   } else if (!t.use_dpo) {
-    for (const char* key : {"sft_train_on_completion_only", "packing"})
-      HYP_USAGE_CHECK(c.source_of(key) == "default", "config key {} applies with use_sft=true", where(key));
+    HYP_USAGE_CHECK(t.sft_completion_only, "config key {} applies with use_sft=true",
+                    where("sft_train_on_completion_only"));
+    HYP_USAGE_CHECK(!t.packing, "config key {} applies with use_sft=true", where("packing"));
   }
 
   t.steps = positive("steps");

@@ -273,7 +273,10 @@ TEST(SftConfig, KeysAreCheckedByName) {
                                                               "tokenizer_path=t", "packing=true"}),
                                  "x")
                   .packing);
-  EXPECT_NE(error({"packing=false"}).find("use_sft=true"), std::string::npos);
+  EXPECT_NE(error({"packing=true"}).find("use_sft=true"), std::string::npos);
+  EXPECT_NE(error({"sft_train_on_completion_only=false"}).find("use_sft=true"), std::string::npos);
+  // At their defaults (a resumed run's saved config repeats every key) they pass.
+  EXPECT_EQ(error({"packing=false", "sft_train_on_completion_only=true", "dpo_beta=0.1"}), "(no error)");
   const TrainConfig t =
       parse_train_config(load_train_config("tiny", {"use_sft=true", "dataset_path=x.jsonl", "tokenizer_path=t",
                                                     "sft_train_on_completion_only=false"}),
