@@ -1,7 +1,6 @@
 #include "train/dpo.h"
 
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -14,13 +13,6 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-// A prompt or completion: a string becomes one message of `role`, a list is taken as is.
-json turns(const json& v, const char* role, const char* field) {
-  if (v.is_string()) return json::array({json{{"role", role}, {"content", v}}});
-  if (v.is_array()) return v;
-  throw_usage_error(fmt::format("\"{}\" must be a string or a list of messages", field));
-}
-
 // log sigmoid(x), without overflow for large |x|.
 double log_sigmoid(double x) {
   return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x));
@@ -30,64 +22,36 @@ double sigmoid(double x) {
   return x >= 0 ? 1.0 / (1.0 + std::exp(-x)) : std::exp(x) / (1.0 + std::exp(x));
 }
 
-// Cut to max_tokens; false when no target (tokens 1..) is left trained.
-bool fit(SftExample& e, int64_t max_tokens, bool* truncated) {
-  if (static_cast<int64_t>(e.tokens.size()) > max_tokens) {
-    e.tokens.resize(static_cast<size_t>(max_tokens));
-    e.trained.resize(static_cast<size_t>(max_tokens));
-    *truncated = true;
-  }
-  for (size_t i = 1; i < e.trained.size(); ++i)
-    if (e.trained[i]) return true;
-  return false;
-}
-
 }  // namespace
 
 DpoData read_dpo_jsonl(const std::string& path, const text::Tokenizer& tokenizer,
                        const text::ChatTemplate& chat_template, const SftReadOptions& options) {
-  std::ifstream in(path);
-  HYP_USAGE_CHECK(in.good(), "dpo data {}: cannot open the file", path);
   const text::ChatMasker masker(chat_template, tokenizer);
   DpoData data;
   data.path = path;
-  std::string line;
-  int64_t number = 0;
-  while (std::getline(in, line)) {
-    ++number;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    try {
-      json j;
-      try {
-        j = json::parse(line);
-      } catch (const json::exception& e) {
-        throw_usage_error(fmt::format("not JSON ({})", e.what()));
-      }
-      if (!j.is_object() || !j.contains("prompt") || !j.contains("chosen") || !j.contains("rejected"))
-        throw_usage_error("a line needs \"prompt\", \"chosen\" and \"rejected\"");
-      const json prompt = turns(j["prompt"], "user", "prompt");
-      const json* tools = j.contains("tools") && !j["tools"].is_null() ? &j["tools"] : nullptr;
-      auto side = [&](const char* field) {
-        json messages = prompt;
-        for (const json& m : turns(j[field], "assistant", field)) messages.push_back(m);
-        const text::ChatTokens ct = masker.tokenize(messages, tools, true, prompt.size());
-        return SftExample{ct.tokens, ct.trained, number};
-      };
-      DpoPair pair{side("chosen"), side("rejected"), number};
-      ++data.lines;
-      bool truncated = false;
-      const bool ok_c = fit(pair.chosen, options.max_tokens, &truncated);
-      const bool ok_r = fit(pair.rejected, options.max_tokens, &truncated);
-      data.truncated += truncated;
-      if (!ok_c || !ok_r) {
-        ++data.dropped;
-        continue;
-      }
-      data.pairs.push_back(std::move(pair));
-    } catch (const UsageError& e) {
-      throw_usage_error(fmt::format("dpo data {}:{}: {}", path, number, e.what()));
+  for_each_jsonl_object(path, "dpo data", [&](const json& j, int64_t number) {
+    if (!j.contains("prompt") || !j.contains("chosen") || !j.contains("rejected"))
+      throw_usage_error("a line needs \"prompt\", \"chosen\" and \"rejected\"");
+    const json prompt = chat_turns(j["prompt"], "user", "prompt");
+    const json* tools = j.contains("tools") && !j["tools"].is_null() ? &j["tools"] : nullptr;
+    auto side = [&](const char* field) {
+      json messages = prompt;
+      for (const json& m : chat_turns(j[field], "assistant", field)) messages.push_back(m);
+      const text::ChatTokens ct = masker.tokenize(messages, tools, true, prompt.size());
+      return SftExample{ct.tokens, ct.trained, number};
+    };
+    DpoPair pair{side("chosen"), side("rejected"), number};
+    ++data.lines;
+    bool truncated = false;
+    const int64_t trained_c = fit_example(pair.chosen, options.max_tokens, &truncated);
+    const int64_t trained_r = fit_example(pair.rejected, options.max_tokens, &truncated);
+    data.truncated += truncated;
+    if (trained_c == 0 || trained_r == 0) {
+      ++data.dropped;
+      return;
     }
-  }
+    data.pairs.push_back(std::move(pair));
+  });
   HYP_USAGE_CHECK(!data.pairs.empty(),
                   "dpo data {}: no pair to train on ({} read, {} with a completion without an assistant token "
                   "within the first {} tokens)",

@@ -9,30 +9,12 @@
 
 namespace hyperion::train {
 
-namespace {
-
 using json = nlohmann::ordered_json;
 
-// A prompt or completion: a string becomes one message of `role`, a list is taken as is.
-void append_turns(const json& v, const char* role, const char* field, json& messages) {
-  if (v.is_string()) {
-    messages.push_back(json{{"role", role}, {"content", v}});
-  } else if (v.is_array()) {
-    for (const json& m : v) messages.push_back(m);
-  } else {
-    throw_usage_error(fmt::format("\"{}\" must be a string or a list of messages", field));
-  }
-}
-
-}  // namespace
-
-SftData read_sft_jsonl(const std::string& path, const text::Tokenizer& tokenizer,
-                       const text::ChatTemplate& chat_template, const SftReadOptions& options) {
+void for_each_jsonl_object(const std::string& path, const char* what,
+                           const std::function<void(const json&, int64_t)>& fn) {
   std::ifstream in(path);
-  HYP_USAGE_CHECK(in.good(), "sft data {}: cannot open the file", path);
-  const text::ChatMasker masker(chat_template, tokenizer);
-  SftData data;
-  data.path = path;
+  HYP_USAGE_CHECK(in.good(), "{} {}: cannot open the file", what, path);
   std::string line;
   int64_t number = 0;
   while (std::getline(in, line)) {
@@ -46,37 +28,60 @@ SftData read_sft_jsonl(const std::string& path, const text::Tokenizer& tokenizer
         throw_usage_error(fmt::format("not JSON ({})", e.what()));
       }
       if (!j.is_object()) throw_usage_error("a line must be a JSON object");
-      json messages = json::array();
-      if (j.contains("messages")) {
-        messages = j["messages"];
-      } else if (j.contains("prompt") && j.contains("completion")) {
-        append_turns(j["prompt"], "user", "prompt", messages);
-        append_turns(j["completion"], "assistant", "completion", messages);
-      } else {
-        throw_usage_error("a line needs \"messages\", or \"prompt\" and \"completion\"");
-      }
-      const json* tools = j.contains("tools") && !j["tools"].is_null() ? &j["tools"] : nullptr;
-      text::ChatTokens ct = masker.tokenize(messages, tools, options.assistant_only);
-      ++data.lines;
-      const auto n = static_cast<int64_t>(ct.tokens.size());
-      if (n > options.max_tokens) {
-        ct.tokens.resize(static_cast<size_t>(options.max_tokens));
-        ct.trained.resize(static_cast<size_t>(options.max_tokens));
-        ++data.truncated;
-      }
-      // Targets are tokens 1..n-1: the first token is never predicted.
-      int64_t trained = 0;
-      for (size_t i = 1; i < ct.trained.size(); ++i) trained += ct.trained[i];
-      if (trained == 0) {
-        ++data.dropped;
-        continue;
-      }
-      data.trained_tokens += trained;
-      data.examples.push_back({std::move(ct.tokens), std::move(ct.trained), number});
+      fn(j, number);
     } catch (const UsageError& e) {
-      throw_usage_error(fmt::format("sft data {}:{}: {}", path, number, e.what()));
+      throw_usage_error(fmt::format("{} {}:{}: {}", what, path, number, e.what()));
     }
   }
+}
+
+json chat_turns(const json& v, const char* role, const char* field) {
+  if (v.is_string()) return json::array({json{{"role", role}, {"content", v}}});
+  if (v.is_array()) return v;
+  throw_usage_error(fmt::format("\"{}\" must be a string or a list of messages", field));
+}
+
+int64_t fit_example(SftExample& e, int64_t max_tokens, bool* truncated) {
+  if (static_cast<int64_t>(e.tokens.size()) > max_tokens) {
+    e.tokens.resize(static_cast<size_t>(max_tokens));
+    e.trained.resize(static_cast<size_t>(max_tokens));
+    *truncated = true;
+  }
+  // Targets are tokens 1..n-1: the first token is never predicted.
+  int64_t trained = 0;
+  for (size_t i = 1; i < e.trained.size(); ++i) trained += e.trained[i];
+  return trained;
+}
+
+SftData read_sft_jsonl(const std::string& path, const text::Tokenizer& tokenizer,
+                       const text::ChatTemplate& chat_template, const SftReadOptions& options) {
+  const text::ChatMasker masker(chat_template, tokenizer);
+  SftData data;
+  data.path = path;
+  for_each_jsonl_object(path, "sft data", [&](const json& j, int64_t number) {
+    json messages = json::array();
+    if (j.contains("messages")) {
+      messages = j["messages"];
+    } else if (j.contains("prompt") && j.contains("completion")) {
+      messages = chat_turns(j["prompt"], "user", "prompt");
+      for (const json& m : chat_turns(j["completion"], "assistant", "completion")) messages.push_back(m);
+    } else {
+      throw_usage_error("a line needs \"messages\", or \"prompt\" and \"completion\"");
+    }
+    const json* tools = j.contains("tools") && !j["tools"].is_null() ? &j["tools"] : nullptr;
+    text::ChatTokens ct = masker.tokenize(messages, tools, options.assistant_only);
+    ++data.lines;
+    SftExample e{std::move(ct.tokens), std::move(ct.trained), number};
+    bool truncated = false;
+    const int64_t trained = fit_example(e, options.max_tokens, &truncated);
+    data.truncated += truncated;
+    if (trained == 0) {
+      ++data.dropped;
+      return;
+    }
+    data.trained_tokens += trained;
+    data.examples.push_back(std::move(e));
+  });
   HYP_USAGE_CHECK(!data.examples.empty(),
                   "sft data {}: no conversation to train on ({} read, {} without an assistant token within the "
                   "first {} tokens)",

