@@ -69,6 +69,22 @@ void fill_normal(const TensorView& x, uint64_t seed, float mean, float stddev) {
   });
 }
 
+void fill_uniform(const TensorView& x, uint64_t seed, float lo, float hi) {
+  check_fill("fill_uniform", x);
+  const int64_t n = x.numel();
+  parallel_chunks(n, 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const uint64_t r = splitmix64(seed ^ splitmix64(static_cast<uint64_t>(i)));
+      const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);
+      const float v = lo + (hi - lo) * u;
+      if (x.dtype == DType::kF32)
+        x.as<float>()[i] = v;
+      else
+        x.as<bf16>()[i] = f32_to_bf16(v);
+    }
+  });
+}
+
 namespace ref {
 void fill_normal(const TensorView& x, uint64_t seed, float mean, float stddev) {
   check_fill("fill_normal", x);

@@ -212,6 +212,9 @@ void CausalLM::recompute(int l) {
   LayerActs& s = layers_[static_cast<size_t>(l)];
   switch (options_.remat) {
     case RematPolicy::kNone:
+      // Quantised matmuls share one set of linear inputs; adapters read them in the backward.
+      if (quant_ != nullptr && decoder_.lora() != nullptr)
+        decoder_.recompute_elementwise(l, tokens_per_batch(), s, moe_shape_);
       return;
     case RematPolicy::kFull:
       layer_forward(l, s, nullptr);

@@ -86,6 +86,10 @@ class CausalLM final : public TrainableModel {
   float aux_loss() const { return moe_stats_.lb_loss + moe_stats_.z_loss; }
   const MoeStats& moe_stats() const override { return moe_stats_; }
   QuantizedMatmuls* quantized() override { return quant_.get(); }
+  // Applies a LoRA adapter in every pass (null: none; model/lora.h). With a base store
+  // without gradients the base is frozen and only the adapter's gradients accumulate.
+  void set_lora(const LoraAdapter* adapter) { decoder_.set_lora(adapter); }
+  const LoraAdapter* lora() const { return decoder_.lora(); }
   const MoeShape& moe_shape() const { return moe_shape_; }
 
   // Bytes of saved activations (all layers) and of scratch (recompute, gradients,

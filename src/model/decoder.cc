@@ -103,7 +103,7 @@ const void* Decoder::post_norm_backward(int index, const float* o, int64_t n, co
   k_.rmsnorm_backward(k_.view(g.dres, DType::kF32, {n, d}),
                       k_.view(const_cast<float*>(o), DType::kF32, {n, d}), params_.param(index),
                       k_.view(const_cast<float*>(rstd), DType::kF32, {n}),
-                      k_.view(g.dh, DType::kF32, {n, d}), params_.grad(index), false, norm_offset_);
+                      k_.view(g.dh, DType::kF32, {n, d}), norm_grad(index), false, norm_offset_);
   if (act_ == DType::kF32) return g.dh;
   k_.convert(g.dh, DType::kF32, g.dres_c, DType::kBF16, static_cast<size_t>(n * d));
   return g.dres_c;
@@ -157,7 +157,7 @@ void Decoder::add_bias(int index, void* y, DType yd, int64_t n) const {
 }
 
 void Decoder::bias_backward(int index, const void* dy, int64_t n) {
-  if (index < 0 || n == 0) return;
+  if (index < 0 || n == 0 || !base_trains()) return;
   if (ones_rows_ < n) {
     const size_t es = dtype_size(act_);
     ones_ = DeviceBuffer(k_.allocator(), static_cast<size_t>(n) * es);
@@ -194,7 +194,7 @@ void Decoder::head_norm_backward(int index, const void* dy, const void* x, const
   k_.rmsnorm_backward(k_.view(const_cast<void*>(dy), act_, {rows, hd}),
                       k_.view(const_cast<void*>(x), act_, {rows, hd}), params_.param(index),
                       k_.view(const_cast<float*>(rstd), DType::kF32, {rows}),
-                      k_.view(dx, act_, {rows, hd}), params_.grad(index), false, norm_offset_);
+                      k_.view(dx, act_, {rows, hd}), norm_grad(index), false, norm_offset_);
 }
 
 void Decoder::attention_block(int l, const PassRows& rows, DecoderActs& s, KvSource& kv) {
@@ -211,6 +211,7 @@ void Decoder::attention_block(int l, const PassRows& rows, DecoderActs& s, KvSou
     const int w[3] = {p.q, p.k, p.v};
     void* const y[3] = {qp, kp, s.v};
     weights_.forward_many(w, s.h, y, act_, n);
+    for (int i = 0; i < 3; ++i) lora_forward(w[i], s.h, y[i], act_, n);
   } else {
     matmul(l, 0, p.q, s.h, qp, act_, n);
     matmul(l, 0, p.k, s.h, kp, act_, n);
@@ -266,6 +267,7 @@ void Decoder::mlp(int l, int64_t n, DecoderActs& s, const MoeShape& ms, const Mo
     const int w[2] = {p.gate, p.up};
     void* const y[2] = {s.g, s.u};
     weights_.forward_many(w, s.h2, y, act_, n);
+    for (int i = 0; i < 2; ++i) lora_forward(w[i], s.h2, y[i], act_, n);
   } else {
     matmul(l, 2, p.gate, s.h2, s.g, act_, n);
     matmul(l, 2, p.up, s.h2, s.u, act_, n);
@@ -292,7 +294,7 @@ void Decoder::recompute_elementwise(int l, int64_t n, DecoderActs& s, const MoeS
   const int64_t f = cfg_.ffn_dim;
   // Quantised matmuls keep their own inputs (the slots): a dense layer's backward reads
   // nothing of h, h2 or a, and rstd is saved.
-  if (quant_ != nullptr && !p.moe()) return;
+  if (quant_ != nullptr && !p.moe() && lora_ == nullptr) return;  // (adapters read h, h2 and a)
   norm(s.x, n, p.input_norm, s.h, s.rstd1);
   norm(s.x2, n, p.mlp_norm, s.h2, s.rstd2);
   if (p.moe()) {
@@ -312,9 +314,10 @@ void Decoder::matmul(int l, int kind, int index, const void* x, void* y, DType y
                      float beta) {
   if (quant_ != nullptr && quant_->covers(index)) {
     quant_->forward(index, l < 0 ? quant_->head_slot() : quant_->slot(l, kind), x, y, yd, n, beta);
-    return;
+  } else {
+    weights_.forward(index, x, y, yd, n, beta);
   }
-  weights_.forward(index, x, y, yd, n, beta);
+  lora_forward(index, x, y, yd, n);
 }
 
 void Decoder::matmul_backward(int l, int kind, int index, const void* dy, const void* x, void* dx,
@@ -322,10 +325,79 @@ void Decoder::matmul_backward(int l, int kind, int index, const void* dy, const 
   if (quant_ != nullptr && quant_->covers(index)) {
     quant_->backward(index, l < 0 ? quant_->head_slot() : quant_->slot(l, kind), dy, dx, dxd, n,
                      beta);
-    return;
+  } else {
+    linear::backward_input(k_, dy, act_, params_.compute_weight(index), dx, dxd, n, beta);
+    if (base_trains()) linear::backward_weight(k_, dy, x, act_, params_.grad(index), n);
   }
-  linear::backward_input(k_, dy, act_, params_.compute_weight(index), dx, dxd, n, beta);
-  linear::backward_weight(k_, dy, x, act_, params_.grad(index), n);
+  lora_backward(index, dy, x, dx, dxd, n);
+}
+
+void Decoder::set_lora(const LoraAdapter* adapter) {
+  if (adapter != nullptr) {
+    HYP_CHECK(adapter->store().has_bf16() == (act_ == DType::kBF16),
+              "decoder: a LoRA adapter computing in {} on a {} model",
+              adapter->store().has_bf16() ? "bf16" : "f32", dtype_name(act_));
+    HYP_CHECK(adapter->store().device() == params_.device(),
+              "decoder: the LoRA adapter lives on another device than the model");
+  }
+  lora_ = adapter;
+}
+
+void* Decoder::lora_scratch(int64_t n) {
+  if (lora_rows_ < n) {
+    lora_scratch_ = DeviceBuffer(k_.allocator(),
+                                 static_cast<size_t>(2 * n * lora_->rank()) * dtype_size(act_));
+    lora_rows_ = n;
+  }
+  return lora_scratch_.data();
+}
+
+void Decoder::lora_forward(int index, const void* x, void* y, DType yd, int64_t n) {
+  if (lora_ == nullptr || n == 0) return;
+  const int ai = lora_->a_of(index);
+  if (ai < 0) return;
+  const TensorView a = lora_->store().compute_weight(ai), b = lora_->store().compute_weight(ai + 1);
+  const int64_t r = a.shape[0], in = a.shape[1], out = b.shape[0];
+  void* t = lora_scratch(n);
+  // t [n, r] = x A^T, then y [n, out] += s t B^T.
+  k_.gemm_contiguous(Trans::kN, Trans::kT, n, r, in, x, act_, a.data, a.dtype, t, act_);
+  GemmArgs g = contiguous_gemm_args(Trans::kN, Trans::kT, n, out, r, t, act_, b.data, b.dtype, y, yd, 1.0f);
+  g.alpha = lora_->scale();
+  k_.gemm(g);
+}
+
+void Decoder::lora_backward(int index, const void* dy, const void* x, void* dx, DType dxd, int64_t n) {
+  if (lora_ == nullptr || n == 0) return;
+  const int ai = lora_->a_of(index);
+  if (ai < 0) return;
+  const ParamStore& st = lora_->store();
+  const TensorView a = st.compute_weight(ai), b = st.compute_weight(ai + 1);
+  const TensorView ga = st.grad(ai), gb = st.grad(ai + 1);
+  const int64_t r = a.shape[0], in = a.shape[1], out = b.shape[0];
+  const float s = lora_->scale();
+  void* t = lora_scratch(n);
+  void* u = static_cast<char*>(t) + static_cast<size_t>(n * r) * dtype_size(act_);
+  // t = x A^T (recomputed: r columns, cheaper than keeping it), u = dy B.
+  k_.gemm_contiguous(Trans::kN, Trans::kT, n, r, in, x, act_, a.data, a.dtype, t, act_);
+  k_.gemm_contiguous(Trans::kN, Trans::kN, n, r, out, dy, act_, b.data, b.dtype, u, act_);
+  // grad(B) [out, r] += s dy^T t ; grad(A) [r, in] += s u^T x ; dx [n, in] += s u A.
+  GemmArgs g = contiguous_gemm_args(Trans::kT, Trans::kN, out, r, n, dy, act_, t, act_, gb.data, DType::kF32, 1.0f);
+  g.alpha = s;
+  k_.gemm(g);
+  g = contiguous_gemm_args(Trans::kT, Trans::kN, r, in, n, u, act_, x, act_, ga.data, DType::kF32, 1.0f);
+  g.alpha = s;
+  k_.gemm(g);
+  g = contiguous_gemm_args(Trans::kN, Trans::kN, n, in, r, u, act_, a.data, a.dtype, dx, dxd, 1.0f);
+  g.alpha = s;
+  k_.gemm(g);
+}
+
+TensorView Decoder::norm_grad(int index) const {
+  if (base_trains()) return params_.grad(index);
+  const ParamInfo& p = params_.infos()[static_cast<size_t>(index)];
+  if (discard_.bytes() < static_cast<size_t>(p.numel) * sizeof(float))
+    discard_ = DeviceBuffer(k_.allocator(), static_cast<size_t>(p.numel) * sizeof(float));
+  return k_.view(discard_.data(), DType::kF32, p.shape);
 }
 
 const void* Decoder::dres_compute(int64_t n, const DecoderGrads& g) const {
@@ -340,7 +412,7 @@ void Decoder::norm_backward(const float* x, int64_t n, int index, const float* r
   k_.rmsnorm_backward(
       k_.view(g.dh, DType::kF32, {n, d}), k_.view(const_cast<float*>(x), DType::kF32, {n, d}),
       params_.param(index), k_.view(const_cast<float*>(rstd), DType::kF32, {n}),
-      k_.view(dx, DType::kF32, {n, d}), params_.grad(index), accumulate, norm_offset_);
+      k_.view(dx, DType::kF32, {n, d}), norm_grad(index), accumulate, norm_offset_);
 }
 
 void Decoder::layer_backward(int l, const PassRows& rows, DecoderActs& s, const DecoderGrads& gr,
@@ -432,6 +504,7 @@ void Decoder::head_backward(const float* x, int64_t n, const void* h, const floa
 }
 
 void Decoder::embed_backward(const int32_t* tokens, int64_t n, const DecoderGrads& g) {
+  if (!base_trains()) return;  // frozen: nothing below the first layer has a gradient
   k_.embedding_backward(k_.view(const_cast<int32_t*>(tokens), DType::kI32, {n}),
                         k_.view(g.dres, DType::kF32, {n, cfg_.dim}), params_.grad(params_.embed()),
                         cfg_.arch.embedding_scale(cfg_.dim));

@@ -28,6 +28,7 @@
 #include "kernels/backend.h"
 #include "kernels/rope.h"
 #include "model/linear.h"
+#include "model/lora.h"
 #include "model/moe_block.h"
 #include "model/param_store.h"
 #include "model/quantized_matmul.h"
@@ -154,6 +155,12 @@ class Decoder {
   // Routes the Linear layers `q` covers through quantised matmuls (training with
   // `quantization`); null (the default) keeps every matmul in the compute dtype.
   void set_quantized(QuantizedMatmuls* q) { quant_ = q; }
+  // Applies `adapter` in the matmuls it covers (null: none): y += s (x A^T) B^T, and in
+  // the backward its gradients into the adapter's store. Its compute dtype must be the
+  // decoder's (a bf16 copy in bf16 mode). A base store without gradients is frozen: the
+  // backward computes input gradients only. Not owned.
+  void set_lora(const LoraAdapter* adapter);
+  const LoraAdapter* lora() const { return lora_; }
 
   // Layer l's attention: its window, scale and score soft cap (causal).
   AttentionParams attention_params(int l) const;
@@ -229,6 +236,16 @@ class Decoder {
   // Its backward: dx = dy W (+ beta dx) and grad(W) += dy^T x.
   void matmul_backward(int l, int kind, int index, const void* dy, const void* x, void* dx,
                        DType dxd, int64_t n, float beta);
+  // y += s (x A^T) B^T for parameter `index`'s adapter (a no-op without one).
+  void lora_forward(int index, const void* x, void* y, DType yd, int64_t n);
+  // Its backward: grad(B) += s dy^T (x A^T), grad(A) += s (dy B)^T x, dx += s (dy B) A.
+  void lora_backward(int index, const void* dy, const void* x, void* dx, DType dxd, int64_t n);
+  // [2, n, r] act-dtype scratch of the adapters' low-rank products.
+  void* lora_scratch(int64_t n);
+  // The gradient a norm's backward accumulates into: the store's, or a scratch that is
+  // thrown away when the base is frozen (the kernels compute both gradients in one pass).
+  TensorView norm_grad(int index) const;
+  bool base_trains() const { return params_.has_grads(); }
   // g.dres (f32) in the matmul-input dtype (a copy in bf16 mode, the buffer in f32).
   const void* dres_compute(int64_t n, const DecoderGrads& g) const;
 
@@ -241,6 +258,10 @@ class Decoder {
   std::unique_ptr<RopeTable> rope_local_;  // local layers' table (Gemma 3); null: none
   float norm_offset_;
   QuantizedMatmuls* quant_ = nullptr;
+  const LoraAdapter* lora_ = nullptr;
+  DeviceBuffer lora_scratch_;
+  int64_t lora_rows_ = 0;
+  mutable DeviceBuffer discard_;  // norm_grad's scratch when the base is frozen
   DeviceBuffer ones_;         // [rows] ones in the act dtype: the bias gradient's reduction
   int64_t ones_rows_ = 0;
   DeviceBuffer qk_rstd_;      // qk-norm rstd when the acts have none

@@ -27,6 +27,8 @@ class ForwardModel {
   int64_t tokens_per_batch() const { return rows_.n(); }
   // Hooks for the following passes (FSDP gathers each bucket before use). Not owned.
   void set_hooks(BucketHooks* hooks) { hooks_ = hooks; }
+  // Applies a LoRA adapter (null: none; model/lora.h). Not owned.
+  void set_lora(const LoraAdapter* adapter) { decoder_.set_lora(adapter); }
   // Bytes of activations and logits this model allocated.
   int64_t allocated_bytes() const { return bytes_; }
 

@@ -40,6 +40,8 @@ class Generator {
   Generator(const ParamStore& params, int64_t max_len);
 
   void reset() { pos_ = 0; }
+  // Applies a LoRA adapter (null: none; model/lora.h). Not owned.
+  void set_lora(const LoraAdapter* adapter) { decoder_.set_lora(adapter); }
   int64_t position() const { return pos_; }
   int64_t max_len() const { return max_len_; }
   int64_t vocab_size() const { return cfg_.vocab_size; }

@@ -19,19 +19,57 @@ ParamStore::ParamStore(const DecoderConfig& config, bool bf16_copy, bool gradien
                        Allocator& alloc)
     : config_(config), tie_(config.tie_embeddings), device_(alloc.device()) {
   describe();
+  index_layers();
+  allocate({bf16_copy, gradients}, alloc);
+}
+
+ParamStore::ParamStore(const DecoderConfig& config, const std::vector<ParamSpec>& tensors,
+                       ParamBuffers buffers, Allocator& alloc)
+    : config_(config), device_(alloc.device()) {
+  config_.validate("model");
+  int last = 0;
+  for (const ParamSpec& t : tensors) {
+    HYP_CHECK(t.layer >= last && t.layer < config_.n_layers,
+              "ParamStore: tensor {} of layer {} is out of layer order (or range)", t.name, t.layer);
+    last = t.layer;
+    add(t.name, t.shape, t.layer, t.kind);
+  }
+  index_layers();
+  allocate(buffers, alloc);
+}
+
+void ParamStore::allocate(ParamBuffers buffers, Allocator& alloc) {
   KernelBackend& k = backend_for(device_);
   const size_t n = static_cast<size_t>(size_);
   params_ = DeviceBuffer(alloc, n * sizeof(float));
   // Padding between tensors stays zero, so whole-buffer reductions (norms) are exact.
   k.zero(params_.data(), params_.bytes());
-  if (gradients) {
+  if (buffers.gradients) {
     grads_ = DeviceBuffer(alloc, n * sizeof(float));
     zero_grads();
   }
-  if (bf16_copy) {
+  if (buffers.bf16_copy) {
     bf16_ = DeviceBuffer(alloc, n * sizeof(bf16));
     k.zero(bf16_.data(), bf16_.bytes());
   }
+}
+
+void ParamStore::index_layers() {
+  // Layer l starts at the first tensor of a layer >= l; past the last layer, at the first
+  // tensor after it (the final norm) or the end.
+  const int nl = static_cast<int>(config_.n_layers);
+  layer_begin_.assign(static_cast<size_t>(nl + 1), size_);
+  for (int l = nl; l >= 0; --l) {
+    bool seen_layer = false;
+    for (const ParamInfo& p : infos_) {
+      if (p.layer >= 0) seen_layer = true;
+      if (p.layer >= l || (l == nl && seen_layer && p.layer < 0)) {
+        layer_begin_[static_cast<size_t>(l)] = p.offset;
+        break;
+      }
+    }
+  }
+  if (nl == 0 && final_norm_ >= 0) layer_begin_[0] = infos_[static_cast<size_t>(final_norm_)].offset;
 }
 
 std::vector<ParamInfo> ParamStore::layout(const DecoderConfig& config) {
@@ -193,19 +231,15 @@ TensorView ParamStore::compute_weight(int i) const {
 }
 
 std::pair<int64_t, int64_t> ParamStore::layer_range(int l) const {
-  const LayerParamIndex& li = layers_[static_cast<size_t>(l)];
-  const int64_t end = l + 1 < config_.n_layers
-                          ? infos_[static_cast<size_t>(layers_[l + 1].input_norm)].offset
-                          : infos_[static_cast<size_t>(final_norm_)].offset;
-  return {infos_[static_cast<size_t>(li.input_norm)].offset, end};
+  return {layer_begin_[static_cast<size_t>(l)], layer_begin_[static_cast<size_t>(l) + 1]};
 }
 
 std::pair<int64_t, int64_t> ParamStore::bucket_range(int b) const {
   const int nl = static_cast<int>(config_.n_layers);
   HYP_CHECK(b >= 0 && b <= nl + 1, "bucket {} is out of range [0, {}]", b, nl + 1);
   if (nl == 0)
-    return b == 0 ? std::pair<int64_t, int64_t>{0, infos_[final_norm_].offset}
-                  : std::pair<int64_t, int64_t>{infos_[final_norm_].offset, size_};
+    return b == 0 ? std::pair<int64_t, int64_t>{0, layer_begin_[0]}
+                  : std::pair<int64_t, int64_t>{layer_begin_[0], size_};
   if (b == 0) return {0, layer_range(0).first};
   if (b == nl + 1) return {layer_range(nl - 1).second, size_};
   return layer_range(b - 1);

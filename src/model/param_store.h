@@ -49,6 +49,14 @@ struct LayerParamIndex {
   bool moe() const { return router >= 0; }
 };
 
+// A tensor of a store with a layout of its own (LoRA adapters, model/lora.h).
+struct ParamSpec {
+  std::string name;
+  Shape shape;
+  int layer = -1;
+  ParamKind kind = ParamKind::kMatrix;
+};
+
 // What a ParamStore holds besides the f32 master weights.
 struct ParamBuffers {
   bool bf16_copy = false;  // the bf16 copy the matmuls read in bf16 mode
@@ -60,6 +68,14 @@ class ParamStore {
   // The buffers come from `alloc` (the host by default); zeroing and the bf16 refresh run
   // on the backend of its device.
   ParamStore(const DecoderConfig& config, bool bf16_copy, bool gradients = true,
+             Allocator& alloc = host_allocator());
+
+  // A store of the given tensors, in order (each layer's contiguous, layers ascending,
+  // none before or after them), beside a model of `config`: its buckets are the model's
+  // (0 and the last empty, 1 + l = layer l's tensors), so the data-parallel sync, the
+  // optimizer and checkpoints treat it as they treat the model. The decoder indices
+  // (layer(), embed() ...) are the model's business and absent here.
+  ParamStore(const DecoderConfig& config, const std::vector<ParamSpec>& tensors, ParamBuffers buffers,
              Allocator& alloc = host_allocator());
 
   // The tensors of a model of `config` (names, shapes, offsets) without allocating them:
@@ -131,6 +147,9 @@ class ParamStore {
   ParamStore() = default;  // for layout() and bytes(): described, never allocated
   // Lays out every tensor (infos_, layers_, size_) without allocating.
   void describe();
+  // Fills layer_begin_ from the tensors' layers, after they are laid out.
+  void index_layers();
+  void allocate(ParamBuffers buffers, Allocator& alloc);
 
   DecoderConfig config_;
   bool tie_ = false;
@@ -138,6 +157,9 @@ class ParamStore {
   std::vector<LayerParamIndex> layers_;
   int embed_ = -1, final_norm_ = -1, lm_head_ = -1;
   int64_t size_ = 0;
+  // layer_begin_[l]: the offset where layer l's tensors start; [n_layers]: where the
+  // tensors after the last layer start (size_ when there are none).
+  std::vector<int64_t> layer_begin_;
   Device device_ = Device::kHost;
   DeviceBuffer params_, grads_, bf16_;
   std::vector<float> host_copy_;  // device stores: the host copy of params_

@@ -231,7 +231,9 @@ void QuantizedMatmuls::backward(int index, int slot, const void* dy, void* dx, D
   HYP_CHECK(s.pass == pass_id_ && s.n == n && s.cols == in,
             "quantized matmul: the backward of parameter {} found no saved input in slot {}", index,
             slot);
-  const TensorView grad = params_.grad(index);
+  // A frozen base (a store without gradients, LoRA) needs the input gradient only.
+  const bool frozen = !params_.has_grads();
+  const TensorView grad = frozen ? TensorView() : params_.grad(index);
   if (options_.mode == QuantMode::kInt8) {
     // dW on the AMX kernel: dW[out, in] = (q_g^T [out, n]) x (q_x [n, in], packed), the
     // quantiser writing q_g transposed (the kernel's A operand runs along the tokens).
@@ -250,6 +252,7 @@ void QuantizedMatmuls::backward(int index, int slot, const void* dy, void* dx, D
       gx.b_scale = w.s_cols.data();
       k_.gemm(gx);
     }
+    if (frozen) return;
     if (amx_dw) {
       if (s.packed_pass != pass_id_) {
         const size_t bytes = static_cast<size_t>(amx_packed_b_bytes(n, in));
@@ -275,6 +278,7 @@ void QuantizedMatmuls::backward(int index, int slot, const void* dy, void* dx, D
                                      w.values.data(), DType::kBF16, dx, dxd, beta);
   gx.alpha = sg * w.scale;
   k_.gemm(gx);
+  if (frozen) return;
   dequantize_fp8_values(s.q.data(), DType::kE4M3, n * in, va_.data());
   GemmArgs gw = contiguous_gemm_args(Trans::kT, Trans::kN, out, in, n, vb_.data(), DType::kBF16,
                                      va_.data(), DType::kBF16, grad.data, DType::kF32, 1.0f);
