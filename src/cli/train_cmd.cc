@@ -328,8 +328,14 @@ int cmd_plan(const Args& args) {
     HYP_USAGE_CHECK(ranks >= 1, "plan: --nproc must be >= 1");
     return plan_dlrm(t, ranks, f.has("json"));
   }
-  const MemoryPlan m = memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16,
-                                   t.remat, t.moe.capacity_factor);
+  const MemoryPlan full = memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16,
+                                      t.remat, t.moe.capacity_factor);
+  // LoRA: gradients and moments for the adapters alone (the saving next to a full fine-tune).
+  const MemoryPlan m = t.lora.enabled() ? lora_memory_plan(full, t.model, t.lora, t.bf16,
+                                                           t.per_device_batch_size * t.max_target_length)
+                                        : full;
+  const int64_t lora_params = t.lora.enabled() ? m.grad_bytes / 4 : 0;
+  const double state_ratio = double(m.grad_bytes + m.optimizer_bytes) / double(full.grad_bytes + full.optimizer_bytes);
   const double fpt = t.model.train_flops_per_token(t.max_target_length);
   const bool moe = t.model.is_moe();
   const int64_t capacity = moe && t.moe.capacity_factor > 0
@@ -365,6 +371,14 @@ int cmd_plan(const Args& args) {
                    {"activations", m.activation_bytes},
                    {"scratch", m.scratch_bytes},
                    {"total", m.total()}};
+    if (t.lora.enabled())
+      j["lora"] = {{"rank", t.lora.rank},
+                   {"alpha", t.lora.alpha},
+                   {"target_modules", lora_target_list(t.lora)},
+                   {"trainable_params", lora_params},
+                   {"full_finetune_gradients_and_optimizer", full.grad_bytes + full.optimizer_bytes},
+                   {"gradients_and_optimizer", m.grad_bytes + m.optimizer_bytes},
+                   {"gradients_and_optimizer_ratio", state_ratio}};
     print_json(j, 2);
     return 0;
   }
@@ -397,6 +411,13 @@ int cmd_plan(const Args& args) {
       "  total              %9.3f GiB\n",
       gib(m.weight_bytes), gib(m.compute_weight_bytes), gib(m.grad_bytes), gib(m.optimizer_bytes),
       gib(m.activation_bytes), gib(m.scratch_bytes), gib(m.total()));
+  if (t.lora.enabled())
+    std::printf(
+        "LoRA rank %lld on %s: %.3fM trainable params (%.3f%% of the model); gradients + AdamW %.4f GiB, "
+        "%.2f%% of a full fine-tune's %.3f GiB\n",
+        static_cast<long long>(t.lora.rank), lora_target_list(t.lora).c_str(), double(lora_params) / 1e6,
+        100.0 * double(lora_params) / double(t.model.total_params()), gib(m.grad_bytes + m.optimizer_bytes),
+        100.0 * state_ratio, gib(full.grad_bytes + full.optimizer_bytes));
   return 0;
 }
 

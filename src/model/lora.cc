@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "base/error.h"
+#include "base/system_memory.h"
 #include "kernels/backend.h"
 #include "kernels/fill.h"
 #include "kernels/gemm.h"
@@ -192,6 +193,26 @@ int64_t LoraAdapter::elements() const {
   int64_t n = 0;
   for (const ParamInfo& p : store_.infos()) n += p.numel;
   return n;
+}
+
+std::string lora_target_list(const LoraConfig& lora) {
+  if (static_cast<int>(lora.targets.size()) == kLoraModules) return "all-linear";
+  std::string out;
+  for (LoraModule m : lora.targets) out += (out.empty() ? "" : ",") + std::string(lora_module_name(m));
+  return out;
+}
+
+MemoryPlan lora_memory_plan(const MemoryPlan& full, const DecoderConfig& config, const LoraConfig& lora,
+                            bool bf16, int64_t tokens) {
+  int64_t e = 0;
+  for (const ParamSpec& s : lora_layout(config, lora)) e += s.shape.numel();
+  MemoryPlan m = full;
+  m.weight_bytes = sat_add(m.weight_bytes, 4 * e);
+  if (bf16) m.compute_weight_bytes = sat_add(m.compute_weight_bytes, 2 * e);
+  m.grad_bytes = 4 * e;
+  m.optimizer_bytes = 8 * e;
+  m.scratch_bytes = sat_add(m.scratch_bytes, sat_mul(2 * tokens * lora.rank, bf16 ? 2 : 4));
+  return m;
 }
 
 void merge_lora(const LoraAdapter& adapter, ParamStore& base) {

@@ -88,6 +88,15 @@ class LoraAdapter {
 // The adapter tensors a base of `config` gets (names, shapes, layers), without allocating.
 std::vector<ParamSpec> lora_layout(const DecoderConfig& config, const LoraConfig& lora);
 
+// "q_proj,v_proj" (or "all-linear" when every module is a target).
+std::string lora_target_list(const LoraConfig& lora);
+
+// A full fine-tune's training memory plan turned into a LoRA run's: gradients and AdamW
+// moments for the adapters alone (the base keeps its weights and bf16 copy, frozen), the
+// adapters' weights added, and their [2, n, r] scratch for n tokens per micro-batch.
+MemoryPlan lora_memory_plan(const MemoryPlan& full, const DecoderConfig& config, const LoraConfig& lora,
+                            bool bf16, int64_t tokens);
+
 // Folds the adapter into the base: W += s * B A for every adapted matrix (f32 master
 // weights, then the bf16 copy). The base's host copy is updated on a device store.
 void merge_lora(const LoraAdapter& adapter, ParamStore& base);

@@ -194,8 +194,17 @@ void CheckpointManager::write_files(const Snapshot& s, const std::string& dir) c
   io::SafetensorsWriter opt;
   for (const Snapshot::Entry& e : s.optimizer)
     opt.add(e.name, DType::kF32, e.shape, s.optimizer_data.data() + e.at);
-  const bool sharded = s.world > 1;
-  if (sharded) {
+  const bool sharded = s.world > 1 && adapter_config_.empty();
+  if (!adapter_config_.empty()) {
+    // Rank 0 holds every adapter tensor (writers all 0); the others write none.
+    if (s.rank == 0) {
+      io::SafetensorsWriter model;
+      for (const Snapshot::Entry& e : s.model)
+        model.add(e.name, DType::kF32, e.shape, s.model_data.data() + e.at);
+      model.set_metadata("format", "pt");
+      model.write(dir + "/adapter_model.safetensors");
+    }
+  } else if (sharded) {
     io::SafetensorsWriter model;
     for (const Snapshot::Entry& e : s.model)
       model.add(e.name, DType::kF32, e.shape, s.model_data.data() + e.at);
@@ -221,11 +230,12 @@ void CheckpointManager::write_files(const Snapshot& s, const std::string& dir) c
   opt.set_metadata("optimizer", "adamw");
   opt.set_metadata("step", std::to_string(s.optimizer_steps));
   opt.write(dir + "/" +
-            (sharded ? shard_name("optimizer", s.rank, s.world) : "optimizer.safetensors"));
+            (s.world > 1 ? shard_name("optimizer", s.rank, s.world) : "optimizer.safetensors"));
 }
 
 void CheckpointManager::write_common(const Snapshot& s, const std::string& tmp) const {
-  if (s.world > 1 || s.model_files > 1) {
+  if (!adapter_config_.empty()) io::write_file_atomic(tmp + "/adapter_config.json", adapter_config_);
+  if (adapter_config_.empty() && (s.world > 1 || s.model_files > 1)) {
     nlohmann::ordered_json index;
     index["metadata"] = {{"total_size", s.model_bytes}};
     nlohmann::ordered_json map;
@@ -294,6 +304,7 @@ void CheckpointManager::write(const Snapshot& s) {
 bool has_model_weights(const std::string& dir) {
   // A diffusion run's checkpoint is a diffusers directory (model_index.json).
   return fs::exists(fs::path(dir) / "model.safetensors") ||
+         fs::exists(fs::path(dir) / "adapter_model.safetensors") ||
          fs::exists(fs::path(dir) / "model.safetensors.index.json") ||
          fs::exists(fs::path(dir) / "model_index.json");
 }
@@ -352,6 +363,11 @@ DecoderConfig read_checkpoint_config(const std::string& dir) {
 }
 
 void load_model_weights(const std::string& dir, ParamStore& params) {
+  HYP_USAGE_CHECK(!fs::exists(fs::path(dir) / "adapter_config.json") || fs::exists(fs::path(dir) / "model.safetensors") ||
+                      fs::exists(fs::path(dir) / "model.safetensors.index.json"),
+                  "{} is a LoRA adapter, not a model: give its base model and the adapter with --adapter {} "
+                  "(or merge them: hyperion convert BASE OUT --merge-lora {})",
+                  dir, dir, dir);
   check_weights_match_config(dir, params.config());
   // Read into host memory (the store itself, or its host copy when it lives on a device),
   // then written back to the device with the bf16 copy refreshed. A tensor that cannot be
@@ -431,8 +447,9 @@ void load_moments(const std::string& dir, const ParamStore& params, AdamW& optim
 
 }  // namespace
 
-TrainerState load_training_state(const std::string& dir, ParamStore& params, AdamW& optimizer) {
-  load_model_weights(dir, params);
+TrainerState load_training_state(const std::string& dir, ParamStore& params, AdamW& optimizer,
+                                 bool weights) {
+  if (weights) load_model_weights(dir, params);
   load_moments(dir, params, optimizer);
   const std::string path = dir + "/trainer_state.json";
   nlohmann::json st;

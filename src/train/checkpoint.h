@@ -87,10 +87,15 @@ class CheckpointManager {
   // file at most `bytes` unless one tensor is larger), as save_pretrained(max_shard_size)
   // does. 0: always one model.safetensors.
   void set_max_shard_bytes(int64_t bytes) { max_shard_bytes_ = bytes; }
+  // LoRA runs: the saved store is the adapters, written as PEFT's adapter_model.safetensors
+  // (one file, by rank 0: every tensor's writer must be 0) beside `adapter_config` (the
+  // adapter_config.json text); config.json stays the base model's.
+  void set_adapter(std::string adapter_config) { adapter_config_ = std::move(adapter_config); }
 
  private:
   struct Snapshot;
   int64_t max_shard_bytes_ = 0;
+  std::string adapter_config_;
   void write(const Snapshot& s);
   void write_files(const Snapshot& s, const std::string& dir) const;
   void write_common(const Snapshot& s, const std::string& dir) const;
@@ -106,7 +111,8 @@ class CheckpointManager {
   double blocking_seconds_ = 0, last_write_seconds_ = 0;
 };
 
-// A directory holding a complete checkpoint's weights (single file or sharded index).
+// A directory holding a complete checkpoint's weights (single file or sharded index, or a
+// LoRA run's adapter_model.safetensors).
 bool has_model_weights(const std::string& dir);
 // The newest complete checkpoint under `run_dir`/checkpoints (by step), if any.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);
@@ -136,7 +142,9 @@ void check_finite(const TensorView& t, const std::string& name, const std::strin
 // refused), then refreshes the bf16 copy. Errors name the file and the tensor.
 void load_model_weights(const std::string& checkpoint_dir, ParamStore& params);
 // Loads the optimizer moments and trainer state for an exact resume.
+// `weights` false: the caller reads the weights itself (a LoRA run's adapters); the
+// moments and the state are read by the store's tensor names either way.
 TrainerState load_training_state(const std::string& checkpoint_dir, ParamStore& params,
-                                 AdamW& optimizer);
+                                 AdamW& optimizer, bool weights = true);
 
 }  // namespace hyperion

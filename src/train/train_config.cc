@@ -142,6 +142,14 @@ std::vector<ConfigKey> train_config_schema() {
        "(strings or messages), rendered with the tokenizer's chat template (docs/POST_TRAINING.md)"},
       {"dpo_beta", T::kFloat, "0.1", "use_dpo: the loss's beta (how far from the reference)"},
       {"dpo_label_smoothing", T::kFloat, "0", "use_dpo: in [0, 0.5), the chance a preference is flipped"},
+      {"lora_rank", T::kInt, "0",
+       "LoRA: the adapters' rank r (>= 1 trains adapters on a frozen base, saved in PEFT's layout; 0: "
+       "the whole model trains)"},
+      {"lora_alpha", T::kFloat, "16", "LoRA: the adapters' scale is lora_alpha / lora_rank"},
+      {"lora_dropout", T::kFloat, "0", "LoRA: dropout on the adapters' input (only 0 so far)"},
+      {"lora_target_modules", T::kString, "all-linear",
+       "LoRA: the adapted matrices, PEFT's names (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj) "
+       "or all-linear"},
       {"packing", T::kBool, "false",
        "use_sft: several conversations per sequence, each attending to itself only (false: one "
        "conversation per sequence, padded)"},
@@ -548,6 +556,25 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
     HYP_USAGE_CHECK(t.dpo_beta == 0.1, "config key {} applies with use_dpo=true", where("dpo_beta"));
     HYP_USAGE_CHECK(t.dpo_label_smoothing == 0.0, "config key {} applies with use_dpo=true",
                     where("dpo_label_smoothing"));
+  }
+  t.lora.rank = c.get_int("lora_rank");
+  t.lora.alpha = c.get_float("lora_alpha");
+  t.lora.dropout = c.get_float("lora_dropout");
+  const std::string lora_targets = c.get_string("lora_target_modules");
+  HYP_USAGE_CHECK(t.lora.rank >= 0, "config key {} must be >= 0 (0: no adapters), got {}", where("lora_rank"),
+                  t.lora.rank);
+  if (t.lora.rank > 0) {
+    HYP_USAGE_CHECK(t.lora.alpha > 0 && std::isfinite(t.lora.alpha), "config key {} must be > 0, got {}",
+                    where("lora_alpha"), t.lora.alpha);
+    HYP_USAGE_CHECK(t.lora.dropout == 0.0,
+                    "config key {} = {}: adapter dropout is not implemented yet (set 0)", where("lora_dropout"),
+                    t.lora.dropout);
+    t.lora.targets = parse_lora_targets(lora_targets, "config key " + where("lora_target_modules"));
+  } else {
+    HYP_USAGE_CHECK(t.lora.alpha == 16.0, "config key {} applies with lora_rank >= 1", where("lora_alpha"));
+    HYP_USAGE_CHECK(t.lora.dropout == 0.0, "config key {} applies with lora_rank >= 1", where("lora_dropout"));
+    HYP_USAGE_CHECK(lora_targets == "all-linear", "config key {} applies with lora_rank >= 1",
+                    where("lora_target_modules"));
   }
   if (t.use_sft) {
     HYP_USAGE_CHECK(!t.dataset_path.empty(),

@@ -12,6 +12,7 @@
 
 #include "base/config.h"
 #include "model/decoder_config.h"
+#include "model/lora.h"
 #include "model/moe_block.h"
 #include "model/quantized_matmul.h"
 #include "diffusion/train_config.h"
@@ -99,6 +100,9 @@ struct TrainConfig {
   // dpo_label_smoothing.
   bool use_dpo = false;
   double dpo_beta = 0.1, dpo_label_smoothing = 0.0;
+  // LoRA (model/lora.h): lora_rank >= 1 trains adapters on a frozen base (PEFT's r,
+  // lora_alpha, lora_dropout, target_modules). rank 0: the whole model trains.
+  LoraConfig lora;
   // Optimisation.
   int64_t steps = 100;
   LrSchedule schedule;

@@ -1,5 +1,7 @@
 #include "train/trainer.h"
 
+#include "convert/peft_adapter.h"
+
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -20,6 +22,7 @@
 #include "base/thread_governor.h"
 #include "base/threads.h"
 #include "base/timer.h"
+#include "convert/peft_adapter.h"
 #include "dist/communicator.h"
 #include "io/atomic_file.h"
 #include "io/directory_lock.h"
@@ -359,6 +362,10 @@ class TrainingRun {
   std::optional<io::DirectoryLock> lock_;
   std::optional<text::Tokenizer> tokenizer_;
   std::unique_ptr<ParamStore> params_;
+  // lora_rank >= 1: the adapters, the store the run trains (its gradients, optimizer and
+  // checkpoints) while params_ stays frozen.
+  std::unique_ptr<LoraAdapter> lora_;
+  ParamStore& trained() { return lora_ ? lora_->store() : *params_; }
   MoeOptions moe_options_;
   std::unique_ptr<CausalLM> causal_lm_;
   TrainableModel* model_ = nullptr;  // the model the step loop drives
@@ -415,10 +422,18 @@ void TrainingRun::setup() {
   // Everything this process will hold, checked before any of it is allocated or any
   // data is prepared (data parallelism holds the whole plan on every rank; the sharded
   // modes their share of it).
-  const MemoryPlan mem =
-      rank_memory_plan(memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16,
-                                   t.remat, t.moe.capacity_factor),
-                       t.model, mode_, world_);
+  if (t.lora.enabled()) {
+    HYP_USAGE_CHECK(mode_ == ParallelMode::kData || mode_ == ParallelMode::kZero1,
+                    "config key lora_rank: LoRA runs data parallel (the frozen base on every rank); the "
+                    "mesh asks for {} (set ici_fsdp_parallelism / expert parallelism to 1)",
+                    parallel_mode_name(mode_));
+    mode_ = ParallelMode::kData;  // the adapters' moments are small: no need to shard them
+  }
+  MemoryPlan full = memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16, t.remat,
+                                t.moe.capacity_factor);
+  if (t.lora.enabled())
+    full = lora_memory_plan(full, t.model, t.lora, t.bf16, t.per_device_batch_size * t.max_target_length);
+  const MemoryPlan mem = rank_memory_plan(full, t.model, mode_, world_);
   check_training_memory(config_, t, mem, mode_, world_, dist::detect_launch().local_size);
   // A given tokenizer is checked before the run directory or the dataset exists (a
   // mismatch found after preparing the data leaves an empty run behind).
@@ -507,9 +522,10 @@ void TrainingRun::setup_model(const PreparedDataset& data, const MemoryPlan& mem
   const TrainConfig& t = t_;
 
   // Weights, gradients and optimizer state live on the run's device (hardware).
-  params_ =
-      std::make_unique<ParamStore>(t.model, t.bf16, true, backend_for(t.hardware).allocator());
+  // LoRA: the base without gradients (frozen), the adapters with them.
+  params_ = std::make_unique<ParamStore>(t.model, t.bf16, !t.lora.enabled(), backend_for(t.hardware).allocator());
   ParamStore& params = *params_;
+  if (t.lora.enabled()) lora_ = std::make_unique<LoraAdapter>(params, t.lora, true, t.bf16);
   moe_options_ = t.moe;
   if (mode_ == ParallelMode::kExpert)
     moe_options_.ep = make_expert_parallel(comm_, static_cast<int>(t.model.n_experts));
@@ -519,8 +535,9 @@ void TrainingRun::setup_model(const PreparedDataset& data, const MemoryPlan& mem
     mo.quant = t.quant;
     return mo;
   }());
+  causal_lm_->set_lora(lora_.get());
   model_ = causal_lm_.get();
-  sync_ = std::make_unique<GradientSync>(params, *comm_, mode_, t.overlap_communication);
+  sync_ = std::make_unique<GradientSync>(trained(), *comm_, mode_, t.overlap_communication);
   if (world_ > 1) model_->set_hooks(sync_.get());
   OptimizerOptions oo;
   oo.beta1 = t.adam_b1;
@@ -529,7 +546,7 @@ void TrainingRun::setup_model(const PreparedDataset& data, const MemoryPlan& mem
   oo.weight_decay = t.weight_decay;
   oo.exclude_norms_and_embeddings = t.weight_decay_exclude_norms_and_embeddings;
   oo.clip_norm = t.gradient_clipping_threshold;
-  optimizer_ = std::make_unique<AdamW>(params, oo, sync_->owned_ranges(), comm_);
+  optimizer_ = std::make_unique<AdamW>(trained(), oo, sync_->owned_ranges(), comm_);
   // use_sft: the file's last eval_fraction of the conversations are held out (at least
   // one, and only while a training step's worth remain).
   int64_t sft_train = 0;
@@ -582,7 +599,18 @@ void TrainingRun::setup_model(const PreparedDataset& data, const MemoryPlan& mem
               "resume: checkpoint {} holds a different model shape than the config", *resume_from_);
     monitor_->restore_started();
     Timer restore_timer;
-    state_ = load_training_state(*resume_from_, params, *optimizer_);
+    if (lora_) {
+      // The frozen base is what the run started from; the adapters and moments resume.
+      if (!t.load_parameters_path.empty())
+        load_model_weights(t.load_parameters_path, params);
+      else
+        params.init(t.init_weights_seed);
+      if (QuantizedMatmuls* q = model_->quantized()) q->weights_changed();
+      convert::read_peft_tensors(*resume_from_, *lora_);
+      state_ = load_training_state(*resume_from_, lora_->store(), *optimizer_, false);
+    } else {
+      state_ = load_training_state(*resume_from_, params, *optimizer_);
+    }
     monitor_->restore_done(state_.step, restore_timer.seconds());
     sync_->release_unowned();
     loader_->restore(state_.data);
@@ -605,12 +633,21 @@ void TrainingRun::setup_model(const PreparedDataset& data, const MemoryPlan& mem
     load_model_weights(t.load_parameters_path, params);
     monitor_->restore_done(0, restore_timer.seconds());
     if (QuantizedMatmuls* q = model_->quantized()) q->weights_changed();
+    if (lora_) lora_->init(t.init_weights_seed);
     sync_->release_unowned();
-    log_info("load_parameters_path: weights from {}; optimizer fresh", t.load_parameters_path);
+    log_info("load_parameters_path: weights from {}; {}", t.load_parameters_path,
+             lora_ ? "frozen, LoRA adapters fresh" : "optimizer fresh");
   } else {
     params.init(t.init_weights_seed);
+    if (lora_) lora_->init(t.init_weights_seed);
     sync_->release_unowned();
   }
+  if (lora_)
+    log_info("lora: rank {}, alpha {} (scale {}), on {}: {} adapter parameters ({:.2f}% of the model's {}) train, "
+             "the base is frozen{}",
+             t.lora.rank, t.lora.alpha, lora_->scale(), lora_target_list(t.lora), lora_->elements(),
+             100.0 * double(lora_->elements()) / double(t.model.total_params()), t.model.total_params(),
+             t.quant.enabled() ? fmt::format(" ({} matmuls)", quant_mode_name(t.quant.mode)) : "");
   result_.start_step = state_.step;
   if (t.use_dpo) prepare_dpo_reference();
   // Rank 0 writes the metrics (the loss is averaged over ranks first).
@@ -635,8 +672,12 @@ void TrainingRun::setup_model(const PreparedDataset& data, const MemoryPlan& mem
     log_warn("eval: held-out split unusable, skipping evaluation: {}", e.what());
   }
   ckpt_ = std::make_unique<CheckpointManager>(
-      run_dir_, t.checkpoints_to_keep, t.async_checkpointing, comm_, sync_->tensor_writers());
+      run_dir_, t.checkpoints_to_keep, t.async_checkpointing, comm_,
+      lora_ ? std::vector<int>(lora_->store().infos().size(), 0) : sync_->tensor_writers());
   ckpt_->set_max_shard_bytes(t.checkpoint_max_shard_bytes);
+  if (lora_)
+    ckpt_->set_adapter(convert::peft_config_json(
+        t.lora, t.load_parameters_path.empty() ? std::string("hyperion:") + t.name : t.load_parameters_path));
   config_values_ = config_.values();
 }
 
@@ -734,7 +775,7 @@ void TrainingRun::save() {
     state_.quant_passes = q->passes();
     state_.quant_histories = q->histories();
   }
-  ckpt_->save(*params_, *optimizer_, state_, tokenizer_->files(), config_values_);
+  ckpt_->save(trained(), *optimizer_, state_, tokenizer_->files(), config_values_);
   monitor_->save_done(state_.step, blocked.seconds());
   result_.checkpoint = ckpt_->checkpoints_dir() + "/" + std::to_string(state_.step);
 }
@@ -758,6 +799,8 @@ void TrainingRun::prepare_dpo_reference() {
     return;
   }
   Timer timer;
+  // With LoRA the reference is the base: the adapter switched off (no second model).
+  causal_lm_->set_lora(nullptr);
   dpo_ref_.assign(2 * n, 0.0);
   std::vector<int32_t> in(static_cast<size_t>(t_.max_target_length)), tg(in.size());
   for (size_t i = 0; i < n; ++i) {
@@ -768,6 +811,7 @@ void TrainingRun::prepare_dpo_reference() {
       dpo_ref_[2 * i + static_cast<size_t>(side++)] = train::row_logprob(*causal_lm_, in.data(), tg.data());
     }
   }
+  causal_lm_->set_lora(lora_.get());
   nlohmann::json j;
   j["pairs"] = n;
   j["logprobs"] = dpo_ref_;
@@ -797,7 +841,8 @@ EvalResult TrainingRun::evaluate(int64_t max_batches) {
   if (t_.use_dpo) return evaluate_dpo(max_batches);
   train::SequenceBatcher& loader = *val_loader_;
   ForwardModel model(*params_, t_.per_device_batch_size, t_.max_target_length, moe_options_);
-  model.set_hooks(world_ > 1 ? sync_.get() : nullptr);
+  model.set_lora(lora_.get());
+  model.set_hooks(world_ > 1 && !lora_ ? sync_.get() : nullptr);
   const int64_t n = model.tokens_per_batch();
   std::vector<int32_t> in(static_cast<size_t>(n)), tg(static_cast<size_t>(n));
   const int64_t per_epoch = loader.sequences_per_epoch() / t_.per_device_batch_size;
@@ -874,7 +919,8 @@ void TrainingRun::step() {
   const double lr = t.schedule.lr(state_.step);
   const OptimizerStepResult opt = optimizer_->step(lr);
   sync_->after_optimizer_step();
-  if (QuantizedMatmuls* q = model_->quantized()) q->weights_changed();
+  // (A LoRA run's base never changes: its quantised copy stays.)
+  if (QuantizedMatmuls* q = model_->quantized(); q != nullptr && !lora_) q->weights_changed();
   const int local_stop = stop_signal_received();
   stop_requested_ = local_stop;
   if (world_ > 1) {
@@ -1012,6 +1058,7 @@ void TrainingRun::finish() {
   if (t.sample_count > 0 && t.sample_max_tokens > 0 && rank_ == 0) {
     const text::Tokenizer& tok = *tokenizer_;
     Generator gen(*params_, std::min<int64_t>(t.model.max_seq_len, 1 + t.sample_max_tokens));
+    gen.set_lora(lora_.get());
     for (int64_t s = 0; s < t.sample_count; ++s) {
       GenerateOptions go;
       go.sampling.temperature = static_cast<float>(t.sample_temperature);

@@ -1,0 +1,189 @@
+// LoRA through the trainer: a base fine-tuned in full on chat data, then adapters trained
+// on it (lora_rank) with the base frozen. The checkpoints are PEFT adapter directories
+// (adapter_config.json, adapter_model.safetensors under PEFT's names) that load back
+// into a LoraAdapter; the run's held-out loss is the merged model's; a run split in two
+// (stop and resume) equals one run bit for bit; bad keys and adapters are refused by name.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "convert/peft_adapter.h"
+#include "io/atomic_file.h"
+#include "io/safetensors.h"
+#include "model/forward_model.h"
+#include "model/lora.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
+#include "chat_data_test_util.h"
+#include "train_test_util.h"
+
+namespace hyperion {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> repeat_lines() {
+  const std::vector<std::string> words = {"apple", "river", "stone", "cloud", "green", "seven", "table", "light"};
+  std::vector<std::string> lines;
+  for (int i = 0; i < 96; ++i) {
+    const std::string& w = words[static_cast<size_t>(i * 5 % 8)];
+    const std::string& v = words[static_cast<size_t>(i * 3 % 8)];
+    lines.push_back(R"({"messages": [{"role": "user", "content": "Repeat )" + w + " " + v +
+                    R"("}, {"role": "assistant", "content": ")" + w + " " + v + " " + w + " " + v + R"("}]})");
+  }
+  return lines;
+}
+
+class LoraTraining : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!testing_util::llama_tokenizer()) return;
+    root_ = testing_util::process_temp_root("hyperion_lora_test");
+    data_ = testing_util::write_jsonl("hyperion_lora_test", "repeat.jsonl", repeat_lines());
+    TrainOptions opts;
+    opts.quiet = true;
+    // The base: a full fine-tune of a tiny model, 20 steps.
+    std::vector<std::string> keys = common({"run_name=base", "steps=20"});
+    keys.insert(keys.end(), {"vocab_size=128256", "base_emb_dim=64", "base_num_decoder_layers=2",
+                             "base_num_query_heads=4", "base_num_kv_heads=2", "base_mlp_dim=128"});
+    const TrainResult r = run_training(load_train_config("tiny", keys), "test", opts);
+    base_ = r.checkpoint;
+  }
+  static std::vector<std::string> common(std::vector<std::string> extra) {
+    // (The model's shape keys are the base's alone; LoRA runs take it from its config.json.)
+    std::vector<std::string> o = {"use_sft=true", "dataset_path=" + data_, "tokenizer_path=" + testing_util::llama_tokenizer_dir(),
+                                  "max_target_length=48", "per_device_batch_size=8", "learning_rate=1e-2",
+                                  "dtype=float32", "eval_interval=0", "eval_fraction=0.1", "eval_batches=1",
+                                  "sample_count=0", "log_period=1000", "peak_tflops=1", "base_output_directory=" + root_};
+    o.insert(o.end(), extra.begin(), extra.end());
+    return o;
+  }
+  void SetUp() override {
+    if (!testing_util::llama_tokenizer()) GTEST_SKIP() << "tokenizer-llama3_1 is not installed";
+    ASSERT_FALSE(base_.empty());
+  }
+  static TrainResult lora_run(const std::string& name, std::vector<std::string> extra, const TrainOptions& o = quiet()) {
+    std::vector<std::string> keys = {"load_parameters_path=" + base_, "lora_rank=4", "lora_alpha=8", "run_name=" + name};
+    keys.insert(keys.end(), extra.begin(), extra.end());
+    return run_training(load_train_config("tiny", common(keys)), "test", o);
+  }
+  static TrainOptions quiet() {
+    TrainOptions o;
+    o.quiet = true;
+    return o;
+  }
+  static inline std::string root_, data_, base_;
+};
+
+TEST_F(LoraTraining, AdaptersTrainOnAFrozenBaseAndSaveAsPeft) {
+  const TrainResult r = lora_run("lora", {"steps=12"});
+  ASSERT_EQ(r.history.size(), 12u);
+  EXPECT_LT(r.history.back().loss, r.history.front().loss);
+  ASSERT_FALSE(r.checkpoint.empty());
+  // PEFT's directory: the config and the adapters, no model weights.
+  EXPECT_TRUE(fs::exists(r.checkpoint + "/adapter_config.json"));
+  EXPECT_TRUE(fs::exists(r.checkpoint + "/adapter_model.safetensors"));
+  EXPECT_FALSE(fs::exists(r.checkpoint + "/model.safetensors"));
+  const nlohmann::json cfg = nlohmann::json::parse(io::read_file(r.checkpoint + "/adapter_config.json"));
+  EXPECT_EQ(cfg["peft_type"], "LORA");
+  EXPECT_EQ(cfg["r"], 4);
+  EXPECT_EQ(cfg["lora_alpha"], 8.0);
+  EXPECT_EQ(cfg["target_modules"].size(), 7u);
+  const io::SafetensorsFile f = io::SafetensorsFile::open(r.checkpoint + "/adapter_model.safetensors");
+  EXPECT_EQ(f.tensors().size(), 2u * 7 * 2);
+  const io::SafetensorsTensor& b = f.get("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight");
+  EXPECT_EQ(b.shape, (Shape{64, 4}));
+
+  // Loaded back onto the base: the trained values (B moved off zero).
+  const DecoderConfig c = read_checkpoint_config(base_);
+  ParamStore base(c, false, false);
+  load_model_weights(base_, base);
+  const auto adapter = convert::load_peft_adapter(r.checkpoint, base);
+  EXPECT_FLOAT_EQ(adapter->scale(), 2.0f);
+  const ParamInfo* bi = adapter->store().find("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight");
+  ASSERT_NE(bi, nullptr);
+  double norm = 0;
+  for (int64_t i = 0; i < bi->numel; ++i) norm += std::fabs(adapter->store().params()[bi->offset + i]);
+  EXPECT_GT(norm, 0.0);
+  EXPECT_GT(r.eval_tokens, 0);
+
+  // The adapter directory is not a model: loading it as one names the way out.
+  ParamStore other(c, false, false);
+  const std::string e = testing_util::error_message_of([&] { load_model_weights(r.checkpoint, other); });
+  EXPECT_NE(e.find("--adapter"), std::string::npos) << e;
+}
+
+TEST_F(LoraTraining, ASplitRunEqualsOneRun) {
+  const TrainResult whole = lora_run("whole", {"steps=6"});
+  TrainOptions stop = quiet();
+  stop.stop_at = 3;
+  const TrainResult first = lora_run("split", {"steps=6"}, stop);
+  ASSERT_EQ(first.history.size(), 3u);
+  const TrainResult second = lora_run("split", {"steps=6"});
+  EXPECT_EQ(second.start_step, 3);
+  ASSERT_EQ(second.history.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(first.history[i].loss, whole.history[i].loss) << i;
+    EXPECT_EQ(second.history[i].loss, whole.history[3 + i].loss) << i;
+  }
+}
+
+TEST_F(LoraTraining, BadKeysAndAdaptersAreRefusedByName) {
+  auto error = [&](std::vector<std::string> extra) {
+    return testing_util::error_message_of([&] { lora_run("bad", std::move(extra)); });
+  };
+  EXPECT_NE(error({"lora_target_modules=q_proj,lm_head"}).find("'lm_head'"), std::string::npos);
+  EXPECT_NE(error({"lora_dropout=0.1"}).find("lora_dropout"), std::string::npos);
+  EXPECT_NE(error({"lora_rank=-1"}).find("lora_rank"), std::string::npos);
+  EXPECT_NE(testing_util::error_message_of([&] {
+              parse_train_config(load_train_config("tiny", {"lora_alpha=32"}), "x");
+            }).find("applies with lora_rank"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(root_ + "/bad"));
+
+  // PEFT options hyperion does not implement, by key; an adapter of another shape, by tensor.
+  const TrainResult r = lora_run("lora_src", {"steps=1"});
+  const std::string dir = testing_util::process_temp_root("hyperion_lora_test") + "/peft_bad";
+  fs::create_directories(dir);
+  fs::copy_file(r.checkpoint + "/adapter_model.safetensors", dir + "/adapter_model.safetensors",
+                fs::copy_options::overwrite_existing);
+  nlohmann::json cfg = nlohmann::json::parse(io::read_file(r.checkpoint + "/adapter_config.json"));
+  const DecoderConfig c = read_checkpoint_config(base_);
+  ParamStore base(c, false, false);
+  auto refused = [&](const nlohmann::json& j, const std::string& what) {
+    io::write_file_atomic(dir + "/adapter_config.json", j.dump());
+    const std::string e = testing_util::error_message_of([&] { convert::load_peft_adapter(dir, base); });
+    EXPECT_NE(e.find(what), std::string::npos) << e;
+  };
+  nlohmann::json j = cfg;
+  j["use_dora"] = true;
+  refused(j, "use_dora");
+  j = cfg;
+  j["modules_to_save"] = {"lm_head"};
+  refused(j, "modules_to_save");
+  j = cfg;
+  j["target_modules"] = ".*proj";
+  refused(j, "regular expression");
+  j = cfg;
+  j["r"] = 8;  // the tensors are rank 4
+  refused(j, "has shape [4, 64], this model needs [8, 64]");
+  j = cfg;
+  j["target_modules"] = {"q_proj"};  // the file holds more
+  refused(j, "does not belong");
+  DecoderConfig wider = c;
+  wider.dim = 32;
+  wider.head_dim = 8;
+  ParamStore wide(wider, false, false);
+  io::write_file_atomic(dir + "/adapter_config.json", cfg.dump());
+  const std::string e = testing_util::error_message_of([&] { convert::load_peft_adapter(dir, wide); });
+  EXPECT_NE(e.find("has shape"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace hyperion
