@@ -10,6 +10,7 @@
 #include "cli/flags.h"
 #include "cli/loaded_checkpoint.h"
 #include "convert/gguf_convert.h"
+#include "convert/peft_adapter.h"
 #include "diffusion/pipeline.h"
 #include "diffusion/single_file.h"
 #include "io/atomic_file.h"
@@ -18,6 +19,7 @@
 #include "kernels/backend.h"
 #include "kernels/hardware.h"
 #include "model/generator.h"
+#include "model/lora.h"
 #include "model/sampler.h"
 #include "serve/text_stream.h"
 #include "text/tokenizer.h"
@@ -28,17 +30,40 @@ namespace hyperion::cli {
 
 LoadedCheckpoint load_checkpoint(const std::string& path, bool bf16,
                                  const std::function<void(const DecoderConfig&)>& before_load,
-                                 Device device) {
-  const std::string dir = resolve_checkpoint_dir(path);
+                                 Device device, std::string adapter) {
+  std::string dir = resolve_checkpoint_dir(path);
+  std::string tokenizer_dir = dir;
+  if (convert::is_peft_adapter_dir(dir) && !has_full_model_weights(dir)) {
+    // A LoRA run's checkpoint: its base, named in adapter_config.json.
+    HYP_USAGE_CHECK(adapter.empty(), "{} is a LoRA adapter; give its base model as the checkpoint with --adapter {}",
+                    dir, adapter);
+    adapter = dir;
+    dir = convert::peft_base_model(adapter);
+    HYP_USAGE_CHECK(std::filesystem::is_directory(dir),
+                    "{} is a LoRA adapter whose base_model_name_or_path ({}) is not a directory here; give the base "
+                    "model as the checkpoint and the adapter with --adapter {}",
+                    adapter, dir, adapter);
+    dir = resolve_checkpoint_dir(dir);
+    if (text::tokenizer_file_in(adapter).empty()) tokenizer_dir = dir;
+    else tokenizer_dir = adapter;
+  }
   DecoderConfig config = read_checkpoint_config(dir);
   // Everything that can be checked is, before the weights are allocated.
   check_weights_match_config(dir, config);
   check_load_fits_in_memory(dir, config, bf16);
+  if (!adapter.empty()) {
+    const LoraConfig lc = convert::read_peft_config(adapter);
+    lora_layout(config, lc);  // a rank the model cannot have is refused here
+  }
   if (before_load) before_load(config);
-  LoadedCheckpoint c{dir, config, nullptr, load_checkpoint_tokenizer(dir, config)};
+  LoadedCheckpoint c{dir, adapter, config, nullptr, load_checkpoint_tokenizer(tokenizer_dir, config)};
   c.params = std::make_unique<ParamStore>(c.config, bf16, /*gradients=*/false,
                                          backend_for(device).allocator());
   load_model_weights(c.dir, *c.params);
+  if (!adapter.empty()) {
+    const std::unique_ptr<LoraAdapter> a = convert::load_peft_adapter(adapter, *c.params);
+    merge_lora(*a, *c.params);
+  }
   return c;
 }
 
@@ -55,6 +80,9 @@ const FlagSpec kCheckpointFlag = {"checkpoint", "DIR",
                                   "checkpoint directory, or a training run directory (its latest "
                                   "checkpoint)"};
 const FlagSpec kDtypeFlag = {"dtype", "T", "float32 (default) or bfloat16 compute"};
+const FlagSpec kAdapterFlag = {"adapter", "DIR",
+                               "a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) "
+                               "merged into the checkpoint's weights"};
 
 }  // namespace
 
@@ -67,6 +95,7 @@ const CommandSpec kEvalSpec = {
      {"shard", "FILE", "token shard to score (.bin from `hyperion data prepare`)"},
      {"seq-len", "N", "window length (default: min(context, 1024))"},
      {"batch", "N", "windows per forward pass (default 4)"},
+     kAdapterFlag,
      kDtypeFlag,
      {"json", "", "print the result as one JSON object"}},
     "Give exactly one of --text or --shard.",
@@ -84,6 +113,7 @@ const CommandSpec kGenerateSpec = {
      {"top-p", "P", "nucleus sampling mass (default 1)"},
      {"seed", "S", "random seed (default 0)"},
      {"ignore-eos", "", "keep going past the end-of-sequence token"},
+     kAdapterFlag,
      kDtypeFlag,
      {"hardware", "H", "cpu (default) or gpu: where the model (and a language model's KV cache) lives"},
      {"json", "", "print the result as one JSON object"},
@@ -110,13 +140,17 @@ const CommandSpec kConvertSpec = {
     {kCheckpointFlag,
      {"to", "FORMAT", "gguf or safetensors"},
      {"type", "T", "GGUF tensor type: f32, f16 (default), bf16 or q8_0"},
+     {"merge-lora", "DIR",
+      "safetensors: a PEFT LoRA adapter directory folded into the weights (W + s B A): the output is the "
+      "merged model, a Hugging Face directory"},
      {"output", "PATH",
       "output file (gguf; default: beside the checkpoint directory, DIR-TYPE.gguf) or "
       "directory (safetensors; required)"}},
     "A sharded (multi-process) checkpoint converts to safetensors first; that output then "
     "converts to gguf. An output that is one of the checkpoint's own files, or the "
     "checkpoint directory itself, is refused.",
-    "convert --checkpoint runs/tiny --to gguf --type q8_0"};
+    "convert --checkpoint runs/tiny --to gguf --type q8_0\n"
+    "  hyperion convert --checkpoint BASE --merge-lora runs/lora --to safetensors --output merged"};
 
 int cmd_eval(const Args& args) {
   const Flags f(kEvalSpec, args);
@@ -126,7 +160,8 @@ int cmd_eval(const Args& args) {
   const int64_t batch = f.integer("batch", 4);
   const int64_t seq_flag = f.integer("seq-len", 0);  // checked before the (slow) load
   HYP_USAGE_CHECK(batch >= 1, "eval: --batch must be >= 1, got {}", batch);
-  LoadedCheckpoint c = load_checkpoint(f.require("checkpoint"), parse_dtype_flag(f));
+  LoadedCheckpoint c = load_checkpoint(f.require("checkpoint"), parse_dtype_flag(f), nullptr, Device::kHost,
+                                       f.get("adapter"));
   const int64_t seq = f.has("seq-len") ? seq_flag : std::min<int64_t>(c.config.max_seq_len, 1024);
   HYP_USAGE_CHECK(seq > 0 && seq <= c.config.max_seq_len,
                   "eval: --seq-len must be in [1, {}], got {}", c.config.max_seq_len, seq);
@@ -140,6 +175,7 @@ int cmd_eval(const Args& args) {
     j["perplexity"] = r.perplexity;
     j["tokens"] = r.tokens;
     j["checkpoint"] = c.dir;
+    if (!c.adapter.empty()) j["adapter"] = c.adapter;
     j["seq_len"] = seq;
     j["seconds"] = r.seconds;
     print_json(j, 2);
@@ -156,6 +192,8 @@ int cmd_generate(const Args& args) {
   if (diffusion::DiffusionPipeline::is_pipeline_dir(f.require("checkpoint")) ||
       diffusion::is_single_file_checkpoint(f.require("checkpoint")))
     return generate_image(f);
+  HYP_USAGE_CHECK(!f.has("adapter") || !diffusion::DiffusionPipeline::is_pipeline_dir(f.require("checkpoint")),
+                  "generate: --adapter applies to language models");
   for (const char* flag : {"output", "negative-prompt", "width", "height", "steps", "guidance", "scheduler",
                            "karras", "batch", "config"})
     HYP_USAGE_CHECK(!f.has(flag), "generate: --{} applies to diffusion models (a directory with model_index.json)",
@@ -189,7 +227,8 @@ int cmd_generate(const Args& args) {
                   hw);
   const Device device = parse_hardware(hw, "generate: --hardware");
   require_hardware(device, "generate: --hardware");
-  LoadedCheckpoint c = load_checkpoint(f.require("checkpoint"), parse_dtype_flag(f), nullptr, device);
+  LoadedCheckpoint c = load_checkpoint(f.require("checkpoint"), parse_dtype_flag(f), nullptr, device,
+                                       f.get("adapter"));
   go.eos_id = c.tokenizer.eos_id();
   go.end_ids = c.tokenizer.end_ids();
   std::vector<int32_t> ids = c.tokenizer.encode_with_special_tokens(prompt);
@@ -246,6 +285,9 @@ int cmd_convert(const Args& args) {
                   "convert: --type must be f32, f16, bf16 or q8_0, got '{}'", type);
   HYP_USAGE_CHECK(to == "gguf" || !f.has("type"), "convert: --type applies to --to gguf only");
   if (to == "safetensors") f.require("output");
+  HYP_USAGE_CHECK(!f.has("merge-lora") || to == "safetensors",
+                  "convert: --merge-lora writes safetensors (--to safetensors); convert the merged directory to gguf "
+                  "after");
   const std::string dir = resolve_checkpoint_dir(f.require("checkpoint"));
   // The checkpoint's files: an output written over one of them would destroy it.
   std::vector<std::string> inputs;
@@ -262,13 +304,16 @@ int cmd_convert(const Args& args) {
     io::check_output_is_not_an_input(out + "/config.json", inputs, "convert");
     for (const char* name : text::kTokenizerFileNames)
       io::check_output_is_not_an_input(out + "/" + name, inputs, "convert");
-    const DecoderConfig config = read_checkpoint_config(dir);
-    check_weights_match_config(dir, config);
-    check_load_fits_in_memory(dir, config, false);
-    load_checkpoint_tokenizer(dir, config);
-    io::make_directories(out);
-    ParamStore params(config, false, /*gradients=*/false);
-    load_model_weights(dir, params);
+    if (f.has("merge-lora")) {
+      for (const auto& e : std::filesystem::directory_iterator(resolve_checkpoint_dir(f.get("merge-lora"))))
+        if (e.is_regular_file()) inputs.push_back(e.path().string());
+      io::check_output_is_not_an_input(out + "/model.safetensors", inputs, "convert");
+    }
+    // (Checked, then loaded: the adapter merged in when given.)
+    const LoadedCheckpoint c = load_checkpoint(dir, false, [&](const DecoderConfig&) { io::make_directories(out); },
+                                               Device::kHost,
+                                               f.has("merge-lora") ? resolve_checkpoint_dir(f.get("merge-lora")) : "");
+    const ParamStore& params = *c.params;
     io::SafetensorsWriter w;
     for (size_t i = 0; i < params.infos().size(); ++i) {
       const ParamInfo& p = params.infos()[i];
@@ -276,11 +321,15 @@ int cmd_convert(const Args& args) {
     }
     w.set_metadata("format", "pt");
     w.write(out + "/model.safetensors");
-    io::write_file_atomic(out + "/config.json", io::read_file(dir + "/config.json"));
+    io::write_file_atomic(out + "/config.json", io::read_file(c.dir + "/config.json"));
+    // The tokenizer: the adapter's when it carries one (a LoRA run saves it), else the base's.
+    const std::string tok_dir =
+        !c.adapter.empty() && !text::tokenizer_file_in(c.adapter).empty() ? c.adapter : c.dir;
     for (const char* name : text::kTokenizerFileNames)
-      if (std::filesystem::exists(dir + "/" + name))
-        io::write_file_atomic(out + "/" + name, io::read_file(dir + "/" + name));
-    std::printf("wrote %s/model.safetensors (%zu tensors)\n", out.c_str(), params.infos().size());
+      if (std::filesystem::exists(tok_dir + "/" + name))
+        io::write_file_atomic(out + "/" + name, io::read_file(tok_dir + "/" + name));
+    std::printf("wrote %s/model.safetensors (%zu tensors%s)\n", out.c_str(), params.infos().size(),
+                c.adapter.empty() ? "" : (", LoRA adapter " + c.adapter + " merged").c_str());
     return 0;
   }
   // The default output sits beside the checkpoint directory, not inside it: a checkpoint

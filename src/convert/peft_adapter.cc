@@ -82,6 +82,17 @@ LoraConfig read_peft_config(const std::string& dir) {
   return c;
 }
 
+std::string peft_base_model(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kConfigFile).string();
+  try {
+    const nlohmann::json j = nlohmann::json::parse(io::read_file(path, 1 << 20));
+    const auto it = j.find("base_model_name_or_path");
+    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(fmt::format("{}: not valid JSON ({})", path, e.what()));
+  }
+}
+
 std::string peft_config_json(const LoraConfig& c, const std::string& base_model) {
   nlohmann::ordered_json j;
   j["peft_type"] = "LORA";

@@ -26,6 +26,9 @@ bool is_peft_adapter_dir(const std::string& dir);
 // target_modules regex or an unknown module.
 LoraConfig read_peft_config(const std::string& dir);
 
+// adapter_config.json's base_model_name_or_path ("" when absent).
+std::string peft_base_model(const std::string& dir);
+
 // adapter_config.json for `config` (PEFT's keys; base_model names the base's directory).
 std::string peft_config_json(const LoraConfig& config, const std::string& base_model);
 

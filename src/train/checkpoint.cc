@@ -301,6 +301,10 @@ void CheckpointManager::write(const Snapshot& s) {
   last_write_seconds_ = timer.seconds();
 }
 
+bool has_full_model_weights(const std::string& dir) {
+  return fs::exists(fs::path(dir) / "model.safetensors") || fs::exists(fs::path(dir) / "model.safetensors.index.json");
+}
+
 bool has_model_weights(const std::string& dir) {
   // A diffusion run's checkpoint is a diffusers directory (model_index.json).
   return fs::exists(fs::path(dir) / "model.safetensors") ||
@@ -363,8 +367,7 @@ DecoderConfig read_checkpoint_config(const std::string& dir) {
 }
 
 void load_model_weights(const std::string& dir, ParamStore& params) {
-  HYP_USAGE_CHECK(!fs::exists(fs::path(dir) / "adapter_config.json") || fs::exists(fs::path(dir) / "model.safetensors") ||
-                      fs::exists(fs::path(dir) / "model.safetensors.index.json"),
+  HYP_USAGE_CHECK(!fs::exists(fs::path(dir) / "adapter_config.json") || has_full_model_weights(dir),
                   "{} is a LoRA adapter, not a model: give its base model and the adapter with --adapter {} "
                   "(or merge them: hyperion convert BASE OUT --merge-lora {})",
                   dir, dir, dir);

@@ -114,6 +114,8 @@ class CheckpointManager {
 // A directory holding a complete checkpoint's weights (single file or sharded index, or a
 // LoRA run's adapter_model.safetensors).
 bool has_model_weights(const std::string& dir);
+// A whole model's weights (model.safetensors or its sharded index), not a LoRA adapter's.
+bool has_full_model_weights(const std::string& dir);
 // The newest complete checkpoint under `run_dir`/checkpoints (by step), if any.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);
 // A checkpoint directory given as itself or as a run directory (its latest checkpoint).

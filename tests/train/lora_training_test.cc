@@ -20,6 +20,7 @@
 #include "model/lora.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
+#include "../cli/cli_test_util.h"
 #include "chat_data_test_util.h"
 #include "train_test_util.h"
 
@@ -183,6 +184,46 @@ TEST_F(LoraTraining, BadKeysAndAdaptersAreRefusedByName) {
   io::write_file_atomic(dir + "/adapter_config.json", cfg.dump());
   const std::string e = testing_util::error_message_of([&] { convert::load_peft_adapter(dir, wide); });
   EXPECT_NE(e.find("has shape"), std::string::npos) << e;
+}
+
+// The CLI: generate and eval take --adapter (merged into the base), a LoRA checkpoint alone
+// finds its base through adapter_config.json, and convert --merge-lora writes the merged
+// model: all three give the same tokens and losses.
+TEST_F(LoraTraining, CliAdapterFlagsAndMergeAgree) {
+  const TrainResult r = lora_run("lora_cli", {"steps=8"});
+  const std::string merged = testing_util::process_temp_root("hyperion_lora_test") + "/merged";
+  const auto conv = testing_util::run_cli("convert --checkpoint " + base_ + " --merge-lora " + r.checkpoint +
+                                          " --to safetensors --output " + merged);
+  ASSERT_EQ(conv.code, 0) << conv.out;
+  EXPECT_NE(conv.out.find("merged"), std::string::npos) << conv.out;
+  EXPECT_TRUE(fs::exists(merged + "/tokenizer.json"));
+  const std::string prompt = " --prompt 'Repeat apple river' --temperature 0 --max-tokens 6 --json";
+  const auto with_flag = testing_util::run_cli("generate --checkpoint " + base_ + " --adapter " + r.checkpoint + prompt, false);
+  const auto alone = testing_util::run_cli("generate --checkpoint " + r.checkpoint + prompt, false);
+  const auto from_merged = testing_util::run_cli("generate --checkpoint " + merged + prompt, false);
+  const auto plain = testing_util::run_cli("generate --checkpoint " + base_ + prompt, false);
+  ASSERT_EQ(with_flag.code, 0) << with_flag.out;
+  ASSERT_EQ(alone.code, 0) << alone.out;
+  ASSERT_EQ(from_merged.code, 0) << from_merged.out;
+  const auto tokens = [](const std::string& out) { return nlohmann::json::parse(out)["tokens"]; };
+  EXPECT_EQ(tokens(with_flag.out), tokens(from_merged.out));
+  EXPECT_EQ(tokens(alone.out), tokens(from_merged.out));
+  (void)plain;
+  const std::string text = testing_util::write_jsonl("hyperion_lora_test", "eval.txt", {"Repeat apple river apple river"});
+  const auto ev = testing_util::run_cli("eval --checkpoint " + base_ + " --adapter " + r.checkpoint + " --text " + text +
+                                        " --seq-len 8 --json", false);
+  const auto ev_merged = testing_util::run_cli("eval --checkpoint " + merged + " --text " + text + " --seq-len 8 --json", false);
+  ASSERT_EQ(ev.code, 0) << ev.out;
+  ASSERT_EQ(ev_merged.code, 0) << ev_merged.out;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(ev.out)["loss"].get<double>(),
+                   nlohmann::json::parse(ev_merged.out)["loss"].get<double>());
+  EXPECT_EQ(nlohmann::json::parse(ev.out)["adapter"], r.checkpoint);
+  // Refusals: exit 2, named.
+  const auto missing = testing_util::run_cli("generate --checkpoint " + base_ + " --adapter " + base_ + prompt);
+  EXPECT_EQ(missing.code, 2) << missing.out;
+  EXPECT_NE(missing.out.find("adapter_config.json"), std::string::npos) << missing.out;
+  const auto gguf = testing_util::run_cli("convert --checkpoint " + base_ + " --merge-lora " + r.checkpoint + " --to gguf");
+  EXPECT_EQ(gguf.code, 2) << gguf.out;
 }
 
 }  // namespace
