@@ -2,6 +2,7 @@
 // server (serve/http_server.h) on a checkpoint, until SIGINT or SIGTERM.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/loaded_checkpoint.h"
+#include "convert/peft_adapter.h"
 #include "diffusion/pipeline.h"
 #include "diffusion/single_file.h"
 #include "io/atomic_file.h"
@@ -42,11 +44,17 @@ const CommandSpec kServeSpec = {
      {"request-timeout", "S", "seconds a client has to send a request body (default 60)"},
      {"idle-timeout", "S", "seconds an idle keep-alive connection stays open (default 60)"},
      {"io-threads", "N", "threads serving the HTTP connections (default 2)"},
+     {"lora", "NAME=DIR",
+      "serve the PEFT LoRA adapter in DIR as model NAME (a request's \"model\": NAME uses it); "
+      "repeatable, up to max_loras",
+      true},
      {"config", "DIR",
       "with a single-file Stable Diffusion checkpoint: the diffusers directory whose configs and "
       "tokenizer it uses"}},
     "Routes: POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize; GET /v1/models,\n"
-    "/health, /metrics.\n"
+    "/health, /metrics; with allow_runtime_lora=true, POST /v1/load_lora_adapter\n"
+    "{lora_name, lora_path} and /v1/unload_lora_adapter {lora_name}. Requests for different\n"
+    "LoRA adapters and for the base share every decode step (docs/POST_TRAINING.md).\n"
     "On a diffusion checkpoint (a directory with model_index.json, or a single file with --config):\n"
     "POST /v1/images/generations (OpenAI's; also seed, steps, guidance_scale, negative_prompt,\n"
     "scheduler), GET /v1/models, /health, /metrics; concurrent requests are denoised together,\n"
@@ -172,7 +180,44 @@ int cmd_serve(const Args& args) {
     if (!p.has_filename()) p = p.parent_path();
     ec.model_name = p.filename().string();
   }
+  // --lora NAME=DIR: checked (names, directories, ranks) before the engine is built, so the
+  // bank is sized for the largest of them.
+  std::vector<std::pair<std::string, std::string>> loras;
+  const bool rank_given = std::any_of(overrides.begin(), overrides.end(),
+                                      [](const std::string& o) { return o.starts_with("max_lora_rank="); });
+  for (const std::string& spec : f.all("lora")) {
+    const size_t eq = spec.find('=');
+    HYP_USAGE_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < spec.size(),
+                    "serve: --lora takes NAME=DIR (an adapter directory), got '{}'", spec);
+    const std::string name = spec.substr(0, eq), dir = spec.substr(eq + 1);
+    for (const auto& [other, d] : loras)
+      HYP_USAGE_CHECK(other != name, "serve: --lora {} is given twice", name);
+    HYP_USAGE_CHECK(name != ec.model_name, "serve: --lora {}: that is the base model's name", name);
+    HYP_USAGE_CHECK(convert::is_peft_adapter_dir(dir), "serve: --lora {}: {} holds no adapter_config.json", name,
+                    dir);
+    const LoraConfig lc = convert::read_peft_config(dir);
+    if (ec.max_lora_rank == 0) ec.max_lora_rank = 16;
+    if (lc.rank > ec.max_lora_rank) {
+      HYP_USAGE_CHECK(!rank_given, "serve: --lora {} has rank {}, over max_lora_rank={}", name, lc.rank,
+                      ec.max_lora_rank);
+      ec.max_lora_rank = lc.rank;
+    }
+    loras.emplace_back(name, dir);
+  }
+  HYP_USAGE_CHECK(static_cast<int64_t>(loras.size()) <= ec.max_loras,
+                  "serve: {} --lora adapters, over max_loras={}", loras.size(), ec.max_loras);
   serve::Engine engine(*c.params, &c.tokenizer, ec);
+  const auto read_adapter = [&c](const std::string& dir) { return convert::load_peft_adapter(dir, *c.params); };
+  for (const auto& [name, dir] : loras) {
+    try {
+      const std::unique_ptr<LoraAdapter> a = read_adapter(dir);
+      engine.load_adapter(name, dir, *a);
+      log_info("serve: LoRA adapter '{}' from {} (rank {}, {})", name, dir, a->rank(),
+               lora_target_list(a->config()));
+    } catch (const std::exception& e) {
+      usage_fail("serve: --lora {}={}: {}", name, dir, e.what());
+    }
+  }
   const double warm = engine.warmup();
   log_info("serve: kernels compiled for every batch size in {:.2f} s", warm);
   const serve::EngineConfig& rc = engine.config();
@@ -198,6 +243,8 @@ int cmd_serve(const Args& args) {
   log_info("serve: chat format {}", jinja ? jinja->origin() : ctx.chat_template);
   ctx.context_tokens = rc.max_seq_len;
   ctx.max_prompt_bytes = serve::prompt_byte_bound(c.tokenizer, rc.max_seq_len);
+  ctx.adapters = &engine.adapters();
+  if (rc.allow_runtime_lora) ctx.read_adapter = read_adapter;
   release_thread_pool();  // the engine thread runs every parallel region from here on
   serve::AsyncEngine async(engine);
   serve::HttpServer server(async, ctx, http);

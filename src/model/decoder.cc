@@ -352,7 +352,53 @@ void* Decoder::lora_scratch(int64_t n) {
   return lora_scratch_.data();
 }
 
+void Decoder::bank_forward(int index, const void* x, void* y, DType yd, int64_t n) {
+  const LoraRows& r = *bank_rows_;
+  if (!bank_->covers(index) || r.adapted() == 0) return;
+  HYP_CHECK(r.n == n, "decoder: the LoRA rows describe {} rows, the pass has {}", r.n, n);
+  const TensorView a = bank_->a(index), b = bank_->b(index);
+  const int64_t slots = a.shape[0], rank = a.shape[1], in = a.shape[2], out = b.shape[1];
+  const int64_t m0 = r.sizes[0], m = n - m0;  // slot 0's rows come first and stay as they are
+  const size_t ea = dtype_size(act_), ey = dtype_size(yd);
+  const size_t need = static_cast<size_t>(n * in) * ea + static_cast<size_t>(n * out) * ey + static_cast<size_t>(n * rank) * ea;
+  if (bank_scratch_bytes_ < need) {
+    bank_scratch_ = DeviceBuffer(k_.allocator(), need);
+    bank_scratch_bytes_ = need;
+  }
+  char* xs = static_cast<char*>(bank_scratch_.data());
+  char* ys = xs + static_cast<size_t>(n * in) * ea;
+  char* t = ys + static_cast<size_t>(n * out) * ey;
+  const void* xa = x;
+  void* ya = y;
+  if (!r.identity) {  // rows into slot order
+    k_.moe_gather_rows(x, act_, r.perm, n, in, xs);
+    k_.moe_gather_rows(y, yd, r.perm, n, out, ys);
+    xa = xs;
+    ya = ys;
+  }
+  // Slots 1.. over rows [m0, n): t = x A_s^T, then y += t B_s^T (B holds s * B).
+  const std::span<const int64_t> sizes(r.sizes.data() + 1, static_cast<size_t>(slots - 1));
+  auto rows_at = [](const void* base, int64_t row, int64_t cols, DType d, const KernelBackend& kb) {
+    return kb.view(static_cast<char*>(const_cast<void*>(base)) + static_cast<size_t>(row * cols) * dtype_size(d), d,
+                   {0, cols});
+  };
+  auto stack_from = [&](const TensorView& w) {
+    TensorView v = w;
+    v.data = static_cast<char*>(w.data) + static_cast<size_t>(w.shape[1] * w.shape[2]) * ea;
+    v.shape = {slots - 1, w.shape[1], w.shape[2]};
+    return v;
+  };
+  TensorView xv = rows_at(xa, m0, in, act_, k_), tv = rows_at(t, 0, rank, act_, k_), yv = rows_at(ya, m0, out, yd, k_);
+  xv.shape = {m, in};
+  tv.shape = {m, rank};
+  yv.shape = {m, out};
+  k_.grouped_gemm(xv, stack_from(a), sizes, tv, 0.0f);
+  k_.grouped_gemm(tv, stack_from(b), sizes, yv, 1.0f);
+  if (!r.identity) k_.moe_gather_rows(ys, yd, r.inverse, n, out, y);  // back in row order
+}
+
 void Decoder::lora_forward(int index, const void* x, void* y, DType yd, int64_t n) {
+  if (bank_ != nullptr && bank_rows_ != nullptr && n > 0) bank_forward(index, x, y, yd, n);
   if (lora_ == nullptr || n == 0) return;
   const int ai = lora_->a_of(index);
   if (ai < 0) return;

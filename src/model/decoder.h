@@ -29,6 +29,7 @@
 #include "kernels/rope.h"
 #include "model/linear.h"
 #include "model/lora.h"
+#include "model/lora_bank.h"
 #include "model/moe_block.h"
 #include "model/param_store.h"
 #include "model/quantized_matmul.h"
@@ -161,6 +162,13 @@ class Decoder {
   // backward computes input gradients only. Not owned.
   void set_lora(const LoraAdapter* adapter);
   const LoraAdapter* lora() const { return lora_; }
+  // Serving many adapters at once: each row of the following passes gets its slot's
+  // adapter from `bank` (model/lora_bank.h), `rows` saying which; null: none. Forward
+  // only. Not owned; rows must stay valid for the passes.
+  void set_lora_rows(const LoraBank* bank, const LoraRows* rows) {
+    bank_ = bank;
+    bank_rows_ = rows;
+  }
 
   // Layer l's attention: its window, scale and score soft cap (causal).
   AttentionParams attention_params(int l) const;
@@ -259,6 +267,12 @@ class Decoder {
   float norm_offset_;
   QuantizedMatmuls* quant_ = nullptr;
   const LoraAdapter* lora_ = nullptr;
+  const LoraBank* bank_ = nullptr;
+  const LoraRows* bank_rows_ = nullptr;
+  DeviceBuffer bank_scratch_;  // the bank's gathered rows and low-rank products
+  size_t bank_scratch_bytes_ = 0;
+  // y += each row's slot adapter (the bank's grouped form of lora_forward).
+  void bank_forward(int index, const void* x, void* y, DType yd, int64_t n);
   DeviceBuffer lora_scratch_;
   int64_t lora_rows_ = 0;
   mutable DeviceBuffer discard_;  // norm_grad's scratch when the base is frozen

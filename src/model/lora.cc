@@ -198,7 +198,10 @@ int64_t LoraAdapter::elements() const {
 std::string lora_target_list(const LoraConfig& lora) {
   if (static_cast<int>(lora.targets.size()) == kLoraModules) return "all-linear";
   std::string out;
-  for (LoraModule m : lora.targets) out += (out.empty() ? "" : ",") + std::string(lora_module_name(m));
+  for (LoraModule m : lora.targets) {
+    if (!out.empty()) out += ',';
+    out += lora_module_name(m);
+  }
   return out;
 }
 

@@ -84,6 +84,23 @@ void AsyncEngine::cancel(int64_t id) {
   cv_.notify_one();
 }
 
+void AsyncEngine::call(std::function<void(Engine&)> task) {
+  std::future<void> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) throw ShuttingDownError("the server is shutting down");
+    tasks_.emplace_back([this, t = std::move(task)] { t(engine_); });
+    done = tasks_.back().get_future();
+    cv_.notify_one();
+  }
+  try {
+    done.get();
+  } catch (const std::future_error&) {
+    // The engine thread ended before running it (stop()).
+    throw ShuttingDownError("the server is shutting down");
+  }
+}
+
 EngineStats AsyncEngine::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
@@ -113,17 +130,20 @@ void AsyncEngine::loop() {
   for (;;) {
     std::vector<Pending> inbox;
     std::vector<int64_t> cancels;
-    bool stopping = false;
+    std::vector<std::packaged_task<void()>> tasks;
+    bool stopping = false, paused = false;
     std::string stop_message;
     {
       const bool busy = engine_.has_work();
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] {
-        return stop_ || (!paused_ && (busy || !inbox_.empty() || !cancels_.empty()));
+        return stop_ || !tasks_.empty() || (!paused_ && (busy || !inbox_.empty() || !cancels_.empty()));
       });
       inbox.swap(inbox_);
       cancels.swap(cancels_);
+      tasks.swap(tasks_);
       stopping = stop_;
+      paused = paused_;
       if (stopping) stop_message = stop_reason_;
     }
     for (Pending& p : inbox) {
@@ -138,6 +158,8 @@ void AsyncEngine::loop() {
       }
     }
     for (int64_t id : cancels) engine_.cancel(id);
+    for (auto& task : tasks) task();  // its exception goes to the caller's future
+    tasks.clear();
     if (stopping) {
       engine_.fail_all(stop_message);
       snapshot();
@@ -148,6 +170,10 @@ void AsyncEngine::loop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       delay = step_delay_;
+    }
+    if (paused) {  // woken for tasks only
+      snapshot();
+      continue;
     }
     if (delay.count() > 0) std::this_thread::sleep_for(delay);
     try {
@@ -186,6 +212,8 @@ void AsyncEngine::stop(const std::string& reason) {
     cv_.notify_one();
   }
   if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  tasks_.clear();  // none should be left; a waiter would get ShuttingDownError
 }
 
 }  // namespace hyperion::serve

@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -45,6 +46,10 @@ class AsyncEngine {
   // The engine's counters after its last step.
   EngineStats stats() const;
   const Engine& engine() const { return engine_; }
+  // Runs `task` on the engine thread between two steps (even while paused) and waits for
+  // it: what may only change between steps, such as Engine::load_adapter. Rethrows what
+  // the task throws; ShuttingDownError after stop(). Never call it from a callback.
+  void call(std::function<void(Engine&)> task);
   // Test hooks: a paused engine queues requests but does not step; a step delay sleeps
   // before every step (holds requests in flight for disconnect and queue tests).
   void set_paused(bool paused);
@@ -72,6 +77,7 @@ class AsyncEngine {
   std::condition_variable cv_;
   std::vector<Pending> inbox_;
   std::vector<int64_t> cancels_;
+  std::vector<std::packaged_task<void()>> tasks_;
   bool stop_ = false;
   std::string stop_reason_;
   int64_t outstanding_ = 0;  // accepted by submit(), final event not yet delivered

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/log.h"
+#include "base/system_memory.h"
 #include "base/thread_governor.h"
 #include "base/timer.h"
 #include "kernels/hardware.h"
@@ -31,7 +32,8 @@ struct Engine::Sequence {
         req(std::move(r)),
         callback(std::move(cb)),
         sampler(req.sampling),
-        text(tok, req.prompt, req.stop) {}
+        text(tok, req.prompt, req.stop),
+        lora_slot(req.adapter ? req.adapter->slot : 0) {}
   int64_t id;
   GenerationRequest req;
   TokenCallback callback;
@@ -39,6 +41,7 @@ struct Engine::Sequence {
   TextStream text;
   SequencePages pages;  // ragged mode
   int slot = -1;
+  int lora_slot = 0;     // its adapter's slot in the bank (0: none)
   int64_t order = 0;     // admission order
   int64_t computed = 0;  // positions whose KV is in the cache
   int64_t cached = 0;    // prompt tokens reused from the prefix cache
@@ -50,13 +53,16 @@ struct Engine::Sequence {
 
 Engine::Engine(const ParamStore& params, const text::Tokenizer* tokenizer, EngineConfig config)
     : cfg_(std::move(config)),
+      params_(params),
       tok_(tokenizer),
       pool_(
           [&] {
             resolve_engine_config(cfg_, params.config());
             return cfg_.kv_pages;
           }(),
-          cfg_.kv_page_tokens) {
+          cfg_.kv_page_tokens),
+      adapters_(static_cast<int>(cfg_.max_loras)) {
+  if (cfg_.max_lora_rank == 0) cfg_.max_lora_rank = 16;
   HYP_CHECK(params.device() == cfg_.hardware,
             "serve: hardware={} but the weights are in {} memory", hardware_name(cfg_.hardware),
             device_name(params.device()));
@@ -233,6 +239,7 @@ void Engine::admit() {
     if (!cfg_.padded_attention) {
       const int64_t need = window_ > 0 ? std::min(pages_needed(s), window_pages_) : pages_needed(s);
       if (need > pool_.pages_available() - reserved_pages_) return;  // FIFO: wait for pages
+      if (s.req.adapter) s.pages.set_root(s.req.adapter->cache_root);  // its own KV
       if (cfg_.prefix_caching) s.cached = s.pages.acquire_prefix(pool_, s.req.prompt);
       s.computed = s.cached;
       s.reserved = 0;
@@ -326,6 +333,14 @@ void Engine::step() {
     batch_.attn[row].pages = page_table(*logit_seqs[i]);
   for (const auto& [s, c] : chunks)
     for (int64_t j = 0; j < c; ++j, ++row) batch_.attn[row].pages = page_table(*s);
+  // Each row's adapter, when any row has one.
+  bool adapted = false;
+  for (size_t i = 0; i < decode_rows; ++i) adapted = adapted || logit_seqs[i]->lora_slot != 0;
+  for (const auto& [s, c] : chunks) adapted = adapted || s->lora_slot != 0;
+  if (adapted) {
+    for (size_t i = 0; i < decode_rows; ++i) batch_.lora_slots.push_back(logit_seqs[i]->lora_slot);
+    for (const auto& [s, c] : chunks) batch_.lora_slots.insert(batch_.lora_slots.end(), static_cast<size_t>(c), s->lora_slot);
+  }
 
   // A step whose sampling rows are all greedy without logprobs takes back only their
   // tokens (argmax where the logits are: on a GPU, 4 bytes per row instead of the
@@ -364,6 +379,39 @@ void Engine::step() {
     emit_token(s, tok, lp);
   }
   (chunks.empty() ? decode_step_seconds_ : prefill_step_seconds_) += step_timer.seconds();
+}
+
+LoraRef Engine::load_adapter(const std::string& name, const std::string& path, const LoraAdapter& adapter) {
+  if (name.empty()) throw RequestError("lora_name", "the LoRA adapter's name must not be empty");
+  if (cfg_.max_loras == 0)
+    throw RequestError("lora_name", "this server serves no LoRA adapters (max_loras=0)");
+  if (name == cfg_.model_name)
+    throw RequestError("lora_name", fmt::format("'{}' is the base model's name", name));
+  if (adapters_.find(name))
+    throw RequestError("lora_name", fmt::format("the LoRA adapter '{}' is already loaded", name));
+  if (adapter.rank() > cfg_.max_lora_rank)
+    throw RequestError("lora_name", fmt::format("the LoRA adapter '{}' has rank {}, over max_lora_rank={}", name,
+                                                adapter.rank(), cfg_.max_lora_rank));
+  const int slot = adapters_.free_slot();
+  if (slot == 0)
+    throw RequestError(
+        "lora_name",
+        fmt::format("every one of the max_loras={} adapter slots is held (an unloaded adapter keeps its slot until "
+                    "its last request ends); unload one first",
+                    cfg_.max_loras));
+  if (!bank_) {
+    bank_ = std::make_unique<LoraBank>(params_, static_cast<int>(cfg_.max_loras), cfg_.max_lora_rank,
+                                       runner_->act_dtype());
+    runner_->set_lora_bank(bank_.get());
+    log_info("serve: LoRA bank for {} adapters of rank <= {}: {}", cfg_.max_loras, cfg_.max_lora_rank,
+             format_bytes(bank_->bytes()));
+  }
+  bank_->install(slot, adapter);
+  return adapters_.add(name, path, slot, adapter.rank());
+}
+
+bool Engine::unload_adapter(const std::string& name) {
+  return adapters_.remove(name);
 }
 
 void Engine::fail_all(const std::string& message) {

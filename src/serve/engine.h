@@ -19,6 +19,12 @@
 // attention runs over the batch's longest length (the baseline the ragged kernel is
 // measured against).
 //
+// LoRA adapters (vLLM's multi-LoRA): up to max_loras adapters of rank <= max_lora_rank are
+// installed in a LoraBank beside the base; a request names one (GenerationRequest::adapter,
+// resolved through adapters()) and every step applies each row's own adapter in one
+// grouped pass (Decoder::set_lora_rows), so requests for different adapters and for the
+// base share the step. A request's prefix-cache pages are its adapter's own.
+//
 // Single-threaded: the owner (AsyncEngine, or a test) calls add/cancel/step from one
 // thread; the kernels inside use the OpenMP pool.
 #pragma once
@@ -32,10 +38,13 @@
 #include <vector>
 
 #include "base/error.h"
+#include "model/lora.h"
+#include "model/lora_bank.h"
 #include "model/param_store.h"
 #include "model/sampler.h"
 #include "serve/engine_config.h"
 #include "serve/kv_page_pool.h"
+#include "serve/lora_registry.h"
 #include "serve/model_runner.h"
 #include "serve/request.h"
 #include "serve/text_stream.h"
@@ -112,6 +121,20 @@ class Engine {
   void run_until_idle();
   EngineStats stats() const;
 
+  // The base the adapters are built for (model/lora.h's LoraAdapter(base(), ...)).
+  const ParamStore& base() const { return params_; }
+  // The loaded adapters by name (thread-safe: resolve a request's adapter with it).
+  const LoraRegistry& adapters() const { return adapters_; }
+  // Installs `adapter` (built for base()) under `name`; its weights are copied, so it can
+  // go once this returns. Between steps only (the thread stepping the engine). Throws a
+  // RequestError naming lora_name for a name already loaded or when every one of the
+  // max_loras slots is held (an unloaded adapter holds its slot until its last request
+  // ends), and for a rank over max_lora_rank.
+  LoraRef load_adapter(const std::string& name, const std::string& path, const LoraAdapter& adapter);
+  // Forgets `name`: new requests cannot use it, requests that hold it finish with it.
+  // False when it is not loaded. Between steps only.
+  bool unload_adapter(const std::string& name);
+
  private:
   struct Sequence;
   void process_cancellations();
@@ -132,6 +155,7 @@ class Engine {
   int64_t pages_to_reserve(const Sequence& s) const;
 
   EngineConfig cfg_;
+  const ParamStore& params_;
   const text::Tokenizer* tok_;
   int32_t eos_id_ = 2;
   std::vector<int32_t> end_ids_;  // eos_id_ and the tokenizer's other end tokens
@@ -154,6 +178,8 @@ class Engine {
   int64_t decode_steps_ = 0, prefill_steps_ = 0;
   double decode_step_seconds_ = 0.0, prefill_step_seconds_ = 0.0, forward_seconds_ = 0.0;
   StepBatch batch_;
+  LoraRegistry adapters_;
+  std::unique_ptr<LoraBank> bank_;  // made with the first adapter
 };
 
 }  // namespace hyperion::serve

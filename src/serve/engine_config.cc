@@ -41,6 +41,14 @@ std::vector<ConfigKey> engine_config_schema() {
       {"chat_template", ConfigType::kString, "auto",
        "auto (the tokenizer's Jinja template, else plain) | plain | llama2 | a .jinja file"},
       {"model_name", ConfigType::kString, "", "model id for /v1/models"},
+      {"max_loras", ConfigType::kInt, "4",
+       "LoRA adapters loaded at once (--lora, POST /v1/load_lora_adapter); requests for any of "
+       "them share each decode step"},
+      {"max_lora_rank", ConfigType::kInt, "0",
+       "largest LoRA rank served; 0 = the largest --lora adapter's, at least 16"},
+      {"allow_runtime_lora", ConfigType::kBool, "false",
+       "accept POST /v1/load_lora_adapter and /v1/unload_lora_adapter (they read directories "
+       "on this machine)"},
   };
 }
 
@@ -121,6 +129,12 @@ EngineConfig parse_engine_config(const std::vector<std::string>& overrides) {
             "serve: chat_template must be auto, plain, llama2 or a .jinja file, got '{}'",
             c.chat_template);
   c.model_name = cfg.get_string("model_name");
+  c.max_loras = cfg.get_int("max_loras");
+  c.max_lora_rank = cfg.get_int("max_lora_rank");
+  c.allow_runtime_lora = cfg.get_bool("allow_runtime_lora");
+  HYP_CHECK(c.max_loras >= 0 && c.max_loras <= 256, "serve: max_loras must be in [0, 256], got {}", c.max_loras);
+  HYP_CHECK(c.max_lora_rank >= 0 && c.max_lora_rank <= 1024, "serve: max_lora_rank must be in [0, 1024], got {}",
+            c.max_lora_rank);
   // What the GPU path does not have yet is refused by name, never run on the CPU.
   if (c.hardware != Device::kHost) {
     HYP_CHECK(c.kv_dtype != DType::kE4M3,

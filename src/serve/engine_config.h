@@ -21,6 +21,9 @@
 //                           (auto: the tokenizer's Jinja chat template, else plain)
 //   model_name              id reported by /v1/models; "" = checkpoint name    ""
 //   hardware                cpu | gpu (docs/GPU.md)                           cpu
+//   max_loras               LoRA adapters loaded at once                        4
+//   max_lora_rank           largest adapter rank; 0 = the --lora ones' (>= 16)  0
+//   allow_runtime_lora      POST /v1/load_lora_adapter, /v1/unload_lora_... false
 #pragma once
 
 #include <cstdint>
@@ -56,6 +59,9 @@ struct EngineConfig {
   std::string chat_template = "auto";
   std::string model_name;
   bool automatic_slots = false;  // max_concurrent_decodes was chosen from memory
+  int64_t max_loras = 4;
+  int64_t max_lora_rank = 0;  // 0 until the first adapter: the largest --lora rank, >= 16
+  bool allow_runtime_lora = false;
 };
 
 // The keys above, with types, defaults and help (`hyperion serve --help` lists them).

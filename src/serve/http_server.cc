@@ -78,7 +78,8 @@ constexpr Route kRoutes[] = {
     {"/v1/completions", http::verb::post}, {"/v1/chat/completions", http::verb::post},
     {"/v1/models", http::verb::get},       {"/tokenize", http::verb::post},
     {"/detokenize", http::verb::post},     {"/health", http::verb::get},
-    {"/metrics", http::verb::get}};
+    {"/metrics", http::verb::get},         {"/v1/load_lora_adapter", http::verb::post},
+    {"/v1/unload_lora_adapter", http::verb::post}};
 constexpr Route kImageRoutes[] = {{"/v1/images/generations", http::verb::post},
                                   {"/v1/models", http::verb::get},
                                   {"/health", http::verb::get},
@@ -248,12 +249,61 @@ struct HttpServer::Impl : HttpApplication {
       }
     }
     if (path == "/v1/images/generations") return handle_images(conn, req.body());
+    if (path == "/v1/load_lora_adapter" || path == "/v1/unload_lora_adapter")
+      return handle_lora(*conn, req.body(), path == "/v1/load_lora_adapter");
     handle_generate(conn, req.body(), path == "/v1/chat/completions");
   }
 
   void send_error(HttpConnection& conn, const ApiError& e, const HttpHeaders& extra = {},
                   bool close = false) {
     conn.respond(e.status, "application/json", error_body(e), extra, close);
+  }
+
+  // POST /v1/load_lora_adapter and /v1/unload_lora_adapter (allow_runtime_lora=true). The
+  // adapter is read here, on this I/O thread (the files, then the checks against the base),
+  // and installed on the engine thread between two steps: running requests never wait for
+  // the disk, and a failed load changes nothing.
+  void handle_lora(HttpConnection& conn, const std::string& body, bool load) {
+    const EngineConfig& c = engine->engine().config();
+    if (!c.allow_runtime_lora || !ctx.read_adapter)
+      return send_error(conn, make_error(403,
+                                         fmt::format("{} LoRA adapters at run time is off; start the server with "
+                                                     "allow_runtime_lora=true",
+                                                     load ? "loading" : "unloading"),
+                                         "", "permission_error"));
+    try {
+      const LoraAdapterRequest r = parse_lora_adapter_request(body, load);
+      if (!load) {
+        bool found = false;
+        engine->call([&](Engine& e) { found = e.unload_adapter(r.name); });
+        if (!found)
+          return send_error(conn, make_error(404, fmt::format("the LoRA adapter '{}' is not loaded", r.name),
+                                             "lora_name", "not_found_error"));
+        log_info("serve: LoRA adapter '{}' unloaded", r.name);
+        return conn.respond(200, "text/plain; charset=utf-8",
+                            fmt::format("Success: LoRA adapter '{}' removed successfully.", r.name));
+      }
+      if (ctx.adapters != nullptr && ctx.adapters->find(r.name))
+        throw RequestError("lora_name", fmt::format("the LoRA adapter '{}' is already loaded", r.name));
+      std::unique_ptr<LoraAdapter> adapter;
+      try {
+        adapter = ctx.read_adapter(r.path);
+      } catch (const std::exception& e) {
+        throw RequestError("lora_path", e.what());
+      }
+      engine->call([&](Engine& e) { e.load_adapter(r.name, r.path, *adapter); });
+      log_info("serve: LoRA adapter '{}' loaded from {} (rank {})", r.name, r.path, adapter->rank());
+      return conn.respond(200, "text/plain; charset=utf-8",
+                          fmt::format("Success: LoRA adapter '{}' added successfully.", r.name));
+    } catch (const ApiException& e) {
+      return send_error(conn, e.error);
+    } catch (const RequestError& e) {
+      return send_error(conn, make_error(400, e.what(), e.param));
+    } catch (const ShuttingDownError& e) {
+      return send_error(conn, make_error(503, e.what()));
+    } catch (const std::exception& e) {
+      return send_error(conn, make_error(500, e.what()));
+    }
   }
 
   std::string models_json() {
@@ -266,7 +316,18 @@ struct HttpServer::Impl : HttpApplication {
     } else {
       m["max_model_len"] = engine->engine().config().max_seq_len;
     }
-    return nlohmann::json({{"object", "list"}, {"data", nlohmann::json::array({m})}}).dump();
+    nlohmann::json data = nlohmann::json::array({m});
+    if (ctx.adapters != nullptr)  // vLLM's shape: an adapter's root is its path, its parent the base
+      for (const LoraRef& a : ctx.adapters->list())
+        data.push_back({{"id", a->name},
+                        {"object", "model"},
+                        {"created", 0},
+                        {"owned_by", "hyperion"},
+                        {"root", a->path},
+                        {"parent", ctx.model_name},
+                        {"max_model_len", m["max_model_len"]}});
+    return nlohmann::json({{"object", "list"}, {"data", data}})
+        .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
 
   std::string render_metrics() {

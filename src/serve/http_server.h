@@ -3,7 +3,10 @@
 // a buffer, not a thread).
 //
 //   POST /v1/completions, POST /v1/chat/completions   (stream: true -> server-sent events)
-//   GET  /v1/models (with max_model_len), GET /health, GET /metrics (Prometheus 0.0.4)
+//   GET  /v1/models (with max_model_len; then each LoRA adapter, parent = the base),
+//   GET /health, GET /metrics (Prometheus 0.0.4)
+//   POST /v1/load_lora_adapter, /v1/unload_lora_adapter (vLLM's; allow_runtime_lora=true,
+//   else 403): a request's `model` then picks a loaded adapter by name
 //
 // On an ImageEngine (a diffusion checkpoint) instead: POST /v1/images/generations
 // (serve/image_api.h), GET /v1/models, /health, /metrics; the PNGs are encoded on the I/O

@@ -112,7 +112,7 @@ int64_t SequencePages::acquire_prefix(KvPagePool& pool, const std::vector<int32_
   HYP_CHECK(pages_.empty() && length_ == 0, "kv cache: acquire_prefix on a started sequence");
   const int64_t pt = pool.page_tokens();
   const int64_t usable = prompt.empty() ? 0 : (static_cast<int64_t>(prompt.size()) - 1) / pt;
-  uint64_t parent = 0;
+  uint64_t parent = root_;
   for (int64_t i = 0; i < usable; ++i) {
     const uint64_t h = pool.hash(parent, prompt.data() + i * pt);
     const PageId p = pool.lookup(h, parent, prompt.data() + i * pt);
@@ -147,7 +147,7 @@ void SequencePages::publish_full_pages(KvPagePool& pool) {
   const int64_t pt = pool.page_tokens();
   const int64_t full = length_ / pt;
   for (int64_t i = published_; i < full; ++i) {
-    const uint64_t parent = i == 0 ? 0 : hashes_[static_cast<size_t>(i - 1)];
+    const uint64_t parent = i == 0 ? root_ : hashes_[static_cast<size_t>(i - 1)];
     const uint64_t h = pool.hash(parent, tokens_.data() + i * pt);
     hashes_.push_back(h);
     if (pages_[static_cast<size_t>(i)] != kNoPage)

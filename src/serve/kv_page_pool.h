@@ -91,6 +91,10 @@ class SequencePages {
   // Prompt tokens served from the prefix cache by acquire_prefix().
   int64_t cached_tokens() const { return cached_tokens_; }
 
+  // The prefix every page hash chains from (0: the base model's): a sequence whose KV
+  // differs for the same tokens (a LoRA adapter's) has its own root, so its pages are
+  // found only by sequences with the same root. Set before acquire_prefix().
+  void set_root(uint64_t root) { root_ = root; }
   // Starts the sequence with the longest cached prefix of `prompt` in whole pages (at
   // most prompt.size() - 1 tokens, so the last prompt token is always computed).
   // Returns the number of prompt tokens whose KV is already in the cache.
@@ -112,6 +116,7 @@ class SequencePages {
   std::vector<PageId> pages_;
   std::vector<int32_t> tokens_;
   std::vector<uint64_t> hashes_;  // chained hash per full page
+  uint64_t root_ = 0;             // the first page's parent
   int64_t length_ = 0, cached_tokens_ = 0, published_ = 0;
   int64_t dropped_ = 0;  // leading pages released by drop_before
 };

@@ -20,6 +20,7 @@ void StepBatch::clear() {
   slots.clear();
   attn.clear();
   logit_rows.clear();
+  lora_slots.clear();
 }
 
 void PagedKvSource::attend(const Decoder& dec, int l, const PassRows& pass, DecoderActs& s) {
@@ -292,7 +293,9 @@ const float* ModelRunner::run(const StepBatch& batch) {
   const int64_t n = padded_rows(rows), mp = m > 0 ? padded_rows(m) : 0;
   ensure_capacity(n);
   pack_step(batch, n, mp);
-  if (!run_recorded(batch, n, mp)) queue_step(batch, n, mp);
+  prepare_lora_rows(batch, n);
+  if (lora_step_ || !run_recorded(batch, n, mp)) queue_step(batch, n, mp);
+  decoder_.set_lora_rows(nullptr, nullptr);
   // The steps' queueing time (on the host backend, the work itself; the greedy pick that
   // may follow is one more launch, not counted).
   queue_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -410,6 +413,30 @@ void ModelRunner::queue_step(const StepBatch& batch, int64_t n, int64_t mp) {
     decoder_.head(xl_.as<float>(), mp, h_.data(), rstd_.as<float>(), logits, DType::kF32);
     decoder_.cap_logits(logits, mp, DType::kF32);
   }
+}
+
+void ModelRunner::prepare_lora_rows(const StepBatch& batch, int64_t n) {
+  lora_step_ = false;
+  if (bank_ == nullptr || batch.lora_slots.empty()) return;
+  HYP_CHECK(static_cast<int64_t>(batch.lora_slots.size()) == batch.size(),
+            "serve: {} LoRA slots for a batch of {} rows", batch.lora_slots.size(), batch.size());
+  lora_slot_scratch_.assign(batch.lora_slots.begin(), batch.lora_slots.end());
+  lora_slot_scratch_.resize(static_cast<size_t>(n), 0);  // padding rows: no adapter
+  if (!lora_rows_from_slots(lora_slot_scratch_, bank_->slots(), lora_perm_, lora_inverse_, lora_rows_)) return;
+  lora_step_ = true;
+  if (kern_.device() == Device::kHost) {
+    lora_rows_.perm = lora_perm_.data();
+    lora_rows_.inverse = lora_inverse_.data();
+  } else {
+    const size_t bytes = 2 * static_cast<size_t>(n) * sizeof(int32_t);
+    if (lora_index_.bytes() < bytes) lora_index_ = DeviceBuffer(kern_.allocator(), bytes);
+    std::vector<int32_t> both(lora_perm_);
+    both.insert(both.end(), lora_inverse_.begin(), lora_inverse_.end());
+    kern_.upload(both.data(), lora_index_.data(), bytes);
+    lora_rows_.perm = lora_index_.as<int32_t>();
+    lora_rows_.inverse = lora_index_.as<int32_t>() + n;
+  }
+  decoder_.set_lora_rows(bank_, &lora_rows_);
 }
 
 bool ModelRunner::run_recorded(const StepBatch& batch, int64_t n, int64_t mp) {

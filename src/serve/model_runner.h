@@ -69,6 +69,8 @@ struct StepBatch {
   // sequence at consecutive positions, given as (first row, row count).
   int64_t decode_rows = 0;
   std::vector<std::pair<int64_t, int64_t>> segments;
+  // Each row's LoRA slot (model/lora_bank.h; 0: the base alone). Empty: every row 0.
+  std::vector<int32_t> lora_slots;
   void clear();
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
 };
@@ -122,6 +124,10 @@ class ModelRunner {
   int64_t replayed_steps() const { return replayed_steps_; }
   int64_t recordings() const { return recordings_; }
 
+  // Serves LoRA adapters from `bank` (its slots named per row by StepBatch::lora_slots);
+  // null: none. Not owned.
+  void set_lora_bank(const LoraBank* bank) { bank_ = bank; }
+
   // Runs the batch; returns logits f32 [logit_rows.size(), vocab] in host memory (valid
   // until the next call). Positions must be < max_positions; slots and page ids are the
   // caller's.
@@ -143,6 +149,15 @@ class ModelRunner {
   // Runs a decode-only step through its size's recording (making it when due); false
   // when it must run as usual.
   bool run_recorded(const StepBatch& batch, int64_t n, int64_t mp);
+
+  // The step's LoRA rows (set_lora_bank): built per step from the batch's slots, the
+  // permutation uploaded to the device.
+  void prepare_lora_rows(const StepBatch& batch, int64_t n);
+  const LoraBank* bank_ = nullptr;
+  LoraRows lora_rows_;
+  bool lora_step_ = false;  // this step's rows use an adapter
+  std::vector<int32_t> lora_slot_scratch_, lora_perm_, lora_inverse_;
+  DeviceBuffer lora_index_;  // perm and inverse in the device's memory
 
   DecoderConfig cfg_;
   RunnerOptions opt_;

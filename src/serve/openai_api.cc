@@ -21,11 +21,7 @@ bool parse_common(const json& j, const std::string& key, const ApiContext& ctx, 
   if (key == "model") {
     if (!j[key].is_string())
       bad("model", fmt::format("'model' must be a string, got {}", type_name(j[key])));
-    const std::string m = j[key].get<std::string>();
-    if (m != ctx.model_name)
-      bad("model",
-          fmt::format("the model '{}' does not exist; this server serves '{}'", m, ctx.model_name),
-          404);
+    g.adapter = resolve_model(j[key].get<std::string>(), ctx);
   } else if (key == "max_tokens" || key == "max_completion_tokens") {
     // Both are checked; given both, the newer max_completion_tokens wins (as vLLM and
     // OpenAI, where max_tokens is deprecated), whatever the order of the keys.
@@ -407,11 +403,7 @@ std::string tokenize_response(const std::string& body, const ApiContext& ctx) {
         special = value.get<bool>();
       } else if (key == "model") {
         if (!value.is_string()) bad("model", "'model' must be a string");
-        if (value != ctx.model_name)
-          bad("model",
-              fmt::format("the model '{}' does not exist; this server serves '{}'",
-                          value.get<std::string>(), ctx.model_name),
-              404);
+        resolve_model(value.get<std::string>(), ctx);
       } else {
         bad(key, fmt::format("unknown field '{}'", key));
       }
@@ -510,7 +502,7 @@ json envelope(const ApiRequest& r, const Completion& c, const ApiContext& ctx, b
   j["id"] = c.id;
   j["object"] = r.chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
   j["created"] = c.created;
-  j["model"] = ctx.model_name;
+  j["model"] = r.gen.adapter ? r.gen.adapter->name : ctx.model_name;
   return j;
 }
 
@@ -519,6 +511,41 @@ std::string sse(const json& j) {
 }
 
 }  // namespace
+
+LoraRef resolve_model(const std::string& model, const ApiContext& ctx) {
+  if (model == ctx.model_name) return nullptr;
+  if (ctx.adapters != nullptr)
+    if (LoraRef a = ctx.adapters->find(model)) return a;
+  std::string served = fmt::format("'{}'", ctx.model_name);
+  if (ctx.adapters != nullptr) {
+    const std::vector<LoraRef> all = ctx.adapters->list();
+    if (!all.empty()) served += all.size() == 1 ? " and the LoRA adapter" : " and the LoRA adapters";
+    for (size_t i = 0; i < all.size(); ++i) served += fmt::format("{}'{}'", i == 0 ? " " : ", ", all[i]->name);
+  }
+  bad("model", fmt::format("the model '{}' does not exist; this server serves {}", model, served), 404);
+}
+
+LoraAdapterRequest parse_lora_adapter_request(const std::string& body, bool load) {
+  const json j = parse_body(body);
+  LoraAdapterRequest r;
+  bool have_name = false, have_path = false;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "lora_name" || (load && key == "lora_path")) {
+      if (!value.is_string() || value.get<std::string>().empty())
+        bad(key, fmt::format("'{}' must be a non-empty string", key));
+      (key == "lora_name" ? r.name : r.path) = value.get<std::string>();
+      (key == "lora_name" ? have_name : have_path) = true;
+    } else if (key == "lora_int_id" || (load && key == "load_inplace" && value.is_boolean() && !value.get<bool>())) {
+      // vLLM's: the engine numbers adapters itself; reloading in place is not offered.
+    } else {
+      bad(key, fmt::format("unknown field '{}'", key));
+    }
+  }
+  if (!have_name) bad("lora_name", "'lora_name' is required");
+  if (load && !have_path) bad("lora_path", "'lora_path' is required");
+  if (r.name.size() > 256) bad("lora_name", "'lora_name' is longer than 256 bytes");
+  return r;
+}
 
 std::string completion_response(const ApiRequest& r, const Completion& c, const ApiContext& ctx) {
   json j = envelope(r, c, ctx, false);

@@ -6,7 +6,8 @@
 // naming the field ("messages[0].content"); everything written back is valid UTF-8.
 //
 // Accepted request fields (anything else is a 400 naming the field):
-//   both:  model (must be the served id when given), max_tokens (>= 1, default 16;
+//   both:  model (the served id, or a loaded LoRA adapter's name, which then generates;
+//          another name is a 404), max_tokens (>= 1, default 16;
 //          chat also max_completion_tokens), temperature [0, 2] (default 1), top_p (0, 1],
 //          top_k (>= 0, extension), seed (integer), stop (string or up to 4 strings),
 //          stream, stream_options {include_usage}, n (1 only), user (ignored),
@@ -27,11 +28,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "model/lora.h"
+#include "serve/lora_registry.h"
 #include "serve/request.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -63,7 +68,16 @@ struct ApiContext {
   // Text prompts (chat: all message contents) over this many bytes are refused before
   // tokenization (0: no bound); see prompt_byte_bound().
   size_t max_prompt_bytes = 0;
+  // The LoRA adapters a request's `model` may name (null: none).
+  const LoraRegistry* adapters = nullptr;
+  // Reads a PEFT adapter directory for this base (POST /v1/load_lora_adapter); throws
+  // naming the directory and what is wrong. Empty: runtime loading is not offered.
+  std::function<std::unique_ptr<LoraAdapter>(const std::string& dir)> read_adapter;
 };
+
+// The request's `model` value resolved: the base (null) or a loaded adapter; an unknown
+// name throws ApiException (404) listing what is served.
+LoraRef resolve_model(const std::string& model, const ApiContext& ctx);
 
 // The byte bound of a context: no prompt of more bytes can fit `context_tokens` tokens,
 // as no token stands for more than the tokenizer's longest piece (x2 of slack).
@@ -99,6 +113,15 @@ std::string render_chat_template(const std::string& body, const ApiContext& ctx)
 // {"prompt": text} (special tokens kept). Bad bodies throw ApiException (400).
 std::string tokenize_response(const std::string& body, const ApiContext& ctx);
 std::string detokenize_response(const std::string& body, const ApiContext& ctx);
+
+// vLLM's runtime adapter routes. POST /v1/load_lora_adapter: {"lora_name": string,
+// "lora_path": directory}; POST /v1/unload_lora_adapter: {"lora_name": string} (vLLM's
+// "lora_int_id" accepted and ignored). Other fields and bad types throw ApiException (400).
+struct LoraAdapterRequest {
+  std::string name;
+  std::string path;  // load only
+};
+LoraAdapterRequest parse_lora_adapter_request(const std::string& body, bool load);
 
 // Everything a finished (or streaming) request has produced so far.
 struct Completion {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "model/sampler.h"
+#include "serve/lora_registry.h"
 
 namespace hyperion::serve {
 
@@ -17,6 +18,7 @@ struct GenerationRequest {
   std::vector<std::string> stop;  // stop strings (not included in the output)
   bool ignore_eos = false;        // keep going past EOS up to max_tokens
   bool logprobs = false;          // report log p(chosen token)
+  LoraRef adapter;                // the LoRA adapter it runs with (null: the base model)
 };
 
 enum class FinishReason : uint8_t { kNone, kStop, kLength, kAbort, kError };
