@@ -283,6 +283,8 @@ struct HttpServer::Impl : HttpApplication {
         return conn.respond(200, "text/plain; charset=utf-8",
                             fmt::format("Success: LoRA adapter '{}' removed successfully.", r.name));
       }
+      if (r.name == ctx.model_name)
+        throw RequestError("lora_name", fmt::format("'{}' is the base model's name", r.name));
       if (ctx.adapters != nullptr && ctx.adapters->find(r.name))
         throw RequestError("lora_name", fmt::format("the LoRA adapter '{}' is already loaded", r.name));
       std::unique_ptr<LoraAdapter> adapter;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -35,8 +36,10 @@ inline std::vector<std::string> corpus_lines(size_t n) {
 // An engine, its async runner and an HTTP server on a free loopback port, serving until
 // destroyed.
 struct ServedStack {
+  // `configure` may add to the API context (LoRA adapters) before the server starts.
   ServedStack(const text::Tokenizer& tok, const ParamStore& params, serve::EngineConfig ec,
-              serve::HttpOptions http = {}, const std::string& model = "test-model")
+              serve::HttpOptions http = {}, const std::string& model = "test-model",
+              const std::function<void(serve::ApiContext&, serve::Engine&)>& configure = {})
       : engine(params, &tok, ec), async(engine) {
     serve::ApiContext ctx;
     ctx.tokenizer = &tok;
@@ -44,6 +47,7 @@ struct ServedStack {
     ctx.chat_template = engine.config().chat_template;
     ctx.context_tokens = engine.config().max_seq_len;
     ctx.max_prompt_bytes = serve::prompt_byte_bound(tok, engine.config().max_seq_len);
+    if (configure) configure(ctx, engine);
     server = std::make_unique<serve::HttpServer>(async, ctx, http);
     port = server->bind("127.0.0.1", 0);
     thread = std::thread([this] { server->run(); });

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -21,6 +22,7 @@
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 #include "../cli/cli_test_util.h"
+#include "../cli/server_process.h"
 #include "chat_data_test_util.h"
 #include "train_test_util.h"
 
@@ -224,6 +226,46 @@ TEST_F(LoraTraining, CliAdapterFlagsAndMergeAgree) {
   EXPECT_NE(missing.out.find("adapter_config.json"), std::string::npos) << missing.out;
   const auto gguf = testing_util::run_cli("convert --checkpoint " + base_ + " --merge-lora " + r.checkpoint + " --to gguf");
   EXPECT_EQ(gguf.code, 2) << gguf.out;
+}
+
+// `serve BASE --lora NAME=DIR`: the adapter is a model of the server's, whose greedy text
+// is generate --adapter's; the base's stays the base's; bad --lora values exit 2 by name.
+TEST_F(LoraTraining, ServeTakesLoraAdapters) {
+  const TrainResult r = lora_run("lora_serve", {"steps=8"});
+  const std::string root = testing_util::process_temp_root("hyperion_lora_test");
+  testing_util::ServerProcess server(base_, {"--lora", "repeat=" + r.checkpoint, "max_concurrent_decodes=2"},
+                                     root + "/serve.log");
+  ASSERT_GT(server.port(), 0);
+  httplib::Client c("127.0.0.1", server.port());
+  c.set_read_timeout(60, 0);
+  const auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  const nlohmann::json list = nlohmann::json::parse(models->body)["data"];
+  ASSERT_EQ(list.size(), 2u) << models->body;
+  EXPECT_EQ(list[1]["id"], "repeat");
+  auto complete = [&](const std::string& model) {
+    const nlohmann::json body = {{"model", model}, {"prompt", "Repeat apple river"}, {"max_tokens", 6},
+                                 {"temperature", 0}, {"ignore_eos", true}};
+    const auto res = c.Post("/v1/completions", body.dump(), "application/json");
+    EXPECT_TRUE(res);
+    if (!res) return std::string();
+    EXPECT_EQ(res->status, 200) << res->body;
+    return nlohmann::json::parse(res->body)["choices"][0]["text"].get<std::string>();
+  };
+  const std::string prompt = " --prompt 'Repeat apple river' --temperature 0 --max-tokens 6 --json";
+  const auto with_flag = testing_util::run_cli("generate --checkpoint " + base_ + " --adapter " + r.checkpoint + prompt, false);
+  const auto plain = testing_util::run_cli("generate --checkpoint " + base_ + prompt, false);
+  ASSERT_EQ(with_flag.code, 0) << with_flag.out;
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  EXPECT_EQ(complete("repeat"), nlohmann::json::parse(with_flag.out)["text"]);
+  EXPECT_EQ(complete(fs::path(base_).filename().string()), nlohmann::json::parse(plain.out)["text"]);
+  EXPECT_EQ(server.stop(), 0);
+
+  for (const std::string& bad : {std::string("repeat"), "=" + r.checkpoint, "x=" + base_}) {
+    const auto out = testing_util::run_cli("serve " + base_ + " --port 0 --lora " + bad);
+    EXPECT_EQ(out.code, 2) << bad << ": " << out.out;
+    EXPECT_NE(out.out.find("--lora"), std::string::npos) << out.out;
+  }
 }
 
 }  // namespace
