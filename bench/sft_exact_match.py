@@ -8,7 +8,13 @@ then asked the held-out prompts greedily with `hyperion generate` (the prompt re
 the template renders a user turn plus the generation prompt). Prints exact-match accuracy
 before (a 1-step run) and after training, and the training time and steps per epoch.
 
-  bench/sft_exact_match.py --hyperion build/release/hyperion [--steps 300] [--packing]
+With --lora R the model is first fine-tuned in full on another task ("Copy: w1 w2 w3" ->
+"w1 w2 w3", packed, --steps steps), and then rank-R LoRA adapters (all-linear, the base
+frozen) are trained on the reversal task from it (`load_parameters_path`, `lora_rank`);
+the accuracies are the adapters' (before: a 1-step LoRA run), asked through the LoRA
+checkpoint, which finds its base through adapter_config.json.
+
+  bench/sft_exact_match.py --hyperion build/release/hyperion [--steps 300] [--packing] [--lora 16]
 """
 import argparse
 import json
@@ -29,6 +35,11 @@ def task(rng):
     return "Reverse: " + " ".join(words), " ".join(reversed(words))
 
 
+def copy_task(rng):
+    words = rng.sample(WORDS, 3)
+    return "Copy: " + " ".join(words), " ".join(words)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hyperion", required=True)
@@ -38,6 +49,8 @@ def main():
     ap.add_argument("--train", type=int, default=3000)
     ap.add_argument("--eval", type=int, default=50)
     ap.add_argument("--packing", action="store_true")
+    ap.add_argument("--lora", type=int, default=0, help="adapter rank (0: train the whole model)")
+    ap.add_argument("--lora-lr", type=float, default=1e-2)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     rng = random.Random(0)
@@ -57,13 +70,26 @@ def main():
             held.append((p, c))
             seen.add(p)
 
-    def train(steps, name):
-        cmd = [a.hyperion, "train", "tiny", "use_sft=true", f"packing={'true' if a.packing else 'false'}",
-               f"dataset_path={data}", f"tokenizer_path={a.tokenizer}", "vocab_size=128256",
-               "base_emb_dim=128", "base_num_decoder_layers=3", "base_num_query_heads=4", "base_num_kv_heads=2",
-               "base_mlp_dim=352", "max_target_length=128", "per_device_batch_size=8", f"steps={steps}",
-               "learning_rate=3e-3", "warmup_steps_fraction=0.05", "dtype=float32", "eval_interval=0",
-               "eval_batches=2", "sample_count=0", f"base_output_directory={work}", f"run_name={name}", "--json"]
+    base_keys = []  # the LoRA runs' base: a full fine-tune on the copy task
+    if a.lora > 0:
+        copy_data = os.path.join(work, "copy.jsonl")
+        crng = random.Random(1)
+        with open(copy_data, "w") as f:
+            for _ in range(a.train):
+                p, c = copy_task(crng)
+                f.write(json.dumps({"messages": [{"role": "user", "content": p},
+                                                 {"role": "assistant", "content": c}]}) + "\n")
+
+    def train(steps, name, dataset=data, lora=False, packing=a.packing):
+        shape = ["vocab_size=128256", "base_emb_dim=128", "base_num_decoder_layers=3", "base_num_query_heads=4",
+                 "base_num_kv_heads=2", "base_mlp_dim=352"]
+        extra = base_keys + [f"lora_rank={a.lora}", f"lora_alpha={2 * a.lora}", f"learning_rate={a.lora_lr}"] \
+            if lora else shape + ["learning_rate=3e-3"]
+        cmd = [a.hyperion, "train", "tiny", "use_sft=true", f"packing={'true' if packing else 'false'}",
+               f"dataset_path={dataset}", f"tokenizer_path={a.tokenizer}", "max_target_length=128",
+               "per_device_batch_size=8", f"steps={steps}", "warmup_steps_fraction=0.05", "dtype=float32",
+               "eval_interval=0", "eval_batches=2", "sample_count=0", f"base_output_directory={work}",
+               f"run_name={name}", "--json"] + extra
         t0 = time.time()
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:
@@ -82,11 +108,16 @@ def main():
             right += text.split("<|eot_id|>")[0].strip() == c
         return right / len(held)
 
-    before_result, _ = train(1, "before")
-    after_result, seconds = train(a.steps, "after")
+    base_seconds = None
+    if a.lora > 0:
+        base_result, base_seconds = train(a.steps, "base", dataset=copy_data, packing=True)
+        base_keys.append(f"load_parameters_path={base_result['checkpoint']}")
+    before_result, _ = train(1, "before", lora=a.lora > 0)
+    after_result, seconds = train(a.steps, "after", lora=a.lora > 0)
     result = {
         "task": "reverse 3 of 16 words", "train_conversations": a.train, "held_out": len(held),
         "packing": a.packing, "steps": a.steps, "train_seconds": round(seconds, 1),
+        "lora_rank": a.lora, "base_seconds": round(base_seconds, 1) if base_seconds else None,
         "final_train_loss": after_result.get("history", [{}])[-1].get("loss") if "history" in after_result else None,
         "eval_loss": after_result.get("eval_loss"),
         "exact_match_before": accuracy("before"), "exact_match_after": accuracy("after"),

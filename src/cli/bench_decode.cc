@@ -23,7 +23,9 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/hardware.h"
+#include "kernels/fill.h"
 #include "kernels/peak.h"
+#include "model/lora.h"
 #include "serve/engine.h"
 #include "train/train_config.h"
 
@@ -44,6 +46,10 @@ const CommandSpec kBenchDecodeSpec = {
      {"random-weights", "",
       "CHECKPOINT is a training config (preset name or YAML): its model with random weights "
       "(speed only; no checkpoint needed)"},
+     {"loras", "N",
+      "serve N random LoRA adapters (all-linear), request b using adapter b % N, so every step "
+      "applies N different adapters (default 0: the base alone)"},
+     {"lora-rank", "R", "rank of those adapters (default 16)"},
      {"json", "", "print the result as one JSON object"}},
     "key=value: the serving engine's keys (see hyperion serve --help).",
     "bench decode runs/tiny --batch 8 --context-min 64 --context-max 256 kv_dtype=int8"};
@@ -59,7 +65,15 @@ int cmd_bench_decode(const Args& args) {
   HYP_USAGE_CHECK(cmin >= 1 && cmax >= cmin,
                   "bench decode: need 1 <= --context-min <= --context-max");
   HYP_USAGE_CHECK(steps >= 1 && warm >= 0, "bench decode: --steps >= 1 and --warmup >= 0");
+  const int64_t loras = f.integer("loras", 0), lora_rank = f.integer("lora-rank", 16);
+  HYP_USAGE_CHECK(loras >= 0 && loras <= 256, "bench decode: --loras must be in [0, 256], got {}", loras);
+  HYP_USAGE_CHECK(lora_rank >= 1 && lora_rank <= 1024, "bench decode: --lora-rank must be in [1, 1024], got {}",
+                  lora_rank);
   serve::EngineConfig ec = serve::parse_engine_config(overrides);
+  if (loras > 0) {
+    ec.max_loras = std::max(ec.max_loras, loras);
+    ec.max_lora_rank = std::max(ec.max_lora_rank, lora_rank);
+  }
   bool has_slots = false;
   for (const std::string& o : overrides) has_slots |= o.rfind("max_concurrent_decodes=", 0) == 0;
   if (!has_slots) ec.max_concurrent_decodes = batch;
@@ -92,6 +106,20 @@ int cmd_bench_decode(const Args& args) {
             "bench decode: context {} + {} steps exceeds max_seq_len={} (set max_seq_len=)", cmax,
             warm + steps, rc.max_seq_len);
   engine.warmup();
+  std::vector<serve::LoraRef> adapters;
+  for (int64_t i = 0; i < loras; ++i) {
+    // Random adapters: the step's cost depends on their shapes alone.
+    LoraConfig lc;
+    lc.rank = lora_rank;
+    lc.alpha = 2.0 * static_cast<double>(lora_rank);
+    lc.targets = parse_lora_targets("all-linear", "bench decode");
+    LoraAdapter a(params, lc, /*gradients=*/false, /*bf16_copy=*/false);
+    a.init(static_cast<uint64_t>(100 + i));
+    ParamStore& s = a.store();
+    for (size_t t = 1; t < s.infos().size(); t += 2)
+      fill_normal(s.param(static_cast<int>(t)), static_cast<uint64_t>(1000 + 7 * i) + t, 0.0f, 0.01f);
+    adapters.push_back(engine.load_adapter(fmt::format("lora{}", i), "random", a));
+  }
   std::mt19937 rng(static_cast<uint32_t>(f.integer("seed", 0)));
   std::vector<int64_t> produced(static_cast<size_t>(batch), 0), lengths;
   const int64_t vocab = model.vocab_size;
@@ -104,6 +132,7 @@ int cmd_bench_decode(const Args& args) {
     r.max_tokens = rc.max_seq_len - len;
     r.sampling.temperature = 0.0f;
     r.ignore_eos = true;
+    if (loras > 0) r.adapter = adapters[static_cast<size_t>(b % loras)];
     lengths.push_back(len);
     engine.add(r, [&produced, b](const serve::TokenEvent& ev) {
       if (ev.token >= 0) ++produced[static_cast<size_t>(b)];
@@ -174,6 +203,8 @@ int cmd_bench_decode(const Args& args) {
     j["weights"] = serve::weight_format_name(rc.weights);
     j["hardware"] = hardware_name(rc.hardware);
     j["attention"] = rc.padded_attention ? "padded" : "ragged";
+    j["loras"] = loras;
+    j["lora_rank"] = loras > 0 ? lora_rank : 0;
     j["step_ms"] = step_ms;
     j["step_ms_p50"] = p50_ms;
     j["step_ms_max"] = max_ms;
@@ -190,14 +221,15 @@ int cmd_bench_decode(const Args& args) {
     print_json(j, -1);
   } else {
     std::printf(
-        "decode on %s: batch %lld, mean context %.0f, KV %s, weights %s, %s attention\n"
+        "decode on %s: batch %lld, mean context %.0f, KV %s, weights %s, %s attention%s\n"
         "  %.2f ms/step (median %.2f, slowest %.2f; %.2f ms to queue it), %.1f tokens/s; a step "
         "reads %.1f MiB (weights %.1f + KV %.1f)\n"
         "  at %.1f GB/s that allows %.1f tokens/s: %.0f%% of the bound\n"
         "  %lld of %lld timed steps replayed from a recording (cuda_graphs=%s)\n",
         hardware_name(rc.hardware), static_cast<long long>(batch), mean_context,
         std::string(dtype_name(rc.kv_dtype)).c_str(),
-        serve::weight_format_name(rc.weights), rc.padded_attention ? "padded" : "ragged", step_ms,
+        serve::weight_format_name(rc.weights), rc.padded_attention ? "padded" : "ragged",
+        loras > 0 ? fmt::format(", {} LoRA adapters of rank {}", loras, lora_rank).c_str() : "", step_ms,
         p50_ms, max_ms, queue_ms, tps, step_bytes / (1 << 20),
         double(engine.runner().weight_bytes()) / (1 << 20), kv_bytes / (1 << 20), bw, bound_tps,
         100.0 * tps / bound_tps, static_cast<long long>(replayed), static_cast<long long>(steps),

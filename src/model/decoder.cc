@@ -358,7 +358,7 @@ void Decoder::bank_forward(int index, const void* x, void* y, DType yd, int64_t 
   HYP_CHECK(r.n == n, "decoder: the LoRA rows describe {} rows, the pass has {}", r.n, n);
   const TensorView a = bank_->a(index), b = bank_->b(index);
   const int64_t slots = a.shape[0], rank = a.shape[1], in = a.shape[2], out = b.shape[1];
-  const int64_t m0 = r.sizes[0], m = n - m0;  // slot 0's rows come first and stay as they are
+  const int64_t m0 = r.sizes[0];  // slot 0's rows come first and stay as they are
   const size_t ea = dtype_size(act_), ey = dtype_size(yd);
   const size_t need = static_cast<size_t>(n * in) * ea + static_cast<size_t>(n * out) * ey + static_cast<size_t>(n * rank) * ea;
   if (bank_scratch_bytes_ < need) {
@@ -376,24 +376,26 @@ void Decoder::bank_forward(int index, const void* x, void* y, DType yd, int64_t 
     xa = xs;
     ya = ys;
   }
-  // Slots 1.. over rows [m0, n): t = x A_s^T, then y += t B_s^T (B holds s * B).
-  const std::span<const int64_t> sizes(r.sizes.data() + 1, static_cast<size_t>(slots - 1));
-  auto rows_at = [](const void* base, int64_t row, int64_t cols, DType d, const KernelBackend& kb) {
-    return kb.view(static_cast<char*>(const_cast<void*>(base)) + static_cast<size_t>(row * cols) * dtype_size(d), d,
-                   {0, cols});
-  };
-  auto stack_from = [&](const TensorView& w) {
-    TensorView v = w;
-    v.data = static_cast<char*>(w.data) + static_cast<size_t>(w.shape[1] * w.shape[2]) * ea;
-    v.shape = {slots - 1, w.shape[1], w.shape[2]};
-    return v;
-  };
-  TensorView xv = rows_at(xa, m0, in, act_, k_), tv = rows_at(t, 0, rank, act_, k_), yv = rows_at(ya, m0, out, yd, k_);
-  xv.shape = {m, in};
-  tv.shape = {m, rank};
-  yv.shape = {m, out};
-  k_.grouped_gemm(xv, stack_from(a), sizes, tv, 0.0f);
-  k_.grouped_gemm(tv, stack_from(b), sizes, yv, 1.0f);
+  // Per slot with rows (each a run of rows after slot 0's): t = x A_s^T, then
+  // y += t B_s^T (B holds s * B). Plain GEMMs of a few rows against small weights take the
+  // decode GEMM path (weights streamed once per call); a grouped GEMM ran these shapes
+  // through oneDNN at several times the cost.
+  const size_t a_slot = static_cast<size_t>(rank * in) * ea, b_slot = static_cast<size_t>(out * rank) * ea;
+  int64_t row = m0;
+  for (int64_t g = 1; g < slots; ++g) {
+    const int64_t rows = r.sizes[static_cast<size_t>(g)];
+    if (rows == 0) continue;
+    GemmArgs ga = contiguous_gemm_args(Trans::kN, Trans::kT, rows, rank, in,
+                                       static_cast<const char*>(xa) + static_cast<size_t>(row * in) * ea, act_,
+                                       static_cast<const char*>(a.data) + static_cast<size_t>(g) * a_slot, act_, t, act_,
+                                       0.0f);
+    k_.gemm(ga);
+    GemmArgs gb = contiguous_gemm_args(Trans::kN, Trans::kT, rows, out, rank, t, act_,
+                                       static_cast<const char*>(b.data) + static_cast<size_t>(g) * b_slot, act_,
+                                       static_cast<char*>(ya) + static_cast<size_t>(row * out) * ey, yd, 1.0f);
+    k_.gemm(gb);
+    row += rows;
+  }
   if (!r.identity) k_.moe_gather_rows(ys, yd, r.inverse, n, out, y);  // back in row order
 }
 

@@ -218,6 +218,13 @@ MemoryPlan lora_memory_plan(const MemoryPlan& full, const DecoderConfig& config,
   return m;
 }
 
+double lora_train_flops_per_token(const DecoderConfig& config, const LoraConfig& lora, int64_t seq_len) {
+  int64_t e = 0;
+  for (const ParamSpec& s : lora_layout(config, lora)) e += s.shape.numel();
+  return config.train_flops_per_token(seq_len) - 2.0 * double(config.active_non_embedding_params()) +
+         6.0 * double(e);
+}
+
 void merge_lora(const LoraAdapter& adapter, ParamStore& base) {
   KernelBackend& k = backend_for(base.device());
   const ParamStore& s = adapter.store();

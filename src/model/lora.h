@@ -97,6 +97,11 @@ std::string lora_target_list(const LoraConfig& lora);
 MemoryPlan lora_memory_plan(const MemoryPlan& full, const DecoderConfig& config, const LoraConfig& lora,
                             bool bf16, int64_t tokens);
 
+// Training FLOPs per token of a LoRA run (the MFU numerator): the frozen base's matmuls
+// forward and for their input gradients only (4 of a full fine-tune's 6 per parameter),
+// attention forward and backward as in full training, and the adapters' 6 per parameter.
+double lora_train_flops_per_token(const DecoderConfig& config, const LoraConfig& lora, int64_t seq_len);
+
 // Folds the adapter into the base: W += s * B A for every adapted matrix (f32 master
 // weights, then the bf16 copy). The base's host copy is updated on a device store.
 void merge_lora(const LoraAdapter& adapter, ParamStore& base);

@@ -282,10 +282,16 @@ void Engine::step() {
   const Timer step_timer;
   batch_.clear();
   // Rows: first every decoding slot's last token, then prefill chunks (oldest first).
-  std::vector<Sequence*> logit_seqs;
-  for (auto& slot : slots_) {
-    if (!slot || slot->prefilling()) continue;
-    Sequence& s = *slot;
+  std::vector<Sequence*> logit_seqs, decoding;
+  for (auto& slot : slots_)
+    if (slot && !slot->prefilling()) decoding.push_back(slot.get());
+  // Decode rows by LoRA adapter (the base's first): each adapter's rows are then one run
+  // of the batch, and the step applies the adapters without gathering rows.
+  if (bank_)
+    std::stable_sort(decoding.begin(), decoding.end(),
+                     [](const Sequence* a, const Sequence* b) { return a->lora_slot < b->lora_slot; });
+  for (Sequence* seq : decoding) {
+    Sequence& s = *seq;
     const int32_t tok = s.output.back();
     const int64_t pos = s.computed;
     trim_to_window(s);

@@ -1,7 +1,5 @@
 #include "train/trainer.h"
 
-#include "convert/peft_adapter.h"
-
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -684,7 +682,8 @@ void TrainingRun::setup_model(const PreparedDataset& data, const MemoryPlan& mem
 // Start-up report: sizes, memory by category, FLOPs and the MFU denominator.
 void TrainingRun::report_setup(const MemoryPlan& mem) {
   const TrainConfig& t = t_;
-  flops_per_token_ = t.model.train_flops_per_token(t.max_target_length);
+  flops_per_token_ = t.lora.enabled() ? lora_train_flops_per_token(t.model, t.lora, t.max_target_length)
+                                     : t.model.train_flops_per_token(t.max_target_length);
   if (t.peak_tflops > 0) {
     // A given peak is the compute dtype's; int8 runs then report MFU = EMFU.
     result_.peak_gflops = result_.peak_bf16_gflops = t.peak_tflops * 1e3;

@@ -153,8 +153,9 @@ TEST(Dpo, StepGradientMatchesFiniteDifferences) {
 // Synthetic preferences: the chosen answer takes up the prompt's words ("Gladly: the X and
 // the Y."), the rejected one refuses. A small model trained from scratch with DPO for a
 // few dozen steps ranks the chosen answer higher on nearly every pair.
-TEST(DpoTraining, RewardAccuracyPassesNinetyPercent) {
-  if (!llama()) GTEST_SKIP() << "tokenizer-llama3_1 is not installed";
+// Synthetic preferences: the chosen answer takes up the prompt's words ("Gladly: the X and
+// the Y."), the rejected one refuses.
+std::string synthetic_preferences() {
   const std::vector<std::string> words = {"apple", "river", "stone", "cloud", "green", "seven", "table", "light"};
   std::vector<std::string> lines;
   for (int i = 0; i < 64; ++i) {
@@ -163,30 +164,40 @@ TEST(DpoTraining, RewardAccuracyPassesNinetyPercent) {
     lines.push_back(R"({"prompt": "Tell me about the )" + w + " and the " + v + R"(", "chosen": "Gladly: the )" + w +
                     " and the " + v + R"(.", "rejected": "No. Ask about something else."})");
   }
-  const std::string data = write_lines("prefs.jsonl", lines);
-  const std::string root = testing_util::process_temp_root("hyperion_dpo_test");
-  auto run = [&](const std::string& name, int64_t stop_at) {
-    TrainOptions opts;
-    opts.quiet = true;
-    opts.stop_at = stop_at;
-    return run_training(
-        load_train_config("tiny", {"use_dpo=true", "dpo_beta=0.5", "dataset_path=" + data,
+  return write_lines("prefs.jsonl", lines);
+}
+
+TrainResult dpo_run(const std::string& name, int64_t stop_at, std::vector<std::string> extra = {}) {
+  TrainOptions opts;
+  opts.quiet = true;
+  opts.stop_at = stop_at;
+  std::vector<std::string> keys = {"use_dpo=true", "dpo_beta=0.5", "dataset_path=" + synthetic_preferences(),
                                    "tokenizer_path=" + llama_dir(), "vocab_size=128256", "base_emb_dim=64",
                                    "base_num_decoder_layers=2", "base_num_query_heads=4", "base_num_kv_heads=2",
                                    "base_mlp_dim=128", "max_target_length=48", "per_device_batch_size=4",
                                    "steps=30", "learning_rate=2e-3", "dtype=float32", "eval_interval=0",
                                    "eval_fraction=0.1", "sample_count=0", "log_period=1000", "peak_tflops=1",
-                                   "base_output_directory=" + root, "run_name=" + name}),
-        "test", opts);
-  };
+                                   "base_output_directory=" + testing_util::process_temp_root("hyperion_dpo_test"),
+                                   "run_name=" + name};
+  keys.insert(keys.end(), extra.begin(), extra.end());
+  return run_training(load_train_config("tiny", keys), "test", opts);
+}
+
+double late_accuracy(const TrainResult& r) {
+  double late = 0;
+  for (size_t i = 20; i < 30; ++i) late += r.history[i].rewards_accuracies / 10.0;
+  return late;
+}
+
+TEST(DpoTraining, RewardAccuracyPassesNinetyPercent) {
+  if (!llama()) GTEST_SKIP() << "tokenizer-llama3_1 is not installed";
+  auto run = [](const std::string& name, int64_t stop_at) { return dpo_run(name, stop_at); };
   const TrainResult r = run("dpo", 0);
   ASSERT_EQ(r.history.size(), 30u);
   EXPECT_TRUE(r.history.back().dpo);
   // The first step's policy is the reference: rewards 0, loss ln 2.
   EXPECT_NEAR(r.history.front().loss, std::log(2.0), 1e-4);
-  double late = 0;
-  for (size_t i = 20; i < 30; ++i) late += r.history[i].rewards_accuracies / 10.0;
-  EXPECT_GT(late, 0.9);
+  EXPECT_GT(late_accuracy(r), 0.9);
   EXPECT_GT(r.history.back().rewards_margins, 0.0);
   EXPECT_LT(r.eval_loss, std::log(2.0));  // held-out pairs: better than chance
   EXPECT_TRUE(fs::exists(r.run_dir + "/dpo_reference.json"));
@@ -206,6 +217,21 @@ TEST(DpoTraining, RewardAccuracyPassesNinetyPercent) {
     EXPECT_EQ(second.history[i].loss, r.history[12 + i].loss) << "step " << 13 + i;
     EXPECT_EQ(second.history[i].rewards_chosen, r.history[12 + i].rewards_chosen) << "step " << 13 + i;
   }
+}
+
+// The same preferences learnt by LoRA adapters on the frozen (random) base, the reference
+// being the base with the adapters off: the first step's policy is the reference, and the
+// adapters alone rank the chosen answer higher on nearly every pair.
+TEST(DpoTraining, LoraAdaptersReachNinetyPercent) {
+  if (!llama()) GTEST_SKIP() << "tokenizer-llama3_1 is not installed";
+  const TrainResult r = dpo_run("dpo_lora", 0, {"lora_rank=8", "lora_alpha=16", "learning_rate=1e-2"});
+  ASSERT_EQ(r.history.size(), 30u);
+  EXPECT_NEAR(r.history.front().loss, std::log(2.0), 1e-4);
+  std::printf("[ info ] DPO with LoRA: rewards/accuracies %.3f over steps 21-30, margin %.3f at 30\n",
+              late_accuracy(r), r.history.back().rewards_margins);
+  EXPECT_GT(late_accuracy(r), 0.9);
+  EXPECT_GT(r.history.back().rewards_margins, 0.0);
+  EXPECT_TRUE(fs::exists(r.checkpoint + "/adapter_model.safetensors"));
 }
 
 TEST(DpoConfig, KeysAreCheckedByName) {
