@@ -34,12 +34,7 @@ std::unique_ptr<ParamStore> make_params(const DecoderConfig& c, bool bf16, uint6
 
 std::vector<int32_t> reference(const ParamStore& p, const std::vector<int32_t>& prompt,
                                int64_t max_tokens, SamplingParams sp = {0.0f, 0, 1.0f, 0}) {
-  Generator gen(p, p.config().max_seq_len);
-  GenerateOptions o;
-  o.sampling = sp;
-  o.max_tokens = max_tokens;
-  o.stop_at_eos = false;
-  return generate_tokens(gen, prompt, o);
+  return testing_util::generator_tokens(p, nullptr, prompt, max_tokens, sp);
 }
 
 struct Collected {

@@ -28,16 +28,7 @@ using testing_util::TempDir;
 using Stack = testing_util::ServedStack;
 
 std::unique_ptr<LoraAdapter> make_adapter(const ParamStore& base, int64_t rank, uint64_t seed) {
-  LoraConfig l;
-  l.rank = rank;
-  l.alpha = 2.0 * static_cast<double>(rank);
-  l.targets = parse_lora_targets("all-linear", "test");
-  auto a = std::make_unique<LoraAdapter>(base, l, false, false);
-  a->init(seed);
-  ParamStore& s = a->store();
-  for (size_t i = 1; i < s.infos().size(); i += 2)
-    fill_normal(s.param(static_cast<int>(i)), seed + 100 + i, 0.0f, 0.3f);
-  return a;
+  return testing_util::random_adapter(base, rank, "all-linear", seed);
 }
 
 class LoraHttpTest : public ::testing::Test {

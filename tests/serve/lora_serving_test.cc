@@ -34,30 +34,14 @@ DecoderConfig small_config() {
   return testing_util::small_serving_config(97);
 }
 
-// A trained-looking adapter: kaiming A, B with values (seeded).
 std::unique_ptr<LoraAdapter> make_adapter(const ParamStore& base, int64_t rank, const std::string& targets,
                                           uint64_t seed) {
-  LoraConfig l;
-  l.rank = rank;
-  l.alpha = 2.0 * static_cast<double>(rank);
-  l.targets = parse_lora_targets(targets, "test");
-  auto a = std::make_unique<LoraAdapter>(base, l, false, false);
-  a->init(seed);
-  ParamStore& s = a->store();
-  for (size_t i = 1; i < s.infos().size(); i += 2)
-    fill_normal(s.param(static_cast<int>(i)), seed + 100 + i, 0.0f, 0.3f);
-  return a;
+  return testing_util::random_adapter(base, rank, targets, seed);
 }
 
 std::vector<int32_t> reference(const ParamStore& p, const LoraAdapter* adapter, const std::vector<int32_t>& prompt,
                                int64_t max_tokens, SamplingParams sp = {0.0f, 0, 1.0f, 0}) {
-  Generator gen(p, p.config().max_seq_len);
-  gen.set_lora(adapter);
-  GenerateOptions o;
-  o.sampling = sp;
-  o.max_tokens = max_tokens;
-  o.stop_at_eos = false;
-  return generate_tokens(gen, prompt, o);
+  return testing_util::generator_tokens(p, adapter, prompt, max_tokens, sp);
 }
 
 struct Collected {

@@ -5,10 +5,14 @@
 
 #include <memory>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "kernels/fill.h"
 #include "model/decoder_config.h"
+#include "model/generator.h"
+#include "model/lora.h"
 #include "model/param_store.h"
 #include "serve/engine_config.h"
 #include "serve/request.h"
@@ -72,6 +76,36 @@ inline serve::GenerationRequest greedy_request(std::vector<int32_t> prompt, int6
   r.max_tokens = max_tokens;
   r.ignore_eos = true;
   return r;
+}
+
+// What the single-sequence generator gives for `prompt` (with `adapter`, or the base alone
+// when null), EOS not stopping it: the reference the engine's outputs are held to.
+inline std::vector<int32_t> generator_tokens(const ParamStore& p, const LoraAdapter* adapter,
+                                             const std::vector<int32_t>& prompt, int64_t max_tokens,
+                                             SamplingParams sp = {0.0f, 0, 1.0f, 0}) {
+  Generator gen(p, p.config().max_seq_len);
+  gen.set_lora(adapter);
+  GenerateOptions o;
+  o.sampling = sp;
+  o.max_tokens = max_tokens;
+  o.stop_at_eos = false;
+  return generate_tokens(gen, prompt, o);
+}
+
+// A trained-looking LoRA adapter for `base`: kaiming A, B with values (seeded); targets as
+// lora_target_modules takes them ("all-linear", "q_proj,v_proj").
+inline std::unique_ptr<LoraAdapter> random_adapter(const ParamStore& base, int64_t rank, const std::string& targets,
+                                                   uint64_t seed) {
+  LoraConfig l;
+  l.rank = rank;
+  l.alpha = 2.0 * static_cast<double>(rank);
+  l.targets = parse_lora_targets(targets, "test");
+  auto a = std::make_unique<LoraAdapter>(base, l, false, false);
+  a->init(seed);
+  ParamStore& s = a->store();
+  for (size_t i = 1; i < s.infos().size(); i += 2)
+    fill_normal(s.param(static_cast<int>(i)), seed + 100 + i, 0.0f, 0.3f);
+  return a;
 }
 
 }  // namespace hyperion::testing_util
