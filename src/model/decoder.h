@@ -271,7 +271,7 @@ class Decoder {
   const LoraRows* bank_rows_ = nullptr;
   DeviceBuffer bank_scratch_;  // the bank's gathered rows and low-rank products
   size_t bank_scratch_bytes_ = 0;
-  // y += each row's slot adapter (the bank's grouped form of lora_forward).
+  // y += each row's slot adapter (the bank's per-row form of lora_forward).
   void bank_forward(int index, const void* x, void* y, DType yd, int64_t n);
   DeviceBuffer lora_scratch_;
   int64_t lora_rows_ = 0;

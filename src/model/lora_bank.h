@@ -2,12 +2,14 @@
 // 1..S-1 each hold an adapter, padded to the bank's rank R with zeros and its B scaled by
 // its s; slot 0 is "no adapter" and never read. Per adapted matrix W [out, in] the bank
 // keeps A [S, R, in] and B [S, out, R] in the model's compute dtype on its device, so one
-// step's rows, each with its own adapter, go through one grouped GEMM per product: rows
-// sorted by slot, group g multiplying slot g's matrices (the SGMV idea; kernels/
-// grouped_gemm.h), instead of a step per adapter.
+// step's rows, each with its own adapter, are applied in the same step: rows sorted by
+// slot, each slot's run of rows multiplied by that slot's matrices (the SGMV idea),
+// instead of a step per adapter.
 //
 // A step's assignment of rows to slots is a LoraRows: the decoder (Decoder::set_lora_rows)
-// gathers the rows into slot order, applies the groups and gathers them back.
+// gathers the rows into slot order when they are not (the engine sorts its decode rows by
+// adapter, so a decode step needs no gathers), applies each slot's two GEMMs, and gathers
+// them back.
 #pragma once
 
 #include <cstdint>

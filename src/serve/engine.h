@@ -22,7 +22,7 @@
 // LoRA adapters (vLLM's multi-LoRA): up to max_loras adapters of rank <= max_lora_rank are
 // installed in a LoraBank beside the base; a request names one (GenerationRequest::adapter,
 // resolved through adapters()) and every step applies each row's own adapter in one
-// grouped pass (Decoder::set_lora_rows), so requests for different adapters and for the
+// pass (Decoder::set_lora_rows), so requests for different adapters and for the
 // base share the step. A request's prefix-cache pages are its adapter's own.
 //
 // Single-threaded: the owner (AsyncEngine, or a test) calls add/cancel/step from one
