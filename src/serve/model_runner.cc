@@ -421,7 +421,9 @@ void ModelRunner::prepare_lora_rows(const StepBatch& batch, int64_t n) {
   HYP_CHECK(static_cast<int64_t>(batch.lora_slots.size()) == batch.size(),
             "serve: {} LoRA slots for a batch of {} rows", batch.lora_slots.size(), batch.size());
   lora_slot_scratch_.assign(batch.lora_slots.begin(), batch.lora_slots.end());
-  lora_slot_scratch_.resize(static_cast<size_t>(n), 0);  // padding rows: no adapter
+  // Padding rows take the last row's adapter (their output is never read): rows the engine
+  // sorted by adapter then stay sorted, and the step needs no gathers.
+  lora_slot_scratch_.resize(static_cast<size_t>(n), batch.lora_slots.back());
   if (!lora_rows_from_slots(lora_slot_scratch_, bank_->slots(), lora_perm_, lora_inverse_, lora_rows_)) return;
   lora_step_ = true;
   if (kern_.device() == Device::kHost) {
