@@ -32,8 +32,7 @@ struct Engine::Sequence {
         req(std::move(r)),
         callback(std::move(cb)),
         sampler(req.sampling),
-        text(tok, req.prompt, req.stop),
-        lora_slot(req.adapter ? req.adapter->slot : 0) {}
+        text(tok, req.prompt, req.stop) {}
   int64_t id;
   GenerationRequest req;
   TokenCallback callback;
@@ -41,12 +40,12 @@ struct Engine::Sequence {
   TextStream text;
   SequencePages pages;  // ragged mode
   int slot = -1;
-  int lora_slot = 0;     // its adapter's slot in the bank (0: none)
   int64_t order = 0;     // admission order
   int64_t computed = 0;  // positions whose KV is in the cache
   int64_t cached = 0;    // prompt tokens reused from the prefix cache
   int64_t reserved = 0;  // pages reserved but not yet allocated
   std::vector<int32_t> output;
+  int lora_slot() const { return req.adapter ? req.adapter->slot : 0; }  // 0: the base
   bool prefilling() const { return computed < static_cast<int64_t>(req.prompt.size()); }
   int64_t prompt_len() const { return static_cast<int64_t>(req.prompt.size()); }
 };
@@ -289,7 +288,7 @@ void Engine::step() {
   // of the batch, and the step applies the adapters without gathering rows.
   if (bank_)
     std::stable_sort(decoding.begin(), decoding.end(),
-                     [](const Sequence* a, const Sequence* b) { return a->lora_slot < b->lora_slot; });
+                     [](const Sequence* a, const Sequence* b) { return a->lora_slot() < b->lora_slot(); });
   for (Sequence* seq : decoding) {
     Sequence& s = *seq;
     const int32_t tok = s.output.back();
@@ -341,11 +340,11 @@ void Engine::step() {
     for (int64_t j = 0; j < c; ++j, ++row) batch_.attn[row].pages = page_table(*s);
   // Each row's adapter, when any row has one.
   bool adapted = false;
-  for (size_t i = 0; i < decode_rows; ++i) adapted = adapted || logit_seqs[i]->lora_slot != 0;
-  for (const auto& [s, c] : chunks) adapted = adapted || s->lora_slot != 0;
+  for (size_t i = 0; i < decode_rows; ++i) adapted = adapted || logit_seqs[i]->lora_slot() != 0;
+  for (const auto& [s, c] : chunks) adapted = adapted || s->lora_slot() != 0;
   if (adapted) {
-    for (size_t i = 0; i < decode_rows; ++i) batch_.lora_slots.push_back(logit_seqs[i]->lora_slot);
-    for (const auto& [s, c] : chunks) batch_.lora_slots.insert(batch_.lora_slots.end(), static_cast<size_t>(c), s->lora_slot);
+    for (size_t i = 0; i < decode_rows; ++i) batch_.lora_slots.push_back(logit_seqs[i]->lora_slot());
+    for (const auto& [s, c] : chunks) batch_.lora_slots.insert(batch_.lora_slots.end(), static_cast<size_t>(c), s->lora_slot());
   }
 
   // A step whose sampling rows are all greedy without logprobs takes back only their

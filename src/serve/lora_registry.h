@@ -34,7 +34,6 @@ class LoraRegistry {
  public:
   explicit LoraRegistry(int max_loras);
 
-  int max_loras() const { return static_cast<int>(slots_.size()) - 1; }
   // The loaded adapter called `name`, or null.
   LoraRef find(const std::string& name) const;
   // Every loaded adapter, by name.

@@ -37,30 +37,8 @@ std::vector<int32_t> reference(const ParamStore& p, const std::vector<int32_t>& 
   return testing_util::generator_tokens(p, nullptr, prompt, max_tokens, sp);
 }
 
-struct Collected {
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  FinishReason finish = FinishReason::kNone;
-  TokenEvent last;
-};
-
-// Runs the requests through one engine (all queued at once) and returns each output.
-std::vector<Collected> run_all(Engine& engine, const std::vector<GenerationRequest>& reqs) {
-  std::vector<Collected> out(reqs.size());
-  for (size_t i = 0; i < reqs.size(); ++i)
-    engine.add(reqs[i], [&out, i](const TokenEvent& ev) {
-      if (ev.token >= 0) {
-        out[i].tokens.push_back(ev.token);
-        out[i].logprobs.push_back(ev.logprob);
-      }
-      if (ev.finish != FinishReason::kNone) {
-        out[i].finish = ev.finish;
-        out[i].last = ev;
-      }
-    });
-  engine.run_until_idle();
-  return out;
-}
+using testing_util::Collected;
+using testing_util::run_all;
 
 // Runs every request through `engine` at once and checks each output against the
 // single-sequence generator with the request's own sampling settings.

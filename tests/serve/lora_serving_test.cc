@@ -44,25 +44,8 @@ std::vector<int32_t> reference(const ParamStore& p, const LoraAdapter* adapter, 
   return testing_util::generator_tokens(p, adapter, prompt, max_tokens, sp);
 }
 
-struct Collected {
-  std::vector<int32_t> tokens;
-  FinishReason finish = FinishReason::kNone;
-  TokenEvent last;
-};
-
-std::vector<Collected> run_all(Engine& engine, const std::vector<GenerationRequest>& reqs) {
-  std::vector<Collected> out(reqs.size());
-  for (size_t i = 0; i < reqs.size(); ++i)
-    engine.add(reqs[i], [&out, i](const TokenEvent& ev) {
-      if (ev.token >= 0) out[i].tokens.push_back(ev.token);
-      if (ev.finish != FinishReason::kNone) {
-        out[i].finish = ev.finish;
-        out[i].last = ev;
-      }
-    });
-  engine.run_until_idle();
-  return out;
-}
+using testing_util::Collected;
+using testing_util::run_all;
 
 struct Fixture {
   Fixture() : params(testing_util::small_serving_params(small_config(), false, 7)) {

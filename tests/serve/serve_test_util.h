@@ -14,6 +14,7 @@
 #include "model/generator.h"
 #include "model/lora.h"
 #include "model/param_store.h"
+#include "serve/engine.h"
 #include "serve/engine_config.h"
 #include "serve/request.h"
 
@@ -90,6 +91,33 @@ inline std::vector<int32_t> generator_tokens(const ParamStore& p, const LoraAdap
   o.max_tokens = max_tokens;
   o.stop_at_eos = false;
   return generate_tokens(gen, prompt, o);
+}
+
+// One request's output through the engine: its tokens, their log-probabilities and the
+// final event.
+struct Collected {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  serve::FinishReason finish = serve::FinishReason::kNone;
+  serve::TokenEvent last;
+};
+
+// Runs the requests through one engine (all queued at once) and returns each output.
+inline std::vector<Collected> run_all(serve::Engine& engine, const std::vector<serve::GenerationRequest>& reqs) {
+  std::vector<Collected> out(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i)
+    engine.add(reqs[i], [&out, i](const serve::TokenEvent& ev) {
+      if (ev.token >= 0) {
+        out[i].tokens.push_back(ev.token);
+        out[i].logprobs.push_back(ev.logprob);
+      }
+      if (ev.finish != serve::FinishReason::kNone) {
+        out[i].finish = ev.finish;
+        out[i].last = ev;
+      }
+    });
+  engine.run_until_idle();
+  return out;
 }
 
 // A trained-looking LoRA adapter for `base`: kaiming A, B with values (seeded); targets as
