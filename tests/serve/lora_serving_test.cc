@@ -233,7 +233,8 @@ TEST(LoraServing, LoadAndUnloadUnderLoadNeverFailAnInFlightRequest) {
   std::atomic<int> cycles{0}, refused{0}, c_users{0};
   std::thread churn([&] {
     // c goes into the second slot, takes two requests, is unloaded while they run, and
-    // again, until the requests are all in.
+    // again, until the requests are all in. The submitter never gives one load of c more
+    // than two requests, so the cycles do not depend on how the threads are scheduled.
     while (!done.load()) {
       try {
         async.call([&](Engine& e) { e.load_adapter("c", "mem", *f.adapters[2]); });
@@ -242,17 +243,25 @@ TEST(LoraServing, LoadAndUnloadUnderLoadNeverFailAnInFlightRequest) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
         continue;
       }
-      const int before = c_users.load();
-      while (!done.load() && c_users.load() < before + 2) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      const int want = 2 * (cycles.load() + 1);
+      while (!done.load() && c_users.load() < want) std::this_thread::sleep_for(std::chrono::microseconds(200));
       async.call([&](Engine& e) { e.unload_adapter("c"); });
       ++cycles;
     }
   });
+  uint64_t last_c = 0;  // the prefix-cache root of the load of c last used: one per load
+  int on_last_c = 0;
   for (int i = 0; i < 24; ++i) {
     GenerationRequest r = greedy_request(random_prompt(4 + (i * 7) % 19, 500 + i), 5 + i % 6);
     const int a = i % 3 == 0 ? -1 : i % 3 == 1 ? 0 : 2;
     if (a == 0) r.adapter = engine.adapters().find("a");
-    while (a == 2 && !(r.adapter = engine.adapters().find("c"))) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (a == 2) {
+      // Two requests per load of c: wait for the next load once this one has two.
+      while (!(r.adapter = engine.adapters().find("c")) || (r.adapter->cache_root == last_c && on_last_c == 2))
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      on_last_c = r.adapter->cache_root == last_c ? on_last_c + 1 : 1;
+      last_c = r.adapter->cache_root;
+    }
     auto res = std::make_shared<Result>(Result{a, r.prompt, {}, r.max_tokens, FinishReason::kNone, {}});
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -272,7 +281,7 @@ TEST(LoraServing, LoadAndUnloadUnderLoadNeverFailAnInFlightRequest) {
   done = true;
   churn.join();
   async.stop();
-  EXPECT_GE(cycles.load(), 2);  // c requests ran on two loads at least
+  EXPECT_GE(cycles.load(), 4);  // the 8 c requests ran on four loads, two on each
   int with_c = 0;
   for (const auto& r : results) {
     ASSERT_EQ(r->finish, FinishReason::kLength) << r->error;
