@@ -27,6 +27,7 @@
 #include "kernels/attention.h"
 #include "kernels/conv2d.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/dropout.h"
 #include "kernels/gated_activation.h"
 #include "kernels/gemm.h"
 #include "kernels/group_norm.h"
@@ -187,6 +188,9 @@ class KernelBackend {
   // Soft-capping in place and the post-norm residual add (kernels/softcap.h).
   virtual void softcap_forward(const TensorView& x, float cap) = 0;
   virtual void residual_add(const TensorView& x, const TensorView& y) = 0;
+  // Inverted dropout with a keyed mask, y = D(x) or y += D(x) (kernels/dropout.h).
+  virtual void dropout_apply(const TensorView& x, const TensorView& y, float p, uint64_t key,
+                             bool accumulate) = 0;
   // Loss (kernels/cross_entropy.h); softcap > 0: over capped logits (0: none).
   virtual CrossEntropyResult cross_entropy_forward(const TensorView& logits,
                                                    const TensorView& targets,

@@ -198,6 +198,11 @@ class HostBackend final : public KernelBackend {
     check_host("residual_add", {&x, &y});
     hyperion::residual_add(x, y);
   }
+  void dropout_apply(const TensorView& x, const TensorView& y, float p, uint64_t key,
+                     bool accumulate) override {
+    check_host("dropout_apply", {&x, &y});
+    hyperion::dropout_apply(x, y, p, key, accumulate);
+  }
   CrossEntropyResult cross_entropy_forward(const TensorView& logits, const TensorView& targets,
                                            float softcap) override {
     check_host("cross_entropy_forward", {&logits, &targets});

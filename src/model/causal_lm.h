@@ -90,6 +90,9 @@ class CausalLM final : public TrainableModel {
   // without gradients the base is frozen and only the adapter's gradients accumulate.
   void set_lora(const LoraAdapter* adapter) { decoder_.set_lora(adapter); }
   const LoraAdapter* lora() const { return decoder_.lora(); }
+  // The adapter's dropout in the following passes, masks keyed by `key` (0: off; see
+  // Decoder::set_lora_dropout_key).
+  void set_lora_dropout_key(uint64_t key) { decoder_.set_lora_dropout_key(key); }
   const MoeShape& moe_shape() const { return moe_shape_; }
 
   // Bytes of saved activations (all layers) and of scratch (recompute, gradients,

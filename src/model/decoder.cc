@@ -399,6 +399,18 @@ void Decoder::bank_forward(int index, const void* x, void* y, DType yd, int64_t 
   if (!r.identity) k_.moe_gather_rows(ys, yd, r.inverse, n, out, y);  // back in row order
 }
 
+float Decoder::lora_dropout() const {
+  return lora_ != nullptr && lora_dropout_key_ != 0 ? static_cast<float>(lora_->config().dropout) : 0.0f;
+}
+
+void* Decoder::lora_drop_scratch(size_t bytes) {
+  if (lora_drop_bytes_ < bytes) {
+    lora_drop_ = DeviceBuffer(k_.allocator(), bytes);
+    lora_drop_bytes_ = bytes;
+  }
+  return lora_drop_.data();
+}
+
 void Decoder::lora_forward(int index, const void* x, void* y, DType yd, int64_t n) {
   if (bank_ != nullptr && bank_rows_ != nullptr && n > 0) bank_forward(index, x, y, yd, n);
   if (lora_ == nullptr || n == 0) return;
@@ -406,6 +418,12 @@ void Decoder::lora_forward(int index, const void* x, void* y, DType yd, int64_t 
   if (ai < 0) return;
   const TensorView a = lora_->store().compute_weight(ai), b = lora_->store().compute_weight(ai + 1);
   const int64_t r = a.shape[0], in = a.shape[1], out = b.shape[0];
+  if (const float p = lora_dropout(); p > 0.0f) {  // PEFT's lora_dropout: on the adapter's input only
+    void* xd = lora_drop_scratch(static_cast<size_t>(n * in) * dtype_size(act_));
+    k_.dropout_apply(k_.view(const_cast<void*>(x), act_, {n * in}), k_.view(xd, act_, {n * in}), p,
+                     dropout_key(lora_dropout_key_, static_cast<uint64_t>(index)), false);
+    x = xd;
+  }
   void* t = lora_scratch(n);
   // t [n, r] = x A^T, then y [n, out] += s t B^T.
   k_.gemm_contiguous(Trans::kN, Trans::kT, n, r, in, x, act_, a.data, a.dtype, t, act_);
@@ -423,6 +441,15 @@ void Decoder::lora_backward(int index, const void* dy, const void* x, void* dx, 
   const TensorView ga = st.grad(ai), gb = st.grad(ai + 1);
   const int64_t r = a.shape[0], in = a.shape[1], out = b.shape[0];
   const float s = lora_->scale();
+  // With dropout the adapter saw D(x): its mask recomputed from the key, and dx gets
+  // D(s u A) (D is its own adjoint), through an f32 scratch that reuses D(x)'s bytes.
+  const float p = lora_dropout();
+  const uint64_t key = p > 0.0f ? dropout_key(lora_dropout_key_, static_cast<uint64_t>(index)) : 0;
+  void* drop = p > 0.0f ? lora_drop_scratch(static_cast<size_t>(n * in) * sizeof(float)) : nullptr;
+  if (p > 0.0f) {
+    k_.dropout_apply(k_.view(const_cast<void*>(x), act_, {n * in}), k_.view(drop, act_, {n * in}), p, key, false);
+    x = drop;
+  }
   void* t = lora_scratch(n);
   void* u = static_cast<char*>(t) + static_cast<size_t>(n * r) * dtype_size(act_);
   // t = x A^T (recomputed: r columns, cheaper than keeping it), u = dy B.
@@ -435,6 +462,13 @@ void Decoder::lora_backward(int index, const void* dy, const void* x, void* dx, 
   g = contiguous_gemm_args(Trans::kT, Trans::kN, r, in, n, u, act_, x, act_, ga.data, DType::kF32, 1.0f);
   g.alpha = s;
   k_.gemm(g);
+  if (p > 0.0f) {
+    g = contiguous_gemm_args(Trans::kN, Trans::kN, n, in, r, u, act_, a.data, a.dtype, drop, DType::kF32, 0.0f);
+    g.alpha = s;
+    k_.gemm(g);
+    k_.dropout_apply(k_.view(drop, DType::kF32, {n * in}), k_.view(dx, dxd, {n * in}), p, key, true);
+    return;
+  }
   g = contiguous_gemm_args(Trans::kN, Trans::kN, n, in, r, u, act_, a.data, a.dtype, dx, dxd, 1.0f);
   g.alpha = s;
   k_.gemm(g);

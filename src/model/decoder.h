@@ -162,6 +162,11 @@ class Decoder {
   // backward computes input gradients only. Not owned.
   void set_lora(const LoraAdapter* adapter);
   const LoraAdapter* lora() const { return lora_; }
+  // The adapter's dropout (its config's lora_dropout) in the following passes, with masks
+  // keyed by `key` and the matrix (kernels/dropout.h), so a pass's backward and any
+  // rematerialised forward see its forward's masks; 0 (the default, and for evaluation):
+  // no dropout. A training step sets a fresh key per micro-batch (or per row).
+  void set_lora_dropout_key(uint64_t key) { lora_dropout_key_ = key; }
   // Serving many adapters at once: each row of the following passes gets its slot's
   // adapter from `bank` (model/lora_bank.h), `rows` saying which; null: none. Forward
   // only. Not owned; rows must stay valid for the passes.
@@ -275,6 +280,12 @@ class Decoder {
   void bank_forward(int index, const void* x, void* y, DType yd, int64_t n);
   DeviceBuffer lora_scratch_;
   int64_t lora_rows_ = 0;
+  uint64_t lora_dropout_key_ = 0;
+  DeviceBuffer lora_drop_;  // the dropped input (act) or its gradient's term (f32)
+  size_t lora_drop_bytes_ = 0;
+  // The dropout probability of the current pass (0: none) and a scratch of `bytes`.
+  float lora_dropout() const;
+  void* lora_drop_scratch(size_t bytes);
   mutable DeviceBuffer discard_;  // norm_grad's scratch when the base is frozen
   DeviceBuffer ones_;         // [rows] ones in the act dtype: the bias gradient's reduction
   int64_t ones_rows_ = 0;

@@ -215,6 +215,12 @@ MemoryPlan lora_memory_plan(const MemoryPlan& full, const DecoderConfig& config,
   m.grad_bytes = 4 * e;
   m.optimizer_bytes = 8 * e;
   m.scratch_bytes = sat_add(m.scratch_bytes, sat_mul(2 * tokens * lora.rank, bf16 ? 2 : 4));
+  if (lora.dropout > 0) {  // the dropped input, then its gradient's term in f32: [n, in]
+    int64_t in = 0;
+    for (const ParamSpec& s : lora_layout(config, lora))
+      if (s.name.find("lora_A") != std::string::npos) in = std::max(in, s.shape[1]);
+    m.scratch_bytes = sat_add(m.scratch_bytes, sat_mul(tokens * in, 4));
+  }
   return m;
 }
 

@@ -93,7 +93,8 @@ std::string lora_target_list(const LoraConfig& lora);
 
 // A full fine-tune's training memory plan turned into a LoRA run's: gradients and AdamW
 // moments for the adapters alone (the base keeps its weights and bf16 copy, frozen), the
-// adapters' weights added, and their [2, n, r] scratch for n tokens per micro-batch.
+// adapters' weights added, and their [2, n, r] scratch for n tokens per micro-batch (with
+// dropout also an f32 [n, in] for the dropped input and its gradient's term).
 MemoryPlan lora_memory_plan(const MemoryPlan& full, const DecoderConfig& config, const LoraConfig& lora,
                             bool bf16, int64_t tokens);
 

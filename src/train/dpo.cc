@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/dropout.h"
 #include "text/chat_masks.h"
 
 namespace hyperion::train {
@@ -105,7 +106,7 @@ double row_logprob(CausalLM& model, const int32_t* inputs, const int32_t* target
 }
 
 DpoStepStats dpo_accumulate(CausalLM& model, const Batch& batch, const std::vector<double>& ref, double beta,
-                            double label_smoothing, double scale) {
+                            double label_smoothing, double scale, uint64_t dropout_key) {
   const int64_t t = batch.seq_len / 2, pairs = batch.rows;
   HYP_CHECK(batch.seq_len % 2 == 0 && static_cast<int64_t>(ref.size()) == 2 * pairs,
             "dpo: {} reference log-probabilities for {} pairs of rows of {} tokens", ref.size(), pairs, batch.seq_len);
@@ -113,7 +114,12 @@ DpoStepStats dpo_accumulate(CausalLM& model, const Batch& batch, const std::vect
   auto row_tg = [&](int64_t r) { return batch.targets.data() + r * t; };
   std::vector<double> logp(static_cast<size_t>(2 * pairs));
   std::vector<int64_t> count(logp.size());
+  // With adapter dropout each row keeps one mask for its log-probability and its backward.
+  auto row_key = [&](int64_t r) {
+    model.set_lora_dropout_key(dropout_key == 0 ? 0 : hyperion::dropout_key(dropout_key, static_cast<uint64_t>(r)) | 1);
+  };
   for (int64_t r = 0; r < 2 * pairs; ++r) {
+    row_key(r);
     const CrossEntropyResult cr = model.forward_loss(row_in(r), row_tg(r));
     logp[static_cast<size_t>(r)] = -cr.loss * static_cast<double>(cr.count);
     count[static_cast<size_t>(r)] = cr.count;
@@ -136,8 +142,10 @@ DpoStepStats dpo_accumulate(CausalLM& model, const Batch& batch, const std::vect
   for (int64_t r = 0; r < 2 * pairs; ++r) {
     const auto k = static_cast<size_t>(r);
     if (count[k] == 0) continue;
+    row_key(r);
     model.forward_backward(row_in(r), row_tg(r), static_cast<float>(scale * dlogp[k] * -double(count[k])));
   }
+  model.set_lora_dropout_key(0);
   const double n = static_cast<double>(pairs);
   s.loss /= n;
   s.rewards_chosen /= n;

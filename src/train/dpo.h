@@ -84,8 +84,9 @@ struct DpoStepStats {
 // `batch` (P sequences of 2T: chosen row, rejected row), whose reference log-probabilities
 // are ref[2i] (chosen) and ref[2i + 1]: each row's log-probability first (a forward), then
 // each row's cross-entropy backward weighted by the loss's derivative. The model runs
-// batch 1 x T. Returns the pairs' means.
+// batch 1 x T. dropout_key != 0: the adapter's dropout on, each row's forwards under one
+// mask derived from it. Returns the pairs' means.
 DpoStepStats dpo_accumulate(CausalLM& model, const Batch& batch, const std::vector<double>& ref, double beta,
-                            double label_smoothing, double scale);
+                            double label_smoothing, double scale, uint64_t dropout_key = 0);
 
 }  // namespace hyperion::train

@@ -146,7 +146,7 @@ std::vector<ConfigKey> train_config_schema() {
        "LoRA: the adapters' rank r (>= 1 trains adapters on a frozen base, saved in PEFT's layout; 0: "
        "the whole model trains)"},
       {"lora_alpha", T::kFloat, "16", "LoRA: the adapters' scale is lora_alpha / lora_rank"},
-      {"lora_dropout", T::kFloat, "0", "LoRA: dropout on the adapters' input (only 0 so far)"},
+      {"lora_dropout", T::kFloat, "0", "LoRA: dropout on the adapters' input while training (PEFT's lora_dropout)"},
       {"lora_target_modules", T::kString, "all-linear",
        "LoRA: the adapted matrices, PEFT's names (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj) "
        "or all-linear"},
@@ -566,9 +566,8 @@ TrainConfig parse_train_config(const Config& c, const std::string& name) {
   if (t.lora.rank > 0) {
     HYP_USAGE_CHECK(t.lora.alpha > 0 && std::isfinite(t.lora.alpha), "config key {} must be > 0, got {}",
                     where("lora_alpha"), t.lora.alpha);
-    HYP_USAGE_CHECK(t.lora.dropout == 0.0,
-                    "config key {} = {}: adapter dropout is not implemented yet (set 0)", where("lora_dropout"),
-                    t.lora.dropout);
+    HYP_USAGE_CHECK(t.lora.dropout >= 0.0 && t.lora.dropout < 1.0, "config key {} must be in [0, 1), got {}",
+                    where("lora_dropout"), t.lora.dropout);
     t.lora.targets = parse_lora_targets(lora_targets, "config key " + where("lora_target_modules"));
   } else {
     HYP_USAGE_CHECK(t.lora.alpha == 16.0, "config key {} applies with lora_rank >= 1", where("lora_alpha"));

@@ -26,6 +26,7 @@
 #include "io/directory_lock.h"
 #include "io/file_identity.h"
 #include "kernels/backend.h"
+#include "kernels/dropout.h"
 #include "kernels/hardware.h"
 #include "kernels/peak.h"
 #include "model/causal_lm.h"
@@ -334,6 +335,8 @@ class TrainingRun {
   }
   void report_setup(const MemoryPlan& mem);
   void step();
+  // The adapters' dropout key of this step's micro-batch (0: no dropout).
+  uint64_t lora_dropout_key(int64_t micro) const;
   EvalResult evaluate(int64_t max_batches);
   void save();
   void finish();
@@ -858,6 +861,15 @@ EvalResult TrainingRun::evaluate(int64_t max_batches) {
   return {count > 0 ? sum / double(count) : 0.0, count};
 }
 
+uint64_t TrainingRun::lora_dropout_key(int64_t micro) const {
+  if (!lora_ || t_.lora.dropout <= 0) return 0;
+  // A function of the seed, the step, the micro-batch and the rank: a resumed run repeats
+  // its masks, and no two ranks or micro-batches share one.
+  const uint64_t k = dropout_key(dropout_key(t_.init_weights_seed, static_cast<uint64_t>(state_.step)),
+                                 static_cast<uint64_t>(micro * world_ + rank_));
+  return k != 0 ? k : 1;
+}
+
 void TrainingRun::step() {
   adapt_threads_to_contention();  // a busy neighbour: the team it actually gets
   const TrainConfig& t = t_;
@@ -889,7 +901,8 @@ void TrainingRun::step() {
       // The step's loss: the mean over its pairs (each micro-batch's mean, averaged).
       const train::DpoStepStats st = train::dpo_accumulate(*causal_lm_, pair_batch_, ref, t.dpo_beta,
                                                            t.dpo_label_smoothing,
-                                                           dmean / double(t.per_device_batch_size));
+                                                           dmean / double(t.per_device_batch_size),
+                                                           lora_dropout_key(micro));
       sync_->end_micro_batch();
       loss += st.loss * dmean;
       dpo_stats_.loss += st.loss * dmean;
@@ -903,7 +916,9 @@ void TrainingRun::step() {
     loader_->next(batch_);
     data_wait += dt.seconds();
     sync_->begin_micro_batch(micro + 1 == t.gradient_accumulation_steps);
+    causal_lm_->set_lora_dropout_key(lora_dropout_key(micro));
     loss += model_->forward_backward(batch_, dloss).loss * dmean;
+    causal_lm_->set_lora_dropout_key(0);
     sync_->end_micro_batch();
     if (moe) {
       const MoeStats& s = model_->moe_stats();

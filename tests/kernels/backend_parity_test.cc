@@ -664,6 +664,24 @@ TEST_P(BackendParity, SoftCapAndResidualAdd) {
   }
 }
 
+// Dropout's keyed mask: the backend gives the host reference's bits in every dtype pair.
+TEST_P(BackendParity, DropoutMaskEqualsTheHosts) {
+  std::mt19937 rng(35);
+  for (DType xd : {DType::kF32, DType::kBF16})
+    for (DType yd : {DType::kF32, DType::kBF16})
+      for (bool acc : {false, true}) {
+        const Tensor x = random_tensor(xd, {5, 301}, rng);
+        const Tensor y = random_tensor(yd, {5, 301}, rng);
+        Tensor want = make_tensor(yd, y.shape(), values(y));
+        ref::dropout_apply(x, want, 0.25f, 0xfeedULL, acc);
+        Dev dx = dev(x), dy = dev(y);
+        k().dropout_apply(dx, dy, 0.25f, 0xfeedULL, acc);
+        expect_close(dy, want, 0.0, 0.0, "dropout " + std::string(dtype_name(xd)) + "->" + std::string(dtype_name(yd)));
+      }
+  expect_error([&] { k().dropout_apply(dev(DType::kF32, {4}), dev(DType::kF32, {4}), 1.0f, 1, false); },
+               {"dropout_apply", "p"});
+}
+
 TEST_P(BackendParity, PagedCacheWriteReadAndAttention) {
   std::mt19937 rng(8);
   const int64_t pages = 4, page_tokens = 4, hkv = 2, hd = 8, hq = 4, len = 10;

@@ -315,6 +315,10 @@ class SimBackend final : public KernelBackend {
   void residual_add(const TensorView& x, const TensorView& y) override {
     run([&] { h().residual_add(H(x), H(y)); });
   }
+  void dropout_apply(const TensorView& x, const TensorView& y, float p, uint64_t key,
+                     bool accumulate) override {
+    run([&] { h().dropout_apply(H(x), H(y), p, key, accumulate); });
+  }
   CrossEntropyResult cross_entropy_forward(const TensorView& l, const TensorView& t,
                                            float cap) override {
     CrossEntropyResult r;

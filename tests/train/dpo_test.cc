@@ -19,6 +19,9 @@
 #include "../model/model_test_util.h"
 #include "base/error.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/dropout.h"
+#include "kernels/fill.h"
+#include "model/lora.h"
 #include "train/trainer.h"
 #include "chat_data_test_util.h"
 #include "train_test_util.h"
@@ -145,6 +148,70 @@ TEST(Dpo, StepGradientMatchesFiniteDifferences) {
     p[i] = keep;
     const double fd = (up - down) / (2.0 * h);
     EXPECT_NEAR(grad[static_cast<size_t>(i)], fd, 2e-2 * std::fabs(fd) + 2e-4) << "parameter " << i;
+    ++checked;
+  }
+  EXPECT_GT(checked, 20);
+}
+
+// With a LoRA adapter and its dropout on, each row's log-probability and backward see one
+// mask (row r's key: dropout_key(key, r) | 1): the adapters' gradient is the gradient of
+// the loss under those masks.
+TEST(Dpo, LoraDropoutStepGradientMatchesFiniteDifferences) {
+  const DecoderConfig cfg = testing_util::tiny_test_config();
+  ParamStore ps(cfg, false, false);
+  ps.init(3, 0.3);
+  LoraConfig lc;
+  lc.rank = 2;
+  lc.alpha = 4;
+  lc.dropout = 0.25;
+  lc.targets = parse_lora_targets("all-linear", "test");
+  LoraAdapter adapter(ps, lc, true, false);
+  adapter.init(5);
+  ParamStore& s = adapter.store();
+  for (size_t i = 1; i < s.infos().size(); i += 2) fill_normal(s.param(static_cast<int>(i)), 40 + i, 0.0f, 0.3f);
+  const int64_t t = 8, pairs = 2;
+  CausalLM model(ps, ModelOptions(1, t, false));
+  model.set_lora(&adapter);
+  std::mt19937 rng(9);
+  Batch b = Batch::tokens(pairs, 2 * t);
+  for (size_t i = 0; i < b.inputs.size(); ++i) {
+    b.inputs[i] = static_cast<int32_t>(rng() % cfg.vocab_size);
+    b.targets[i] = i % (2 * t) % t < 3 ? kIgnoreIndex : static_cast<int32_t>(rng() % cfg.vocab_size);
+  }
+  const std::vector<double> ref = {-20.0, -21.5, -19.0, -18.0};
+  const double beta = 0.5;
+  const uint64_t key = 0xd0d0;
+  s.zero_grads();
+  dpo_accumulate(model, b, ref, beta, 0.0, 1.0, key);
+  const std::vector<float> grad(s.grads(), s.grads() + s.size());
+  auto logprob = [&](int64_t r) {
+    model.set_lora_dropout_key(dropout_key(key, static_cast<uint64_t>(r)) | 1);
+    const double lp = row_logprob(model, b.inputs.data() + r * t, b.targets.data() + r * t);
+    model.set_lora_dropout_key(0);
+    return lp;
+  };
+  auto total_loss = [&] {
+    double sum = 0;
+    for (int64_t i = 0; i < pairs; ++i)
+      sum += dpo_terms(logprob(2 * i), logprob(2 * i + 1), ref[static_cast<size_t>(2 * i)],
+                       ref[static_cast<size_t>(2 * i + 1)], beta, 0.0)
+                 .loss;
+    return sum;
+  };
+  // Without the key the rows' log-probabilities differ: the dropout did something.
+  EXPECT_NE(row_logprob(model, b.inputs.data(), b.targets.data()), logprob(0));
+  float* p = s.params();
+  int checked = 0;
+  for (int64_t i = 0; i < s.size(); i += 13) {
+    if (grad[static_cast<size_t>(i)] == 0.0f) continue;  // padding, dropped inputs
+    const float keep = p[i], h = 1e-2f;
+    p[i] = keep + h;
+    const double up = total_loss();
+    p[i] = keep - h;
+    const double down = total_loss();
+    p[i] = keep;
+    const double fd = (up - down) / (2.0 * h);
+    EXPECT_NEAR(grad[static_cast<size_t>(i)], fd, 2e-2 * std::fabs(fd) + 2e-4) << "adapter element " << i;
     ++checked;
   }
   EXPECT_GT(checked, 20);

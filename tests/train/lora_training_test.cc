@@ -2,7 +2,8 @@
 // on it (lora_rank) with the base frozen. The checkpoints are PEFT adapter directories
 // (adapter_config.json, adapter_model.safetensors under PEFT's names) that load back
 // into a LoraAdapter; the run's held-out loss is the merged model's; a run split in two
-// (stop and resume) equals one run bit for bit; bad keys and adapters are refused by name.
+// (stop and resume) equals one run bit for bit, adapter dropout included; bad keys and
+// adapters are refused by name.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -122,19 +123,29 @@ TEST_F(LoraTraining, AdaptersTrainOnAFrozenBaseAndSaveAsPeft) {
   EXPECT_NE(e.find("--adapter"), std::string::npos) << e;
 }
 
+// With adapter dropout on: its masks derive from the seed and the step, so a resumed run
+// repeats them; dropout changes the run (from step 2, once B has moved off zero) and
+// PEFT's config records it.
 TEST_F(LoraTraining, ASplitRunEqualsOneRun) {
-  const TrainResult whole = lora_run("whole", {"steps=6"});
+  const TrainResult whole = lora_run("whole", {"steps=6", "lora_dropout=0.1"});
   TrainOptions stop = quiet();
   stop.stop_at = 3;
-  const TrainResult first = lora_run("split", {"steps=6"}, stop);
+  const TrainResult first = lora_run("split", {"steps=6", "lora_dropout=0.1"}, stop);
   ASSERT_EQ(first.history.size(), 3u);
-  const TrainResult second = lora_run("split", {"steps=6"});
+  const TrainResult second = lora_run("split", {"steps=6", "lora_dropout=0.1"});
   EXPECT_EQ(second.start_step, 3);
   ASSERT_EQ(second.history.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(first.history[i].loss, whole.history[i].loss) << i;
     EXPECT_EQ(second.history[i].loss, whole.history[3 + i].loss) << i;
   }
+  const TrainResult plain = lora_run("whole_no_dropout", {"steps=6"});
+  ASSERT_EQ(plain.history.size(), 6u);
+  EXPECT_EQ(plain.history[0].loss, whole.history[0].loss);  // B = 0: the adapters add nothing yet
+  EXPECT_NE(plain.history[2].loss, whole.history[2].loss);
+  EXPECT_LT(whole.history.back().loss, whole.history.front().loss);
+  const nlohmann::json cfg = nlohmann::json::parse(io::read_file(second.checkpoint + "/adapter_config.json"));
+  EXPECT_NEAR(cfg["lora_dropout"].get<double>(), 0.1, 1e-12);
 }
 
 TEST_F(LoraTraining, BadKeysAndAdaptersAreRefusedByName) {
@@ -142,7 +153,7 @@ TEST_F(LoraTraining, BadKeysAndAdaptersAreRefusedByName) {
     return testing_util::error_message_of([&] { lora_run("bad", std::move(extra)); });
   };
   EXPECT_NE(error({"lora_target_modules=q_proj,lm_head"}).find("'lm_head'"), std::string::npos);
-  EXPECT_NE(error({"lora_dropout=0.1"}).find("lora_dropout"), std::string::npos);
+  EXPECT_NE(error({"lora_dropout=1"}).find("lora_dropout"), std::string::npos);
   EXPECT_NE(error({"lora_rank=-1"}).find("lora_rank"), std::string::npos);
   EXPECT_NE(testing_util::error_message_of([&] {
               parse_train_config(load_train_config("tiny", {"lora_alpha=32"}), "x");

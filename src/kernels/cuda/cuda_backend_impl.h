@@ -475,6 +475,20 @@ class CudaBackend final : public KernelBackend {
     cuda::residual_add(stream_, x.data, elem_of(op, "x", x), f32(op, y), x.numel());
     launched(op);
   }
+  void dropout_apply(const TensorView& x, const TensorView& y, float p, uint64_t key,
+                     bool accumulate) override {
+    const char* op = "dropout_apply";
+    check(op, {&x, &y});
+    HYP_CHECK(x.numel() == y.numel() && x.numel() <= (int64_t{1} << 32),
+              "{}: x {} and y {} differ in size or exceed 2^32 elements", op, x.str(), y.str());
+    HYP_CHECK(p >= 0.0f && p < 1.0f, "{}: p must be in [0, 1), got {}", op, p);
+    HYP_CHECK(!(accumulate && x.data == y.data) && (x.data != y.data || x.dtype == y.dtype),
+              "{}: y may alias x only when both have one dtype and nothing accumulates", op);
+    const DropoutMask m = dropout_mask(p, key);
+    cuda::dropout(stream_, x.data, elem_of(op, "x", x), y.data, elem_of(op, "y", y), x.numel(), m.k0, m.k1,
+                  m.threshold, m.scale, accumulate);
+    launched(op);
+  }
   CrossEntropyResult cross_entropy_forward(const TensorView& logits, const TensorView& targets,
                                            float softcap) override {
     return cross_entropy("cross_entropy_forward", logits, targets, nullptr, 1.0f, softcap);

@@ -70,6 +70,9 @@ void scale(cudaStream_t s, void* x, Elem t, int64_t n, float factor);
 // x <- cap * tanh(x / cap) in place; y (f32) += x (kernels/softcap.h).
 void softcap(cudaStream_t s, void* x, Elem t, int64_t n, float cap);
 void residual_add(cudaStream_t s, const void* x, Elem t, float* y, int64_t n);
+// y = D(x) or y += D(x): kernels/dropout.h's mask (dropout_hash) from its parameters.
+void dropout(cudaStream_t s, const void* x, Elem xt, void* y, Elem yt, int64_t n, uint32_t k0, uint32_t k1,
+             uint32_t threshold, float scale, bool accumulate);
 
 // ---- norm.cu
 void rmsnorm_forward(cudaStream_t s, const void* x, Elem xt, const float* w, float eps, void* y,

@@ -335,7 +335,42 @@ __global__ void residual_add_kernel(const void* x, Elem t, float* y, int64_t n) 
     y[i] += load(x, t, i);
 }
 
+// kernels/dropout.h's dropout_hash, bit for bit.
+__device__ __forceinline__ uint32_t dropout_hash(uint32_t k0, uint32_t k1, uint32_t i) {
+  uint32_t h = i ^ k0;
+  h ^= h >> 16;
+  h *= 0x7feb352dU;
+  h ^= h >> 15;
+  h *= 0x846ca68bU;
+  h ^= h >> 16;
+  h ^= k1;
+  h ^= h >> 16;
+  h *= 0x7feb352dU;
+  h ^= h >> 15;
+  h *= 0x846ca68bU;
+  h ^= h >> 16;
+  return h >> 8;
+}
+
+// A separate multiply and add (no contraction into an FMA): the host's bits.
+__global__ void dropout_kernel(const void* x, Elem xt, void* y, Elem yt, int64_t n, uint32_t k0, uint32_t k1,
+                               uint32_t threshold, float scale, bool accumulate) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const bool keep = dropout_hash(k0, k1, static_cast<uint32_t>(i)) >= threshold;
+    const float v = keep ? __fmul_rn(load(x, xt, i), scale) : 0.0f;
+    store(y, yt, i, accumulate ? __fadd_rn(load(y, yt, i), v) : v);
+  }
+}
+
 }  // namespace
+
+void dropout(cudaStream_t s, const void* x, Elem xt, void* y, Elem yt, int64_t n, uint32_t k0, uint32_t k1,
+             uint32_t threshold, float scale, bool accumulate) {
+  if (n <= 0) return;
+  dropout_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(x, xt, y, yt, n, k0, k1, threshold, scale,
+                                                               accumulate);
+}
 
 void softcap(cudaStream_t s, void* x, Elem t, int64_t n, float cap) {
   if (n <= 0) return;
