@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """LoRA against a full fine-tune: step time and memory on the same model and batch.
 
-Runs `hyperion train CONFIG` twice (full, then lora_rank=R on all-linear), each for
+Runs `hyperion train CONFIG` twice (full, then lora_rank=R on all-linear; with --dropout P
+a third time, LoRA with lora_dropout=P), each for
 --steps steps from a random init on the bundled corpus, and reports the median step time
 over the steps after the first, the ratio LoRA / full, the trainer's planned gradient and
 optimizer memory, and each process's peak resident memory.
@@ -53,6 +54,8 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="also time the LoRA run with lora_dropout=P (reported as lora_dropout, dropout_ratio)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as out:
@@ -61,12 +64,21 @@ def main():
     r = {"config": args.config, "batch": args.batch, "seq": args.seq, "rank": args.rank, "full": full, "lora": lora,
          "step_ratio": lora["step_s"] / full["step_s"],
          "grads_adam_ratio": lora["grads_adam_gib"] / full["grads_adam_gib"] if full["grads_adam_gib"] else None}
+    if args.dropout > 0:
+        with tempfile.TemporaryDirectory() as out:
+            dropped = run(args, "lora_dropout",
+                          [f"lora_rank={args.rank}", f"lora_alpha={2 * args.rank}", f"lora_dropout={args.dropout}"], out)
+        r["lora_dropout"] = dict(dropped, p=args.dropout)
+        r["dropout_ratio"] = dropped["step_s"] / lora["step_s"]
     if args.json:
         print(json.dumps(r))
     else:
         print(f"{args.config} batch {args.batch} x {args.seq}: full {full['step_s']:.3f} s/step, LoRA r{args.rank} "
               f"{lora['step_s']:.3f} s/step ({r['step_ratio']:.2f}x); gradients + AdamW {lora['grads_adam_gib']:.3f} "
               f"GiB vs {full['grads_adam_gib']:.3f} GiB ({100 * r['grads_adam_ratio']:.2f}%)")
+        if args.dropout > 0:
+            print(f"LoRA with lora_dropout={args.dropout}: {r['lora_dropout']['step_s']:.3f} s/step "
+                  f"({r['dropout_ratio']:.2f}x LoRA without)")
 
 
 if __name__ == "__main__":
