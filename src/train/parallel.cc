@@ -112,7 +112,7 @@ GradientSync::GradientSync(ParamStore& params, dist::Communicator& comm, Paralle
   own_experts_ = experts_of_rank_[static_cast<size_t>(rank_)];
   // FSDP holds full-size gradients only bucket by bucket: start from released (zero)
   // pages, which cost no memory until a backward writes them.
-  if (mode == ParallelMode::kFsdp)
+  if (mode == ParallelMode::kFsdp && params_.has_grads())
     release_pages(params_.grads(), static_cast<size_t>(params_.size()) * sizeof(float), true);
 }
 
@@ -169,6 +169,7 @@ std::vector<int> GradientSync::tensor_writers() const {
 }
 
 void GradientSync::zero_grads() {
+  if (!params_.has_grads()) return;  // a frozen store
   switch (mode_) {
     case ParallelMode::kData:
     case ParallelMode::kZero1:
@@ -209,6 +210,7 @@ void GradientSync::issue_reduce(int b) {
 }
 
 void GradientSync::grads_ready(int b) {
+  if (!params_.has_grads()) return;  // a frozen store: gathers only
   // Data parallel and ZeRO-1 accumulate micro-batches locally and reduce once.
   if (mode_ != ParallelMode::kFsdp && !last_micro_) return;
   if (!overlap_) {
@@ -353,7 +355,7 @@ void GradientSync::release_unowned() {
       for (const auto& [lo, hi] : experts_of_rank_[static_cast<size_t>(q)]) {
         const size_t n = static_cast<size_t>(hi - lo);
         release_pages(params_.params() + lo, n * 4, false);
-        release_pages(params_.grads() + lo, n * 4, true);
+        if (params_.has_grads()) release_pages(params_.grads() + lo, n * 4, true);
         if (params_.has_bf16()) release_pages(params_.params_bf16() + lo, n * 2, false);
       }
     }

@@ -22,6 +22,9 @@
 //
 // A bucket (ParamStore::bucket_range) is split into world_size contiguous pieces, piece r
 // owned by rank r (boundaries on 16-element multiples).
+//
+// A store without gradients (LoRA's frozen base) only gathers and releases under fsdp;
+// SplitHooks pairs its gathers with another sync's reductions (the adapters').
 #pragma once
 
 #include <cstdint>
@@ -103,6 +106,21 @@ class GradientSync final : public BucketHooks {
   std::vector<std::vector<std::pair<int64_t, int64_t>>> experts_of_rank_;
   bool last_micro_ = true;
   std::vector<int> pending_;  // buckets with a reduction in flight, in issue order
+};
+
+// The model's bucket hooks split over two syncs: `params` gathers and releases the
+// parameters around each use (a frozen base under fsdp), `grads` reduces the gradients
+// (the adapters'). Bucket b is layer b's in both stores.
+class SplitHooks final : public BucketHooks {
+ public:
+  SplitHooks(BucketHooks& params, BucketHooks& grads) : params_(params), grads_(grads) {}
+  void use(int b, int next) override { params_.use(b, next); }
+  void done(int b, bool again) override { params_.done(b, again); }
+  void grads_ready(int b) override { grads_.grads_ready(b); }
+
+ private:
+  BucketHooks& params_;
+  BucketHooks& grads_;
 };
 
 }  // namespace hyperion

@@ -371,6 +371,13 @@ class TrainingRun {
   std::unique_ptr<CausalLM> causal_lm_;
   TrainableModel* model_ = nullptr;  // the model the step loop drives
   std::unique_ptr<GradientSync> sync_;
+  std::unique_ptr<GradientSync> base_sync_;  // LoRA under fsdp: the frozen base's gathers
+  std::unique_ptr<SplitHooks> lora_hooks_;   // base_sync_'s gathers, sync_'s reductions
+  // Drops the pages of parameters this rank does not own (after loading).
+  void release_unowned() {
+    sync_->release_unowned();
+    if (base_sync_) base_sync_->release_unowned();
+  }
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<train::SequenceBatcher> loader_, val_loader_;
   std::shared_ptr<const train::SftData> sft_;  // use_sft: the tokenized conversations
@@ -424,17 +431,26 @@ void TrainingRun::setup() {
   // data is prepared (data parallelism holds the whole plan on every rank; the sharded
   // modes their share of it).
   if (t.lora.enabled()) {
-    HYP_USAGE_CHECK(mode_ == ParallelMode::kData || mode_ == ParallelMode::kZero1,
-                    "config key lora_rank: LoRA runs data parallel (the frozen base on every rank); the "
-                    "mesh asks for {} (set ici_fsdp_parallelism / expert parallelism to 1)",
-                    parallel_mode_name(mode_));
-    mode_ = ParallelMode::kData;  // the adapters' moments are small: no need to shard them
+    // LoRA: the adapters are replicated (their moments are small); the frozen base is
+    // whole on every rank (data parallel) or sharded and gathered layer by layer (fsdp).
+    HYP_USAGE_CHECK(mode_ != ParallelMode::kExpert,
+                    "config key lora_rank: LoRA runs data parallel or fsdp; expert parallelism is not "
+                    "built for adapters (the experts are not LoRA targets; set expert parallelism to 1)");
+    HYP_USAGE_CHECK(mode_ != ParallelMode::kFsdp || !t.quant.enabled(),
+                    "config key quantization={}: a LoRA run's quantised base is built once from the whole "
+                    "weights, so under fsdp every rank would hold it whole; set quantization=none or "
+                    "ici_fsdp_parallelism=1",
+                    quant_mode_name(t.quant.mode));
+    if (mode_ == ParallelMode::kZero1) mode_ = ParallelMode::kData;
   }
-  MemoryPlan full = memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16, t.remat,
-                                t.moe.capacity_factor);
-  if (t.lora.enabled())
-    full = lora_memory_plan(full, t.model, t.lora, t.bf16, t.per_device_batch_size * t.max_target_length);
-  const MemoryPlan mem = rank_memory_plan(full, t.model, mode_, world_);
+  const MemoryPlan full = memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16, t.remat,
+                                      t.moe.capacity_factor);
+  // (LoRA: the base's share under the mode, then the adapters' weights, gradients and
+  // moments, which every rank holds whole.)
+  const MemoryPlan mem =
+      t.lora.enabled() ? lora_memory_plan(rank_memory_plan(full, t.model, mode_, world_), t.model, t.lora, t.bf16,
+                                          t.per_device_batch_size * t.max_target_length)
+                       : rank_memory_plan(full, t.model, mode_, world_);
   check_training_memory(config_, t, mem, mode_, world_, dist::detect_launch().local_size);
   // A given tokenizer is checked before the run directory or the dataset exists (a
   // mismatch found after preparing the data leaves an empty run behind).
@@ -538,8 +554,15 @@ void TrainingRun::setup_model(const PreparedDataset& data, const MemoryPlan& mem
   }());
   causal_lm_->set_lora(lora_.get());
   model_ = causal_lm_.get();
-  sync_ = std::make_unique<GradientSync>(trained(), *comm_, mode_, t.overlap_communication);
-  if (world_ > 1) model_->set_hooks(sync_.get());
+  // With LoRA sync_ all-reduces the adapters' gradients; under fsdp base_sync_ gathers
+  // the frozen base's buckets around their use and never reduces anything.
+  sync_ = std::make_unique<GradientSync>(trained(), *comm_, lora_ ? ParallelMode::kData : mode_,
+                                         t.overlap_communication);
+  if (lora_ && mode_ == ParallelMode::kFsdp) {
+    base_sync_ = std::make_unique<GradientSync>(params, *comm_, ParallelMode::kFsdp, t.overlap_communication);
+    lora_hooks_ = std::make_unique<SplitHooks>(*base_sync_, *sync_);
+  }
+  if (world_ > 1) model_->set_hooks(lora_hooks_ ? static_cast<BucketHooks*>(lora_hooks_.get()) : sync_.get());
   OptimizerOptions oo;
   oo.beta1 = t.adam_b1;
   oo.beta2 = t.adam_b2;
@@ -613,7 +636,7 @@ void TrainingRun::setup_model(const PreparedDataset& data, const MemoryPlan& mem
       state_ = load_training_state(*resume_from_, params, *optimizer_);
     }
     monitor_->restore_done(state_.step, restore_timer.seconds());
-    sync_->release_unowned();
+    release_unowned();
     loader_->restore(state_.data);
     if (QuantizedMatmuls* q = model_->quantized()) {
       q->weights_changed();  // the loaded weights
@@ -635,13 +658,13 @@ void TrainingRun::setup_model(const PreparedDataset& data, const MemoryPlan& mem
     monitor_->restore_done(0, restore_timer.seconds());
     if (QuantizedMatmuls* q = model_->quantized()) q->weights_changed();
     if (lora_) lora_->init(t.init_weights_seed);
-    sync_->release_unowned();
+    release_unowned();
     log_info("load_parameters_path: weights from {}; {}", t.load_parameters_path,
              lora_ ? "frozen, LoRA adapters fresh" : "optimizer fresh");
   } else {
     params.init(t.init_weights_seed);
     if (lora_) lora_->init(t.init_weights_seed);
-    sync_->release_unowned();
+    release_unowned();
   }
   if (lora_)
     log_info("lora: rank {}, alpha {} (scale {}), on {}: {} adapter parameters ({:.2f}% of the model's {}) train, "
@@ -844,7 +867,8 @@ EvalResult TrainingRun::evaluate(int64_t max_batches) {
   train::SequenceBatcher& loader = *val_loader_;
   ForwardModel model(*params_, t_.per_device_batch_size, t_.max_target_length, moe_options_);
   model.set_lora(lora_.get());
-  model.set_hooks(world_ > 1 && !lora_ ? sync_.get() : nullptr);
+  // (LoRA: the adapters are whole on every rank; an fsdp base gathers per bucket.)
+  model.set_hooks(world_ <= 1 ? nullptr : !lora_ ? sync_.get() : base_sync_.get());
   const int64_t n = model.tokens_per_batch();
   std::vector<int32_t> in(static_cast<size_t>(n)), tg(static_cast<size_t>(n));
   const int64_t per_epoch = loader.sequences_per_epoch() / t_.per_device_batch_size;
@@ -933,6 +957,7 @@ void TrainingRun::step() {
   const double lr = t.schedule.lr(state_.step);
   const OptimizerStepResult opt = optimizer_->step(lr);
   sync_->after_optimizer_step();
+  if (base_sync_) base_sync_->after_optimizer_step();  // every base bucket released
   // (A LoRA run's base never changes: its quantised copy stays.)
   if (QuantizedMatmuls* q = model_->quantized(); q != nullptr && !lora_) q->weights_changed();
   const int local_stop = stop_signal_received();
@@ -1068,7 +1093,10 @@ void TrainingRun::finish() {
                result_.eval_perplexity, e.tokens);
   }
   // Sampling runs on rank 0 alone, outside the parallel model: it needs every expert.
-  if (t.sample_count > 0 && t.sample_max_tokens > 0) sync_->gather_all(true);
+  if (t.sample_count > 0 && t.sample_max_tokens > 0) {
+    sync_->gather_all(true);
+    if (base_sync_) base_sync_->gather_all();
+  }
   if (t.sample_count > 0 && t.sample_max_tokens > 0 && rank_ == 0) {
     const text::Tokenizer& tok = *tokenizer_;
     Generator gen(*params_, std::min<int64_t>(t.model.max_seq_len, 1 + t.sample_max_tokens));
