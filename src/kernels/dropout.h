@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/dropout_hash.h"
 #include "tensor/tensor.h"
 
 namespace hyperion {
@@ -34,24 +35,6 @@ inline DropoutMask dropout_mask(float p, uint64_t key) {
   m.threshold = static_cast<uint32_t>(std::lround(static_cast<double>(p) * double(1 << 24)));
   m.scale = 1.0f / (1.0f - p);
   return m;
-}
-
-// Two rounds of a 32-bit integer finaliser (xor-shift-multiply), keyed by k0 then k1; the
-// top 24 bits. The CUDA kernel (kernels/cuda/elementwise.cu) computes the same function.
-inline uint32_t dropout_hash(uint32_t k0, uint32_t k1, uint32_t i) {
-  uint32_t h = i ^ k0;
-  h ^= h >> 16;
-  h *= 0x7feb352dU;
-  h ^= h >> 15;
-  h *= 0x846ca68bU;
-  h ^= h >> 16;
-  h ^= k1;
-  h ^= h >> 16;
-  h *= 0x7feb352dU;
-  h ^= h >> 15;
-  h *= 0x846ca68bU;
-  h ^= h >> 16;
-  return h >> 8;
 }
 
 inline bool dropout_keeps(const DropoutMask& m, uint32_t i) {

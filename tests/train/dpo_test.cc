@@ -109,6 +109,27 @@ TEST(Dpo, PairsTrainTheirCompletionsOnly) {
 
 // The gradient dpo_accumulate leaves in the model equals the finite differences of the
 // pairs' summed loss, parameter by parameter (a sample of them), f32.
+// Central differences of `loss` at every `stride`-th element of p[0, n) whose gradient is
+// not zero (zeros: padding between tensors, unused rows, dropped inputs) against `grad`;
+// returns how many were checked.
+int expect_fd_gradient(float* p, int64_t n, const std::vector<float>& grad, int64_t stride,
+                       const std::function<double()>& loss) {
+  int checked = 0;
+  for (int64_t i = 0; i < n; i += stride) {
+    if (grad[static_cast<size_t>(i)] == 0.0f) continue;
+    const float keep = p[i], h = 1e-2f;
+    p[i] = keep + h;
+    const double up = loss();
+    p[i] = keep - h;
+    const double down = loss();
+    p[i] = keep;
+    const double fd = (up - down) / (2.0 * h);
+    EXPECT_NEAR(grad[static_cast<size_t>(i)], fd, 2e-2 * std::fabs(fd) + 2e-4) << "element " << i;
+    ++checked;
+  }
+  return checked;
+}
+
 TEST(Dpo, StepGradientMatchesFiniteDifferences) {
   const DecoderConfig cfg = testing_util::tiny_test_config();
   ParamStore ps(cfg, false, true);
@@ -136,21 +157,7 @@ TEST(Dpo, StepGradientMatchesFiniteDifferences) {
     }
     return sum;
   };
-  float* p = ps.params();
-  int checked = 0;
-  for (int64_t i = 0; i < ps.size(); i += 97) {
-    if (grad[static_cast<size_t>(i)] == 0.0f) continue;  // padding between tensors, unused rows
-    const float keep = p[i], h = 1e-2f;
-    p[i] = keep + h;
-    const double up = total_loss();
-    p[i] = keep - h;
-    const double down = total_loss();
-    p[i] = keep;
-    const double fd = (up - down) / (2.0 * h);
-    EXPECT_NEAR(grad[static_cast<size_t>(i)], fd, 2e-2 * std::fabs(fd) + 2e-4) << "parameter " << i;
-    ++checked;
-  }
-  EXPECT_GT(checked, 20);
+  EXPECT_GT(expect_fd_gradient(ps.params(), ps.size(), grad, 97, total_loss), 20);
 }
 
 // With a LoRA adapter and its dropout on, each row's log-probability and backward see one
@@ -200,21 +207,7 @@ TEST(Dpo, LoraDropoutStepGradientMatchesFiniteDifferences) {
   };
   // Without the key the rows' log-probabilities differ: the dropout did something.
   EXPECT_NE(row_logprob(model, b.inputs.data(), b.targets.data()), logprob(0));
-  float* p = s.params();
-  int checked = 0;
-  for (int64_t i = 0; i < s.size(); i += 13) {
-    if (grad[static_cast<size_t>(i)] == 0.0f) continue;  // padding, dropped inputs
-    const float keep = p[i], h = 1e-2f;
-    p[i] = keep + h;
-    const double up = total_loss();
-    p[i] = keep - h;
-    const double down = total_loss();
-    p[i] = keep;
-    const double fd = (up - down) / (2.0 * h);
-    EXPECT_NEAR(grad[static_cast<size_t>(i)], fd, 2e-2 * std::fabs(fd) + 2e-4) << "adapter element " << i;
-    ++checked;
-  }
-  EXPECT_GT(checked, 20);
+  EXPECT_GT(expect_fd_gradient(s.params(), s.size(), grad, 13, total_loss), 20);
 }
 
 // Synthetic preferences: the chosen answer takes up the prompt's words ("Gladly: the X and

@@ -5,6 +5,7 @@
 #include <cuda_fp8.h>
 
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/dropout_hash.h"
 
 namespace hyperion::cuda {
 namespace {
@@ -333,23 +334,6 @@ __global__ void residual_add_kernel(const void* x, Elem t, float* y, int64_t n) 
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     y[i] += load(x, t, i);
-}
-
-// kernels/dropout.h's dropout_hash, bit for bit.
-__device__ __forceinline__ uint32_t dropout_hash(uint32_t k0, uint32_t k1, uint32_t i) {
-  uint32_t h = i ^ k0;
-  h ^= h >> 16;
-  h *= 0x7feb352dU;
-  h ^= h >> 15;
-  h *= 0x846ca68bU;
-  h ^= h >> 16;
-  h ^= k1;
-  h ^= h >> 16;
-  h *= 0x7feb352dU;
-  h ^= h >> 15;
-  h *= 0x846ca68bU;
-  h ^= h >> 16;
-  return h >> 8;
 }
 
 // A separate multiply and add (no contraction into an FMA): the host's bits.
