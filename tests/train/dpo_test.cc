@@ -109,6 +109,17 @@ TEST(Dpo, PairsTrainTheirCompletionsOnly) {
 
 // The gradient dpo_accumulate leaves in the model equals the finite differences of the
 // pairs' summed loss, parameter by parameter (a sample of them), f32.
+// `pairs` pairs of random rows of t tokens, each row's first 3 targets ignored (the prompt).
+Batch random_pairs(int64_t pairs, int64_t t, int64_t vocab) {
+  std::mt19937 rng(9);
+  Batch b = Batch::tokens(pairs, 2 * t);
+  for (size_t i = 0; i < b.inputs.size(); ++i) {
+    b.inputs[i] = static_cast<int32_t>(rng() % vocab);
+    b.targets[i] = static_cast<int64_t>(i) % (2 * t) % t < 3 ? kIgnoreIndex : static_cast<int32_t>(rng() % vocab);
+  }
+  return b;
+}
+
 // Central differences of `loss` at every `stride`-th element of p[0, n) whose gradient is
 // not zero (zeros: padding between tensors, unused rows, dropped inputs) against `grad`;
 // returns how many were checked.
@@ -136,12 +147,7 @@ TEST(Dpo, StepGradientMatchesFiniteDifferences) {
   ps.init(3, 0.3);
   const int64_t t = 8, pairs = 2;
   CausalLM model(ps, ModelOptions(1, t, false));
-  std::mt19937 rng(9);
-  Batch b = Batch::tokens(pairs, 2 * t);
-  for (size_t i = 0; i < b.inputs.size(); ++i) {
-    b.inputs[i] = static_cast<int32_t>(rng() % cfg.vocab_size);
-    b.targets[i] = i % (2 * t) % t < 3 ? kIgnoreIndex : static_cast<int32_t>(rng() % cfg.vocab_size);
-  }
+  const Batch b = random_pairs(pairs, t, cfg.vocab_size);
   const std::vector<double> ref = {-20.0, -21.5, -19.0, -18.0};
   const double beta = 0.5, eps = 0.1;
   ps.zero_grads();
@@ -179,12 +185,7 @@ TEST(Dpo, LoraDropoutStepGradientMatchesFiniteDifferences) {
   const int64_t t = 8, pairs = 2;
   CausalLM model(ps, ModelOptions(1, t, false));
   model.set_lora(&adapter);
-  std::mt19937 rng(9);
-  Batch b = Batch::tokens(pairs, 2 * t);
-  for (size_t i = 0; i < b.inputs.size(); ++i) {
-    b.inputs[i] = static_cast<int32_t>(rng() % cfg.vocab_size);
-    b.targets[i] = i % (2 * t) % t < 3 ? kIgnoreIndex : static_cast<int32_t>(rng() % cfg.vocab_size);
-  }
+  const Batch b = random_pairs(pairs, t, cfg.vocab_size);
   const std::vector<double> ref = {-20.0, -21.5, -19.0, -18.0};
   const double beta = 0.5;
   const uint64_t key = 0xd0d0;
