@@ -331,8 +331,10 @@ int cmd_plan(const Args& args) {
   const MemoryPlan full = memory_plan(t.model, t.per_device_batch_size, t.max_target_length, t.bf16,
                                       t.remat, t.moe.capacity_factor);
   // LoRA: gradients and moments for the adapters alone (the saving next to a full fine-tune).
+  // (One process on the host: a bf16 base without quantisation drops its matrices' masters.)
   const MemoryPlan m = t.lora.enabled() ? lora_memory_plan(full, t.model, t.lora, t.bf16,
-                                                           t.per_device_batch_size * t.max_target_length)
+                                                           t.per_device_batch_size * t.max_target_length,
+                                                           !t.quant.enabled() && t.hardware == Device::kHost)
                                         : full;
   const int64_t lora_params = t.lora.enabled() ? m.grad_bytes / 4 : 0;
   const double state_ratio = double(m.grad_bytes + m.optimizer_bytes) / double(full.grad_bytes + full.optimizer_bytes);

@@ -206,10 +206,15 @@ std::string lora_target_list(const LoraConfig& lora) {
 }
 
 MemoryPlan lora_memory_plan(const MemoryPlan& full, const DecoderConfig& config, const LoraConfig& lora,
-                            bool bf16, int64_t tokens) {
+                            bool bf16, int64_t tokens, bool bf16_only_matrices) {
   int64_t e = 0;
   for (const ParamSpec& s : lora_layout(config, lora)) e += s.shape.numel();
   MemoryPlan m = full;
+  if (bf16 && bf16_only_matrices && m.weight_bytes != kSaturatedBytes) {
+    const std::vector<ParamInfo> infos = ParamStore::layout(config);
+    for (int i : ParamStore::droppable_masters(config))
+      m.weight_bytes -= 4 * infos[static_cast<size_t>(i)].numel;
+  }
   m.weight_bytes = sat_add(m.weight_bytes, 4 * e);
   if (bf16) m.compute_weight_bytes = sat_add(m.compute_weight_bytes, 2 * e);
   m.grad_bytes = 4 * e;

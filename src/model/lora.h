@@ -92,11 +92,13 @@ std::vector<ParamSpec> lora_layout(const DecoderConfig& config, const LoraConfig
 std::string lora_target_list(const LoraConfig& lora);
 
 // A full fine-tune's training memory plan turned into a LoRA run's: gradients and AdamW
-// moments for the adapters alone (the base keeps its weights and bf16 copy, frozen), the
-// adapters' weights added, and their [2, n, r] scratch for n tokens per micro-batch (with
-// dropout also an f32 [n, in] for the dropped input and its gradient's term).
+// moments for the adapters alone (the base keeps its weights and bf16 copy, frozen; with
+// `bf16_only_matrices` its dense matrices lose their f32 masters, ParamStore::
+// drop_matrix_masters), the adapters' weights added, and their [2, n, r] scratch for n
+// tokens per micro-batch (with dropout also an f32 [n, in] for the dropped input and its
+// gradient's term).
 MemoryPlan lora_memory_plan(const MemoryPlan& full, const DecoderConfig& config, const LoraConfig& lora,
-                            bool bf16, int64_t tokens);
+                            bool bf16, int64_t tokens, bool bf16_only_matrices = false);
 
 // Training FLOPs per token of a LoRA run (the MFU numerator): the frozen base's matmuls
 // forward and for their input gradients only (4 of a full fine-tune's 6 per parameter),

@@ -204,6 +204,10 @@ const ParamInfo* ParamStore::find(const std::string& name) const {
 
 TensorView ParamStore::param(int i) const {
   const ParamInfo& p = infos_[static_cast<size_t>(i)];
+  HYP_CHECK(!master_dropped(i),
+            "ParamStore: {} is held in bf16 alone (a frozen base drops the f32 masters of its "
+            "matrices); its f32 weights are not available",
+            p.name);
   TensorView v(params_.as<float>() + p.offset, DType::kF32, p.shape);
   v.device = device_;
   return v;
@@ -262,6 +266,7 @@ void ParamStore::init(uint64_t seed, double std) {
       fill_constant(v, 0.0f);
     else
       fill_normal(v, seed ^ hash_string(p.name.c_str()), 0.0f, static_cast<float>(std));
+    if (host) master_written(static_cast<int>(i));
   }
   if (!host) backend_for(device_).upload(staging.data(), params_.data(), params_.bytes());
   sync_bf16();
@@ -291,8 +296,64 @@ void ParamStore::zero_grads() {
 
 void ParamStore::sync_bf16() {
   if (bf16_.empty()) return;
-  backend_for(device_).convert(params_.data(), DType::kF32, bf16_.data(), DType::kBF16,
-                               static_cast<size_t>(size_));
+  KernelBackend& k = backend_for(device_);
+  if (dropped_.empty()) {
+    k.convert(params_.data(), DType::kF32, bf16_.data(), DType::kBF16, static_cast<size_t>(size_));
+    return;
+  }
+  // The ranges between dropped tensors (their bf16 is the only copy).
+  auto convert = [&](int64_t begin, int64_t end) {
+    if (end > begin)
+      k.convert(params_.as<float>() + begin, DType::kF32, bf16_.as<bf16>() + begin, DType::kBF16,
+                static_cast<size_t>(end - begin));
+  };
+  int64_t at = 0;
+  for (size_t i = 0; i < infos_.size(); ++i) {
+    if (!dropped_[i]) continue;
+    convert(at, infos_[i].offset);
+    at = infos_[i].offset + infos_[i].numel;
+  }
+  convert(at, size_);
+}
+
+std::vector<int> ParamStore::droppable_masters(const DecoderConfig& config) {
+  ParamStore s;
+  s.config_ = config;
+  s.tie_ = config.tie_embeddings;
+  s.describe();
+  std::vector<int> out;
+  for (const LayerParamIndex& p : s.layers_) {
+    for (int i : {p.q, p.k, p.v, p.o}) out.push_back(i);
+    if (!p.moe())
+      for (int i : {p.gate, p.up, p.down}) out.push_back(i);
+  }
+  if (!s.tie_) out.push_back(s.lm_head_);
+  return out;
+}
+
+int64_t ParamStore::drop_matrix_masters() {
+  HYP_CHECK(device_ == Device::kHost && has_bf16() && !has_grads(),
+            "ParamStore: only a frozen host store with a bf16 copy can drop its f32 masters");
+  if (dropped_.empty()) dropped_.assign(infos_.size(), false);
+  int64_t released = 0;
+  for (int i : droppable_masters(config_)) {
+    if (dropped_[static_cast<size_t>(i)]) continue;
+    dropped_[static_cast<size_t>(i)] = true;
+    drop_master(i);
+    released += infos_[static_cast<size_t>(i)].numel;
+  }
+  return released;
+}
+
+void ParamStore::master_written(int i) {
+  if (master_dropped(i)) drop_master(i);
+}
+
+void ParamStore::drop_master(int i) {
+  const ParamInfo& p = infos_[static_cast<size_t>(i)];
+  float* f = params_.as<float>() + p.offset;
+  convert_f32_to_bf16(f, bf16_.as<bf16>() + p.offset, static_cast<size_t>(p.numel));
+  release_pages(f, static_cast<size_t>(p.numel) * sizeof(float), true);
 }
 
 }  // namespace hyperion

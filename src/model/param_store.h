@@ -135,8 +135,26 @@ class ParamStore {
   // when tensors are added or reordered.
   void init(uint64_t seed, double std = 0.02);
   void zero_grads();
-  // Refreshes the bf16 copy from the master weights (after loading a checkpoint).
+  // Refreshes the bf16 copy from the master weights (after loading a checkpoint); a
+  // tensor whose master is dropped keeps its bf16 as it is.
   void sync_bf16();
+
+  // A frozen bf16 store (LoRA's base) needs no f32 master of the matrices its matmuls
+  // read in bf16: the dense layers' projections and an untied lm_head. From this call on
+  // each of them is held in bf16 alone: its bf16 refreshed from its f32 master and the
+  // master's pages returned to the OS, now and whenever it is written again (init,
+  // load_model_weights through master_written), and param() of it throws. The norms,
+  // biases, embedding (its lookup reads f32) and MoE layers keep theirs. A host store
+  // with a bf16 copy and no gradients only. Returns the f32 elements released.
+  int64_t drop_matrix_masters();
+  bool master_dropped(int i) const {
+    return !dropped_.empty() && dropped_[static_cast<size_t>(i)];
+  }
+  // Tensor i's f32 master was just written in place: a dropped one is converted to bf16
+  // and released again (so loading holds one tensor in f32 at a time).
+  void master_written(int i);
+  // The tensors drop_matrix_masters() drops in a store of `config`, by index.
+  static std::vector<int> droppable_masters(const DecoderConfig& config);
 
  private:
   int add(std::string name, Shape shape, int layer, ParamKind kind);
@@ -163,6 +181,8 @@ class ParamStore {
   Device device_ = Device::kHost;
   DeviceBuffer params_, grads_, bf16_;
   std::vector<float> host_copy_;  // device stores: the host copy of params_
+  std::vector<bool> dropped_;     // per tensor: f32 master released (bf16 only)
+  void drop_master(int i);
   float* host_copy();
 };
 

@@ -383,6 +383,7 @@ void load_model_weights(const std::string& dir, ParamStore& params) {
       const TensorView dst(host + p.offset, DType::kF32, p.shape);
       files.file_of(p.name)->read_into(p.name, dst);
       check_finite(dst, p.name, files.file_of(p.name)->path());
+      params.master_written(static_cast<int>(i));  // (a frozen bf16 base: to bf16, f32 released)
     }
   } catch (const UsageError&) {
     throw;

@@ -335,6 +335,12 @@ class TrainingRun {
   }
   void report_setup(const MemoryPlan& mem);
   void step();
+  // A LoRA base in bf16 held without the f32 masters of its matrices: nothing reads them
+  // (no optimizer, no fsdp gathers, no quantisation from them, no checkpoint of the base).
+  bool base_bf16_only() const {
+    return t_.lora.enabled() && t_.bf16 && !t_.quant.enabled() && mode_ == ParallelMode::kData &&
+           t_.hardware == Device::kHost;
+  }
   // The adapters' dropout key of this step's micro-batch (0: no dropout).
   uint64_t lora_dropout_key(int64_t micro) const;
   EvalResult evaluate(int64_t max_batches);
@@ -449,7 +455,7 @@ void TrainingRun::setup() {
   // moments, which every rank holds whole.)
   const MemoryPlan mem =
       t.lora.enabled() ? lora_memory_plan(rank_memory_plan(full, t.model, mode_, world_), t.model, t.lora, t.bf16,
-                                          t.per_device_batch_size * t.max_target_length)
+                                          t.per_device_batch_size * t.max_target_length, base_bf16_only())
                        : rank_memory_plan(full, t.model, mode_, world_);
   check_training_memory(config_, t, mem, mode_, world_, dist::detect_launch().local_size);
   // A given tokenizer is checked before the run directory or the dataset exists (a
@@ -543,6 +549,10 @@ void TrainingRun::setup_model(const PreparedDataset& data, const MemoryPlan& mem
   params_ = std::make_unique<ParamStore>(t.model, t.bf16, !t.lora.enabled(), backend_for(t.hardware).allocator());
   ParamStore& params = *params_;
   if (t.lora.enabled()) lora_ = std::make_unique<LoraAdapter>(params, t.lora, true, t.bf16);
+  // Before anything is written, so initialising or loading holds one matrix in f32 at a time.
+  if (base_bf16_only())
+    log_info("lora: the frozen base's matrices are held in bf16 alone ({:.2f} GiB of f32 masters not kept)",
+             double(params.drop_matrix_masters()) * 4.0 / double(1 << 30));
   moe_options_ = t.moe;
   if (mode_ == ParallelMode::kExpert)
     moe_options_.ep = make_expert_parallel(comm_, static_cast<int>(t.model.n_experts));

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -168,6 +169,62 @@ TEST_P(LoraModel, AdapterDropoutGradientsMatchFiniteDifferencesUnderItsMask) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, LoraModel, testing::Values("llama", "gemma3", "qwen2"));
+
+// A frozen bf16 base without the f32 masters of its matrices (ParamStore::
+// drop_matrix_masters, what a LoRA run on the host holds): the same bf16 weights, losses
+// and adapter gradients bit for bit as with them, through init and sync_bf16 after the
+// drop; the dropped masters' f32 views are refused by name, the norms' stay.
+TEST(LoraFrozenBase, DroppedMastersChangeNothingButTheMemory) {
+  const DecoderConfig c = config_of("llama");
+  ParamStore kept(c, true, false), dropped(c, true, false);
+  const int64_t released = dropped.drop_matrix_masters();  // before init, as the trainer does
+  kept.init(5, 0.3);
+  dropped.init(5, 0.3);
+  int64_t want = 0;
+  for (int i : ParamStore::droppable_masters(c)) want += kept.infos()[static_cast<size_t>(i)].numel;
+  EXPECT_EQ(released, want);
+  EXPECT_GT(want, c.non_embedding_params() / 2);
+  auto same_bf16 = [&] {
+    return std::memcmp(kept.params_bf16(), dropped.params_bf16(), static_cast<size_t>(kept.size()) * 2) == 0;
+  };
+  EXPECT_TRUE(same_bf16());
+  dropped.sync_bf16();  // the dropped tensors' bf16 is their only copy: kept as it is
+  EXPECT_TRUE(same_bf16());
+  const LayerParamIndex& l0 = dropped.layer(0);
+  EXPECT_TRUE(dropped.master_dropped(l0.q));
+  EXPECT_FALSE(dropped.master_dropped(l0.input_norm));
+  try {
+    dropped.param(l0.q);
+    ADD_FAILURE() << "a dropped master was handed out";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layers.0.self_attn.q_proj"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(std::memcmp(dropped.param(l0.input_norm).data, kept.param(l0.input_norm).data,
+                        static_cast<size_t>(c.dim) * 4),
+            0);
+
+  const int64_t b = 2, t = 6;
+  const auto in = random_tokens(b * t, c.vocab_size, 2);
+  const auto tg = random_tokens(b * t, c.vocab_size, 3);
+  std::vector<std::vector<float>> grads;
+  std::vector<double> losses;
+  for (ParamStore* base : {&kept, &dropped}) {
+    LoraAdapter adapter(*base, lora_config(2), true, true);
+    adapter.init(9);
+    randomize_b(adapter, 4);
+    CausalLM m(*base, ModelOptions(b, t, true, RematPolicy::kFull));
+    m.set_lora(&adapter);
+    adapter.store().zero_grads();
+    losses.push_back(m.forward_backward(in.data(), tg.data(), 1.0f).loss);
+    grads.emplace_back(adapter.store().grads(), adapter.store().grads() + adapter.store().size());
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(grads[0], grads[1]);
+  // A store that trains, or has no bf16 copy, keeps its masters.
+  ParamStore trains(c, true, true), f32(c, false, false);
+  EXPECT_THROW(trains.drop_matrix_masters(), Error);
+  EXPECT_THROW(f32.drop_matrix_masters(), Error);
+}
 
 // The adapters' gradients on a bf16 base, and on an int8 base through the quantised
 // matmuls (QLoRA's idea), stay close to the f32 ones; the base gets none.

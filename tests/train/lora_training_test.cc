@@ -85,6 +85,27 @@ class LoraTraining : public testing::Test {
   static inline std::string root_, data_, base_;
 };
 
+// `hyperion plan` of a LoRA run: the adapters' gradients and moments under 5% of a full
+// fine-tune's, and a bf16 base without the f32 masters of its matrices (kept with a
+// quantised base, which is quantised from them).
+TEST(LoraPlan, ShowsTheSavingAndTheDroppedMasters) {
+  auto plan = [](const std::string& keys) {
+    const auto r = testing_util::run_cli("plan llama3.2-1b dtype=bfloat16 " + keys + " --json", false);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return nlohmann::json::parse(r.out);
+  };
+  const nlohmann::json full = plan(""), lora = plan("lora_rank=16"), qlora = plan("lora_rank=16 quantization=int8");
+  const int64_t adapters = lora["lora"]["trainable_params"].get<int64_t>();
+  EXPECT_GT(adapters, 10'000'000);
+  EXPECT_LT(lora["lora"]["gradients_and_optimizer"].get<double>(),
+            0.05 * lora["lora"]["full_finetune_gradients_and_optimizer"].get<double>());
+  const int64_t w_full = full["memory"]["weights"].get<int64_t>(), w_lora = lora["memory"]["weights"].get<int64_t>(),
+                w_q = qlora["memory"]["weights"].get<int64_t>();
+  EXPECT_EQ(w_q, w_full + 4 * adapters);  // quantised: every master kept
+  // bf16: the dense matrices' masters (all but the embedding and norms: ~0.97 B of 1.24 B) go.
+  EXPECT_LT(w_lora, w_full / 4);
+}
+
 TEST_F(LoraTraining, AdaptersTrainOnAFrozenBaseAndSaveAsPeft) {
   const TrainResult r = lora_run("lora", {"steps=12"});
   ASSERT_EQ(r.history.size(), 12u);
@@ -125,21 +146,23 @@ TEST_F(LoraTraining, AdaptersTrainOnAFrozenBaseAndSaveAsPeft) {
 
 // With adapter dropout on: its masks derive from the seed and the step, so a resumed run
 // repeats them; dropout changes the run (from step 2, once B has moved off zero) and
-// PEFT's config records it.
+// PEFT's config records it. In bf16: the base loaded (and reloaded on resume) without the
+// f32 masters of its matrices.
 TEST_F(LoraTraining, ASplitRunEqualsOneRun) {
-  const TrainResult whole = lora_run("whole", {"steps=6", "lora_dropout=0.1"});
+  const std::vector<std::string> keys = {"steps=6", "lora_dropout=0.1", "dtype=bfloat16"};
+  const TrainResult whole = lora_run("whole", keys);
   TrainOptions stop = quiet();
   stop.stop_at = 3;
-  const TrainResult first = lora_run("split", {"steps=6", "lora_dropout=0.1"}, stop);
+  const TrainResult first = lora_run("split", keys, stop);
   ASSERT_EQ(first.history.size(), 3u);
-  const TrainResult second = lora_run("split", {"steps=6", "lora_dropout=0.1"});
+  const TrainResult second = lora_run("split", keys);
   EXPECT_EQ(second.start_step, 3);
   ASSERT_EQ(second.history.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(first.history[i].loss, whole.history[i].loss) << i;
     EXPECT_EQ(second.history[i].loss, whole.history[3 + i].loss) << i;
   }
-  const TrainResult plain = lora_run("whole_no_dropout", {"steps=6"});
+  const TrainResult plain = lora_run("whole_no_dropout", {"steps=6", "dtype=bfloat16"});
   ASSERT_EQ(plain.history.size(), 6u);
   EXPECT_EQ(plain.history[0].loss, whole.history[0].loss);  // B = 0: the adapters add nothing yet
   EXPECT_NE(plain.history[2].loss, whole.history[2].loss);
