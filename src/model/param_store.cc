@@ -41,16 +41,24 @@ ParamStore::ParamStore(const DecoderConfig& config, const std::vector<ParamSpec>
 void ParamStore::allocate(ParamBuffers buffers, Allocator& alloc) {
   KernelBackend& k = backend_for(device_);
   const size_t n = static_cast<size_t>(size_);
+  // Padding between tensors stays zero, so whole-buffer reductions (norms) are exact. On
+  // the host the whole pages are returned instead of written (they read as zero and cost
+  // nothing until a tensor is written: a bf16-only base never commits its matrices' f32).
+  auto zeroed = [&](DeviceBuffer& b) {
+    if (device_ == Device::kHost)
+      release_pages(b.data(), b.bytes(), true);
+    else
+      k.zero(b.data(), b.bytes());
+  };
   params_ = DeviceBuffer(alloc, n * sizeof(float));
-  // Padding between tensors stays zero, so whole-buffer reductions (norms) are exact.
-  k.zero(params_.data(), params_.bytes());
+  zeroed(params_);
   if (buffers.gradients) {
     grads_ = DeviceBuffer(alloc, n * sizeof(float));
     zero_grads();
   }
   if (buffers.bf16_copy) {
     bf16_ = DeviceBuffer(alloc, n * sizeof(bf16));
-    k.zero(bf16_.data(), bf16_.bytes());
+    zeroed(bf16_);
   }
 }
 
@@ -331,7 +339,7 @@ std::vector<int> ParamStore::droppable_masters(const DecoderConfig& config) {
   return out;
 }
 
-int64_t ParamStore::drop_matrix_masters() {
+int64_t ParamStore::drop_matrix_masters(bool fresh) {
   HYP_CHECK(device_ == Device::kHost && has_bf16() && !has_grads(),
             "ParamStore: only a frozen host store with a bf16 copy can drop its f32 masters");
   if (dropped_.empty()) dropped_.assign(infos_.size(), false);
@@ -339,7 +347,7 @@ int64_t ParamStore::drop_matrix_masters() {
   for (int i : droppable_masters(config_)) {
     if (dropped_[static_cast<size_t>(i)]) continue;
     dropped_[static_cast<size_t>(i)] = true;
-    drop_master(i);
+    if (!fresh) drop_master(i);
     released += infos_[static_cast<size_t>(i)].numel;
   }
   return released;

@@ -145,8 +145,10 @@ class ParamStore {
   // master's pages returned to the OS, now and whenever it is written again (init,
   // load_model_weights through master_written), and param() of it throws. The norms,
   // biases, embedding (its lookup reads f32) and MoE layers keep theirs. A host store
-  // with a bf16 copy and no gradients only. Returns the f32 elements released.
-  int64_t drop_matrix_masters();
+  // with a bf16 copy and no gradients only. `fresh`: nothing has written the store yet
+  // (both copies still zero), so there is nothing to convert or release. Returns the f32
+  // elements dropped.
+  int64_t drop_matrix_masters(bool fresh = false);
   bool master_dropped(int i) const {
     return !dropped_.empty() && dropped_[static_cast<size_t>(i)];
   }

@@ -552,7 +552,7 @@ void TrainingRun::setup_model(const PreparedDataset& data, const MemoryPlan& mem
   // Before anything is written, so initialising or loading holds one matrix in f32 at a time.
   if (base_bf16_only())
     log_info("lora: the frozen base's matrices are held in bf16 alone ({:.2f} GiB of f32 masters not kept)",
-             double(params.drop_matrix_masters()) * 4.0 / double(1 << 30));
+             double(params.drop_matrix_masters(true)) * 4.0 / double(1 << 30));
   moe_options_ = t.moe;
   if (mode_ == ParallelMode::kExpert)
     moe_options_.ep = make_expert_parallel(comm_, static_cast<int>(t.model.n_experts));

@@ -177,12 +177,17 @@ INSTANTIATE_TEST_SUITE_P(Archs, LoraModel, testing::Values("llama", "gemma3", "q
 TEST(LoraFrozenBase, DroppedMastersChangeNothingButTheMemory) {
   const DecoderConfig c = config_of("llama");
   ParamStore kept(c, true, false), dropped(c, true, false);
-  const int64_t released = dropped.drop_matrix_masters();  // before init, as the trainer does
+  const int64_t released = dropped.drop_matrix_masters(true);  // before init, as the trainer does
   kept.init(5, 0.3);
   dropped.init(5, 0.3);
   int64_t want = 0;
   for (int i : ParamStore::droppable_masters(c)) want += kept.infos()[static_cast<size_t>(i)].numel;
   EXPECT_EQ(released, want);
+  // Dropping a written store converts first: the same bf16 as keeping the masters.
+  ParamStore later(c, true, false);
+  later.init(5, 0.3);
+  EXPECT_EQ(later.drop_matrix_masters(), want);
+  EXPECT_EQ(std::memcmp(kept.params_bf16(), later.params_bf16(), static_cast<size_t>(kept.size()) * 2), 0);
   EXPECT_GT(want, c.non_embedding_params() / 2);
   auto same_bf16 = [&] {
     return std::memcmp(kept.params_bf16(), dropped.params_bf16(), static_cast<size_t>(kept.size()) * 2) == 0;
