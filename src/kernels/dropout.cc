@@ -82,6 +82,8 @@ namespace {
 
 constexpr int64_t kGrain = 16384;
 
+}  // namespace
+
 void check_dropout(const char* op, const TensorView& x, const TensorView& y, float p, bool accumulate) {
   check_contiguous(op, "x", x);
   check_contiguous(op, "y", y);
@@ -93,8 +95,6 @@ void check_dropout(const char* op, const TensorView& x, const TensorView& y, flo
   HYP_CHECK(!(accumulate && x.data == y.data) && (x.data != y.data || x.dtype == y.dtype),
             "{}: y may alias x only when both have one dtype and nothing accumulates", op);
 }
-
-}  // namespace
 
 uint64_t dropout_key(uint64_t base, uint64_t salt) {
   // splitmix64 of the pair: any change of either gives an unrelated key.

@@ -45,6 +45,11 @@ inline bool dropout_keeps(const DropoutMask& m, uint32_t i) {
 // `salt` (which matrix), so that masks of different uses are independent.
 uint64_t dropout_key(uint64_t base, uint64_t salt);
 
+// Throws naming `op` unless x and y are contiguous f32 or bf16 of one size (at most 2^32
+// elements), p is in [0, 1) and y aliases x only as dropout_apply allows (every backend's
+// check).
+void check_dropout(const char* op, const TensorView& x, const TensorView& y, float p, bool accumulate);
+
 // p in [0, 1); throws naming the op on bad shapes, dtypes or p.
 void dropout_apply(const TensorView& x, const TensorView& y, float p, uint64_t key, bool accumulate);
 

@@ -324,19 +324,23 @@ void ParamStore::sync_bf16() {
   convert(at, size_);
 }
 
+std::vector<int> ParamStore::droppable() const {
+  std::vector<int> out;
+  for (const LayerParamIndex& p : layers_) {
+    for (int i : {p.q, p.k, p.v, p.o}) out.push_back(i);
+    if (!p.moe())
+      for (int i : {p.gate, p.up, p.down}) out.push_back(i);
+  }
+  if (!tie_) out.push_back(lm_head_);
+  return out;
+}
+
 std::vector<int> ParamStore::droppable_masters(const DecoderConfig& config) {
   ParamStore s;
   s.config_ = config;
   s.tie_ = config.tie_embeddings;
   s.describe();
-  std::vector<int> out;
-  for (const LayerParamIndex& p : s.layers_) {
-    for (int i : {p.q, p.k, p.v, p.o}) out.push_back(i);
-    if (!p.moe())
-      for (int i : {p.gate, p.up, p.down}) out.push_back(i);
-  }
-  if (!s.tie_) out.push_back(s.lm_head_);
-  return out;
+  return s.droppable();
 }
 
 int64_t ParamStore::drop_matrix_masters(bool fresh) {
@@ -344,7 +348,7 @@ int64_t ParamStore::drop_matrix_masters(bool fresh) {
             "ParamStore: only a frozen host store with a bf16 copy can drop its f32 masters");
   if (dropped_.empty()) dropped_.assign(infos_.size(), false);
   int64_t released = 0;
-  for (int i : droppable_masters(config_)) {
+  for (int i : droppable()) {
     if (dropped_[static_cast<size_t>(i)]) continue;
     dropped_[static_cast<size_t>(i)] = true;
     if (!fresh) drop_master(i);

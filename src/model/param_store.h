@@ -185,6 +185,7 @@ class ParamStore {
   std::vector<float> host_copy_;  // device stores: the host copy of params_
   std::vector<bool> dropped_;     // per tensor: f32 master released (bf16 only)
   void drop_master(int i);
+  std::vector<int> droppable() const;  // droppable_masters() of this store
   float* host_copy();
 };
 

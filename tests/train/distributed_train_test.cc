@@ -52,12 +52,9 @@ std::vector<double> losses(const std::string& run_dir) {
 }
 
 // Every tensor of a checkpoint, through the single-file converter (which reads both layouts).
-std::map<std::string, std::vector<float>> weights(const std::string& run_dir) {
-  const std::string out = run_dir + "/merged";
-  const auto r =
-      run_cli(fmt::format("convert --checkpoint {} --to safetensors --output {}", run_dir, out));
-  EXPECT_EQ(r.code, 0) << r.out;
-  io::SafetensorsFile f = io::SafetensorsFile::open(out + "/model.safetensors");
+// Every f32 tensor of one safetensors file, by name.
+std::map<std::string, std::vector<float>> tensors_of(const std::string& path) {
+  io::SafetensorsFile f = io::SafetensorsFile::open(path);
   std::map<std::string, std::vector<float>> w;
   for (const io::SafetensorsTensor& t : f.tensors()) {
     const float* p = static_cast<const float*>(t.data);
@@ -66,22 +63,36 @@ std::map<std::string, std::vector<float>> weights(const std::string& run_dir) {
   return w;
 }
 
+std::map<std::string, std::vector<float>> weights(const std::string& run_dir) {
+  const std::string out = run_dir + "/merged";
+  const auto r =
+      run_cli(fmt::format("convert --checkpoint {} --to safetensors --output {}", run_dir, out));
+  EXPECT_EQ(r.code, 0) << r.out;
+  return tensors_of(out + "/model.safetensors");
+}
+
 void expect_same_losses(const std::vector<double>& a, const std::vector<double>& b, size_t n) {
   ASSERT_EQ(a.size(), n);
   ASSERT_EQ(b.size(), n);
   for (size_t i = 0; i < n; ++i) EXPECT_NEAR(a[i], b[i], 2e-5 * std::abs(a[i])) << "step " << i + 1;
 }
 
-void expect_same_weights(const std::string& run_a, const std::string& run_b) {
-  const auto a = weights(run_a), b = weights(run_b);
-  ASSERT_EQ(a.size(), b.size());
+// The same tensor names and shapes, every element within 2e-5.
+void expect_same_tensors(const std::map<std::string, std::vector<float>>& a,
+                         const std::map<std::string, std::vector<float>>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
   double worst = 0;
   for (const auto& [name, va] : a) {
+    ASSERT_EQ(b.count(name), 1u) << what << ": " << name;
     const auto& vb = b.at(name);
     ASSERT_EQ(va.size(), vb.size()) << name;
     for (size_t i = 0; i < va.size(); ++i) worst = std::max(worst, double(std::abs(va[i] - vb[i])));
   }
-  EXPECT_LT(worst, 2e-5) << run_a << " vs " << run_b;
+  EXPECT_LT(worst, 2e-5) << what;
+}
+
+void expect_same_weights(const std::string& run_a, const std::string& run_b) {
+  expect_same_tensors(weights(run_a), weights(run_b), run_a + " vs " + run_b);
 }
 
 // Environment for multi-rank runs. Open MPI leaks at MPI_Finalize from components it has
@@ -194,17 +205,6 @@ TEST(DistributedTrain, FsdpAndZeroOneEqualDataParallelOnTwoRanks) {
   }
 }
 
-// Every tensor of a PEFT adapter directory.
-std::map<std::string, std::vector<float>> adapter_tensors(const std::string& dir) {
-  io::SafetensorsFile f = io::SafetensorsFile::open(dir + "/adapter_model.safetensors");
-  std::map<std::string, std::vector<float>> w;
-  for (const io::SafetensorsTensor& t : f.tensors()) {
-    const float* p = static_cast<const float*>(t.data);
-    w[t.name].assign(p, p + t.nbytes / 4);
-  }
-  return w;
-}
-
 // LoRA over 2 ranks: the adapters replicated and averaged, the frozen base whole on each
 // rank (data parallel) or sharded and gathered layer by layer (fsdp); both give one
 // process's losses and adapters. A quantised base under fsdp is refused by name.
@@ -214,19 +214,12 @@ TEST(DistributedTrain, LoraDataParallelAndFsdpEqualOneProcess) {
   const std::string dp = train("lora_dp", "steps=6 per_device_batch_size=2" + lora, 2);
   const std::string fsdp =
       train("lora_fsdp", "steps=6 per_device_batch_size=2 fsdp_parallelism=2 data_parallelism=1" + lora, 2);
-  const auto want = adapter_tensors(one + "/checkpoints/6");
+  const std::string adapter = "/checkpoints/6/adapter_model.safetensors";
+  const auto want = tensors_of(one + adapter);
   ASSERT_EQ(want.size(), 2u * 7 * 2);
   for (const std::string& run : {dp, fsdp}) {
     expect_same_losses(losses(one), losses(run), 6);
-    const auto got = adapter_tensors(run + "/checkpoints/6");
-    ASSERT_EQ(got.size(), want.size()) << run;
-    double worst = 0;
-    for (const auto& [name, w] : want) {
-      const auto& g = got.at(name);
-      ASSERT_EQ(g.size(), w.size()) << name;
-      for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(g[i] - w[i])));
-    }
-    EXPECT_LT(worst, 2e-5) << run;
+    expect_same_tensors(tensors_of(run + adapter), want, run);
   }
   const auto r = run_ranks(2, common(root_dir(), "lora_fsdp_int8") +
                                   " steps=1 per_device_batch_size=2 fsdp_parallelism=2 data_parallelism=1"

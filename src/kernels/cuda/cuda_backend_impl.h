@@ -479,11 +479,7 @@ class CudaBackend final : public KernelBackend {
                      bool accumulate) override {
     const char* op = "dropout_apply";
     check(op, {&x, &y});
-    HYP_CHECK(x.numel() == y.numel() && x.numel() <= (int64_t{1} << 32),
-              "{}: x {} and y {} differ in size or exceed 2^32 elements", op, x.str(), y.str());
-    HYP_CHECK(p >= 0.0f && p < 1.0f, "{}: p must be in [0, 1), got {}", op, p);
-    HYP_CHECK(!(accumulate && x.data == y.data) && (x.data != y.data || x.dtype == y.dtype),
-              "{}: y may alias x only when both have one dtype and nothing accumulates", op);
+    check_dropout(op, x, y, p, accumulate);
     const DropoutMask m = dropout_mask(p, key);
     cuda::dropout(stream_, x.data, elem_of(op, "x", x), y.data, elem_of(op, "y", y), x.numel(), m.k0, m.k1,
                   m.threshold, m.scale, accumulate);
