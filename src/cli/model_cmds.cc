@@ -1,4 +1,5 @@
 // `hyperion eval`, `hyperion generate` and `hyperion convert` on a checkpoint directory.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -10,27 +11,65 @@
 #include "cli/flags.h"
 #include "cli/loaded_checkpoint.h"
 #include "convert/gguf_convert.h"
+#include "convert/gguf_model.h"
 #include "convert/peft_adapter.h"
 #include "diffusion/pipeline.h"
 #include "diffusion/single_file.h"
 #include "io/atomic_file.h"
 #include "io/file_identity.h"
+#include "io/gguf.h"
 #include "io/safetensors.h"
 #include "kernels/backend.h"
+#include "kernels/block_quant.h"
 #include "kernels/hardware.h"
 #include "model/generator.h"
 #include "model/lora.h"
 #include "model/sampler.h"
 #include "serve/text_stream.h"
+#include "text/gguf_tokenizer.h"
 #include "text/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 
 namespace hyperion::cli {
 
+namespace {
+
+// A llama.cpp GGUF file (convert/gguf_model.h): its quantised matrices stay in their
+// blocks, read in place from the mapped file; the tokenizer is the file's vocabulary.
+LoadedCheckpoint load_gguf_checkpoint(const std::string& path, bool bf16,
+                                      const std::function<void(const DecoderConfig&)>& before_load,
+                                      Device device, const std::string& adapter) {
+  HYP_USAGE_CHECK(adapter.empty(),
+                  "{}: --adapter {}: LoRA adapters merge into safetensors checkpoints; a GGUF "
+                  "model's quantised weights cannot take one",
+                  path, adapter);
+  auto file = std::make_shared<const io::GgufFile>(io::GgufFile::open(path));
+  DecoderConfig config = convert::decoder_config_from_gguf(*file);
+  const bool quantised = std::any_of(file->tensors().begin(), file->tensors().end(), [](const io::GgufTensor& t) {
+    return block_format_of_ggml(static_cast<uint32_t>(t.type)) != nullptr;
+  });
+  HYP_USAGE_CHECK(!quantised || device == Device::kHost,
+                  "{}: quantised GGUF weights ({}) run on the CPU; use hardware=cpu or an "
+                  "f16/bf16/f32 GGUF",
+                  path, convert::gguf_type_summary(*file));
+  if (before_load) before_load(config);
+  LoadedCheckpoint c{path, "", config, nullptr, text::tokenizer_from_gguf(*file)};
+  HYP_USAGE_CHECK(c.tokenizer.fits_model_vocab(config.vocab_size),
+                  "{}: the vocabulary has {} tokens but token_embd.weight has {} rows", path,
+                  c.tokenizer.vocab_size(), config.vocab_size);
+  c.params = std::make_unique<ParamStore>(c.config, bf16, /*gradients=*/false,
+                                          backend_for(device).allocator());
+  convert::load_gguf_weights(file, *c.params);
+  return c;
+}
+
+}  // namespace
+
 LoadedCheckpoint load_checkpoint(const std::string& path, bool bf16,
                                  const std::function<void(const DecoderConfig&)>& before_load,
                                  Device device, std::string adapter) {
+  if (convert::is_gguf_file(path)) return load_gguf_checkpoint(path, bf16, before_load, device, adapter);
   std::string dir = resolve_checkpoint_dir(path);
   std::string tokenizer_dir = dir;
   if (convert::is_peft_adapter_dir(dir) && !has_full_model_weights(dir)) {
@@ -140,6 +179,10 @@ const CommandSpec kConvertSpec = {
     {kCheckpointFlag,
      {"to", "FORMAT", "gguf or safetensors"},
      {"type", "T", "GGUF tensor type: f32, f16 (default), bf16 or q8_0"},
+     {"quant", "Q",
+      "GGUF quantisation as llama-quantize's: q8_0, q4_0, q4_k_m, q5_k_m or q6_k (each tensor's "
+      "type chosen by llama.cpp's rules: output and some attn_v/ffn_down layers q6_K, norms "
+      "f32); instead of --type"},
      {"merge-lora", "DIR",
       "safetensors: a PEFT LoRA adapter directory folded into the weights (W + s B A): the output is the "
       "merged model, a Hugging Face directory"},
@@ -150,6 +193,7 @@ const CommandSpec kConvertSpec = {
     "converts to gguf. An output that is one of the checkpoint's own files, or the "
     "checkpoint directory itself, is refused.",
     "convert --checkpoint runs/tiny --to gguf --type q8_0\n"
+    "  hyperion convert --checkpoint runs/tiny --to gguf --quant q4_k_m\n"
     "  hyperion convert --checkpoint BASE --merge-lora runs/lora --to safetensors --output merged"};
 
 int cmd_eval(const Args& args) {
@@ -280,10 +324,18 @@ int cmd_convert(const Args& args) {
                   "convert: --to must be gguf or safetensors, got '{}'", to);
   // Every flag is checked before the checkpoint is looked at: a usage error is reported
   // as one (exit 2) even when the checkpoint is also wrong.
-  const std::string type = f.get("type", "f16");
-  HYP_USAGE_CHECK(type == "f32" || type == "f16" || type == "bf16" || type == "q8_0",
-                  "convert: --type must be f32, f16, bf16 or q8_0, got '{}'", type);
-  HYP_USAGE_CHECK(to == "gguf" || !f.has("type"), "convert: --type applies to --to gguf only");
+  HYP_USAGE_CHECK(!(f.has("type") && f.has("quant")),
+                  "convert: give --type or --quant, not both");
+  const std::string type = f.has("quant") ? f.get("quant", "") : f.get("type", "f16");
+  if (f.has("quant"))
+    HYP_USAGE_CHECK(type == "q8_0" || type == "q4_0" || type == "q4_k_m" || type == "q5_k_m" ||
+                        type == "q6_k",
+                    "convert: --quant must be q8_0, q4_0, q4_k_m, q5_k_m or q6_k, got '{}'", type);
+  else
+    HYP_USAGE_CHECK(type == "f32" || type == "f16" || type == "bf16" || type == "q8_0",
+                    "convert: --type must be f32, f16, bf16 or q8_0, got '{}'", type);
+  HYP_USAGE_CHECK(to == "gguf" || (!f.has("type") && !f.has("quant")),
+                  "convert: --{} applies to --to gguf only", f.has("quant") ? "quant" : "type");
   if (to == "safetensors") f.require("output");
   HYP_USAGE_CHECK(!f.has("merge-lora") || to == "safetensors",
                   "convert: --merge-lora writes safetensors (--to safetensors); convert the merged directory to gguf "

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <optional>
 #include <set>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "io/gguf.h"
 #include "io/safetensors.h"
 #include "io/weight_files.h"
+#include "kernels/block_quant.h"
 #include "kernels/finite.h"
 #include "kernels/quantize.h"
 #include "model/param_store.h"
@@ -24,9 +26,6 @@
 namespace hyperion::convert {
 
 namespace {
-
-// llama.cpp's LlamaFileType values for general.file_type.
-constexpr uint32_t kFileTypeF32 = 0, kFileTypeF16 = 1, kFileTypeQ8_0 = 7, kFileTypeBF16 = 32;
 
 // The model, as config.json describes it (the one reader every command uses), and what
 // GGUF needs besides.
@@ -133,17 +132,202 @@ GgufModel read_config(const std::string& dir) {
   }
 }
 
-struct OutType {
-  io::GgmlType matrix;  // type of 2-D weights
-  uint32_t file_type;
-};
+GgufOutType parse_out_type(const std::string& dir, const std::string& s) {
+  const std::optional<GgufOutType> t = parse_gguf_out_type(s);
+  if (!t)
+    fail("gguf convert: {}: unknown output type '{}' (expected f32, f16, bf16, q8_0, q4_0, "
+         "q4_k_m, q5_k_m or q6_k)",
+         dir, s);
+  return *t;
+}
 
-OutType parse_out_type(const std::string& dir, const std::string& s) {
-  if (s == "f32") return {io::GgmlType::kF32, kFileTypeF32};
-  if (s == "f16") return {io::GgmlType::kF16, kFileTypeF16};
-  if (s == "bf16") return {io::GgmlType::kBF16, kFileTypeBF16};
-  if (s == "q8_0") return {io::GgmlType::kQ8_0, kFileTypeQ8_0};
-  fail("gguf convert: {}: unknown output type '{}' (expected f32, f16, bf16 or q8_0)", dir, s);
+// ---- llama-quantize's choice of tensor types (llama-quant.cpp), for the mixtures here.
+
+enum class Category { kTokenEmbd, kAttnQ, kAttnV, kAttnK, kAttnOutput, kFfnUp, kFfnGate,
+                      kFfnDown, kOutput, kOther };
+
+// tensor_get_category: the first match, in llama.cpp's order (the fused attn_qkv and
+// attn_kv_b of other architectures never occur here).
+Category category_of(const std::string& name) {
+  if (name == "output.weight") return Category::kOutput;
+  if (name == "token_embd.weight") return Category::kTokenEmbd;
+  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  if (has("attn_v.weight")) return Category::kAttnV;
+  if (has("attn_k.weight")) return Category::kAttnK;
+  if (has("attn_q.weight")) return Category::kAttnQ;
+  if (has("attn_output.weight")) return Category::kAttnOutput;
+  if (has("ffn_up")) return Category::kFfnUp;
+  if (has("ffn_gate")) return Category::kFfnGate;
+  if (has("ffn_down")) return Category::kFfnDown;
+  return Category::kOther;
+}
+
+// tensor_allows_quantization, for the tensors this converter writes.
+bool quantizable(const std::string& name, const Shape& shape) {
+  return shape.rank() >= 2 && name.ends_with("weight") &&
+         name.find("_norm.weight") == std::string::npos &&
+         name.find("ffn_gate_inp.weight") == std::string::npos;
+}
+
+// The first and last eighth of the layers and every third one between get more bits.
+bool use_more_bits(int64_t i_layer, int64_t n_layers) {
+  return i_layer < n_layers / 8 || i_layer >= 7 * n_layers / 8 ||
+         (i_layer - n_layers / 8) % 3 == 2;
+}
+
+io::GgmlType base_type(GgufOutType t) {
+  switch (t) {
+    case GgufOutType::kF32:
+      return io::GgmlType::kF32;
+    case GgufOutType::kF16:
+      return io::GgmlType::kF16;
+    case GgufOutType::kBF16:
+      return io::GgmlType::kBF16;
+    case GgufOutType::kQ8_0:
+      return io::GgmlType::kQ8_0;
+    case GgufOutType::kQ4_0:
+      return io::GgmlType::kQ4_0;
+    case GgufOutType::kQ4_K_M:
+      return io::GgmlType::kQ4_K;
+    case GgufOutType::kQ5_K_M:
+      return io::GgmlType::kQ5_K;
+    case GgufOutType::kQ6_K:
+      return io::GgmlType::kQ6_K;
+  }
+  return io::GgmlType::kF32;
+}
+
+// tensor_type_fallback, with q8_0 for llama.cpp's q5_0 and q5_1 (gguf_convert.h).
+io::GgmlType fallback_type(io::GgmlType t, int64_t cols) {
+  if (cols % io::ggml_block_size(t) == 0) return t;
+  if (t == io::GgmlType::kQ4_K || t == io::GgmlType::kQ5_K || t == io::GgmlType::kQ6_K)
+    t = io::GgmlType::kQ8_0;
+  return cols % io::ggml_block_size(t) == 0 ? t : io::GgmlType::kF16;
+}
+
+// The layer number of a "blk.{i}." tensor name.
+int64_t layer_of(const std::string& name, int64_t n_layers) {
+  int64_t layer = -1;
+  if (name.rfind("blk.", 0) == 0) {
+    const size_t dot = name.find('.', 4);
+    if (dot != std::string::npos && dot > 4) {
+      try {
+        layer = std::stoll(name.substr(4, dot - 4));
+      } catch (const std::exception&) {
+        layer = -1;
+      }
+    }
+  }
+  HYP_CHECK(layer >= 0 && layer < n_layers,
+            "gguf convert: cannot determine the layer of tensor '{}' (of {} layers)", name,
+            n_layers);
+  return layer;
+}
+
+}  // namespace
+
+std::optional<GgufOutType> parse_gguf_out_type(std::string_view name) {
+  static constexpr std::pair<std::string_view, GgufOutType> kNames[] = {
+      {"f32", GgufOutType::kF32},       {"f16", GgufOutType::kF16},
+      {"bf16", GgufOutType::kBF16},     {"q8_0", GgufOutType::kQ8_0},
+      {"q4_0", GgufOutType::kQ4_0},     {"q4_k_m", GgufOutType::kQ4_K_M},
+      {"q5_k_m", GgufOutType::kQ5_K_M}, {"q6_k", GgufOutType::kQ6_K}};
+  for (const auto& [n, t] : kNames)
+    if (n == name) return t;
+  return std::nullopt;
+}
+
+uint32_t gguf_file_type(GgufOutType type) {
+  switch (type) {
+    case GgufOutType::kF32:
+      return 0;  // LLAMA_FTYPE_ALL_F32
+    case GgufOutType::kF16:
+      return 1;  // LLAMA_FTYPE_MOSTLY_F16
+    case GgufOutType::kBF16:
+      return 32;  // LLAMA_FTYPE_MOSTLY_BF16
+    case GgufOutType::kQ8_0:
+      return 7;  // LLAMA_FTYPE_MOSTLY_Q8_0
+    case GgufOutType::kQ4_0:
+      return 2;  // LLAMA_FTYPE_MOSTLY_Q4_0
+    case GgufOutType::kQ4_K_M:
+      return 15;  // LLAMA_FTYPE_MOSTLY_Q4_K_M
+    case GgufOutType::kQ5_K_M:
+      return 17;  // LLAMA_FTYPE_MOSTLY_Q5_K_M
+    case GgufOutType::kQ6_K:
+      return 18;  // LLAMA_FTYPE_MOSTLY_Q6_K
+  }
+  return 0;
+}
+
+std::vector<io::GgmlType> gguf_tensor_types(
+    GgufOutType type, const GgufQuantModel& model,
+    const std::vector<std::pair<std::string, Shape>>& tensors) {
+  const io::GgmlType base = base_type(type);
+  const bool mixture = type == GgufOutType::kQ8_0 || type == GgufOutType::kQ4_0 ||
+                       type == GgufOutType::kQ4_K_M || type == GgufOutType::kQ5_K_M ||
+                       type == GgufOutType::kQ6_K;
+  const bool k_m = type == GgufOutType::kQ4_K_M || type == GgufOutType::kQ5_K_M;
+  // quantize_state_impl's counters and the facts it reads.
+  int64_t n_attn_v = 0;
+  bool tied = true;  // llama.cpp assumes tied embeddings until it sees output.weight
+  for (const auto& [name, shape] : tensors) {
+    const Category c = category_of(name);
+    if (c == Category::kAttnV) ++n_attn_v;
+    if (c == Category::kOutput) tied = false;
+  }
+  const int64_t n_expert = model.n_experts;
+  // llama.cpp's LLM_TYPE_70B: its llama graph's 80-layer models with grouped-query
+  // attention (an 8-expert llama is "8x7B" instead), and qwen2's 80-layer models.
+  const bool is_70b = model.n_layers == 80 &&
+                      ((model.arch == "llama" && n_expert != 8 &&
+                        model.n_heads != model.n_kv_heads) ||
+                       model.arch == "qwen2");
+  int64_t i_attn_v = 0, i_ffn_down = 0;
+  std::vector<io::GgmlType> out;
+  out.reserve(tensors.size());
+  for (const auto& [name, shape] : tensors) {
+    if (!quantizable(name, shape)) {
+      out.push_back(io::GgmlType::kF32);
+      continue;
+    }
+    const int64_t cols = shape.dim(-1);
+    if (!mixture) {
+      out.push_back(base);
+      continue;
+    }
+    io::GgmlType t = base;
+    const Category c = category_of(name);
+    if (c == Category::kOutput || (tied && c == Category::kTokenEmbd)) {
+      if (cols % io::ggml_block_size(base) != 0)
+        t = io::GgmlType::kQ8_0;
+      else if (t != io::GgmlType::kQ8_0)
+        t = io::GgmlType::kQ6_K;
+    } else if (c == Category::kAttnV) {
+      if (k_m && use_more_bits(i_attn_v, n_attn_v)) t = io::GgmlType::kQ6_K;
+      if (is_70b && t == io::GgmlType::kQ4_K) t = io::GgmlType::kQ5_K;
+      if (n_expert == 8) t = io::GgmlType::kQ8_0;
+      ++i_attn_v;
+    } else if (c == Category::kAttnK) {
+      if (n_expert == 8) t = io::GgmlType::kQ8_0;
+    } else if (c == Category::kFfnDown) {
+      const int64_t i_layer = n_expert > 1 ? layer_of(name, model.n_layers) : i_ffn_down;
+      if (k_m && use_more_bits(i_layer, model.n_layers)) t = io::GgmlType::kQ6_K;
+      ++i_ffn_down;
+    } else if (c == Category::kAttnOutput) {
+      if (n_expert == 8 && type == GgufOutType::kQ4_K_M) t = io::GgmlType::kQ5_K;
+    }
+    out.push_back(fallback_type(t, cols));
+  }
+  return out;
+}
+
+namespace {
+
+// kernels' quantize_blocks, for the writer's Q4_0/K tensors (io cannot call kernels).
+void quantize_with_kernels(io::GgmlType t, const float* src, unsigned char* dst, int64_t n) {
+  const BlockFormat* f = block_format_of_ggml(static_cast<uint32_t>(t));
+  HYP_CHECK(f != nullptr, "gguf convert: no block quantiser for {}", io::ggml_type_name(t));
+  quantize_blocks(f->type, src, dst, n);
 }
 
 }  // namespace
@@ -236,7 +420,7 @@ void encode_q8_0_per_channel(const float* w, int64_t rows, int64_t cols, unsigne
 
 void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::string& out_path,
                                 const std::string& out_type) {
-  const OutType ot = parse_out_type(checkpoint_dir, out_type);
+  const GgufOutType ot = parse_out_type(checkpoint_dir, out_type);
   const GgufModel g = read_config(checkpoint_dir);
   const hyperion::DecoderConfig& c = g.c;
   const FamilyInfo& fam = *g.family;
@@ -306,7 +490,7 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
               "attention_factor or mscale: llama.cpp derives the factor from 'factor' alone",
               checkpoint_dir);
   }
-  w.set_u32("general.file_type", ot.file_type);
+  w.set_u32("general.file_type", gguf_file_type(ot));
   w.set_u32(arch + ".vocab_size", uint32_t(c.vocab_size));
   w.set_u32(arch + ".rope.dimension_count", uint32_t(c.head_dim));
   w.set_u32("general.quantization_version", 2);  // GGML_QNT_VERSION
@@ -336,17 +520,46 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
   auto read = [&files](const std::string& hf, const TensorView& dst) {
     read_finite(*files.file_of(hf), hf, dst);
   };
-  // As convert_hf_to_gguf.py: 1-D tensors, norms and the MoE router (ffn_gate_inp, which
-  // llama.cpp's quantizer never quantises either) stay f32; q8_0 blocks run along the last
-  // dimension and fall back to f16 when it is not a multiple of 32.
+  // Every tensor's type, chosen for the whole file at once as llama-quantize does
+  // (gguf_tensor_types): 1-D tensors, norms and the MoE router stay f32; blocks run along
+  // the last dimension, with llama.cpp's fallbacks where their size does not divide it.
+  const std::vector<ParamInfo> layout = ParamStore::layout(c);
+  const std::vector<std::string> gguf_names = gguf_tensor_names(c, layout);
+  std::map<std::string, io::GgmlType> types;
+  {
+    std::vector<std::pair<std::string, Shape>> plan;
+    for (size_t i = 0; i < layout.size(); ++i) {
+      if (i > 0 && gguf_names[i] == gguf_names[i - 1]) continue;  // one stacked expert tensor
+      Shape shape = layout[i].shape;
+      if (layout[i].name.find(".experts.") != std::string::npos) {
+        int64_t e = 0;
+        for (size_t j = i; j < layout.size() && gguf_names[j] == gguf_names[i]; ++j) ++e;
+        shape = Shape{e, shape[0], shape[1]};
+      }
+      plan.emplace_back(gguf_names[i], shape);
+    }
+    const GgufQuantModel qm{arch, c.n_layers, c.n_heads, c.n_kv_heads, c.n_experts};
+    const std::vector<io::GgmlType> chosen = gguf_tensor_types(ot, qm, plan);
+    int fallbacks = 0;
+    for (size_t i = 0; i < plan.size(); ++i) {
+      types[plan[i].first] = chosen[i];
+      const bool k = base_type(ot) == io::GgmlType::kQ4_K ||
+                     base_type(ot) == io::GgmlType::kQ5_K || base_type(ot) == io::GgmlType::kQ6_K;
+      if (k && chosen[i] != io::GgmlType::kF32 && plan[i].second.dim(-1) % 256 != 0) ++fallbacks;
+    }
+    if (fallbacks > 0)
+      log_info(
+          "gguf convert: {} matrices have rows that are not a multiple of 256 values: written "
+          "as q8_0 (f16 where not a multiple of 32), where llama.cpp writes q5_0, q5_1 or q8_0",
+          fallbacks);
+  }
+  w.set_block_quantizer(quantize_with_kernels);
+  // (rope_freqs.weight, the one tensor not in the layout, is 1-D: f32.)
   auto type_for = [&](const std::string& gg, const Shape& shape) {
-    io::GgmlType type = ot.matrix;
-    if (shape.rank() <= 1 || gg.ends_with("_norm.weight") || gg.ends_with(".ffn_gate_inp.weight"))
-      type = io::GgmlType::kF32;
-    if (type == io::GgmlType::kQ8_0 &&
-        shape.dim(-1) % io::ggml_block_size(io::GgmlType::kQ8_0) != 0)
-      type = io::GgmlType::kF16;
-    return type;
+    if (auto it = types.find(gg); it != types.end()) return it->second;
+    HYP_CHECK(shape.rank() <= 1, "gguf convert: {}: no type chosen for tensor '{}' {}",
+              checkpoint_dir, gg, shape.str());
+    return io::GgmlType::kF32;
   };
   // permute_heads > 0: apply the RoPE row permutation with that many heads (the llama
   // graph only: the others rotate halves as Hugging Face does). Norms whose scale is
@@ -418,8 +631,6 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
 
   // Every tensor of the model, in the parameter layout's order, and its llama.cpp name
   // (convert/family_formats.cc).
-  const std::vector<ParamInfo> layout = ParamStore::layout(c);
-  const std::vector<std::string> gguf_names = gguf_tensor_names(c, layout);
   for (size_t i = 0; i < layout.size();) {
     const ParamInfo& p = layout[i];
     if (p.name.find(".experts.") != std::string::npos) {
@@ -455,7 +666,7 @@ void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::st
     w.add_tensor(
         "rope_freqs.weight", shape,
         [factors](float* dst) { std::copy(factors.begin(), factors.end(), dst); },
-        io::GgmlType::kF32);
+        type_for("rope_freqs.weight", shape));
   }
 
   // Anything left over would be silently dropped; llama.cpp's converter refuses too.

@@ -30,14 +30,68 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "io/gguf.h"
+#include "tensor/tensor.h"
 
 namespace hyperion::convert {
 
-// out_type: "f32" | "f16" | "bf16" | "q8_0". Norms and other 1-D tensors stay f32; with
-// q8_0, 2-D tensors whose row length is not a multiple of 32 fall back to f16 (as
-// llama.cpp does). The output is written atomically. Errors name the checkpoint
-// directory, the file and the key or tensor at fault.
+// What a GGUF holds: one tensor type for every matrix (f32, f16, bf16, q8_0), or one of
+// llama.cpp's quantisation mixtures, each tensor's type chosen as llama-quantize chooses it
+// (gguf_tensor_types below): q4_0 (LLAMA_FTYPE_MOSTLY_Q4_0), q4_k_m, q5_k_m, q6_k. q8_0
+// is both (llama-quantize's Q8_0 makes every matrix q8_0).
+enum class GgufOutType { kF32, kF16, kBF16, kQ8_0, kQ4_0, kQ4_K_M, kQ5_K_M, kQ6_K };
+// "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k" (lower case, as the CLI
+// takes them); nullopt for anything else.
+std::optional<GgufOutType> parse_gguf_out_type(std::string_view name);
+// general.file_type (llama.cpp's llama_ftype): 0, 1, 32, 7, 2, 15, 17, 18.
+uint32_t gguf_file_type(GgufOutType type);
+
+// The model facts llama.cpp's type choice looks at.
+struct GgufQuantModel {
+  std::string arch;  // llama.cpp's architecture: "llama", "qwen2", "gemma2", ...
+  int64_t n_layers = 0, n_heads = 0, n_kv_heads = 0;
+  int64_t n_experts = 0;  // 0 for a dense model
+};
+
+// The type of each tensor of a GGUF (names and row-major shapes in file order), as
+// llama.cpp's llama-quantize (src/llama-quant.cpp, llama_tensor_get_type and
+// tensor_type_fallback, without an importance matrix or overrides) chooses it for a
+// mixture, or the one type for a plain output type:
+//   - Tensors of rank < 2, names not ending in "weight", norms ("_norm.weight") and MoE
+//     routers ("ffn_gate_inp.weight") are not quantised: f32 (as convert_hf_to_gguf.py
+//     writes them, and the mixtures keep them).
+//   - output.weight, or token_embd.weight when there is no output.weight (tied
+//     embeddings): q6_K for every mixture but q8_0 (which keeps q8_0); q8_0 when its row
+//     length is not a multiple of the mixture's block size.
+//   - token_embd.weight otherwise: the mixture's base type.
+//   - attn_v.weight: q6_K in q4_k_m and q5_k_m on the layers use_more_bits picks (the
+//     first and last eighth and every third between, counted over the attn_v tensors in
+//     file order); on a 70B model (llama: 80 layers with grouped-query attention; qwen2:
+//     80 layers) a q4_K there becomes q5_K; with 8 experts q8_0 (every mixture).
+//   - attn_k.weight: q8_0 with 8 experts.
+//   - ffn_down (and ffn_down_exps): q6_K in q4_k_m and q5_k_m on the use_more_bits layers
+//     (the layer from the name for MoE models, else the count in file order).
+//   - attn_output.weight: q5_K in q4_k_m with 8 experts.
+//   - everything else: the base type (q4_0, q8_0, q4_K, q5_K, q6_K).
+//   (llama.cpp's n_gqa() >= 4 and expert-count >= 4 rules on attn_v apply to the Q2_K, Q3
+//   and IQ mixtures only, none of which is written here.)
+// Then the fallback for row lengths the chosen type's blocks do not divide: llama.cpp
+// turns q4_K into q5_0, q5_K into q5_1 and q6_K into q8_0. q5_0 and q5_1 are not written
+// here, so all three become q8_0, the nearest supported type that is at least as accurate
+// (q4_0 would be smaller but less accurate than llama.cpp's q5_0); and a row length that
+// is not a multiple of 32 either gives f16, as in llama.cpp.
+std::vector<io::GgmlType> gguf_tensor_types(
+    GgufOutType type, const GgufQuantModel& model,
+    const std::vector<std::pair<std::string, Shape>>& tensors);
+
+// out_type: any name parse_gguf_out_type takes. The output is written atomically. Errors
+// name the checkpoint directory, the file and the key or tensor at fault.
 void convert_checkpoint_to_gguf(const std::string& checkpoint_dir, const std::string& out_path,
                                 const std::string& out_type);
 

@@ -1,4 +1,6 @@
-// GGUF writer and reader. Q8_0 blocks are (de)quantised by tensor/quantize_q8_0.h.
+// GGUF writer and reader. Q8_0 blocks are (de)quantised by tensor/quantize_q8_0.h; Q4_0 and
+// the K types are quantised through the writer's block quantiser (kernels' quantize_blocks)
+// and decoded here.
 #include "io/gguf.h"
 #include "tensor/convert.h"
 #include "tensor/quantize_q8_0.h"
@@ -7,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <unordered_set>
 
 #include "base/error.h"
@@ -22,14 +25,14 @@ constexpr int64_t kQK8_0 = 32;
 constexpr size_t kQ8_0Bytes = 34;
 
 bool known_ggml_type(uint32_t t) {
-  return t == 0 || t == 1 || t == 8 || t == 30;
+  return t == 0 || t == 1 || t == 2 || t == 8 || t == 12 || t == 13 || t == 14 || t == 30;
 }
 
 // Names of the ggml types we do not support, for clearer errors.
 std::string ggml_type_label(uint32_t t) {
   static const char* const kNames[] = {"f32",  "f16",  "q4_0", "q4_1", "q4_2", "q4_3",
-                                       "q5_0", "q5_1", "q8_0", "q8_1", "q2_k", "q3_k",
-                                       "q4_k", "q5_k", "q6_k", "q8_k"};
+                                       "q5_0", "q5_1", "q8_0", "q8_1", "q2_K", "q3_K",
+                                       "q4_K", "q5_K", "q6_K", "q8_K"};
   if (t < std::size(kNames)) return fmt::format("{} ({})", t, kNames[t]);
   if (t == 30) return "30 (bf16)";
   return std::to_string(t);
@@ -71,6 +74,101 @@ bool is_pow2(uint64_t x) {
   return x != 0 && (x & (x - 1)) == 0;
 }
 
+// ---- Decoding Q4_0, Q4_K, Q5_K and Q6_K blocks (the layouts of kernels/block_quant.h, as
+// ggml's dequantize_row_* reads them; the arithmetic in the same order, so the values are
+// the same floats as kernels' dequantize_blocks_reference).
+
+float half_at(const unsigned char* p) {
+  f16 h;
+  std::memcpy(&h.bits, p, 2);
+  return f16_to_f32(h);
+}
+
+// The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block's scales[12].
+void scale_min_k4(const unsigned char* q, int j, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+void decode_q4_0(const unsigned char* b, float* y) {
+  const float d = half_at(b);
+  for (int j = 0; j < 16; ++j) {
+    y[j] = d * float((b[2 + j] & 15) - 8);
+    y[j + 16] = d * float((b[2 + j] >> 4) - 8);
+  }
+}
+
+// Q4_K (five = false) and Q5_K.
+void decode_q45_k(const unsigned char* b, float* y, bool five) {
+  const float d = half_at(b), dmin = half_at(b + 2);
+  const unsigned char* scales = b + 4;
+  const unsigned char* qh = b + 16;
+  const unsigned char* qs = five ? b + 48 : b + 16;
+  for (int c = 0; c < 4; ++c) {
+    for (int half = 0; half < 2; ++half) {
+      int sc, m;
+      scale_min_k4(scales, 2 * c + half, &sc, &m);
+      for (int l = 0; l < 32; ++l) {
+        int q = half ? (qs[32 * c + l] >> 4) : (qs[32 * c + l] & 15);
+        if (five) q += ((qh[l] >> (2 * c + half)) & 1) << 4;
+        y[64 * c + 32 * half + l] = d * float(sc) * float(q) - dmin * float(m);
+      }
+    }
+  }
+}
+
+void decode_q6_k(const unsigned char* b, float* y) {
+  const float d = half_at(b + 208);
+  const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
+  for (int h = 0; h < 2; ++h) {
+    const unsigned char* ql = b + 64 * h;
+    const unsigned char* qh = b + 128 + 32 * h;
+    for (int l = 0; l < 32; ++l) {
+      const int q[4] = {(ql[l] & 15) | (((qh[l] >> 0) & 3) << 4),
+                        (ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4),
+                        (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4),
+                        (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)};
+      for (int part = 0; part < 4; ++part) {
+        const int e = 128 * h + 32 * part + l;
+        y[e] = d * float(scales[e / 16]) * float(q[part] - 32);
+      }
+    }
+  }
+}
+
+// n values (whole blocks) of `type` to f32, blocks in parallel.
+void decode_blocks(GgmlType type, const unsigned char* src, float* y, int64_t n) {
+  const int64_t per = ggml_block_size(type);
+  const size_t bytes = ggml_block_bytes(type);
+  parallel_chunks(n / per, 256, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const unsigned char* blk = src + size_t(b) * bytes;
+      float* out = y + b * per;
+      switch (type) {
+        case GgmlType::kQ4_0:
+          decode_q4_0(blk, out);
+          break;
+        case GgmlType::kQ4_K:
+          decode_q45_k(blk, out, false);
+          break;
+        case GgmlType::kQ5_K:
+          decode_q45_k(blk, out, true);
+          break;
+        case GgmlType::kQ6_K:
+          decode_q6_k(blk, out);
+          break;
+        default:
+          break;  // not a block type decoded here (callers pass only those)
+      }
+    }
+  });
+}
+
 }  // namespace
 
 std::string_view ggml_type_name(GgmlType type) {
@@ -79,8 +177,16 @@ std::string_view ggml_type_name(GgmlType type) {
       return "f32";
     case GgmlType::kF16:
       return "f16";
+    case GgmlType::kQ4_0:
+      return "q4_0";
     case GgmlType::kQ8_0:
       return "q8_0";
+    case GgmlType::kQ4_K:
+      return "q4_K";
+    case GgmlType::kQ5_K:
+      return "q5_K";
+    case GgmlType::kQ6_K:
+      return "q6_K";
     case GgmlType::kBF16:
       return "bf16";
   }
@@ -88,7 +194,22 @@ std::string_view ggml_type_name(GgmlType type) {
 }
 
 int64_t ggml_block_size(GgmlType type) {
-  return type == GgmlType::kQ8_0 ? kQK8_0 : 1;
+  switch (type) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ8_0:
+      return kQK8_0;
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
+      return 256;
+    default:
+      return 1;
+  }
+}
+
+bool ggml_needs_block_quantizer(GgmlType type) {
+  return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_K || type == GgmlType::kQ5_K ||
+         type == GgmlType::kQ6_K;
 }
 
 size_t ggml_block_bytes(GgmlType type) {
@@ -98,8 +219,16 @@ size_t ggml_block_bytes(GgmlType type) {
     case GgmlType::kF16:
     case GgmlType::kBF16:
       return 2;
+    case GgmlType::kQ4_0:
+      return 18;
     case GgmlType::kQ8_0:
       return kQ8_0Bytes;
+    case GgmlType::kQ4_K:
+      return 144;
+    case GgmlType::kQ5_K:
+      return 176;
+    case GgmlType::kQ6_K:
+      return 210;
   }
   fail("ggml: invalid type {}", static_cast<uint32_t>(type));
 }
@@ -156,11 +285,19 @@ void GgufWriter::add_checked(PendingTensor t) {
 }
 
 void GgufWriter::add_tensor(std::string name, Shape shape, const float* data, GgmlType type) {
+  HYP_CHECK(!ggml_needs_block_quantizer(type) || block_quantizer_ != nullptr,
+            "GgufWriter::add_tensor: tensor '{}': {} blocks are quantised through "
+            "set_block_quantizer, which was not called",
+            name, ggml_type_name(type));
   add_checked(PendingTensor{std::move(name), shape, type, data, nullptr});
 }
 
 void GgufWriter::add_tensor(std::string name, Shape shape, Producer fill, GgmlType type) {
   HYP_CHECK(fill != nullptr, "GgufWriter::add_tensor: tensor '{}' has no producer", name);
+  HYP_CHECK(!ggml_needs_block_quantizer(type) || block_quantizer_ != nullptr,
+            "GgufWriter::add_tensor: tensor '{}': {} blocks are quantised through "
+            "set_block_quantizer, which was not called",
+            name, ggml_type_name(type));
   add_checked(PendingTensor{std::move(name), shape, type, nullptr, std::move(fill)});
 }
 
@@ -168,6 +305,47 @@ void GgufWriter::add_encoded_tensor(std::string name, Shape shape, BlockProducer
                                     GgmlType type) {
   HYP_CHECK(fill != nullptr, "GgufWriter::add_encoded_tensor: tensor '{}' has no producer", name);
   add_checked(PendingTensor{std::move(name), shape, type, nullptr, nullptr, std::move(fill)});
+}
+
+void GgufWriter::write_block_rows(AtomicFileWriter& out, const std::string& path,
+                                  const std::string& name, GgmlType type, const Shape& shape,
+                                  const float* src) const {
+  HYP_CHECK(block_quantizer_ != nullptr,
+            "gguf: {}: tensor '{}': {} blocks need set_block_quantizer", path, name,
+            ggml_type_name(type));
+  const int64_t cols = shape.dim(-1);
+  const int64_t rows = cols > 0 ? shape.numel() / cols : 0;
+  if (rows == 0) return;
+  const size_t row_bytes = ggml_nbytes(type, cols);
+  // Rows of about a million values at a time, quantised in parallel, one row per call.
+  const int64_t chunk_rows = std::max<int64_t>(1, (int64_t{1} << 20) / cols);
+  AlignedBuffer<unsigned char> buf(row_bytes * size_t(std::min(chunk_rows, rows)));
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+    const int64_t nr = std::min(chunk_rows, rows - r0);
+    // An exception must not leave the parallel region: the first failing row (the lowest,
+    // whatever the thread count) is reported after it.
+    std::mutex mu;
+    int64_t bad_row = -1;
+    std::string bad_message;
+    parallel_chunks(nr, std::max<int64_t>(1, 16384 / cols), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        try {
+          block_quantizer_(type, src + (r0 + r) * cols, buf.data() + size_t(r) * row_bytes, cols);
+        } catch (const std::exception& ex) {
+          const std::lock_guard<std::mutex> lock(mu);
+          if (bad_row < 0 || r0 + r < bad_row) {
+            bad_row = r0 + r;
+            bad_message = ex.what();
+          }
+          return;
+        }
+      }
+    });
+    if (bad_row >= 0)
+      fail("gguf: {}: tensor '{}' {} ({}): row {}: {}", path, name, shape.str(),
+           ggml_type_name(type), bad_row, bad_message);
+    out.write(buf.data(), row_bytes * size_t(nr));
+  }
 }
 
 void GgufWriter::write(const std::string& path) const {
@@ -243,6 +421,11 @@ void GgufWriter::write(const std::string& path) const {
       }
       src = produced.data();
     }
+    if (ggml_needs_block_quantizer(t.type)) {
+      write_block_rows(out, path, t.name, t.type, t.shape, src);
+      out.write(zeros.data(), align_up(nbytes[i], alignment) - nbytes[i]);
+      continue;
+    }
     for (int64_t b = 0; b < n; b += kChunk) {
       const int64_t m = std::min(kChunk, n - b);
       const float* x = src + b;
@@ -263,6 +446,8 @@ void GgufWriter::write(const std::string& path) const {
         case GgmlType::kQ8_0:
           quantize_row_q8_0(x, chunk.data(), m);
           break;
+        default:  // the block types, written above
+          fail("gguf: {}: tensor '{}': unexpected type {}", path, t.name, ggml_type_name(t.type));
       }
       out.write(chunk.data(), ggml_nbytes(t.type, m));
     }
@@ -430,7 +615,8 @@ GgufFile GgufFile::open(const std::string& path) {
     for (int d = int(n_dims) - 1; d >= 0; --d) t.shape.push_back(static_cast<int64_t>(ne[d]));
     const uint32_t type = c.read<uint32_t>("ggml type");
     HYP_CHECK(known_ggml_type(type),
-              "gguf: {}: tensor '{}': unsupported ggml type {} (supported: f32, f16, q8_0, bf16)",
+              "gguf: {}: tensor '{}': unsupported ggml type {} (supported: f32, f16, bf16, q4_0, "
+              "q8_0, q4_K, q5_K, q6_K)",
               path, t.name, ggml_type_label(type));
     t.type = static_cast<GgmlType>(type);
     HYP_CHECK(ne[0] % uint64_t(ggml_block_size(t.type)) == 0,
@@ -582,6 +768,12 @@ std::vector<float> GgufFile::dequantize(const std::string& name) const {
       break;
     case GgmlType::kQ8_0:
       dequantize_row_q8_0(t.data, out.data(), n);
+      break;
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
+      decode_blocks(t.type, static_cast<const unsigned char*>(t.data), out.data(), n);
       break;
   }
   return out;

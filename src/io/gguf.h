@@ -9,8 +9,13 @@
 // row-major shape; tensor offsets are relative to the data section and aligned, and each
 // tensor's data is padded to the alignment.
 //
-// Tensor types supported here: F32, F16, BF16 and Q8_0 (blocks of 32 values along a row:
-// { f16 d; int8 qs[32]; }, 34 bytes, x ~= d * qs).
+// Tensor types supported here: F32, F16, BF16, Q8_0 (blocks of 32 values along a row:
+// { f16 d; int8 qs[32]; }, 34 bytes, x ~= d * qs), and llama.cpp's Q4_0 (32 values, 18
+// bytes), Q4_K (256, 144), Q5_K (256, 176) and Q6_K (256, 210) blocks, laid out as
+// kernels/block_quant.h describes. The reader decodes all of them. The writer converts f32
+// to F16/BF16/Q8_0 itself; Q4_0 and the K types it quantises through the function given to
+// set_block_quantizer (kernels' quantize_blocks: the kernels layer sits beside io, not
+// below it, so io cannot call it), or takes them already encoded (add_encoded_tensor).
 #pragma once
 
 #include <cstdint>
@@ -27,11 +32,24 @@
 
 namespace hyperion::io {
 
-enum class GgmlType : uint32_t { kF32 = 0, kF16 = 1, kQ8_0 = 8, kBF16 = 30 };
+enum class GgmlType : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kBF16 = 30,
+};
 
-std::string_view ggml_type_name(GgmlType type);  // "f32", "f16", "q8_0", "bf16"
-int64_t ggml_block_size(GgmlType type);          // values per block: 1, or 32 for q8_0
-size_t ggml_block_bytes(GgmlType type);          // bytes per block: 4, 2, 2 or 34
+// ggml's spelling: "f32", "f16", "q4_0", "q8_0", "q4_K", "q5_K", "q6_K", "bf16".
+std::string_view ggml_type_name(GgmlType type);
+int64_t ggml_block_size(GgmlType type);  // values per block: 1, 32 (q4_0, q8_0) or 256 (K)
+size_t ggml_block_bytes(GgmlType type);  // bytes per block: 4, 2, 2, 18, 34, 144, 176, 210
+// True for the types the writer quantises through set_block_quantizer's function (q4_0,
+// q4_K, q5_K, q6_K).
+bool ggml_needs_block_quantizer(GgmlType type);
 // Bytes taken by `n` values (n must be a multiple of the block size).
 size_t ggml_nbytes(GgmlType type, int64_t n);
 
@@ -131,9 +149,19 @@ class GgufWriter {
   void set_f32_array(const std::string& key, const std::vector<float>& v) { set_array(key, v); }
   void set_i32_array(const std::string& key, const std::vector<int32_t>& v) { set_array(key, v); }
 
+  // The quantiser for Q4_0, Q4_K, Q5_K and Q6_K tensors added from f32 (kernels'
+  // quantize_blocks, wrapped by a layer that may call it): fn(type, src, dst, n) writes
+  // ggml_nbytes(type, n) bytes of blocks for the n values src (one row; n a multiple of
+  // the block size) and may throw hyperion::Error. Called from several threads at once,
+  // one row each, in write(). Must be set before such a tensor is added.
+  using BlockQuantizer =
+      std::function<void(GgmlType type, const float* src, unsigned char* dst, int64_t n)>;
+  void set_block_quantizer(BlockQuantizer fn) { block_quantizer_ = std::move(fn); }
+
   // Adds a tensor from f32 data of row-major `shape` (rank 1..4), stored as `type`
-  // (converted or quantised at write time, chunk by chunk). `data` must stay valid until
-  // write(). Q8_0 needs the row length (last dimension) to be a multiple of 32.
+  // (converted or quantised at write time, chunk by chunk; the block types row by row, rows
+  // in parallel). `data` must stay valid until write(). The block types need the row length
+  // (last dimension) to be a multiple of their block size (32 or 256).
   void add_tensor(std::string name, Shape shape, const float* data, GgmlType type);
   // Same, but the f32 values are produced on demand by `fill(dst)` (dst holds
   // shape.numel() floats) when write() reaches the tensor, so only one tensor at a time
@@ -167,11 +195,15 @@ class GgufWriter {
   };
   void set_raw(const std::string& key, GgufType type, std::string payload);
   void add_checked(PendingTensor t);
+  // Quantises the f32 tensor src through block_quantizer_, rows in parallel, into out.
+  void write_block_rows(AtomicFileWriter& out, const std::string& path, const std::string& name,
+                        GgmlType type, const Shape& shape, const float* src) const;
 
   std::vector<KV> kvs_;
   std::unordered_map<std::string, size_t> kv_index_;
   std::vector<PendingTensor> tensors_;
   std::unordered_map<std::string, size_t> tensor_index_;
+  BlockQuantizer block_quantizer_;
 };
 
 struct GgufTensor {
@@ -229,7 +261,8 @@ class GgufFile {
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
   const GgufTensor* find(const std::string& name) const;
   const GgufTensor& tensor(const std::string& name) const;  // throws naming the tensor
-  // The tensor's values as f32, row-major.
+  // The tensor's values as f32, row-major (block types decoded as llama.cpp's
+  // dequantize_row_* does).
   std::vector<float> dequantize(const std::string& name) const;
 
  private:

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "kernels/block_quant.h"
 #include "tensor/convert.h"
 
 namespace hyperion {
@@ -110,6 +111,11 @@ const void* Decoder::post_norm_backward(int index, const float* o, int64_t n, co
 }
 
 void Decoder::embed(const int32_t* tokens, int64_t n, float* x) const {
+  if (const ParamStore::BlockWeight* b = params_.block_weight(params_.embed())) {
+    block_embedding_forward(b->type, b->data, cfg_.vocab_size, cfg_.dim, tokens, n, x,
+                            cfg_.arch.embedding_scale(cfg_.dim));
+    return;
+  }
   k_.embedding_forward(params_.param(params_.embed()),
                        k_.view(const_cast<int32_t*>(tokens), DType::kI32, {n}),
                        k_.view(x, DType::kF32, {n, cfg_.dim}), cfg_.arch.embedding_scale(cfg_.dim));

@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "kernels/amx_int8_gemm.h"
+#include "kernels/block_quant.h"
 #include "kernels/quantize.h"
 
 namespace hyperion {
@@ -28,6 +29,11 @@ LinearWeights::LinearWeights(const ParamStore& params, WeightFormat format)
     const bool matmul = info.kind == ParamKind::kMatrix ||
                         (info.kind == ParamKind::kEmbedding && params.lm_head() == params.embed());
     if (!matmul) continue;
+    if (const ParamStore::BlockWeight* b =
+            params.block_weight(static_cast<int>(&info - params.infos().data()))) {
+      weight_bytes_ += static_cast<int64_t>(block_bytes(b->type, info.numel));
+      continue;
+    }
     if (format == WeightFormat::kInt8 && !expert)
       weight_bytes_ += info.numel + info.shape[0] * 4;
     else
@@ -43,7 +49,7 @@ LinearWeights::LinearWeights(const ParamStore& params, WeightFormat format)
   }
   mats.push_back(params.lm_head());
   for (int i : mats) {
-    if (quant_.count(i)) continue;
+    if (quant_.count(i) || params.block_weight(i) != nullptr) continue;
     const TensorView w = params.param(i);
     QuantMatrix qm;
     qm.out = w.shape[0];
@@ -107,6 +113,10 @@ void LinearWeights::forward_many(std::span<const int> indices, const void* x,
             ys.size());
   bool quantised = false, device = true;
   for (int i : indices) {
+    if (params_.block_weight(i) != nullptr) {  // one block matmul per matrix
+      for (size_t t = 0; t < indices.size(); ++t) forward(indices[t], x, ys[t], yd, n);
+      return;
+    }
     auto it = quant_.find(i);
     quantised = quantised || it != quant_.end();
     device = device && it != quant_.end() && !it->second.dw.empty();
@@ -135,6 +145,11 @@ void LinearWeights::forward_many(std::span<const int> indices, const void* x,
 }
 
 void LinearWeights::forward(int index, const void* x, void* y, DType yd, int64_t n, float beta) {
+  if (const ParamStore::BlockWeight* b = params_.block_weight(index)) {
+    const ParamInfo& info = params_.infos()[static_cast<size_t>(index)];
+    block_matmul(b->type, n, info.shape[0], info.shape[1], x, act_dtype(), b->data, y, yd, beta);
+    return;
+  }
   auto it = quant_.find(index);
   if (it == quant_.end()) {
     linear::forward(backend_, x, act_dtype(), params_.compute_weight(index), y, yd, n, beta);

@@ -212,6 +212,10 @@ const ParamInfo* ParamStore::find(const std::string& name) const {
 
 TensorView ParamStore::param(int i) const {
   const ParamInfo& p = infos_[static_cast<size_t>(i)];
+  if (const BlockWeight* b = block_weight(i))
+    fail("ParamStore: {} is held in {} blocks (a quantised GGUF model); its f32 weights are "
+         "not available",
+         p.name, block_format(b->type).name);
   HYP_CHECK(!master_dropped(i),
             "ParamStore: {} is held in bf16 alone (a frozen base drops the f32 masters of its "
             "matrices); its f32 weights are not available",
@@ -239,7 +243,24 @@ TensorView ParamStore::param_bf16(int i) const {
 }
 
 TensorView ParamStore::compute_weight(int i) const {
+  if (!bf16_.empty() && block_weight(i) != nullptr) return param(i);  // throws naming it
   return bf16_.empty() ? param(i) : param_bf16(i);
+}
+
+void ParamStore::hold_in_blocks(int i, BlockType type, const void* data,
+                                std::shared_ptr<const void> owner) {
+  const ParamInfo& p = infos_[static_cast<size_t>(i)];
+  HYP_CHECK(device_ == Device::kHost, "ParamStore: {} in {} blocks: block weights are a host format",
+            p.name, block_format(type).name);
+  HYP_CHECK(p.shape.rank() == 2 && p.shape[1] % block_format(type).values == 0,
+            "ParamStore: {} {} cannot be held in {} blocks (rows must be whole blocks of {})",
+            p.name, p.shape.str(), block_format(type).name, block_format(type).values);
+  if (blocks_.empty()) blocks_.resize(infos_.size());
+  blocks_[static_cast<size_t>(i)] = {type, data};
+  // Its bf16 copy is not a copy of anything: sync_bf16 leaves it alone, as a dropped one.
+  if (dropped_.empty()) dropped_.assign(infos_.size(), false);
+  dropped_[static_cast<size_t>(i)] = true;
+  if (owner) block_owners_.push_back(std::move(owner));
 }
 
 std::pair<int64_t, int64_t> ParamStore::layer_range(int l) const {

@@ -16,11 +16,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "base/aligned.h"
 #include "base/allocator.h"
+#include "kernels/block_quant.h"
 #include "model/decoder_config.h"
 #include "tensor/tensor.h"
 
@@ -158,6 +160,24 @@ class ParamStore {
   // The tensors drop_matrix_masters() drops in a store of `config`, by index.
   static std::vector<int> droppable_masters(const DecoderConfig& config);
 
+  // A matrix held in llama.cpp's block quantisation (a GGUF model's Q4_K, Q8_0 ...;
+  // kernels/block_quant.h), read by the matmuls on its blocks: rows of `type` blocks at
+  // `data`, kept alive by `owner` (the mapped file, or a buffer of rows reordered at
+  // load). Its f32 master and bf16 copy are never written (a fresh host store never
+  // commits their pages) and param() / compute_weight() of it throw naming it. Host
+  // stores only; the embedding may be held so too (its lookup dequantises the rows).
+  struct BlockWeight {
+    BlockType type = BlockType::kQ8_0;
+    const void* data = nullptr;
+  };
+  void hold_in_blocks(int i, BlockType type, const void* data, std::shared_ptr<const void> owner);
+  const BlockWeight* block_weight(int i) const {
+    return blocks_.empty() || blocks_[static_cast<size_t>(i)].data == nullptr
+               ? nullptr
+               : &blocks_[static_cast<size_t>(i)];
+  }
+  bool has_block_weights() const { return !blocks_.empty(); }
+
  private:
   int add(std::string name, Shape shape, int layer, ParamKind kind);
   // Adds `count` tensors named prefix + e + suffix back to back (no padding between them).
@@ -184,6 +204,8 @@ class ParamStore {
   DeviceBuffer params_, grads_, bf16_;
   std::vector<float> host_copy_;  // device stores: the host copy of params_
   std::vector<bool> dropped_;     // per tensor: f32 master released (bf16 only)
+  std::vector<BlockWeight> blocks_;                  // per tensor, when any is held in blocks
+  std::vector<std::shared_ptr<const void>> block_owners_;
   void drop_master(int i);
   std::vector<int> droppable() const;  // droppable_masters() of this store
   float* host_copy();

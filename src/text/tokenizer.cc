@@ -11,6 +11,7 @@
 #include "io/atomic_file.h"
 #include "io/model_dir_file.h"
 #include "text/hf_tokenizer.h"
+#include "text/hf_tokenizer_impl.h"
 
 namespace hyperion::text {
 
@@ -23,6 +24,12 @@ struct Tokenizer::Impl {
   std::vector<std::pair<std::string, std::string>> files;
   std::vector<int32_t> end_ids;
   std::string origin;
+  // SentencePiece only (SentencePieceExtras): a tokenizer.model has none of these.
+  std::string chat_template;
+  AddedTokenMatcher whole_tokens;
+  bool add_bos = true, add_eos = false;
+
+  std::vector<int32_t> sp_encode(std::string_view text) const;
 };
 
 std::string tokenizer_file_in(const std::string& dir) {
@@ -139,6 +146,23 @@ Tokenizer Tokenizer::load(const std::string& path) {
   beside("tokenizer_config.json", &src.config_json, &src.config_json_path);
   beside("generation_config.json", &src.generation_config_json, &src.generation_config_path);
   beside("chat_template.jinja", &src.chat_template_override, nullptr);
+  return from_hf_source(std::move(src), file);
+}
+
+Tokenizer Tokenizer::from_hf_json(std::string tokenizer_json, std::string config_json,
+                                  std::string generation_config_json, std::string origin) {
+  HfTokenizerSource src;
+  src.tokenizer_json = std::move(tokenizer_json);
+  src.tokenizer_json_path = origin + ": tokenizer.json";
+  src.config_json = std::move(config_json);
+  if (!src.config_json.empty()) src.config_json_path = origin + ": tokenizer_config.json";
+  src.generation_config_json = std::move(generation_config_json);
+  if (!src.generation_config_json.empty())
+    src.generation_config_path = origin + ": generation_config.json";
+  return from_hf_source(std::move(src), std::move(origin));
+}
+
+Tokenizer Tokenizer::from_hf_source(HfTokenizerSource&& src, std::string origin) {
   auto impl = std::make_unique<Impl>();
   // A malformed or unsupported file is bad input, like a bad flag: exit status 2.
   try {
@@ -158,7 +182,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   if (!src.generation_config_json.empty())
     impl->files.emplace_back("generation_config.json", std::move(src.generation_config_json));
   impl->end_ids = impl->hf->end_ids();
-  impl->origin = file;
+  impl->origin = std::move(origin);
   return Tokenizer(std::move(impl));
 }
 
@@ -173,6 +197,29 @@ Tokenizer Tokenizer::from_serialized(const std::string& bytes, std::string origi
   if (impl->sp.eos_id() >= 0) impl->end_ids.push_back(impl->sp.eos_id());
   impl->origin = std::move(origin);
   return Tokenizer(std::move(impl));
+}
+
+Tokenizer Tokenizer::from_serialized(const std::string& bytes, std::string origin,
+                                     const SentencePieceExtras& extras) {
+  Tokenizer tok = from_serialized(bytes, std::move(origin));
+  Impl& m = *tok.impl_;
+  const int32_t n = tok.vocab_size();
+  auto in_vocab = [&](int32_t id, const char* what) {
+    HYP_CHECK(id >= 0 && id < n, "tokenizer '{}': {} id {} is outside the vocabulary [0, {})",
+              m.origin, what, id, n);
+  };
+  for (int32_t id : extras.end_ids) {
+    in_vocab(id, "end");
+    if (!tok.is_end(id)) m.end_ids.push_back(id);
+  }
+  for (int32_t id : extras.whole_tokens) {
+    in_vocab(id, "whole-token");
+    m.whole_tokens.add({m.sp.IdToPiece(id), id, false, false});
+  }
+  m.chat_template = extras.chat_template;
+  m.add_bos = extras.add_bos;
+  m.add_eos = extras.add_eos;
+  return tok;
 }
 
 Tokenizer Tokenizer::train(const std::vector<std::string>& documents,
@@ -235,20 +282,42 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& documents,
   return tok;
 }
 
+std::vector<int32_t> Tokenizer::Impl::sp_encode(std::string_view text) const {
+  std::vector<int> ids;
+  auto status = sp.Encode(text, &ids);
+  HYP_CHECK(status.ok(), "tokenizer '{}': encode failed: {}", origin, status.ToString());
+  return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   if (impl_->hf) return impl_->hf->encode(text);
-  std::vector<int> ids;
-  auto status = impl_->sp.Encode(text, &ids);
-  HYP_CHECK(status.ok(), "tokenizer '{}': encode failed: {}", impl_->origin, status.ToString());
-  return std::vector<int32_t>(ids.begin(), ids.end());
+  if (impl_->whole_tokens.empty()) return impl_->sp_encode(text);
+  // Whole tokens first; SentencePiece on each stretch between them (its dummy prefix
+  // included, as llama.cpp prefixes each stretch after a special token).
+  std::vector<int32_t> ids;
+  size_t pos = 0, begin = 0, end = 0;
+  int32_t id = -1;
+  auto stretch = [&](std::string_view s) {
+    if (s.empty()) return;
+    const std::vector<int32_t> part = impl_->sp_encode(s);
+    ids.insert(ids.end(), part.begin(), part.end());
+  };
+  while (impl_->whole_tokens.find(text, pos, &begin, &end, &id)) {
+    stretch(text.substr(pos, begin - pos));
+    ids.push_back(id);
+    pos = end;
+  }
+  stretch(text.substr(pos));
+  return ids;
 }
 
 std::vector<int32_t> Tokenizer::encode_with_special_tokens(std::string_view text) const {
   if (impl_->hf) return impl_->hf->encode_with_special_tokens(text);
   std::vector<int32_t> ids;
-  if (bos_id() >= 0) ids.push_back(bos_id());
+  if (impl_->add_bos && bos_id() >= 0) ids.push_back(bos_id());
   const std::vector<int32_t> body = encode(text);
   ids.insert(ids.end(), body.begin(), body.end());
+  if (impl_->add_eos && eos_id() >= 0) ids.push_back(eos_id());
   return ids;
 }
 
@@ -316,8 +385,7 @@ bool Tokenizer::is_special(int32_t id) const {
   return impl_->hf ? impl_->hf->is_special(id) : impl_->sp.IsControl(id);
 }
 const std::string& Tokenizer::chat_template() const {
-  static const std::string none;
-  return impl_->hf ? impl_->hf->chat_template() : none;
+  return impl_->hf ? impl_->hf->chat_template() : impl_->chat_template;
 }
 std::string Tokenizer::bos_token() const {
   if (impl_->hf) return impl_->hf->bos_token();

@@ -18,6 +18,7 @@
 namespace hyperion::text {
 
 class HfTokenizer;
+struct HfTokenizerSource;
 
 // The tokenizer files of a directory (a checkpoint, a prepared dataset or a model
 // download): tokenizer.json (+ tokenizer_config.json, generation_config.json,
@@ -39,6 +40,22 @@ struct TokenizerTrainOptions {
   int num_threads = 2;
 };
 
+// What a SentencePiece model read from elsewhere than a tokenizer.model brings beside its
+// pieces (a GGUF file's vocabulary: text/gguf_tokenizer.h). The defaults are what a plain
+// tokenizer.model does.
+struct SentencePieceExtras {
+  std::string chat_template;
+  // Ids that end a generation besides eos (end-of-turn tokens such as <end_of_turn>).
+  std::vector<int32_t> end_ids;
+  // Tokens found whole in the text (leftmost-longest) before SentencePiece encodes the
+  // stretches between them, each stretch with its own dummy prefix: how llama.cpp and
+  // transformers find a chat template's <bos> or <start_of_turn>, which SentencePiece
+  // itself never matches in text (they are control pieces).
+  std::vector<int32_t> whole_tokens;
+  // What encode_with_special_tokens puts around the text.
+  bool add_bos = true, add_eos = false;
+};
+
 class Tokenizer {
  public:
   // Reads a SentencePiece .model file, a tokenizer.json (with tokenizer_config.json,
@@ -50,6 +67,15 @@ class Tokenizer {
   // Loads a model from its serialized bytes; `origin` names them in error messages
   // (a file path, or e.g. "checkpoint.bin:tokenizer").
   static Tokenizer from_serialized(const std::string& bytes, std::string origin);
+  // The same, with what a tokenizer.model does not carry (SentencePieceExtras).
+  static Tokenizer from_serialized(const std::string& bytes, std::string origin,
+                                   const SentencePieceExtras& extras);
+  // A tokenizer.json with its tokenizer_config.json and generation_config.json (empty: not
+  // there) given as text rather than files: a vocabulary rebuilt from another container (a
+  // GGUF file's metadata). `origin` names them in errors and is origin(); files() holds
+  // them. Malformed or unsupported input throws hyperion::UsageError, as load() does.
+  static Tokenizer from_hf_json(std::string tokenizer_json, std::string config_json,
+                                std::string generation_config_json, std::string origin);
   // Trains on `documents` (each split into lines, the sentences SentencePiece sees) and
   // writes `output_model_path` atomically. Deterministic for the same input and options.
   // Throws naming the vocabulary size when the corpus cannot support it.
@@ -109,6 +135,8 @@ class Tokenizer {
  private:
   struct Impl;
   explicit Tokenizer(std::unique_ptr<Impl> impl);
+  // load() and from_hf_json(): parses `src`, keeping its texts as files().
+  static Tokenizer from_hf_source(HfTokenizerSource&& src, std::string origin);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,6 +1,8 @@
-// The GGUF reader and writer (io/gguf.h): every value and tensor type, the Q8_0 blocks, and
-// malformed files refused by name.
+// The GGUF reader and writer (io/gguf.h): every value and tensor type, the Q8_0 blocks,
+// the Q4_0/K blocks (written through the block quantiser, decoded as kernels' reference
+// does), and malformed files refused by name.
 #include "io/gguf.h"
+#include "kernels/block_quant.h"
 #include "tensor/quantize_q8_0.h"
 
 #include <gtest/gtest.h>
@@ -254,6 +256,8 @@ TEST(Gguf, TensorRoundTripAllTypesAndAlignment) {
           ref::dequantize_row_q8_0(q.data(), expect.data(), n);
           break;
         }
+        default:  // the block types: GgufBlocks below
+          FAIL() << "no block types in this test";
       }
       const std::vector<float> got = f.dequantize(c.name);
       ASSERT_EQ(got.size(), expect.size());
@@ -320,7 +324,7 @@ TEST(Gguf, ProducerTensorsAndWriterErrors) {
         e.add_tensor("q", {2, 33}, x.data(), GgmlType::kQ8_0);
       },
       {"'q'", "q8_0", "multiple of 32"});
-  expect_error([&] { e.add_tensor("t", {4}, x.data(), static_cast<GgmlType>(2)); },
+  expect_error([&] { e.add_tensor("t", {4}, x.data(), static_cast<GgmlType>(6)); },
                {"'t'", "unsupported"});
   e.add_tensor("dup", {4}, x.data(), GgmlType::kF32);
   expect_error([&] { e.add_tensor("dup", {4}, x.data(), GgmlType::kF32); }, {"duplicate", "'dup'"});
@@ -431,6 +435,168 @@ TEST(GgufQ8_0, SimdEqualsScalarReferenceAndErrorBound) {
   EXPECT_THROW(dequantize_row_q8_0(q.data(), x.data(), 31), Error);
 }
 
+// ---- Q4_0, Q4_K, Q5_K, Q6_K ----
+
+constexpr GgmlType kBlockTypes[] = {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K,
+                                    GgmlType::kQ6_K};
+
+BlockType block_type_of(GgmlType t) {
+  const BlockFormat* f = block_format_of_ggml(static_cast<uint32_t>(t));
+  EXPECT_NE(f, nullptr);
+  return f ? f->type : BlockType::kQ8_0;
+}
+
+// kernels' quantize_blocks, as the converter hands it to the writer.
+void quantize_with_kernels(GgmlType t, const float* src, unsigned char* dst, int64_t n) {
+  quantize_blocks(block_type_of(t), src, dst, n);
+}
+
+TEST(GgufBlocks, NamesAndSizesAreGgmls) {
+  for (const GgmlType t : kBlockTypes) {
+    const BlockFormat& f = block_format(block_type_of(t));
+    EXPECT_EQ(ggml_type_name(t), std::string_view(f.name));
+    EXPECT_EQ(static_cast<uint32_t>(t), f.ggml_type);
+    EXPECT_EQ(ggml_block_size(t), f.values);
+    EXPECT_EQ(ggml_block_bytes(t), f.bytes);
+    EXPECT_EQ(ggml_nbytes(t, 3 * f.values), 3 * f.bytes);
+    EXPECT_TRUE(ggml_needs_block_quantizer(t));
+  }
+  EXPECT_EQ(ggml_type_name(GgmlType::kQ4_K), "q4_K");
+  EXPECT_EQ(ggml_block_bytes(GgmlType::kQ6_K), 210u);
+  EXPECT_FALSE(ggml_needs_block_quantizer(GgmlType::kQ8_0));
+  EXPECT_FALSE(ggml_needs_block_quantizer(GgmlType::kF16));
+  EXPECT_THROW(ggml_nbytes(GgmlType::kQ5_K, 128), Error);
+}
+
+// The writer quantises each row through the block quantiser, rows in parallel: the bytes
+// are the quantiser's for each row, whatever the thread count, and the reader decodes
+// them to exactly what kernels' reference dequantisation gives.
+TEST(GgufBlocks, WriterQuantisesRowsThroughTheBlockQuantizer) {
+  TempDir dir;
+  std::mt19937 rng(21);
+  struct Case {
+    std::string name;
+    Shape shape;
+    GgmlType type;
+  };
+  const std::vector<Case> cases = {
+      {"q4_0.2d", {3, 96}, GgmlType::kQ4_0},
+      {"q4_k.3d", {2, 3, 512}, GgmlType::kQ4_K},
+      {"q5_k.1d", {768}, GgmlType::kQ5_K},
+      {"q6_k.2d", {5, 256}, GgmlType::kQ6_K},
+      {"q4_k.big", {1100, 1024}, GgmlType::kQ4_K},  // > one chunk of rows
+      {"q6_k.wide", {2, 1 << 20 | 1 << 9}, GgmlType::kQ6_K},  // a row > one chunk
+  };
+  std::vector<std::vector<float>> data;
+  for (const auto& c : cases) data.push_back(randn(size_t(c.shape.numel()), rng, 0.05f));
+  std::vector<std::string> paths;
+  for (const int threads : {1, 4}) {
+    const RestoreNumThreads restore;
+    set_num_threads(threads);
+    GgufWriter w;
+    w.set_block_quantizer(quantize_with_kernels);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      if (i % 2 == 0) {
+        w.add_tensor(cases[i].name, cases[i].shape, data[i].data(), cases[i].type);
+      } else {
+        const std::vector<float>* v = &data[i];
+        w.add_tensor(
+            cases[i].name, cases[i].shape, [v](float* dst) { std::copy(v->begin(), v->end(), dst); },
+            cases[i].type);
+      }
+    }
+    paths.push_back(dir.file(fmt::format("b{}.gguf", threads)));
+    w.write(paths.back());
+  }
+  EXPECT_EQ(read_file(paths[0]), read_file(paths[1]));
+  GgufFile f = GgufFile::open(paths[0]);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& c = cases[i];
+    SCOPED_TRACE(c.name);
+    const GgufTensor& t = f.tensor(c.name);
+    EXPECT_EQ(t.type, c.type);
+    EXPECT_EQ(t.shape, c.shape);
+    const int64_t n = c.shape.numel(), cols = c.shape.dim(-1);
+    ASSERT_EQ(t.nbytes, ggml_nbytes(c.type, n));
+    std::vector<unsigned char> want(t.nbytes);
+    const size_t row_bytes = ggml_nbytes(c.type, cols);
+    for (int64_t r = 0; r < n / cols; ++r)
+      quantize_blocks(block_type_of(c.type), data[i].data() + r * cols,
+                      want.data() + size_t(r) * row_bytes, cols);
+    EXPECT_EQ(std::memcmp(t.data, want.data(), want.size()), 0);
+    std::vector<float> ref_values(static_cast<size_t>(n));
+    dequantize_blocks_reference(block_type_of(c.type), t.data, ref_values.data(), n);
+    const std::vector<float> got = f.dequantize(c.name);
+    ASSERT_EQ(got.size(), ref_values.size());
+    EXPECT_EQ(std::memcmp(got.data(), ref_values.data(), got.size() * 4), 0);
+  }
+}
+
+// The reader's decoding of arbitrary blocks (every quant bit pattern, scales of either
+// sign, subnormal and normal f16) equals kernels' reference dequantisation bit for bit.
+TEST(GgufBlocks, ReaderDecodesArbitraryBlocksAsTheKernelsReference) {
+  TempDir dir;
+  std::mt19937 rng(4);
+  std::uniform_int_distribution<int> byte(0, 255);
+  GgufWriter w;
+  std::vector<std::vector<unsigned char>> blocks;
+  blocks.reserve(std::size(kBlockTypes));  // the producers keep pointers into it
+  for (const GgmlType t : kBlockTypes) {
+    const int64_t n = 6 * ggml_block_size(t);
+    std::vector<unsigned char> b(ggml_nbytes(t, n));
+    for (auto& v : b) v = static_cast<unsigned char>(byte(rng));
+    // Keep the f16 scales finite (high bytes of d, dmin at 0, 2; Q6_K's d at 208).
+    const size_t bb = ggml_block_bytes(t);
+    for (size_t k = 0; k < b.size(); k += bb) {
+      for (const size_t at : t == GgmlType::kQ6_K   ? std::vector<size_t>{209}
+                             : t == GgmlType::kQ4_0 ? std::vector<size_t>{1}
+                                                    : std::vector<size_t>{1, 3})
+        b[k + at] &= 0xBB;  // clears an exponent bit: never 0x7C00
+    }
+    blocks.push_back(b);
+    const std::vector<unsigned char>* src = &blocks.back();
+    w.add_encoded_tensor(
+        std::string(ggml_type_name(t)), {2, n / 2},
+        [src](unsigned char* dst) { std::copy(src->begin(), src->end(), dst); }, t);
+  }
+  w.write(dir.file("r.gguf"));
+  GgufFile f = GgufFile::open(dir.file("r.gguf"));
+  for (const GgmlType t : kBlockTypes) {
+    SCOPED_TRACE(ggml_type_name(t));
+    const GgufTensor& g = f.tensor(std::string(ggml_type_name(t)));
+    const int64_t n = g.shape.numel();
+    std::vector<float> want(static_cast<size_t>(n));
+    dequantize_blocks_reference(block_type_of(t), g.data, want.data(), n);
+    const std::vector<float> got = f.dequantize(g.name);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << i;
+  }
+}
+
+TEST(GgufBlocks, WriterErrorsNameTheTensorAndRow) {
+  TempDir dir;
+  std::vector<float> x(4 * 256, 0.25f);
+  GgufWriter none;
+  expect_error([&] { none.add_tensor("w", {4, 256}, x.data(), GgmlType::kQ4_K); },
+               {"'w'", "q4_K", "set_block_quantizer"});
+  GgufWriter w;
+  w.set_block_quantizer(quantize_with_kernels);
+  expect_error([&] { w.add_tensor("w", {2, 384}, x.data(), GgmlType::kQ5_K); },
+               {"'w'", "q5_K", "multiple of 256"});
+  expect_error([&] { w.add_tensor("w", {2, 48}, x.data(), GgmlType::kQ4_0); },
+               {"'w'", "q4_0", "multiple of 32"});
+  x[2 * 256 + 7] = std::numeric_limits<float>::quiet_NaN();
+  w.add_tensor("bad", {4, 256}, x.data(), GgmlType::kQ6_K);
+  const std::string path = dir.file("e.gguf");
+  for (const int threads : {1, 4}) {
+    const RestoreNumThreads restore;
+    set_num_threads(threads);
+    expect_error([&] { w.write(path); }, {path, "'bad'", "q6_K", "row 2", "element 7"});
+  }
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_FALSE(temp_files_left(path));
+}
+
 // ---- malformed files ----
 
 // A valid little file: two KVs and two tensors, built by RawGguf so each field can be
@@ -538,8 +704,10 @@ TEST(GgufCorrupt, MalformedFieldsAreRejected) {
   s.t2_name = std::string(64, 'x');
   check(s, {"1 to 63 bytes"});
   s = Spec{};
-  s.t1_type = 2;
-  check(s, {"tensor 'w1'", "unsupported ggml type 2 (q4_0)"});
+  s.t1_type = 6;
+  check(s, {"tensor 'w1'", "unsupported ggml type 6 (q5_0)", "q4_K"});
+  s.t1_type = 3;
+  check(s, {"tensor 'w1'", "unsupported ggml type 3 (q4_1)"});
   s.t1_type = 1000;
   check(s, {"tensor 'w1'", "1000"});
   s = Spec{};
@@ -553,6 +721,10 @@ TEST(GgufCorrupt, MalformedFieldsAreRejected) {
   s.t1_type = 8;
   s.t1_ne = {33, 1};
   check(s, {"tensor 'w1'", "row length 33", "q8_0"});
+  s = Spec{};
+  s.t1_type = 12;
+  s.t1_ne = {32, 2};  // a q4_K row must be a whole number of 256-value blocks
+  check(s, {"tensor 'w1'", "row length 32", "q4_K", "256"});
   s = Spec{};
   s.t2_offset = 250;
   check(s, {"tensor 'w2'", "offset 250", "alignment"});

@@ -1,0 +1,426 @@
+#include "kernels/block_quant.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "base/aligned.h"
+#include "base/cpu.h"
+#include "base/error.h"
+#include "base/threads.h"
+#include "kernels/block_dot.h"
+#include "kernels/gemm.h"
+#include "tensor/convert.h"
+
+namespace hyperion {
+
+using block_impl::ActRow;
+using block_impl::half_to_float;
+using block_impl::load_u16;
+
+namespace {
+
+const BlockFormat kFormats[] = {
+    {BlockType::kQ4_0, "q4_0", 2, 32, 18},    {BlockType::kQ8_0, "q8_0", 8, 32, 34},
+    {BlockType::kQ4_K, "q4_K", 12, 256, 144}, {BlockType::kQ5_K, "q5_K", 13, 256, 176},
+    {BlockType::kQ6_K, "q6_K", 14, 256, 210},
+};
+
+// ---- Reference dequantisation, one block at a time (the layouts of block_quant.h).
+
+void dequant_q4_0(const unsigned char* b, float* y) {
+  const float d = half_to_float(load_u16(b));
+  const unsigned char* qs = b + 2;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = d * float((qs[j] & 15) - 8);
+    y[j + 16] = d * float((qs[j] >> 4) - 8);
+  }
+}
+
+void dequant_q8_0(const unsigned char* b, float* y) {
+  const float d = half_to_float(load_u16(b));
+  const auto* qs = reinterpret_cast<const int8_t*>(b + 2);
+  for (int j = 0; j < 32; ++j) y[j] = d * float(qs[j]);
+}
+
+// Q4_K (high_bits null) and Q5_K: the 4-bit value of element e, plus 16 times its fifth
+// bit for Q5_K.
+inline int k_quant_value(const unsigned char* qs, const unsigned char* qh, int e) {
+  const int c = e / 64, l = e % 32;
+  const bool high = (e % 64) >= 32;
+  int q = high ? (qs[32 * c + l] >> 4) : (qs[32 * c + l] & 15);
+  if (qh != nullptr) q += ((qh[l] >> (2 * c + (high ? 1 : 0))) & 1) << 4;
+  return q;
+}
+
+void dequant_q45_k(const unsigned char* b, float* y, bool five) {
+  const float d = half_to_float(load_u16(b)), dmin = half_to_float(load_u16(b + 2));
+  const unsigned char* scales = b + 4;
+  const unsigned char* qh = five ? b + 16 : nullptr;
+  const unsigned char* qs = five ? b + 48 : b + 16;
+  for (int e = 0; e < 256; ++e) {
+    uint8_t sc, m;
+    k_scale_min(scales, e / 32, &sc, &m);
+    y[e] = d * float(sc) * float(k_quant_value(qs, qh, e)) - dmin * float(m);
+  }
+}
+
+inline int q6_k_value(const unsigned char* b, int e) {
+  const int h = e / 128, r = e % 128, part = r / 32, l = r % 32;
+  const unsigned char* ql = b + 64 * h;
+  const unsigned char* qh = b + 128 + 32 * h;
+  const int low = part == 0   ? (ql[l] & 15)
+                  : part == 1 ? (ql[l + 32] & 15)
+                  : part == 2 ? (ql[l] >> 4)
+                              : (ql[l + 32] >> 4);
+  return low | (((qh[l] >> (2 * part)) & 3) << 4);
+}
+
+void dequant_q6_k(const unsigned char* b, float* y) {
+  const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = half_to_float(load_u16(b + 208));
+  for (int e = 0; e < 256; ++e) y[e] = d * float(scales[e / 16]) * float(q6_k_value(b, e) - 32);
+}
+
+void dequant_block(BlockType t, const unsigned char* b, float* y) {
+  switch (t) {
+    case BlockType::kQ4_0: dequant_q4_0(b, y); return;
+    case BlockType::kQ8_0: dequant_q8_0(b, y); return;
+    case BlockType::kQ4_K: dequant_q45_k(b, y, false); return;
+    case BlockType::kQ5_K: dequant_q45_k(b, y, true); return;
+    case BlockType::kQ6_K: dequant_q6_k(b, y); return;
+  }
+}
+
+// ---- Reference dot products on the integer values: the exact integer sums of each
+// block, combined in f32 in block order.
+
+float dot_reference(BlockType t, const unsigned char* w, int64_t k, const ActRow& a) {
+  const BlockFormat& f = block_format(t);
+  const int64_t nb = k / f.values;
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const unsigned char* blk = w + b * int64_t(f.bytes);
+    const int8_t* q8 = a.qs + b * f.values;
+    switch (t) {
+      case BlockType::kQ4_0: {
+        int32_t s = 0;
+        for (int j = 0; j < 16; ++j)
+          s += ((blk[2 + j] & 15) - 8) * q8[j] + ((blk[2 + j] >> 4) - 8) * q8[j + 16];
+        sum += half_to_float(load_u16(blk)) * a.d[b] * float(s);
+        break;
+      }
+      case BlockType::kQ8_0: {
+        int32_t s = 0;
+        for (int j = 0; j < 32; ++j) s += int8_t(blk[2 + j]) * q8[j];
+        sum += half_to_float(load_u16(blk)) * a.d[b] * float(s);
+        break;
+      }
+      case BlockType::kQ4_K:
+      case BlockType::kQ5_K: {
+        const bool five = t == BlockType::kQ5_K;
+        const unsigned char* qh = five ? blk + 16 : nullptr;
+        const unsigned char* qs = five ? blk + 48 : blk + 16;
+        int32_t s = 0, mins = 0;
+        for (int j = 0; j < 8; ++j) {
+          uint8_t sc, m;
+          k_scale_min(blk + 4, j, &sc, &m);
+          int32_t sj = 0;
+          for (int e = 32 * j; e < 32 * j + 32; ++e) sj += k_quant_value(qs, qh, e) * q8[e];
+          s += int32_t(sc) * sj;
+          mins += int32_t(m) * (a.sums[b * 16 + 2 * j] + a.sums[b * 16 + 2 * j + 1]);
+        }
+        const float d = half_to_float(load_u16(blk)), dmin = half_to_float(load_u16(blk + 2));
+        sum += a.d[b] * (d * float(s) - dmin * float(mins));
+        break;
+      }
+      case BlockType::kQ6_K: {
+        const auto* scales = reinterpret_cast<const int8_t*>(blk + 192);
+        int32_t s = 0;
+        for (int g = 0; g < 16; ++g) {
+          int32_t sg = 0;
+          for (int e = 16 * g; e < 16 * g + 16; ++e) sg += (q6_k_value(blk, e) - 32) * q8[e];
+          s += int32_t(scales[g]) * sg;
+        }
+        sum += a.d[b] * half_to_float(load_u16(blk + 208)) * float(s);
+        break;
+      }
+    }
+  }
+  return sum;
+}
+
+void portable_row_dot(BlockType t, const unsigned char* w, int64_t k, const ActRow* act, int m,
+                      float* out) {
+  for (int i = 0; i < m; ++i) out[i] = dot_reference(t, w, k, act[i]);
+}
+
+// ---- Instruction-set dispatch.
+
+BlockIsa g_isa = BlockIsa::kAuto;
+
+BlockIsa effective_isa() {
+  const CpuFeatures& cpu = cpu_features();
+  const bool vnni = cpu.avx512f && cpu.avx512bw && cpu.avx512vl && cpu.avx512_vnni;
+  const bool avx2 = cpu.avx2 && cpu.fma && cpu.f16c;
+  switch (g_isa) {
+    case BlockIsa::kAuto: return vnni ? BlockIsa::kAvx512Vnni : avx2 ? BlockIsa::kAvx2 : BlockIsa::kPortable;
+    case BlockIsa::kAvx512Vnni: return vnni ? BlockIsa::kAvx512Vnni : BlockIsa::kPortable;
+    case BlockIsa::kAvx2: return avx2 ? BlockIsa::kAvx2 : BlockIsa::kPortable;
+    case BlockIsa::kPortable: return BlockIsa::kPortable;
+  }
+  return BlockIsa::kPortable;
+}
+
+block_impl::RowDotFn kernel_for(BlockType t) {
+  switch (effective_isa()) {
+    case BlockIsa::kAvx512Vnni: {
+      static const block_impl::DotKernels k = block_impl::avx512_vnni_kernels();
+      return k.fn[int(t)];
+    }
+    case BlockIsa::kAvx2: {
+      static const block_impl::DotKernels k = block_impl::avx2_kernels();
+      return k.fn[int(t)];
+    }
+    default: return nullptr;
+  }
+}
+
+void check_k(BlockType t, int64_t k, const char* what) {
+  const BlockFormat& f = block_format(t);
+  HYP_CHECK(k > 0 && k % f.values == 0, "{}: {} values are not a whole number of {} blocks ({})",
+            what, k, f.name, f.values);
+}
+
+// Rows of W dequantised per prefill tile: bounded so a tile of the widest rows stays a few
+// MiB (it is re-read by the GEMM for every activation row block).
+int64_t tile_rows(int64_t k) {
+  const int64_t rows = (int64_t(4) << 20) / (k * 2);
+  return std::max<int64_t>(64, rows / 64 * 64);
+}
+
+}  // namespace
+
+const BlockFormat& block_format(BlockType t) {
+  return kFormats[static_cast<int>(t)];
+}
+
+const BlockFormat* block_format_of_ggml(uint32_t ggml_type) {
+  for (const BlockFormat& f : kFormats)
+    if (f.ggml_type == ggml_type) return &f;
+  return nullptr;
+}
+
+const BlockFormat* block_format_named(std::string_view name) {
+  for (const BlockFormat& f : kFormats) {
+    const std::string_view n = f.name;
+    if (n.size() == name.size() &&
+        std::equal(n.begin(), n.end(), name.begin(), [](char a, char b) {
+          return std::tolower(static_cast<unsigned char>(a)) ==
+                 std::tolower(static_cast<unsigned char>(b));
+        }))
+      return &f;
+  }
+  return nullptr;
+}
+
+size_t block_bytes(BlockType t, int64_t n) {
+  check_k(t, n, "block_bytes");
+  const BlockFormat& f = block_format(t);
+  return static_cast<size_t>(n / f.values) * f.bytes;
+}
+
+void dequantize_blocks_reference(BlockType t, const void* src, float* dst, int64_t n) {
+  check_k(t, n, "dequantize_blocks");
+  const BlockFormat& f = block_format(t);
+  const auto* p = static_cast<const unsigned char*>(src);
+  for (int64_t b = 0; b < n / f.values; ++b) dequant_block(t, p + b * int64_t(f.bytes), dst + b * f.values);
+}
+
+size_t block_act_row_bytes(BlockType t, int64_t k) {
+  check_k(t, k, "block activations");
+  return static_cast<size_t>(k + (k / block_impl::act_block(t)) * 4 +
+                             (k / block_impl::act_group(t)) * 2);
+}
+
+void quantize_block_activations(BlockType t, const void* x, DType xd, int64_t k, void* dst) {
+  check_k(t, k, "block activations");
+  HYP_CHECK(xd == DType::kF32 || xd == DType::kBF16,
+            "block activations: x must be f32 or bf16, not {}", dtype_name(xd));
+  auto* qs = static_cast<int8_t*>(dst);
+  const ActRow a = block_impl::act_row(t, dst, k);
+  auto* d = const_cast<float*>(a.d);
+  auto* sums = const_cast<int16_t*>(a.sums);
+  const int64_t block = block_impl::act_block(t), group = block_impl::act_group(t);
+  float v[256];
+  for (int64_t b = 0; b < k / block; ++b) {
+    float amax = 0.0f;
+    for (int64_t j = 0; j < block; ++j) {
+      const int64_t e = b * block + j;
+      v[j] = xd == DType::kF32 ? static_cast<const float*>(x)[e]
+                               : bf16_to_f32(static_cast<const bf16*>(x)[e]);
+      amax = std::max(amax, std::fabs(v[j]));
+    }
+    // A non-finite activation poisons the block's scale, so the outputs it feeds are NaN
+    // rather than plausible numbers.
+    const float scale = amax / 127.0f;
+    d[b] = std::isfinite(amax) ? scale : std::numeric_limits<float>::quiet_NaN();
+    const float inv = scale > 0.0f && std::isfinite(scale) ? 1.0f / scale : 0.0f;
+    for (int64_t j = 0; j < block; ++j)
+      qs[b * block + j] = static_cast<int8_t>(std::clamp(std::nearbyint(v[j] * inv), -127.0f, 127.0f));
+  }
+  for (int64_t g = 0; g < k / group; ++g) {
+    int32_t s = 0;
+    for (int64_t j = 0; j < group; ++j) s += qs[g * group + j];
+    sums[g] = static_cast<int16_t>(s);
+  }
+}
+
+float block_dot_reference(BlockType t, const void* w, const void* act, int64_t k) {
+  check_k(t, k, "block_dot");
+  return dot_reference(t, static_cast<const unsigned char*>(w), k, block_impl::act_row(t, act, k));
+}
+
+void dequantize_block_rows(BlockType t, const void* w, int64_t k, int64_t r0, int64_t rows,
+                           void* dst, DType dst_dtype) {
+  check_k(t, k, "dequantize_block_rows");
+  HYP_CHECK(dst_dtype == DType::kF32 || dst_dtype == DType::kBF16,
+            "dequantize_block_rows: dst must be f32 or bf16, not {}", dtype_name(dst_dtype));
+  const size_t row_bytes = block_bytes(t, k);
+  const auto* base = static_cast<const unsigned char*>(w) + static_cast<size_t>(r0) * row_bytes;
+  const BlockFormat& f = block_format(t);
+  parallel_chunks(rows, std::max<int64_t>(1, 16384 / k), [&](int64_t b, int64_t e) {
+    float tmp[256];
+    for (int64_t r = b; r < e; ++r) {
+      const unsigned char* row = base + static_cast<size_t>(r) * row_bytes;
+      for (int64_t blk = 0; blk < k / f.values; ++blk) {
+        dequant_block(t, row + blk * int64_t(f.bytes), tmp);
+        if (dst_dtype == DType::kF32) {
+          std::memcpy(static_cast<float*>(dst) + r * k + blk * f.values, tmp,
+                      size_t(f.values) * sizeof(float));
+        } else {
+          convert_f32_to_bf16(tmp, static_cast<bf16*>(dst) + r * k + blk * f.values,
+                              size_t(f.values));
+        }
+      }
+    }
+  });
+}
+
+void block_embedding_forward(BlockType t, const void* table, int64_t vocab, int64_t dim,
+                             const int32_t* tokens, int64_t n, float* out, float scale) {
+  check_k(t, dim, "block embedding");
+  for (int64_t i = 0; i < n; ++i)
+    HYP_CHECK(tokens[i] >= 0 && tokens[i] < vocab,
+              "embedding: token id {} at position {} is outside the vocabulary [0, {})", tokens[i],
+              i, vocab);
+  const size_t row_bytes = block_bytes(t, dim);
+  const BlockFormat& f = block_format(t);
+  parallel_chunks(n, 8, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const auto* row = static_cast<const unsigned char*>(table) + size_t(tokens[i]) * row_bytes;
+      float* dst = out + i * dim;
+      for (int64_t blk = 0; blk < dim / f.values; ++blk)
+        dequant_block(t, row + blk * int64_t(f.bytes), dst + blk * f.values);
+      if (scale != 1.0f)
+        for (int64_t j = 0; j < dim; ++j) dst[j] *= scale;
+    }
+  });
+}
+
+void block_matmul(BlockType t, int64_t m, int64_t n, int64_t k, const void* x, DType xd,
+                  const void* w, void* y, DType yd, float beta) {
+  check_k(t, k, "block_matmul");
+  HYP_CHECK(m > 0 && n > 0, "block_matmul: m = {}, n = {}", m, n);
+  HYP_CHECK(xd == DType::kF32 || xd == DType::kBF16, "block_matmul: x must be f32 or bf16, not {}",
+            dtype_name(xd));
+  HYP_CHECK(yd == DType::kF32 || yd == DType::kBF16, "block_matmul: y must be f32 or bf16, not {}",
+            dtype_name(yd));
+  const size_t row_bytes = block_bytes(t, k);
+  const auto* wp = static_cast<const unsigned char*>(w);
+  if (m > kBlockDotMaxRows) {
+    // Prefill: tiles of W dequantised to bf16, each multiplied by all of x on the GEMM.
+    thread_local AlignedBuffer<bf16> xb, tile;
+    const void* xa = x;
+    if (xd == DType::kF32) {
+      if (xb.size() < size_t(m * k)) xb = AlignedBuffer<bf16>(size_t(m * k));
+      convert_f32_to_bf16(static_cast<const float*>(x), xb.data(), size_t(m * k));
+      xa = xb.data();
+    }
+    const int64_t tr = std::min(n, tile_rows(k));
+    if (tile.size() < size_t(tr * k)) tile = AlignedBuffer<bf16>(size_t(tr * k));
+    for (int64_t r0 = 0; r0 < n; r0 += tr) {
+      const int64_t rows = std::min(tr, n - r0);
+      dequantize_block_rows(t, w, k, r0, rows, tile.data(), DType::kBF16);
+      GemmArgs g;
+      g.trans_a = Trans::kN;
+      g.trans_b = Trans::kT;
+      g.m = m;
+      g.n = rows;
+      g.k = k;
+      g.a = xa;
+      g.a_dtype = DType::kBF16;
+      g.lda = k;
+      g.b = tile.data();
+      g.b_dtype = DType::kBF16;
+      g.ldb = k;
+      g.c = static_cast<unsigned char*>(y) + r0 * int64_t(dtype_size(yd));
+      g.c_dtype = yd;
+      g.ldc = n;
+      g.beta = beta;
+      gemm(g);
+    }
+    return;
+  }
+  // Decode: activations quantised once, every weight row dotted with all of them.
+  const size_t act_bytes = block_act_row_bytes(t, k);
+  thread_local AlignedBuffer<unsigned char> acts;
+  if (acts.size() < act_bytes * size_t(m)) acts = AlignedBuffer<unsigned char>(act_bytes * size_t(m));
+  ActRow rows[kBlockDotMaxRows];
+  for (int64_t i = 0; i < m; ++i) {
+    const void* xi = static_cast<const unsigned char*>(x) + i * k * int64_t(dtype_size(xd));
+    quantize_block_activations(t, xi, xd, k, acts.data() + size_t(i) * act_bytes);
+    rows[i] = block_impl::act_row(t, acts.data() + size_t(i) * act_bytes, k);
+  }
+  const block_impl::RowDotFn fn = kernel_for(t);
+  const int mi = static_cast<int>(m);
+  // Grain: a chunk of rows worth at least ~64 KiB of weights.
+  const int64_t grain = std::max<int64_t>(1, int64_t(65536) / int64_t(row_bytes));
+  parallel_chunks(n, grain, [&](int64_t b, int64_t e) {
+    float out[kBlockDotMaxRows];
+    for (int64_t r = b; r < e; ++r) {
+      const unsigned char* wr = wp + static_cast<size_t>(r) * row_bytes;
+      if (fn != nullptr)
+        fn(wr, k, rows, mi, out);
+      else
+        portable_row_dot(t, wr, k, rows, mi, out);
+      for (int i = 0; i < mi; ++i) {
+        const int64_t idx = i * n + r;
+        if (yd == DType::kF32) {
+          float* dst = static_cast<float*>(y) + idx;
+          *dst = out[i] + (beta != 0.0f ? beta * *dst : 0.0f);
+        } else {
+          bf16* dst = static_cast<bf16*>(y) + idx;
+          *dst = f32_to_bf16(out[i] + (beta != 0.0f ? beta * bf16_to_f32(*dst) : 0.0f));
+        }
+      }
+    }
+  });
+}
+
+void set_block_isa_for_testing(BlockIsa isa) {
+  g_isa = isa;
+}
+
+const char* block_isa_name() {
+  switch (effective_isa()) {
+    case BlockIsa::kAvx512Vnni: return "avx512-vnni";
+    case BlockIsa::kAvx2: return "avx2";
+    default: return "portable";
+  }
+}
+
+}  // namespace hyperion
