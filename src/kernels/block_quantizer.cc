@@ -127,9 +127,10 @@ int64_t argmax_abs(const float* x, int64_t n) {
 [[noreturn]] void too_large(BlockType t, const float* src, int64_t block_start, const float* x,
                             int64_t n) {
   const int64_t at = block_start + argmax_abs(x, n);
-  fail("quantize_blocks({}): element {} = {} is too large for the format: its block's scale "
-       "overflows f16",
-       fmt_name(t), at, src[at]);
+  fail(
+      "quantize_blocks({}): element {} = {} is too large for the format: its block's scale "
+      "overflows f16",
+      fmt_name(t), at, src[at]);
 }
 
 // The f16 scale d for which a value `target` >= 0 lands on `levels` (d ~ target / levels),
@@ -404,8 +405,7 @@ bool quantize_k_super(const float* x, int nmax, unsigned char* blk, uint8_t* L) 
     const float* xs = x + 32 * j;
     const float scale = dd * float(sc[j]), mn = dm * float(m[j]);
     for (int i = 0; i < 32; ++i)
-      L[32 * j + i] =
-          uint8_t(scale > 0.0f ? clampi(round_int((xs[i] + mn) / scale), 0, nmax) : 0);
+      L[32 * j + i] = uint8_t(scale > 0.0f ? clampi(round_int((xs[i] + mn) / scale), 0, nmax) : 0);
   }
   return true;
 }
@@ -565,8 +565,8 @@ void quantize_q6_k(const float* src, unsigned char* dst, int64_t n) {
 void quantize_blocks(BlockType t, const float* src, void* dst, int64_t n) {
   const int64_t per_block = (t == BlockType::kQ4_0 || t == BlockType::kQ8_0) ? 32 : kSuper;
   HYP_CHECK(n >= 0 && n % per_block == 0,
-            "quantize_blocks({}): {} values are not a whole number of blocks of {}", fmt_name(t),
-            n, per_block);
+            "quantize_blocks({}): {} values are not a whole number of blocks of {}", fmt_name(t), n,
+            per_block);
   for (int64_t i = 0; i < n; ++i)
     HYP_CHECK(std::isfinite(src[i]),
               "quantize_blocks({}): element {} is {}: a non-finite value cannot be quantised",

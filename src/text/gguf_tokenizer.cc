@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 
@@ -51,7 +52,7 @@ constexpr size_t kMaxTokenBytes = size_t{1} << 16;
 
 // The end-of-turn tokens of the chat formats in use (as hf_tokenizer_json.cc's list): a
 // control token so spelled ends a generation, whatever eos_token_id says.
-constexpr const char* kEndOfTurnTokens[] = {"<|eot_id|>", "<|eom_id|>", "<|end_of_text|>",
+constexpr const char* kEndOfTurnTokens[] = {"<|eot_id|>", "<|eom_id|>",    "<|end_of_text|>",
                                             "<|im_end|>", "<|endoftext|>", "<end_of_turn>",
                                             "<|end|>",    "</s>",          "<eos>"};
 
@@ -71,11 +72,13 @@ class Keys {
 
   std::string describe(const char* key) const {
     const GgufType t = f_.type(key);
-    return t == GgufType::kArray ? fmt::format("an array of {}", io::gguf_type_name(f_.array_type(key)))
-                                 : fmt::format("a {}", io::gguf_type_name(t));
+    return t == GgufType::kArray
+               ? fmt::format("an array of {}", io::gguf_type_name(f_.array_type(key)))
+               : fmt::format("a {}", io::gguf_type_name(t));
   }
   void expect(const char* key, GgufType want) const {
-    if (f_.type(key) != want) bad(key, "is {}, expected a {}", describe(key), io::gguf_type_name(want));
+    if (f_.type(key) != want)
+      bad(key, "is {}, expected a {}", describe(key), io::gguf_type_name(want));
   }
   // An array of `elem`s of at most `max` elements.
   void expect_array(const char* key, GgufType elem, uint64_t max) const {
@@ -100,19 +103,34 @@ class Keys {
     if (!has(key)) return -1;
     int64_t v = 0;
     switch (f_.type(key)) {
-      case GgufType::kU8: v = f_.get<uint8_t>(key); break;
-      case GgufType::kI8: v = f_.get<int8_t>(key); break;
-      case GgufType::kU16: v = f_.get<uint16_t>(key); break;
-      case GgufType::kI16: v = f_.get<int16_t>(key); break;
-      case GgufType::kU32: v = f_.get<uint32_t>(key); break;
-      case GgufType::kI32: v = f_.get<int32_t>(key); break;
-      case GgufType::kI64: v = f_.get<int64_t>(key); break;
+      case GgufType::kU8:
+        v = f_.get<uint8_t>(key);
+        break;
+      case GgufType::kI8:
+        v = f_.get<int8_t>(key);
+        break;
+      case GgufType::kU16:
+        v = f_.get<uint16_t>(key);
+        break;
+      case GgufType::kI16:
+        v = f_.get<int16_t>(key);
+        break;
+      case GgufType::kU32:
+        v = f_.get<uint32_t>(key);
+        break;
+      case GgufType::kI32:
+        v = f_.get<int32_t>(key);
+        break;
+      case GgufType::kI64:
+        v = f_.get<int64_t>(key);
+        break;
       case GgufType::kU64: {
         const uint64_t u = f_.get<uint64_t>(key);
         v = u > uint64_t{INT64_MAX} ? INT64_MAX : static_cast<int64_t>(u);
         break;
       }
-      default: bad(key, "is {}, expected an integer token id", describe(key));
+      default:
+        bad(key, "is {}, expected an integer token id", describe(key));
     }
     if (v < 0 || static_cast<uint64_t>(v) >= n)
       bad(key, "token id {} is outside the vocabulary ({} tokens in {})", v, n, kTokensKey);
@@ -165,8 +183,9 @@ Vocab read_vocab(const Keys& k) {
   }
 
   if (k.has(kScoresKey)) {
-    const GgufType elem =
-        k.file().type(kScoresKey) == GgufType::kArray ? k.file().array_type(kScoresKey) : GgufType::kF32;
+    const GgufType elem = k.file().type(kScoresKey) == GgufType::kArray
+                              ? k.file().array_type(kScoresKey)
+                              : GgufType::kF32;
     // llama.cpp takes float32 or int32 scores.
     if (elem == GgufType::kI32) {
       k.expect_array(kScoresKey, GgufType::kI32, kMaxTokens);
@@ -200,8 +219,9 @@ Vocab read_vocab(const Keys& k) {
   for (size_t i = 0; i < n; ++i) {
     const auto [at, fresh] = v.ids.emplace(v.tokens[i], static_cast<int32_t>(i));
     if (!fresh)
-      k.bad(fmt::format("{}[{}]", kTokensKey, i), "'{}' is also token {}: each token must be unique",
-            v.tokens[i].substr(0, 200), at->second);
+      k.bad(fmt::format("{}[{}]", kTokensKey, i),
+            "'{}' is also token {}: each token must be unique", v.tokens[i].substr(0, 200),
+            at->second);
   }
   if (empty > 0)
     log_warn("gguf tokenizer: {}: {}: {} empty token(s) named [EMPTY_<id>], as llama.cpp does",
@@ -257,6 +277,8 @@ constexpr const char* kLlama3Split =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr const char* kQwen2Split =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr const char* kQwen35Split =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr const char* kTekkenSplit =
     R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
@@ -269,10 +291,16 @@ const std::vector<PreTokenizer>& pre_tokenizers() {
         R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))", R"(\p{N}+)",
         R"([0-9][0-9][0-9])"}},
       {{"gpt-2", "phi-2"}, {}, /*byte_level_regex=*/true},
-      {{"llama-bpe", "llama3", "llama-v3"}, {kLlama3Split}, false, false, /*ignore_merges=*/true,
+      {{"llama-bpe", "llama3", "llama-v3"},
+       {kLlama3Split},
+       false,
+       false,
+       /*ignore_merges=*/true,
        /*add_bos=*/true},
       {{"dbrx", "smaug-bpe"}, {kLlama3Split}},
-      {{"qwen2"}, {kQwen2Split}, false, /*nfc=*/true},
+      // Qwen's tokenizers (and DeepSeek's distillations of Qwen, which keep its tokenizer).
+      {{"qwen2", "deepseek-r1-qwen"}, {kQwen2Split}, false, /*nfc=*/true},
+      {{"qwen35"}, {kQwen35Split}, false, /*nfc=*/true},
       {{"tekken"}, {kTekkenSplit}, false, false, /*ignore_merges=*/true, /*add_bos=*/true},
       // Digits one by one, then GPT-2's regex.
       {{"starcoder", "smollm"}, {R"(\p{N})"}, /*byte_level_regex=*/true},
@@ -305,9 +333,10 @@ Tokenizer bpe_tokenizer(const Keys& k) {
   if (k.has(kPreKey)) {
     pre_name = k.string(kPreKey);
   } else {
-    log_warn("gguf tokenizer: {}: no {}: splitting text as llama.cpp does without one (its "
-             "\"default\"), which is likely not how the model was trained",
-             k.path(), kPreKey);
+    log_warn(
+        "gguf tokenizer: {}: no {}: splitting text as llama.cpp does without one (its "
+        "\"default\"), which is likely not how the model was trained",
+        k.path(), kPreKey);
   }
   const PreTokenizer* pre = nullptr;
   std::vector<std::string> supported;
@@ -337,7 +366,8 @@ Tokenizer bpe_tokenizer(const Keys& k) {
     return it != v.ids.end() && static_cast<size_t>(it->second) < kept ? it->second : -1;
   };
 
-  if (!k.has(kMergesKey)) k.bad(kMergesKey, "missing: a BPE vocabulary (\"gpt2\") needs its merges");
+  if (!k.has(kMergesKey))
+    k.bad(kMergesKey, "missing: a BPE vocabulary (\"gpt2\") needs its merges");
   k.expect_array(kMergesKey, GgufType::kString, kMaxMerges);
   const std::vector<std::string> merges = k.file().get_string_array(kMergesKey);
 
@@ -362,9 +392,10 @@ Tokenizer bpe_tokenizer(const Keys& k) {
     first = false;
     fmt::format_to(std::back_inserter(out), R"({{"id":{},"content":)", i);
     append_json_string(out, v.tokens[i]);
-    fmt::format_to(std::back_inserter(out),
-                   R"(,"single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":{}}})",
-                   type == kGgufTokenControl);
+    fmt::format_to(
+        std::back_inserter(out),
+        R"(,"single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":{}}})",
+        type == kGgufTokenControl);
   }
   out += "],";
 
@@ -405,16 +436,19 @@ Tokenizer bpe_tokenizer(const Keys& k) {
             {"pair", std::move(pair)},
             {"special_tokens", std::move(specials)}};
   }
-  const json decoder = {
-      {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+  const json decoder = {{"type", "ByteLevel"},
+                        {"add_prefix_space", true},
+                        {"trim_offsets", true},
+                        {"use_regex", true}};
   out += R"("normalizer":)";
   out += pre->nfc ? R"({"type":"NFC"})" : "null";
   out += R"(,"pre_tokenizer":)" + pre_tokenizer.dump();
   out += R"(,"post_processor":)" + post.dump();
   out += R"(,"decoder":)" + decoder.dump();
-  fmt::format_to(std::back_inserter(out),
-                 R"(,"model":{{"type":"BPE","dropout":null,"fuse_unk":false,"byte_fallback":false,"ignore_merges":{},"vocab":{{)",
-                 pre->ignore_merges);
+  fmt::format_to(
+      std::back_inserter(out),
+      R"(,"model":{{"type":"BPE","dropout":null,"fuse_unk":false,"byte_fallback":false,"ignore_merges":{},"vocab":{{)",
+      pre->ignore_merges);
   for (size_t i = 0; i < kept; ++i) {
     if (i > 0) out.push_back(',');
     append_json_string(out, v.tokens[i]);
@@ -465,7 +499,8 @@ Tokenizer bpe_tokenizer(const Keys& k) {
   if (v.eot >= 0 || v.eom >= 0) {
     json ends = json::array();
     for (int32_t id : {v.eos, v.eot, v.eom})
-      if (id >= 0 && std::find(ends.begin(), ends.end(), json(id)) == ends.end()) ends.push_back(id);
+      if (id >= 0 && std::find(ends.begin(), ends.end(), json(id)) == ends.end())
+        ends.push_back(id);
     generation_config = json{{"eos_token_id", std::move(ends)}}.dump();
   }
   return Tokenizer::from_hf_json(std::move(out), config.dump(), std::move(generation_config),
@@ -538,23 +573,18 @@ int byte_piece_value(std::string_view t) {
 Tokenizer sentencepiece_tokenizer(const Keys& k) {
   Vocab v = read_vocab(k);
   const size_t n = v.size();
-  if (n > size_t{INT32_MAX}) k.bad(kTokensKey, "has {} tokens", n);
   std::vector<int32_t>& types = v.types;
 
-  // The ids llama.cpp assumes when the file names none.
-  auto fallback = [&](const char* key, int32_t id, int32_t def) {
-    return !k.has(key) && static_cast<size_t>(def) < n ? def : id;
-  };
-  if (v.unk < 0 && !k.has(kUnkKey)) {
+  // The ids llama.cpp assumes when the file names none: unk 0 (here the UNKNOWN token, if
+  // there is one), bos 1, eos 2, each unless it would be the unknown token.
+  if (!k.has(kUnkKey)) {
     const auto it = std::find(types.begin(), types.end(), kGgufTokenUnknown);
     v.unk = it != types.end() ? static_cast<int32_t>(it - types.begin()) : 0;
   }
-  v.bos = fallback(kBosKey, v.bos, 1);
-  v.eos = fallback(kEosKey, v.eos, 2);
-  if (v.unk < 0) k.bad(kUnkKey, "missing, and no token has type UNKNOWN (2): SentencePiece needs one");
-  for (const auto& [key, id] : {std::pair{kBosKey, v.bos}, std::pair{kEosKey, v.eos}})
-    if (id >= 0 && id == v.unk)
-      k.bad(key, "is the unknown token's id {} ({})", id, kUnkKey);
+  for (auto [key, id, def] : {std::tuple{kBosKey, &v.bos, 1}, std::tuple{kEosKey, &v.eos, 2}}) {
+    if (!k.has(key)) *id = static_cast<size_t>(def) < n && def != v.unk ? def : -1;
+    if (*id >= 0 && *id == v.unk) k.bad(key, "is {}, the unknown token's id ({})", *id, kUnkKey);
+  }
 
   // One UNKNOWN piece (SentencePiece allows no second; llama.cpp never produces one from
   // text); bos, eos and pad are control pieces, which SentencePiece requires of them.
@@ -581,8 +611,10 @@ Tokenizer sentencepiece_tokenizer(const Keys& k) {
   if (byte_count > 0 && byte_count < 256) {
     int missing = 0;
     while (bytes_seen[missing]) ++missing;
-    k.bad(kTypesKey, "{} tokens have type BYTE (6), but byte fallback needs all 256 (<0x{:02X}> is "
-          "missing)", byte_count, missing);
+    k.bad(kTypesKey,
+          "{} tokens have type BYTE (6), but byte fallback needs all 256 (<0x{:02X}> is "
+          "missing)",
+          byte_count, missing);
   }
 
   ProtoWriter model, part;
@@ -639,8 +671,8 @@ Tokenizer sentencepiece_tokenizer(const Keys& k) {
   } catch (const UsageError&) {
     throw;
   } catch (const Error& e) {
-    usage_fail("gguf tokenizer: {}: {}: SentencePiece does not take this vocabulary: {}",
-               k.path(), kTokensKey, e.what());
+    usage_fail("gguf tokenizer: {}: {}: SentencePiece does not take this vocabulary: {}", k.path(),
+               kTokensKey, e.what());
   }
 }
 

@@ -735,7 +735,7 @@ TEST_F(ConvertTest, ErrorsNameDirectoryFileAndField) {
   o = {};
   o.extra = "model.layers.2.self_attn.q_proj.weight";
   expect_fails(o, {"model.safetensors", "'model.layers.2.self_attn.q_proj.weight'"});
-  expect_fails({}, {"unknown output type 'q4_0'"}, "q4_0");
+  expect_fails({}, {"unknown output type 'q3_k_m'"}, "q3_k_m");
 
   make_checkpoint({});
   fs::remove(fs::path(ckpt_) / "tokenizer.model");

