@@ -50,6 +50,9 @@ const CommandSpec kBenchDecodeSpec = {
       "serve N random LoRA adapters (all-linear), request b using adapter b % N, so every step "
       "applies N different adapters (default 0: the base alone)"},
      {"lora-rank", "R", "rank of those adapters (default 16)"},
+     {"prefill", "N",
+      "also time the prefill of one N-token prompt before the decode steps (llama-bench's ppN; "
+      "default 0: none)"},
      {"json", "", "print the result as one JSON object"}},
     "key=value: the serving engine's keys (see hyperion serve --help).",
     "bench decode runs/tiny --batch 8 --context-min 64 --context-max 256 kv_dtype=int8"};
@@ -123,6 +126,29 @@ int cmd_bench_decode(const Args& args) {
   std::mt19937 rng(static_cast<uint32_t>(f.integer("seed", 0)));
   std::vector<int64_t> produced(static_cast<size_t>(batch), 0), lengths;
   const int64_t vocab = model.vocab_size;
+  // Prefill: one prompt to its first token, after an untimed short one (first-use costs).
+  const int64_t prefill = f.integer("prefill", 0);
+  HYP_USAGE_CHECK(prefill >= 0 && prefill + 2 <= rc.max_seq_len,
+                  "bench decode: --prefill {} must be in [0, max_seq_len - 2 = {}]", prefill,
+                  rc.max_seq_len - 2);
+  double prefill_secs = 0;
+  for (const int64_t len : {std::min<int64_t>(prefill, 16), prefill}) {
+    if (prefill == 0) break;
+    serve::GenerationRequest r;
+    r.prompt.push_back(1);
+    for (int64_t i = 1; i < len; ++i) r.prompt.push_back(3 + static_cast<int32_t>(rng() % (vocab - 3)));
+    r.max_tokens = 1;
+    r.sampling.temperature = 0.0f;
+    r.ignore_eos = true;
+    bool first = false;
+    engine.add(r, [&first](const serve::TokenEvent& ev) {
+      if (ev.token >= 0) first = true;
+    });
+    const auto p0 = std::chrono::steady_clock::now();
+    while (!first) engine.step();
+    prefill_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();
+    while (engine.stats().running > 0) engine.step();
+  }
   for (int64_t b = 0; b < batch; ++b) {
     serve::GenerationRequest r;
     const int64_t len = cmin + static_cast<int64_t>(rng() % static_cast<uint32_t>(cmax - cmin + 1));
@@ -218,6 +244,11 @@ int cmd_bench_decode(const Args& args) {
     j["read_gbps"] = bw;
     j["bandwidth_bound_tokens_per_s"] = bound_tps;
     j["fraction_of_bound"] = tps / bound_tps;
+    if (prefill > 0) {
+      j["prefill_tokens"] = prefill;
+      j["prefill_ms"] = prefill_secs * 1e3;
+      j["prefill_tokens_per_s"] = double(prefill) / prefill_secs;
+    }
     print_json(j, -1);
   } else {
     std::printf(
@@ -234,6 +265,9 @@ int cmd_bench_decode(const Args& args) {
         double(engine.runner().weight_bytes()) / (1 << 20), kv_bytes / (1 << 20), bw, bound_tps,
         100.0 * tps / bound_tps, static_cast<long long>(replayed), static_cast<long long>(steps),
         rc.cuda_graphs && on_device ? "true" : "false");
+    if (prefill > 0)
+      std::printf("  prefill of %lld tokens: %.1f ms, %.1f tokens/s\n", static_cast<long long>(prefill),
+                  prefill_secs * 1e3, double(prefill) / prefill_secs);
   }
   return 0;
 }

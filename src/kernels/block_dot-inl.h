@@ -211,6 +211,208 @@ HYP_BLOCK_TARGET void q40_rows(const unsigned char* w, int64_t k, const ActRow* 
   for (int i = 0; i < M; ++i) out[i] = hsum(_mm256_add_ps(even[i], odd[i]));
 }
 
+// ---- Packed groups of 8 rows (kernels/block_pack.h): one lane per row.
+
+HYP_BLOCK_TARGET __attribute__((always_inline)) inline __m256i bcast4(const int8_t* a) {
+  int32_t v;
+  __builtin_memcpy(&v, a, 4);
+  return _mm256_set1_epi32(v);
+}
+
+HYP_BLOCK_TARGET __attribute__((always_inline)) inline __m256i shift16(__m256i v, int n) {
+  return n >= 0 ? _mm256_sll_epi16(v, _mm_cvtsi32_si128(n)) : _mm256_srl_epi16(v, _mm_cvtsi32_si128(-n));
+}
+
+HYP_BLOCK_TARGET __attribute__((always_inline)) inline __m256 half8(const unsigned char* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+HYP_BLOCK_TARGET __attribute__((always_inline)) inline __m256i load32(const unsigned char* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+template <int M, bool kFive>
+HYP_BLOCK_TARGET void q45k_x8(const unsigned char* w, int64_t nb, const ActRow* act, float* out) {
+  constexpr int64_t kBytes = kFive ? 1440 : 1184;
+  __m256 acc[M], accm[M];
+  for (int i = 0; i < M; ++i) acc[i] = accm[i] = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+  for (int64_t b = 0; b < nb; ++b) {
+    const unsigned char* blk = w + b * kBytes;
+    __m256i isum[M], msum[M];
+    for (int i = 0; i < M; ++i) isum[i] = msum[i] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      const __m256i scv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 32 + 8 * j)));
+      const __m256i mnv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 96 + 8 * j)));
+      const unsigned char* q = blk + 160 + (kFive ? 160 : 128) * j;
+      __m256i lo[4], hi[4];
+      __m256i hb = _mm256_setzero_si256();
+      if constexpr (kFive) hb = load32(q + 128);
+      for (int s = 0; s < 4; ++s) {
+        const __m256i raw = load32(q + 32 * s);
+        lo[s] = _mm256_and_si256(raw, m4);
+        hi[s] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        if constexpr (kFive) {
+          lo[s] = _mm256_or_si256(lo[s], _mm256_and_si256(shift16(hb, 4 - 2 * s), bit4));
+          hi[s] = _mm256_or_si256(hi[s], _mm256_and_si256(shift16(hb, 3 - 2 * s), bit4));
+        }
+      }
+      for (int i = 0; i < M; ++i) {
+        const int8_t* a = act[i].qs + b * 256 + 32 * j;
+        __m256i d = _mm256_setzero_si256();
+        for (int s = 0; s < 4; ++s) {
+          d = dot_u8s8(d, lo[s], bcast4(a + 8 * s));
+          d = dot_u8s8(d, hi[s], bcast4(a + 8 * s + 4));
+        }
+        isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(d, scv));
+        const int32_t bs = int32_t(act[i].sums[b * 16 + 2 * j]) + act[i].sums[b * 16 + 2 * j + 1];
+        msum[i] = _mm256_add_epi32(msum[i], _mm256_mullo_epi32(mnv, _mm256_set1_epi32(bs)));
+      }
+    }
+    const __m256 dv = half8(blk), dmv = half8(blk + 16);
+    for (int i = 0; i < M; ++i) {
+      const __m256 da = _mm256_set1_ps(act[i].d[b]);
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), _mm256_mul_ps(dv, da), acc[i]);
+      accm[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[i]), _mm256_mul_ps(dmv, da), accm[i]);
+    }
+  }
+  for (int i = 0; i < M; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_sub_ps(acc[i], accm[i]));
+}
+
+template <int M>
+HYP_BLOCK_TARGET void q6k_x8(const unsigned char* w, int64_t nb, const ActRow* act, float* out) {
+  __m256 acc[M];
+  for (int i = 0; i < M; ++i) acc[i] = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x30);
+  for (int64_t b = 0; b < nb; ++b) {
+    const unsigned char* blk = w + b * 1680;
+    __m256i isum[M];
+    for (int i = 0; i < M; ++i) isum[i] = _mm256_setzero_si256();
+    for (int g = 0; g < 16; ++g) {
+      const unsigned char* grp = blk + 16 + 104 * g;
+      const __m256i scv = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(grp)));
+      const __m256i l0 = load32(grp + 8), l1 = load32(grp + 40);
+      const __m256i h = load32(grp + 72);
+      const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m3));
+      const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                         _mm256_and_si256(_mm256_slli_epi16(h, 2), m3));
+      const __m256i q2 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(h, m3));
+      const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                         _mm256_and_si256(_mm256_srli_epi16(h, 2), m3));
+      for (int i = 0; i < M; ++i) {
+        const int8_t* a = act[i].qs + b * 256 + 16 * g;
+        __m256i d = dot_u8s8(_mm256_setzero_si256(), q0, bcast4(a));
+        d = dot_u8s8(d, q1, bcast4(a + 4));
+        d = dot_u8s8(d, q2, bcast4(a + 8));
+        d = dot_u8s8(d, q3, bcast4(a + 12));
+        d = _mm256_sub_epi32(d, _mm256_set1_epi32(32 * int32_t(act[i].sums[b * 16 + g])));
+        isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(d, scv));
+      }
+    }
+    const __m256 dv = half8(blk);
+    for (int i = 0; i < M; ++i)
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), _mm256_mul_ps(dv, _mm256_set1_ps(act[i].d[b])), acc[i]);
+  }
+  for (int i = 0; i < M; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
+}
+
+template <int M>
+HYP_BLOCK_TARGET void q80_x8(const unsigned char* w, int64_t nb, const ActRow* act, float* out) {
+  __m256 acc[M];
+  for (int i = 0; i < M; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const unsigned char* blk = w + b * 272;
+    __m256i wv[8];
+    for (int s = 0; s < 8; ++s) {
+      wv[s] = load32(blk + 16 + 32 * s);
+#if HYP_BLOCK_VNNI
+      wv[s] = _mm256_xor_si256(wv[s], _mm256_set1_epi8(char(0x80)));  // w + 128, unsigned
+#endif
+    }
+    const __m256 dv = half8(blk);
+    for (int i = 0; i < M; ++i) {
+      const int8_t* a = act[i].qs + b * 32;
+      __m256i d = _mm256_setzero_si256();
+      for (int s = 0; s < 8; ++s) {
+#if HYP_BLOCK_VNNI
+        d = _mm256_dpbusd_epi32(d, wv[s], bcast4(a + 4 * s));
+#else
+        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv[s], wv[s]), _mm256_sign_epi8(bcast4(a + 4 * s), wv[s]));
+        d = _mm256_add_epi32(d, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+#endif
+      }
+#if HYP_BLOCK_VNNI
+      d = _mm256_sub_epi32(d, _mm256_set1_epi32(128 * int32_t(act[i].sums[b])));
+#endif
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(dv, _mm256_set1_ps(act[i].d[b])), acc[i]);
+    }
+  }
+  for (int i = 0; i < M; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
+}
+
+template <int M>
+HYP_BLOCK_TARGET void q40_x8(const unsigned char* w, int64_t nb, const ActRow* act, float* out) {
+  __m256 acc[M];
+  for (int i = 0; i < M; ++i) acc[i] = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int64_t b = 0; b < nb; ++b) {
+    const unsigned char* blk = w + b * 144;
+    __m256i lo[4], hi[4];
+    for (int s = 0; s < 4; ++s) {
+      const __m256i raw = load32(blk + 16 + 32 * s);
+      lo[s] = _mm256_and_si256(raw, m4);
+      hi[s] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+    }
+    const __m256 dv = half8(blk);
+    for (int i = 0; i < M; ++i) {
+      const int8_t* a = act[i].qs + b * 32;
+      __m256i d = _mm256_setzero_si256();
+      for (int s = 0; s < 4; ++s) {
+        d = dot_u8s8(d, lo[s], bcast4(a + 8 * s));
+        d = dot_u8s8(d, hi[s], bcast4(a + 8 * s + 4));
+      }
+      d = _mm256_sub_epi32(d, _mm256_set1_epi32(8 * int32_t(act[i].sums[b])));
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(dv, _mm256_set1_ps(act[i].d[b])), acc[i]);
+    }
+  }
+  for (int i = 0; i < M; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
+}
+
+template <template <int> class K>
+void by_rows_x8(const unsigned char* w, int64_t nb, const ActRow* act, int m, float* out) {
+  switch (m) {
+    case 1: K<1>::run(w, nb, act, out); return;
+    case 2: K<2>::run(w, nb, act, out); return;
+    case 3: K<3>::run(w, nb, act, out); return;
+    case 4: K<4>::run(w, nb, act, out); return;
+    case 5: K<5>::run(w, nb, act, out); return;
+    case 6: K<6>::run(w, nb, act, out); return;
+    case 7: K<7>::run(w, nb, act, out); return;
+    default: K<8>::run(w, nb, act, out); return;
+  }
+}
+
+template <int M>
+struct Q4KX8 {
+  static void run(const unsigned char* w, int64_t nb, const ActRow* a, float* o) { q45k_x8<M, false>(w, nb, a, o); }
+};
+template <int M>
+struct Q5KX8 {
+  static void run(const unsigned char* w, int64_t nb, const ActRow* a, float* o) { q45k_x8<M, true>(w, nb, a, o); }
+};
+template <int M>
+struct Q6KX8 {
+  static void run(const unsigned char* w, int64_t nb, const ActRow* a, float* o) { q6k_x8<M>(w, nb, a, o); }
+};
+template <int M>
+struct Q80X8 {
+  static void run(const unsigned char* w, int64_t nb, const ActRow* a, float* o) { q80_x8<M>(w, nb, a, o); }
+};
+template <int M>
+struct Q40X8 {
+  static void run(const unsigned char* w, int64_t nb, const ActRow* a, float* o) { q40_x8<M>(w, nb, a, o); }
+};
+
 // m (1..kBlockDotMaxRows) as the compile-time M.
 template <template <int> class K>
 void by_rows(const unsigned char* w, int64_t k, const ActRow* act, int m, float* out) {
@@ -256,6 +458,11 @@ DotKernels kernels() {
   k.fn[int(BlockType::kQ4_K)] = by_rows<Q4K>;
   k.fn[int(BlockType::kQ5_K)] = by_rows<Q5K>;
   k.fn[int(BlockType::kQ6_K)] = by_rows<Q6K>;
+  k.x8[int(BlockType::kQ4_0)] = by_rows_x8<Q40X8>;
+  k.x8[int(BlockType::kQ8_0)] = by_rows_x8<Q80X8>;
+  k.x8[int(BlockType::kQ4_K)] = by_rows_x8<Q4KX8>;
+  k.x8[int(BlockType::kQ5_K)] = by_rows_x8<Q5KX8>;
+  k.x8[int(BlockType::kQ6_K)] = by_rows_x8<Q6KX8>;
   return k;
 }
 

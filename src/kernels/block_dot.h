@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "kernels/block_quant.h"
+#include "tensor/dtype.h"
 
 namespace hyperion::block_impl {
 
@@ -38,13 +40,32 @@ inline ActRow act_row(BlockType t, const void* row, int64_t k) {
 using RowDotFn = void (*)(const unsigned char* w, int64_t k, const ActRow* act, int m,
                           float* out);
 
+// Dots one packed group of 8 rows (kernels/block_pack.h; `w` at its first block, nb
+// blocks) with m activation rows: out[8 i + r] = row r . act[i].
+using GroupDotFn = void (*)(const unsigned char* w, int64_t nb, const ActRow* act, int m, float* out);
+
 // The kernels of one instruction set, by BlockType (null: that format falls back to the
 // portable code).
 struct DotKernels {
   RowDotFn fn[5] = {};
+  GroupDotFn x8[5] = {};
 };
 DotKernels avx512_vnni_kernels();  // needs AVX512F/BW/VL + VNNI
 DotKernels avx2_kernels();         // needs AVX2 + FMA + F16C
+
+// The kernels of the instruction set in use (set_block_isa_for_testing), null for the
+// portable code.
+const DotKernels* active_kernels();
+
+// Quantises m activation rows for weights of type t into thread-local buffer `slot` (0 or
+// 1; valid until the next call with that slot on this thread).
+void quantize_act_rows(BlockType t, int64_t m, int64_t k, const void* x, DType xd, ActRow* rows,
+                       int slot = 0);
+
+// The prefill matmul: `dequant(r0, rows, tile)` fills bf16 [rows, k] tiles of W, each
+// multiplied by all of x on the GEMM.
+void prefill_matmul(int64_t m, int64_t n, int64_t k, const void* x, DType xd, void* y, DType yd,
+                    float beta, const std::function<void(int64_t, int64_t, bf16*)>& dequant);
 
 // Half to float without the library call (the kernels' hot loops).
 inline float half_to_float(uint16_t h) {
@@ -71,6 +92,28 @@ inline float half_to_float(uint16_t h) {
   float f;
   __builtin_memcpy(&f, &bits, 4);
   return f;
+}
+
+// The integer values of the file's layouts (block_quant.h).
+// Q4_K (qh null) and Q5_K: the 4-bit value of element e, plus 16 times its fifth
+// bit for Q5_K.
+inline int k_quant_value(const unsigned char* qs, const unsigned char* qh, int e) {
+  const int c = e / 64, l = e % 32;
+  const bool high = (e % 64) >= 32;
+  int q = high ? (qs[32 * c + l] >> 4) : (qs[32 * c + l] & 15);
+  if (qh != nullptr) q += ((qh[l] >> (2 * c + (high ? 1 : 0))) & 1) << 4;
+  return q;
+}
+
+inline int q6_k_value(const unsigned char* b, int e) {
+  const int h = e / 128, r = e % 128, part = r / 32, l = r % 32;
+  const unsigned char* ql = b + 64 * h;
+  const unsigned char* qh = b + 128 + 32 * h;
+  const int low = part == 0   ? (ql[l] & 15)
+                  : part == 1 ? (ql[l + 32] & 15)
+                  : part == 2 ? (ql[l] >> 4)
+                              : (ql[l + 32] >> 4);
+  return low | (((qh[l] >> (2 * part)) & 3) << 4);
 }
 
 inline uint16_t load_u16(const unsigned char* p) {

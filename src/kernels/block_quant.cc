@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -13,12 +14,15 @@
 #include "base/threads.h"
 #include "kernels/block_dot.h"
 #include "kernels/gemm.h"
+#include "kernels/quantize.h"
 #include "tensor/convert.h"
 
 namespace hyperion {
 
 using block_impl::ActRow;
 using block_impl::half_to_float;
+using block_impl::k_quant_value;
+using block_impl::q6_k_value;
 using block_impl::load_u16;
 
 namespace {
@@ -46,16 +50,6 @@ void dequant_q8_0(const unsigned char* b, float* y) {
   for (int j = 0; j < 32; ++j) y[j] = d * float(qs[j]);
 }
 
-// Q4_K (high_bits null) and Q5_K: the 4-bit value of element e, plus 16 times its fifth
-// bit for Q5_K.
-inline int k_quant_value(const unsigned char* qs, const unsigned char* qh, int e) {
-  const int c = e / 64, l = e % 32;
-  const bool high = (e % 64) >= 32;
-  int q = high ? (qs[32 * c + l] >> 4) : (qs[32 * c + l] & 15);
-  if (qh != nullptr) q += ((qh[l] >> (2 * c + (high ? 1 : 0))) & 1) << 4;
-  return q;
-}
-
 void dequant_q45_k(const unsigned char* b, float* y, bool five) {
   const float d = half_to_float(load_u16(b)), dmin = half_to_float(load_u16(b + 2));
   const unsigned char* scales = b + 4;
@@ -66,17 +60,6 @@ void dequant_q45_k(const unsigned char* b, float* y, bool five) {
     k_scale_min(scales, e / 32, &sc, &m);
     y[e] = d * float(sc) * float(k_quant_value(qs, qh, e)) - dmin * float(m);
   }
-}
-
-inline int q6_k_value(const unsigned char* b, int e) {
-  const int h = e / 128, r = e % 128, part = r / 32, l = r % 32;
-  const unsigned char* ql = b + 64 * h;
-  const unsigned char* qh = b + 128 + 32 * h;
-  const int low = part == 0   ? (ql[l] & 15)
-                  : part == 1 ? (ql[l + 32] & 15)
-                  : part == 2 ? (ql[l] >> 4)
-                              : (ql[l + 32] >> 4);
-  return low | (((qh[l] >> (2 * part)) & 3) << 4);
 }
 
 void dequant_q6_k(const unsigned char* b, float* y) {
@@ -175,20 +158,6 @@ BlockIsa effective_isa() {
   return BlockIsa::kPortable;
 }
 
-block_impl::RowDotFn kernel_for(BlockType t) {
-  switch (effective_isa()) {
-    case BlockIsa::kAvx512Vnni: {
-      static const block_impl::DotKernels k = block_impl::avx512_vnni_kernels();
-      return k.fn[int(t)];
-    }
-    case BlockIsa::kAvx2: {
-      static const block_impl::DotKernels k = block_impl::avx2_kernels();
-      return k.fn[int(t)];
-    }
-    default: return nullptr;
-  }
-}
-
 void check_k(BlockType t, int64_t k, const char* what) {
   const BlockFormat& f = block_format(t);
   HYP_CHECK(k > 0 && k % f.values == 0, "{}: {} values are not a whole number of {} blocks ({})",
@@ -203,6 +172,72 @@ int64_t tile_rows(int64_t k) {
 }
 
 }  // namespace
+
+namespace block_impl {
+
+void quantize_act_rows(BlockType t, int64_t m, int64_t k, const void* x, DType xd, ActRow* rows,
+                       int slot) {
+  const size_t act_bytes = block_act_row_bytes(t, k);
+  thread_local AlignedBuffer<unsigned char> buffers[2];
+  AlignedBuffer<unsigned char>& acts = buffers[slot];
+  if (acts.size() < act_bytes * size_t(m)) acts = AlignedBuffer<unsigned char>(act_bytes * size_t(m));
+  for (int64_t i = 0; i < m; ++i) {
+    const void* xi = static_cast<const unsigned char*>(x) + i * k * int64_t(dtype_size(xd));
+    quantize_block_activations(t, xi, xd, k, acts.data() + size_t(i) * act_bytes);
+    rows[i] = act_row(t, acts.data() + size_t(i) * act_bytes, k);
+  }
+}
+
+const DotKernels* active_kernels() {
+  switch (effective_isa()) {
+    case BlockIsa::kAvx512Vnni: {
+      static const DotKernels k = avx512_vnni_kernels();
+      return &k;
+    }
+    case BlockIsa::kAvx2: {
+      static const DotKernels k = avx2_kernels();
+      return &k;
+    }
+    default: return nullptr;
+  }
+}
+
+void prefill_matmul(int64_t m, int64_t n, int64_t k, const void* x, DType xd, void* y, DType yd,
+                    float beta, const std::function<void(int64_t, int64_t, bf16*)>& dequant) {
+  // Tiles of W dequantised to bf16, each multiplied by all of x on the GEMM.
+  thread_local AlignedBuffer<bf16> xb, tile;
+  const void* xa = x;
+  if (xd == DType::kF32) {
+    if (xb.size() < size_t(m * k)) xb = AlignedBuffer<bf16>(size_t(m * k));
+    convert_f32_to_bf16(static_cast<const float*>(x), xb.data(), size_t(m * k));
+    xa = xb.data();
+  }
+  const int64_t tr = std::min(n, tile_rows(k));
+  if (tile.size() < size_t(tr * k)) tile = AlignedBuffer<bf16>(size_t(tr * k));
+  for (int64_t r0 = 0; r0 < n; r0 += tr) {
+    const int64_t rows = std::min(tr, n - r0);
+    dequant(r0, rows, tile.data());
+    GemmArgs g;
+    g.trans_a = Trans::kN;
+    g.trans_b = Trans::kT;
+    g.m = m;
+    g.n = rows;
+    g.k = k;
+    g.a = xa;
+    g.a_dtype = DType::kBF16;
+    g.lda = k;
+    g.b = tile.data();
+    g.b_dtype = DType::kBF16;
+    g.ldb = k;
+    g.c = static_cast<unsigned char*>(y) + r0 * int64_t(dtype_size(yd));
+    g.c_dtype = yd;
+    g.ldc = n;
+    g.beta = beta;
+    gemm(g);
+  }
+}
+
+}  // namespace block_impl
 
 const BlockFormat& block_format(BlockType t) {
   return kFormats[static_cast<int>(t)];
@@ -255,23 +290,13 @@ void quantize_block_activations(BlockType t, const void* x, DType xd, int64_t k,
   auto* d = const_cast<float*>(a.d);
   auto* sums = const_cast<int16_t*>(a.sums);
   const int64_t block = block_impl::act_block(t), group = block_impl::act_group(t);
-  float v[256];
-  for (int64_t b = 0; b < k / block; ++b) {
-    float amax = 0.0f;
-    for (int64_t j = 0; j < block; ++j) {
-      const int64_t e = b * block + j;
-      v[j] = xd == DType::kF32 ? static_cast<const float*>(x)[e]
-                               : bf16_to_f32(static_cast<const bf16*>(x)[e]);
-      amax = std::max(amax, std::fabs(v[j]));
-    }
-    // A non-finite activation poisons the block's scale, so the outputs it feeds are NaN
-    // rather than plausible numbers.
-    const float scale = amax / 127.0f;
-    d[b] = std::isfinite(amax) ? scale : std::numeric_limits<float>::quiet_NaN();
-    const float inv = scale > 0.0f && std::isfinite(scale) ? 1.0f / scale : 0.0f;
-    for (int64_t j = 0; j < block; ++j)
-      qs[b * block + j] = static_cast<int8_t>(std::clamp(std::nearbyint(v[j] * inv), -127.0f, 127.0f));
-  }
+  // Each block: symmetric absmax to int8 (kernels/quantize.h's row quantiser, SIMD); a
+  // non-finite activation gives its block a non-finite scale, so the outputs it feeds are
+  // NaN rather than plausible numbers.
+  const size_t xsize = dtype_size(xd);
+  for (int64_t b = 0; b < k / block; ++b)
+    d[b] = quantize_row(static_cast<const unsigned char*>(x) + size_t(b * block) * xsize, xd, block,
+                        qs + b * block, DType::kI8);
   for (int64_t g = 0; g < k / group; ++g) {
     int32_t s = 0;
     for (int64_t j = 0; j < group; ++j) s += qs[g * group + j];
@@ -342,50 +367,17 @@ void block_matmul(BlockType t, int64_t m, int64_t n, int64_t k, const void* x, D
   const size_t row_bytes = block_bytes(t, k);
   const auto* wp = static_cast<const unsigned char*>(w);
   if (m > kBlockDotMaxRows) {
-    // Prefill: tiles of W dequantised to bf16, each multiplied by all of x on the GEMM.
-    thread_local AlignedBuffer<bf16> xb, tile;
-    const void* xa = x;
-    if (xd == DType::kF32) {
-      if (xb.size() < size_t(m * k)) xb = AlignedBuffer<bf16>(size_t(m * k));
-      convert_f32_to_bf16(static_cast<const float*>(x), xb.data(), size_t(m * k));
-      xa = xb.data();
-    }
-    const int64_t tr = std::min(n, tile_rows(k));
-    if (tile.size() < size_t(tr * k)) tile = AlignedBuffer<bf16>(size_t(tr * k));
-    for (int64_t r0 = 0; r0 < n; r0 += tr) {
-      const int64_t rows = std::min(tr, n - r0);
-      dequantize_block_rows(t, w, k, r0, rows, tile.data(), DType::kBF16);
-      GemmArgs g;
-      g.trans_a = Trans::kN;
-      g.trans_b = Trans::kT;
-      g.m = m;
-      g.n = rows;
-      g.k = k;
-      g.a = xa;
-      g.a_dtype = DType::kBF16;
-      g.lda = k;
-      g.b = tile.data();
-      g.b_dtype = DType::kBF16;
-      g.ldb = k;
-      g.c = static_cast<unsigned char*>(y) + r0 * int64_t(dtype_size(yd));
-      g.c_dtype = yd;
-      g.ldc = n;
-      g.beta = beta;
-      gemm(g);
-    }
+    block_impl::prefill_matmul(m, n, k, x, xd, y, yd, beta,
+                               [&](int64_t r0, int64_t rows, bf16* tile) {
+                                 dequantize_block_rows(t, w, k, r0, rows, tile, DType::kBF16);
+                               });
     return;
   }
   // Decode: activations quantised once, every weight row dotted with all of them.
-  const size_t act_bytes = block_act_row_bytes(t, k);
-  thread_local AlignedBuffer<unsigned char> acts;
-  if (acts.size() < act_bytes * size_t(m)) acts = AlignedBuffer<unsigned char>(act_bytes * size_t(m));
   ActRow rows[kBlockDotMaxRows];
-  for (int64_t i = 0; i < m; ++i) {
-    const void* xi = static_cast<const unsigned char*>(x) + i * k * int64_t(dtype_size(xd));
-    quantize_block_activations(t, xi, xd, k, acts.data() + size_t(i) * act_bytes);
-    rows[i] = block_impl::act_row(t, acts.data() + size_t(i) * act_bytes, k);
-  }
-  const block_impl::RowDotFn fn = kernel_for(t);
+  block_impl::quantize_act_rows(t, m, k, x, xd, rows);
+  const block_impl::DotKernels* kernels = block_impl::active_kernels();
+  const block_impl::RowDotFn fn = kernels != nullptr ? kernels->fn[int(t)] : nullptr;
   const int mi = static_cast<int>(m);
   // Grain: a chunk of rows worth at least ~64 KiB of weights.
   const int64_t grain = std::max<int64_t>(1, int64_t(65536) / int64_t(row_bytes));

@@ -29,9 +29,11 @@ LinearWeights::LinearWeights(const ParamStore& params, WeightFormat format)
     const bool matmul = info.kind == ParamKind::kMatrix ||
                         (info.kind == ParamKind::kEmbedding && params.lm_head() == params.embed());
     if (!matmul) continue;
-    if (const ParamStore::BlockWeight* b =
-            params.block_weight(static_cast<int>(&info - params.infos().data()))) {
+    const int index = static_cast<int>(&info - params.infos().data());
+    if (const ParamStore::BlockWeight* b = params.block_weight(index)) {
       weight_bytes_ += static_cast<int64_t>(block_bytes(b->type, info.numel));
+      if (!packed_.count(index))
+        packed_.emplace(index, pack_blocks(b->type, b->data, info.shape[0], info.shape[1]));
       continue;
     }
     if (format == WeightFormat::kInt8 && !expert)
@@ -113,8 +115,14 @@ void LinearWeights::forward_many(std::span<const int> indices, const void* x,
             ys.size());
   bool quantised = false, device = true;
   for (int i : indices) {
-    if (params_.block_weight(i) != nullptr) {  // one block matmul per matrix
-      for (size_t t = 0; t < indices.size(); ++t) forward(indices[t], x, ys[t], yd, n);
+    if (packed_.count(i) != 0) {  // all held in blocks: one pass for all of them
+      std::vector<const PackedBlocks*> ps;
+      for (int j : indices) {
+        auto p = packed_.find(j);
+        HYP_CHECK(p != packed_.end(), "linear: matrices of one input held in blocks and not");
+        ps.push_back(&p->second);
+      }
+      packed_block_matmul_many(ps, n, x, act_dtype(), ys, yd);
       return;
     }
     auto it = quant_.find(i);
@@ -145,9 +153,8 @@ void LinearWeights::forward_many(std::span<const int> indices, const void* x,
 }
 
 void LinearWeights::forward(int index, const void* x, void* y, DType yd, int64_t n, float beta) {
-  if (const ParamStore::BlockWeight* b = params_.block_weight(index)) {
-    const ParamInfo& info = params_.infos()[static_cast<size_t>(index)];
-    block_matmul(b->type, n, info.shape[0], info.shape[1], x, act_dtype(), b->data, y, yd, beta);
+  if (auto p = packed_.find(index); p != packed_.end()) {
+    packed_block_matmul(p->second, n, x, act_dtype(), y, yd, beta);
     return;
   }
   auto it = quant_.find(index);

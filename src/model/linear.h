@@ -9,6 +9,7 @@
 
 #include "base/aligned.h"
 #include "kernels/backend.h"
+#include "kernels/block_pack.h"
 #include "kernels/gemm.h"
 #include "model/param_store.h"
 #include "tensor/tensor.h"
@@ -108,6 +109,9 @@ class LinearWeights {
   KernelBackend& backend_;
   WeightFormat format_;
   std::unordered_map<int, QuantMatrix> quant_;
+  // Matrices the store holds in llama.cpp's blocks (a GGUF model), in the interleaved
+  // decode layout (kernels/block_pack.h), packed once here.
+  std::unordered_map<int, PackedBlocks> packed_;
   int64_t weight_bytes_ = 0;
   AlignedBuffer<int8_t> qx_;  // quantised activations, grown on demand
   AlignedBuffer<float> qscale_;
