@@ -134,6 +134,10 @@ const CommandSpec kEvalSpec = {
      {"shard", "FILE", "token shard to score (.bin from `hyperion data prepare`)"},
      {"seq-len", "N", "window length (default: min(context, 1024))"},
      {"batch", "N", "windows per forward pass (default 4)"},
+     {"ppl-chunk", "N",
+      "perplexity as llama.cpp's llama-perplexity -c N computes it: the whole --text file "
+      "tokenized as one string (BOS first), cut into chunks of N tokens each starting with BOS, "
+      "the second half of each chunk scored"},
      kAdapterFlag,
      kDtypeFlag,
      {"json", "", "print the result as one JSON object"}},
@@ -209,10 +213,19 @@ int cmd_eval(const Args& args) {
   const int64_t seq = f.has("seq-len") ? seq_flag : std::min<int64_t>(c.config.max_seq_len, 1024);
   HYP_USAGE_CHECK(seq > 0 && seq <= c.config.max_seq_len,
                   "eval: --seq-len must be in [1, {}], got {}", c.config.max_seq_len, seq);
-  const std::vector<int32_t> tokens = f.has("text")
-                                          ? tokenize_file(c.tokenizer, f.get("text"))
-                                          : read_shard_tokens(f.get("shard"), c.config.vocab_size);
-  const EvalReport r = evaluate_stream(*c.params, tokens, seq, batch);
+  const int64_t ppl_chunk = f.integer("ppl-chunk", 0);
+  HYP_USAGE_CHECK(!f.has("ppl-chunk") || (f.has("text") && ppl_chunk >= 4 && ppl_chunk <= c.config.max_seq_len),
+                  "eval: --ppl-chunk needs --text and a chunk in [4, {}], got {}", c.config.max_seq_len,
+                  ppl_chunk);
+  EvalReport r;
+  if (ppl_chunk > 0) {
+    r = evaluate_llama_perplexity(*c.params, c.tokenizer, io::read_file(f.get("text")), ppl_chunk);
+  } else {
+    const std::vector<int32_t> tokens = f.has("text")
+                                            ? tokenize_file(c.tokenizer, f.get("text"))
+                                            : read_shard_tokens(f.get("shard"), c.config.vocab_size);
+    r = evaluate_stream(*c.params, tokens, seq, batch);
+  }
   if (f.has("json")) {
     nlohmann::ordered_json j;
     j["loss"] = r.loss;
@@ -220,7 +233,8 @@ int cmd_eval(const Args& args) {
     j["tokens"] = r.tokens;
     j["checkpoint"] = c.dir;
     if (!c.adapter.empty()) j["adapter"] = c.adapter;
-    j["seq_len"] = seq;
+    j["seq_len"] = ppl_chunk > 0 ? ppl_chunk : seq;
+    if (ppl_chunk > 0) j["protocol"] = "llama-perplexity";
     j["seconds"] = r.seconds;
     print_json(j, 2);
   } else {

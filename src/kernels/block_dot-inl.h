@@ -259,12 +259,19 @@ HYP_BLOCK_TARGET void q45k_x8(const unsigned char* w, int64_t nb, const ActRow* 
       }
       for (int i = 0; i < M; ++i) {
         const int8_t* a = act[i].qs + b * 256 + 32 * j;
-        __m256i d = _mm256_setzero_si256();
-        for (int s = 0; s < 4; ++s) {
-          d = dot_u8s8(d, lo[s], bcast4(a + 8 * s));
-          d = dot_u8s8(d, hi[s], bcast4(a + 8 * s + 4));
+        // Four accumulators: chains of two dot products, not eight (their latency, not
+        // their throughput, bounded a sub-block).
+        __m256i d[4];
+        for (int s = 0; s < 2; ++s) {
+          d[2 * s] = dot_u8s8(_mm256_setzero_si256(), lo[s], bcast4(a + 8 * s));
+          d[2 * s + 1] = dot_u8s8(_mm256_setzero_si256(), hi[s], bcast4(a + 8 * s + 4));
         }
-        isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(d, scv));
+        for (int s = 2; s < 4; ++s) {
+          d[2 * s - 4] = dot_u8s8(d[2 * s - 4], lo[s], bcast4(a + 8 * s));
+          d[2 * s - 3] = dot_u8s8(d[2 * s - 3], hi[s], bcast4(a + 8 * s + 4));
+        }
+        const __m256i dsum = _mm256_add_epi32(_mm256_add_epi32(d[0], d[1]), _mm256_add_epi32(d[2], d[3]));
+        isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(dsum, scv));
         const int32_t bs = int32_t(act[i].sums[b * 16 + 2 * j]) + act[i].sums[b * 16 + 2 * j + 1];
         msum[i] = _mm256_add_epi32(msum[i], _mm256_mullo_epi32(mnv, _mm256_set1_epi32(bs)));
       }
@@ -301,10 +308,10 @@ HYP_BLOCK_TARGET void q6k_x8(const unsigned char* w, int64_t nb, const ActRow* a
                                          _mm256_and_si256(_mm256_srli_epi16(h, 2), m3));
       for (int i = 0; i < M; ++i) {
         const int8_t* a = act[i].qs + b * 256 + 16 * g;
-        __m256i d = dot_u8s8(_mm256_setzero_si256(), q0, bcast4(a));
-        d = dot_u8s8(d, q1, bcast4(a + 4));
-        d = dot_u8s8(d, q2, bcast4(a + 8));
-        d = dot_u8s8(d, q3, bcast4(a + 12));
+        const __m256i z = _mm256_setzero_si256();
+        __m256i d = _mm256_add_epi32(
+            _mm256_add_epi32(dot_u8s8(z, q0, bcast4(a)), dot_u8s8(z, q1, bcast4(a + 4))),
+            _mm256_add_epi32(dot_u8s8(z, q2, bcast4(a + 8)), dot_u8s8(z, q3, bcast4(a + 12))));
         d = _mm256_sub_epi32(d, _mm256_set1_epi32(32 * int32_t(act[i].sums[b * 16 + g])));
         isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(d, scv));
       }
@@ -332,15 +339,17 @@ HYP_BLOCK_TARGET void q80_x8(const unsigned char* w, int64_t nb, const ActRow* a
     const __m256 dv = half8(blk);
     for (int i = 0; i < M; ++i) {
       const int8_t* a = act[i].qs + b * 32;
-      __m256i d = _mm256_setzero_si256();
+      __m256i ds[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                       _mm256_setzero_si256()};
       for (int s = 0; s < 8; ++s) {
 #if HYP_BLOCK_VNNI
-        d = _mm256_dpbusd_epi32(d, wv[s], bcast4(a + 4 * s));
+        ds[s % 4] = _mm256_dpbusd_epi32(ds[s % 4], wv[s], bcast4(a + 4 * s));
 #else
         const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv[s], wv[s]), _mm256_sign_epi8(bcast4(a + 4 * s), wv[s]));
-        d = _mm256_add_epi32(d, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+        ds[s % 4] = _mm256_add_epi32(ds[s % 4], _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 #endif
       }
+      __m256i d = _mm256_add_epi32(_mm256_add_epi32(ds[0], ds[1]), _mm256_add_epi32(ds[2], ds[3]));
 #if HYP_BLOCK_VNNI
       d = _mm256_sub_epi32(d, _mm256_set1_epi32(128 * int32_t(act[i].sums[b])));
 #endif
@@ -366,11 +375,13 @@ HYP_BLOCK_TARGET void q40_x8(const unsigned char* w, int64_t nb, const ActRow* a
     const __m256 dv = half8(blk);
     for (int i = 0; i < M; ++i) {
       const int8_t* a = act[i].qs + b * 32;
-      __m256i d = _mm256_setzero_si256();
+      __m256i ds[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                       _mm256_setzero_si256()};
       for (int s = 0; s < 4; ++s) {
-        d = dot_u8s8(d, lo[s], bcast4(a + 8 * s));
-        d = dot_u8s8(d, hi[s], bcast4(a + 8 * s + 4));
+        ds[(2 * s) % 4] = dot_u8s8(ds[(2 * s) % 4], lo[s], bcast4(a + 8 * s));
+        ds[(2 * s + 1) % 4] = dot_u8s8(ds[(2 * s + 1) % 4], hi[s], bcast4(a + 8 * s + 4));
       }
+      __m256i d = _mm256_add_epi32(_mm256_add_epi32(ds[0], ds[1]), _mm256_add_epi32(ds[2], ds[3]));
       d = _mm256_sub_epi32(d, _mm256_set1_epi32(8 * int32_t(act[i].sums[b])));
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(dv, _mm256_set1_ps(act[i].d[b])), acc[i]);
     }

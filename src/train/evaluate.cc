@@ -1,5 +1,6 @@
 #include "train/evaluate.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "base/error.h"
@@ -34,6 +35,43 @@ EvalReport evaluate_stream(const ParamStore& params, const std::vector<int32_t>&
         in[static_cast<size_t>(b * seq_len + i)] = valid ? tokens[static_cast<size_t>(p)] : 0;
         tg[static_cast<size_t>(b * seq_len + i)] =
             valid ? tokens[static_cast<size_t>(p + 1)] : kIgnoreIndex;
+      }
+    }
+    const CrossEntropyResult r = model.loss(in.data(), tg.data());
+    sum += r.loss * double(r.count);
+    count += r.count;
+  }
+  EvalReport rep;
+  rep.tokens = count;
+  rep.loss = count > 0 ? sum / double(count) : 0.0;
+  rep.perplexity = std::exp(rep.loss);
+  rep.seconds = timer.seconds();
+  return rep;
+}
+
+EvalReport evaluate_llama_perplexity(const ParamStore& params, const text::Tokenizer& tokenizer,
+                                     const std::string& text, int64_t chunk) {
+  Timer timer;
+  HYP_CHECK(chunk >= 4, "eval: a llama-perplexity chunk must be >= 4 tokens, got {}", chunk);
+  const std::vector<int32_t> tokens = tokenizer.encode_with_special_tokens(text);
+  const int64_t chunks = static_cast<int64_t>(tokens.size()) / chunk;
+  HYP_CHECK(chunks >= 2, "eval: the text has {} tokens; llama-perplexity needs at least 2 chunks of {}",
+            tokens.size(), chunk);
+  const int64_t batch = std::min<int64_t>(chunks, 4), seq = chunk - 1;
+  ForwardModel model(params, batch, seq);
+  std::vector<int32_t> in(static_cast<size_t>(batch * seq)), tg(static_cast<size_t>(batch * seq));
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t c0 = 0; c0 < chunks; c0 += batch) {
+    for (int64_t b = 0; b < batch; ++b) {
+      const bool valid = c0 + b < chunks;
+      const int32_t* t = tokens.data() + (c0 + b) * chunk;
+      for (int64_t j = 0; j < seq; ++j) {
+        const size_t at = static_cast<size_t>(b * seq + j);
+        // The chunk's first token is BOS (where the tokenizer has one), as llama-perplexity
+        // puts it; positions from chunk / 2 on are scored.
+        in[at] = !valid ? 0 : j == 0 && tokenizer.bos_id() >= 0 ? tokenizer.bos_id() : t[j];
+        tg[at] = valid && j >= chunk / 2 ? t[j + 1] : kIgnoreIndex;
       }
     }
     const CrossEntropyResult r = model.loss(in.data(), tg.data());

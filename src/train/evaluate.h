@@ -23,6 +23,15 @@ struct EvalReport {
 EvalReport evaluate_stream(const ParamStore& params, const std::vector<int32_t>& tokens,
                            int64_t seq_len, int64_t batch);
 
+// Perplexity as llama.cpp's llama-perplexity computes it with a context of `chunk`: `text`
+// tokenized as one string with the tokenizer's special tokens (BOS first), cut into
+// whole chunks of `chunk` tokens, each one's first token replaced by BOS, and in each the
+// predictions of tokens chunk/2 + 1 .. chunk - 1 scored (the first half is context). Each
+// chunk is one window (its second half's loss is the whole window's less its first
+// half's, the model being causal). Throws when the text has fewer than 2 chunks.
+EvalReport evaluate_llama_perplexity(const ParamStore& params, const text::Tokenizer& tokenizer,
+                                     const std::string& text, int64_t chunk);
+
 // Tokens of a text file (.txt / .jsonl): each document as BOS, its tokens, EOS.
 std::vector<int32_t> tokenize_file(const text::Tokenizer& tokenizer, const std::string& path);
 // All tokens of a token shard (checked against `vocab_size`).
