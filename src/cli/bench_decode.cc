@@ -20,6 +20,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/loaded_checkpoint.h"
+#include "convert/gguf_model.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/hardware.h"
@@ -98,7 +99,7 @@ int cmd_bench_decode(const Args& args) {
     if (bf16) random->sync_bf16();
   } else {
     loaded.emplace(load_checkpoint(
-        checkpoint, bf16, [&](const DecoderConfig& model) { serve::plan_engine_memory(ec, model); },
+        checkpoint, bf16, [&](const DecoderConfig& model) { serve::plan_engine_memory(ec, model, convert::gguf_weight_bytes(checkpoint)); },
         ec.hardware));
   }
   const ParamStore& params = random ? *random : *loaded->params;
@@ -226,7 +227,8 @@ int cmd_bench_decode(const Args& args) {
     j["batch"] = batch;
     j["mean_context"] = mean_context;
     j["kv_dtype"] = dtype_name(rc.kv_dtype);
-    j["weights"] = serve::weight_format_name(rc.weights);
+    j["weights"] = params.has_block_weights() ? params.block_weights_summary()
+                                              : std::string(serve::weight_format_name(rc.weights));
     j["hardware"] = hardware_name(rc.hardware);
     j["attention"] = rc.padded_attention ? "padded" : "ragged";
     j["loras"] = loras;
@@ -259,7 +261,8 @@ int cmd_bench_decode(const Args& args) {
         "  %lld of %lld timed steps replayed from a recording (cuda_graphs=%s)\n",
         hardware_name(rc.hardware), static_cast<long long>(batch), mean_context,
         std::string(dtype_name(rc.kv_dtype)).c_str(),
-        serve::weight_format_name(rc.weights), rc.padded_attention ? "padded" : "ragged",
+        params.has_block_weights() ? params.block_weights_summary().c_str() : serve::weight_format_name(rc.weights),
+        rc.padded_attention ? "padded" : "ragged",
         loras > 0 ? fmt::format(", {} LoRA adapters of rank {}", loras, lora_rank).c_str() : "", step_ms,
         p50_ms, max_ms, queue_ms, tps, step_bytes / (1 << 20),
         double(engine.runner().weight_bytes()) / (1 << 20), kv_bytes / (1 << 20), bw, bound_tps,

@@ -44,7 +44,16 @@ LoadedCheckpoint load_gguf_checkpoint(const std::string& path, bool bf16,
                   "{}: --adapter {}: LoRA adapters merge into safetensors checkpoints; a GGUF "
                   "model's quantised weights cannot take one",
                   path, adapter);
-  auto file = std::make_shared<const io::GgufFile>(io::GgufFile::open(path));
+  // A file that is not a readable GGUF (truncated, a type not read, offsets past its end)
+  // is bad input: exit status 2, as a bad config.json is.
+  std::shared_ptr<const io::GgufFile> file;
+  try {
+    file = std::make_shared<const io::GgufFile>(io::GgufFile::open(path));
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw_usage_error(e.what());
+  }
   DecoderConfig config = convert::decoder_config_from_gguf(*file);
   const bool quantised = std::any_of(file->tensors().begin(), file->tensors().end(), [](const io::GgufTensor& t) {
     return block_format_of_ggml(static_cast<uint32_t>(t.type)) != nullptr;

@@ -16,6 +16,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/loaded_checkpoint.h"
+#include "convert/gguf_model.h"
 #include "convert/peft_adapter.h"
 #include "diffusion/pipeline.h"
 #include "diffusion/single_file.h"
@@ -174,7 +175,7 @@ int cmd_serve(const Args& args) {
   // checks its KV cache again once the weights are in.)
   LoadedCheckpoint c = load_checkpoint(
       checkpoint, ec.weights != serve::WeightFormat::kF32,
-      [&](const DecoderConfig& model) { serve::plan_engine_memory(ec, model); }, ec.hardware);
+      [&](const DecoderConfig& model) { serve::plan_engine_memory(ec, model, convert::gguf_weight_bytes(checkpoint)); }, ec.hardware);
   if (ec.model_name.empty()) {
     std::filesystem::path p(checkpoint);
     if (!p.has_filename()) p = p.parent_path();
@@ -256,7 +257,9 @@ int cmd_serve(const Args& args) {
       rc.model_name, c.dir, host, bound, rc.max_concurrent_decodes,
       rc.automatic_slots ? " (from memory)" : "", rc.max_seq_len, rc.kv_pages, rc.kv_page_tokens,
       dtype_name(rc.kv_dtype), double(runner.kv_cache_bytes()) / (1 << 20),
-      runner.kv_bytes_per_token(), serve::weight_format_name(rc.weights),
+      runner.kv_bytes_per_token(),
+      c.params->has_block_weights() ? c.params->block_weights_summary()
+                                    : std::string(serve::weight_format_name(rc.weights)),
       rc.padded_attention ? "padded" : "ragged", rc.prefix_caching ? "on" : "off");
   log_info("serve: weights read per token {:.1f} MiB ({} B); KV cache backed by memory in {:.2f} s",
            double(runner.weight_bytes()) / (1 << 20), runner.weight_bytes(),

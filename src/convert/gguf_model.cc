@@ -1,5 +1,6 @@
 #include "convert/gguf_model.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -77,9 +78,21 @@ int64_t get_int(const io::GgufFile& f, const std::string& key) {
   }
 }
 
+// An f32 key holds the f32 rounding of the decimal a config.json gave (rms_norm_eps 1e-5
+// is stored as 9.99999974738e-06): it is read as the shortest decimal that rounds to the
+// same f32, so that the model's config equals the one converted (a config.json written
+// from it says 1e-05 again, and the eps is the one the model was trained with).
+double f32_as_decimal(float v) {
+  char buf[32];
+  const std::to_chars_result w = std::to_chars(buf, buf + sizeof(buf), v);
+  double d = v;
+  if (w.ec == std::errc() && std::isfinite(v)) std::from_chars(buf, w.ptr, d);
+  return d;
+}
+
 double get_num(const io::GgufFile& f, const std::string& key) {
   const io::GgufType t = f.type(key);
-  if (t == io::GgufType::kF32) return f.get<float>(key);
+  if (t == io::GgufType::kF32) return f32_as_decimal(f.get<float>(key));
   if (t == io::GgufType::kF64) return f.get<double>(key);
   return static_cast<double>(get_int(f, key));
 }
@@ -93,8 +106,9 @@ nlohmann::json llama3_rope_scaling(const io::GgufFile& f, const io::GgufTensor& 
                   "{}: tensor rope_freqs.weight has shape {}; a model of head_dim {} needs [{}]",
                   f.path(), t.shape.str(), head_dim, head_dim / 2);
   const std::vector<float> got = f.dequantize(t.name);
-  double factor = 0;
-  for (float v : got) factor = std::max(factor, double(v));
+  float largest = 0;
+  for (float v : got) largest = std::max(largest, v);
+  const double factor = f32_as_decimal(largest);  // the low frequencies' divisor
   const std::vector<double> plain = rope_inv_freq(head_dim, theta, RopeScaling{});
   for (int64_t orig : {8192, 4096, 2048, 16384, 32768, 65536, 131072})
     for (double low : {1.0, 2.0, 0.5})
@@ -355,6 +369,13 @@ int load_gguf_weights(std::shared_ptr<const io::GgufFile> file, ParamStore& ps) 
                   f.path(), family_info(c.arch.family).decoder_block, unused);
   if (ps.has_bf16()) ps.sync_bf16();
   return held;
+}
+
+int64_t gguf_weight_bytes(const std::string& path) {
+  if (!is_gguf_file(path)) return -1;
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  return ec ? -1 : static_cast<int64_t>(size + size / 10);
 }
 
 std::string gguf_type_summary(const io::GgufFile& f) {

@@ -43,6 +43,11 @@ DecoderConfig decoder_config_from_gguf(const io::GgufFile& file);
 // Returns the number of matrices held in blocks.
 int load_gguf_weights(std::shared_ptr<const io::GgufFile> file, ParamStore& params);
 
+// What a GGUF model at `path` holds in memory once loaded, for the serving engine's memory
+// plan: its file's size (the blocks, packed in about the same bytes) plus a tenth for the
+// f32 norms and reordered rows; -1 when `path` is not a GGUF file.
+int64_t gguf_weight_bytes(const std::string& path);
+
 // The matrix types of a file, for messages: "q4_K x 113, q6_K x 17, f32 x 33".
 std::string gguf_type_summary(const io::GgufFile& file);
 

@@ -247,6 +247,18 @@ TensorView ParamStore::compute_weight(int i) const {
   return bf16_.empty() ? param(i) : param_bf16(i);
 }
 
+std::string ParamStore::block_weights_summary() const {
+  if (blocks_.empty()) return "";
+  int count[5] = {};
+  for (const BlockWeight& b : blocks_)
+    if (b.data != nullptr) ++count[static_cast<int>(b.type)];
+  std::string out = "gguf";
+  for (int t = 0; t < 5; ++t)
+    if (count[t] > 0)
+      out += fmt::format("{} {} x {}", out == "gguf" ? "" : ",", block_format(static_cast<BlockType>(t)).name, count[t]);
+  return out;
+}
+
 void ParamStore::hold_in_blocks(int i, BlockType type, const void* data,
                                 std::shared_ptr<const void> owner) {
   const ParamInfo& p = infos_[static_cast<size_t>(i)];

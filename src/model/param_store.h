@@ -177,6 +177,9 @@ class ParamStore {
                : &blocks_[static_cast<size_t>(i)];
   }
   bool has_block_weights() const { return !blocks_.empty(); }
+  // "gguf q4_K x 97, q6_K x 16" for a store holding block weights ("" otherwise): what
+  // logs and benchmarks name its weights by.
+  std::string block_weights_summary() const;
 
  private:
   int add(std::string name, Shape shape, int layer, ParamKind kind);

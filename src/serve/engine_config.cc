@@ -233,11 +233,12 @@ void resolve_engine_config(EngineConfig& c, const DecoderConfig& model, int64_t 
                        hint);
 }
 
-void plan_engine_memory(EngineConfig& c, const DecoderConfig& model) {
+void plan_engine_memory(EngineConfig& c, const DecoderConfig& model, int64_t weight_bytes) {
   EngineConfig planned = c;
   resolve_engine_config(planned, model,
-                        ParamStore::bytes(model, {c.weights != WeightFormat::kF32,
-                                                  /*gradients=*/false}));
+                        weight_bytes >= 0 ? weight_bytes
+                                          : ParamStore::bytes(model, {c.weights != WeightFormat::kF32,
+                                                                      /*gradients=*/false}));
   c.max_concurrent_decodes = planned.max_concurrent_decodes;
   c.automatic_slots = planned.automatic_slots;
 }

@@ -91,7 +91,9 @@ int64_t max_pages_per_sequence(const EngineConfig& c, const DecoderConfig& model
 // format keeps (ParamStore::bytes), so a model and KV cache that do not fit the device are
 // refused first, and keeps the slot count chosen there (the engine's own resolve, with the
 // cache alone, would leave room for more).
-void plan_engine_memory(EngineConfig& c, const DecoderConfig& model);
+// `weight_bytes` >= 0 gives the weights' size instead (a GGUF model, whose matrices stay in
+// their blocks).
+void plan_engine_memory(EngineConfig& c, const DecoderConfig& model, int64_t weight_bytes = -1);
 
 const char* weight_format_name(WeightFormat w);
 
