@@ -2,6 +2,7 @@
 // the K types are quantised through the writer's block quantiser (kernels' quantize_blocks)
 // and decoded here.
 #include "io/gguf.h"
+#include "tensor/block_formats.h"
 #include "tensor/convert.h"
 #include "tensor/quantize_q8_0.h"
 
@@ -25,7 +26,8 @@ constexpr int64_t kQK8_0 = 32;
 constexpr size_t kQ8_0Bytes = 34;
 
 bool known_ggml_type(uint32_t t) {
-  return t == 0 || t == 1 || t == 2 || t == 8 || t == 12 || t == 13 || t == 14 || t == 30;
+  return t == 0 || t == 1 || t == 2 || t == 3 || t == 6 || t == 7 || t == 8 || t == 12 || t == 13 ||
+         t == 14 || t == 30;
 }
 
 // Names of the ggml types we do not support, for clearer errors.
@@ -74,98 +76,14 @@ bool is_pow2(uint64_t x) {
   return x != 0 && (x & (x - 1)) == 0;
 }
 
-// ---- Decoding Q4_0, Q4_K, Q5_K and Q6_K blocks (the layouts of kernels/block_quant.h, as
-// ggml's dequantize_row_* reads them; the arithmetic in the same order, so the values are
-// the same floats as kernels' dequantize_blocks_reference).
-
-float half_at(const unsigned char* p) {
-  f16 h;
-  std::memcpy(&h.bits, p, 2);
-  return f16_to_f32(h);
-}
-
-// The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block's scales[12].
-void scale_min_k4(const unsigned char* q, int j, int* sc, int* m) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
-void decode_q4_0(const unsigned char* b, float* y) {
-  const float d = half_at(b);
-  for (int j = 0; j < 16; ++j) {
-    y[j] = d * float((b[2 + j] & 15) - 8);
-    y[j + 16] = d * float((b[2 + j] >> 4) - 8);
-  }
-}
-
-// Q4_K (five = false) and Q5_K.
-void decode_q45_k(const unsigned char* b, float* y, bool five) {
-  const float d = half_at(b), dmin = half_at(b + 2);
-  const unsigned char* scales = b + 4;
-  const unsigned char* qh = b + 16;
-  const unsigned char* qs = five ? b + 48 : b + 16;
-  for (int c = 0; c < 4; ++c) {
-    for (int half = 0; half < 2; ++half) {
-      int sc, m;
-      scale_min_k4(scales, 2 * c + half, &sc, &m);
-      for (int l = 0; l < 32; ++l) {
-        int q = half ? (qs[32 * c + l] >> 4) : (qs[32 * c + l] & 15);
-        if (five) q += ((qh[l] >> (2 * c + half)) & 1) << 4;
-        y[64 * c + 32 * half + l] = d * float(sc) * float(q) - dmin * float(m);
-      }
-    }
-  }
-}
-
-void decode_q6_k(const unsigned char* b, float* y) {
-  const float d = half_at(b + 208);
-  const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
-  for (int h = 0; h < 2; ++h) {
-    const unsigned char* ql = b + 64 * h;
-    const unsigned char* qh = b + 128 + 32 * h;
-    for (int l = 0; l < 32; ++l) {
-      const int q[4] = {(ql[l] & 15) | (((qh[l] >> 0) & 3) << 4),
-                        (ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4),
-                        (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4),
-                        (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)};
-      for (int part = 0; part < 4; ++part) {
-        const int e = 128 * h + 32 * part + l;
-        y[e] = d * float(scales[e / 16]) * float(q[part] - 32);
-      }
-    }
-  }
-}
-
-// n values (whole blocks) of `type` to f32, blocks in parallel.
+// n values (whole blocks) of a block type to f32 (tensor/block_formats.h's reference),
+// blocks in parallel.
 void decode_blocks(GgmlType type, const unsigned char* src, float* y, int64_t n) {
-  const int64_t per = ggml_block_size(type);
-  const size_t bytes = ggml_block_bytes(type);
+  const BlockFormat* f = block_format_of_ggml(static_cast<uint32_t>(type));
+  HYP_CHECK(f != nullptr, "gguf: type {} is not a block type", static_cast<uint32_t>(type));
+  const int64_t per = f->values;
   parallel_chunks(n / per, 256, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const unsigned char* blk = src + size_t(b) * bytes;
-      float* out = y + b * per;
-      switch (type) {
-        case GgmlType::kQ4_0:
-          decode_q4_0(blk, out);
-          break;
-        case GgmlType::kQ4_K:
-          decode_q45_k(blk, out, false);
-          break;
-        case GgmlType::kQ5_K:
-          decode_q45_k(blk, out, true);
-          break;
-        case GgmlType::kQ6_K:
-          decode_q6_k(blk, out);
-          break;
-        default:
-          break;  // not a block type decoded here (callers pass only those)
-      }
-    }
+    dequantize_blocks_reference(f->type, src + size_t(b0) * f->bytes, y + b0 * per, (b1 - b0) * per);
   });
 }
 
@@ -179,6 +97,12 @@ std::string_view ggml_type_name(GgmlType type) {
       return "f16";
     case GgmlType::kQ4_0:
       return "q4_0";
+    case GgmlType::kQ4_1:
+      return "q4_1";
+    case GgmlType::kQ5_0:
+      return "q5_0";
+    case GgmlType::kQ5_1:
+      return "q5_1";
     case GgmlType::kQ8_0:
       return "q8_0";
     case GgmlType::kQ4_K:
@@ -196,6 +120,9 @@ std::string_view ggml_type_name(GgmlType type) {
 int64_t ggml_block_size(GgmlType type) {
   switch (type) {
     case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
     case GgmlType::kQ8_0:
       return kQK8_0;
     case GgmlType::kQ4_K:
@@ -208,8 +135,7 @@ int64_t ggml_block_size(GgmlType type) {
 }
 
 bool ggml_needs_block_quantizer(GgmlType type) {
-  return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_K || type == GgmlType::kQ5_K ||
-         type == GgmlType::kQ6_K;
+  return type != GgmlType::kQ8_0 && block_format_of_ggml(static_cast<uint32_t>(type)) != nullptr;
 }
 
 size_t ggml_block_bytes(GgmlType type) {
@@ -221,6 +147,12 @@ size_t ggml_block_bytes(GgmlType type) {
       return 2;
     case GgmlType::kQ4_0:
       return 18;
+    case GgmlType::kQ4_1:
+      return 20;
+    case GgmlType::kQ5_0:
+      return 22;
+    case GgmlType::kQ5_1:
+      return 24;
     case GgmlType::kQ8_0:
       return kQ8_0Bytes;
     case GgmlType::kQ4_K:
@@ -615,9 +547,8 @@ GgufFile GgufFile::open(const std::string& path) {
     for (int d = int(n_dims) - 1; d >= 0; --d) t.shape.push_back(static_cast<int64_t>(ne[d]));
     const uint32_t type = c.read<uint32_t>("ggml type");
     HYP_CHECK(known_ggml_type(type),
-              "gguf: {}: tensor '{}': unsupported ggml type {} (supported: f32, f16, bf16, q4_0, "
-              "q8_0, q4_K, q5_K, q6_K)",
-              path, t.name, ggml_type_label(type));
+              "gguf: {}: tensor '{}': unsupported ggml type {} (supported: f32, f16, bf16, {})",
+              path, t.name, ggml_type_label(type), block_format_names());
     t.type = static_cast<GgmlType>(type);
     HYP_CHECK(ne[0] % uint64_t(ggml_block_size(t.type)) == 0,
               "gguf: {}: tensor '{}': row length {} is not a multiple of the {} block size {}",
@@ -770,6 +701,9 @@ std::vector<float> GgufFile::dequantize(const std::string& name) const {
       dequantize_row_q8_0(t.data, out.data(), n);
       break;
     case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:

@@ -359,20 +359,31 @@ HYP_BLOCK_TARGET void q80_x8(const unsigned char* w, int64_t nb, const ActRow* a
   for (int i = 0; i < M; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
 }
 
-template <int M>
-HYP_BLOCK_TARGET void q40_x8(const unsigned char* w, int64_t nb, const ActRow* act, float* out) {
+// The 32-value formats with unsigned q: Q4_0 (x = d (q - 8)), Q5_0 (d (q - 16)), Q4_1 and
+// Q5_1 (d q + m). kBytes, kMin, kFive: the packed block's size and parts (block_pack.h).
+template <int M, int kBytes, bool kMin, bool kFive, int kOffset>
+HYP_BLOCK_TARGET void q32_x8(const unsigned char* w, int64_t nb, const ActRow* act, float* out) {
   __m256 acc[M];
   for (int i = 0; i < M; ++i) acc[i] = _mm256_setzero_ps();
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+  constexpr int kNibbles = kMin ? 32 : 16;
   for (int64_t b = 0; b < nb; ++b) {
-    const unsigned char* blk = w + b * 144;
+    const unsigned char* blk = w + b * kBytes;
     __m256i lo[4], hi[4];
+    __m256i hb = _mm256_setzero_si256();
+    if constexpr (kFive) hb = load32(blk + kNibbles + 128);
     for (int s = 0; s < 4; ++s) {
-      const __m256i raw = load32(blk + 16 + 32 * s);
+      const __m256i raw = load32(blk + kNibbles + 32 * s);
       lo[s] = _mm256_and_si256(raw, m4);
       hi[s] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+      if constexpr (kFive) {
+        lo[s] = _mm256_or_si256(lo[s], _mm256_and_si256(shift16(hb, 4 - 2 * s), bit4));
+        hi[s] = _mm256_or_si256(hi[s], _mm256_and_si256(shift16(hb, 3 - 2 * s), bit4));
+      }
     }
     const __m256 dv = half8(blk);
+    __m256 mv = _mm256_setzero_ps();
+    if constexpr (kMin) mv = half8(blk + 16);
     for (int i = 0; i < M; ++i) {
       const int8_t* a = act[i].qs + b * 32;
       __m256i ds[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
@@ -382,8 +393,11 @@ HYP_BLOCK_TARGET void q40_x8(const unsigned char* w, int64_t nb, const ActRow* a
         ds[(2 * s + 1) % 4] = dot_u8s8(ds[(2 * s + 1) % 4], hi[s], bcast4(a + 8 * s + 4));
       }
       __m256i d = _mm256_add_epi32(_mm256_add_epi32(ds[0], ds[1]), _mm256_add_epi32(ds[2], ds[3]));
-      d = _mm256_sub_epi32(d, _mm256_set1_epi32(8 * int32_t(act[i].sums[b])));
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(dv, _mm256_set1_ps(act[i].d[b])), acc[i]);
+      const int32_t asum = act[i].sums[b];
+      if constexpr (kOffset != 0) d = _mm256_sub_epi32(d, _mm256_set1_epi32(kOffset * asum));
+      const float da = act[i].d[b];
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(dv, _mm256_set1_ps(da)), acc[i]);
+      if constexpr (kMin) acc[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(da * float(asum)), acc[i]);
     }
   }
   for (int i = 0; i < M; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
@@ -421,7 +435,19 @@ struct Q80X8 {
 };
 template <int M>
 struct Q40X8 {
-  static void run(const unsigned char* w, int64_t nb, const ActRow* a, float* o) { q40_x8<M>(w, nb, a, o); }
+  static void run(const unsigned char* w, int64_t nb, const ActRow* a, float* o) { q32_x8<M, 144, false, false, 8>(w, nb, a, o); }
+};
+template <int M>
+struct Q41X8 {
+  static void run(const unsigned char* w, int64_t nb, const ActRow* a, float* o) { q32_x8<M, 160, true, false, 0>(w, nb, a, o); }
+};
+template <int M>
+struct Q50X8 {
+  static void run(const unsigned char* w, int64_t nb, const ActRow* a, float* o) { q32_x8<M, 176, false, true, 16>(w, nb, a, o); }
+};
+template <int M>
+struct Q51X8 {
+  static void run(const unsigned char* w, int64_t nb, const ActRow* a, float* o) { q32_x8<M, 192, true, true, 0>(w, nb, a, o); }
 };
 
 // m (1..kBlockDotMaxRows) as the compile-time M.
@@ -474,6 +500,9 @@ DotKernels kernels() {
   k.x8[int(BlockType::kQ4_K)] = by_rows_x8<Q4KX8>;
   k.x8[int(BlockType::kQ5_K)] = by_rows_x8<Q5KX8>;
   k.x8[int(BlockType::kQ6_K)] = by_rows_x8<Q6KX8>;
+  k.x8[int(BlockType::kQ4_1)] = by_rows_x8<Q41X8>;
+  k.x8[int(BlockType::kQ5_0)] = by_rows_x8<Q50X8>;
+  k.x8[int(BlockType::kQ5_1)] = by_rows_x8<Q51X8>;
   return k;
 }
 

@@ -14,6 +14,7 @@ namespace hyperion {
 
 using block_impl::half_to_float;
 using block_impl::k_quant_value;
+using block_impl::k_scale_min;
 using block_impl::load_u16;
 using block_impl::q6_k_value;
 
@@ -25,18 +26,43 @@ void put_u16(unsigned char* p, uint16_t v) {
   std::memcpy(p, &v, 2);
 }
 
+// Where a packed 32-value format keeps its parts (kernels/block_pack.h).
+struct Packed32 {
+  bool min, five;
+  int offset;   // Q4_0 8, Q5_0 16
+  int nibbles;  // byte offset of the 4 steps of nibbles; the fifth bits follow them
+};
+Packed32 packed32(BlockType t) {
+  const bool min = t == BlockType::kQ4_1 || t == BlockType::kQ5_1;
+  const bool five = t == BlockType::kQ5_0 || t == BlockType::kQ5_1;
+  return {min, five, min ? 0 : five ? 16 : 8, min ? 32 : 16};
+}
+
 // Packs block b of the 8 rows `src[r]` (each pointing at the row's block b) into `dst`.
 void pack_group_block(BlockType t, const unsigned char* const* src, unsigned char* dst) {
   switch (t) {
-    case BlockType::kQ4_0: {
-      for (int r = 0; r < kR; ++r) put_u16(dst + 2 * r, load_u16(src[r]));
-      unsigned char* q = dst + 16;
-      for (int s = 0; s < 4; ++s)
-        for (int r = 0; r < kR; ++r)
+    case BlockType::kQ4_0:
+    case BlockType::kQ4_1:
+    case BlockType::kQ5_0:
+    case BlockType::kQ5_1: {
+      const Packed32 l = packed32(t);
+      for (int r = 0; r < kR; ++r) {
+        put_u16(dst + 2 * r, load_u16(src[r]));
+        if (l.min) put_u16(dst + 16 + 2 * r, load_u16(src[r] + 2));
+      }
+      for (int r = 0; r < kR; ++r) {
+        const block_layout::Block32 k = block_layout::block32(t, src[r]);
+        for (int s = 0; s < 4; ++s)
           for (int i = 0; i < 4; ++i) {
-            auto nib = [&](int e) { return e < 16 ? src[r][2 + e] & 15 : src[r][2 + e - 16] >> 4; };
-            q[32 * s + 4 * r + i] = static_cast<unsigned char>(nib(8 * s + i) | (nib(8 * s + 4 + i) << 4));
+            const int lo = k.q(8 * s + i), hi = k.q(8 * s + 4 + i);
+            dst[l.nibbles + 32 * s + 4 * r + i] = static_cast<unsigned char>((lo & 15) | ((hi & 15) << 4));
+            if (l.five) {
+              unsigned char& bits = dst[l.nibbles + 128 + 4 * r + i];
+              if (s == 0) bits = 0;
+              bits = static_cast<unsigned char>(bits | ((lo >> 4) << (2 * s)) | ((hi >> 4) << (2 * s + 1)));
+            }
           }
+      }
       return;
     }
     case BlockType::kQ8_0: {
@@ -104,11 +130,17 @@ void pack_group_block(BlockType t, const unsigned char* const* src, unsigned cha
 // Value e (0..values-1) of row r in a packed group block, dequantised.
 float packed_value(BlockType t, const unsigned char* b, int r, int e) {
   switch (t) {
-    case BlockType::kQ4_0: {
+    case BlockType::kQ4_0:
+    case BlockType::kQ4_1:
+    case BlockType::kQ5_0:
+    case BlockType::kQ5_1: {
+      const Packed32 l = packed32(t);
       const int s = e / 8, i = e % 8;
-      const unsigned char byte = b[16 + 32 * s + 4 * r + (i % 4)];
-      const int q = i < 4 ? byte & 15 : byte >> 4;
-      return half_to_float(load_u16(b + 2 * r)) * float(q - 8);
+      const unsigned char byte = b[l.nibbles + 32 * s + 4 * r + (i % 4)];
+      int q = i < 4 ? byte & 15 : byte >> 4;
+      if (l.five) q |= ((b[l.nibbles + 128 + 4 * r + (i % 4)] >> (2 * s + (i < 4 ? 0 : 1))) & 1) << 4;
+      const float d = half_to_float(load_u16(b + 2 * r));
+      return l.min ? d * float(q) + half_to_float(load_u16(b + 16 + 2 * r)) : d * float(q - l.offset);
     }
     case BlockType::kQ8_0:
       return half_to_float(load_u16(b + 2 * r)) * float(int8_t(b[16 + 32 * (e / 4) + 4 * r + e % 4]));
@@ -139,6 +171,9 @@ float packed_value(BlockType t, const unsigned char* b, int r, int e) {
 size_t packed_group_block_bytes(BlockType t) {
   switch (t) {
     case BlockType::kQ4_0: return 144;
+    case BlockType::kQ4_1: return 160;
+    case BlockType::kQ5_0: return 176;
+    case BlockType::kQ5_1: return 192;
     case BlockType::kQ8_0: return 272;
     case BlockType::kQ4_K: return 1184;
     case BlockType::kQ5_K: return 1440;

@@ -10,6 +10,9 @@
 // row gives the file's values bit for bit), in about the same bytes. Per group of 8 rows
 // and per block (32 values: Q4_0, Q8_0) or super-block (256: the K formats):
 //   Q4_0  f16 d[8] | 4 steps x 32 B of nibbles                              144 B = 8 x 18
+//   Q4_1  f16 d[8] | f16 m[8] | 4 steps x 32 B of nibbles                   160 B = 8 x 20
+//   Q5_0  f16 d[8] | 4 steps x 32 B of nibbles | 32 B of fifth bits         176 B = 8 x 22
+//   Q5_1  f16 d[8] | f16 m[8] | 4 steps x 32 B of nibbles | 32 B of fifth bits  192 B = 8 x 24
 //   Q8_0  f16 d[8] | 8 steps x 32 B of int8                                 272 B = 8 x 34
 //   Q4_K  f16 d[8] | f16 dmin[8] | u8 sc[8 sub][8] | u8 m[8 sub][8] |
 //         8 sub-blocks x 4 steps x 32 B of nibbles                          1184 B (8 x 144 = 1152)
@@ -21,8 +24,8 @@
 // their own ran Q6_K at half the bandwidth of Q4_K once the matrix left the cache).
 // A step covers 8 values of each row: byte 4r + i holds value 8s + i of row r in its low
 // nibble and value 8s + 4 + i in its high one (Q8_0: 4 values a step, byte 4r + i = value
-// 4s + i). Q5_K's fifth bits: byte 4r + i of sub-block j, bit 2s for the low nibble of
-// step s, 2s + 1 for the high. Q6_K's high pairs: byte 4r + i of group g holds, in bits
+// 4s + i). Fifth bits (Q5_0, Q5_1; Q5_K per sub-block j): byte 4r + i, bit 2s for the low
+// nibble of step s, 2s + 1 for the high. Q6_K's high pairs: byte 4r + i of group g holds, in bits
 // 0-1, 2-3, 4-5 and 6-7, the high 2 bits of the group's values i, 4 + i, 8 + i, 12 + i.
 //
 // Rows past the last whole group of 8 stay in the file's layout (`tail`).

@@ -22,61 +22,11 @@ namespace hyperion {
 using block_impl::ActRow;
 using block_impl::half_to_float;
 using block_impl::k_quant_value;
+using block_impl::k_scale_min;
 using block_impl::q6_k_value;
 using block_impl::load_u16;
 
 namespace {
-
-const BlockFormat kFormats[] = {
-    {BlockType::kQ4_0, "q4_0", 2, 32, 18},    {BlockType::kQ8_0, "q8_0", 8, 32, 34},
-    {BlockType::kQ4_K, "q4_K", 12, 256, 144}, {BlockType::kQ5_K, "q5_K", 13, 256, 176},
-    {BlockType::kQ6_K, "q6_K", 14, 256, 210},
-};
-
-// ---- Reference dequantisation, one block at a time (the layouts of block_quant.h).
-
-void dequant_q4_0(const unsigned char* b, float* y) {
-  const float d = half_to_float(load_u16(b));
-  const unsigned char* qs = b + 2;
-  for (int j = 0; j < 16; ++j) {
-    y[j] = d * float((qs[j] & 15) - 8);
-    y[j + 16] = d * float((qs[j] >> 4) - 8);
-  }
-}
-
-void dequant_q8_0(const unsigned char* b, float* y) {
-  const float d = half_to_float(load_u16(b));
-  const auto* qs = reinterpret_cast<const int8_t*>(b + 2);
-  for (int j = 0; j < 32; ++j) y[j] = d * float(qs[j]);
-}
-
-void dequant_q45_k(const unsigned char* b, float* y, bool five) {
-  const float d = half_to_float(load_u16(b)), dmin = half_to_float(load_u16(b + 2));
-  const unsigned char* scales = b + 4;
-  const unsigned char* qh = five ? b + 16 : nullptr;
-  const unsigned char* qs = five ? b + 48 : b + 16;
-  for (int e = 0; e < 256; ++e) {
-    uint8_t sc, m;
-    k_scale_min(scales, e / 32, &sc, &m);
-    y[e] = d * float(sc) * float(k_quant_value(qs, qh, e)) - dmin * float(m);
-  }
-}
-
-void dequant_q6_k(const unsigned char* b, float* y) {
-  const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
-  const float d = half_to_float(load_u16(b + 208));
-  for (int e = 0; e < 256; ++e) y[e] = d * float(scales[e / 16]) * float(q6_k_value(b, e) - 32);
-}
-
-void dequant_block(BlockType t, const unsigned char* b, float* y) {
-  switch (t) {
-    case BlockType::kQ4_0: dequant_q4_0(b, y); return;
-    case BlockType::kQ8_0: dequant_q8_0(b, y); return;
-    case BlockType::kQ4_K: dequant_q45_k(b, y, false); return;
-    case BlockType::kQ5_K: dequant_q45_k(b, y, true); return;
-    case BlockType::kQ6_K: dequant_q6_k(b, y); return;
-  }
-}
 
 // ---- Reference dot products on the integer values: the exact integer sums of each
 // block, combined in f32 in block order.
@@ -89,11 +39,15 @@ float dot_reference(BlockType t, const unsigned char* w, int64_t k, const ActRow
     const unsigned char* blk = w + b * int64_t(f.bytes);
     const int8_t* q8 = a.qs + b * f.values;
     switch (t) {
-      case BlockType::kQ4_0: {
+      case BlockType::kQ4_0:
+      case BlockType::kQ4_1:
+      case BlockType::kQ5_0:
+      case BlockType::kQ5_1: {
+        const block_layout::Block32 blk32 = block_layout::block32(t, blk);
         int32_t s = 0;
-        for (int j = 0; j < 16; ++j)
-          s += ((blk[2 + j] & 15) - 8) * q8[j] + ((blk[2 + j] >> 4) - 8) * q8[j + 16];
-        sum += half_to_float(load_u16(blk)) * a.d[b] * float(s);
+        for (int j = 0; j < 32; ++j) s += blk32.q(j) * q8[j];
+        s -= blk32.offset * a.sums[b];
+        sum += blk32.d * a.d[b] * float(s) + blk32.m * a.d[b] * float(a.sums[b]);
         break;
       }
       case BlockType::kQ8_0: {
@@ -239,42 +193,6 @@ void prefill_matmul(int64_t m, int64_t n, int64_t k, const void* x, DType xd, vo
 
 }  // namespace block_impl
 
-const BlockFormat& block_format(BlockType t) {
-  return kFormats[static_cast<int>(t)];
-}
-
-const BlockFormat* block_format_of_ggml(uint32_t ggml_type) {
-  for (const BlockFormat& f : kFormats)
-    if (f.ggml_type == ggml_type) return &f;
-  return nullptr;
-}
-
-const BlockFormat* block_format_named(std::string_view name) {
-  for (const BlockFormat& f : kFormats) {
-    const std::string_view n = f.name;
-    if (n.size() == name.size() &&
-        std::equal(n.begin(), n.end(), name.begin(), [](char a, char b) {
-          return std::tolower(static_cast<unsigned char>(a)) ==
-                 std::tolower(static_cast<unsigned char>(b));
-        }))
-      return &f;
-  }
-  return nullptr;
-}
-
-size_t block_bytes(BlockType t, int64_t n) {
-  check_k(t, n, "block_bytes");
-  const BlockFormat& f = block_format(t);
-  return static_cast<size_t>(n / f.values) * f.bytes;
-}
-
-void dequantize_blocks_reference(BlockType t, const void* src, float* dst, int64_t n) {
-  check_k(t, n, "dequantize_blocks");
-  const BlockFormat& f = block_format(t);
-  const auto* p = static_cast<const unsigned char*>(src);
-  for (int64_t b = 0; b < n / f.values; ++b) dequant_block(t, p + b * int64_t(f.bytes), dst + b * f.values);
-}
-
 size_t block_act_row_bytes(BlockType t, int64_t k) {
   check_k(t, k, "block activations");
   return static_cast<size_t>(k + (k / block_impl::act_block(t)) * 4 +
@@ -322,7 +240,7 @@ void dequantize_block_rows(BlockType t, const void* w, int64_t k, int64_t r0, in
     for (int64_t r = b; r < e; ++r) {
       const unsigned char* row = base + static_cast<size_t>(r) * row_bytes;
       for (int64_t blk = 0; blk < k / f.values; ++blk) {
-        dequant_block(t, row + blk * int64_t(f.bytes), tmp);
+        dequantize_blocks_reference(t, row + blk * int64_t(f.bytes), tmp, f.values);
         if (dst_dtype == DType::kF32) {
           std::memcpy(static_cast<float*>(dst) + r * k + blk * f.values, tmp,
                       size_t(f.values) * sizeof(float));
@@ -349,7 +267,7 @@ void block_embedding_forward(BlockType t, const void* table, int64_t vocab, int6
       const auto* row = static_cast<const unsigned char*>(table) + size_t(tokens[i]) * row_bytes;
       float* dst = out + i * dim;
       for (int64_t blk = 0; blk < dim / f.values; ++blk)
-        dequant_block(t, row + blk * int64_t(f.bytes), dst + blk * f.values);
+        dequantize_blocks_reference(t, row + blk * int64_t(f.bytes), dst + blk * f.values, f.values);
       if (scale != 1.0f)
         for (int64_t j = 0; j < dim; ++j) dst[j] *= scale;
     }

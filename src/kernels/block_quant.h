@@ -1,32 +1,14 @@
-// llama.cpp's block quantisation formats (GGUF's Q4_0, Q8_0, Q4_K, Q5_K, Q6_K), and the
-// matmul that computes on them directly: the weights stay in their blocks, the
+// The matmul on llama.cpp's block quantisation formats (GGUF's Q4_0, Q4_1, Q5_0, Q5_1,
+// Q8_0, Q4_K, Q5_K, Q6_K) that computes on them directly: the weights stay in their blocks, the
 // activations are quantised per block to int8, and every block's dot product is an
 // integer dot product (AVX512-VNNI vpdpbusd, AVX2 vpmaddubsw) scaled once per block.
 //
-// The block layouts, as ggml lays them out (little-endian, packed, f16 = IEEE half):
-//   Q4_0  32 values, 18 bytes  { f16 d; u8 qs[16]; }
-//         x[j] = d * ((qs[j] & 15) - 8), x[j + 16] = d * ((qs[j] >> 4) - 8)
-//   Q8_0  32 values, 34 bytes  { f16 d; i8 qs[32]; }             x[j] = d * qs[j]
-//   Q4_K  256 values, 144 bytes { f16 d; f16 dmin; u8 scales[12]; u8 qs[128]; }
-//         8 sub-blocks of 32, each with a 6-bit scale sc and a 6-bit min m packed in
-//         `scales` (k_scale_min below); x = d * sc * q - dmin * m, q in [0, 15].
-//         In each 64 values c: qs[32c + l] holds value 64c + l (low nibble, sub-block 2c)
-//         and value 64c + 32 + l (high nibble, sub-block 2c + 1).
-//   Q5_K  256 values, 176 bytes { f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]; }
-//         as Q4_K with a fifth bit: value 64c + l gets bit 2c of qh[l] as 16, value
-//         64c + 32 + l bit 2c + 1; q in [0, 31].
-//   Q6_K  256 values, 210 bytes { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d; }
-//         16 groups of 16 with an int8 scale; x = d * scales[g] * (q - 32), q in [0, 63].
-//         In each half h (128 values, ql + 64h, qh + 32h), for l < 32:
-//           value 128h + l      = (ql[l] & 15)      | ((qh[l] >> 0) & 3) << 4
-//           value 128h + 32 + l = (ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4
-//           value 128h + 64 + l = (ql[l] >> 4)      | ((qh[l] >> 4) & 3) << 4
-//           value 128h + 96 + l = (ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4
+// The formats and their bit layouts: tensor/block_formats.h.
 //
 // Activations (hyperion's own, internal format; never written to a file): one int8 row
-// per activation row, quantised per 32 values (Q4_0, Q8_0) or per 256 (the K formats),
-// each block with an f32 scale (absmax / 127, round to nearest) and, for the K formats,
-// the sums of each 16 values (the min and offset corrections).
+// per activation row, quantised per 32 values (the 32-value formats) or per 256 (the K
+// formats), each block with an f32 scale (absmax / 127, round to nearest) and the sums of
+// each 32 (16 for the K formats) values: the min and offset corrections.
 #pragma once
 
 #include <cstddef>
@@ -34,47 +16,15 @@
 #include <string_view>
 
 #include "base/aligned.h"
+#include "tensor/block_formats.h"
 #include "tensor/tensor.h"
 
 namespace hyperion {
 
-enum class BlockType : uint8_t { kQ4_0, kQ8_0, kQ4_K, kQ5_K, kQ6_K };
-
-struct BlockFormat {
-  BlockType type;
-  const char* name;    // "q4_0", "q8_0", "q4_K", "q5_K", "q6_K" (ggml's spelling)
-  uint32_t ggml_type;  // ggml's type id: 2, 8, 12, 13, 14
-  int64_t values;      // per block: 32 or 256
-  size_t bytes;        // per block: 18, 34, 144, 176, 210
-};
-const BlockFormat& block_format(BlockType t);
-// The format with ggml type id `ggml_type`, or null.
-const BlockFormat* block_format_of_ggml(uint32_t ggml_type);
-// The format named `name` (case-insensitive: "q4_k" = "q4_K"), or null.
-const BlockFormat* block_format_named(std::string_view name);
-
-// Bytes of `n` values (n a multiple of the block's values; checked).
-size_t block_bytes(BlockType t, int64_t n);
-
-// The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block's `scales`.
-inline void k_scale_min(const uint8_t* scales, int j, uint8_t* sc, uint8_t* m) {
-  if (j < 4) {
-    *sc = scales[j] & 63;
-    *m = scales[j + 4] & 63;
-  } else {
-    *sc = uint8_t((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4));
-    *m = uint8_t((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
-  }
-}
-
-// ---- Reference (scalar) code: the definition the fast paths are tested against.
-
-// n values (a multiple of the block's values) from blocks to f32.
-void dequantize_blocks_reference(BlockType t, const void* src, float* dst, int64_t n);
-
 // Quantises n f32 values (a multiple of the block's values) into blocks, choosing each
 // block's scales to minimise the squared error (kernels/block_quantizer.cc). Deterministic.
-// Non-finite input is refused (throws): a block has no way to hold it.
+// Non-finite input is refused (throws): a block has no way to hold it. Q4_0, Q8_0 and the K
+// formats (the types `hyperion convert --quant` writes); the others are refused.
 void quantize_blocks(BlockType t, const float* src, void* dst, int64_t n);
 
 // ---- Activations.

@@ -101,19 +101,7 @@ int clampi(int v, int lo, int hi) {
 }
 
 const char* fmt_name(BlockType t) {
-  switch (t) {
-    case BlockType::kQ4_0:
-      return "q4_0";
-    case BlockType::kQ8_0:
-      return "q8_0";
-    case BlockType::kQ4_K:
-      return "q4_K";
-    case BlockType::kQ5_K:
-      return "q5_K";
-    case BlockType::kQ6_K:
-      return "q6_K";
-  }
-  return "?";
+  return block_format(t).name;
 }
 
 // The index (in x[0, n)) of the value of largest magnitude.
@@ -563,7 +551,11 @@ void quantize_q6_k(const float* src, unsigned char* dst, int64_t n) {
 }  // namespace
 
 void quantize_blocks(BlockType t, const float* src, void* dst, int64_t n) {
-  const int64_t per_block = (t == BlockType::kQ4_0 || t == BlockType::kQ8_0) ? 32 : kSuper;
+  HYP_CHECK(t == BlockType::kQ4_0 || t == BlockType::kQ8_0 || t == BlockType::kQ4_K ||
+                t == BlockType::kQ5_K || t == BlockType::kQ6_K,
+            "quantize_blocks: {} is read, not written (hyperion writes q4_0, q8_0, q4_K, q5_K, q6_K)",
+            block_format(t).name);
+  const int64_t per_block = block_format(t).values;
   HYP_CHECK(n >= 0 && n % per_block == 0,
             "quantize_blocks({}): {} values are not a whole number of blocks of {}", fmt_name(t), n,
             per_block);
@@ -588,6 +580,8 @@ void quantize_blocks(BlockType t, const float* src, void* dst, int64_t n) {
     case BlockType::kQ6_K:
       quantize_q6_k(src, out, n);
       return;
+    default:
+      break;
   }
   fail("quantize_blocks: invalid block type {}", static_cast<int>(t));
 }

@@ -249,11 +249,11 @@ TensorView ParamStore::compute_weight(int i) const {
 
 std::string ParamStore::block_weights_summary() const {
   if (blocks_.empty()) return "";
-  int count[5] = {};
+  int count[kBlockTypes] = {};
   for (const BlockWeight& b : blocks_)
     if (b.data != nullptr) ++count[static_cast<int>(b.type)];
   std::string out = "gguf";
-  for (int t = 0; t < 5; ++t)
+  for (int t = 0; t < kBlockTypes; ++t)
     if (count[t] > 0)
       out += fmt::format("{} {} x {}", out == "gguf" ? "" : ",", block_format(static_cast<BlockType>(t)).name, count[t]);
   return out;

@@ -324,7 +324,7 @@ TEST(Gguf, ProducerTensorsAndWriterErrors) {
         e.add_tensor("q", {2, 33}, x.data(), GgmlType::kQ8_0);
       },
       {"'q'", "q8_0", "multiple of 32"});
-  expect_error([&] { e.add_tensor("t", {4}, x.data(), static_cast<GgmlType>(6)); },
+  expect_error([&] { e.add_tensor("t", {4}, x.data(), static_cast<GgmlType>(10)); },
                {"'t'", "unsupported"});
   e.add_tensor("dup", {4}, x.data(), GgmlType::kF32);
   expect_error([&] { e.add_tensor("dup", {4}, x.data(), GgmlType::kF32); }, {"duplicate", "'dup'"});
@@ -704,10 +704,10 @@ TEST(GgufCorrupt, MalformedFieldsAreRejected) {
   s.t2_name = std::string(64, 'x');
   check(s, {"1 to 63 bytes"});
   s = Spec{};
-  s.t1_type = 6;
-  check(s, {"tensor 'w1'", "unsupported ggml type 6 (q5_0)", "q4_K"});
-  s.t1_type = 3;
-  check(s, {"tensor 'w1'", "unsupported ggml type 3 (q4_1)"});
+  s.t1_type = 10;
+  check(s, {"tensor 'w1'", "unsupported ggml type 10 (q2_K)", "q4_K"});
+  s.t1_type = 9;
+  check(s, {"tensor 'w1'", "unsupported ggml type 9 (q8_1)"});
   s.t1_type = 1000;
   check(s, {"tensor 'w1'", "1000"});
   s = Spec{};

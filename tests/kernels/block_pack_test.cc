@@ -17,8 +17,8 @@ namespace {
 
 using namespace block_test;
 
-constexpr BlockType kAll[] = {BlockType::kQ4_0, BlockType::kQ8_0, BlockType::kQ4_K,
-                              BlockType::kQ5_K, BlockType::kQ6_K};
+constexpr BlockType kAll[] = {BlockType::kQ4_0, BlockType::kQ4_1, BlockType::kQ5_0, BlockType::kQ5_1,
+                              BlockType::kQ8_0, BlockType::kQ4_K, BlockType::kQ5_K, BlockType::kQ6_K};
 
 TEST(BlockPack, PackedRowsDequantiseToTheFilesValuesBitForBit) {
   std::mt19937 rng(21);

@@ -23,8 +23,8 @@ namespace {
 
 using namespace block_test;
 
-constexpr BlockType kAll[] = {BlockType::kQ4_0, BlockType::kQ8_0, BlockType::kQ4_K,
-                              BlockType::kQ5_K, BlockType::kQ6_K};
+constexpr BlockType kAll[] = {BlockType::kQ4_0, BlockType::kQ4_1, BlockType::kQ5_0, BlockType::kQ5_1,
+                              BlockType::kQ8_0, BlockType::kQ4_K, BlockType::kQ5_K, BlockType::kQ6_K};
 
 std::vector<float> dequant(BlockType t, const unsigned char* p, int64_t n) {
   std::vector<float> out(static_cast<size_t>(n));
@@ -34,7 +34,7 @@ std::vector<float> dequant(BlockType t, const unsigned char* p, int64_t n) {
 
 // The f32 values a quantised activation row stands for.
 std::vector<float> act_values(BlockType t, const std::vector<unsigned char>& act, int64_t k) {
-  const int64_t block = t == BlockType::kQ4_0 || t == BlockType::kQ8_0 ? 32 : 256;
+  const int64_t block = block_format(t).values == 32 ? 32 : 256;
   const auto* qs = reinterpret_cast<const int8_t*>(act.data());
   const auto* d = reinterpret_cast<const float*>(act.data() + k);
   std::vector<float> v(static_cast<size_t>(k));
@@ -54,7 +54,10 @@ TEST(BlockQuant, FormatTableIsGgmls) {
     EXPECT_EQ(block_format_named(f.name), &f);
   }
   EXPECT_EQ(block_format_named("Q4_k"), &block_format(BlockType::kQ4_K));
-  EXPECT_EQ(block_format_of_ggml(3), nullptr);  // q4_1: not read
+  EXPECT_EQ(block_format(BlockType::kQ4_1).bytes, 20u);
+  EXPECT_EQ(block_format(BlockType::kQ5_0).bytes, 22u);
+  EXPECT_EQ(block_format(BlockType::kQ5_1).bytes, 24u);
+  EXPECT_EQ(block_format_of_ggml(9), nullptr);  // q8_1: not read
   EXPECT_EQ(block_bytes(BlockType::kQ4_K, 512), 288u);
   EXPECT_THROW(block_bytes(BlockType::kQ4_K, 100), Error);
 }
@@ -70,6 +73,33 @@ TEST(BlockQuant, ReferencePutsEachBitWhereGgmlsLayoutSays) {
     EXPECT_EQ(v[3], 3.5f);
     EXPECT_EQ(v[19], 0.5f);
     EXPECT_EQ(v[0], 0.0f);
+  }
+  // Q5_0: value 19's fifth bit is bit 19 of the u32 qh; q = (qs[3] >> 4) | 16 = 25.
+  {
+    std::vector<unsigned char> b(22, 0);
+    put_half(b.data(), 0.5f);
+    b[2 + 2] = 0x08;  // qh bit 19
+    b[6 + 3] = 0x90;  // element 19's low 4 bits: 9
+    const auto v = dequant(BlockType::kQ5_0, b.data(), 32);
+    EXPECT_EQ(v[19], 0.5f * float(25 - 16));
+    EXPECT_EQ(v[3], 0.5f * float(0 - 16));
+  }
+  // Q4_1 and Q5_1: x = d q + m.
+  {
+    std::vector<unsigned char> b(20, 0);
+    put_half(b.data(), 2.0f);
+    put_half(b.data() + 2, -1.0f);
+    b[4 + 1] = 0x3A;  // element 1: 10, element 17: 3
+    const auto v = dequant(BlockType::kQ4_1, b.data(), 32);
+    EXPECT_EQ(v[1], 19.0f);
+    EXPECT_EQ(v[17], 5.0f);
+    std::vector<unsigned char> c(24, 0);
+    put_half(c.data(), 2.0f);
+    put_half(c.data() + 2, -1.0f);
+    c[4] = 0x02;       // qh bit 1: element 1's fifth bit
+    c[8 + 1] = 0x0A;
+    const auto w = dequant(BlockType::kQ5_1, c.data(), 32);
+    EXPECT_EQ(w[1], 2.0f * 26 - 1.0f);
   }
   // Q4_K: d = 1, dmin = 1; sub-block 5's scale 3 and min 2 in the packed high bits;
   // qs[32 * 2 + 7] high nibble = 9 is element 64 * 2 + 32 + 7 = 167 (sub-block 5).
@@ -125,12 +155,12 @@ TEST(BlockQuant, ActivationsRoundTripWithinHalfAStep) {
     std::vector<unsigned char> act(block_act_row_bytes(t, k));
     quantize_block_activations(t, x.data(), DType::kF32, k, act.data());
     const auto back = act_values(t, act, k);
-    const int64_t block = t == BlockType::kQ4_0 || t == BlockType::kQ8_0 ? 32 : 256;
+    const int64_t block = block_format(t).values == 32 ? 32 : 256;
     const auto* d = reinterpret_cast<const float*>(act.data() + k);
     for (int64_t e = 0; e < k; ++e)
       ASSERT_LE(std::fabs(back[size_t(e)] - x[size_t(e)]), d[e / block] * 0.5001f) << e;
     // The group sums are the sums of the stored values.
-    const int64_t group = t == BlockType::kQ4_0 || t == BlockType::kQ8_0 ? 32 : 16;
+    const int64_t group = block_format(t).values == 32 ? 32 : 16;
     const auto* qs = reinterpret_cast<const int8_t*>(act.data());
     const auto* sums = reinterpret_cast<const int16_t*>(act.data() + k + (k / block) * 4);
     for (int64_t g = 0; g < k / group; ++g) {

@@ -68,7 +68,7 @@ Levels levels_of(BlockType t, const unsigned char* blk, int e) {
     case BlockType::kQ4_K:
     case BlockType::kQ5_K: {
       uint8_t sc, m;
-      k_scale_min(blk + 4, e / 32, &sc, &m);
+      block_layout::k_scale_min(blk + 4, e / 32, &sc, &m);
       return {half_at(blk) * float(sc), -(half_at(blk + 2) * float(m)), 0,
               t == BlockType::kQ4_K ? 15 : 31};
     }
@@ -76,6 +76,8 @@ Levels levels_of(BlockType t, const unsigned char* blk, int e) {
       const auto sc = static_cast<int8_t>(blk[192 + e / 16]);
       return {half_at(blk + 208) * float(sc), 0.0f, -32, 31};
     }
+    default:  // the types read, never written
+      break;
   }
   return {0, 0, 0, 0};
 }
@@ -113,6 +115,8 @@ double worst_case(BlockType t, double A) {
     }
     case BlockType::kQ6_K:
       return 2 * A / 33 + 32 * (A / 30 / 127 * r + 4 * k2m24);
+    default:  // the types read, never written
+      break;
   }
   return 0;
 }
@@ -132,6 +136,8 @@ double rms_bound(BlockType t) {
       return 0.0760;
     case BlockType::kQ4_0:
       return 0.0880;
+    default:  // the types read, never written
+      break;
   }
   return 0;
 }

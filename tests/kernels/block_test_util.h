@@ -26,7 +26,13 @@ inline std::vector<unsigned char> random_blocks(BlockType t, int64_t n, std::mt1
     unsigned char* blk = out.data() + b * int64_t(f.bytes);
     switch (t) {
       case BlockType::kQ4_0:
-      case BlockType::kQ8_0: put_half(blk, scale(rng)); break;
+      case BlockType::kQ8_0:
+      case BlockType::kQ5_0: put_half(blk, scale(rng)); break;
+      case BlockType::kQ4_1:
+      case BlockType::kQ5_1:
+        put_half(blk, scale(rng));
+        put_half(blk + 2, -8.0f * scale(rng));
+        break;
       case BlockType::kQ4_K:
       case BlockType::kQ5_K:
         put_half(blk, scale(rng));
