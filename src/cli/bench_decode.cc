@@ -98,8 +98,10 @@ int cmd_bench_decode(const Args& args) {
     random->init(static_cast<uint64_t>(f.integer("seed", 0)));
     if (bf16) random->sync_bf16();
   } else {
+    const int64_t gguf_bytes = convert::gguf_weight_bytes(checkpoint);  // -1: not a GGUF
     loaded.emplace(load_checkpoint(
-        checkpoint, bf16, [&](const DecoderConfig& model) { serve::plan_engine_memory(ec, model, convert::gguf_weight_bytes(checkpoint)); },
+        checkpoint, bf16,
+        [&](const DecoderConfig& model) { serve::plan_engine_memory(ec, model, gguf_bytes); },
         ec.hardware));
   }
   const ParamStore& params = random ? *random : *loaded->params;

@@ -173,9 +173,11 @@ int cmd_serve(const Args& args) {
   // The weights and the KV cache together, before the (slow) load of the weights: both
   // are sized by config.json, checked against the weight files by then. (The engine
   // checks its KV cache again once the weights are in.)
+  const int64_t gguf_bytes = convert::gguf_weight_bytes(checkpoint);  // -1: not a GGUF
   LoadedCheckpoint c = load_checkpoint(
       checkpoint, ec.weights != serve::WeightFormat::kF32,
-      [&](const DecoderConfig& model) { serve::plan_engine_memory(ec, model, convert::gguf_weight_bytes(checkpoint)); }, ec.hardware);
+      [&](const DecoderConfig& model) { serve::plan_engine_memory(ec, model, gguf_bytes); },
+      ec.hardware);
   if (ec.model_name.empty()) {
     std::filesystem::path p(checkpoint);
     if (!p.has_filename()) p = p.parent_path();

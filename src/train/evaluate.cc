@@ -12,6 +12,28 @@
 
 namespace hyperion {
 
+namespace {
+
+// The mean loss over every scored token of the passes added.
+struct LossSum {
+  double sum = 0;
+  int64_t count = 0;
+  void add(const CrossEntropyResult& r) {
+    sum += r.loss * double(r.count);
+    count += r.count;
+  }
+  EvalReport report(const Timer& timer) const {
+    EvalReport rep;
+    rep.tokens = count;
+    rep.loss = count > 0 ? sum / double(count) : 0.0;
+    rep.perplexity = std::exp(rep.loss);
+    rep.seconds = timer.seconds();
+    return rep;
+  }
+};
+
+}  // namespace
+
 EvalReport evaluate_stream(const ParamStore& params, const std::vector<int32_t>& tokens,
                            int64_t seq_len, int64_t batch) {
   Timer timer;
@@ -24,8 +46,7 @@ EvalReport evaluate_stream(const ParamStore& params, const std::vector<int32_t>&
   ForwardModel model(params, batch, seq_len);
   const int64_t n = batch * seq_len;
   std::vector<int32_t> in(static_cast<size_t>(n)), tg(static_cast<size_t>(n));
-  double sum = 0;
-  int64_t count = 0;
+  LossSum loss;
   for (int64_t w0 = 0; w0 < windows; w0 += batch) {
     for (int64_t b = 0; b < batch; ++b) {
       const int64_t start = (w0 + b) * seq_len;
@@ -37,16 +58,9 @@ EvalReport evaluate_stream(const ParamStore& params, const std::vector<int32_t>&
             valid ? tokens[static_cast<size_t>(p + 1)] : kIgnoreIndex;
       }
     }
-    const CrossEntropyResult r = model.loss(in.data(), tg.data());
-    sum += r.loss * double(r.count);
-    count += r.count;
+    loss.add(model.loss(in.data(), tg.data()));
   }
-  EvalReport rep;
-  rep.tokens = count;
-  rep.loss = count > 0 ? sum / double(count) : 0.0;
-  rep.perplexity = std::exp(rep.loss);
-  rep.seconds = timer.seconds();
-  return rep;
+  return loss.report(timer);
 }
 
 EvalReport evaluate_llama_perplexity(const ParamStore& params, const text::Tokenizer& tokenizer,
@@ -60,8 +74,7 @@ EvalReport evaluate_llama_perplexity(const ParamStore& params, const text::Token
   const int64_t batch = std::min<int64_t>(chunks, 4), seq = chunk - 1;
   ForwardModel model(params, batch, seq);
   std::vector<int32_t> in(static_cast<size_t>(batch * seq)), tg(static_cast<size_t>(batch * seq));
-  double sum = 0;
-  int64_t count = 0;
+  LossSum loss;
   for (int64_t c0 = 0; c0 < chunks; c0 += batch) {
     for (int64_t b = 0; b < batch; ++b) {
       const bool valid = c0 + b < chunks;
@@ -74,16 +87,9 @@ EvalReport evaluate_llama_perplexity(const ParamStore& params, const text::Token
         tg[at] = valid && j >= chunk / 2 ? t[j + 1] : kIgnoreIndex;
       }
     }
-    const CrossEntropyResult r = model.loss(in.data(), tg.data());
-    sum += r.loss * double(r.count);
-    count += r.count;
+    loss.add(model.loss(in.data(), tg.data()));
   }
-  EvalReport rep;
-  rep.tokens = count;
-  rep.loss = count > 0 ? sum / double(count) : 0.0;
-  rep.perplexity = std::exp(rep.loss);
-  rep.seconds = timer.seconds();
-  return rep;
+  return loss.report(timer);
 }
 
 std::vector<int32_t> tokenize_file(const text::Tokenizer& tokenizer, const std::string& path) {
