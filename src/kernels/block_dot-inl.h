@@ -239,11 +239,10 @@ HYP_BLOCK_TARGET void q45k_x8(const unsigned char* w, int64_t nb, const ActRow* 
   const __m256i m4 = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
   for (int64_t b = 0; b < nb; ++b) {
     const unsigned char* blk = w + b * kBytes;
-    __m256i isum[M], msum[M];
-    for (int i = 0; i < M; ++i) isum[i] = msum[i] = _mm256_setzero_si256();
+    __m256i isum[M];
+    for (int i = 0; i < M; ++i) isum[i] = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
       const __m256i scv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 32 + 8 * j)));
-      const __m256i mnv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 96 + 8 * j)));
       const unsigned char* q = blk + 160 + (kFive ? 160 : 128) * j;
       __m256i lo[4], hi[4];
       __m256i hb = _mm256_setzero_si256();
@@ -272,15 +271,23 @@ HYP_BLOCK_TARGET void q45k_x8(const unsigned char* w, int64_t nb, const ActRow* 
         }
         const __m256i dsum = _mm256_add_epi32(_mm256_add_epi32(d[0], d[1]), _mm256_add_epi32(d[2], d[3]));
         isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(dsum, scv));
-        const int32_t bs = int32_t(act[i].sums[b * 16 + 2 * j]) + act[i].sums[b * 16 + 2 * j + 1];
-        msum[i] = _mm256_add_epi32(msum[i], _mm256_mullo_epi32(mnv, _mm256_set1_epi32(bs)));
       }
     }
+    // The mins: each lane's m_j m_j+1 pairs against the rows' sub-block sums in pairs (one
+    // vpmaddwd per two sub-blocks, for all 8 rows).
+    __m256i mpair[4];
+    for (int p = 0; p < 4; ++p)
+      mpair[p] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 96 + 16 * p)),
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 104 + 16 * p))));
     const __m256 dv = half8(blk), dmv = half8(blk + 16);
     for (int i = 0; i < M; ++i) {
+      const int8_t* s32 = reinterpret_cast<const int8_t*>(act[i].sums32 + b * 8);
+      __m256i msum = _mm256_madd_epi16(mpair[0], bcast4(s32));
+      for (int p = 1; p < 4; ++p) msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mpair[p], bcast4(s32 + 4 * p)));
       const __m256 da = _mm256_set1_ps(act[i].d[b]);
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), _mm256_mul_ps(dv, da), acc[i]);
-      accm[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[i]), _mm256_mul_ps(dmv, da), accm[i]);
+      accm[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmv, da), accm[i]);
     }
   }
   for (int i = 0; i < M; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_sub_ps(acc[i], accm[i]));
@@ -309,16 +316,27 @@ HYP_BLOCK_TARGET void q6k_x8(const unsigned char* w, int64_t nb, const ActRow* a
       for (int i = 0; i < M; ++i) {
         const int8_t* a = act[i].qs + b * 256 + 16 * g;
         const __m256i z = _mm256_setzero_si256();
-        __m256i d = _mm256_add_epi32(
+        const __m256i d = _mm256_add_epi32(
             _mm256_add_epi32(dot_u8s8(z, q0, bcast4(a)), dot_u8s8(z, q1, bcast4(a + 4))),
             _mm256_add_epi32(dot_u8s8(z, q2, bcast4(a + 8)), dot_u8s8(z, q3, bcast4(a + 12))));
-        d = _mm256_sub_epi32(d, _mm256_set1_epi32(32 * int32_t(act[i].sums[b * 16 + g])));
         isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(d, scv));
       }
     }
+    // The offset, 32 sum_g sc_g (sum of group g's activations): the groups in pairs, one
+    // vpmaddwd per two groups for all 8 rows.
+    __m256i spair[8];
+    for (int p = 0; p < 8; ++p)
+      spair[p] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 16 + 104 * (2 * p))),
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 16 + 104 * (2 * p + 1)))));
     const __m256 dv = half8(blk);
-    for (int i = 0; i < M; ++i)
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), _mm256_mul_ps(dv, _mm256_set1_ps(act[i].d[b])), acc[i]);
+    for (int i = 0; i < M; ++i) {
+      const int8_t* s16 = reinterpret_cast<const int8_t*>(act[i].sums + b * 16);
+      __m256i corr = _mm256_madd_epi16(spair[0], bcast4(s16));
+      for (int p = 1; p < 8; ++p) corr = _mm256_add_epi32(corr, _mm256_madd_epi16(spair[p], bcast4(s16 + 4 * p)));
+      const __m256i total = _mm256_sub_epi32(isum[i], _mm256_slli_epi32(corr, 5));
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(dv, _mm256_set1_ps(act[i].d[b])), acc[i]);
+    }
   }
   for (int i = 0; i < M; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
 }

@@ -11,9 +11,11 @@
 namespace hyperion::block_impl {
 
 // One quantised activation row of k values, laid out as
-//   int8 qs[k] | f32 d[k / block] | int16 sums[k / group]
+//   int8 qs[k] | f32 d[k / block] | int16 sums[k / group] | int16 sums32[k / 32] (K formats)
 // block = 32 (the 32-value formats) or 256 (K formats): x ~= d * qs, d = absmax / 127;
-// group = 32 or 16 (K formats): sums of qs over each group (exact).
+// group = 32 or 16 (K formats): sums of qs over each group (exact); the K formats also
+// keep each 32 values' sum (a sub-block's: two of them are one 32-bit broadcast, the
+// pair a vpmaddwd multiplies by two sub-blocks' mins at once).
 inline int64_t act_block(BlockType t) {
   return block_format(t).values == 32 ? 32 : 256;
 }
@@ -25,6 +27,7 @@ struct ActRow {
   const int8_t* qs;
   const float* d;
   const int16_t* sums;
+  const int16_t* sums32;  // K formats only
 };
 inline ActRow act_row(BlockType t, const void* row, int64_t k) {
   const auto* p = static_cast<const unsigned char*>(row);
@@ -32,6 +35,7 @@ inline ActRow act_row(BlockType t, const void* row, int64_t k) {
   a.qs = reinterpret_cast<const int8_t*>(p);
   a.d = reinterpret_cast<const float*>(p + k);
   a.sums = reinterpret_cast<const int16_t*>(p + k + (k / act_block(t)) * 4);
+  a.sums32 = a.sums + k / act_group(t);
   return a;
 }
 

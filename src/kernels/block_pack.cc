@@ -259,37 +259,29 @@ void packed_block_matmul_many(std::span<const PackedBlocks* const> ps, int64_t m
   const int64_t k = ps[0]->k;
   for (const PackedBlocks* p : ps)
     HYP_CHECK(p->k == k, "packed_block_matmul: matrices of one input differ in width ({} and {})", k, p->k);
-  if (m > kBlockDotMaxRows) {
-    // Prefill: the integer kernels, kBlockDotMaxRows activation rows per pass over the
-    // weights (each pass unpacks a block once for 8 rows). Measured against dequantising
-    // tiles into the bf16 GEMM, this wins on CPUs without AMX: VNNI's int8 rate is twice
-    // the bf16 rate, and the dequantised tile costs a write and a read per weight.
-    const size_t xrow = size_t(k) * dtype_size(xd);
-    std::vector<void*> part(ys.size());
-    for (int64_t i0 = 0; i0 < m; i0 += kBlockDotMaxRows) {
-      for (size_t t = 0; t < ys.size(); ++t)
-        part[t] = static_cast<unsigned char*>(ys[t]) + size_t(i0 * ps[t]->rows) * dtype_size(yd);
-      packed_block_matmul_many(ps, std::min<int64_t>(kBlockDotMaxRows, m - i0),
-                               static_cast<const unsigned char*>(x) + size_t(i0) * xrow, xd, part, yd, beta);
-    }
-    return;
-  }
-  // The activations, quantised once per activation format (32-value blocks for Q4_0 and
-  // Q8_0, 256 for the K formats).
-  block_impl::ActRow act32[kBlockDotMaxRows], act256[kBlockDotMaxRows];
+  // The activations, quantised once per activation format (32-value blocks, or 256 for
+  // the K formats). Any number of rows: each group of 8 weight rows is dotted with them
+  // kBlockDotMaxRows at a time while it stays in the core's cache, so a prefill reads
+  // the weights from memory once rather than once per 8 tokens.
+  thread_local std::vector<block_impl::ActRow> act32, act256;
+  act32.resize(static_cast<size_t>(m));
+  act256.resize(static_cast<size_t>(m));
   bool have32 = false, have256 = false;
   for (const PackedBlocks* p : ps) {
     const bool small = block_impl::act_block(p->type) == 32;
     if (small && !have32) {
-      block_impl::quantize_act_rows(p->type, m, k, x, xd, act32, 0);
+      block_impl::quantize_act_rows(p->type, m, k, x, xd, act32.data(), 0);
       have32 = true;
     } else if (!small && !have256) {
-      block_impl::quantize_act_rows(p->type, m, k, x, xd, act256, 1);
+      block_impl::quantize_act_rows(p->type, m, k, x, xd, act256.data(), 1);
       have256 = true;
     }
   }
   const block_impl::DotKernels* kernels = block_impl::active_kernels();
-  const int mi = static_cast<int>(m);
+  // The pool's threads read this thread's rows (a thread_local named inside the region
+  // would be each worker's own).
+  const block_impl::ActRow* const rows32 = act32.data();
+  const block_impl::ActRow* const rows256 = act256.data();
   // Work units: every matrix's groups of 8 rows, then its tail rows, one parallel region
   // for all of them (q, k and v, or gate and up, in one pass of the pool).
   std::vector<int64_t> first(ps.size() + 1, 0);
@@ -303,11 +295,15 @@ void packed_block_matmul_many(std::span<const PackedBlocks* const> ps, int64_t m
     for (int64_t u = u0; u < u1; ++u) {
       while (u >= first[t + 1]) ++t;
       const PackedBlocks& p = *ps[t];
-      const block_impl::ActRow* act = block_impl::act_block(p.type) == 32 ? act32 : act256;
+      const block_impl::ActRow* all = block_impl::act_block(p.type) == 32 ? rows32 : rows256;
       const int64_t n = p.rows, local = u - first[t];
       const BlockFormat& f = block_format(p.type);
       const int64_t nb = k / f.values;
+      for (int64_t i0 = 0; i0 < m; i0 += kBlockDotMaxRows) {
+      const block_impl::ActRow* act = all + i0;
+      const int mi = static_cast<int>(std::min<int64_t>(kBlockDotMaxRows, m - i0));
       auto store = [&](int64_t i, int64_t col, float v) {
+        i += i0;
         const int64_t idx = i * n + col;
         if (yd == DType::kF32) {
           float* dst = static_cast<float*>(ys[t]) + idx;
@@ -356,6 +352,7 @@ void packed_block_matmul_many(std::span<const PackedBlocks* const> ps, int64_t m
       }
       for (int i = 0; i < mi; ++i)
         for (int r = 0; r < kR; ++r) store(i, local * kR + r, out[i * kR + r]);
+      }
     }
   });
 }

@@ -195,8 +195,9 @@ void prefill_matmul(int64_t m, int64_t n, int64_t k, const void* x, DType xd, vo
 
 size_t block_act_row_bytes(BlockType t, int64_t k) {
   check_k(t, k, "block activations");
+  const bool k_format = block_impl::act_block(t) == 256;
   return static_cast<size_t>(k + (k / block_impl::act_block(t)) * 4 +
-                             (k / block_impl::act_group(t)) * 2);
+                             (k / block_impl::act_group(t)) * 2 + (k_format ? (k / 32) * 2 : 0));
 }
 
 void quantize_block_activations(BlockType t, const void* x, DType xd, int64_t k, void* dst) {
@@ -219,6 +220,10 @@ void quantize_block_activations(BlockType t, const void* x, DType xd, int64_t k,
     int32_t s = 0;
     for (int64_t j = 0; j < group; ++j) s += qs[g * group + j];
     sums[g] = static_cast<int16_t>(s);
+  }
+  if (block == 256) {
+    auto* sums32 = const_cast<int16_t*>(a.sums32);
+    for (int64_t g = 0; g < k / 32; ++g) sums32[g] = static_cast<int16_t>(sums[2 * g] + sums[2 * g + 1]);
   }
 }
 
