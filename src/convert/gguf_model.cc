@@ -322,7 +322,7 @@ int load_gguf_weights(std::shared_ptr<const io::GgufFile> file, ParamStore& ps) 
                         (info.kind == ParamKind::kMatrix || info.kind == ParamKind::kEmbedding);
     if (bf != nullptr && matrix && info.name.find(".gate.weight") == std::string::npos) {
       if (qk == qk_heads.end()) {
-        ps.hold_in_blocks(i, bf->type, t->data, file);
+        ps.hold_in_blocks(i, bf->type, t->data, file, /*mapped=*/true);
       } else {
         // Rows back to Hugging Face's order, whole rows of blocks at a time.
         const size_t row = block_bytes(bf->type, info.shape[1]);

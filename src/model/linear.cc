@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "base/aligned.h"
 #include "base/error.h"
 #include "kernels/amx_int8_gemm.h"
 #include "kernels/block_quant.h"
@@ -32,8 +33,16 @@ LinearWeights::LinearWeights(const ParamStore& params, WeightFormat format)
     const int index = static_cast<int>(&info - params.infos().data());
     if (const ParamStore::BlockWeight* b = params.block_weight(index)) {
       weight_bytes_ += static_cast<int64_t>(block_bytes(b->type, info.numel));
-      if (!packed_.count(index))
-        packed_.emplace(index, pack_blocks(b->type, b->data, info.shape[0], info.shape[1]));
+      if (!packed_.count(index)) {
+        const PackedBlocks& p =
+            packed_.emplace(index, pack_blocks(b->type, b->data, info.shape[0], info.shape[1])).first->second;
+        // The file's pages of the packed rows are not read again (the tail rows are, and
+        // the embedding's rows when the lookup reads them, from the file): hand them back
+        // rather than hold the matrix twice.
+        if (b->mapped)
+          release_pages(const_cast<void*>(b->data),
+                        static_cast<size_t>(p.groups * 8) * block_bytes(b->type, info.shape[1]), false);
+      }
       continue;
     }
     if (format == WeightFormat::kInt8 && !expert)

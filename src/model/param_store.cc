@@ -260,7 +260,7 @@ std::string ParamStore::block_weights_summary() const {
 }
 
 void ParamStore::hold_in_blocks(int i, BlockType type, const void* data,
-                                std::shared_ptr<const void> owner) {
+                                std::shared_ptr<const void> owner, bool mapped) {
   const ParamInfo& p = infos_[static_cast<size_t>(i)];
   HYP_CHECK(device_ == Device::kHost, "ParamStore: {} in {} blocks: block weights are a host format",
             p.name, block_format(type).name);
@@ -268,7 +268,7 @@ void ParamStore::hold_in_blocks(int i, BlockType type, const void* data,
             "ParamStore: {} {} cannot be held in {} blocks (rows must be whole blocks of {})",
             p.name, p.shape.str(), block_format(type).name, block_format(type).values);
   if (blocks_.empty()) blocks_.resize(infos_.size());
-  blocks_[static_cast<size_t>(i)] = {type, data};
+  blocks_[static_cast<size_t>(i)] = {type, data, mapped};
   // Its bf16 copy is not a copy of anything: sync_bf16 leaves it alone, as a dropped one.
   if (dropped_.empty()) dropped_.assign(infos_.size(), false);
   dropped_[static_cast<size_t>(i)] = true;

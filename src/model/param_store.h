@@ -169,8 +169,12 @@ class ParamStore {
   struct BlockWeight {
     BlockType type = BlockType::kQ8_0;
     const void* data = nullptr;
+    // `data` is a read-only file mapping: a reader done with its pages may hand them back
+    // (release_pages; they are read from the file again if touched).
+    bool mapped = false;
   };
-  void hold_in_blocks(int i, BlockType type, const void* data, std::shared_ptr<const void> owner);
+  void hold_in_blocks(int i, BlockType type, const void* data, std::shared_ptr<const void> owner,
+                      bool mapped = false);
   const BlockWeight* block_weight(int i) const {
     return blocks_.empty() || blocks_[static_cast<size_t>(i)].data == nullptr
                ? nullptr

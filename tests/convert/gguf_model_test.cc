@@ -4,6 +4,7 @@
 // same loss (q4_k_m); bad files are refused naming the file and the key or tensor; and the
 // CLI runs a GGUF as it runs the directory.
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <sentencepiece_trainer.h>
 #include <unistd.h>
 
@@ -16,9 +17,11 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../cli/cli_test_util.h"
+#include "../cli/server_process.h"
 #include "../test_files.h"
 #include "base/error.h"
 #include "convert/family_formats.h"
@@ -32,7 +35,9 @@
 #include "model/forward_model.h"
 #include "model/generator.h"
 #include "model/param_store.h"
+#include "text/gguf_tokenizer.h"
 #include "train/checkpoint.h"
+#include "train/evaluate.h"
 
 namespace hyperion::convert {
 namespace {
@@ -648,6 +653,25 @@ TEST(GgufModelLlamaCpp, ItsQuantizedFilesHaveOurTypesAndLoad) {
     EXPECT_NEAR(loss, want, 0.02 * want);
     std::printf("[ llama.cpp %s ] loss %.5f, checkpoint %.5f (%+.3f%%)\n", theirs_name, loss, want,
                 100 * (loss / want - 1));
+    // Perplexity on the same file and text as llama-perplexity computes it, where that
+    // tool is beside llama-quantize.
+    const fs::path perplexity = fs::path(quantize).parent_path() / "llama-perplexity";
+    if (!fs::exists(perplexity)) continue;
+    const std::string text = io::read_file((fs::path(tokenizer_model()).parent_path() / "corpus.txt").string());
+    const std::string sample = dir.file("sample.txt");
+    write_bytes(sample, text.substr(0, 6000));
+    const std::string run = fmt::format("'{}' -m '{}' -f '{}' -c 64 -b 64 -t 1 > '{}' 2>&1", perplexity.string(),
+                                        theirs, sample, dir.file("ppl.log"));
+    ASSERT_EQ(std::system(run.c_str()), 0) << io::read_file(dir.file("ppl.log"));
+    const std::string log = io::read_file(dir.file("ppl.log"));
+    const size_t at = log.find("Final estimate: PPL = ");
+    ASSERT_NE(at, std::string::npos) << log;
+    const double theirs_ppl = std::stod(log.substr(at + 22));
+    const EvalReport r = evaluate_llama_perplexity(*g.params, text::tokenizer_from_gguf(*g.file),
+                                                   io::read_file(sample), 64);
+    EXPECT_NEAR(r.perplexity, theirs_ppl, 0.005 * theirs_ppl);
+    std::printf("[ llama.cpp %s ] perplexity %.4f, llama-perplexity %.4f\n", theirs_name, r.perplexity,
+                theirs_ppl);
   }
 }
 
@@ -930,6 +954,38 @@ TEST_F(GgufModelCli, GenerateAndEvalAsTheDirectory) {
   EXPECT_NEAR(eg["loss"].get<double>(), ed["loss"].get<double>(), 1e-5 * ed["loss"].get<double>());
   EXPECT_EQ(eq["tokens"], ed["tokens"]);
   EXPECT_NEAR(eq["loss"].get<double>(), ed["loss"].get<double>(), 0.02 * ed["loss"].get<double>());
+
+  // serve on the q8_0 file: the engine (paged KV cache, batching, prefix cache) gives
+  // generate's greedy text, for two requests in flight together and for the same prompt
+  // again (a prefix-cache hit); /v1/models names the file.
+  testing_util::ServerProcess server(q8, {"max_concurrent_decodes=2"}, dir_.file("serve.log"));
+  ASSERT_GT(server.port(), 0);
+  httplib::Client c("127.0.0.1", server.port());
+  c.set_read_timeout(60, 0);
+  const auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(nlohmann::json::parse(models->body)["data"][0]["id"], "tiny-q8_0.gguf") << models->body;
+  const nlohmann::json body = {{"model", "tiny-q8_0.gguf"}, {"prompt", prompt}, {"max_tokens", 8},
+                               {"temperature", 0}, {"ignore_eos", true}};
+  std::vector<std::string> texts(3);
+  {
+    std::thread other([&] {
+      httplib::Client c2("127.0.0.1", server.port());
+      c2.set_read_timeout(60, 0);
+      const auto res = c2.Post("/v1/completions", body.dump(), "application/json");
+      if (res && res->status == 200) texts[1] = nlohmann::json::parse(res->body)["choices"][0]["text"];
+    });
+    const auto res = c.Post("/v1/completions", body.dump(), "application/json");
+    other.join();
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    texts[0] = nlohmann::json::parse(res->body)["choices"][0]["text"];
+  }
+  const auto again = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(again);
+  texts[2] = nlohmann::json::parse(again->body)["choices"][0]["text"];
+  for (const std::string& t : texts) EXPECT_EQ(t, q["text"]);
+  EXPECT_EQ(server.stop(), 0);
 }
 
 }  // namespace
