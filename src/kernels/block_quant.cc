@@ -196,8 +196,10 @@ void prefill_matmul(int64_t m, int64_t n, int64_t k, const void* x, DType xd, vo
 size_t block_act_row_bytes(BlockType t, int64_t k) {
   check_k(t, k, "block activations");
   const bool k_format = block_impl::act_block(t) == 256;
-  return static_cast<size_t>(k + (k / block_impl::act_block(t)) * 4 +
-                             (k / block_impl::act_group(t)) * 2 + (k_format ? (k / 32) * 2 : 0));
+  const size_t bytes = static_cast<size_t>(k + (k / block_impl::act_block(t)) * 4 +
+                                           (k / block_impl::act_group(t)) * 2 + (k_format ? (k / 32) * 2 : 0));
+  // Rows one after another stay aligned (their scales are f32): a whole number of cache lines.
+  return (bytes + 63) / 64 * 64;
 }
 
 void quantize_block_activations(BlockType t, const void* x, DType xd, int64_t k, void* dst) {

@@ -29,7 +29,8 @@ void quantize_blocks(BlockType t, const float* src, void* dst, int64_t n);
 
 // ---- Activations.
 
-// Bytes of one activation row of k values for weights of type t.
+// Bytes of one activation row of k values for weights of type t (a multiple of 64, so rows
+// placed one after another keep their f32 scales aligned).
 size_t block_act_row_bytes(BlockType t, int64_t k);
 // Quantises one activation row x[k] (f32 or bf16) for weights of type t.
 void quantize_block_activations(BlockType t, const void* x, DType xd, int64_t k, void* dst);
