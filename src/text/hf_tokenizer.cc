@@ -323,6 +323,40 @@ std::string HfTokenizer::decode(const std::vector<int32_t>& ids, bool skip_speci
   return utf8_lossy(toks.bytes);
 }
 
+std::vector<std::string> HfTokenizer::token_bytes() const {
+  const Impl& m = *impl_;
+  std::vector<std::string> out(static_cast<size_t>(m.vocab_size));
+  std::string raw;
+  for (int32_t id = 0; id < m.vocab_size; ++id) {
+    if (m.special[id]) continue;
+    std::string t = m.pieces[id];
+    // The decoder chain on one token in mid-text: no UTF-8 repair (a byte-level token may
+    // be part of a character), no Strip, every word-start mark a space.
+    for (const DecoderOp& op : m.decoders) {
+      using K = DecoderOp::Kind;
+      switch (op.kind) {
+        case K::kByteLevel:
+          if (byte_level_decode(t, &raw)) t = raw;
+          break;
+        case K::kMetaspace:
+          replace_all(t, op.replacement, " ");
+          break;
+        case K::kReplace:
+          replace_all(t, op.pattern, op.content, op.regex.get(), run_limit(t.size()));
+          break;
+        case K::kByteFallback:
+          if (const int b = byte_token_value(t); b >= 0) t = std::string(1, static_cast<char>(b));
+          break;
+        case K::kFuse:
+        case K::kStrip:
+          break;
+      }
+    }
+    out[id] = std::move(t);
+  }
+  return out;
+}
+
 std::string HfTokenizer::piece(int32_t id) const {
   HYP_CHECK(id >= 0 && id < impl_->vocab_size,
             "tokenizer '{}': id {} is outside the vocabulary [0, {})", impl_->origin, id,

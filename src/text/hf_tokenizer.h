@@ -49,6 +49,8 @@ class HfTokenizer {
   // U+FFFD, as Hugging Face's from_utf8_lossy).
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const;
   std::string piece(int32_t id) const;
+  // Tokenizer::token_bytes (text/tokenizer.h) for a tokenizer.json.
+  std::vector<std::string> token_bytes() const;
   int32_t token_id(std::string_view token) const;  // -1 when absent
   bool is_special(int32_t id) const;
 

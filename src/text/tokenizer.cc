@@ -342,6 +342,26 @@ std::string Tokenizer::id_to_piece(int32_t id) const {
   return impl_->hf ? impl_->hf->piece(id) : impl_->sp.IdToPiece(id);
 }
 
+std::vector<std::string> Tokenizer::token_bytes() const {
+  if (impl_->hf) return impl_->hf->token_bytes();
+  const int32_t n = vocab_size();
+  std::vector<std::string> out(static_cast<size_t>(n));
+  static constexpr std::string_view kWordStart = "\xE2\x96\x81";  // U+2581
+  for (int32_t id = 0; id < n; ++id) {
+    if (impl_->sp.IsControl(id) || impl_->sp.IsUnknown(id)) continue;
+    std::string piece = impl_->sp.IdToPiece(id);
+    if (impl_->sp.IsByte(id) && piece.size() == 6 && piece.rfind("<0x", 0) == 0) {
+      out[id] = std::string(1, static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
+      continue;
+    }
+    for (size_t at = piece.find(kWordStart); at != std::string::npos;
+         at = piece.find(kWordStart, at + 1))
+      piece.replace(at, kWordStart.size(), " ");
+    out[id] = std::move(piece);
+  }
+  return out;
+}
+
 int32_t Tokenizer::token_id(std::string_view token) const {
   if (impl_->hf) return impl_->hf->token_id(token);
   const int id = impl_->sp.PieceToId(token);

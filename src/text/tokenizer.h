@@ -97,6 +97,12 @@ class Tokenizer {
   // <|im_start|>...) are left out unless `skip_special_tokens` is false.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
   std::string id_to_piece(int32_t id) const;
+  // The bytes each id stands for in the middle of a text (a word-start mark as its space,
+  // a byte-fallback or byte-level token as its raw byte, which may be part of a UTF-8
+  // character), with no decoder step that depends on the neighbours (no Strip, no
+  // first-token space removal): what a grammar matcher feeds its automaton. Special
+  // tokens, SentencePiece's unknown piece and a model's padded ids give "".
+  std::vector<std::string> token_bytes() const;
   // The id of a token string, -1 when it has none.
   int32_t token_id(std::string_view token) const;
 
