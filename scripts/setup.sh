@@ -34,6 +34,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin  # MPI: multi-process training (hyperion train --nproc)
   python3-torch      # reference tests and bench/compare_torch.py only (/usr/bin/python3)
   python3-jinja2     # chat-template reference test only: the engine transformers renders with
+  python3-jsonschema # structured-output test only: an independent JSON Schema validator
   chromium           # headless browser: the hyperion monitor test checks that its page draws
   prometheus         # the monitoring integration test scrapes a 2-rank run with it
   slurm-wlm munge    # the Slurm backend's integration test runs a one-node Slurm

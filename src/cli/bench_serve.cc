@@ -27,11 +27,13 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "base/error.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/tokenizer_path.h"
+#include "io/atomic_file.h"
 #include "serve/load_generator.h"
 #include "text/tokenizer.h"
 #include "train/checkpoint.h"
@@ -70,6 +72,7 @@ const CommandSpec kBenchServeSpec = {
      {"seed", "S", "seed of the prompt sample (default 0)"},
      {"timeout", "S", "per-request timeout in seconds (default 600)"},
      {"no-ignore-eos", "", "let requests stop at end-of-sequence (default: exact lengths)"},
+     {"json-schema", "FILE", "structured output: every request asks for JSON valid against this schema (response_format json_schema)"},
      {"json", "", "print the figures as one JSON object"}},
     "Prompt lengths and outputs are sized to the server's max_model_len (/v1/models). Any\n"
     "failed request makes the exit status 1 and prints the first errors.",
@@ -106,6 +109,15 @@ int cmd_bench_serve(const Args& args) {
   HYP_USAGE_CHECK(opts.timeout_s > 0 && std::isfinite(opts.timeout_s),
                   "bench serve: --timeout must be > 0 seconds, got '{}'", f.get("timeout"));
   const bool as_json = f.has("json");
+  if (f.has("json-schema")) {
+    const std::string path = f.get("json-schema");
+    try {
+      opts.response_format = {{"type", "json_schema"},
+                              {"json_schema", {{"name", "bench"}, {"schema", nlohmann::json::parse(io::read_file(path))}}}};
+    } catch (const std::exception& e) {
+      usage_fail("bench serve: --json-schema {}: {}", path, e.what());
+    }
+  }
 
   serve::PromptShape asked;
   asked.num_prompts = positive(f, "num-prompts", 64);

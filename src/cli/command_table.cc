@@ -17,6 +17,7 @@ const std::vector<Command>& all_commands() {
       {&kBenchKernelsSpec, cmd_bench_kernels},
       {&kBenchMoeSpec, cmd_bench_moe},
       {&kBenchServeSpec, cmd_bench_serve},
+      {&kBenchGrammarSpec, cmd_bench_grammar},
       {&kBenchDecodeSpec, cmd_bench_decode},
       {&kBenchEmbeddingSpec, cmd_bench_embedding},
       {&kBenchDiffusionSpec, cmd_bench_diffusion},

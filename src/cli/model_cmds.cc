@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/diffusion_cmd.h"
 #include "cli/flags.h"
+#include "cli/grammar_constraint.h"
 #include "cli/loaded_checkpoint.h"
 #include "convert/gguf_convert.h"
 #include "convert/gguf_model.h"
@@ -165,6 +166,8 @@ const CommandSpec kGenerateSpec = {
      {"top-p", "P", "nucleus sampling mass (default 1)"},
      {"seed", "S", "random seed (default 0)"},
      {"ignore-eos", "", "keep going past the end-of-sequence token"},
+     {"json-schema", "FILE", "structured output: the text is JSON valid against this JSON schema (docs/SERVING.md lists the supported keywords)"},
+     {"grammar", "FILE", "structured output: the text follows this GBNF grammar (docs/SERVING.md)"},
      kAdapterFlag,
      kDtypeFlag,
      {"hardware", "H", "cpu (default) or gpu: where the model (and a language model's KV cache) lives"},
@@ -289,6 +292,10 @@ int cmd_generate(const Args& args) {
   const std::string prompt = f.get("prompt");
   if (const size_t bad = utf8_invalid_at(prompt); bad != std::string::npos)
     usage_fail("generate: --prompt is not valid UTF-8 (byte {} of {})", bad, prompt.size());
+  HYP_USAGE_CHECK(!(f.has("json-schema") && f.has("grammar")), "generate: give --json-schema or --grammar, not both");
+  std::string gbnf;  // structured output, read and checked before the model loads
+  for (const char* flag : {"json-schema", "grammar"})
+    if (f.has(flag)) gbnf = read_grammar_file(flag, f.get(flag));
   const std::string hw = f.get("hardware", "cpu");
   HYP_USAGE_CHECK(hw == "cpu" || hw == "gpu", "generate: --hardware must be cpu or gpu, got '{}'",
                   hw);
@@ -309,6 +316,16 @@ int cmd_generate(const Args& args) {
   const int64_t ctx =
       std::min<int64_t>(c.config.max_seq_len, static_cast<int64_t>(ids.size()) + go.max_tokens);
   Generator gen(*c.params, std::max<int64_t>(ctx, 1));
+  std::unique_ptr<GrammarConstraint> constraint;
+  if (!gbnf.empty()) {
+    try {
+      constraint = std::make_unique<GrammarConstraint>(gbnf, c.tokenizer, gen.vocab_size());
+    } catch (const text::GrammarError& e) {
+      usage_fail("generate: --{} {}: {}", f.has("grammar") ? "grammar" : "json-schema",
+                 f.get(f.has("grammar") ? "grammar" : "json-schema"), e.what());
+    }
+    go.constraint = constraint.get();
+  }
   const bool json = f.has("json");
   if (!json) std::printf("%s", prompt.c_str());
   // The server's incremental detokeniser: text as a continuation of the prompt, printed
@@ -331,7 +348,7 @@ int cmd_generate(const Args& args) {
     j["prompt"] = prompt;
     j["text"] = c.tokenizer.decode(out);
     j["tokens"] = out;
-    j["finish_reason"] = eos ? "stop" : "length";
+    j["finish_reason"] = eos || (constraint && constraint->finished()) ? "stop" : "length";
     print_json(j, 2);
   } else {
     std::printf("\n");

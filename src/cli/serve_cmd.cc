@@ -230,8 +230,10 @@ int cmd_serve(const Args& args) {
   // The chat format: the tokenizer's Jinja template (auto), a .jinja file, or a built-in.
   // A template that does not parse stops the server here, naming its line and column.
   std::optional<text::ChatTemplate> jinja;
+  std::string template_source;  // the Jinja text, which says how the model writes tool calls
   if (rc.chat_template == "auto") {
     jinja = text::ChatTemplate::of(c.tokenizer);
+    template_source = c.tokenizer.chat_template();
   } else if (rc.chat_template.ends_with(".jinja")) {
     // A Jinja template writes its special tokens as text ("<s>"), which only a
     // tokenizer.json turns back into those tokens (SentencePiece encodes them as letters).
@@ -239,14 +241,23 @@ int cmd_serve(const Args& args) {
                     "serve: chat_template={} needs a checkpoint with a tokenizer.json; {} is a "
                     "SentencePiece model (use chat_template=plain or llama2)",
                     rc.chat_template, c.tokenizer.origin());
-    jinja.emplace(io::read_file(rc.chat_template), rc.chat_template, c.tokenizer);
+    template_source = io::read_file(rc.chat_template);
+    jinja.emplace(template_source, rc.chat_template, c.tokenizer);
   }
   ctx.chat_template = jinja ? "jinja" : rc.chat_template == "auto" ? "plain" : rc.chat_template;
   ctx.jinja = jinja ? &*jinja : nullptr;
   log_info("serve: chat format {}", jinja ? jinja->origin() : ctx.chat_template);
+  if (jinja) {
+    ctx.tools = serve::detect_tool_syntax(template_source, c.tokenizer);
+    log_info("serve: tool calls {}", ctx.tools.format == serve::ToolFormat::kNone
+                                         ? std::string("not parsed (the chat template teaches no tool-call format)")
+                                         : fmt::format("in the {} format", serve::tool_format_name(ctx.tools.format)));
+  }
   ctx.context_tokens = rc.max_seq_len;
   ctx.max_prompt_bytes = serve::prompt_byte_bound(c.tokenizer, rc.max_seq_len);
   ctx.adapters = &engine.adapters();
+  ctx.grammars = std::make_shared<text::GrammarCache>(
+      text::TokenVocabulary::from_tokenizer(c.tokenizer, engine.runner().config().vocab_size));
   if (rc.allow_runtime_lora) ctx.read_adapter = read_adapter;
   release_thread_pool();  // the engine thread runs every parallel region from here on
   serve::AsyncEngine async(engine);

@@ -113,10 +113,20 @@ std::vector<int32_t> generate_tokens(Generator& gen, const std::vector<int32_t>&
   Sampler sampler(options.sampling);
   std::vector<int32_t> out;
   const float* logits = gen.feed(prompt.data(), static_cast<int64_t>(prompt.size()));
+  std::vector<float> masked;  // a constrained step's logits
   for (int64_t i = 0; i < options.max_tokens; ++i) {
-    const int32_t tok = sampler.sample(logits, gen.vocab_size());
+    int32_t tok = 0;
+    if (options.constraint != nullptr) {
+      masked.assign(logits, logits + gen.vocab_size());
+      if (!options.constraint->mask(masked.data(), gen.vocab_size())) break;
+      tok = sampler.sample(masked.data(), gen.vocab_size());
+      options.constraint->accept(tok);
+    } else {
+      tok = sampler.sample(logits, gen.vocab_size());
+    }
     out.push_back(tok);
     if (on_token) on_token(tok);
+    if (options.constraint != nullptr && options.constraint->finished()) break;
     if (options.stop_at_eos &&
         (tok == options.eos_id ||
          std::find(options.end_ids.begin(), options.end_ids.end(), tok) != options.end_ids.end()))

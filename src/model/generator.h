@@ -69,6 +69,20 @@ class Generator {
   MoeInferenceBuffers moe_;
 };
 
+// Restricts which token may come next (structured output: the CLI wraps a grammar
+// matcher, text/grammar/matcher.h, which this layer does not know).
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // Sets logits[t] = -inf for every token t that may not come next; false when no token
+  // may (the generation ends there).
+  virtual bool mask(float* logits, int64_t vocab) = 0;
+  // Follows the chosen token (one the mask allowed).
+  virtual void accept(int32_t token) = 0;
+  // Nothing may follow: the generation is complete.
+  virtual bool finished() const = 0;
+};
+
 struct GenerateOptions {
   SamplingParams sampling;
   int64_t max_tokens = 64;
@@ -77,9 +91,13 @@ struct GenerateOptions {
   // More tokens that end the generation like EOS (a chat format's end of turn:
   // <|eot_id|>, <|im_end|>, <end_of_turn>).
   std::vector<int32_t> end_ids;
+  // Not owned; null: any token may come next.
+  TokenConstraint* constraint = nullptr;
 };
 
-// Feeds the prompt, then samples up to max_tokens tokens (stopping after EOS when asked).
+// Feeds the prompt, then samples up to max_tokens tokens (stopping after EOS when asked;
+// with a constraint, also when it is finished or allows nothing, and an end token is
+// allowed only where it says so).
 // `on_token` sees each new token as it is produced (streaming). Returns the new tokens.
 std::vector<int32_t> generate_tokens(Generator& gen, const std::vector<int32_t>& prompt,
                                      const GenerateOptions& options,

@@ -328,6 +328,18 @@ int32_t Sampler::sample(const float* logits, int64_t vocab, float* logprob) {
   return token;
 }
 
+float Sampler::logprob(const float* logits, int64_t vocab, int32_t token) {
+  HYP_CHECK(token >= 0 && token < vocab, "sampler: logprob of token {} outside the vocabulary [0, {})",
+            token, vocab);
+  const size_t n = static_cast<size_t>(vocab);
+  float max = 0.0f;
+  HYP_CHECK(HWY_DYNAMIC_DISPATCH(SamplerScanLogits)(logits, n, &max),
+            "sampler: logits hold a NaN or +inf (vocab {})", vocab);
+  grow(blocks_, num_blocks(n));
+  const double sum = exp_blocks(logits, n, max, 1.0f, nullptr);
+  return static_cast<float>(static_cast<double>(logits[token]) - max - std::log(sum));
+}
+
 float Sampler::scale() const {
   // 1/T, clamped so that (x - max) * scale stays finite for tiny temperatures.
   return static_cast<float>(std::min(1.0 / params_.temperature, 1e30));

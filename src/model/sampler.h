@@ -64,6 +64,9 @@ class Sampler {
   // Picks a token from logits[vocab] (f32, see above). If `logprob` is non-null, stores
   // log softmax(logits)[token] of the raw distribution (temperature 1, no filtering).
   int32_t sample(const float* logits, int64_t vocab, float* logprob = nullptr);
+  // log softmax(logits)[token] (temperature 1, no filtering); draws no random number.
+  // What sample() reports, for a token drawn from other logits (a grammar's masked ones).
+  float logprob(const float* logits, int64_t vocab, int32_t token);
 
   uint64_t rng_state() const { return state_; }
   void set_rng_state(uint64_t s) { state_ = s; }

@@ -32,7 +32,9 @@ struct Engine::Sequence {
         req(std::move(r)),
         callback(std::move(cb)),
         sampler(req.sampling),
-        text(tok, req.prompt, req.stop) {}
+        text(tok, req.prompt, req.stop, req.keep_special_text) {
+    if (req.grammar) matcher = std::make_unique<text::GrammarMatcher>(req.grammar);
+  }
   int64_t id;
   GenerationRequest req;
   TokenCallback callback;
@@ -45,6 +47,7 @@ struct Engine::Sequence {
   int64_t cached = 0;    // prompt tokens reused from the prefix cache
   int64_t reserved = 0;  // pages reserved but not yet allocated
   std::vector<int32_t> output;
+  std::unique_ptr<text::GrammarMatcher> matcher;  // structured output (null: none)
   int lora_slot() const { return req.adapter ? req.adapter->slot : 0; }  // 0: the base
   bool prefilling() const { return computed < static_cast<int64_t>(req.prompt.size()); }
   int64_t prompt_len() const { return static_cast<int64_t>(req.prompt.size()); }
@@ -119,6 +122,10 @@ void Engine::validate(const GenerationRequest& request) const {
     throw RequestError("max_tokens",
                        fmt::format("prompt ({} tokens) + max_tokens ({}) exceeds the context of {}",
                                    n, request.max_tokens, cfg_.max_seq_len));
+  if (request.grammar && request.grammar->vocab().size() != vocab)
+    throw RequestError("response_format",
+                       fmt::format("the grammar was compiled for a vocabulary of {} tokens; the model has {}",
+                                   request.grammar->vocab().size(), vocab));
   try {
     hyperion::validate(request.sampling);
   } catch (const Error& e) {
@@ -263,10 +270,14 @@ void Engine::emit_token(Sequence& s, int32_t token, float logprob) {
   TokenEvent ev;
   ev.token = token;
   ev.logprob = logprob;
-  const bool eos = is_end(token) && !s.req.ignore_eos;
+  const bool eos = is_end(token) && (!s.req.ignore_eos || s.matcher);
   bool stopped = false;
   if (!eos) ev.text = s.text.push(token, &stopped);
   if (eos || stopped) return finish(s, FinishReason::kStop, std::move(ev));
+  if (s.matcher && s.matcher->finished()) {  // the grammar has ended: nothing may follow
+    ev.text += s.text.flush();
+    return finish(s, FinishReason::kStop, std::move(ev));
+  }
   const int64_t length = s.prompt_len() + static_cast<int64_t>(s.output.size());
   if (static_cast<int64_t>(s.output.size()) >= s.req.max_tokens || length >= cfg_.max_seq_len)
     return finish(s, FinishReason::kLength, std::move(ev));
@@ -352,7 +363,7 @@ void Engine::step() {
   // vocabulary's logits); any other step samples on the host from the logits.
   bool greedy = true;
   for (const Sequence* s : logit_seqs)
-    greedy = greedy && s->req.sampling.temperature == 0.0f && !s->req.logprobs;
+    greedy = greedy && s->req.sampling.temperature == 0.0f && !s->req.logprobs && !s->matcher;
   const Timer forward_timer;
   const float* logits = nullptr;
   const int32_t* greedy_ids = nullptr;
@@ -377,6 +388,25 @@ void Engine::step() {
       tok = greedy_ids[i];
       HYP_CHECK(tok >= 0, "sampler: the {} logits hold a NaN or are all -inf; no token can be "
                           "chosen", vocab);
+    } else if (s.matcher) {
+      const Timer grammar_timer;
+      masked_.assign(logits + static_cast<int64_t>(i) * vocab, logits + static_cast<int64_t>(i + 1) * vocab);
+      mask_.resize(s.matcher->compiled().vocab().mask_words());
+      const bool allowed = s.matcher->fill_mask(mask_.data());
+      text::GrammarMatcher::apply_mask(mask_.data(), masked_.data(), vocab);
+      grammar_seconds_ += grammar_timer.seconds();
+      if (!allowed) {  // the grammar allows no token of this vocabulary: end here
+        TokenEvent ev;
+        ev.text = s.text.flush();
+        finish(s, FinishReason::kStop, std::move(ev));
+        continue;
+      }
+      // The log probability is the model's own, as for an unconstrained request.
+      tok = s.sampler.sample(masked_.data(), vocab);
+      if (s.req.logprobs) lp = s.sampler.logprob(logits + static_cast<int64_t>(i) * vocab, vocab, tok);
+      const Timer accept_timer;
+      HYP_CHECK(s.matcher->accept(tok), "serve: the grammar refused token {}, which its mask allowed", tok);
+      grammar_seconds_ += accept_timer.seconds();
     } else {
       tok = s.sampler.sample(logits + static_cast<int64_t>(i) * vocab, vocab,
                              s.req.logprobs ? &lp : nullptr);
@@ -488,6 +518,7 @@ EngineStats Engine::stats() const {
   st.decode_step_seconds = decode_step_seconds_;
   st.prefill_step_seconds = prefill_step_seconds_;
   st.forward_seconds = forward_seconds_;
+  st.grammar_seconds = grammar_seconds_;
   st.kv_bytes_per_token = runner_->kv_bytes_per_token();
   return st;
 }

@@ -81,6 +81,8 @@ struct EngineStats {
   // and of the model's forward passes alone (seconds totals since start).
   int64_t decode_steps = 0, prefill_steps = 0;
   double decode_step_seconds = 0.0, prefill_step_seconds = 0.0, forward_seconds = 0.0;
+  // Structured output: seconds computing grammar masks and advancing matchers.
+  double grammar_seconds = 0.0;
   int64_t kv_bytes_per_token = 0;
 };
 
@@ -178,6 +180,11 @@ class Engine {
   int64_t decode_steps_ = 0, prefill_steps_ = 0;
   double decode_step_seconds_ = 0.0, prefill_step_seconds_ = 0.0, forward_seconds_ = 0.0;
   StepBatch batch_;
+  // Structured output: a constrained row's logits with the grammar's mask applied, the
+  // mask, and the seconds spent on masks and grammar steps (stats).
+  std::vector<float> masked_;
+  std::vector<uint64_t> mask_;
+  double grammar_seconds_ = 0.0;
   LoraRegistry adapters_;
   std::unique_ptr<LoraBank> bank_;  // made with the first adapter
 };

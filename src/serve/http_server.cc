@@ -68,6 +68,8 @@ struct Generation {
   Completion completion;
   bool first = true;
   std::atomic<int64_t> request_id{0};  // the engine's, once submit() returned it
+  // A chat stream whose reply is parsed into tool calls (serve/tool_calls.h).
+  std::unique_ptr<ToolCallStream> tools;
 };
 
 struct Route {
@@ -356,6 +358,7 @@ struct HttpServer::Impl : HttpApplication {
     sync(m.decode_step_seconds, st.decode_step_seconds);
     sync(m.prefill_step_seconds, st.prefill_step_seconds);
     sync(m.forward_seconds, st.forward_seconds);
+    sync(m.grammar_seconds, st.grammar_seconds);
     return registry.render();
   }
 
@@ -465,6 +468,8 @@ struct HttpServer::Impl : HttpApplication {
     auto gen = std::make_shared<Generation>();
     try {
       gen->api = chat ? parse_chat_request(body, ctx) : parse_completion_request(body, ctx);
+      if (gen->api.stream && gen->api.tools.parse)
+        gen->tools = std::make_unique<ToolCallStream>(gen->api.tools.syntax, gen->api.tools.names);
     } catch (const ApiException& e) {
       metrics_.rejected_invalid.inc();
       return send_error(*conn, e.error);
@@ -607,7 +612,8 @@ struct HttpServer::Impl : HttpApplication {
     if (failed) {
       out = stream_error_event(failure);
     } else {
-      out = stream_token_event(g.api, c, ev, g.first, ctx);
+      out = g.tools ? stream_tool_event(g.api, c, ev, g.first, *g.tools, ctx)
+                    : stream_token_event(g.api, c, ev, g.first, ctx);
       g.first = false;
     }
     if (last) {

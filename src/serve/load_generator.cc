@@ -531,6 +531,7 @@ std::string request_body(const BenchRequest& r, const LoadOptions& opts) {
   j["stream"] = true;
   j["stream_options"] = {{"include_usage", true}};
   if (opts.ignore_eos) j["ignore_eos"] = true;
+  if (!opts.response_format.is_null()) j["response_format"] = opts.response_format;
   return j.dump();
 }
 

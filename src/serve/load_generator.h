@@ -25,6 +25,8 @@
 
 #include <cstdint>
 #include <limits>
+
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -188,6 +190,8 @@ struct LoadOptions {
   uint64_t seed = 0;       // arrival gaps
   double timeout_s = 600;  // socket read timeout (a silent server fails after this)
   double connect_timeout_s = 10;
+  // Structured output: every request carries this `response_format` (null: none).
+  nlohmann::json response_format;
 };
 
 // A model the server lists under GET /v1/models, with its context (vLLM's and hyperion's

@@ -48,6 +48,9 @@ ServerMetrics::ServerMetrics(MetricsRegistry& r)
           r.counter("hyperion_engine_step_seconds_total", kStepSecondsHelp, {{"kind", "prefill"}})),
       forward_seconds(r.counter("hyperion_engine_forward_seconds_total",
                                 "Wall seconds of the model's forward passes in engine steps.")),
+      grammar_seconds(r.counter("hyperion_engine_grammar_seconds_total",
+                                "Wall seconds of structured-output grammar masks and steps in engine "
+                                "steps.")),
       finished_stop(
           r.counter("hyperion_requests_total", kFinishedHelp, {{"finish_reason", "stop"}})),
       finished_length(

@@ -46,6 +46,7 @@ struct ServerMetrics {
   Counter& decode_step_seconds;
   Counter& prefill_step_seconds;
   Counter& forward_seconds;
+  Counter& grammar_seconds;  // structured output's share of the steps
 
   // hyperion_requests_total{finish_reason=...}: finished requests by reason.
   Counter& finished_stop;    // stop sequence / EOS

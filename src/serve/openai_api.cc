@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "model/sampler.h"
 #include "serve/api_fields.h"
+#include "serve/structured_output.h"
 
 namespace hyperion::serve {
 
@@ -96,6 +97,8 @@ bool parse_common(const json& j, const std::string& key, const ApiContext& ctx, 
       bad(key, fmt::format("'{}' is not supported (only 0)", key));
   } else if (key == "ignore_eos") {
     g.ignore_eos = get_bool(j, "ignore_eos");
+  } else if (is_structured_output_field(key)) {
+    r.structured = r.structured || !j[key].is_null();  // read with the body's key order
   } else {
     return false;
   }
@@ -119,6 +122,57 @@ std::vector<int32_t> encode_with_bos(const ApiContext& ctx, const std::string& t
   std::vector<int32_t> ids = ctx.tokenizer->encode_with_special_tokens(text);
   if (ids.empty()) bad("prompt", "the prompt is empty and this tokenizer adds no BOS token");
   return ids;
+}
+
+// The grammar of the body's structured-output fields, if it has any.
+void read_grammar(const std::string& body, const json& j, const ApiContext& ctx, ApiRequest& r) {
+  if (!r.structured) return;
+  // Bounded before the body is parsed again keeping key order (whose objects insert in
+  // linear time per member: 10^5 properties would cost minutes).
+  for (const auto& [key, value] : j.items())
+    if (is_structured_output_field(key)) check_structured_output_size(key, value);
+  const StructuredOutput out = read_structured_output(nlohmann::ordered_json::parse(body));
+  r.gen.grammar = compile_structured_output(out, ctx.grammars.get());
+}
+
+// tools, tool_choice and parallel_tool_calls (serve/tool_calls.h): whether the reply is parsed
+// into tool calls, and for tool_choice "required" or a named function the grammar that
+// forces one. "none" parses nothing, though the template still sees the tools (vLLM's
+// default; OpenAI's model just does not call them).
+void read_tool_request(const std::string& body, const json& j, const ApiContext& ctx, ApiRequest& r) {
+  const auto given = [&j](const char* key) { return j.contains(key) && !j[key].is_null(); };
+  if (!given("tools") && !given("tool_choice")) return;
+  const nlohmann::ordered_json o = nlohmann::ordered_json::parse(body);  // schemas keep their order
+  ToolRequest& t = r.tools;
+  if (given("tools")) t.names = read_tools(o["tools"]);
+  t.choice.mode = t.names.empty() ? ToolChoice::kNone : ToolChoice::kAuto;
+  if (given("tool_choice")) t.choice = read_tool_choice(o["tool_choice"], t.names);
+  t.syntax = ctx.tools;
+  const bool forced = t.choice.mode == ToolChoice::kRequired || t.choice.mode == ToolChoice::kNamed;
+  if (forced) {
+    const std::string what =
+        t.choice.mode == ToolChoice::kNamed ? "naming a function" : "\"required\"";
+    if (ctx.tools.format == ToolFormat::kNone)
+      bad("tool_choice",
+          fmt::format("'tool_choice' {} forces a tool call, but this model's chat template teaches no "
+                      "tool-call format (read: Llama 3.1 JSON, Qwen's <tool_call>, Mistral's [TOOL_CALLS], "
+                      "Gemma's JSON); use tool_choice \"auto\" or a chat_template that teaches one",
+                      what));
+    if (r.gen.grammar)
+      bad("tool_choice", fmt::format("'tool_choice' {} and a structured-output field (response_format, "
+                                     "guided_*) both constrain the output; send one",
+                                     what));
+    if (!ctx.grammars) bad("tool_choice", "forcing a tool call needs a tokenizer; this server has none");
+    const std::string gbnf = tool_call_gbnf(ctx.tools, o["tools"], t.choice, t.parallel);
+    try {
+      r.gen.grammar = ctx.grammars->get(gbnf);
+    } catch (const text::GrammarError& e) {
+      bad("tools", fmt::format("the grammar of the tool calls does not compile for this model: {}", e.what()));
+    }
+  }
+  t.parse = t.choice.mode != ToolChoice::kNone && !t.names.empty() && ctx.tools.format != ToolFormat::kNone;
+  // Markers that are special tokens must reach the parser as text.
+  if (t.parse && ctx.tools.needs_special_text()) r.gen.keep_special_text = true;
 }
 
 void check_stream_options(const json& j, const ApiRequest& r) {
@@ -182,6 +236,7 @@ ApiRequest parse_completion_request(const std::string& body, const ApiContext& c
   }
   if (!have_prompt) bad("prompt", "'prompt' is required");
   check_stream_options(j, r);
+  read_grammar(body, j, ctx, r);
   r.gen.logprobs = r.logprobs >= 0;
   return r;
 }
@@ -294,6 +349,9 @@ std::string render_chat_template(const std::string& body, const ApiContext& ctx)
     // OpenAI sends tool-call arguments as a JSON string; templates expect the object (as
     // vLLM gives them: Llama 3.1's prints it with tojson).
     if (m.contains("tool_calls") && m["tool_calls"].is_array()) {
+      // An assistant turn of calls only comes back from OpenAI clients with content null;
+      // templates read it as text (Qwen's tests '</think>' in it), so it is "" (as vLLM).
+      if (!m.contains("content") || m["content"].is_null()) m["content"] = "";
       for (size_t k = 0; k < m["tool_calls"].size(); ++k) {
         ojson& call = m["tool_calls"][k];
         if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
@@ -348,12 +406,12 @@ ApiRequest parse_chat_request(const std::string& body, const ApiContext& ctx) {
                              key, ctx.chat_template));
       if (key == "tools" && !value.is_null() && !value.is_array())
         bad(key, "'tools' must be an array");
-      if (key == "tool_choice" && !value.is_null() && value != "none" && value != "auto")
-        bad(key, "'tool_choice' must be \"none\" or \"auto\" (forcing a tool is not supported)");
       if (key == "add_generation_prompt" && !value.is_boolean())
         bad(key, "'add_generation_prompt' must be true or false");
       if (key == "chat_template_kwargs" && !value.is_object())
         bad(key, "'chat_template_kwargs' must be an object");
+    } else if (key == "parallel_tool_calls") {
+      if (!value.is_null()) r.tools.parallel = get_bool(j, "parallel_tool_calls");
     } else if (key == "logprobs") {
       if (!value.is_null()) r.logprobs = get_bool(j, "logprobs") ? 1 : -1;
     } else if (key == "top_logprobs") {
@@ -365,6 +423,8 @@ ApiRequest parse_chat_request(const std::string& body, const ApiContext& ctx) {
   }
   if (messages == nullptr) bad("messages", "'messages' is required");
   check_stream_options(j, r);
+  read_grammar(body, j, ctx, r);
+  read_tool_request(body, j, ctx, r);
   if (jinja) {
     const std::string text = render_chat_template(body, ctx);
     check_text_bytes(ctx, text.size(), "messages");
@@ -374,7 +434,9 @@ ApiRequest parse_chat_request(const std::string& body, const ApiContext& ctx) {
   } else {
     r.gen.prompt = apply_chat_template(*messages, ctx);
   }
-  if (ctx.chat_template == "plain") r.gen.stop.push_back("\nUser:");
+  // (Not with a grammar: its output ends where the grammar does, and a JSON string may
+  // well hold "\nUser:".)
+  if (ctx.chat_template == "plain" && !r.gen.grammar) r.gen.stop.push_back("\nUser:");
   r.gen.logprobs = r.logprobs >= 0;
   return r;
 }
@@ -551,17 +613,69 @@ std::string completion_response(const ApiRequest& r, const Completion& c, const 
   json j = envelope(r, c, ctx, false);
   json choice;
   choice["index"] = 0;
+  choice["finish_reason"] = finish_json(c.finish);
   if (r.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", c.text}};
     choice["logprobs"] = r.logprobs > 0 ? chat_logprobs(c, 0) : json(nullptr);
+    if (r.tools.parse) {
+      const ParsedReply p = parse_tool_calls(r.tools.syntax, r.tools.names, c.text);
+      if (!p.calls.empty()) {
+        // Only calls: content null, as OpenAI's.
+        const bool blank = p.content.find_first_not_of(" \t\r\n") == std::string::npos;
+        choice["message"]["content"] = blank ? json(nullptr) : json(p.content);
+        json calls = json::array();
+        for (const ToolCall& call : p.calls)
+          calls.push_back({{"id", call.id},
+                           {"type", "function"},
+                           {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+        choice["message"]["tool_calls"] = calls;
+        if (c.finish == FinishReason::kStop) choice["finish_reason"] = "tool_calls";
+      }
+    }
   } else {
     choice["text"] = c.text;
     choice["logprobs"] = r.logprobs >= 0 ? completion_logprobs(c) : json(nullptr);
   }
-  choice["finish_reason"] = finish_json(c.finish);
   j["choices"] = json::array({choice});
   j["usage"] = usage_json(c);
   return dump(j);
+}
+
+std::string stream_tool_event(const ApiRequest& r, const Completion& c, const TokenEvent& ev,
+                              bool first, ToolCallStream& parser, const ApiContext& ctx) {
+  std::vector<ToolDelta> deltas;
+  parser.feed(ev.text, deltas);
+  const bool last = ev.finish != FinishReason::kNone;
+  if (last) parser.finish(deltas);
+  bool logprobs = r.logprobs > 0 && ev.token >= 0;  // on this token's first chunk
+  std::string out;
+  const auto chunk = [&](json delta, json finish) {
+    json j = envelope(r, c, ctx, true);
+    if (first) delta["role"] = "assistant";
+    first = false;
+    json choice;
+    choice["index"] = 0;
+    choice["delta"] = std::move(delta);
+    choice["logprobs"] = logprobs ? chat_logprobs(c, c.tokens.size() - 1) : json(nullptr);
+    logprobs = false;
+    choice["finish_reason"] = std::move(finish);
+    j["choices"] = json::array({choice});
+    if (r.include_usage) j["usage"] = nullptr;
+    out += sse(j);
+  };
+  for (const ToolDelta& d : deltas) {
+    if (d.kind == ToolDelta::kContent)
+      chunk({{"content", d.text}}, nullptr);
+    else
+      chunk({{"tool_calls", json::array({tool_delta_json(d)})}}, nullptr);
+  }
+  if (deltas.empty() && (first || logprobs)) chunk({{"content", ""}}, nullptr);
+  if (last) {
+    json finish = finish_json(ev.finish);
+    if (parser.calls() > 0 && ev.finish == FinishReason::kStop) finish = "tool_calls";
+    chunk(json::object(), finish);
+  }
+  return out;
 }
 
 std::string stream_token_event(const ApiRequest& r, const Completion& c, const TokenEvent& ev,

@@ -12,7 +12,10 @@
 //          top_k (>= 0, extension), seed (integer), stop (string or up to 4 strings),
 //          stream, stream_options {include_usage}, n (1 only), user (ignored),
 //          presence_penalty / frequency_penalty (0 only), ignore_eos (bool, extension:
-//          generate exactly max_tokens)
+//          generate exactly max_tokens); structured output, one of: response_format
+//          ({"type": "text" | "json_object" | "json_schema", "json_schema": {name, schema,
+//          strict}}), guided_json, guided_regex, guided_choice, guided_grammar / grammar
+//          (GBNF), json_schema (serve/structured_output.h)
 //   completions: prompt (string, or array of token ids, or array of one string),
 //          logprobs (null or 0..5: the chosen token's log probability is returned;
 //          alternatives are not), echo (false only)
@@ -20,8 +23,10 @@
 //          top_logprobs (0 only); with a Jinja chat template also: roles system, user,
 //          assistant, tool; content a string, an array of {type: "text", text} parts
 //          (joined by newlines) or null; tool_calls, tool_call_id, reasoning_content;
-//          tools (array), tool_choice ("none" | "auto": the template sees the tools; the
-//          reply is not parsed into tool_calls), add_generation_prompt (bool, default true),
+//          tools ([{type: "function", function: {name, description, parameters, strict}}]),
+//          tool_choice ("none" | "auto" | "required" | {type: "function", function: {name}}),
+//          parallel_tool_calls (bool, default true): serve/tool_calls.h; with a tool-call
+//          format the reply becomes message.tool_calls; add_generation_prompt (bool, default true),
 //          chat_template_kwargs (object: more template variables, e.g. enable_thinking)
 // Completion prompts get what the tokenizer adds (BOS for Llama and Gemma; a token-id
 // prompt is taken as given); chat prompts are the template's text, encoded as it is.
@@ -38,7 +43,9 @@
 #include "model/lora.h"
 #include "serve/lora_registry.h"
 #include "serve/request.h"
+#include "serve/tool_calls.h"
 #include "text/chat_template.h"
+#include "text/grammar/grammar_cache.h"
 #include "text/tokenizer.h"
 
 namespace hyperion::serve {
@@ -70,6 +77,12 @@ struct ApiContext {
   size_t max_prompt_bytes = 0;
   // The LoRA adapters a request's `model` may name (null: none).
   const LoraRegistry* adapters = nullptr;
+  // Compiled structured-output grammars for this model's vocabulary (null: structured
+  // output is refused; serve/structured_output.h).
+  std::shared_ptr<text::GrammarCache> grammars;
+  // How the model writes tool calls, read off its chat template (serve/tool_calls.h);
+  // kNone: tools reach the template but replies stay text, and forcing a call is a 400.
+  ToolSyntax tools;
   // Reads a PEFT adapter directory for this base (POST /v1/load_lora_adapter); throws
   // naming the directory and what is wrong. Empty: runtime loading is not offered.
   std::function<std::unique_ptr<LoraAdapter>(const std::string& dir)> read_adapter;
@@ -89,6 +102,8 @@ struct ApiRequest {
   bool stream = false;
   bool include_usage = false;
   int logprobs = -1;  // completions: -1 = none; chat: 0/1
+  bool structured = false;  // the body has a structured-output field (gen.grammar)
+  ToolRequest tools;        // chat: tools, tool_choice, parallel_tool_calls
 };
 
 // Parses and validates a request body (throws ApiException with status 400, or 404 for
@@ -143,6 +158,13 @@ nlohmann::json usage_json(const Completion& c);
 std::string completion_response(const ApiRequest& r, const Completion& c, const ApiContext& ctx);
 // One server-sent event ("data: {...}\n\n") for a token (its text, and the finish reason
 // when it is the last), the usage chunk, and the end marker.
+// A chat stream whose reply is parsed into tool calls (r.tools.parse): the events of one
+// token, its text fed to `parser`: a chunk per content or tool-call delta that became
+// final (none while text is held back, unless it is the first event, which carries the
+// role, or logprobs were asked for), and on the last token a chunk of its own with the
+// finish reason ("tool_calls" when a call was made and the reply ended by itself).
+std::string stream_tool_event(const ApiRequest& r, const Completion& c, const TokenEvent& ev,
+                              bool first, ToolCallStream& parser, const ApiContext& ctx);
 std::string stream_token_event(const ApiRequest& r, const Completion& c, const TokenEvent& ev,
                                bool first, const ApiContext& ctx);
 std::string stream_usage_event(const ApiRequest& r, const Completion& c, const ApiContext& ctx);

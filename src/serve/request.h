@@ -3,11 +3,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "model/sampler.h"
 #include "serve/lora_registry.h"
+#include "text/grammar/matcher.h"
 
 namespace hyperion::serve {
 
@@ -19,6 +21,13 @@ struct GenerationRequest {
   bool ignore_eos = false;        // keep going past EOS up to max_tokens
   bool logprobs = false;          // report log p(chosen token)
   LoraRef adapter;                // the LoRA adapter it runs with (null: the base model)
+  // Structured output: every token is drawn from those the grammar allows next, and the
+  // request ends (finish "stop") when the grammar has ended or allows no token. Compiled
+  // for this model's vocabulary (text/grammar/matcher.h); null: unconstrained.
+  std::shared_ptr<const text::CompiledGrammar> grammar;
+  // Keep special tokens' text in the output (tool-call markers such as <|python_tag|> or
+  // [TOOL_CALLS], which the tool-call parser reads); end tokens are never text.
+  bool keep_special_text = false;
 };
 
 enum class FinishReason : uint8_t { kNone, kStop, kLength, kAbort, kError };

@@ -16,8 +16,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }  // namespace
 
 TextStream::TextStream(const text::Tokenizer* tokenizer, const std::vector<int32_t>& context,
-                       std::vector<std::string> stop)
-    : tok_(tokenizer), stop_(std::move(stop)) {
+                       std::vector<std::string> stop, bool keep_special)
+    : tok_(tokenizer), stop_(std::move(stop)), keep_special_(keep_special) {
   stop_.erase(std::remove(stop_.begin(), stop_.end(), std::string()), stop_.end());
   if (tok_ == nullptr) return;
   const size_t look = std::min<size_t>(context.size(), 64);
@@ -37,13 +37,13 @@ bool TextStream::can_anchor(int32_t token) const {
 }
 
 std::string TextStream::window_text() const {
-  std::string full = tok_->decode(window_);
+  std::string full = tok_->decode(window_, !keep_special_);
   if (!anchored_) return full;
   if (full.compare(0, anchor_text_.size(), anchor_text_) == 0)
     return full.substr(anchor_text_.size());
   // The anchor merged with what follows (should not happen with SentencePiece): fall
   // back to decoding the tokens after it alone.
-  return tok_->decode(std::vector<int32_t>(window_.begin() + 1, window_.end()));
+  return tok_->decode(std::vector<int32_t>(window_.begin() + 1, window_.end()), !keep_special_);
 }
 
 std::string TextStream::push(int32_t token, bool* stopped) {

@@ -28,9 +28,10 @@ namespace hyperion::serve {
 class TextStream {
  public:
   // `tokenizer` may be null: no text, no stop strings (token ids only). `context`: the
-  // prompt (its last 64 tokens are looked at for an anchor).
+  // prompt (its last 64 tokens are looked at for an anchor). `keep_special`: special
+  // tokens in the output are text too (tool-call markers); the prompt's are never.
   TextStream(const text::Tokenizer* tokenizer, const std::vector<int32_t>& context,
-             std::vector<std::string> stop);
+             std::vector<std::string> stop, bool keep_special = false);
 
   // Adds a generated token; returns the text it makes final. Sets *stopped when a stop
   // string matched (the returned text ends right before it).
@@ -55,6 +56,7 @@ class TextStream {
   std::vector<std::string> stop_;
   std::string released_;
   bool stopped_ = false;
+  bool keep_special_ = false;
 };
 
 }  // namespace hyperion::serve

@@ -47,6 +47,8 @@ struct ServedStack {
     ctx.chat_template = engine.config().chat_template;
     ctx.context_tokens = engine.config().max_seq_len;
     ctx.max_prompt_bytes = serve::prompt_byte_bound(tok, engine.config().max_seq_len);
+    ctx.grammars = std::make_shared<text::GrammarCache>(
+        text::TokenVocabulary::from_tokenizer(tok, engine.runner().config().vocab_size));
     if (configure) configure(ctx, engine);
     server = std::make_unique<serve::HttpServer>(async, ctx, http);
     port = server->bind("127.0.0.1", 0);

@@ -584,6 +584,10 @@ class Lowerer {
           add_alt(rule, std::move(unit_run));
           unit = {GrammarElement::kRule, rule};
         }
+        if (unit.kind == GrammarElement::kRule && e.max != 0) {
+          emit_chain(unit.value, e.min, e.max, run);
+          return;
+        }
         count(static_cast<size_t>(e.min));
         for (int k = 0; k < e.min; ++k) run.push_back(unit);
         if (e.max < 0) {  // R ::= unit R | ()
@@ -608,6 +612,50 @@ class Lowerer {
     }
   }
 
+  // A repetition of rule `unit` as a chain in which the unit is always called from the
+  // same place of a chain rule, with the entries still allowed after it as that place's
+  // level (GrammarStacks counts entries through it: text/grammar/grammar_stacks.h):
+  //   x{m,n}: R_k ::= x R_(k-1) (| () when k <= n - m), k = n..1, R_0 ::= ();
+  //   x{m,}:  M_j ::= x M_(j-1), j = m..1, M_0 = L ::= x L | ().
+  void emit_chain(int32_t unit, int min, int max, Run& run) {
+    const GrammarElement u{GrammarElement::kRule, unit};
+    int32_t prev = -1;
+    if (max < 0) {
+      prev = helper_rule();
+      add_alt(prev, {u, {GrammarElement::kRule, prev}});
+      add_alt(prev, {});
+      chains.push_back({prev, kUnboundedLevel, unit});
+      for (int j = 0; j < min; ++j) {
+        const int32_t rule = helper_rule();
+        add_alt(rule, {u, {GrammarElement::kRule, prev}});
+        chains.push_back({rule, kUnboundedLevel, unit});
+        prev = rule;
+      }
+    } else {
+      if (empty_rule_ < 0) {
+        empty_rule_ = new_rule("empty");
+        add_alt(empty_rule_, {});
+      }
+      prev = empty_rule_;
+      for (int k = 1; k <= max; ++k) {
+        const int32_t rule = helper_rule();
+        add_alt(rule, {u, {GrammarElement::kRule, prev}});
+        if (k <= max - min) add_alt(rule, {});
+        chains.push_back({rule, k - 1, unit});
+        prev = rule;
+      }
+    }
+    run.push_back({GrammarElement::kRule, prev});
+  }
+
+ public:
+  struct ChainRule {
+    int32_t rule, level, unit;  // the first alternative's second element returns at `level`
+  };
+  std::vector<ChainRule> chains;
+
+ private:
+  int32_t empty_rule_ = -1;
   Grammar& g_;
   const Parser& parser_;
   std::map<std::string, int32_t> ids_;
@@ -730,6 +778,33 @@ Grammar parse_gbnf(std::string_view source) {
   // One trailing kEnd so that pos + 1 is always a valid index.
   g.elements.push_back({GrammarElement::kEnd, 0});
   g.rule_of.push_back(g.root);
+  // Lazy rules and their alternatives by first byte.
+  g.lazy.assign(n, 0);
+  g.lazy_begin.assign(n, -1);
+  for (size_t r = 0; r < n; ++r) {
+    const int32_t b = g.rule_alt_begin[r], e = g.rule_alt_begin[r + 1];
+    bool lazy = e - b >= 2;
+    for (int32_t k = b; k < e && lazy; ++k)
+      lazy = g.elements[static_cast<size_t>(g.alt_starts[static_cast<size_t>(k)])].kind == GrammarElement::kBytes;
+    if (!lazy) continue;
+    g.lazy[r] = 1;
+    g.lazy_begin[r] = static_cast<int32_t>(g.alt_by_byte_begin.size());
+    for (int byte = 0; byte < 256; ++byte) {
+      g.alt_by_byte_begin.push_back(static_cast<int32_t>(g.alt_by_byte.size()));
+      for (int32_t k = b; k < e; ++k) {
+        const GrammarElement& first = g.elements[static_cast<size_t>(g.alt_starts[static_cast<size_t>(k)])];
+        if (g.byte_sets[static_cast<size_t>(first.value)].has(static_cast<uint8_t>(byte))) g.alt_by_byte.push_back(k);
+      }
+    }
+  }
+  g.alt_by_byte_begin.push_back(static_cast<int32_t>(g.alt_by_byte.size()));
+  g.chain_level.assign(g.elements.size(), -1);
+  g.chain_unit.assign(g.elements.size(), -1);
+  for (const auto& c : lowerer.chains) {
+    const auto at = static_cast<size_t>(g.alt_starts[static_cast<size_t>(g.rule_alt_begin[static_cast<size_t>(c.rule)])]) + 1;
+    g.chain_level[at] = c.level;
+    g.chain_unit[at] = c.unit;
+  }
   check(g);
   return g;
 }

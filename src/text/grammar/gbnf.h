@@ -62,6 +62,11 @@ struct GrammarElement {
   int32_t value = 0;
 };
 
+inline constexpr int32_t kUnboundedLevel = 1 << 30;
+// A lazy rule's top position (negative: not an element index), and back.
+inline int32_t lazy_pos(int32_t rule) { return -2 - rule; }
+inline int32_t lazy_rule_of(int32_t pos) { return -2 - pos; }
+
 struct Grammar {
   // Every alternative of every rule: a run of elements ended by kEnd, end to end.
   std::vector<GrammarElement> elements;
@@ -76,6 +81,19 @@ struct Grammar {
   std::vector<std::string> rule_names;
   int32_t root = 0;
   std::vector<uint8_t> nullable;  // per rule: derives the empty text
+  // Repetitions of a rule (x{m,n}, x*, x+ where x is a rule or a group) are chains whose
+  // unit is always called from the second element's place of a chain rule; at that
+  // return position, chain_unit is the unit's rule and chain_level how many more units
+  // the chain may still take (kUnboundedLevel: any number). -1 elsewhere.
+  std::vector<int32_t> chain_level, chain_unit;
+  // A rule of two or more alternatives that each start with a byte set (a character
+  // class of several UTF-8 lengths, a choice of literals) is one top until a byte picks
+  // its alternatives (GrammarStacks keeps it as StackNode::pos = lazy_pos(rule)), instead
+  // of one top per alternative: a JSON string's character is then 2 tops, not 10.
+  std::vector<uint8_t> lazy;  // per rule
+  // Per lazy rule: for each byte, the alternatives (indices into alt_starts) whose first
+  // byte set holds it: alt_by_byte[lazy_begin[r] + b] .. [lazy_begin[r] + b + 1].
+  std::vector<int32_t> lazy_begin, alt_by_byte_begin, alt_by_byte;
 
   int32_t rule_count() const { return static_cast<int32_t>(rule_names.size()); }
   int32_t find_rule(std::string_view name) const;  // -1 when absent

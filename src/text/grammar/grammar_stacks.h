@@ -28,7 +28,7 @@
 namespace hyperion::text {
 
 struct StackNode {
-  int32_t pos;     // element index
+  int32_t pos;     // element index (a top of a lazy rule: lazy_pos(rule))
   int32_t parent;  // node id of the frame below, -1 at the bottom
 };
 
@@ -36,15 +36,28 @@ struct StackNode {
 inline constexpr int32_t kReturnsAnywhere = -1;  // several callers: the boundary
 inline constexpr int32_t kReturnsToEnd = -2;     // root, called by no rule: the grammar's end
 
-// Per rule: where ending it returns to when that is the same for every way of reaching it
-// (an element index), else kReturnsAnywhere or kReturnsToEnd.
-std::vector<int32_t> unique_returns(const Grammar& g);
+// Where each rule returns, for the precomputation's unknown bottom:
+//   unique[r]      the element every way of reaching r returns to, else kReturnsAnywhere
+//                  or kReturnsToEnd;
+//   chain_unit[r]  when r always returns into a repetition chain of unit rule u (r is u
+//                  or a rule u calls last; Grammar::chain_unit), u, else -1: ending r then
+//                  either takes the unit again, counted (below), or leaves the chain,
+//                  which depends on the stack (the boundary).
+struct GrammarReturns {
+  std::vector<int32_t> unique, chain_unit;
+};
+GrammarReturns grammar_returns(const Grammar& g);
+
+// A bottom reached through a chain: node parent values -1 (no unit taken again yet) and
+// -(2 + c) for c >= 1 units taken again, at most kMaxChainCount.
+inline constexpr int32_t kMaxChainCount = 250;
+inline int32_t chain_count(int32_t bottom) { return bottom == -1 ? 0 : -bottom - 2; }
 
 class GrammarStacks {
  public:
-  // `unique_return` null: the bottom is the grammar's end (a real parse).
-  explicit GrammarStacks(const Grammar& g, const int32_t* unique_return = nullptr)
-      : g_(g), unique_return_(unique_return) {}
+  // `returns` null: the bottom is the grammar's end (a real parse).
+  explicit GrammarStacks(const Grammar& g, const GrammarReturns* returns = nullptr)
+      : g_(g), returns_(returns) {}
 
   // The tops of a parse that has read nothing (root's alternatives), appended to `out`.
   void start(std::vector<int32_t>& out);
@@ -56,8 +69,15 @@ class GrammarStacks {
   void advance_token(const int32_t* tops, size_t n, int32_t token, std::vector<int32_t>& out);
   // Expands from element `pos` over frame `parent` into tops appended to `out`.
   void settle(int32_t pos, int32_t parent, std::vector<int32_t>& out);
+  // The tops of rule `rule` called over frame `frame` (one lazy top for a lazy rule).
+  void enter(int32_t rule, int32_t frame, std::vector<int32_t>& out);
 
   const StackNode& node(int32_t id) const { return nodes_[static_cast<size_t>(id)]; }
+  // The units a stack took again through a chain below its bottom (see above).
+  int32_t count_of(int32_t id) const {
+    while (id >= 0) id = nodes_[static_cast<size_t>(id)].parent;
+    return chain_count(id);
+  }
   size_t size() const { return nodes_.size(); }
   void truncate(size_t n) { nodes_.resize(n); }
   void clear() { nodes_.clear(); }
@@ -77,7 +97,7 @@ class GrammarStacks {
  private:
   void check_budget();
   const Grammar& g_;
-  const int32_t* unique_return_;
+  const GrammarReturns* returns_;
   std::vector<StackNode> nodes_;
   size_t expansion_ = 0;  // settle steps in the current advance
 };

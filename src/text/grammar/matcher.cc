@@ -42,13 +42,24 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::compile(
     }
   }
   c->g_ = std::move(grammar);
-  c->unique_return_ = unique_returns(c->g_);
+  c->returns_ = grammar_returns(c->g_);
   const Grammar& g = c->g_;
   c->class_of_.assign(g.elements.size(), -1);
-  GrammarStacks stacks(g, c->unique_return_.data());
+  GrammarStacks stacks(g, &c->returns_);
+  // The first elements of a lazy rule's alternatives are never tops (the rule is).
+  std::vector<uint8_t> never_top(g.elements.size(), 0);
+  c->class_of_lazy_.assign(static_cast<size_t>(g.rule_count()), -1);
+  for (int32_t r = 0; r < g.rule_count(); ++r) {
+    if (!g.lazy[static_cast<size_t>(r)]) continue;
+    for (int32_t k = g.rule_alt_begin[static_cast<size_t>(r)]; k < g.rule_alt_begin[static_cast<size_t>(r) + 1]; ++k)
+      never_top[static_cast<size_t>(g.alt_starts[static_cast<size_t>(k)])] = 1;
+    c->class_of_lazy_[static_cast<size_t>(r)] = static_cast<int32_t>(c->classes_.size());
+    c->classes_.emplace_back();
+    c->precompute(lazy_pos(r), c->classes_.back(), stacks);
+  }
   for (size_t p = 0; p < g.elements.size(); ++p) {
     const auto kind = g.elements[p].kind;
-    if (kind != GrammarElement::kBytes && kind != GrammarElement::kToken) continue;
+    if ((kind != GrammarElement::kBytes && kind != GrammarElement::kToken) || never_top[p]) continue;
     c->class_of_[p] = static_cast<int32_t>(c->classes_.size());
     c->classes_.emplace_back();
     c->precompute(static_cast<int32_t>(p), c->classes_.back(), stacks);
@@ -59,9 +70,8 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::compile(
 }
 
 void CompiledGrammar::precompute(int32_t pos, Classes& out, GrammarStacks& stacks) {
-  const GrammarElement& el = g_.elements[static_cast<size_t>(pos)];
-  if (el.kind == GrammarElement::kToken) {  // a special token: itself, nothing else
-    out.accepted.push_back(el.value);
+  if (pos >= 0 && g_.elements[static_cast<size_t>(pos)].kind == GrammarElement::kToken) {
+    out.accepted.push_back(g_.elements[static_cast<size_t>(pos)].value);  // itself, nothing else
     return;
   }
   const TokenVocabulary& v = *vocab_;
@@ -77,9 +87,15 @@ void CompiledGrammar::precompute(int32_t pos, Classes& out, GrammarStacks& stack
   std::vector<int32_t> tops{stacks.push(pos, -1)}, next;
   level[0] = {0, 1, stacks.size(), false};
   std::vector<int32_t> accepted;
+  std::vector<uint8_t> need;  // beside accepted
+  std::vector<std::pair<int32_t, uint8_t>> also_uncertain;  // (token, need) with a boundary on the way
   auto add_range = [&](std::vector<int32_t>& to, size_t node_from, size_t node_to) {
     for (int32_t r = v.node_tokens_begin(node_from); r < v.node_tokens_begin(node_to); ++r)
       to.push_back(order[static_cast<size_t>(r)]);
+  };
+  auto accept_range = [&](size_t node, int32_t count) {
+    add_range(accepted, node, node + 1);
+    need.resize(accepted.size(), static_cast<uint8_t>(count));
   };
   const size_t n = v.trie_nodes();
   for (size_t i = 1; i < n;) {
@@ -97,33 +113,73 @@ void CompiledGrammar::precompute(int32_t pos, Classes& out, GrammarStacks& stack
       // below when a path reached it.
       const auto skip = static_cast<size_t>(v.node_skip(i));
       if (stacks.end)
-        add_range(accepted, i, i + 1);
+        add_range(out.uncertain, i, i + 1);  // (its count is not kept: checked at run time)
       else if (boundary)
         add_range(out.uncertain, i, i + 1);
       if (boundary) add_range(out.uncertain, i + 1, skip);
       i = skip;
       continue;
     }
-    add_range(accepted, i, i + 1);
+    if (v.node_tokens_begin(i) < v.node_tokens_begin(i + 1)) {
+      int32_t count = kMaxChainCount;
+      for (const int32_t t : next) count = std::min(count, stacks.count_of(t));
+      // (A token that also ended the grammar did so along a path whose count is not
+      // kept: it is checked at run time too, where its need is not met.)
+      if (stacks.end && count > 0) add_range(out.uncertain, i, i + 1);
+      accept_range(i, count);
+      if (count > 0 && boundary)  // below its need, leaving the chain may still read it
+        for (int32_t r = v.node_tokens_begin(i); r < v.node_tokens_begin(i + 1); ++r)
+          also_uncertain.emplace_back(order[static_cast<size_t>(r)], static_cast<uint8_t>(count));
+    }
     const size_t b = tops.size();
     tops.insert(tops.end(), next.begin(), next.end());
     level[d] = {b, tops.size(), stacks.size(), boundary};
     ++i;
   }
   stacks.clear();
+  uint8_t max_need = 0;
+  for (const uint8_t n_ : need) max_need = std::max(max_need, n_);
+  if (max_need > 0) {
+    // Counted: the chain whose unit the walk took again. Which one it is follows from P's
+    // rule (grammar_returns), the same for every path.
+    out.chain_unit = c_unit_of(pos);
+    // (also_uncertain is in byte order: the walk visits tokens in that order.)
+    out.uncertain_over_need.resize(max_need);
+    for (const auto& [t, tn] : also_uncertain)
+      for (size_t j = 0; j < tn; ++j) out.uncertain_over_need[j].push_back(t);
+  }
   if (accepted.size() > kBitsAbove) {
-    out.accepted_bits.assign(v.mask_words(), 0);
-    for (const int32_t t : accepted) set_bit(out.accepted_bits.data(), t);
+    out.accepted_bits.assign(static_cast<size_t>(max_need) + 1, std::vector<uint64_t>(v.mask_words(), 0));
+    for (size_t k = 0; k < accepted.size(); ++k) set_bit(out.accepted_bits[need[k]].data(), accepted[k]);
+    for (size_t j = 1; j <= max_need; ++j)  // cumulative: need <= j
+      for (size_t w = 0; w < v.mask_words(); ++w) out.accepted_bits[j][w] |= out.accepted_bits[j - 1][w];
   } else {
     out.accepted = std::move(accepted);
+    if (max_need > 0) out.need = std::move(need);
   }
+}
+
+// The unit rule of the chain a stack starting at `pos` enters when its bottom rule ends:
+// follow the bottom's unique returns to the first rule that returns into a chain.
+int32_t CompiledGrammar::c_unit_of(int32_t pos) const {
+  for (int guard = 0; guard < 1 << 20; ++guard) {
+    const auto rule = static_cast<size_t>(pos < 0 ? lazy_rule_of(pos) : g_.rule_of[static_cast<size_t>(pos)]);
+    if (returns_.unique[rule] >= 0) {
+      pos = returns_.unique[rule];
+      continue;
+    }
+    return returns_.chain_unit[rule];
+  }
+  return -1;
 }
 
 size_t CompiledGrammar::memory_bytes() const {
   size_t b = 0;
-  for (const Classes& c : classes_)
-    b += (c.accepted.size() + c.uncertain.size()) * sizeof(int32_t) +
-         c.accepted_bits.size() * sizeof(uint64_t);
+  for (const Classes& c : classes_) {
+    b += (c.accepted.size() + c.uncertain.size()) * sizeof(int32_t) + c.need.size();
+    for (const auto& list : c.uncertain_over_need) b += list.size() * sizeof(int32_t);
+    for (const auto& bits : c.accepted_bits) b += bits.size() * sizeof(uint64_t);
+  }
   return b + g_.elements.size() * sizeof(GrammarElement);
 }
 
@@ -131,7 +187,8 @@ size_t CompiledGrammar::accepted_total() const {
   size_t n = 0;
   for (const Classes& c : classes_) {
     n += c.accepted.size();
-    for (const uint64_t w : c.accepted_bits) n += static_cast<size_t>(__builtin_popcountll(w));
+    if (!c.accepted_bits.empty())
+      for (const uint64_t w : c.accepted_bits.back()) n += static_cast<size_t>(__builtin_popcountll(w));
   }
   return n;
 }
@@ -162,6 +219,10 @@ void GrammarMatcher::check_uncertain(const std::vector<int32_t>& list, uint64_t*
   bool dead_ended = false;  // ... having ended the grammar with its last byte
   for (size_t i = 0; i < list.size();) {
     const int32_t id = list[i];
+    if (get_bit(mask, id)) {  // allowed already (outright, or by an earlier list)
+      ++i;
+      continue;
+    }
     const std::string_view t = v.bytes(id);
     size_t l = 0;
     while (l < prev.size() && l < t.size() && prev[l] == t[l]) ++l;
@@ -205,60 +266,74 @@ void GrammarMatcher::check_uncertain(const std::vector<int32_t>& list, uint64_t*
   stacks_.truncate(base_mark);
 }
 
-int64_t GrammarMatcher::fill_mask(uint64_t* mask) {
+int32_t GrammarMatcher::chain_level_of(int32_t t, int32_t unit) const {
+  const Grammar& g = g_->grammar();
+  for (int32_t x = stacks_.node(t).parent; x >= 0; x = stacks_.node(x).parent) {
+    const auto pos = static_cast<size_t>(stacks_.node(x).pos);
+    if (g.chain_unit[pos] == unit) return g.chain_level[pos];
+  }
+  return 0;  // (not reached: a counted terminal is always inside its chain's unit)
+}
+
+int64_t GrammarMatcher::count(const uint64_t* mask, size_t words) {
+  int64_t n = 0;
+  for (size_t w = 0; w < words; ++w) n += __builtin_popcountll(mask[w]);
+  return n;
+}
+
+bool GrammarMatcher::fill_mask(uint64_t* mask) {
   const TokenVocabulary& v = g_->vocab();
   const size_t words = v.mask_words();
   std::fill(mask, mask + words, 0);
   if (!ended_) {
-    // The distinct positions of the tops (usually one to a handful).
-    merged_.clear();
-    for (const int32_t t : tops_) merged_.push_back(stacks_.node(t).pos);
-    std::sort(merged_.begin(), merged_.end());
-    merged_.erase(std::unique(merged_.begin(), merged_.end()), merged_.end());
-    const std::vector<int32_t>* only_uncertain = nullptr;
-    std::vector<int32_t> uncertain;
-    size_t lists = 0;
-    for (const int32_t pos : merged_) {
+    // The distinct (position, chain level) of the tops: usually one to a handful.
+    keys_.clear();
+    for (const int32_t t : tops_) {
+      const int32_t pos = stacks_.node(t).pos;
+      const CompiledGrammar::Classes* c = g_->classes(pos);
+      keys_.emplace_back(pos, c != nullptr && c->chain_unit >= 0 ? chain_level_of(t, c->chain_unit) : 0);
+    }
+    std::sort(keys_.begin(), keys_.end());
+    keys_.erase(std::unique(keys_.begin(), keys_.end()), keys_.end());
+    uncertain_lists_.clear();
+    int32_t last_pos = -1;
+    for (const auto& [pos, level] : keys_) {
       const CompiledGrammar::Classes* c = g_->classes(pos);
       if (c == nullptr) continue;
-      for (const int32_t t : c->accepted) set_bit(mask, t);
-      if (!c->accepted_bits.empty())
-        for (size_t w = 0; w < words; ++w) mask[w] |= c->accepted_bits[w];
-      if (!c->uncertain.empty()) {
-        ++lists;
-        only_uncertain = &c->uncertain;
-        uncertain.insert(uncertain.end(), c->uncertain.begin(), c->uncertain.end());
+      if (c->need.empty()) {
+        for (const int32_t t : c->accepted) set_bit(mask, t);
+      } else {
+        for (size_t k = 0; k < c->accepted.size(); ++k)
+          if (c->need[k] <= level) set_bit(mask, c->accepted[k]);
       }
+      if (!c->accepted_bits.empty()) {
+        const auto j = static_cast<size_t>(std::min<int64_t>(level, static_cast<int64_t>(c->accepted_bits.size()) - 1));
+        const uint64_t* bits = c->accepted_bits[j].data();
+        for (size_t w = 0; w < words; ++w) mask[w] |= bits[w];
+      }
+      // Each list is in byte order, so that tokens sharing a prefix share its steps.
+      if (pos != last_pos && !c->uncertain.empty()) uncertain_lists_.push_back(&c->uncertain);
+      if (level < static_cast<int64_t>(c->uncertain_over_need.size()))
+        uncertain_lists_.push_back(&c->uncertain_over_need[static_cast<size_t>(level)]);
+      last_pos = pos;
     }
-    if (lists > 1) {
-      std::sort(uncertain.begin(), uncertain.end(),
-                [&](int32_t a, int32_t b) { return v.rank(a) < v.rank(b); });
-      uncertain.erase(std::unique(uncertain.begin(), uncertain.end()), uncertain.end());
-      only_uncertain = &uncertain;
-    }
-    if (only_uncertain != nullptr) {
-      // Already allowed outright by another top: no need to check.
-      std::vector<int32_t> todo;
-      todo.reserve(only_uncertain->size());
-      for (const int32_t t : *only_uncertain)
-        if (!get_bit(mask, t)) todo.push_back(t);
-      check_uncertain(todo, mask);
-    }
+    // (after every accepted set: a token some top accepts outright is not checked)
+    for (const std::vector<int32_t>* list : uncertain_lists_) check_uncertain(*list, mask);
     if (can_end_)
       for (const int32_t e : v.end_ids())
         if (e >= 0 && e < v.size()) set_bit(mask, e);
   }
-  int64_t count = 0;
-  for (size_t w = 0; w < words; ++w) count += __builtin_popcountll(mask[w]);
-  return count;
+  uint64_t any = 0;
+  for (size_t w = 0; w < words; ++w) any |= mask[w];
+  return any != 0;
 }
 
 bool GrammarMatcher::accept(int32_t token) {
   const TokenVocabulary& v = g_->vocab();
   if (ended_ || token < 0 || token >= v.size()) return false;
   const auto& ends = v.end_ids();
-  if (std::find(ends.begin(), ends.end(), token) != ends.end()) {
-    if (!can_end_) return false;
+  const bool is_end = std::find(ends.begin(), ends.end(), token) != ends.end();
+  if (is_end && can_end_) {
     ended_ = true;
     return true;
   }

@@ -41,31 +41,48 @@ class CompiledGrammar {
 
   const Grammar& grammar() const { return g_; }
   const TokenVocabulary& vocab() const { return *vocab_; }
-  const std::vector<int32_t>& unique_return() const { return unique_return_; }
+  const GrammarReturns& returns() const { return returns_; }
   double compile_seconds() const { return compile_seconds_; }
   size_t memory_bytes() const;  // the precomputed classes
   // Totals over the terminals (for benchmarks and tests).
   size_t accepted_total() const, uncertain_total() const;
 
+  // A terminal inside the unit of a repetition chain (a JSON string's character in
+  // char{0,40}) reads most tokens by taking the unit again, as often as the token has
+  // characters less one; whether the chain still allows that many is known only at run
+  // time, from the level of the chain place below (Grammar::chain_level). Such a
+  // terminal's accepted tokens carry that count ("need"): a token is accepted where the
+  // level is at least its need.
   struct Classes {
-    std::vector<int32_t> accepted;     // token ids, when few
-    std::vector<uint64_t> accepted_bits;  // a vocabulary mask, when many
-    std::vector<int32_t> uncertain;    // token ids in byte order
+    std::vector<int32_t> accepted;  // token ids, when few
+    std::vector<uint8_t> need;      // beside `accepted` when chain_unit >= 0
+    // When many: vocabulary masks, [j] holding the tokens of need <= j (one mask when
+    // chain_unit < 0).
+    std::vector<std::vector<uint64_t>> accepted_bits;
+    std::vector<int32_t> uncertain;  // token ids in byte order
+    // [j]: the accepted tokens of need > j that may also be read by leaving the chain
+    // (which depends on the stack), in byte order: checked at run time at level j.
+    std::vector<std::vector<int32_t>> uncertain_over_need;
+    int32_t chain_unit = -1;         // the chain's unit rule, when needs are counted
   };
-  // The classes of terminal element `pos` (null for an element that is not a terminal).
+  // The classes of terminal element `pos`, or of a lazy rule's top (pos < 0); null for
+  // an element that is never a top.
   const Classes* classes(int32_t pos) const {
-    const int32_t k = class_of_[static_cast<size_t>(pos)];
+    const int32_t k = pos < 0 ? class_of_lazy_[static_cast<size_t>(lazy_rule_of(pos))]
+                              : class_of_[static_cast<size_t>(pos)];
     return k < 0 ? nullptr : &classes_[static_cast<size_t>(k)];
   }
 
  private:
   CompiledGrammar() = default;
   void precompute(int32_t pos, Classes& out, GrammarStacks& stacks);
+  int32_t c_unit_of(int32_t pos) const;
 
   Grammar g_;
   std::shared_ptr<const TokenVocabulary> vocab_;
-  std::vector<int32_t> unique_return_;
+  GrammarReturns returns_;
   std::vector<int32_t> class_of_;  // element -> index into classes_, -1 for non-terminals
+  std::vector<int32_t> class_of_lazy_;  // rule -> index into classes_, -1 unless lazy
   std::vector<Classes> classes_;
   double compile_seconds_ = 0.0;
 };
@@ -75,8 +92,10 @@ class GrammarMatcher {
   explicit GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar);
 
   // Sets bit t of mask[vocab().mask_words()] for every token allowed next (end tokens
-  // where the grammar may end) and clears the others. Returns how many are set.
-  int64_t fill_mask(uint64_t* mask);
+  // where the grammar may end) and clears the others. Returns whether any is set.
+  bool fill_mask(uint64_t* mask);
+  // How many bits of a mask are set.
+  static int64_t count(const uint64_t* mask, size_t words);
   // Takes `token` (false, with nothing changed, when the grammar does not allow it).
   bool accept(int32_t token);
   // The text read so far is a whole sentence of the grammar.
@@ -92,13 +111,17 @@ class GrammarMatcher {
   void compact();
   // The uncertain tokens in `list` (byte order) that the live stacks accept, set in mask.
   void check_uncertain(const std::vector<int32_t>& list, uint64_t* mask);
+  // The level of the chain of unit `unit` that top `t` is in: the entries it still allows.
+  int32_t chain_level_of(int32_t t, int32_t unit) const;
 
   std::shared_ptr<const CompiledGrammar> g_;
   GrammarStacks stacks_;
   std::vector<int32_t> tops_;
   bool can_end_ = false, ended_ = false;
   // Scratch for fill_mask and accept.
-  std::vector<int32_t> next_, merged_, level_tops_;
+  std::vector<int32_t> next_, level_tops_;
+  std::vector<const std::vector<int32_t>*> uncertain_lists_;
+  std::vector<std::pair<int32_t, int32_t>> keys_;  // (position, chain level) of the tops
   std::vector<size_t> level_begin_, level_end_, level_mark_;
 };
 
