@@ -126,11 +126,12 @@ std::vector<int32_t> encode_with_bos(const ApiContext& ctx, const std::string& t
 
 // The grammar of the body's structured-output fields, if it has any.
 void read_grammar(const std::string& body, const json& j, const ApiContext& ctx, ApiRequest& r) {
-  if (!r.structured) return;
-  // Bounded before the body is parsed again keeping key order (whose objects insert in
-  // linear time per member: 10^5 properties would cost minutes).
+  // Bounded before the body is parsed again keeping key order (here, and for the chat
+  // template's tools), whose objects insert in time linear in their size: 10^5 properties
+  // would cost minutes.
   for (const auto& [key, value] : j.items())
-    if (is_structured_output_field(key)) check_structured_output_size(key, value);
+    if (is_structured_output_field(key) || key == "tools") check_structured_output_size(key, value);
+  if (!r.structured) return;
   const StructuredOutput out = read_structured_output(nlohmann::ordered_json::parse(body));
   r.gen.grammar = compile_structured_output(out, ctx.grammars.get());
 }

@@ -85,6 +85,9 @@ void check_structured_output_size(const std::string& field, const nlohmann::json
       bad(field, fmt::format("'{}' holds more than {} JSON values; a schema or grammar that large is not "
                              "accepted",
                              field, kMaxStructuredOutputValues));
+    if (v->is_object() && v->size() > kMaxStructuredObjectMembers)
+      bad(field, fmt::format("'{}' holds an object of {} members, over the limit of {}", field, v->size(),
+                             kMaxStructuredObjectMembers));
     if (v->is_structured())
       for (const auto& item : *v) todo.push_back(&item);
   }

@@ -31,9 +31,12 @@ struct StructuredOutput {
   std::string gbnf;   // the grammar ("" when none)
 };
 
-// Refuses (400 naming `field`) a structured-output value of more than kMaxValues JSON
-// values, before any work proportional to its square.
+// Refuses (400 naming `field`) a structured-output value of more than
+// kMaxStructuredOutputValues JSON values or an object of more than
+// kMaxStructuredObjectMembers members, before any work proportional to its square.
 inline constexpr size_t kMaxStructuredOutputValues = 100000;
+// (nlohmann's ordered objects insert in time linear in their size)
+inline constexpr size_t kMaxStructuredObjectMembers = 10000;
 void check_structured_output_size(const std::string& field, const nlohmann::json& value);
 
 // The grammar the body's structured-output fields ask for (from `body`, parsed keeping

@@ -210,7 +210,7 @@ TEST_F(StructuredOutputTest, BadSchemasGrammarsAndRegexesAre400NamingWhere) {
   for (int i = 0; i < 100000; ++i) big["properties"]["p" + std::to_string(i)] = {{"type", "integer"}};
   m = schema_error(big);
   EXPECT_EQ(param, "response_format");
-  EXPECT_NE(m.find("more than"), std::string::npos) << m;
+  EXPECT_NE(m.find("over the limit"), std::string::npos) << m;
   // Not JSON, wrong types, unknown response_format types, two constraints at once.
   m = error_of("/v1/completions", {{"prompt", "x"}, {"guided_json", "{\"type\": "}}, &param);
   EXPECT_EQ(param, "guided_json");

@@ -470,7 +470,8 @@ class Lowerer {
     alts.emplace_back();
     return static_cast<int32_t>(g_.rule_names.size() - 1);
   }
-  int32_t helper_rule() { return new_rule(fmt::format("{}_{}", base_, ++helpers_)); }
+  // (Named with a character GBNF names cannot hold, so never one of the grammar's own.)
+  int32_t helper_rule() { return new_rule(fmt::format("{}#{}", base_, ++helpers_)); }
   void count(size_t n) {
     elements_ += n;
     if (elements_ > GrammarLimits::kMaxElements)

@@ -77,7 +77,7 @@ struct Grammar {
   std::vector<int32_t> rule_of;  // element index -> the rule whose alternative holds it
   std::vector<ByteSet> byte_sets;
   std::vector<std::string> token_texts;  // <text> tokens, by kTokenText value
-  // Names as written; helper rules are named after their rule ("value_3").
+  // Names as written; helper rules are named after their rule ("value#3").
   std::vector<std::string> rule_names;
   int32_t root = 0;
   std::vector<uint8_t> nullable;  // per rule: derives the empty text

@@ -24,7 +24,7 @@ struct GrammarError : UsageError {
 // Bounds that keep a hostile grammar or schema from costing unbounded time or memory.
 struct GrammarLimits {
   static constexpr size_t kMaxSourceBytes = 1 << 20;     // grammar / schema / regex text
-  static constexpr size_t kMaxRules = 20000;             // rules after lowering
+  static constexpr size_t kMaxRules = 100000;            // rules after lowering
   static constexpr size_t kMaxElements = 1 << 20;        // elements after lowering
   static constexpr int kMaxRepeat = 10000;               // {m,n} bounds
   static constexpr int kMaxNesting = 256;                // parentheses / schema depth

@@ -332,7 +332,8 @@ std::string Converter::visit_array(const Json& s, const std::string& path,
   const bool rest_used = !no_rest && (max < 0 || max > p);
   const std::string x =
       rest_used ? cat({visit_nested(*rest, join(path, rest_key), name + "-item"), w}) : "";
-  const std::string more = "(" + cat({"\",\"", w, x}) + ")";
+  std::string more = "(";
+  more.append(cat({"\",\"", w, x})).append(")");
   std::string inner;
   if (p == 0) {
     if (max != 0) inner = cat({x, repeat(more, std::max(min, 1) - 1, max < 0 ? -1 : max - 1)});

@@ -339,23 +339,22 @@ bool GrammarMatcher::accept(int32_t token) {
   }
   const size_t mark = stacks_.size();
   const std::string_view bytes = v.bytes(token);
-  std::vector<int32_t> cur = tops_;
-  bool end = false;
-  if (bytes.empty()) {
-    next_.clear();
-    stacks_.reset_flags();
-    stacks_.advance_token(cur.data(), cur.size(), token, next_);
-    cur.swap(next_);
-    end = stacks_.end;
-  } else {
+  // Read as a token element (<[id]>) and, when it has text, as its bytes: the union.
+  std::vector<int32_t> cur;
+  stacks_.reset_flags();
+  stacks_.advance_token(tops_.data(), tops_.size(), token, cur);
+  bool end = stacks_.end;
+  if (!bytes.empty()) {
+    std::vector<int32_t> by_bytes = tops_;
     for (const char c : bytes) {
       next_.clear();
       stacks_.reset_flags();
-      stacks_.advance_byte(cur.data(), cur.size(), static_cast<uint8_t>(c), next_);
-      cur.swap(next_);
-      if (cur.empty() && !stacks_.end) break;
+      stacks_.advance_byte(by_bytes.data(), by_bytes.size(), static_cast<uint8_t>(c), next_);
+      by_bytes.swap(next_);
+      if (by_bytes.empty() && !stacks_.end) break;
     }
-    end = stacks_.end;
+    end = end || stacks_.end;
+    cur.insert(cur.end(), by_bytes.begin(), by_bytes.end());
   }
   if (cur.empty() && !end) {
     stacks_.truncate(mark);
