@@ -77,7 +77,8 @@ def main():
                     before = metrics(args.port)
                     out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
                     after = metrics(args.port)
-                    runs[mode].append(out["output_throughput"])
+                    runs[mode].append(out["output_tokens_per_s"])
+                    assert out["total_output_tokens"] == prompts * args.output, out
                     if mode == "json":
                         step = (after["decode"] - before["decode"]) + (after["prefill"] - before["prefill"])
                         runs["grammar_share"].append((after["grammar"] - before["grammar"]) / step)

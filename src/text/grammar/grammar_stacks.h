@@ -86,7 +86,11 @@ class GrammarStacks {
   // Flags of the steps since the last reset_flags().
   bool end = false;       // some path reached the grammar's end
   bool boundary = false;  // some path ended its rule over an unknown bottom
-  void reset_flags() { end = boundary = false; }
+  int32_t boundary_count = kMaxChainCount + 1;  // the fewest chain units taken again there
+  void reset_flags() {
+    end = boundary = false;
+    boundary_count = kMaxChainCount + 1;
+  }
 
   // A grammar ambiguous enough to hold more stacks than this at once, or to expand more
   // nodes than kMaxExpansion in one step, is refused (GrammarError) rather than letting a

@@ -88,7 +88,14 @@ void CompiledGrammar::precompute(int32_t pos, Classes& out, GrammarStacks& stack
   level[0] = {0, 1, stacks.size(), false};
   std::vector<int32_t> accepted;
   std::vector<uint8_t> need;  // beside accepted
-  std::vector<std::pair<int32_t, uint8_t>> also_uncertain;  // (token, need) with a boundary on the way
+  // (token, need, units taken again when a path left the chain at its last byte, or -1)
+  // for the accepted tokens with a boundary on the way.
+  struct AlsoUncertain {
+    int32_t token;
+    uint8_t need;
+    int32_t exit_at_end;
+  };
+  std::vector<AlsoUncertain> also_uncertain;
   auto add_range = [&](std::vector<int32_t>& to, size_t node_from, size_t node_to) {
     for (int32_t r = v.node_tokens_begin(node_from); r < v.node_tokens_begin(node_to); ++r)
       to.push_back(order[static_cast<size_t>(r)]);
@@ -129,7 +136,8 @@ void CompiledGrammar::precompute(int32_t pos, Classes& out, GrammarStacks& stack
       accept_range(i, count);
       if (count > 0 && boundary)  // below its need, leaving the chain may still read it
         for (int32_t r = v.node_tokens_begin(i); r < v.node_tokens_begin(i + 1); ++r)
-          also_uncertain.emplace_back(order[static_cast<size_t>(r)], static_cast<uint8_t>(count));
+          also_uncertain.push_back({order[static_cast<size_t>(r)], static_cast<uint8_t>(count),
+                                    stacks.boundary ? stacks.boundary_count : -1});
     }
     const size_t b = tops.size();
     tops.insert(tops.end(), next.begin(), next.end());
@@ -145,8 +153,14 @@ void CompiledGrammar::precompute(int32_t pos, Classes& out, GrammarStacks& stack
     out.chain_unit = c_unit_of(pos);
     // (also_uncertain is in byte order: the walk visits tokens in that order.)
     out.uncertain_over_need.resize(max_need);
-    for (const auto& [t, tn] : also_uncertain)
-      for (size_t j = 0; j < tn; ++j) out.uncertain_over_need[j].push_back(t);
+    out.exit_at_end.resize(max_need);
+    out.over_need.assign(static_cast<size_t>(v.size()), 0);
+    for (const AlsoUncertain& a : also_uncertain) {
+      for (size_t j = 0; j < a.need; ++j) out.uncertain_over_need[j].push_back(a.token);
+      for (int32_t j = std::max(a.exit_at_end, 0); a.exit_at_end >= 0 && j < a.need; ++j)
+        out.exit_at_end[static_cast<size_t>(j)].push_back(a.token);
+      out.over_need[static_cast<size_t>(a.token)] = a.need;
+    }
   }
   if (accepted.size() > kBitsAbove) {
     out.accepted_bits.assign(static_cast<size_t>(max_need) + 1, std::vector<uint64_t>(v.mask_words(), 0));
@@ -178,6 +192,8 @@ size_t CompiledGrammar::memory_bytes() const {
   for (const Classes& c : classes_) {
     b += (c.accepted.size() + c.uncertain.size()) * sizeof(int32_t) + c.need.size();
     for (const auto& list : c.uncertain_over_need) b += list.size() * sizeof(int32_t);
+    b += c.over_need.size();
+    for (const auto& list : c.exit_at_end) b += list.size() * sizeof(int32_t);
     for (const auto& bits : c.accepted_bits) b += bits.size() * sizeof(uint64_t);
   }
   return b + g_.elements.size() * sizeof(GrammarElement);
@@ -266,13 +282,48 @@ void GrammarMatcher::check_uncertain(const std::vector<int32_t>& list, uint64_t*
   stacks_.truncate(base_mark);
 }
 
-int32_t GrammarMatcher::chain_level_of(int32_t t, int32_t unit) const {
+int32_t GrammarMatcher::chain_frame_of(int32_t t, int32_t unit) const {
   const Grammar& g = g_->grammar();
-  for (int32_t x = stacks_.node(t).parent; x >= 0; x = stacks_.node(x).parent) {
-    const auto pos = static_cast<size_t>(stacks_.node(x).pos);
-    if (g.chain_unit[pos] == unit) return g.chain_level[pos];
+  for (int32_t x = stacks_.node(t).parent; x >= 0; x = stacks_.node(x).parent)
+    if (g.chain_unit[static_cast<size_t>(stacks_.node(x).pos)] == unit) return x;
+  return -1;
+}
+
+int32_t GrammarMatcher::chain_level_of(int32_t t, int32_t unit) const {
+  const int32_t x = chain_frame_of(t, unit);
+  // (-1 is not reached: a counted terminal is always inside its chain's unit)
+  return x < 0 ? 0 : g_->grammar().chain_level[static_cast<size_t>(stacks_.node(x).pos)];
+}
+
+bool GrammarMatcher::exit_bytes(int32_t frame, bool* bytes) {
+  // Leaving the chain: its rules reach the place by tail calls, so what follows is where
+  // the chain place's own frame returns to.
+  const Grammar& g = g_->grammar();
+  const int32_t below = stacks_.node(frame).parent;
+  if (below < 0) return true;  // the chain ends the grammar: no byte follows
+  const size_t mark = stacks_.size();
+  next_.clear();
+  stacks_.reset_flags();
+  stacks_.settle(stacks_.node(below).pos, stacks_.node(below).parent, next_);
+  int count = 0;
+  for (const int32_t t : next_) {
+    const int32_t pos = stacks_.node(t).pos;
+    auto add_set = [&](const ByteSet& s) {
+      for (int b = 0; b < 256; ++b)
+        if (s.has(static_cast<uint8_t>(b)) && !bytes[b]) bytes[b] = true, ++count;
+    };
+    if (pos < 0) {
+      const auto r = static_cast<size_t>(lazy_rule_of(pos));
+      for (int32_t k = g.rule_alt_begin[r]; k < g.rule_alt_begin[r + 1]; ++k)
+        add_set(g.byte_sets[static_cast<size_t>(g.elements[static_cast<size_t>(g.alt_starts[static_cast<size_t>(k)])].value)]);
+    } else if (g.elements[static_cast<size_t>(pos)].kind == GrammarElement::kBytes) {
+      add_set(g.byte_sets[static_cast<size_t>(g.elements[static_cast<size_t>(pos)].value)]);
+    } else {
+      count = 1000;  // a token element: text cannot tell
+    }
   }
-  return 0;  // (not reached: a counted terminal is always inside its chain's unit)
+  stacks_.truncate(mark);
+  return count <= 8;
 }
 
 int64_t GrammarMatcher::count(const uint64_t* mask, size_t words) {
@@ -291,13 +342,20 @@ bool GrammarMatcher::fill_mask(uint64_t* mask) {
     for (const int32_t t : tops_) {
       const int32_t pos = stacks_.node(t).pos;
       const CompiledGrammar::Classes* c = g_->classes(pos);
-      keys_.emplace_back(pos, c != nullptr && c->chain_unit >= 0 ? chain_level_of(t, c->chain_unit) : 0);
+      keys_.push_back({pos, c != nullptr && c->chain_unit >= 0 ? chain_level_of(t, c->chain_unit) : 0, t});
     }
     std::sort(keys_.begin(), keys_.end());
-    keys_.erase(std::unique(keys_.begin(), keys_.end()), keys_.end());
     uncertain_lists_.clear();
+    size_t exit_lists = 0;
+    // (uncertain_lists_ points into exit_lists_: it must not grow while they are in use)
+    if (exit_lists_.size() < keys_.size()) exit_lists_.resize(keys_.size());
     int32_t last_pos = -1;
-    for (const auto& [pos, level] : keys_) {
+    for (size_t i = 0; i < keys_.size();) {
+      const int32_t pos = keys_[i].pos, level = keys_[i].level;
+      size_t group_end = i;
+      while (group_end < keys_.size() && keys_[group_end].pos == pos && keys_[group_end].level == level) ++group_end;
+      const size_t group = i;
+      i = group_end;
       const CompiledGrammar::Classes* c = g_->classes(pos);
       if (c == nullptr) continue;
       if (c->need.empty()) {
@@ -313,8 +371,33 @@ bool GrammarMatcher::fill_mask(uint64_t* mask) {
       }
       // Each list is in byte order, so that tokens sharing a prefix share its steps.
       if (pos != last_pos && !c->uncertain.empty()) uncertain_lists_.push_back(&c->uncertain);
-      if (level < static_cast<int64_t>(c->uncertain_over_need.size()))
-        uncertain_lists_.push_back(&c->uncertain_over_need[static_cast<size_t>(level)]);
+      if (level < static_cast<int64_t>(c->uncertain_over_need.size())) {
+        // Tokens longer than the chain allows here: readable only by leaving the chain
+        // within them, so they must hold a byte that may follow the chain. When those
+        // bytes are few (a JSON string's closing quote), only tokens holding one are
+        // checked, instead of every long token.
+        bool follow[256] = {};
+        bool few = true;
+        for (size_t k = group; k < group_end && few; ++k) {
+          const int32_t frame = chain_frame_of(keys_[k].top, c->chain_unit);
+          few = frame >= 0 && exit_bytes(frame, follow);
+        }
+        if (few) {
+          std::vector<int32_t>& list = exit_lists_[exit_lists++];
+          list.clear();
+          for (int b = 0; b < 256; ++b) {
+            if (!follow[b]) continue;
+            for (const int32_t t : v.tokens_with_later_byte(static_cast<uint8_t>(b)))
+              if (c->over_need[static_cast<size_t>(t)] > level) list.push_back(t);
+          }
+          std::sort(list.begin(), list.end(), [&](int32_t a, int32_t b) { return v.rank(a) < v.rank(b); });
+          list.erase(std::unique(list.begin(), list.end()), list.end());
+          uncertain_lists_.push_back(&list);
+          uncertain_lists_.push_back(&c->exit_at_end[static_cast<size_t>(level)]);
+        } else {
+          uncertain_lists_.push_back(&c->uncertain_over_need[static_cast<size_t>(level)]);
+        }
+      }
       last_pos = pos;
     }
     // (after every accepted set: a token some top accepts outright is not checked)

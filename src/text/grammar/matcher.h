@@ -63,6 +63,11 @@ class CompiledGrammar {
     // [j]: the accepted tokens of need > j that may also be read by leaving the chain
     // (which depends on the stack), in byte order: checked at run time at level j.
     std::vector<std::vector<int32_t>> uncertain_over_need;
+    // The same by token: its need when it is in those lists, else 0 (vocabulary-sized).
+    std::vector<uint8_t> over_need;
+    // [j]: those of them that may leave the chain right after their last byte with at most
+    // j units taken again (a token that ends the chain where it ends), in byte order.
+    std::vector<std::vector<int32_t>> exit_at_end;
     int32_t chain_unit = -1;         // the chain's unit rule, when needs are counted
   };
   // The classes of terminal element `pos`, or of a lazy rule's top (pos < 0); null for
@@ -111,8 +116,13 @@ class GrammarMatcher {
   void compact();
   // The uncertain tokens in `list` (byte order) that the live stacks accept, set in mask.
   void check_uncertain(const std::vector<int32_t>& list, uint64_t* mask);
-  // The level of the chain of unit `unit` that top `t` is in: the entries it still allows.
+  // The chain place (a node) of unit `unit` below top `t`, -1 if none; and its level:
+  // the units the chain still allows.
+  int32_t chain_frame_of(int32_t t, int32_t unit) const;
   int32_t chain_level_of(int32_t t, int32_t unit) const;
+  // The bytes the text after chain place `frame` may start with once the chain is left
+  // (into `bytes`, 256 flags); false when that is more than a few, or unknown.
+  bool exit_bytes(int32_t frame, bool* bytes);
 
   std::shared_ptr<const CompiledGrammar> g_;
   GrammarStacks stacks_;
@@ -121,7 +131,14 @@ class GrammarMatcher {
   // Scratch for fill_mask and accept.
   std::vector<int32_t> next_, level_tops_;
   std::vector<const std::vector<int32_t>*> uncertain_lists_;
-  std::vector<std::pair<int32_t, int32_t>> keys_;  // (position, chain level) of the tops
+  struct Key {
+    int32_t pos, level, top;
+    bool operator<(const Key& o) const {
+      return pos != o.pos ? pos < o.pos : level != o.level ? level < o.level : top < o.top;
+    }
+  };
+  std::vector<Key> keys_;  // the tops by (position, chain level)
+  std::vector<std::vector<int32_t>> exit_lists_;  // candidates found through exit bytes
   std::vector<size_t> level_begin_, level_end_, level_mark_;
 };
 

@@ -25,6 +25,15 @@ TokenVocabulary::TokenVocabulary(std::vector<std::string> token_bytes, int32_t v
     if (offset_[id + 1] > offset_[id]) order_.push_back(static_cast<int32_t>(id));
   std::stable_sort(order_.begin(), order_.end(),
                    [&](int32_t a, int32_t b) { return bytes(a) < bytes(b); });
+  later_byte_.assign(256, {});
+  for (const int32_t id : order_) {
+    bool seen[256] = {};
+    const std::string_view t = bytes(id);
+    for (size_t k = 1; k < t.size(); ++k) {
+      const auto b = static_cast<uint8_t>(t[k]);
+      if (!seen[b]) seen[b] = true, later_byte_[b].push_back(id);
+    }
+  }
   rank_.assign(n, -1);
   for (size_t r = 0; r < order_.size(); ++r) rank_[static_cast<size_t>(order_[r])] = static_cast<int32_t>(r);
 

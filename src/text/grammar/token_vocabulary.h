@@ -52,6 +52,8 @@ class TokenVocabulary {
   const std::vector<int32_t>& order() const { return order_; }  // text tokens by bytes
   int32_t rank(int32_t id) const { return rank_[static_cast<size_t>(id)]; }  // -1: not in trie
   int32_t max_depth() const { return max_depth_; }
+  // The text tokens holding byte b somewhere after their first byte, in byte order.
+  const std::vector<int32_t>& tokens_with_later_byte(uint8_t b) const { return later_byte_[b]; }
 
  private:
   int32_t vocab_size_;
@@ -62,6 +64,7 @@ class TokenVocabulary {
   std::vector<uint8_t> node_byte_;
   std::vector<int32_t> node_depth_, node_skip_, node_tok_;
   std::vector<int32_t> order_, rank_;
+  std::vector<std::vector<int32_t>> later_byte_;
   int32_t max_depth_ = 0;
 };
 

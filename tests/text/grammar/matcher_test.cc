@@ -180,6 +180,7 @@ TEST(GrammarMatcher, MasksEqualBruteForceOnRandomVocabulariesAndWalks) {
       GrammarMatcher m(compiled);
       Reference ref(compiled->grammar());
       std::vector<uint64_t> mask(vocab->mask_words());
+      std::string text;  // read so far
       for (int step = 0; step < 40; ++step) {
         m.fill_mask(mask.data());
         const int64_t count = GrammarMatcher::count(mask.data(), mask.size());
@@ -192,7 +193,7 @@ TEST(GrammarMatcher, MasksEqualBruteForceOnRandomVocabulariesAndWalks) {
             want = brute_force_allows(ref.g, ref.tops, ref.stacks, bytes[static_cast<size_t>(t)]);
           const bool got = (mask[static_cast<size_t>(t) / 64] >> (t % 64)) & 1;
           ASSERT_EQ(got, want) << "grammar " << src << " step " << step << " token " << t << " '"
-                               << bytes[static_cast<size_t>(t)] << "'";
+                               << bytes[static_cast<size_t>(t)] << "' after '" << text << "'";
           if (want) allowed.push_back(t);
         }
         ASSERT_EQ(count, static_cast<int64_t>(allowed.size()));
@@ -201,6 +202,7 @@ TEST(GrammarMatcher, MasksEqualBruteForceOnRandomVocabulariesAndWalks) {
         ASSERT_TRUE(m.accept(pick));
         if (pick == n - 1) break;
         ref.accept(bytes[static_cast<size_t>(pick)]);
+        text += bytes[static_cast<size_t>(pick)];
         ASSERT_EQ(m.can_end(), ref.can_end);
       }
     }
