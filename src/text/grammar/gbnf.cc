@@ -616,7 +616,7 @@ class Lowerer {
   // A repetition of rule `unit` as a chain in which the unit is always called from the
   // same place of a chain rule, with the entries still allowed after it as that place's
   // level (GrammarStacks counts entries through it: text/grammar/grammar_stacks.h):
-  //   x{m,n}: R_k ::= x R_(k-1) (| () when k <= n - m), k = n..1, R_0 ::= ();
+  //   x{m,n}: R_k ::= x R_(k-1) (| () when k <= n - m), k = n..1, R_0 ::= () (its own);
   //   x{m,}:  M_j ::= x M_(j-1), j = m..1, M_0 = L ::= x L | ().
   void emit_chain(int32_t unit, int min, int max, Run& run) {
     const GrammarElement u{GrammarElement::kRule, unit};
@@ -633,11 +633,10 @@ class Lowerer {
         prev = rule;
       }
     } else {
-      if (empty_rule_ < 0) {
-        empty_rule_ = new_rule("empty");
-        add_alt(empty_rule_, {});
-      }
-      prev = empty_rule_;
+      // (Its own empty rule: a shared one would return to every chain, and the matcher
+      // could not tell where leaving this one goes.)
+      prev = helper_rule();
+      add_alt(prev, {});
       for (int k = 1; k <= max; ++k) {
         const int32_t rule = helper_rule();
         add_alt(rule, {u, {GrammarElement::kRule, prev}});
@@ -656,7 +655,6 @@ class Lowerer {
   std::vector<ChainRule> chains;
 
  private:
-  int32_t empty_rule_ = -1;
   Grammar& g_;
   const Parser& parser_;
   std::map<std::string, int32_t> ids_;

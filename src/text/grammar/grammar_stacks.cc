@@ -83,6 +83,7 @@ void GrammarStacks::settle(int32_t pos, int32_t parent, std::vector<int32_t>& ou
       boundary = true;  // leaving (or ending at) the place it returns to depends on the stack
       boundary_count = std::min(boundary_count, chain_count(parent));
       const int32_t unit = returns_->chain_unit[rule];
+      if (unit < 0) plain_boundary = true;
       const int32_t count = chain_count(parent) + 1;
       if (unit >= 0 && count <= kMaxChainCount) enter(unit, -(2 + count), out);  // the unit again, counted
       return;

@@ -84,25 +84,17 @@ void CompiledGrammar::precompute(int32_t pos, Classes& out, GrammarStacks& stack
     bool boundary;
   };
   std::vector<Level> level(static_cast<size_t>(v.max_depth()) + 1);
+  stacks.plain_boundary = false;
   std::vector<int32_t> tops{stacks.push(pos, -1)}, next;
   level[0] = {0, 1, stacks.size(), false};
   std::vector<int32_t> accepted;
   std::vector<uint8_t> need;  // beside accepted
-  // (token, need, units taken again when a path left the chain at its last byte, or -1)
-  // for the accepted tokens with a boundary on the way.
-  struct AlsoUncertain {
-    int32_t token;
-    uint8_t need;
-    int32_t exit_at_end;
-  };
-  std::vector<AlsoUncertain> also_uncertain;
+  // (token, need) of the accepted tokens of need > 0 with a boundary on the way: below
+  // their need, leaving the chain within them may still read them.
+  std::vector<std::pair<int32_t, uint8_t>> also_uncertain;
   auto add_range = [&](std::vector<int32_t>& to, size_t node_from, size_t node_to) {
     for (int32_t r = v.node_tokens_begin(node_from); r < v.node_tokens_begin(node_to); ++r)
       to.push_back(order[static_cast<size_t>(r)]);
-  };
-  auto accept_range = [&](size_t node, int32_t count) {
-    add_range(accepted, node, node + 1);
-    need.resize(accepted.size(), static_cast<uint8_t>(count));
   };
   const size_t n = v.trie_nodes();
   for (size_t i = 1; i < n;) {
@@ -114,30 +106,31 @@ void CompiledGrammar::precompute(int32_t pos, Classes& out, GrammarStacks& stack
     stacks.reset_flags();
     stacks.advance_byte(tops.data() + up.begin, up.end - up.begin, v.node_byte(i), next);
     const bool boundary = up.boundary || stacks.boundary;
-    if (next.empty()) {
-      // Nothing reads further. The tokens ending here are allowed if a path ended the
-      // grammar with this byte; the longer ones, and these otherwise, hang on the stack
-      // below when a path reached it.
+    // The tokens ending here: read whole if a stack is alive after them (with the units it
+    // took again), or if a path ended its bottom rule with this very byte (whatever lies
+    // below then goes on without reading more: every rule has an alternative).
+    int32_t need_here = kMaxChainCount + 1;
+    for (const int32_t t : next) need_here = std::min(need_here, stacks.count_of(t));
+    if (stacks.boundary) need_here = std::min(need_here, stacks.boundary_count);
+    const bool ends_here = v.node_tokens_begin(i) < v.node_tokens_begin(i + 1);
+    if (ends_here) {
+      if (need_here <= kMaxChainCount) {
+        const size_t before = accepted.size();
+        add_range(accepted, i, i + 1);
+        need.resize(accepted.size(), static_cast<uint8_t>(need_here));
+        if (need_here > 0 && boundary)
+          for (size_t k = before; k < accepted.size(); ++k)
+            also_uncertain.emplace_back(accepted[k], static_cast<uint8_t>(need_here));
+      }
+      // One that ended the grammar (a path whose count is not kept), or that no path read
+      // but one reached the bottom on the way, is checked at run time.
+      if (stacks.end || (need_here > kMaxChainCount && boundary)) add_range(out.uncertain, i, i + 1);
+    }
+    if (next.empty()) {  // nothing reads further: longer tokens hang on the stack below, if anything
       const auto skip = static_cast<size_t>(v.node_skip(i));
-      if (stacks.end)
-        add_range(out.uncertain, i, i + 1);  // (its count is not kept: checked at run time)
-      else if (boundary)
-        add_range(out.uncertain, i, i + 1);
       if (boundary) add_range(out.uncertain, i + 1, skip);
       i = skip;
       continue;
-    }
-    if (v.node_tokens_begin(i) < v.node_tokens_begin(i + 1)) {
-      int32_t count = kMaxChainCount;
-      for (const int32_t t : next) count = std::min(count, stacks.count_of(t));
-      // (A token that also ended the grammar did so along a path whose count is not
-      // kept: it is checked at run time too, where its need is not met.)
-      if (stacks.end && count > 0) add_range(out.uncertain, i, i + 1);
-      accept_range(i, count);
-      if (count > 0 && boundary)  // below its need, leaving the chain may still read it
-        for (int32_t r = v.node_tokens_begin(i); r < v.node_tokens_begin(i + 1); ++r)
-          also_uncertain.push_back({order[static_cast<size_t>(r)], static_cast<uint8_t>(count),
-                                    stacks.boundary ? stacks.boundary_count : -1});
     }
     const size_t b = tops.size();
     tops.insert(tops.end(), next.begin(), next.end());
@@ -151,16 +144,15 @@ void CompiledGrammar::precompute(int32_t pos, Classes& out, GrammarStacks& stack
     // Counted: the chain whose unit the walk took again. Which one it is follows from P's
     // rule (grammar_returns), the same for every path.
     out.chain_unit = c_unit_of(pos);
+    out.exits_only_by_chain = !stacks.plain_boundary;
     // (also_uncertain is in byte order: the walk visits tokens in that order.)
     out.uncertain_over_need.resize(max_need);
-    out.exit_at_end.resize(max_need);
     out.over_need.assign(static_cast<size_t>(v.size()), 0);
-    for (const AlsoUncertain& a : also_uncertain) {
-      for (size_t j = 0; j < a.need; ++j) out.uncertain_over_need[j].push_back(a.token);
-      for (int32_t j = std::max(a.exit_at_end, 0); a.exit_at_end >= 0 && j < a.need; ++j)
-        out.exit_at_end[static_cast<size_t>(j)].push_back(a.token);
-      out.over_need[static_cast<size_t>(a.token)] = a.need;
+    for (const auto& [t, tn] : also_uncertain) {
+      for (size_t j = 0; j < tn; ++j) out.uncertain_over_need[j].push_back(t);
+      out.over_need[static_cast<size_t>(t)] = tn;
     }
+    for (const int32_t t : out.uncertain) out.over_need[static_cast<size_t>(t)] = kAlwaysUncertain;
   }
   if (accepted.size() > kBitsAbove) {
     out.accepted_bits.assign(static_cast<size_t>(max_need) + 1, std::vector<uint64_t>(v.mask_words(), 0));
@@ -193,7 +185,6 @@ size_t CompiledGrammar::memory_bytes() const {
     b += (c.accepted.size() + c.uncertain.size()) * sizeof(int32_t) + c.need.size();
     for (const auto& list : c.uncertain_over_need) b += list.size() * sizeof(int32_t);
     b += c.over_need.size();
-    for (const auto& list : c.exit_at_end) b += list.size() * sizeof(int32_t);
     for (const auto& bits : c.accepted_bits) b += bits.size() * sizeof(uint64_t);
   }
   return b + g_.elements.size() * sizeof(GrammarElement);
@@ -370,32 +361,38 @@ bool GrammarMatcher::fill_mask(uint64_t* mask) {
         for (size_t w = 0; w < words; ++w) mask[w] |= bits[w];
       }
       // Each list is in byte order, so that tokens sharing a prefix share its steps.
-      if (pos != last_pos && !c->uncertain.empty()) uncertain_lists_.push_back(&c->uncertain);
-      if (level < static_cast<int64_t>(c->uncertain_over_need.size())) {
-        // Tokens longer than the chain allows here: readable only by leaving the chain
-        // within them, so they must hold a byte that may follow the chain. When those
-        // bytes are few (a JSON string's closing quote), only tokens holding one are
-        // checked, instead of every long token.
-        bool follow[256] = {};
-        bool few = true;
+      bool few = false;
+      bool follow[256] = {};
+      if (c->chain_unit >= 0 && c->exits_only_by_chain) {
+        // Inside a repetition's unit, a token the chain does not read whole (one longer
+        // than the chain allows here, or one that meets a byte the unit cannot read) is
+        // read only by leaving the chain within it, so it holds a byte that may follow
+        // the chain. When those bytes are few (a JSON string's closing quote), only the
+        // tokens holding one are checked.
+        few = true;
         for (size_t k = group; k < group_end && few; ++k) {
           const int32_t frame = chain_frame_of(keys_[k].top, c->chain_unit);
           few = frame >= 0 && exit_bytes(frame, follow);
         }
-        if (few) {
+      }
+      if (!few) {
+        if (pos != last_pos && !c->uncertain.empty()) uncertain_lists_.push_back(&c->uncertain);
+        if (level < static_cast<int64_t>(c->uncertain_over_need.size()))
+          uncertain_lists_.push_back(&c->uncertain_over_need[static_cast<size_t>(level)]);
+      } else {
+        {
           std::vector<int32_t>& list = exit_lists_[exit_lists++];
           list.clear();
           for (int b = 0; b < 256; ++b) {
             if (!follow[b]) continue;
             for (const int32_t t : v.tokens_with_later_byte(static_cast<uint8_t>(b)))
-              if (c->over_need[static_cast<size_t>(t)] > level) list.push_back(t);
+              if (const uint8_t on = c->over_need[static_cast<size_t>(t)];
+                  on == CompiledGrammar::kAlwaysUncertain || on > level)
+                list.push_back(t);
           }
           std::sort(list.begin(), list.end(), [&](int32_t a, int32_t b) { return v.rank(a) < v.rank(b); });
           list.erase(std::unique(list.begin(), list.end()), list.end());
           uncertain_lists_.push_back(&list);
-          uncertain_lists_.push_back(&c->exit_at_end[static_cast<size_t>(level)]);
-        } else {
-          uncertain_lists_.push_back(&c->uncertain_over_need[static_cast<size_t>(level)]);
         }
       }
       last_pos = pos;

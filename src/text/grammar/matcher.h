@@ -34,6 +34,7 @@ namespace hyperion::text {
 
 class CompiledGrammar {
  public:
+  static constexpr uint8_t kAlwaysUncertain = 255;
   // Resolves <text> tokens through the vocabulary (a GrammarError names one that is not a
   // single token) and precomputes every terminal's token classes.
   static std::shared_ptr<const CompiledGrammar> compile(Grammar grammar,
@@ -63,12 +64,14 @@ class CompiledGrammar {
     // [j]: the accepted tokens of need > j that may also be read by leaving the chain
     // (which depends on the stack), in byte order: checked at run time at level j.
     std::vector<std::vector<int32_t>> uncertain_over_need;
-    // The same by token: its need when it is in those lists, else 0 (vocabulary-sized).
+    // The same by token: its need when it is in those lists, kAlwaysUncertain for the
+    // tokens of `uncertain`, else 0 (vocabulary-sized; counted terminals only).
     std::vector<uint8_t> over_need;
-    // [j]: those of them that may leave the chain right after their last byte with at most
-    // j units taken again (a token that ends the chain where it ends), in byte order.
-    std::vector<std::vector<int32_t>> exit_at_end;
     int32_t chain_unit = -1;         // the chain's unit rule, when needs are counted
+    // Every boundary of the walk was a way out of that chain (no rule inside the unit
+    // returns elsewhere), so a token read only by leaving the chain holds a byte that may
+    // follow it: fill_mask may check only those.
+    bool exits_only_by_chain = false;
   };
   // The classes of terminal element `pos`, or of a lazy rule's top (pos < 0); null for
   // an element that is never a top.
