@@ -52,7 +52,9 @@ def main():
     json.dump(SCHEMA, schema_file)
     schema_file.close()
     server = subprocess.Popen([args.hyperion, "serve", args.checkpoint, "--port", str(args.port),
-                               "max_concurrent_decodes=16", "max_seq_len=1024"],
+                               "max_concurrent_decodes=16", "max_seq_len=1024",
+                               # (the same prompts run twice: no run may reuse another's prefill)
+                               "prefix_caching=false"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         for _ in range(600):

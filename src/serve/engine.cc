@@ -48,6 +48,9 @@ struct Engine::Sequence {
   int64_t reserved = 0;  // pages reserved but not yet allocated
   std::vector<int32_t> output;
   std::unique_ptr<text::GrammarMatcher> matcher;  // structured output (null: none)
+  std::vector<uint64_t> mask;  // this step's allowed tokens
+  std::vector<float> masked;   // this step's logits with the mask applied
+  bool allowed = true;         // the mask allows some token
   int lora_slot() const { return req.adapter ? req.adapter->slot : 0; }  // 0: the base
   bool prefilling() const { return computed < static_cast<int64_t>(req.prompt.size()); }
   int64_t prompt_len() const { return static_cast<int64_t>(req.prompt.size()); }
@@ -264,6 +267,28 @@ bool Engine::is_end(int32_t token) const {
   return std::find(end_ids_.begin(), end_ids_.end(), token) != end_ids_.end();
 }
 
+// Each constrained row's logits with its grammar's mask applied (Sequence::masked), the
+// rows in parallel: at batch 16 the masks would otherwise take one core while the other
+// waits.
+void Engine::mask_rows(const std::vector<Sequence*>& rows, const float* logits, int64_t vocab) {
+  std::vector<std::pair<Sequence*, int64_t>> todo;
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i]->matcher) todo.emplace_back(rows[i], static_cast<int64_t>(i));
+  if (todo.empty()) return;
+  const Timer timer;
+  const auto n = static_cast<int64_t>(todo.size());
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+  for (int64_t k = 0; k < n; ++k) {
+    Sequence& s = *todo[static_cast<size_t>(k)].first;
+    const float* row = logits + todo[static_cast<size_t>(k)].second * vocab;
+    s.mask.resize(s.matcher->compiled().vocab().mask_words());
+    s.allowed = s.matcher->fill_mask(s.mask.data());
+    s.masked.assign(row, row + vocab);
+    text::GrammarMatcher::apply_mask(s.mask.data(), s.masked.data(), vocab);
+  }
+  grammar_seconds_ += timer.seconds();
+}
+
 void Engine::emit_token(Sequence& s, int32_t token, float logprob) {
   s.output.push_back(token);
   ++generated_tokens_;
@@ -380,6 +405,7 @@ void Engine::step() {
     for (auto& slot : slots_)
       if (slot) slot->pages.publish_full_pages(pool_);
   const int64_t vocab = runner_->config().vocab_size;
+  if (greedy_ids == nullptr) mask_rows(logit_seqs, logits, vocab);
   for (size_t i = 0; i < logit_seqs.size(); ++i) {
     Sequence& s = *logit_seqs[i];
     float lp = 0.0f;
@@ -389,20 +415,14 @@ void Engine::step() {
       HYP_CHECK(tok >= 0, "sampler: the {} logits hold a NaN or are all -inf; no token can be "
                           "chosen", vocab);
     } else if (s.matcher) {
-      const Timer grammar_timer;
-      masked_.assign(logits + static_cast<int64_t>(i) * vocab, logits + static_cast<int64_t>(i + 1) * vocab);
-      mask_.resize(s.matcher->compiled().vocab().mask_words());
-      const bool allowed = s.matcher->fill_mask(mask_.data());
-      text::GrammarMatcher::apply_mask(mask_.data(), masked_.data(), vocab);
-      grammar_seconds_ += grammar_timer.seconds();
-      if (!allowed) {  // the grammar allows no token of this vocabulary: end here
+      if (!s.allowed) {  // the grammar allows no token of this vocabulary: end here
         TokenEvent ev;
         ev.text = s.text.flush();
         finish(s, FinishReason::kStop, std::move(ev));
         continue;
       }
       // The log probability is the model's own, as for an unconstrained request.
-      tok = s.sampler.sample(masked_.data(), vocab);
+      tok = s.sampler.sample(s.masked.data(), vocab);
       if (s.req.logprobs) lp = s.sampler.logprob(logits + static_cast<int64_t>(i) * vocab, vocab, tok);
       const Timer accept_timer;
       HYP_CHECK(s.matcher->accept(tok), "serve: the grammar refused token {}, which its mask allowed", tok);

@@ -144,6 +144,7 @@ class Engine {
   void finish(Sequence& s, FinishReason reason, TokenEvent ev);
   void release(Sequence& s);
   void emit_token(Sequence& s, int32_t token, float logprob);
+  void mask_rows(const std::vector<Sequence*>& rows, const float* logits, int64_t vocab);
   int64_t pages_needed(const Sequence& s) const;
   int64_t kv_slot(const Sequence& s, int64_t pos) const;
   const int32_t* page_table(const Sequence& s) const;
@@ -180,10 +181,7 @@ class Engine {
   int64_t decode_steps_ = 0, prefill_steps_ = 0;
   double decode_step_seconds_ = 0.0, prefill_step_seconds_ = 0.0, forward_seconds_ = 0.0;
   StepBatch batch_;
-  // Structured output: a constrained row's logits with the grammar's mask applied, the
-  // mask, and the seconds spent on masks and grammar steps (stats).
-  std::vector<float> masked_;
-  std::vector<uint64_t> mask_;
+  // Structured output: the seconds spent on masks and grammar steps (stats).
   double grammar_seconds_ = 0.0;
   LoraRegistry adapters_;
   std::unique_ptr<LoraBank> bank_;  // made with the first adapter
