@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <unordered_map>
 
 namespace hyperion::text {
 
@@ -49,20 +50,49 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::compile(
   // The first elements of a lazy rule's alternatives are never tops (the rule is).
   std::vector<uint8_t> never_top(g.elements.size(), 0);
   c->class_of_lazy_.assign(static_cast<size_t>(g.rule_count()), -1);
+  // A walk depends only on the elements it can read before its bottom rule ends and on
+  // where that rule returns: terminals with the same of both (x+'s first copy and its
+  // loop's unit, a class repeated in several places) share their classes.
+  std::unordered_map<std::string, int32_t> seen;
+  auto walk_key = [&](size_t rule, size_t from, size_t to) {
+    std::string key;
+    auto put = [&](int32_t x) { key.append(reinterpret_cast<const char*>(&x), sizeof x); };
+    put(c->returns_.unique[rule]);
+    put(c->returns_.chain_unit[rule]);
+    for (size_t e = from; e < to; ++e) {
+      put(g.elements[e].kind);
+      put(g.elements[e].value);
+      // (a rule reference that returns here: its place may be a chain's)
+      put(g.chain_unit[e]);
+      put(g.chain_level[e]);
+    }
+    return key;
+  };
+  auto classes_for = [&](int32_t pos, std::string key) {
+    const auto [it, fresh] = seen.emplace(std::move(key), static_cast<int32_t>(c->classes_.size()));
+    if (fresh) {
+      c->classes_.emplace_back();
+      c->precompute(pos, c->classes_.back(), stacks);
+    }
+    return it->second;
+  };
   for (int32_t r = 0; r < g.rule_count(); ++r) {
-    if (!g.lazy[static_cast<size_t>(r)]) continue;
-    for (int32_t k = g.rule_alt_begin[static_cast<size_t>(r)]; k < g.rule_alt_begin[static_cast<size_t>(r) + 1]; ++k)
+    const auto ru = static_cast<size_t>(r);
+    if (!g.lazy[ru]) continue;
+    for (int32_t k = g.rule_alt_begin[ru]; k < g.rule_alt_begin[ru + 1]; ++k)
       never_top[static_cast<size_t>(g.alt_starts[static_cast<size_t>(k)])] = 1;
-    c->class_of_lazy_[static_cast<size_t>(r)] = static_cast<int32_t>(c->classes_.size());
-    c->classes_.emplace_back();
-    c->precompute(lazy_pos(r), c->classes_.back(), stacks);
+    const auto from = static_cast<size_t>(g.alt_starts[static_cast<size_t>(g.rule_alt_begin[ru])]);
+    const size_t to = ru + 1 < static_cast<size_t>(g.rule_count())
+                          ? static_cast<size_t>(g.alt_starts[static_cast<size_t>(g.rule_alt_begin[ru + 1])])
+                          : g.elements.size();
+    c->class_of_lazy_[ru] = classes_for(lazy_pos(r), "L" + walk_key(ru, from, to));
   }
   for (size_t p = 0; p < g.elements.size(); ++p) {
     const auto kind = g.elements[p].kind;
     if ((kind != GrammarElement::kBytes && kind != GrammarElement::kToken) || never_top[p]) continue;
-    c->class_of_[p] = static_cast<int32_t>(c->classes_.size());
-    c->classes_.emplace_back();
-    c->precompute(static_cast<int32_t>(p), c->classes_.back(), stacks);
+    size_t end = p;
+    while (g.elements[end].kind != GrammarElement::kEnd) ++end;
+    c->class_of_[p] = classes_for(static_cast<int32_t>(p), "T" + walk_key(static_cast<size_t>(g.rule_of[p]), p, end));
   }
   c->compile_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -109,11 +139,10 @@ void CompiledGrammar::precompute(int32_t pos, Classes& out, GrammarStacks& stack
     // The tokens ending here: read whole if a stack is alive after them (with the units it
     // took again), or if a path ended its bottom rule with this very byte (whatever lies
     // below then goes on without reading more: every rule has an alternative).
-    int32_t need_here = kMaxChainCount + 1;
-    for (const int32_t t : next) need_here = std::min(need_here, stacks.count_of(t));
-    if (stacks.boundary) need_here = std::min(need_here, stacks.boundary_count);
     const bool ends_here = v.node_tokens_begin(i) < v.node_tokens_begin(i + 1);
     if (ends_here) {
+      int32_t need_here = stacks.boundary ? stacks.boundary_count : kMaxChainCount + 1;
+      for (const int32_t t : next) need_here = std::min(need_here, stacks.count_of(t));
       if (need_here <= kMaxChainCount) {
         const size_t before = accepted.size();
         add_range(accepted, i, i + 1);
