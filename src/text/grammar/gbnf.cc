@@ -6,13 +6,12 @@
 #include <map>
 #include <utility>
 
+#include "text/grammar/code_points.h"
 #include "text/grammar/grammar_stacks.h"
 
 namespace hyperion::text {
 
 namespace {
-
-using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // code point ranges, inclusive
 
 struct Expr {
   enum Kind { kSeq, kAlt, kLiteral, kClass, kRef, kToken, kTokenText, kRepeat };
@@ -29,63 +28,6 @@ Expr make(Expr::Kind kind) {
   Expr e;
   e.kind = kind;
   return e;
-}
-
-constexpr uint32_t kMaxCodePoint = 0x10FFFF;
-
-Ranges normalize(Ranges r) {
-  std::sort(r.begin(), r.end());
-  Ranges out;
-  for (const auto& [lo, hi] : r) {
-    if (!out.empty() && lo <= out.back().second + 1)
-      out.back().second = std::max(out.back().second, hi);
-    else
-      out.emplace_back(lo, hi);
-  }
-  return out;
-}
-
-// Every code point not in `r` (which is normalized), surrogates excluded.
-Ranges complement(const Ranges& r) {
-  Ranges out;
-  uint32_t next = 0;
-  for (const auto& [lo, hi] : r) {
-    if (lo > next) out.emplace_back(next, lo - 1);
-    next = hi + 1;
-  }
-  if (next <= kMaxCodePoint) out.emplace_back(next, kMaxCodePoint);
-  return out;
-}
-
-Ranges without_surrogates(const Ranges& r) {
-  Ranges out;
-  for (const auto& [lo, hi] : r) {
-    if (hi < 0xD800 || lo > 0xDFFF) {
-      out.emplace_back(lo, hi);
-      continue;
-    }
-    if (lo < 0xD800) out.emplace_back(lo, 0xD7FF);
-    if (hi > 0xDFFF) out.emplace_back(0xE000, hi);
-  }
-  return out;
-}
-
-void append_utf8(std::string& s, uint32_t cp) {
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xF0 | (cp >> 18));
-    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
 }
 
 using ByteRun = std::vector<std::pair<uint8_t, uint8_t>>;  // one byte range per position
@@ -302,7 +244,7 @@ class Parser {
       ++p_;
       Expr any = make(Expr::kClass);
       any.offset = at;
-      any.ranges = {{0, kMaxCodePoint}};
+      any.ranges = without_surrogates({{0, kMaxCodePoint}});
       return any;
     }
     if (c == '(') {

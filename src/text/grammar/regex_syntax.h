@@ -10,22 +10,22 @@
 #include <utility>
 #include <vector>
 
+#include "text/grammar/code_points.h"
 #include "text/grammar/grammar_error.h"
 
 namespace hyperion::text::regex {
 
-using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // code points, inclusive
-
-inline constexpr uint32_t kMaxCodePoint = 0x10FFFF;
+using text::kMaxCodePoint;
+using text::Ranges;
 // Groups may nest this deep: the GBNF written for them adds a level or two (a JSON
 // spelling's alternatives, the schema rule around it) under GrammarLimits::kMaxNesting.
 inline constexpr int kMaxGroupNesting = GrammarLimits::kMaxNesting / 2;
 
-Ranges normalize(Ranges r);                          // sorted, overlaps merged
-Ranges complement(const Ranges& r);                  // every scalar value not in r (normalized)
-Ranges intersect(const Ranges& a, const Ranges& b);  // both normalized
-bool contains(const Ranges& r, uint32_t c);
-void append_utf8(std::string& s, uint32_t cp);
+using text::append_utf8;  // (text/grammar/code_points.h)
+using text::complement;
+using text::contains;
+using text::intersect;
+using text::normalize;
 
 struct Node {
   enum Kind { kSet, kSeq, kAlt, kRepeat, kStart, kEnd };
