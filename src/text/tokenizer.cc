@@ -354,10 +354,17 @@ std::vector<std::string> Tokenizer::token_bytes() const {
       out[id] = std::string(1, static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
       continue;
     }
-    for (size_t at = piece.find(kWordStart); at != std::string::npos;
-         at = piece.find(kWordStart, at + 1))
-      piece.replace(at, kWordStart.size(), " ");
-    out[id] = std::move(piece);
+    std::string bytes;  // (built anew: GCC 12's -Wrestrict misreads an in-place replace)
+    bytes.reserve(piece.size());
+    for (size_t i = 0; i < piece.size();) {
+      if (piece.compare(i, kWordStart.size(), kWordStart) == 0) {
+        bytes += ' ';
+        i += kWordStart.size();
+      } else {
+        bytes += piece[i++];
+      }
+    }
+    out[id] = std::move(bytes);
   }
   return out;
 }

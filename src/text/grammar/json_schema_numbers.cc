@@ -181,7 +181,8 @@ std::vector<std::string> magnitude_range(std::string a, const std::string& b) {
     full_from = 0;
   };
   for (size_t len = a.size(); len <= b.size(); ++len) {
-    const std::string x = len == a.size() ? a : "1" + std::string(len - 1, '0');
+    std::string x = a;
+    if (len != a.size()) x.assign(1, '1').append(len - 1, '0');
     const std::string y = len == b.size() ? b : nines(len);
     if (is_power_of_ten(x) && y == nines(len)) {
       if (full_from == 0) full_from = len;

@@ -54,8 +54,8 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::compile(
   // where that rule returns: terminals with the same of both (x+'s first copy and its
   // loop's unit, a class repeated in several places) share their classes.
   std::unordered_map<std::string, int32_t> seen;
-  auto walk_key = [&](size_t rule, size_t from, size_t to) {
-    std::string key;
+  auto walk_key = [&](char kind, size_t rule, size_t from, size_t to) {
+    std::string key(1, kind);
     auto put = [&](int32_t x) { key.append(reinterpret_cast<const char*>(&x), sizeof x); };
     put(c->returns_.unique[rule]);
     put(c->returns_.chain_unit[rule]);
@@ -85,14 +85,14 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::compile(
     const size_t to = ru + 1 < static_cast<size_t>(g.rule_count())
                           ? static_cast<size_t>(g.alt_starts[static_cast<size_t>(g.rule_alt_begin[ru + 1])])
                           : g.elements.size();
-    c->class_of_lazy_[ru] = classes_for(lazy_pos(r), "L" + walk_key(ru, from, to));
+    c->class_of_lazy_[ru] = classes_for(lazy_pos(r), walk_key('L', ru, from, to));
   }
   for (size_t p = 0; p < g.elements.size(); ++p) {
     const auto kind = g.elements[p].kind;
     if ((kind != GrammarElement::kBytes && kind != GrammarElement::kToken) || never_top[p]) continue;
     size_t end = p;
     while (g.elements[end].kind != GrammarElement::kEnd) ++end;
-    c->class_of_[p] = classes_for(static_cast<int32_t>(p), "T" + walk_key(static_cast<size_t>(g.rule_of[p]), p, end));
+    c->class_of_[p] = classes_for(static_cast<int32_t>(p), walk_key('T', static_cast<size_t>(g.rule_of[p]), p, end));
   }
   c->compile_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

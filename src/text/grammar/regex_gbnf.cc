@@ -396,7 +396,7 @@ class Writer {
     if (items.size() == 1) return items[0];
     std::string s = items[0].prec == 0 ? atom(items[0]) : items[0].text;
     for (size_t i = 1; i < items.size(); ++i)
-      s += " " + (items[i].prec == 0 ? atom(items[i]) : items[i].text);
+      s.append(" ").append(items[i].prec == 0 ? atom(items[i]) : items[i].text);
     return {s, 1};
   }
 
