@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "text/grammar/json_schema_converter.h"
+
 namespace hyperion::text {
 
 namespace {
@@ -82,15 +84,7 @@ Int ceil_of(const Decimal& d) {
 // ---------------------------------------------------------------------------------------
 // Writing GBNF.
 
-std::string cat(std::initializer_list<std::string> parts) {
-  std::string out;
-  for (const std::string& p : parts) {
-    if (p.empty()) continue;
-    if (!out.empty()) out += ' ';
-    out += p;
-  }
-  return out;
-}
+using schema_gbnf::cat;  // (text/grammar/json_schema_converter.h)
 
 std::string lit(char d) {
   return fmt::format("\"{}\"", d);

@@ -2,6 +2,12 @@
 // language of the grammar (text/grammar/gbnf.h) against std::regex's ECMAScript engine on
 // random strings: full matches (regex_to_gbnf), searches (schema_pattern_to_gbnf), and
 // the JSON-string spelling of both.
+
+// GCC 12 with ASan at -O2 reports std::function members inside libstdc++'s <regex>
+// automaton as maybe uninitialized (a false positive in the library's inlined code, not in
+// this file's): off for this test, which builds thousands of std::regex patterns.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #include "text/grammar/regex_gbnf.h"
 
 #include <gtest/gtest.h>
