@@ -607,13 +607,13 @@ class Lowerer {
   size_t elements_ = 0;
 };
 
-// Fills nullable, then refuses left recursion and rules that can never end.
-void check(Grammar& g) {
+// Refuses left recursion and rules that can never end.
+void check(const Grammar& g) {
   const auto rules = static_cast<size_t>(g.rule_count());
   auto alts_of = [&](size_t r) {
     return std::make_pair(g.rule_alt_begin[r], g.rule_alt_begin[r + 1]);
   };
-  g.nullable.assign(rules, 0);
+  std::vector<uint8_t> nullable(rules, 0);  // per rule: derives the empty text
   std::vector<uint8_t> productive(rules, 0);
   for (bool changed = true; changed;) {
     changed = false;
@@ -625,13 +625,13 @@ void check(Grammar& g) {
              g.elements[p].kind != GrammarElement::kEnd; ++p) {
           const GrammarElement& el = g.elements[p];
           if (el.kind == GrammarElement::kRule) {
-            null = null && g.nullable[static_cast<size_t>(el.value)];
+            null = null && nullable[static_cast<size_t>(el.value)];
             prod = prod && productive[static_cast<size_t>(el.value)];
           } else {
             null = false;
           }
         }
-        if (null && !g.nullable[r]) g.nullable[r] = 1, changed = true;
+        if (null && !nullable[r]) nullable[r] = 1, changed = true;
         if (prod && !productive[r]) productive[r] = 1, changed = true;
       }
     }
@@ -658,7 +658,7 @@ void check(Grammar& g) {
                              "reading a character");
         }
         if (color[s] == 0) self(self, s);
-        if (!g.nullable[s]) break;
+        if (!nullable[s]) break;
       }
     }
     path.pop_back();
@@ -688,12 +688,6 @@ void check(Grammar& g) {
 }
 
 }  // namespace
-
-int32_t Grammar::find_rule(std::string_view name) const {
-  for (size_t r = 0; r < rule_names.size(); ++r)
-    if (rule_names[r] == name) return static_cast<int32_t>(r);
-  return -1;
-}
 
 Grammar parse_gbnf(std::string_view source) {
   if (source.size() > GrammarLimits::kMaxSourceBytes)

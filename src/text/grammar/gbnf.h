@@ -80,7 +80,6 @@ struct Grammar {
   // Names as written; helper rules are named after their rule ("value#3").
   std::vector<std::string> rule_names;
   int32_t root = 0;
-  std::vector<uint8_t> nullable;  // per rule: derives the empty text
   // Repetitions of a rule (x{m,n}, x*, x+ where x is a rule or a group) are chains whose
   // unit is always called from the second element's place of a chain rule; at that
   // return position, chain_unit is the unit's rule and chain_level how many more units
@@ -96,7 +95,6 @@ struct Grammar {
   std::vector<int32_t> lazy_begin, alt_by_byte_begin, alt_by_byte;
 
   int32_t rule_count() const { return static_cast<int32_t>(rule_names.size()); }
-  int32_t find_rule(std::string_view name) const;  // -1 when absent
 };
 
 // Reads GBNF `source` (see above). Throws GrammarError.

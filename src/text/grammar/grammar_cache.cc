@@ -8,15 +8,12 @@ std::shared_ptr<const CompiledGrammar> GrammarCache::get(const std::string& sour
     const auto it = entries_.find(source);
     if (it != entries_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second.at);
-      ++stats_.hits;
       return it->second.grammar;
     }
   }
   // Compiled outside the lock: a slow grammar does not hold up the cached ones.
   auto compiled = CompiledGrammar::compile(parse_gbnf(source), vocab_);
   std::lock_guard<std::mutex> lock(mu_);
-  ++stats_.misses;
-  stats_.compile_seconds += compiled->compile_seconds();
   const auto it = entries_.find(source);
   if (it != entries_.end()) return it->second.grammar;
   lru_.push_front(source);
@@ -26,11 +23,6 @@ std::shared_ptr<const CompiledGrammar> GrammarCache::get(const std::string& sour
     lru_.pop_back();
   }
   return compiled;
-}
-
-GrammarCache::Stats GrammarCache::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
 }
 
 }  // namespace hyperion::text

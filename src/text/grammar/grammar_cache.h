@@ -24,23 +24,17 @@ class GrammarCache {
   std::shared_ptr<const CompiledGrammar> get(const std::string& source);
 
   const TokenVocabulary& vocab() const { return *vocab_; }
-  struct Stats {
-    int64_t hits = 0, misses = 0;
-    double compile_seconds = 0.0;  // total
-  };
-  Stats stats() const;
 
  private:
   std::shared_ptr<const TokenVocabulary> vocab_;
   size_t capacity_;
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::list<std::string> lru_;  // most recent first
   struct Entry {
     std::shared_ptr<const CompiledGrammar> grammar;
     std::list<std::string>::iterator at;
   };
   std::unordered_map<std::string, Entry> entries_;
-  Stats stats_;
 };
 
 }  // namespace hyperion::text

@@ -86,7 +86,7 @@ class GrammarStacks {
   // Flags of the steps since the last reset_flags().
   bool end = false;       // some path reached the grammar's end
   bool boundary = false;  // some path ended its rule over an unknown bottom
-  bool plain_boundary = false;  // ... one that does not return into a chain (sticky: clear_plain)
+  bool plain_boundary = false;  // ... one not into a chain (not reset by reset_flags)
   int32_t boundary_count = kMaxChainCount + 1;  // the fewest chain units taken again there
   void reset_flags() {
     end = boundary = false;

@@ -219,16 +219,6 @@ size_t CompiledGrammar::memory_bytes() const {
   return b + g_.elements.size() * sizeof(GrammarElement);
 }
 
-size_t CompiledGrammar::accepted_total() const {
-  size_t n = 0;
-  for (const Classes& c : classes_) {
-    n += c.accepted.size();
-    if (!c.accepted_bits.empty())
-      for (const uint64_t w : c.accepted_bits.back()) n += static_cast<size_t>(__builtin_popcountll(w));
-  }
-  return n;
-}
-
 size_t CompiledGrammar::uncertain_total() const {
   size_t n = 0;
   for (const Classes& c : classes_) n += c.uncertain.size();

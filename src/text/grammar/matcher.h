@@ -45,8 +45,8 @@ class CompiledGrammar {
   const GrammarReturns& returns() const { return returns_; }
   double compile_seconds() const { return compile_seconds_; }
   size_t memory_bytes() const;  // the precomputed classes
-  // Totals over the terminals (for benchmarks and tests).
-  size_t accepted_total() const, uncertain_total() const;
+  // Uncertain tokens over all terminals (for benchmarks).
+  size_t uncertain_total() const;
 
   // A terminal inside the unit of a repetition chain (a JSON string's character in
   // char{0,40}) reads most tokens by taking the unit again, as often as the token has
