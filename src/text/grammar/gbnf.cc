@@ -438,6 +438,9 @@ class Lowerer {
     }
   }
 
+  // The unit rule of each repeated terminal (kind, value).
+  std::map<std::pair<int, int32_t>, int32_t> terminal_units_;
+
   int32_t byte_set(const ByteSet& s) {
     const auto it = sets_.find(s.words);
     if (it != sets_.end()) return it->second;
@@ -522,7 +525,22 @@ class Lowerer {
         emit(e.kids[0], unit_run);
         if (unit_run.empty()) return;  // ""* is ""
         GrammarElement unit = unit_run[0];
-        if (unit_run.size() > 1) {
+        // A terminal repeated more than once ([0-9]{0,15}, [ \t]{0,20}, [a-z]+) is a
+        // chain of a one-element rule too, one rule per terminal for the whole grammar:
+        // unrolled, each copy is a terminal of its own, and the matcher precomputes a
+        // walk of the vocabulary for every one of them (a decimal bound's digits made
+        // hundreds); as chains of one unit, a single walk serves them all. (A unit shared
+        // by several chains is fine: leaving one is decided by the nearest chain place
+        // on the stack, as for a named rule such as a JSON string's `char`.)
+        const bool repeated = e.max > 1 || (e.max < 0 && e.min > 0);
+        if (unit_run.size() == 1 && repeated && unit.kind != GrammarElement::kRule) {
+          const auto [it, fresh] = terminal_units_.emplace(std::make_pair(unit.kind, unit.value), 0);
+          if (fresh) {
+            it->second = helper_rule();
+            add_alt(it->second, {unit});
+          }
+          unit = {GrammarElement::kRule, it->second};
+        } else if (unit_run.size() > 1) {
           const int32_t rule = helper_rule();
           add_alt(rule, std::move(unit_run));
           unit = {GrammarElement::kRule, rule};

@@ -22,9 +22,10 @@
 // kEnd and laid end to end in one array; a terminal is a set of bytes (a character class
 // becomes the UTF-8 byte sequences of its code point ranges, as a regex engine's UTF-8
 // automaton does) or a token. Groups, classes of several byte lengths and repetitions
-// become helper rules: x* is `R ::= x R | ()`, x{m,n} m copies of x then a chain of n - m
-// optional ones; the matcher runs a rule reference in tail position without a frame, so a
-// repetition's length costs no stack.
+// become helper rules: x* of a terminal is `R ::= x R | ()`; any other repetition of more
+// than one x is a chain of a unit rule (below; a repeated terminal gets one unit rule for
+// the whole grammar); the matcher runs a rule reference in tail position without a frame,
+// so a repetition's length costs no stack.
 //
 // Refused at parse (GrammarError naming line and column, or the rule): a syntax error, a
 // reference to an undefined rule, no `root`, left recursion (a rule that can reach itself

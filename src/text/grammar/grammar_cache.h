@@ -1,6 +1,8 @@
 // Compiled grammars by their GBNF text, for one vocabulary: a schema that many requests
 // send (an agent's tool parameters, an application's response format) is compiled once.
-// Thread-safe; least recently used entries go first when `capacity` is reached.
+// Thread-safe; least recently used entries go first when `capacity` is reached. A compile
+// runs on the calling thread's OpenMP team, which is ended afterwards (a request thread
+// of the server is not the engine's compute thread).
 #pragma once
 
 #include <cstdint>

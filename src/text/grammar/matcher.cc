@@ -6,7 +6,11 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <exception>
+#include <mutex>
 #include <unordered_map>
+
+#include "base/threads.h"
 
 namespace hyperion::text {
 
@@ -46,7 +50,6 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::compile(
   c->returns_ = grammar_returns(c->g_);
   const Grammar& g = c->g_;
   c->class_of_.assign(g.elements.size(), -1);
-  GrammarStacks stacks(g, &c->returns_);
   // The first elements of a lazy rule's alternatives are never tops (the rule is).
   std::vector<uint8_t> never_top(g.elements.size(), 0);
   c->class_of_lazy_.assign(static_cast<size_t>(g.rule_count()), -1);
@@ -68,12 +71,11 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::compile(
     }
     return key;
   };
+  // The walks to make, by class: the terminal each starts at.
+  std::vector<int32_t> walk_from;
   auto classes_for = [&](int32_t pos, std::string key) {
-    const auto [it, fresh] = seen.emplace(std::move(key), static_cast<int32_t>(c->classes_.size()));
-    if (fresh) {
-      c->classes_.emplace_back();
-      c->precompute(pos, c->classes_.back(), stacks);
-    }
+    const auto [it, fresh] = seen.emplace(std::move(key), static_cast<int32_t>(walk_from.size()));
+    if (fresh) walk_from.push_back(pos);
     return it->second;
   };
   for (int32_t r = 0; r < g.rule_count(); ++r) {
@@ -94,6 +96,23 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::compile(
     while (g.elements[end].kind != GrammarElement::kEnd) ++end;
     c->class_of_[p] = classes_for(static_cast<int32_t>(p), walk_key('T', static_cast<size_t>(g.rule_of[p]), p, end));
   }
+  // The walks are independent (each its own stacks), so they run on the pool; their
+  // costs are uneven (a JSON string's characters walk most of the trie, a literal's
+  // first byte a few hundred nodes), hence the dynamic schedule. As XGrammar's compiler
+  // does with its max_threads.
+  c->classes_.resize(walk_from.size());
+  std::mutex failure_mu;
+  std::exception_ptr failure;
+  parallel_for_dynamic(static_cast<int64_t>(walk_from.size()), [&](int64_t k) {
+    try {
+      GrammarStacks stacks(g, &c->returns_);
+      c->precompute(walk_from[static_cast<size_t>(k)], c->classes_[static_cast<size_t>(k)], stacks);
+    } catch (...) {  // (an exception must not leave a parallel region)
+      std::lock_guard<std::mutex> lock(failure_mu);
+      if (!failure) failure = std::current_exception();
+    }
+  });
+  if (failure) std::rethrow_exception(failure);
   c->compile_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return c;

@@ -165,6 +165,10 @@ const char* kGrammars[] = {
     R"(root ::= s ":" s{1,2} | (s s){2}
        s ::= "\"" c{0,3} "\"" | "true"
        c ::= [^"\\] | "\\" . )",
+    // Repetitions of terminals: chains of one unit rule per terminal, shared by every
+    // chain of it: adjacent, nested in another chain, with minima, unbounded.
+    R"(root ::= [0-9]{0,3} [0-9]{2} ("." [0-9]{1,4})? ("-" [0-9a]{1,2} [0-9]{0,2}){0,3} [a-f]+ ","? [0-9]*)",
+    R"(root ::= ([0-9]{1,2} ","){0,3} [0-9]+ | "\"" [a-z]{2,} "\"" ([ \t]{0,3} "," [ \n]{1,2} "\"" [a-z]{0,4} "\"")*)",
 };
 
 TEST(GrammarMatcher, MasksEqualBruteForceOnRandomVocabulariesAndWalks) {
@@ -244,7 +248,7 @@ TEST(GrammarMatcher, SpecialTokensMatchOnlyTheirTokenElements) {
 }
 
 TEST(GrammarMatcher, TooAmbiguousGrammarsAreRefusedNotSlow) {
-  // (a|a|a|...)* with nullable nesting: the expansion budget stops it with an error.
+  // (a|a|a|...)* with nullable nesting: refused (a repetition of what may be empty).
   std::string src = "root ::= x*\nx ::= ";
   for (int i = 0; i < 12; ++i) src += "(\"a\" | \"\" | y" + std::to_string(i) + ") ";
   for (int i = 0; i < 12; ++i) src += "\ny" + std::to_string(i) + " ::= \"a\"?";
@@ -257,6 +261,22 @@ TEST(GrammarMatcher, TooAmbiguousGrammarsAreRefusedNotSlow) {
         for (int i = 0; i < 4; ++i) m.accept(0);
       },
       GrammarError);
+  // Parses that multiply with every byte (each "a" may open a frame or not: 2^n stacks
+  // after n bytes), met inside the compile's parallel walks of many terminals: the
+  // first walk's error reaches the caller, whichever worker met it.
+  std::string wide("root ::= s | z0 | z63\ns ::= \"a\" s \"b\" | \"a\" s | \"c\"");
+  for (int i = 0; i < 64; ++i)
+    wide.append("\nz").append(std::to_string(i)).append(" ::= \"b").append(std::to_string(i)).append("\" s");
+  std::vector<std::string> runs;
+  for (int i = 0; i < 300; ++i) runs.push_back(std::string(static_cast<size_t>(1 + i % 16), 'a'));
+  auto big = std::make_shared<TokenVocabulary>(runs, 300, std::vector<int32_t>{});
+  const Grammar parsed = parse_gbnf(wide);
+  try {
+    CompiledGrammar::compile(parsed, big);
+    ADD_FAILURE() << "compiled";
+  } catch (const GrammarError& e) {
+    EXPECT_NE(std::string(e.what()).find("too ambiguous"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
