@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <limits>
 #include <exception>
+#include <limits>
 #include <mutex>
 #include <unordered_map>
 
