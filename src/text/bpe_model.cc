@@ -6,27 +6,11 @@
 #include <array>
 #include <mutex>
 
+#include "base/utf8.h"
+
 namespace hyperion::text {
 
 namespace {
-
-void append_utf8(uint32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
 // The byte length of the UTF-8 sequence that starts with `lead` (1 for a stray byte, so a
 // malformed string still advances).
@@ -64,7 +48,7 @@ struct ByteAlphabet {
       const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
       const uint32_t cp = printable ? b : next++;
       code_points[b] = static_cast<uint16_t>(cp);
-      append_utf8(cp, chars[b]);
+      append_utf8(chars[b], cp);
     }
   }
 };

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "base/utf8.h"
+
 namespace hyperion::text {
 
 using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // code points, inclusive
@@ -18,6 +20,6 @@ Ranges without_surrogates(const Ranges& r);          // U+D800-U+DFFF left out
 Ranges complement(const Ranges& r);                  // every scalar value not in r (normalized)
 Ranges intersect(const Ranges& a, const Ranges& b);  // both normalized
 bool contains(const Ranges& r, uint32_t c);
-void append_utf8(std::string& s, uint32_t cp);
+using ::hyperion::append_utf8;  // (base/utf8.h)
 
 }  // namespace hyperion::text
