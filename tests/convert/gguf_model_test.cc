@@ -662,9 +662,16 @@ TEST(GgufModelLlamaCpp, ItsQuantizedFilesHaveOurTypesAndLoad) {
     write_bytes(sample, text.substr(0, 6000));
     const std::string run = fmt::format("'{}' -m '{}' -f '{}' -c 64 -b 64 -t 1 > '{}' 2>&1", perplexity.string(),
                                         theirs, sample, dir.file("ppl.log"));
-    ASSERT_EQ(std::system(run.c_str()), 0) << io::read_file(dir.file("ppl.log"));
-    const std::string log = io::read_file(dir.file("ppl.log"));
-    const size_t at = log.find("Final estimate: PPL = ");
+    // llama.cpp's logger writes from a thread it never joins at exit, so on a busy machine
+    // the last lines (the final estimate among them) can be lost while the tool exits 0:
+    // seen 1 time in 8 runs beside a -j2 test load. A run that lost it is run again.
+    std::string log;
+    size_t at = std::string::npos;
+    for (int attempt = 0; attempt < 3 && at == std::string::npos; ++attempt) {
+      ASSERT_EQ(std::system(run.c_str()), 0) << io::read_file(dir.file("ppl.log"));
+      log = io::read_file(dir.file("ppl.log"));
+      at = log.find("Final estimate: PPL = ");
+    }
     ASSERT_NE(at, std::string::npos) << log;
     const double theirs_ppl = std::stod(log.substr(at + 22));
     const EvalReport r = evaluate_llama_perplexity(*g.params, text::tokenizer_from_gguf(*g.file),
